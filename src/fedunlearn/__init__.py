@@ -1,0 +1,32 @@
+"""fedunlearn: remove a client's or a sample's influence from a trained model.
+
+Public entry points: ``load_config``/``parse_config`` (configs), ``train_run`` (train a run
+directory with history recording), ``run_info`` (what a run stored), and the subpackages
+``data``, ``models``, ``fl``, ``history``. Names are imported on first use, so importing one
+subpackage does not load the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "FedUnlearnError": "fedunlearn.errors",
+    "RunConfig": "fedunlearn.config",
+    "load_config": "fedunlearn.config",
+    "parse_config": "fedunlearn.config",
+    "build_setup": "fedunlearn.runs",
+    "run_info": "fedunlearn.runs",
+    "train_run": "fedunlearn.runs",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'fedunlearn' has no attribute '{name}'")

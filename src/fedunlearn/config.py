@@ -1,0 +1,174 @@
+"""Run configuration: the one place YAML becomes validated, frozen objects.
+
+Every model is frozen and forbids unknown keys, so a typo is an error naming the field rather
+than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedunlearn.errors import ConfigError
+
+DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic")
+MODEL_NAMES = ("logreg", "mlp", "cnn", "cnn_fmnist", "textcnn")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DataConfig(_Frozen):
+    """Dataset and its split across clients."""
+
+    dataset: Literal["digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic"] = (
+        "digits"
+    )
+    data_dir: str | None = None
+    num_clients: int = Field(10, ge=1, le=100_000)
+    partition: Literal["iid", "dirichlet", "label_bias", "shards"] = "iid"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
+    bias: float = Field(0.5, ge=0, le=1, description="label_bias q")
+    shards_per_client: int = Field(2, ge=1)
+    max_train_samples: int | None = Field(None, ge=1, description="subsample the train set")
+    max_test_samples: int | None = Field(None, ge=1, description="subsample the test set")
+    options: dict[str, Any] = Field(default_factory=dict, description="loader options")
+
+
+class ModelConfig(_Frozen):
+    """Model architecture, built by name."""
+
+    name: Literal["logreg", "mlp", "cnn", "cnn_fmnist", "textcnn"] = "mlp"
+    hidden: tuple[int, ...] = Field((128,), description="mlp hidden widths")
+
+
+class AggregatorConfig(_Frozen):
+    """Aggregation rule and its options."""
+
+    name: Literal["fedavg", "median", "trimmed_mean", "krum", "multi_krum"] = "fedavg"
+    trim: int = Field(1, ge=0, description="trimmed mean: values cut at each end")
+    krum_f: int = Field(1, ge=0, description="Krum: Byzantine clients tolerated")
+    multi_krum_m: int | None = Field(None, ge=1, description="Multi-Krum: updates averaged")
+
+
+class TrainingConfig(_Frozen):
+    """Federated training: rounds, local SGD, participation, aggregation, execution."""
+
+    rounds: int = Field(20, ge=1, le=100_000)
+    local_epochs: int = Field(1, ge=1)
+    lr: float = Field(0.05, gt=0)
+    batch_size: int = Field(32, ge=1)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    participation: float = Field(1.0, gt=0, le=1)
+    aggregator: AggregatorConfig = AggregatorConfig()
+    executor: Literal["auto", "serial", "vectorized", "pool"] = "auto"
+    num_workers: int | None = Field(None, ge=1)
+
+
+class AttackConfig(_Frozen):
+    """Poisoning attack run by a seeded malicious client set."""
+
+    kind: Literal["none", "backdoor", "label_flip", "trim_random", "fang_trim"] = "none"
+    num_malicious: int = Field(0, ge=0)
+    target_label: int = Field(0, ge=0)
+    trigger_size: int = Field(4, ge=1)
+    poison_fraction: float = Field(1.0, ge=0, le=1)
+    rho: float = Field(0.1, gt=0, le=1, description="trim_random: share of coordinates hit")
+    sigma: float = Field(0.1, gt=0, description="trim_random: noise scale")
+    p_noise: float = Field(0.8, ge=0, le=1, description="trim_random: noise vs replacement")
+    fang_b: float = Field(2.0, gt=1, description="fang_trim: scale factor b")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AttackConfig:
+        if self.kind == "none" and self.num_malicious:
+            raise ValueError("attack.num_malicious > 0 needs an attack.kind other than 'none'")
+        if self.kind != "none" and self.num_malicious == 0:
+            raise ValueError(f"attack.kind '{self.kind}' needs attack.num_malicious >= 1")
+        return self
+
+
+class HistoryConfig(_Frozen):
+    """What the server records during training (global models are always kept)."""
+
+    policy: Literal["all", "every", "none"] = "all"
+    every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
+
+
+class RunConfig(_Frozen):
+    """A whole training run."""
+
+    seed: int = Field(0, ge=0)
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    attack: AttackConfig = AttackConfig()
+    history: HistoryConfig = HistoryConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        n = self.data.num_clients
+        if self.attack.num_malicious >= n:
+            raise ValueError(
+                f"attack.num_malicious ({self.attack.num_malicious}) must be smaller than "
+                f"data.num_clients ({n})"
+            )
+        if self.model.name == "textcnn" and self.data.dataset != "ag_news":
+            raise ValueError("model.name 'textcnn' needs data.dataset 'ag_news'")
+        if self.data.dataset == "ag_news" and self.model.name != "textcnn":
+            raise ValueError("data.dataset 'ag_news' needs model.name 'textcnn'")
+        if self.attack.kind == "backdoor" and self.data.dataset in ("ag_news", "synthetic"):
+            raise ValueError("attack.kind 'backdoor' (pixel trigger) needs an image dataset")
+        return self
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {where}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
+    """Validate a plain dict into a ``RunConfig``.
+
+    Raises:
+        ConfigError: naming every offending field, the value received and what is allowed.
+    """
+    try:
+        return RunConfig.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML file into a ``RunConfig``; ``overrides`` are merged over it (dotted keys ok)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping; got {type(data).__name__}")
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return parse_config(data, str(path))
+
+
+def dump_config(config: RunConfig) -> str:
+    """Return the config as YAML (every field, defaults included)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,75 @@
+"""Exception hierarchy: one root, each subclass also a matching built-in (Opacus style).
+
+Messages say what is wrong, the value received, what is allowed and what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DataUnavailableError",
+    "DataFormatError",
+    "FedUnlearnError",
+    "HistoryCorruptError",
+    "HistoryError",
+    "ForgottenDataError",
+    "UnknownClientError",
+    "UnknownMethodError",
+    "UnknownNameError",
+    "UnsupportedHistoryError",
+    "UpdateRejectedError",
+]
+
+
+class FedUnlearnError(Exception):
+    """Root of every error this library raises on purpose."""
+
+
+class ConfigError(FedUnlearnError, ValueError):
+    """A configuration value is invalid (wrong type, out of range, inconsistent)."""
+
+
+class UnknownNameError(FedUnlearnError, KeyError):
+    """A registry lookup (dataset, model, aggregator, attack, method) failed."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownClientError(FedUnlearnError, KeyError):
+    """A client id is not part of the federation."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DataUnavailableError(FedUnlearnError, FileNotFoundError):
+    """Dataset files are missing and could not be downloaded."""
+
+
+class DataFormatError(FedUnlearnError, ValueError):
+    """A dataset file exists but is not in the expected format (or fails its checksum)."""
+
+
+class UpdateRejectedError(FedUnlearnError, ValueError):
+    """A client update is unusable (NaN/Inf, wrong shape)."""
+
+
+class HistoryError(FedUnlearnError, RuntimeError):
+    """The history store cannot do what was asked (missing round, locked, wrong run)."""
+
+
+class HistoryCorruptError(HistoryError):
+    """A history file is corrupted or truncated; nothing was changed."""
+
+
+class ForgottenDataError(HistoryError, LookupError):
+    """The requested payload was removed by ``forget()`` and cannot be read."""
+
+
+class UnknownMethodError(UnknownNameError):
+    """No unlearning method is registered under that name."""
+
+
+class UnsupportedHistoryError(FedUnlearnError, ValueError):
+    """The run did not record the history an unlearning method needs."""

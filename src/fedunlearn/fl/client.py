@@ -1,0 +1,99 @@
+"""Client-side work as a pure function: local mini-batch SGD from the global model.
+
+``local_update(model, global_params, data, spec, seed)`` depends only on its arguments, so the same
+code runs in-process, in a worker pool, vectorised (checked against this loop) or under Flower.
+Batching: each epoch draws ``torch.randperm(n, generator)`` from a generator seeded with ``seed``
+and walks it in chunks of ``batch_size`` (the last chunk may be smaller); the loss is the mean
+cross-entropy of the chunk; the optimiser is ``torch.optim.SGD(lr, momentum, weight_decay)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from fedunlearn.errors import ConfigError
+from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.seeding import torch_generator
+from fedunlearn.models.flat import get_flat_params, set_flat_params
+
+
+@dataclass(frozen=True)
+class LocalTrainingSpec:
+    """Hyperparameters of one client's local training (E, η, B, momentum, L2 weight decay)."""
+
+    epochs: int = 1
+    lr: float = 0.05
+    batch_size: int = 64
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0:
+            raise ConfigError(f"local epochs must be >= 0; got {self.epochs}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1; got {self.batch_size}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0; got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1); got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0; got {self.weight_decay}")
+
+
+def epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Return one epoch's batches: a seeded permutation cut into ``batch_size`` chunks."""
+    return list(torch.randperm(n, generator=generator).split(batch_size))
+
+
+def local_update(
+    model: nn.Module,
+    global_params: torch.Tensor,
+    data: ClientData,
+    spec: LocalTrainingSpec,
+    seed: int,
+    client_id: int = -1,
+) -> ClientUpdate:
+    """Train a copy of ``model`` from ``global_params`` on ``data`` and return its delta.
+
+    Args:
+        model: Template module; it is not modified.
+        global_params: Flat float32 parameters M_t.
+        data: The client's training set.
+        spec: Local training hyperparameters.
+        seed: Seed of the batch order (and of dropout, if the model has any).
+        client_id: Id recorded in the returned update.
+
+    Returns:
+        ``ClientUpdate`` with ``delta = M_local - M_t`` and the sample-weighted mean training loss.
+    """
+    local = copy.deepcopy(model)
+    set_flat_params(local, global_params)
+    local.train()
+    opt = torch.optim.SGD(
+        local.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+    generator = torch_generator(seed)
+    n = len(data)
+    loss_sum, seen = 0.0, 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # dropout and other in-model randomness
+        for _ in range(spec.epochs):
+            for idx in epoch_batches(n, spec.batch_size, generator):
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(local(data.x[idx]), data.y[idx])
+                loss.backward()
+                opt.step()
+                loss_sum += float(loss.detach()) * len(idx)
+                seen += len(idx)
+    delta = get_flat_params(local) - global_params
+    return ClientUpdate(
+        client_id=client_id,
+        delta=delta,
+        num_samples=n,
+        train_loss=loss_sum / seen if seen else float("nan"),
+    )

@@ -1,0 +1,167 @@
+"""The federated training loop: sample, train, screen, aggregate, observe.
+
+One round (``run_round``):
+1. sample the participants (seeded by run seed and round; full participation by default);
+2. ask them to train (``Federation.train``: executor, then update mods such as attacks);
+3. screen the uploads: a delta with NaN/Inf or of the wrong shape is rejected, logged and kept
+   out of the aggregate (and recorded as rejected by the history recorder);
+4. aggregate the accepted deltas and apply ``M_{t+1} = M_t + aggregate``;
+5. evaluate and hand a frozen ``RoundRecord`` to every observer (history recording, metrics,
+   progress bars, later methods).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedunlearn.errors import ConfigError
+from fedunlearn.fl.aggregators import Aggregator
+from fedunlearn.fl.records import ClientUpdate, RejectedUpdate, RoundRecord
+from fedunlearn.fl.seeding import derive_seed
+
+log = logging.getLogger(__name__)
+
+Evaluator = Callable[[torch.Tensor], dict[str, float]]
+
+
+class ClientTrainer(Protocol):
+    """What the loop needs from the clients: ``Federation`` and unlearning's metered view."""
+
+    seed: int
+    num_params: int
+    malicious: frozenset[int]
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """Ids of the clients that may be asked to train."""
+        ...
+
+    def train(
+        self, global_params: torch.Tensor, client_ids: Sequence[int], round_: int
+    ) -> list[ClientUpdate]:
+        """Return the uploads of ``client_ids`` trained from ``global_params``."""
+        ...
+
+
+class RoundObserver(Protocol):
+    """Something told about every finished round."""
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        """Observe one round."""
+        ...
+
+
+def sample_clients(client_ids: Sequence[int], fraction: float, seed: int, round_: int) -> list[int]:
+    """Return the sorted participants of a round: all clients, or a seeded fraction (at least 1)."""
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"participation fraction must be in (0, 1]; got {fraction}")
+    ids = sorted(client_ids)
+    if fraction >= 1:
+        return ids
+    count = max(1, math.ceil(fraction * len(ids)))
+    rng = np.random.default_rng(derive_seed(seed, "sampling", round_))
+    return sorted(int(c) for c in rng.choice(ids, size=count, replace=False))
+
+
+def screen_update(update: ClientUpdate, num_params: int) -> str | None:
+    """Return why an upload must be rejected, or None if it is usable."""
+    delta = update.delta
+    if not isinstance(delta, torch.Tensor) or delta.ndim != 1 or delta.numel() != num_params:
+        shape = tuple(delta.shape) if isinstance(delta, torch.Tensor) else type(delta).__name__
+        return f"wrong shape {shape}; expected ({num_params},)"
+    if not delta.is_floating_point():
+        return f"wrong dtype {delta.dtype}; expected a floating point vector"
+    if not bool(torch.isfinite(delta).all()):
+        bad = int((~torch.isfinite(delta)).sum())
+        return f"{bad} non-finite (NaN/Inf) coordinate(s)"
+    return None
+
+
+def run_round(
+    federation: ClientTrainer,
+    aggregator: Aggregator,
+    global_params: torch.Tensor,
+    round_: int,
+    participants: Sequence[int],
+    *,
+    evaluate: Evaluator | None = None,
+) -> RoundRecord:
+    """Run one FL round from ``global_params`` with ``participants`` and return its record."""
+    uploads = federation.train(global_params, participants, round_)
+    accepted: list[ClientUpdate] = []
+    rejected: list[RejectedUpdate] = []
+    for update in uploads:
+        reason = screen_update(update, federation.num_params)
+        if reason is None:
+            accepted.append(update)
+        else:
+            log.warning("round %d: rejected client %d: %s", round_, update.client_id, reason)
+            rejected.append(RejectedUpdate(update.client_id, reason, update.num_samples))
+    if accepted:
+        deltas = torch.stack([u.delta.to(torch.float32) for u in accepted])
+        weights = torch.tensor([float(u.num_samples) for u in accepted])
+        aggregate = aggregator(deltas, weights)
+    else:
+        log.warning("round %d: no usable update; the global model is unchanged", round_)
+        aggregate = torch.zeros_like(global_params)
+    new_params = global_params + aggregate
+    metrics: dict[str, float] = {}
+    if accepted:
+        total = sum(u.num_samples for u in accepted)
+        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in accepted) / total
+    if evaluate is not None:
+        metrics.update(evaluate(new_params))
+    return RoundRecord(
+        round=round_,
+        global_before=global_params,
+        global_after=new_params,
+        aggregate=aggregate,
+        updates=tuple(accepted),
+        rejected=tuple(rejected),
+        malicious=federation.malicious,
+        metrics=metrics,
+    )
+
+
+def run_rounds(
+    federation: ClientTrainer,
+    aggregator: Aggregator,
+    initial_params: torch.Tensor,
+    *,
+    num_rounds: int,
+    start_round: int = 1,
+    client_ids: Sequence[int] | None = None,
+    participation: float = 1.0,
+    evaluate: Evaluator | None = None,
+    observers: Sequence[RoundObserver] = (),
+) -> torch.Tensor:
+    """Run rounds ``start_round..num_rounds`` and return the final flat global model.
+
+    Args:
+        federation: The clients.
+        aggregator: Aggregation rule.
+        initial_params: The global model before ``start_round`` (M_0 for a fresh run).
+        num_rounds: Last round to run (T).
+        start_round: First round to run (> 1 when resuming).
+        client_ids: Clients that take part (default: all; Retrain passes the remaining ones).
+        participation: Fraction of ``client_ids`` sampled each round.
+        evaluate: Called on each new global model; its dict joins the round's metrics.
+        observers: Told about each finished round, in order.
+    """
+    ids = list(federation.client_ids if client_ids is None else client_ids)
+    if not ids:
+        raise ConfigError("no clients to train with; at least one client must remain")
+    params = initial_params
+    for round_ in range(start_round, num_rounds + 1):
+        participants = sample_clients(ids, participation, federation.seed, round_)
+        record = run_round(federation, aggregator, params, round_, participants, evaluate=evaluate)
+        for observer in observers:
+            observer.on_round_end(record)
+        params = record.global_after
+    return params

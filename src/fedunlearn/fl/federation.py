@@ -1,0 +1,131 @@
+"""The federation: every client's data and local training, behind one call.
+
+``Federation.train(global_params, client_ids, round_)`` is how the training loop *and* every
+unlearning method ask clients for fresh local work. It derives each client's seed from
+(run seed, round, client, salt), runs the chosen executor, and then the update mods (attacks here;
+DP later) in order. Malicious clients stay malicious whoever asks them to train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from fedunlearn.errors import UnknownClientError
+from fedunlearn.fl import executors
+from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.executors import Executor
+from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.seeding import derive_seed
+from fedunlearn.models.flat import num_params
+
+UpdateMod = Callable[[int, torch.Tensor, Sequence[ClientUpdate]], list[ClientUpdate]]
+
+
+class Federation:
+    """Clients' data, the model template and the local training they run when asked.
+
+    Args:
+        model: Template module (its parameters are not used; only its structure).
+        client_data: Local training set of every client, keyed by client id.
+        spec: Default local training hyperparameters.
+        seed: Run seed; client batch orders derive from it.
+        malicious: Ids of the attacking clients (informational; attacks act through the data
+            they hold and the update mods).
+        update_mods: Functions ``(round, global_params, updates) -> updates`` applied in order.
+        executor: ``auto``, ``serial``, ``vectorized`` or ``pool``.
+        num_workers: Worker processes for the pool executor.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        client_data: Mapping[int, ClientData],
+        spec: LocalTrainingSpec,
+        *,
+        seed: int,
+        malicious: frozenset[int] = frozenset(),
+        update_mods: Sequence[UpdateMod] = (),
+        executor: str = "auto",
+        num_workers: int | None = None,
+    ) -> None:
+        self.model = model
+        self.client_data = dict(client_data)
+        self.spec = spec
+        self.seed = seed
+        self.malicious = frozenset(malicious)
+        self.update_mods = tuple(update_mods)
+        self.num_params = num_params(model)
+        self._executor_kind = executor
+        self._num_workers = num_workers
+        self._executor: Executor | None = None
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """All client ids, sorted."""
+        return tuple(sorted(self.client_data))
+
+    @property
+    def executor(self) -> Executor:
+        """The executor, started on first use."""
+        if self._executor is None:
+            self._executor = executors.make_executor(
+                self.model, self.client_data, self._executor_kind, self._num_workers
+            )
+        return self._executor
+
+    def num_samples(self, client_id: int) -> int:
+        """Return n_c, the size of a client's local training set."""
+        self.check_clients([client_id])
+        return len(self.client_data[client_id])
+
+    def check_clients(self, client_ids: Sequence[int]) -> None:
+        """Raise ``UnknownClientError`` unless every id belongs to this federation."""
+        unknown = sorted(set(client_ids) - set(self.client_data))
+        if unknown:
+            ids = self.client_ids
+            known = f"{ids[0]}..{ids[-1]}" if ids == tuple(range(ids[0], ids[-1] + 1)) else ids
+            raise UnknownClientError(
+                f"client(s) {', '.join(map(str, unknown))} not in this federation "
+                f"(client ids {known})"
+            )
+
+    def train(
+        self,
+        global_params: torch.Tensor,
+        client_ids: Sequence[int],
+        round_: int,
+        *,
+        spec: LocalTrainingSpec | None = None,
+        salt: int = 0,
+    ) -> list[ClientUpdate]:
+        """Ask ``client_ids`` to train from ``global_params`` and return their (modded) uploads.
+
+        Args:
+            global_params: Flat global model M_t.
+            client_ids: Clients to ask, in the order results are wanted.
+            round_: Round number (1-based); part of each client's seed.
+            spec: Local training override (e.g. fewer calibration epochs).
+            salt: Extra seed key, so that a method's fresh training can differ from the
+                original run's (0 reproduces the original run's batch order).
+        """
+        self.check_clients(client_ids)
+        tasks = [(cid, derive_seed(self.seed, "client", round_, cid, salt)) for cid in client_ids]
+        updates = self.executor.run(global_params, tasks, spec or self.spec)
+        for mod in self.update_mods:
+            updates = mod(round_, global_params, updates)
+        return updates
+
+    def close(self) -> None:
+        """Stop worker processes, if any."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    def __enter__(self) -> Federation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,212 @@
+"""Local training in a pool of single-threaded worker processes.
+
+``WorkerPoolExecutor`` starts ``num_workers`` processes with the ``spawn`` method (a fresh
+interpreter: no forked OpenMP or MKL thread state). Each worker is initialised once with the model
+template and every client's data (sent as numpy arrays) and limits torch to one thread; per round
+only ``(global_params, client_id, seed, spec)`` travels to a worker, which calls the reference
+``local_update`` and sends back the delta. Results come back in task order.
+
+By default the workers keep 4-D parameters channels-last (``channels_last=True``), so
+convolutions and max-pooling run on NHWC activations; CPU max-pooling of NCHW tensors is an order
+of magnitude slower (see ``benchmarks/bench_local_training.py``). The math is unchanged.
+
+Deviations: [REC] a worker's kernels run single-threaded (and channels-last), so results equal
+the serial executor's (torch's default threads, NCHW) to rounding, not bit for bit; they are
+bit-identical from run to run and whichever worker takes a task, and with
+``channels_last=False`` bit-identical to the serial executor run with one torch thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import ProcessPoolExecutor as _ProcessPool
+from concurrent.futures.process import BrokenProcessPool
+from types import TracebackType
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedunlearn.errors import ConfigError, FedUnlearnError, UnknownClientError
+from fedunlearn.fl.client import LocalTrainingSpec, local_update
+from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.models.flat import num_params
+
+__all__ = ["WorkerPoolExecutor", "available_cpus"]
+
+_ClientArrays = dict[int, tuple[np.ndarray, np.ndarray]]
+
+# State of a worker process, set once by ``_init_worker`` (never used in the parent process).
+_worker_model: nn.Module | None = None
+_worker_data: dict[int, ClientData] = {}
+
+
+def available_cpus() -> int:
+    """Return the number of CPUs this process may run on (its affinity mask, else cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _init_worker(model: nn.Module, arrays: _ClientArrays) -> None:
+    """Set up a worker process: one torch thread, the model template and all client data."""
+    global _worker_model, _worker_data
+    torch.set_num_threads(1)
+    _worker_model = model
+    _worker_data = {
+        cid: ClientData(torch.from_numpy(x), torch.from_numpy(y)) for cid, (x, y) in arrays.items()
+    }
+
+
+def _train_client(
+    global_params: np.ndarray, client_id: int, seed: int, spec: LocalTrainingSpec
+) -> tuple[np.ndarray, int, float]:
+    """Run ``local_update`` for one client in a worker; return (delta, num_samples, loss)."""
+    if _worker_model is None:
+        raise FedUnlearnError("pool worker used before its initialiser ran")
+    update = local_update(
+        _worker_model,
+        torch.from_numpy(global_params),
+        _worker_data[client_id],
+        spec,
+        seed,
+        client_id,
+    )
+    return update.delta.numpy(), update.num_samples, update.train_loss
+
+
+class WorkerPoolExecutor:
+    """Run clients' ``local_update`` in single-threaded worker processes (see module doc).
+
+    Use it as a context manager, or call ``close()``; workers start on the first ``run``.
+
+    Args:
+        model: Template module; it is pickled to each worker once.
+        client_data: Every client's training set; pickled to each worker once.
+        num_workers: Worker processes; defaults to the number of CPUs this process may use.
+        channels_last: Train with 4-D parameters (conv weights) in channels-last memory format.
+
+    Raises:
+        ConfigError: if ``num_workers`` < 1 or ``client_data`` is empty.
+    """
+
+    name = "pool"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        client_data: Mapping[int, ClientData],
+        num_workers: int | None = None,
+        channels_last: bool = True,
+    ) -> None:
+        workers = available_cpus() if num_workers is None else num_workers
+        if workers < 1:
+            raise ConfigError(f"num_workers must be >= 1; got {workers}")
+        if not client_data:
+            raise ConfigError("client_data is empty; the pool executor needs at least one client")
+        self.model = model
+        self.num_workers = workers
+        self.channels_last = channels_last
+        template = model
+        if channels_last and any(p.ndim == 4 for p in model.parameters()):
+            template = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        self._num_params = num_params(model)
+        self._sizes = {cid: len(data) for cid, data in client_data.items()}
+        arrays: _ClientArrays = {
+            cid: (data.x.detach().cpu().numpy(), data.y.detach().cpu().numpy())
+            for cid, data in client_data.items()
+        }
+        self._pool: _ProcessPool | None = _ProcessPool(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(template, arrays),
+        )
+        self._closed_reason = ""
+
+    def run(
+        self,
+        global_params: torch.Tensor,
+        tasks: Sequence[tuple[int, int]],
+        spec: LocalTrainingSpec,
+    ) -> list[ClientUpdate]:
+        """Train every ``(client_id, seed)`` task in the workers; updates in task order.
+
+        Raises:
+            ConfigError: if ``global_params`` is not a flat vector of this model's size.
+            UnknownClientError: if a task names a client this executor has no data for.
+            FedUnlearnError: if the executor is closed or a worker process died; the pool is
+                closed after a crash.
+        """
+        pool = self._live_pool()
+        if global_params.ndim != 1 or global_params.numel() != self._num_params:
+            raise ConfigError(
+                f"flat parameter vector has shape {tuple(global_params.shape)}; "
+                f"this model needs ({self._num_params},)"
+            )
+        unknown = sorted({cid for cid, _ in tasks} - set(self._sizes))
+        if unknown:
+            raise UnknownClientError(
+                f"client(s) {', '.join(map(str, unknown))} have no data in this executor"
+            )
+        params = global_params.detach().to(torch.float32).cpu().numpy()
+        futures = [
+            self._submit(pool, _train_client, params, cid, seed, spec) for cid, seed in tasks
+        ]
+        updates = []
+        for (cid, _), future in zip(tasks, futures, strict=True):
+            delta, num_samples, loss = self._result(future, f"training client {cid}")
+            updates.append(ClientUpdate(cid, torch.from_numpy(delta), num_samples, loss))
+        return updates
+
+    def close(self) -> None:
+        """Stop the workers (pending tasks are cancelled); calling it again does nothing."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            self._closed_reason = self._closed_reason or "it was closed"
+
+    def __enter__(self) -> WorkerPoolExecutor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _live_pool(self) -> _ProcessPool:
+        if self._pool is None:
+            raise FedUnlearnError(
+                f"this pool executor cannot run: {self._closed_reason}. Build a new executor."
+            )
+        return self._pool
+
+    def _submit(self, pool: _ProcessPool, fn: object, *args: object) -> Future:
+        try:
+            return pool.submit(fn, *args)  # type: ignore[arg-type]
+        except BrokenProcessPool as exc:
+            raise self._crashed("submitting work") from exc
+
+    def _result(self, future: Future, doing: str) -> tuple[np.ndarray, int, float]:
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            raise self._crashed(doing) from exc
+
+    def _crashed(self, doing: str) -> FedUnlearnError:
+        """Close the broken pool and return the error to raise."""
+        self._closed_reason = "a worker process died earlier"
+        self.close()
+        return FedUnlearnError(
+            f"a worker process of the pool executor died while {doing} (killed, out of memory, "
+            "or a crash in native code); the pool is closed. Build a new executor, or run with "
+            "executor 'serial' to see the failure in this process."
+        )

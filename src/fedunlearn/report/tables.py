@@ -1,0 +1,138 @@
+"""Write a results document as results.json, results.csv and results.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("method", "method", None),
+    ("test_accuracy", "TA", "pct"),
+    ("backdoor_asr", "ASR test", "pct"),
+    ("backdoor_asr_forgotten", "ASR forgotten", "pct"),
+    ("mia_member_rate", "MIA member rate", "pct"),
+    ("mia_auc", "MIA AUC", "f3"),
+    ("distance_to_retrain", "L2 to retrain", "f3"),
+    ("rounds", "rounds", "int"),
+    ("client_epochs", "client epochs", "int"),
+    ("epoch_saving_vs_retrain", "saving vs retrain", "x"),
+    ("wall_seconds", "wall s", "f1"),
+    ("stored_bytes", "stored MB", "mb"),
+)
+
+CSV_FIELDS = (
+    "method",
+    "test_accuracy",
+    "test_error",
+    "test_loss",
+    "backdoor_asr",
+    "backdoor_asr_forgotten",
+    "mia_member_rate",
+    "mia_auc",
+    "mia_precision",
+    "mia_recall",
+    "mia_loss_auc",
+    "mia_loss_member_rate",
+    "distance_to_retrain",
+    "cosine_to_retrain",
+    "rounds",
+    "client_participations",
+    "client_epochs",
+    "estimated_updates",
+    "epoch_saving_vs_retrain",
+    "wall_seconds",
+    "history_bytes_read",
+    "bytes_communicated",
+    "stored_bytes",
+)
+
+
+def _fmt(value: Any, style: str | None) -> str:
+    if value is None:
+        return "-"
+    if style == "pct":
+        return f"{100 * value:.1f}%"
+    if style == "f3":
+        return f"{value:.3f}"
+    if style == "f1":
+        return f"{value:.1f}"
+    if style == "int":
+        return f"{int(value):,}"
+    if style == "x":
+        return f"{value:.1f}x"
+    if style == "mb":
+        return f"{value / 1e6:.2f}"
+    return str(value)
+
+
+COMPACT = (
+    "method",
+    "test_accuracy",
+    "backdoor_asr",
+    "mia_member_rate",
+    "distance_to_retrain",
+    "client_epochs",
+    "wall_seconds",
+)
+_SHORT = {
+    "backdoor_asr": "ASR",
+    "mia_member_rate": "MIA",
+    "distance_to_retrain": "L2 retrain",
+    "client_epochs": "epochs",
+}
+
+
+def table_rows(doc: dict[str, Any], *, compact: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Return the header and formatted cells of the summary table (``compact`` for terminals)."""
+    columns = [c for c in COLUMNS if not compact or c[0] in COMPACT]
+    header = [_SHORT.get(key, title) if compact else title for key, title, _ in columns]
+    rows = [[_fmt(m.get(key), style) for key, _, style in columns] for m in doc["methods"]]
+    return header, rows
+
+
+def results_markdown(doc: dict[str, Any]) -> str:
+    """Return the results as a Markdown document with the summary table."""
+    header, rows = table_rows(doc)
+    req = doc["request"]
+    cfg = doc["config"]
+    lines = [
+        f"# Unlearning comparison: {doc['run_dir']}",
+        "",
+        f"- request: {req['kind']} clients {req['forget']} "
+        f"(malicious in the run: {doc['malicious_clients']})",
+        f"- run: {cfg['data']['dataset']}, {cfg['data']['num_clients']} clients, "
+        f"{cfg['model']['name']}, {cfg['training']['rounds']} rounds x "
+        f"{cfg['training']['local_epochs']} local epochs, attack {cfg['attack']['kind']}",
+        f"- created {doc['created']} on {doc['machine']}, fedunlearn {doc['fedunlearn_version']}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        "TA: test accuracy. ASR test: triggered non-target test inputs classified as the target. "
+        "ASR forgotten: the same on the forgotten clients' own data. MIA: shadow-model membership "
+        "attack on the forgotten clients' training data (member rate) and against unseen data "
+        "(AUC). Saving: Retrain's client epochs / the method's.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(doc: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write results.json, results.csv and results.md into ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "csv": out / "results.csv", "md": out / "results.md"}
+    tmp = paths["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, paths["json"])
+    with paths["csv"].open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for m in doc["methods"]:
+            writer.writerow({k: ("" if m.get(k) is None else m.get(k)) for k in CSV_FIELDS})
+    paths["md"].write_text(results_markdown(doc))
+    return paths

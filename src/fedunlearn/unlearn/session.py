@@ -1,0 +1,112 @@
+"""Open a finished run once and run unlearning methods on it.
+
+``UnlearnSession(run_dir)`` checks the run is complete, opens its history read-only, rebuilds
+the federation from the run's config (same data, same poisoning, same seeds) and hands each method
+a fresh metered ``UnlearnContext``. Requests are validated before any work: unknown client ids,
+forgetting every client, and a method needing history the run did not record each raise one
+clear error, and nothing on disk changes (the store is opened read-only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.runs import HISTORY_DIR, Setup, build_setup, load_run_config
+from fedunlearn.unlearn.base import (
+    CostMeter,
+    MeteredHistory,
+    RemainingClients,
+    UnlearnContext,
+    Unlearner,
+    UnlearnRequest,
+    UnlearnResult,
+)
+
+
+class UnlearnSession:
+    """A finished run, opened for unlearning.
+
+    Args:
+        run_dir: Directory written by ``fedunlearn train``.
+        evaluate: Evaluate the model after every unlearning round (for per-round plots).
+    """
+
+    def __init__(self, run_dir: str | Path, *, evaluate: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = load_run_config(self.run_dir)
+        self.store = HistoryStore.open(self.run_dir / HISTORY_DIR)
+        try:
+            last = self.store.last_round()
+            planned = self.config.training.rounds
+            if last != planned:
+                raise HistoryError(
+                    f"{self.run_dir} finished {last or 0} of {planned} rounds; complete it with "
+                    f"'fedunlearn train {self.run_dir / 'config.yaml'} --out {self.run_dir} "
+                    "--resume' before unlearning"
+                )
+            self.setup: Setup = build_setup(self.config)
+        except BaseException:
+            self.store.close()
+            raise
+        self.evaluate = evaluate
+        self.final_params = self.store.read_model(planned)
+        self.initial_params = self.store.read_model(0)
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """Every client of the run."""
+        return self.setup.federation.client_ids
+
+    @property
+    def malicious(self) -> frozenset[int]:
+        """The run's attacking clients (the ground truth a detector would name)."""
+        return self.setup.federation.malicious
+
+    def check_request(self, request: UnlearnRequest) -> None:
+        """Raise a clear error if the request names unknown clients or every client."""
+        ids = self.client_ids
+        unknown = sorted(request.forget - set(ids))
+        if unknown:
+            raise UnknownClientError(
+                f"client(s) {', '.join(map(str, unknown))} not in this run "
+                f"(client ids {ids[0]}..{ids[-1]}); nothing was changed"
+            )
+        if request.forget >= set(ids):
+            raise ConfigError(
+                f"cannot forget every client ({len(ids)} of {len(ids)}): nothing would remain "
+                "to train on; retrain from scratch with new clients instead"
+            )
+
+    def context(self, request: UnlearnRequest) -> UnlearnContext:
+        """Return a fresh metered context for one method run."""
+        self.check_request(request)
+        meter = CostMeter()
+        return UnlearnContext(
+            history=MeteredHistory(self.store, meter),
+            clients=RemainingClients(self.setup.federation, request.forget, meter),
+            aggregator=self.setup.aggregator,
+            config=self.config,
+            num_rounds=self.config.training.rounds,
+            initial_params=self.initial_params,
+            final_params=self.final_params,
+            evaluate=self.setup.evaluate if self.evaluate else None,
+            meter=meter,
+        )
+
+    def run(self, method: Unlearner, request: UnlearnRequest) -> UnlearnResult:
+        """Validate the request, check the history, run ``method`` and return its result."""
+        context = self.context(request)
+        return method.unlearn(request, context)
+
+    def close(self) -> None:
+        """Close the store and stop worker processes."""
+        self.setup.close()
+        self.store.close()
+
+    def __enter__(self) -> UnlearnSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,686 @@
+"""Tests of the SQLite history store: round trips, atomicity, crashes, forgetting, corruption."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedunlearn.errors import (
+    ConfigError,
+    ForgottenDataError,
+    HistoryCorruptError,
+    HistoryError,
+    UnknownClientError,
+)
+from fedunlearn.fl.records import UpdateStatus
+from fedunlearn.history import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.history import store as store_module
+
+DIM = 10_000  # 40 kB float32 payloads: several pages each
+
+
+def payload(seed: int, dim: int = DIM) -> torch.Tensor:
+    return torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+
+
+def make_round(r: int, clients: tuple[int, ...] = (0, 1, 2), dim: int = DIM) -> RoundEntry:
+    return RoundEntry(
+        round=r,
+        global_model=payload(1000 * r, dim),
+        aggregate=payload(1000 * r + 999, dim),
+        updates={c: payload(1000 * r + c + 1, dim) for c in clients},
+        clients=[
+            ClientRecord(c, "accepted", num_samples=10 + c, norm=1.5, loss=0.25) for c in clients
+        ],
+        scalars={"accuracy": 0.5 + r / 100, "note": f"round {r}"},
+    )
+
+
+def build(path: Path, rounds: int = 3, clients: tuple[int, ...] = (0, 1, 2)) -> HistoryStore:
+    store = HistoryStore.create(path, {"seed": 7, "dataset": "digits"})
+    store.write_round(RoundEntry(0, global_model=payload(0)))
+    for r in range(1, rounds + 1):
+        store.write_round(make_round(r, clients))
+    return store
+
+
+def store_files_bytes(path: Path) -> bytes:
+    return b"".join(f.read_bytes() for f in sorted(path.iterdir()) if f.is_file())
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+        )
+    )
+
+
+# ----- round trips -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-45, 3.4e38]),
+        torch.randn(3, 4, dtype=torch.float64),
+        torch.randn(17).to(torch.float16),
+        torch.randn(2, 5).to(torch.bfloat16),
+        torch.randint(-(2**62), 2**62, (9,), dtype=torch.int64),
+        torch.randint(-128, 127, (4, 2), dtype=torch.int8),
+        torch.randint(0, 255, (33,), dtype=torch.uint8),
+        torch.tensor([True, False, True]),
+        torch.randn(6, dtype=torch.complex64),
+        torch.tensor(3.25),  # 0-d
+        torch.empty(0, 3),  # empty
+        torch.randn(4, 6).t(),  # non-contiguous
+    ],
+    ids=lambda t: f"{str(t.dtype).removeprefix('torch.')}-{tuple(t.shape)}",
+)
+def test_round_trip_is_bit_exact_for_every_dtype_and_shape(tmp_path, tensor):
+    with HistoryStore.create(tmp_path, {}) as store:
+        store.write_round(RoundEntry(0, global_model=tensor))
+        store.write_round(
+            RoundEntry(
+                1, aggregate=tensor, updates={4: tensor}, clients=[ClientRecord(4, "accepted")]
+            )
+        )
+
+    with HistoryStore.open(tmp_path) as store:
+        got = [store.read_model(0), store.read_model(1, "aggregate"), store.read_update(1, 4)]
+
+    for g in got:
+        assert same_bits(tensor, g)
+
+
+def test_returned_tensors_are_owned_and_writable(tmp_path):
+    with build(tmp_path, rounds=1) as store:
+        first = store.read_update(1, 0)
+        first.add_(1.0)  # would warn or fail on a read-only buffer
+        again = store.read_update(1, 0)
+
+    assert torch.equal(again, payload(1001))
+    assert torch.equal(first, payload(1001) + 1.0)
+
+
+def test_meta_client_records_and_scalars_round_trip(tmp_path):
+    records = [
+        ClientRecord(3, UpdateStatus.ACCEPTED, 50, norm=2.0, loss=0.1, scalars={"epochs": 2}),
+        ClientRecord(1, "rejected", 40, norm=float("nan"), reason="NaN in update"),
+        ClientRecord(8, "missing", reason="timeout"),
+    ]
+    updates = {3: payload(1), 1: payload(2)}
+    with HistoryStore.create(tmp_path, {"config": {"lr": 0.1}}) as store:
+        store.write_round(RoundEntry(0, global_model=payload(0)))
+        store.write_round(
+            RoundEntry(1, None, None, updates, records, {"acc": 0.9, "n": 3, "x": None})
+        )
+        store.update_meta({"finished": True})
+
+    with HistoryStore.open(tmp_path) as store:
+        got = store.client_records(1)
+        assert store.meta == {"config": {"lr": 0.1}, "finished": True}
+        assert store.round_scalars(1) == {"acc": 0.9, "n": 3, "x": None}
+        assert store.round_scalars(0) == {}
+
+    assert [r.client_id for r in got] == [1, 3, 8]
+    assert [(r.status, r.stored) for r in got] == [
+        ("rejected", True),
+        ("accepted", True),
+        ("missing", False),
+    ]
+    assert got[1] == ClientRecord(3, "accepted", 50, 2.0, 0.1, None, {"epochs": 2}, stored=True)
+    assert got[0].reason == "NaN in update" and got[0].norm != got[0].norm  # NaN kept
+    assert got[2].reason == "timeout"
+
+
+def test_read_model_kinds_and_missing_payloads(tmp_path):
+    with build(tmp_path, rounds=2) as store:
+        store.write_round(RoundEntry(3, global_model=None, aggregate=payload(5)))
+
+        assert torch.equal(store.read_model(0), payload(0))
+        assert torch.equal(store.read_model(2, "global"), payload(2000))
+        assert torch.equal(store.read_model(2, "aggregate"), payload(2999))
+        with pytest.raises(HistoryError, match="round 3 has no global model"):
+            store.read_model(3)
+        with pytest.raises(HistoryError, match="round 0 has no aggregate"):
+            store.read_model(0, "aggregate")
+        with pytest.raises(HistoryError, match=r"round 9 is not stored \(stored rounds: 0\.\.3\)"):
+            store.read_model(9)
+        with pytest.raises(ConfigError, match="kind must be one of global, aggregate"):
+            store.read_model(1, "delta")
+
+
+def test_read_update_never_stored_is_a_history_error_not_forgotten(tmp_path):
+    with HistoryStore.create(tmp_path, {}) as store:
+        store.write_round(RoundEntry(0, global_model=payload(0)))
+        store.write_round(
+            RoundEntry(
+                1,
+                updates={0: payload(1)},
+                clients=[ClientRecord(0, "accepted"), ClientRecord(1, "missing")],
+            )
+        )
+
+        with pytest.raises(HistoryError, match="client 1: the client is missing") as missing:
+            store.read_update(1, 1)
+        with pytest.raises(HistoryError, match="client 5: the client was not sampled") as unsampled:
+            store.read_update(1, 5)
+        with pytest.raises(HistoryError, match="round 2 is not stored"):
+            store.read_update(2, 0)
+
+    assert type(missing.value) is HistoryError and type(unsampled.value) is HistoryError
+    assert store.file.name in str(missing.value)
+
+
+# ----- writing rules ---------------------------------------------------------------------------
+
+
+def test_rounds_must_increase_and_committed_rounds_cannot_be_rewritten(tmp_path):
+    with build(tmp_path, rounds=2) as store:
+        with pytest.raises(
+            HistoryError, match="round 2 is committed already.*truncate_after\\(1\\)"
+        ):
+            store.write_round(make_round(2))
+        with pytest.raises(HistoryError, match="round 1 is committed already"):
+            store.write_round(make_round(1))
+        store.write_round(make_round(5))  # gaps are fine: policies may skip rounds
+        with pytest.raises(HistoryError, match="round 4 comes before the last round 5"):
+            store.write_round(make_round(4))
+
+        assert store.rounds() == [0, 1, 2, 5]
+        assert store.last_round() == 5
+        assert torch.equal(store.read_update(2, 1), payload(2002))  # the original survives
+
+
+def test_empty_store_has_no_rounds(tmp_path):
+    with HistoryStore.create(tmp_path, {}) as store:
+        assert store.rounds() == [] and store.last_round() is None
+        assert store.stored_bytes() == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: RoundEntry(1, updates={2: payload(1)}, clients=[]),
+            "client 2, which has no ClientRecord",
+        ),
+        (
+            lambda: RoundEntry(1, updates={2: payload(1)}, clients=[ClientRecord(2, "missing")]),
+            "status missing",
+        ),
+        (lambda: RoundEntry(0, global_model=payload(0), updates={0: payload(1)}), "M_0 only"),
+        (lambda: RoundEntry(0), "M_0 only"),
+        (lambda: RoundEntry(-1), "round must be an int >= 0"),
+        (
+            lambda: RoundEntry(1, updates={0: [1.0]}, clients=[ClientRecord(0, "accepted")]),
+            "must be a torch.Tensor",
+        ),
+        (
+            lambda: RoundEntry(
+                1, clients=[ClientRecord(0, "accepted"), ClientRecord(0, "missing")]
+            ),
+            "more than one",
+        ),
+        (lambda: RoundEntry(1, scalars={"t": torch.tensor(1.0)}), r"\.item\(\)"),
+        (lambda: ClientRecord(0, "acepted"), "accepted, rejected, missing; got 'acepted'"),
+        (lambda: ClientRecord(0, "accepted", num_samples=-1), "num_samples must be an int >= 0"),
+    ],
+)
+def test_invalid_entries_are_refused_at_construction(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_write_round_failing_midway_leaves_no_trace(tmp_path, monkeypatch):
+    store = build(tmp_path, rounds=2)
+    before = (store.rounds(), store.stored_bytes_by_client(), store.stored_bytes_by_kind())
+    original = HistoryStore._insert_payload
+    calls = []
+
+    def fail_on_fourth(self, *args):
+        calls.append(args[:3])
+        if len(calls) == 4:  # global, aggregate and client 0 are inserted by now
+            raise RuntimeError("disk on fire")
+        original(self, *args)
+
+    monkeypatch.setattr(HistoryStore, "_insert_payload", fail_on_fourth)
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        store.write_round(make_round(3))
+
+    assert len(calls) == 4
+    assert (store.rounds(), store.stored_bytes_by_client(), store.stored_bytes_by_kind()) == before
+    assert not store.has_update(3, 0)
+    with pytest.raises(HistoryError, match="round 3 is not stored"):
+        store.client_records(3)
+    monkeypatch.setattr(HistoryStore, "_insert_payload", original)
+    store.write_round(make_round(3))  # the same round can now be written in full
+    store.close()
+    with HistoryStore.open(tmp_path) as reopened:
+        assert reopened.rounds() == [0, 1, 2, 3]
+        assert len(list(reopened.iter_updates(3))) == 3
+        reopened.verify()
+
+
+def test_write_round_refused_by_sqlite_midway_rolls_back(tmp_path):
+    store = build(tmp_path, rounds=1)
+    before = store.stored_bytes()
+    entry = make_round(2, clients=(0, 1))
+    big = RoundEntry(
+        2, entry.global_model, None, {0: payload(1), 1: payload(2, 20_000)}, entry.clients
+    )
+    # Lower SQLite's BLOB limit after our size check so that the second update fails inside SQLite.
+    real_getlimit = store._db.getlimit
+    store._con = _LimitedConnection(store._db, real_getlimit)
+    store._db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 50_000)
+
+    with pytest.raises(HistoryError, match="while writing round 2"):
+        store.write_round(big)
+
+    assert store.rounds() == [0, 1] and store.stored_bytes() == before
+    store.close()
+
+
+class _LimitedConnection:
+    """A connection whose getlimit() reports no limit, to reach SQLite's own check."""
+
+    def __init__(self, con, getlimit):
+        self._con = con
+
+    def getlimit(self, category):
+        return 2**31
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def test_payload_over_the_blob_limit_is_refused_before_writing(tmp_path):
+    with build(tmp_path, rounds=1) as store:
+        store._db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+        with pytest.raises(ConfigError, match="round 2 global model is 40000 bytes"):
+            store.write_round(make_round(2))
+        assert store.rounds() == [0, 1]
+
+
+def test_truncate_after_drops_later_rounds_in_one_step(tmp_path):
+    with build(tmp_path, rounds=4) as store:
+        per_round = sum(t.numel() * 4 for t in [payload(0)] * 5)  # global, aggregate, 3 updates
+
+        store.truncate_after(2)
+
+        assert store.rounds() == [0, 1, 2]
+        assert store.stored_bytes() == DIM * 4 + 2 * per_round
+        assert not store.has_update(3, 0)
+        store.write_round(make_round(3))  # resume from round 2
+        assert store.last_round() == 3
+        store.truncate_after(10)  # nothing after 10: no change
+        assert store.rounds() == [0, 1, 2, 3]
+
+
+# ----- reading -------------------------------------------------------------------------------
+
+
+def test_iter_updates_streams_one_payload_per_step_in_id_order(tmp_path, monkeypatch):
+    with HistoryStore.create(tmp_path, {}) as store:
+        store.write_round(RoundEntry(0, global_model=payload(0)))
+        ids = (5, 1, 3, 0)
+        store.write_round(
+            RoundEntry(
+                1,
+                updates={c: payload(c) for c in ids},
+                clients=[ClientRecord(c, "accepted") for c in ids],
+            )
+        )
+        reads = []
+        original = HistoryStore._payload_row
+
+        def counting(self, where, args):
+            reads.append(args)
+            return original(self, where, args)
+
+        monkeypatch.setattr(HistoryStore, "_payload_row", counting)
+
+        stream = store.iter_updates(1)
+        assert inspect.isgenerator(stream)
+        assert reads == []  # nothing read before the first step
+        first_id, first = next(stream)
+        assert len(reads) == 1
+        rest = list(stream)
+
+        assert [first_id] + [c for c, _ in rest] == [0, 1, 3, 5]
+        assert all(torch.equal(u, payload(c)) for c, u in [(first_id, first), *rest])
+        assert len(reads) == 4
+        with pytest.raises(HistoryError, match="round 2 is not stored"):
+            store.iter_updates(2)  # checked eagerly
+
+
+def test_reader_sees_commits_of_a_writer_that_is_still_open(tmp_path):
+    writer = build(tmp_path, rounds=1)
+    with HistoryStore.open(tmp_path) as reader:
+        assert reader.last_round() == 1
+        writer.write_round(make_round(2))
+        assert reader.last_round() == 2
+        assert torch.equal(reader.read_update(2, 2), payload(2003))
+    writer.close()
+
+
+# ----- byte accounting -------------------------------------------------------------------------
+
+
+def test_stored_bytes_is_the_exact_sum_of_tensor_bytes(tmp_path):
+    with HistoryStore.create(tmp_path, {}) as store:
+        m0 = torch.zeros(1000, dtype=torch.float64)
+        updates = {0: torch.zeros(333), 2: torch.zeros(7, dtype=torch.float16), 9: torch.zeros(0)}
+        store.write_round(RoundEntry(0, global_model=m0))
+        store.write_round(
+            RoundEntry(
+                1,
+                torch.zeros(10),
+                torch.zeros(11),
+                updates,
+                [ClientRecord(c, "accepted") for c in updates] + [ClientRecord(4, "missing")],
+            )
+        )
+
+        assert store.stored_bytes_by_kind() == {
+            "global": 8000 + 40,
+            "aggregate": 44,
+            "update": 1332 + 14,
+        }
+        assert store.stored_bytes() == 8000 + 40 + 44 + 1332 + 14
+        assert store.stored_bytes_by_client() == {0: 1332, 2: 14, 4: 0, 9: 0}
+        assert store.file_bytes() > store.stored_bytes()
+
+
+# ----- forgetting ------------------------------------------------------------------------------
+
+
+def test_forget_deletes_the_payload_bytes_from_every_file(tmp_path):
+    build(tmp_path, rounds=3).close()  # close: everything into the main file, no WAL
+    store = HistoryStore.open(tmp_path, writable=True)
+    forgotten = payload(2002)  # round 2, client 1
+    pattern = forgotten[4000:4016].numpy().tobytes()  # 64 random bytes
+    assert pattern in store_files_bytes(tmp_path)  # sanity: the pattern is findable
+    expected = store.stored_bytes_by_client()[1]
+    file_before = store.file_bytes()
+    others_before = {(r, c): store.read_update(r, c) for r in (1, 2, 3) for c in (0, 2)}
+
+    reclaimed = store.forget([1])
+
+    assert reclaimed == expected == 3 * DIM * 4
+    assert pattern not in store_files_bytes(tmp_path)  # db, -wal, -shm
+    assert store.file_bytes() <= file_before - 0.9 * reclaimed  # VACUUM gave the pages back
+    assert store.stored_bytes_by_client() == {0: 3 * DIM * 4, 1: 0, 2: 3 * DIM * 4}
+    with pytest.raises(
+        ForgottenDataError, match="round 2 client 1: the update was deleted by forget"
+    ):
+        store.read_update(2, 1)
+    assert not store.has_update(2, 1)
+    assert [c for c, _ in store.iter_updates(2)] == [0, 2]
+    assert [(r.client_id, r.stored) for r in store.client_records(2)] == [
+        (0, True),
+        (1, False),
+        (2, True),
+    ]
+    assert all(torch.equal(store.read_update(r, c), t) for (r, c), t in others_before.items())
+    log = store.forget_records()
+    assert [(e.client_id, e.size_bytes, e.num_payloads) for e in log] == [(1, reclaimed, 3)]
+    assert abs(log[0].forgotten_at - time.time()) < 60
+    store.verify()
+    store.close()
+    assert pattern not in store_files_bytes(tmp_path)
+    with HistoryStore.open(tmp_path) as reopened, pytest.raises(ForgottenDataError):
+        reopened.read_update(1, 1)
+
+
+def test_forget_twice_returns_zero_and_forgotten_clients_cannot_be_stored_again(tmp_path):
+    with build(tmp_path, rounds=1) as store:
+        store.forget([0, 2])
+
+        assert store.forget([2]) == 0
+        assert store.forget([]) == 0
+        with pytest.raises(HistoryError, match="client\\(s\\) 0, 2, which were forgotten"):
+            store.write_round(make_round(2))
+        store.write_round(make_round(2, clients=(1,)))
+        assert store.rounds() == [0, 1, 2]
+
+
+def test_forget_unknown_client_raises_and_changes_nothing(tmp_path):
+    with build(tmp_path, rounds=2) as store:
+        before = (store.stored_bytes_by_client(), store.rounds(), store.forget_records())
+
+        with pytest.raises(
+            UnknownClientError, match=r"client\(s\) 42 never appear.*known client ids: 0\.\.2"
+        ):
+            store.forget([1, 42])
+
+        assert (store.stored_bytes_by_client(), store.rounds(), store.forget_records()) == before
+        assert torch.equal(store.read_update(1, 1), payload(1002))
+
+
+# ----- corruption and damage -----------------------------------------------------------------
+
+
+def test_flipped_payload_byte_is_caught_by_read_and_verify(tmp_path):
+    build(tmp_path, rounds=3).close()  # close: checkpoint everything into the main file
+    file = tmp_path / "history.sqlite"
+    raw = bytearray(file.read_bytes())
+    where = raw.find(payload(2002)[5000:5016].numpy().tobytes())  # round 2 client 1
+    assert where > 0
+    raw[where + 7] ^= 0xFF
+    file.write_bytes(bytes(raw))
+
+    with HistoryStore.open(tmp_path) as store:
+        with pytest.raises(
+            HistoryCorruptError, match="round 2 client 1 fails its checksum.*round 1 with --resume"
+        ):
+            store.read_update(2, 1)
+        with pytest.raises(HistoryCorruptError) as verify_error:
+            store.verify()
+        assert torch.equal(store.read_update(2, 0), payload(2001))  # the rest still reads
+
+    assert str(file) in str(verify_error.value)
+    assert "1 damaged: round 2 client 1;" in str(verify_error.value)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.97])
+def test_truncated_file_is_refused_on_open(tmp_path, keep):
+    build(tmp_path, rounds=3).close()
+    file = tmp_path / "history.sqlite"
+    with file.open("r+b") as fh:
+        fh.truncate(int(file.stat().st_size * keep))
+
+    with pytest.raises(HistoryCorruptError, match="truncated: the header says") as error:
+        HistoryStore.open(tmp_path)
+
+    assert str(file) in str(error.value)
+
+
+@pytest.mark.parametrize("content", [b"", b"hello", b"not a database at all\n" * 1000])
+def test_file_that_is_not_sqlite_is_refused(tmp_path, content):
+    (tmp_path / "history.sqlite").write_bytes(content)
+
+    with pytest.raises(HistoryCorruptError, match="not a SQLite database") as error:
+        HistoryStore.open(tmp_path, writable=True)
+
+    assert str(tmp_path / "history.sqlite") in str(error.value)
+    assert (tmp_path / "history.sqlite").read_bytes() == content  # untouched
+
+
+def test_sqlite_file_without_our_tables_is_refused(tmp_path):
+    con = sqlite3.connect(tmp_path / "history.sqlite")
+    con.execute("CREATE TABLE other (x)")
+    con.commit()
+    con.close()
+
+    with pytest.raises(HistoryCorruptError, match="not a fedunlearn history store"):
+        HistoryStore.open(tmp_path)
+
+
+def test_unknown_schema_version_is_refused(tmp_path):
+    build(tmp_path, rounds=0).close()
+    con = sqlite3.connect(tmp_path / "history.sqlite")
+    con.execute("UPDATE info SET value='99' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+
+    with pytest.raises(
+        HistoryError, match="schema version 99; this fedunlearn reads version 1"
+    ) as error:
+        HistoryStore.open(tmp_path)
+
+    assert not isinstance(error.value, HistoryCorruptError)
+
+
+def test_damaged_page_is_reported_as_corrupt_with_the_file_name(tmp_path):
+    build(tmp_path, rounds=2).close()
+    file = tmp_path / "history.sqlite"
+    raw = bytearray(file.read_bytes())
+    page = 16384
+    raw[2 * page : 3 * page] = os.urandom(page)  # a b-tree page of the catalog
+    file.write_bytes(bytes(raw))
+
+    with pytest.raises(HistoryCorruptError) as error:
+        with HistoryStore.open(tmp_path) as store:
+            store.verify()
+
+    assert str(file) in str(error.value)
+
+
+# ----- access modes ----------------------------------------------------------------------------
+
+
+def test_read_only_store_refuses_every_write(tmp_path):
+    build(tmp_path, rounds=1).close()
+    before = (tmp_path / "history.sqlite").read_bytes()
+
+    with HistoryStore.open(tmp_path) as store:
+        assert not store.writable
+        for write in (
+            lambda: store.write_round(make_round(2)),
+            lambda: store.forget([0]),
+            lambda: store.truncate_after(0),
+            lambda: store.update_meta({"x": 1}),
+        ):
+            with pytest.raises(HistoryError, match="opened read-only"):
+                write()
+        assert store.rounds() == [0, 1]
+
+    assert (tmp_path / "history.sqlite").read_bytes() == before
+
+
+def test_second_writer_is_refused_until_the_first_closes(tmp_path):
+    first = build(tmp_path, rounds=1)
+
+    with pytest.raises(HistoryError, match="another writer holds"):
+        HistoryStore.open(tmp_path, writable=True)
+    with pytest.raises(HistoryError, match="another writer holds"):
+        HistoryStore.create(tmp_path, {})
+    with HistoryStore.open(tmp_path) as reader:  # readers are welcome
+        assert reader.last_round() == 1
+    first.close()
+    with HistoryStore.open(tmp_path, writable=True) as second:
+        second.write_round(make_round(2))
+        assert second.last_round() == 2
+
+
+def test_create_refuses_an_existing_store_and_open_a_missing_one(tmp_path):
+    build(tmp_path, rounds=0).close()
+
+    with pytest.raises(HistoryError, match="exists already"):
+        HistoryStore.create(tmp_path, {})
+    with pytest.raises(HistoryError, match="no history store here"):
+        HistoryStore.open(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="JSON"):
+        HistoryStore.create(tmp_path / "new", {"bad": object()})
+    assert not (tmp_path / "new" / "history.sqlite").exists()
+
+
+def test_closed_store_raises_history_error(tmp_path):
+    store = build(tmp_path, rounds=1)
+    store.close()
+    store.close()  # idempotent
+
+    with pytest.raises(HistoryError, match="closed"):
+        store.rounds()
+    with pytest.raises(HistoryError, match="closed"):
+        store.write_round(make_round(2))
+
+
+# ----- crashes ---------------------------------------------------------------------------------
+
+_WRITER = """
+import sys, torch
+from pathlib import Path
+from fedunlearn.history import ClientRecord, HistoryStore, RoundEntry
+path, dim, clients = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+if (path / "history.sqlite").exists():
+    store = HistoryStore.open(path, writable=True)
+else:
+    store = HistoryStore.create(path, {"trial": True})
+    store.write_round(RoundEntry(0, global_model=torch.zeros(dim)))
+print("ready", flush=True)
+r = store.last_round() + 1
+while True:
+    ids = range(clients)
+    store.write_round(RoundEntry(
+        r, torch.full((dim,), float(r)), None,
+        {c: torch.full((dim,), float(1000 * r + c)) for c in ids},
+        [ClientRecord(c, "accepted", num_samples=r) for c in ids], {"round": r}))
+    print(r, flush=True)
+    r += 1
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_during_writes_never_loses_or_tears_a_committed_round(tmp_path):
+    rng = random.Random(20240517)
+    dim, clients = 250_000, 6  # 1 MB per update, 7 MB per round
+    acknowledged = 0
+    for _trial in range(5):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(tmp_path), str(dim), str(clients)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.6))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        lines = child.stdout.read().split()
+        acknowledged = max([acknowledged, *map(int, lines)])
+
+        with HistoryStore.open(tmp_path) as store:  # read-only, over the crashed WAL
+            last = store.last_round()
+            assert last >= acknowledged  # every round write_round returned for is there
+            assert store.rounds() == list(range(last + 1))
+            for r in range(1, last + 1):
+                assert [c.client_id for c in store.client_records(r)] == list(range(clients))
+                assert all(c.stored and c.num_samples == r for c in store.client_records(r))
+                assert store.round_scalars(r) == {"round": r}
+                assert torch.equal(store.read_model(r), torch.full((dim,), float(r)))
+                for c, update in store.iter_updates(r):
+                    assert torch.equal(update, torch.full((dim,), float(1000 * r + c)))
+            assert store.stored_bytes() == dim * 4 * (1 + last * (clients + 1))
+            store.verify()
+
+    assert acknowledged >= 3  # the writer really got going between kills
+
+
+def test_module_all_names_import():
+    for name in store_module.__all__:
+        assert hasattr(store_module, name)

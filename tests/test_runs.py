@@ -1,0 +1,96 @@
+import json
+
+import pytest
+import torch
+
+from fedunlearn.config import parse_config
+from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.runs import build_setup, run_info, train_run
+
+SMALL = {
+    "seed": 1,
+    "data": {"dataset": "digits", "num_clients": 6},
+    "model": {"name": "mlp", "hidden": [32]},
+    "training": {"rounds": 6, "local_epochs": 2, "lr": 0.3, "batch_size": 32, "executor": "serial"},
+    "attack": {"kind": "backdoor", "num_malicious": 1, "trigger_size": 3},
+    "history": {"policy": "all"},
+}
+
+
+class StopAt:
+    def __init__(self, round_):
+        self.round_ = round_
+
+    def on_round_end(self, record):
+        if record.round == self.round_:
+            raise KeyboardInterrupt
+
+
+def test_digits_run_learns_records_history_and_summarises(tmp_path):
+    cfg = parse_config({**SMALL, "training": {**SMALL["training"], "rounds": 12}})
+    summary = train_run(cfg, tmp_path / "run")
+    assert summary["final_metrics"]["test_accuracy"] > 0.85
+    assert 0 <= summary["final_metrics"]["backdoor_asr"] <= 1
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == list(range(1, 13))
+    assert lines[-1]["test_accuracy"] > lines[0]["test_accuracy"]
+    info = run_info(tmp_path / "run")
+    assert info["complete"] and info["rounds_completed"] == 12
+    d = summary["num_params"]
+    # policy 'all': 6 clients x 12 rounds of float32 deltas, plus 13 global models, 12 aggregates
+    assert info["stored_bytes_by_kind"]["update"] == 6 * 12 * d * 4
+    assert info["stored_bytes"] == (6 * 12 + 13 + 12) * d * 4
+    assert len(info["malicious_clients"]) == 1
+
+
+def test_interrupted_run_resumes_to_the_bit_identical_model(tmp_path):
+    cfg = parse_config(SMALL)
+    train_run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, tmp_path / "cut", observers=[StopAt(3)])
+    summary = train_run(cfg, tmp_path / "cut", resume=True)
+    assert summary["resumed_from_round"] == 3
+    with (
+        HistoryStore.open(tmp_path / "full" / "history") as a,
+        HistoryStore.open(tmp_path / "cut" / "history") as b,
+    ):
+        assert torch.equal(a.read_model(6), b.read_model(6))
+        assert torch.equal(a.read_update(5, 0), b.read_update(5, 0))
+    full = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    cut = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    assert len(cut) == len(full) == 6
+
+
+def test_existing_run_dir_and_changed_config_are_refused(tmp_path):
+    cfg = parse_config({**SMALL, "training": {**SMALL["training"], "rounds": 1}})
+    train_run(cfg, tmp_path / "r")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_run(cfg, tmp_path / "r")
+    other = parse_config({**SMALL, "seed": 2, "training": {**SMALL["training"], "rounds": 1}})
+    with pytest.raises(ConfigError, match="config differs"):
+        train_run(other, tmp_path / "r", resume=True)
+    with pytest.raises(ConfigError, match="no run to resume"):
+        train_run(cfg, tmp_path / "nothing", resume=True)
+    with pytest.raises(HistoryError, match="not a run directory"):
+        run_info(tmp_path / "nothing")
+
+
+def test_every_k_policy_stores_only_those_rounds(tmp_path):
+    cfg = parse_config({**SMALL, "history": {"policy": "every", "every": 2}})
+    train_run(cfg, tmp_path / "r")
+    with HistoryStore.open(tmp_path / "r" / "history") as store:
+        assert store.has_update(1, 0) and not store.has_update(2, 0) and store.has_update(3, 0)
+        assert store.read_model(2).shape == store.read_model(0).shape
+
+
+def test_backdoor_poisons_only_malicious_clients():
+    setup = build_setup(parse_config(SMALL))
+    (bad,) = setup.federation.malicious
+    for cid, data in setup.federation.client_data.items():
+        stamped = data.x[:, 0, -3:, -3:].eq(1).flatten(1).all(1)
+        if cid == bad:
+            assert stamped.float().mean() > 0.8 and data.y[stamped].eq(0).all()
+        else:
+            assert not stamped.any()
+    setup.close()

@@ -1,0 +1,48 @@
+"""Small finished runs shared by the unlearning tests (trained once per session)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedunlearn.config import parse_config
+from fedunlearn.runs import train_run
+
+BASE = {
+    "seed": 2,
+    "data": {"dataset": "digits", "num_clients": 5},
+    "model": {"name": "mlp", "hidden": [16]},
+    "training": {"rounds": 5, "local_epochs": 2, "lr": 0.3, "batch_size": 32, "executor": "serial"},
+    "attack": {"kind": "backdoor", "num_malicious": 1, "trigger_size": 3},
+    "history": {"policy": "all"},
+}
+
+
+@pytest.fixture
+def base_config():
+    """The config of the shared runs, as a dict."""
+    return dict(BASE)
+
+
+def _train(tmp_path_factory, name, **overrides):
+    cfg = {**BASE, **overrides}
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    train_run(parse_config(cfg), run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def run_all(tmp_path_factory):
+    """A backdoored digits run with every update recorded."""
+    return _train(tmp_path_factory, "all")
+
+
+@pytest.fixture(scope="session")
+def run_every2(tmp_path_factory):
+    """The same run recorded with policy every=2."""
+    return _train(tmp_path_factory, "every2", history={"policy": "every", "every": 2})
+
+
+@pytest.fixture(scope="session")
+def run_none(tmp_path_factory):
+    """The same run recording no client updates."""
+    return _train(tmp_path_factory, "none", history={"policy": "none"})
