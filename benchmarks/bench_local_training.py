@@ -12,9 +12,9 @@ discarded and retried, since other people's test runs share these cores. Trainin
 forward multiply-adds of every ``Conv2d``/``Linear`` (x2 for FLOPs, x3 for forward + backward)
 and are compared with a measured float32 ``torch.mm`` (1024 and 2048 squares, default threads).
 
-``--explore`` adds CNN variants: one process with 1 or 2 threads, channels-last, oneDNN
-(mkldnn) off, pools with NCHW or channels-last workers, glibc malloc never trimming, vmapped
-clients (grouped convolutions); ``--compile`` times ``torch.compile`` too (slow to start).
+``--explore`` adds CNN variants: one process with 1 thread, channels-last, oneDNN (mkldnn) off,
+a pool of NCHW workers, vmapped clients (grouped convolutions); ``--compile`` also times
+``torch.compile`` of one client (slow to start).
 
     python benchmarks/bench_local_training.py --mnist /work/shared/data/mnist.npz
     python benchmarks/bench_local_training.py --quick
@@ -29,7 +29,9 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -198,31 +200,6 @@ class Variant:
         return sum(samples[cid] for cid, _ in tasks) * spec.epochs / seconds, load[0]
 
 
-@contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """Set environment variables (inherited by processes spawned inside) and restore them."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def pool_without_malloc_trim(model: nn.Module, clients: dict[int, ClientData]) -> Executor:
-    """A pool whose workers' glibc malloc never returns memory to the OS (no page faults)."""
-    big = str(2**30)
-    with environment(MALLOC_MMAP_THRESHOLD_=big, MALLOC_TRIM_THRESHOLD_=big):
-        pool = WorkerPoolExecutor(model, clients)
-        tasks = [(cid, 0) for cid in list(clients)[: pool.num_workers]]
-        pool.run(get_flat_params(model), tasks, LocalTrainingSpec(epochs=0))  # spawn all now
-    return pool
-
-
 def variants_for(
     name: str, model: nn.Module, clients: dict[int, ClientData], explore: bool, cnn_vmap: int
 ) -> list[Variant]:
@@ -253,10 +230,6 @@ def variants_for(
                 lambda: WorkerPoolExecutor(model, clients, channels_last=False),
             ),
             Variant(
-                "pool (channels-last), malloc no trim",
-                lambda: pool_without_malloc_trim(model, clients),
-            ),
-            Variant(
                 f"vectorized (vmap: grouped conv), {cnn_vmap} clients",
                 lambda: VectorizedExecutor(model, clients),
                 client_limit=cnn_vmap,
@@ -273,14 +246,18 @@ def measure(
     samples: dict[int, int],
     repeats: int,
     max_load: float,
+    retries: int,
 ) -> None:
-    """Time the variants interleaved until each has ``repeats`` clean rounds (or 3x tries)."""
+    """Time the variants interleaved until each has ``repeats`` clean rounds.
+
+    A variant gets at most ``repeats + retries`` rounds; its progress goes to stderr.
+    """
     for v in variants:
         start = time.perf_counter()
         v.executor = v.make()
         v.run_round(params, tasks[:2], spec, samples)  # warm-up: workers spawned, kernels primed
         v.start_seconds = time.perf_counter() - start
-    for attempt in range(3 * repeats):
+    for attempt in range(repeats + retries):
         pending = [v for v in variants if sum(load <= max_load for load in v.loads) < repeats]
         if not pending:
             break
@@ -289,6 +266,7 @@ def measure(
             speed, load = v.run_round(params, tasks, spec, samples)
             v.speeds.append(speed)
             v.loads.append(load)
+            print(f"  {v.label}: {speed:,.0f} samples/s, others {load:.0%}", file=sys.stderr)
     for v in variants:
         v.executor.close()
 
@@ -344,11 +322,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", default="logreg,mlp,cnn")
     parser.add_argument("--max-foreign-load", type=float, default=0.10)
+    parser.add_argument("--retries", type=int, default=4, help="extra rounds for noisy repeats")
     parser.add_argument("--explore", action="store_true", help="also time CNN variants")
     parser.add_argument("--cnn-vmap-clients", type=int, default=2, help="clients for vmapped CNN")
     parser.add_argument("--compile", action="store_true", help="also probe torch.compile")
     parser.add_argument("--quick", action="store_true", help="640 samples/client, 3 repeats")
     args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
     if args.quick:
         args.per_client, args.repeats = 640, 3
 
@@ -364,6 +344,7 @@ def main() -> None:
         model = build_model(name, (1, 28, 28), 10, seed=0)
         flops = training_flops_per_sample(model, clients[0].x)
         variants = variants_for(name, model, clients, args.explore, args.cnn_vmap_clients)
+        print(f"{name}:", file=sys.stderr)
         measure(
             variants,
             get_flat_params(model),
@@ -372,6 +353,7 @@ def main() -> None:
             samples,
             args.repeats,
             args.max_foreign_load,
+            args.retries,
         )
         base, _ = median_speed(variants[0], args.max_foreign_load)
         for v in variants:

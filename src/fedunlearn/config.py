@@ -92,11 +92,36 @@ class AttackConfig(_Frozen):
         return self
 
 
+class CrabSelectionConfig(_Frozen):
+    """Crab's selective storage (Crab spec §2.2): windows, round and client selection.
+
+    Used live by ``history.policy: crab`` and by the ``crab`` method when it derives the
+    selection from a run recorded with ``all`` (both give the identical selection).
+    """
+
+    alpha: float = Field(0.1, gt=0, lt=1, description="α: a window closes at a loss drop of α")
+    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a window's rounds kept")
+    client_ratio: float = Field(0.7, gt=0, le=1, description="δ: share of a round's clients kept")
+    divergence: Literal["pred_kl", "param_softmax_kl"] = Field(
+        "pred_kl", description="round score: KL of predictions on R, or the code's param proxy"
+    )
+    rounding: Literal["half_up", "floor"] = Field(
+        "half_up", description="P_b = max(1, round_half_up(λ B_b)) (spec A5) or floor (code)"
+    )
+    reference_size: int = Field(
+        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data"
+    )
+    max_window: int | None = Field(
+        None, ge=1, description="close a window after this many rounds (spec A11); None = never"
+    )
+
+
 class HistoryConfig(_Frozen):
     """What the server records during training (global models are always kept)."""
 
-    policy: Literal["all", "every", "none"] = "all"
+    policy: Literal["all", "every", "none", "crab"] = "all"
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
+    crab: CrabSelectionConfig = CrabSelectionConfig()
 
 
 class RunConfig(_Frozen):

@@ -7,6 +7,8 @@ resume) and ``summary.json`` (written when training finishes).
 
 Determinism: every random choice derives from (seed, purpose, round, client), so the same config
 gives bit-identical models on the same machine, and a resumed run equals an uninterrupted one.
+With ``history.policy: crab`` the open selection window is held in memory only, so a resume
+drops the rounds after the last closed window and re-runs them (bit-identically).
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ from fedunlearn.fl.federation import Federation, UpdateMod
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate
 from fedunlearn.fl.records import ClientData, RoundRecord
 from fedunlearn.fl.seeding import derive_seed, torch_generator
-from fedunlearn.history.policy import HistoryRecorder, make_policy
+from fedunlearn.history.crab import CrabPolicy, ReferenceScorer
+from fedunlearn.history.policy import (
+    DeferredPolicy,
+    HistoryRecorder,
+    RecordingPolicy,
+    make_policy,
+)
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.models import build_model, get_flat_params
 
@@ -210,6 +218,48 @@ def build_setup(config: RunConfig) -> Setup:
     )
 
 
+def reference_set(setup: Setup) -> ClientData:
+    """Return Crab's clean reference set R: a seeded subsample of the clients' clean data.
+
+    R has ``history.crab.reference_size`` samples drawn without replacement (seed derived from
+    the run's seed) from the union of every client's training data *before* poisoning (Crab spec
+    §2.2 [rec]); it stands in for the clients computing F and p(M) on their own data. The
+    recording policy and the ``crab`` method both call this, so they use the same R.
+    """
+    ids = sorted(setup.federation.client_ids)
+    parts = [setup.clean_data(c) for c in ids]
+    x = torch.cat([p.x for p in parts])
+    y = torch.cat([p.y for p in parts])
+    size = setup.config.history.crab.reference_size
+    if size < len(y):
+        rng = np.random.default_rng(derive_seed(setup.config.seed, "crab_reference"))
+        idx = torch.from_numpy(np.sort(rng.choice(len(y), size=size, replace=False)))
+        x, y = x[idx], y[idx]
+    return ClientData(x, y)
+
+
+def reference_scorer(setup: Setup) -> ReferenceScorer:
+    """Return the scorer (F and round divergence on R) of the run's Crab options."""
+    ref = reference_set(setup)
+    return ReferenceScorer(setup.model, ref.x, ref.y, setup.config.history.crab.divergence)
+
+
+def make_recording_policy(config: RunConfig, setup: Setup) -> RecordingPolicy | DeferredPolicy:
+    """Return the run's recording policy (``crab`` needs the model and reference set)."""
+    if config.history.policy != "crab":
+        return make_policy(config.history.policy, config.history.every)
+    opts = config.history.crab
+    return CrabPolicy(
+        reference_scorer(setup),
+        alpha=opts.alpha,
+        round_ratio=opts.round_ratio,
+        client_ratio=opts.client_ratio,
+        final_round=config.training.rounds,
+        rounding=opts.rounding,
+        max_window=opts.max_window,
+    )
+
+
 class MetricsWriter:
     """Round observer appending one JSON line of metrics per round."""
 
@@ -309,12 +359,20 @@ def train_run(
                 )
             )
             last = 0
+        policy = make_recording_policy(config, setup)
+        if isinstance(policy, DeferredPolicy):
+            # a deferred policy's open window is in memory only: restart where it can be
+            # rebuilt from the store (Crab: after the last closed window) and re-run the rest
+            start = policy.resume_round(store)
+            if start < last:
+                store.truncate_after(start)
+                last = start
         params = store.read_model(last)
         # metrics.jsonl is derived from the store, so a crash between the two never disagrees
         with (run_dir / METRICS_FILE).open("w") as fh:
             for r in range(1, last + 1):
                 fh.write(json.dumps(metrics_line(r, store.round_scalars(r))) + "\n")
-        recorder = HistoryRecorder(store, make_policy(config.history.policy, config.history.every))
+        recorder = HistoryRecorder(store, policy)
         params = run_rounds(
             setup.federation,
             setup.aggregator,

@@ -17,7 +17,10 @@ REAL_MNIST = Path("/work/shared/data/mnist.npz")
 
 def test_every_exported_name_imports_and_registry_lists_all_datasets():
     assert all(hasattr(data, name) for name in data.__all__)
-    assert set(DATASETS) == {"digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic"}
+    assert set(DATASETS) == {
+        "digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic",
+        "covtype", "higgs", "covtype_like", "higgs_like",
+    }  # fmt: skip
 
 
 def test_importing_the_package_does_not_import_sklearn_or_rich():

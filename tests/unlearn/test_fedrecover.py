@@ -117,6 +117,7 @@ class QuadraticFederation:
     seed: int = 0
     malicious: frozenset = frozenset()
     calls: int = 0
+    nan_at: frozenset = frozenset()  # (round, client) whose fresh update is NaN
 
     def __post_init__(self):
         self.spec = LocalTrainingSpec(epochs=1, lr=self.lr)
@@ -135,9 +136,13 @@ class QuadraticFederation:
 
     def train(self, global_params, client_ids, round_, *, spec=None, salt=0):
         self.calls += 1
-        return [
-            ClientUpdate(c, self.delta(c, global_params), self.sizes[c], 0.0) for c in client_ids
-        ]
+        out = []
+        for c in client_ids:
+            delta = self.delta(c, global_params)
+            if (round_, c) in self.nan_at:
+                delta = delta * math.nan
+            out.append(ClientUpdate(c, delta, self.sizes[c], 0.0))
+        return out
 
 
 class Float64Context(UnlearnContext):
@@ -157,8 +162,8 @@ def fedavg_rounds(fed, w, clients, rounds):
         w = after
 
 
-@pytest.fixture
-def quadratic(tmp_path):
+def build_quadratic(tmp_path, corrupt=frozenset()):
+    """Store a 5-client FedAvg run (stored deltas of ``corrupt`` (round, client) set to inf)."""
     g = torch.Generator().manual_seed(0)
     n, p, rounds = 5, 6, 14
     fed = QuadraticFederation(
@@ -171,6 +176,7 @@ def quadratic(tmp_path):
     store.write_round(RoundEntry(round=0, global_model=w0))
     for r, _, deltas, after in fedavg_rounds(fed, w0, range(n), rounds):
         records = [ClientRecord(c, "accepted", num_samples=fed.sizes[c]) for c in deltas]
+        deltas = {c: d * math.inf if (r, c) in corrupt else d for c, d in deltas.items()}
         store.write_round(RoundEntry(r, after, after * 0, deltas, records))
     forget = frozenset({0})
     *_, retrain = (w for *_, w in fedavg_rounds(fed, w0, [1, 2, 3, 4], rounds))
@@ -189,8 +195,14 @@ def quadratic(tmp_path):
             meter=meter,
         )
 
-    yield context, retrain, forget, fed, store
-    store.close()
+    return context, retrain, forget, fed, store
+
+
+@pytest.fixture
+def quadratic(tmp_path):
+    built = build_quadratic(tmp_path)
+    yield built
+    built[-1].close()
 
 
 @pytest.mark.parametrize(
@@ -228,7 +240,51 @@ def test_abnormality_fixes_feed_exact_pairs_and_keep_quadratic_recovery_exact(qu
     assert 0 < fixes[2] < len(result.details["estimated_rounds"])  # fixed in some rounds only
     # a fix pushes (v, g - g_bar): positive curvature; the wrong sign would be skipped here
     assert result.details["guard_counts"]["nonpositive_curvature"] == 0
+    # exact rounds 1, 2, 3, 7, 11 precede the last estimated round 12; round 1's pair is
+    # degenerate (paired skips it, paper_literal keeps the column); plus one pair per fix
+    first = 1 if mode == "paired" else 0
+    assert result.details["pairs_pushed"] == {c: 5 - first + fixes[c] for c in (1, 2, 3, 4)}
     assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
+
+
+def test_client_without_usable_pair_is_asked_for_an_exact_update(quadratic):
+    context, retrain, forget, _, _ = quadratic
+    params = {"warmup_rounds": 1, "correction_period": None, "final_rounds": 0}
+    with pytest.warns(UserWarning, match="should exceed the buffer size"):
+        result = FedRecover({**params, "abnormality_fixing": False}).unlearn(
+            UnlearnRequest(forget), context()
+        )
+    details = result.details
+    # round 1's pairs are degenerate (dw = 0), so round 2 has none: A3 asks all 4 clients once,
+    # and their round-2 pairs let rounds 3..14 be estimated
+    assert details["no_pair_requests"] == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert details["guard_counts"]["no_pairs"] == 4
+    assert details["guard_counts"]["degenerate_step"] == 4
+    assert details["pairs_pushed"] == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert details["exact_updates_per_client"] == {1: 2, 2: 2, 3: 2, 4: 2}
+    assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
+
+
+def test_non_finite_estimates_and_exact_updates_are_handled(tmp_path):
+    context, retrain, forget, fed, store = build_quadratic(tmp_path, corrupt={(6, 2)})
+    params = {"warmup_rounds": 3, "correction_period": 4, "final_rounds": 2}
+    try:
+        # round 6 is estimated: client 2's stored delta is inf, so its estimate is abnormal
+        # even with fixing off; the exact update replaces it and recovery stays exact
+        result = FedRecover({**params, "abnormality_fixing": False}).unlearn(
+            UnlearnRequest(forget), context()
+        )
+        assert result.details["abnormality_fixes"] == {1: 0, 2: 1, 3: 0, 4: 0}
+        assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
+        # a NaN exact update (round 2, client 3) is screened out of the aggregate, as in training
+        fed.nan_at = frozenset({(2, 3)})
+        result = FedRecover(params).unlearn(UnlearnRequest(forget), context())
+    finally:
+        store.close()
+    rejected = result.details["rejected_updates"]
+    assert [(x["round"], x["client_id"]) for x in rejected] == [(2, 3)]
+    assert "non-finite" in rejected[0]["reason"]
+    assert bool(torch.isfinite(result.params).all())
 
 
 def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):

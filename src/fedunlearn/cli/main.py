@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedunlearn.cli.central import central_command
 from fedunlearn.config import RunConfig, load_config, parse_config
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.fl.records import RoundRecord
@@ -307,6 +308,9 @@ def demo(
     plot_results(doc, results)
     _print_results(doc)
     console.print(f"Tables and plots in {results}/ ; inspect the run with: fedunlearn info {out}")
+
+
+app.command(name="central")(central_command)
 
 
 def main() -> None:  # pragma: no cover - console entry point

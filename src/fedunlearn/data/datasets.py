@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedunlearn.data import formats, text
+from fedunlearn.data import formats, tabular, text
 from fedunlearn.data.download import DATA_DIR_ENV, DOWNLOAD_ENV, obtain
 from fedunlearn.errors import ConfigError, DataFormatError, UnknownNameError
 
@@ -416,6 +416,75 @@ def load_ag_news(
     )
 
 
+def _tabular(name: str, arrays: dict[str, Any]) -> Dataset:
+    num_classes = arrays.pop("num_classes")
+    meta = {"source": arrays.pop("source"), "classes": [str(c) for c in range(num_classes)]}
+    shape = arrays["x_train"].shape[1:]
+    return Dataset(
+        name, **arrays, num_classes=num_classes, input_shape=shape, kind="tabular", meta=meta
+    )
+
+
+def load_covtype(
+    *,
+    data_dir: Path,
+    download: bool,
+    max_samples: int | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Dataset:
+    """UCI Covertype from ``covtype.data.gz`` (see ``tabular.load_covtype``); never downloaded."""
+    arrays = tabular.load_covtype(
+        data_dir=data_dir, max_samples=max_samples, test_fraction=test_fraction, seed=seed
+    )
+    return _tabular("covtype", arrays)
+
+
+def load_higgs(
+    *,
+    data_dir: Path,
+    download: bool,
+    max_samples: int | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Dataset:
+    """UCI HIGGS from ``HIGGS.csv.gz`` (first ``max_samples`` rows); never downloaded."""
+    arrays = tabular.load_higgs(
+        data_dir=data_dir, max_samples=max_samples, test_fraction=test_fraction, seed=seed
+    )
+    return _tabular("higgs", arrays)
+
+
+def load_covtype_like(
+    *,
+    data_dir: Path,
+    download: bool,
+    num_samples: int = 20000,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Dataset:
+    """Synthetic Covtype stand-in (54 features, 7 imbalanced classes)."""
+    arrays = tabular.load_covtype_like(
+        num_samples=num_samples, test_fraction=test_fraction, seed=seed
+    )
+    return _tabular("covtype_like", arrays)
+
+
+def load_higgs_like(
+    *,
+    data_dir: Path,
+    download: bool,
+    num_samples: int = 20000,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Dataset:
+    """Synthetic HIGGS stand-in (28 features, binary, weakly separable)."""
+    arrays = tabular.load_higgs_like(
+        num_samples=num_samples, test_fraction=test_fraction, seed=seed
+    )
+    return _tabular("higgs_like", arrays)
+
+
 #: Dataset name -> loader ``(*, data_dir, download, **options) -> Dataset``.
 DATASETS: dict[str, DatasetLoader] = {
     "digits": load_digits,
@@ -424,4 +493,8 @@ DATASETS: dict[str, DatasetLoader] = {
     "cifar10": load_cifar10,
     "ag_news": load_ag_news,
     "synthetic": load_synthetic,
+    "covtype": load_covtype,
+    "higgs": load_higgs,
+    "covtype_like": load_covtype_like,
+    "higgs_like": load_higgs_like,
 }

@@ -6,15 +6,23 @@ updates* are stored:
 
 - ``all``: every accepted update (FedRecover, Cao et al. S&P'23 §4);
 - ``every``: every update of rounds 1, 1+k, 1+2k, ... (FedEraser's Δt, Liu et al. IWQoS'21 §3);
-- ``none``: no client updates (enough for Retrain and the no-unlearning control).
+- ``none``: no client updates (enough for Retrain and the no-unlearning control);
+- ``crab``: Crab's window selection (:mod:`fedunlearn.history.crab`), a *deferred* policy.
 
-Later methods (Crab, FedADP, Starfish) add policies of their own through the same interface.
+A per-round policy (``RecordingPolicy``) decides when the round ends. A deferred policy
+(``DeferredPolicy``) buffers rounds and decides later: ``select`` returns, for each finished
+round, the updates of any buffered rounds to commit with it; the recorder writes them in the same
+transaction as the round (``write_round(..., attach=...)``), so a selection is stored whole or
+not at all. ``resume_round`` tells ``train --resume`` where its in-memory state can be rebuilt
+from (rounds after it are dropped and re-run, bit-identically).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import torch
 
 from fedunlearn.errors import UnknownNameError
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
@@ -28,6 +36,21 @@ class RecordingPolicy(Protocol):
 
     def updates_to_store(self, record: RoundRecord) -> frozenset[int]:
         """Return the ids of the accepted clients whose update is stored."""
+        ...
+
+
+@runtime_checkable
+class DeferredPolicy(Protocol):
+    """Decides which updates to keep only after later rounds (e.g. when a window closes)."""
+
+    name: str
+
+    def resume_round(self, store: HistoryStore) -> int:
+        """Set the policy's state from the store; return the round training continues after."""
+        ...
+
+    def select(self, record: RoundRecord) -> dict[int, dict[int, torch.Tensor]]:
+        """Buffer a finished round; return ``{round: {client_id: delta}}`` to commit with it."""
         ...
 
 
@@ -77,19 +100,34 @@ def make_policy(name: str, every: int = 5) -> RecordingPolicy:
         return RecordEvery(every)
     if name == "none":
         return RecordNone()
-    raise UnknownNameError(f"unknown history policy '{name}'; available: all, every, none")
+    if name == "crab":
+        raise UnknownNameError(
+            "history policy 'crab' needs the run's model and reference set; build it with "
+            "fedunlearn.runs.make_recording_policy(config, setup)"
+        )
+    raise UnknownNameError(f"unknown history policy '{name}'; available: all, every, none, crab")
 
 
 class HistoryRecorder:
     """Round observer that commits each finished round to a ``HistoryStore`` atomically."""
 
-    def __init__(self, store: HistoryStore, policy: RecordingPolicy) -> None:
+    def __init__(self, store: HistoryStore, policy: RecordingPolicy | DeferredPolicy) -> None:
         self.store = store
         self.policy = policy
 
     def on_round_end(self, record: RoundRecord) -> None:
-        """Write the round: global model, aggregate, chosen updates, every client's outcome."""
-        keep = self.policy.updates_to_store(record)
+        """Write the round: global model, aggregate, chosen updates, every client's outcome.
+
+        With a deferred policy, the updates it selects of earlier rounds are attached to this
+        round's transaction.
+        """
+        attach: dict[int, dict[int, torch.Tensor]] = {}
+        if isinstance(self.policy, DeferredPolicy):
+            attach = dict(self.policy.select(record))
+            current = attach.pop(record.round, {})
+        else:
+            keep = self.policy.updates_to_store(record)
+            current = {u.client_id: u.delta for u in record.updates if u.client_id in keep}
         clients = [
             ClientRecord(
                 client_id=u.client_id,
@@ -119,8 +157,9 @@ class HistoryRecorder:
                 round=record.round,
                 global_model=record.global_after,
                 aggregate=record.aggregate,
-                updates={u.client_id: u.delta for u in record.updates if u.client_id in keep},
+                updates=current,
                 clients=clients,
                 scalars=dict(record.metrics),
-            )
+            ),
+            attach=attach,
         )

@@ -490,29 +490,57 @@ class HistoryStore:
 
     # ----- writing ------------------------------------------------------------------------
 
-    def write_round(self, entry: RoundEntry) -> None:
+    def write_round(
+        self,
+        entry: RoundEntry,
+        *,
+        attach: Mapping[int, Mapping[int, torch.Tensor]] | None = None,
+    ) -> None:
         """Commit one round in a single transaction: all of it is stored, or none of it.
 
         Args:
             entry: The round; its number must exceed every committed round.
+            attach: Updates of *earlier*, already committed rounds to store in the same
+                transaction, ``{round: {client_id: delta}}`` (deferred policies such as Crab's
+                window selection decide what to keep of a round only later). Each client must
+                have an accepted or rejected record in that round, no update stored there yet,
+                and must not have been forgotten.
 
         Raises:
             HistoryError: The round is committed already or not after the last one, an update
-                belongs to a forgotten client, or the store is read-only.
-            ConfigError: A payload is larger than SQLite's BLOB limit.
+                belongs to a forgotten client, an attached update has no client record, is
+                stored already or names an uncommitted round, or the store is read-only.
+            ConfigError: A payload is larger than SQLite's BLOB limit, or ``attach`` names
+                round ``entry.round`` or later.
         """
         self._require_writable(f"write round {getattr(entry, 'round', '?')}")
         if not isinstance(entry, RoundEntry):
             raise ConfigError(f"write_round takes a RoundEntry; got {type(entry).__name__}.")
         r = entry.round
+        late = {
+            _check_int(rr, "attach round"): {
+                _check_int(c, "attach client_id"): _check_tensor(t, f"attach[{rr}][{c}]")
+                for c, t in ups.items()
+            }
+            for rr, ups in (attach or {}).items()
+            if ups
+        }
+        if any(rr >= r or rr == 0 for rr in late):
+            raise ConfigError(
+                f"write_round(round {r}) can attach updates of earlier rounds 1..{r - 1} only; "
+                f"got rounds {sorted(late)}. Put this round's updates in entry.updates."
+            )
         limit = self._db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
         named = [
             ("global", _NO_CLIENT, entry.global_model),
             ("aggregate", _NO_CLIENT, entry.aggregate),
         ]
-        payloads = [(k, c, t) for k, c, t in named if t is not None]
-        payloads += [("update", cid, entry.updates[cid]) for cid in sorted(entry.updates)]
-        for kind, cid, tensor in payloads:
+        payloads = [(r, k, c, t) for k, c, t in named if t is not None]
+        payloads += [(r, "update", cid, entry.updates[cid]) for cid in sorted(entry.updates)]
+        payloads += [
+            (rr, "update", cid, late[rr][cid]) for rr in sorted(late) for cid in sorted(late[rr])
+        ]
+        for _, kind, cid, tensor in payloads:
             if tensor.numel() * tensor.element_size() > limit:
                 raise ConfigError(
                     f"{self._file}: round {r} {self._what(kind, cid)} is "
@@ -529,11 +557,12 @@ class HistoryStore:
                     + f"; rounds are written in increasing order. To rewrite from round {r}, call "
                     f"truncate_after({r - 1}) (resume); nothing was written."
                 )
-            if entry.updates:
-                marks = ",".join("?" * len(entry.updates))
+            writers = set(entry.updates).union(*late.values())
+            if writers:
+                marks = ",".join("?" * len(writers))
                 gone = self._db.execute(
                     f"SELECT DISTINCT client_id FROM forget_log WHERE client_id IN ({marks})",
-                    tuple(entry.updates),
+                    tuple(sorted(writers)),
                 ).fetchall()
                 if gone:
                     raise HistoryError(
@@ -541,6 +570,8 @@ class HistoryStore:
                         f"{_format_ids(g[0] for g in gone)}, which were forgotten; drop them "
                         "from the round. Nothing was written."
                     )
+            for rr in sorted(late):
+                self._check_attachable(rr, late[rr])
             self._db.execute(
                 "INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), time.time())
             )
@@ -560,8 +591,32 @@ class HistoryStore:
                     for c in entry.clients
                 ],
             )
-            for kind, cid, tensor in payloads:
-                self._insert_payload(r, kind, cid, tensor)
+            for rr, kind, cid, tensor in payloads:
+                self._insert_payload(rr, kind, cid, tensor)
+
+    def _check_attachable(self, round: int, updates: Mapping[int, torch.Tensor]) -> None:
+        """Raise unless every update may be attached to committed ``round`` (in a transaction)."""
+        if not self._db.execute("SELECT 1 FROM rounds WHERE round=?", (round,)).fetchone():
+            raise HistoryError(
+                f"{self._file}: cannot attach updates to round {round}: it is not committed. "
+                "Nothing was written."
+            )
+        for cid in sorted(updates):
+            row = self._db.execute(
+                "SELECT status, EXISTS (SELECT 1 FROM payloads p WHERE p.round=? AND "
+                "p.kind='update' AND p.client_id=?) FROM clients WHERE round=? AND client_id=?",
+                (round, cid, round, cid),
+            ).fetchone()
+            if row is None or row[0] == UpdateStatus.MISSING.value:
+                raise HistoryError(
+                    f"{self._file}: cannot attach an update of client {cid} to round {round}: "
+                    "the client has no reply recorded there. Nothing was written."
+                )
+            if row[1]:
+                raise HistoryError(
+                    f"{self._file}: round {round} already stores the update of client {cid}; "
+                    "an attached update cannot replace it. Nothing was written."
+                )
 
     def _insert_payload(self, round: int, kind: str, client_id: int, tensor: torch.Tensor) -> None:
         dtype, shape, data, keep_alive = _encode(tensor)

@@ -7,7 +7,8 @@ style). ``unlearn(request, context)`` takes a finished run, seen through an ``Un
 - ``context.clients``: the federation restricted to the *remaining* clients, counting every
   local training request (participations, local epochs, bytes sent and received); asking a
   forgotten client to train is an error;
-- the run's aggregator, config, evaluation function and its initial and final models.
+- the run's aggregator, config, evaluation function and its initial and final models;
+- ``context.reference``: the run's clean reference set R (Crab's F and KL scores).
 
 It returns an ``UnlearnResult``: the unlearned model, the cost ledger (``Costs``), the metrics of
 every unlearning round, and method-specific details. Forgetting nobody returns the run's final
@@ -34,7 +35,7 @@ from fedunlearn.errors import ConfigError, FedUnlearnError, UnsupportedHistoryEr
 from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.federation import Federation
-from fedunlearn.fl.records import ClientUpdate
+from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore
 
 Evaluator = Callable[[torch.Tensor], dict[str, float]]
@@ -184,6 +185,11 @@ class RemainingClients:
         return self.ids
 
     @property
+    def model(self) -> torch.nn.Module:
+        """The run's architecture (to evaluate flat parameter vectors; do not train it)."""
+        return self._federation.model
+
+    @property
     def layer_sizes(self) -> tuple[int, ...]:
         """Number of scalars of each parameter tensor, in flat-vector order."""
         return tuple(p.numel() for p in self._federation.model.parameters())
@@ -245,6 +251,7 @@ class UnlearnContext:
     final_params: torch.Tensor
     evaluate: Evaluator | None
     meter: CostMeter
+    reference: ClientData | None = None  # Crab's clean reference set R (runs.reference_set)
 
     def aggregate(self, updates: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
         """Aggregate ``(client_id, delta)`` pairs with the run's rule, weighted by n_c."""

@@ -4,7 +4,7 @@ The server replays the T rounds from M_0 with the remaining clients only. In *ex
 clients train (warm-up, periodic correction, final tuning); in the other rounds the server
 estimates each client's update from its stored one by the Cauchy mean-value theorem,
 ``g_i(w_hat_t) ~ g_bar_i_t + B_i (w_hat_t - w_bar_t)``, with ``B_i`` the compact L-BFGS matrix
-of the client's secant pairs from exact rounds (:mod:`fedunlearn.unlearn.lbfgs`). An estimate with
+of the client's secant pairs from exact rounds (:mod:`fedunlearn.linalg.lbfgs`). An estimate with
 a coordinate above the threshold tau is *abnormal* and replaced by an exact update.
 
 Sign convention (spec §0.3): clients upload ``delta = w_local - w_global`` and the server applies
@@ -47,7 +47,10 @@ Deviations:
     [REC] ``v = 0`` (the forgotten clients did not affect round r yet) gives ``B v = 0``, so the
     stored update is used as it is, with or without pairs.
     [REC] Stored updates and global models are read only when used: exact rounds after the last
-    estimated round need no pairs, so T_c = 1 costs exactly what Retrain costs.
+    estimated round need no pairs, so T_c = 1 costs exactly what Retrain costs. The tau pass
+    reads every remaining participant's stored update once more (history bytes read ~double).
+    [REC] Costs: ``estimated_updates`` counts the estimates that entered an aggregate; an
+    estimate replaced by an exact update (abnormal, or no pair) counts as a client request only.
     [I] Multi-step local training: the "Hessian" is the Jacobian of the local-update map and the
     mean-value argument is heuristic (spec §1.2). A5 (per-round lr) is moot: the toolkit's local lr
     is constant and the server lr is 1.
@@ -68,14 +71,14 @@ from pydantic import Field, field_validator
 
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.engine import screen_update
-from fedunlearn.unlearn.base import MethodParams, UnlearnContext, Unlearner, UnlearnRequest
-from fedunlearn.unlearn.lbfgs import (
+from fedunlearn.linalg.lbfgs import (
     CompactBFGS,
     GuardCounts,
     NoCurvaturePairsError,
     SecantBuffer,
     pair_problem,
 )
+from fedunlearn.unlearn.base import MethodParams, UnlearnContext, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.registry import register
 
 __all__ = ["FedRecover", "FedRecoverParams", "Schedule", "kth_largest_abs", "round_thresholds"]
@@ -222,6 +225,7 @@ class _PairedBuffers:
         self.capacity = capacity
         self.counts = counts
         self.buffers: dict[int, SecantBuffer] = {}
+        self.pushed: Counter[int] = Counter()  # pairs that entered client i's buffer
 
     def _buffer(self, cid: int) -> SecantBuffer:
         if cid not in self.buffers:
@@ -230,10 +234,10 @@ class _PairedBuffers:
 
     def push_round(self, dw: torch.Tensor, dgs: Mapping[int, torch.Tensor], w_norm: float) -> None:
         for cid, dg in dgs.items():
-            self._buffer(cid).push(dw, dg, w_norm)
+            self.push_fix(cid, dw, dg, w_norm)
 
     def push_fix(self, cid: int, dw: torch.Tensor, dg: torch.Tensor, w_norm: float) -> None:
-        self._buffer(cid).push(dw, dg, w_norm)
+        self.pushed[cid] += self._buffer(cid).push(dw, dg, w_norm)
 
     def hvp(self, cid: int, v: torch.Tensor) -> torch.Tensor:
         return self._buffer(cid).hvp(v)
@@ -249,6 +253,7 @@ class _PaperLiteralBuffers:
         self.capacity = capacity
         self._dw_version = 0
         self._dg_version: Counter[int] = Counter()
+        self.pushed = self._dg_version  # DG_i columns pushed
         self._cache: dict[int, tuple[tuple[int, int], CompactBFGS | None]] = {}
 
     def _push_dg(self, cid: int, dg: torch.Tensor) -> None:
@@ -300,6 +305,14 @@ class FedRecover(Unlearner):
     participants to train and pushes secant pairs, and an estimated round estimates every
     participant's update from its stored one and its L-BFGS buffer, replacing abnormal or
     pair-less estimates by exact updates; aggregate with the run's rule and evaluate.
+
+    ``UnlearnResult.details`` holds: ``schedule`` (effective T, T_w, T_c, T_f), ``buffer_size``,
+    ``buffer_mode``, ``exact_rounds``, ``estimated_rounds``, ``tau`` (inf when fixing is off or
+    nothing is estimated) and ``tau_per_round`` (empty unless tau was derived from alpha),
+    ``exact_updates`` and ``estimated_updates`` (totals), ``exact_updates_per_client``,
+    ``abnormality_fixes`` and ``no_pair_requests`` (per remaining client), ``pairs_pushed``
+    (secant pairs that entered each client's buffer), ``guard_counts`` (spec §0.4) and
+    ``rejected_updates`` (non-finite exact updates left out).
     """
 
     params_type = FedRecoverParams
@@ -442,7 +455,7 @@ class FedRecover(Unlearner):
                 if stored:
                     exact = self._exact(context, w_hat, sorted(stored), r, requests, rejected)
                     for cid, delta in exact.items():
-                        pass
+                        buffers.push_fix(cid, v, stored[cid] - delta, w_norm)
                         deltas[cid] = delta
                 del stored
             kept = [(cid, deltas[cid]) for cid in ids if cid in deltas]
@@ -471,6 +484,7 @@ class FedRecover(Unlearner):
             "exact_updates_per_client": dict(sorted(requests.items())),
             "abnormality_fixes": {cid: fixes[cid] for cid in context.clients.ids},
             "no_pair_requests": {cid: no_pair[cid] for cid in context.clients.ids},
+            "pairs_pushed": {cid: buffers.pushed[cid] for cid in context.clients.ids},
             "guard_counts": guard_counts,
             "rejected_updates": rejected,
         }

@@ -14,7 +14,8 @@ normalisation. A fresh delta with norm < 1e-12 is calibrated to zero (spec §2.7
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -70,6 +71,8 @@ def calibrated_replay(
     spec: LocalTrainingSpec,
     scope: str = "model",
     first_uncalibrated: bool = False,
+    participants: Mapping[int, Sequence[int]] | None = None,
+    trace: list[dict[str, Any]] | None = None,
 ) -> tuple[torch.Tensor, list[dict[str, float]]]:
     """Replay ``rounds`` (in order) from ``start_params`` with calibrated fresh updates.
 
@@ -81,6 +84,12 @@ def calibrated_replay(
         scope: ``model`` (whole-vector norm) or ``layer`` (per parameter tensor).
         first_uncalibrated: Apply the first round's stored deltas as they are (FedEraser's first
             retained round: from M_0 they carry no influence of the forgotten clients).
+        participants: Round -> clients to replay (remaining, with a stored delta); default:
+            every remaining client with a stored delta of the round (Crab passes its selection).
+        trace: If given, one dict per replayed round is appended: ``round``, ``params`` (the
+            model after it), ``step_norm`` (of the applied aggregate), ``sigma_sum`` (sum over
+            clients of ``n_c / n_P * ||stored|| / ||fresh||``) and ``max_stored_norm`` /
+            ``max_fresh_norm`` (Crab's bound calculator).
 
     Returns:
         The replayed model and one metrics row per replayed round.
@@ -88,27 +97,42 @@ def calibrated_replay(
     params = start_params.clone()
     rows: list[dict[str, float]] = []
     for j, round_ in enumerate(rounds):
-        ids = stored_participants(context, round_)
+        if participants is None:
+            ids = stored_participants(context, round_)
+        else:
+            ids = sorted(set(participants.get(round_, ())) & set(context.clients.ids))
         if not ids:
             log.warning("round %d: no remaining client has a stored update; skipped", round_)
             continue
+        norms: list[tuple[int, float, float]] = []
         if j == 0 and first_uncalibrated:
             steps = [(cid, context.history.read_update(round_, cid)) for cid in ids]
         else:
             fresh = context.clients.train(params, ids, round_, spec=spec)
-            steps = [
-                (
-                    u.client_id,
-                    calibrate(
-                        context.history.read_update(round_, u.client_id),
-                        u.delta,
-                        scope,
-                        context.clients.layer_sizes,
-                    ),
+            steps = []
+            for u in fresh:
+                stored = context.history.read_update(round_, u.client_id)
+                steps.append(
+                    (u.client_id, calibrate(stored, u.delta, scope, context.clients.layer_sizes))
                 )
-                for u in fresh
-            ]
-        params = params + context.aggregate(steps)
+                if trace is not None:
+                    norms.append((u.client_id, float(stored.norm()), float(u.delta.norm())))
+        step = context.aggregate(steps)
+        params = params + step
+        if trace is not None:
+            n_p = sum(context.clients.num_samples(c) for c, _, _ in norms)
+            trace.append(
+                {
+                    "round": round_,
+                    "params": params,
+                    "step_norm": float(step.norm()),
+                    "sigma_sum": sum(
+                        context.clients.num_samples(c) / n_p * s / max(f, EPS) for c, s, f in norms
+                    ),
+                    "max_stored_norm": max((s for _, s, _ in norms), default=0.0),
+                    "max_fresh_norm": max((f for _, _, f in norms), default=0.0),
+                }
+            )
         context.meter.rounds += 1
         row: dict[str, float] = {"round": round_}
         if context.evaluate is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import HISTORY_DIR, Setup, build_setup, load_run_config
+from fedunlearn.runs import HISTORY_DIR, Setup, build_setup, load_run_config, reference_set
 from fedunlearn.unlearn.base import (
     CostMeter,
     MeteredHistory,
@@ -53,6 +53,7 @@ class UnlearnSession:
         self.evaluate = evaluate
         self.final_params = self.store.read_model(planned)
         self.initial_params = self.store.read_model(0)
+        self.reference = reference_set(self.setup)
 
     @property
     def client_ids(self) -> tuple[int, ...]:
@@ -93,6 +94,7 @@ class UnlearnSession:
             final_params=self.final_params,
             evaluate=self.setup.evaluate if self.evaluate else None,
             meter=meter,
+            reference=self.reference,
         )
 
     def run(self, method: Unlearner, request: UnlearnRequest) -> UnlearnResult:

@@ -4,7 +4,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fedunlearn.errors import FedUnlearnError
-from fedunlearn.unlearn.lbfgs import (
+from fedunlearn.linalg.lbfgs import (
     CompactBFGS,
     GuardCounts,
     NoCurvaturePairsError,

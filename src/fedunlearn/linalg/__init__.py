@@ -1,0 +1,1 @@
+"""Numerical building blocks shared by federated and centralised methods (compact L-BFGS)."""
