@@ -211,7 +211,11 @@ def variants_for(
             "serial",
         ),
         Variant("vectorized (vmap)", lambda: VectorizedExecutor(model, clients), "vectorized"),
-        Variant("pool (channels-last workers)", lambda: WorkerPoolExecutor(model, clients), "pool"),
+        Variant(
+            "pool (single-threaded workers, channels-last)",
+            lambda: WorkerPoolExecutor(model, clients),
+            "pool",
+        ),
     ]
     if name == "cnn":  # vmapped convolutions are far slower: timed on a few clients in --explore
         out = [v for v in out if v.kind != "vectorized"]

@@ -108,7 +108,11 @@ def main() -> None:
     parser.add_argument("--no-sweeps", action="store_true")
     parser.add_argument("--fresh", action="store_true", help="retrain runs that exist")
     parser.add_argument("--doc", type=Path, default=Path("runs/crab_mnist/tables.md"))
+    parser.add_argument("--summarize", action="store_true", help="only print the seed means")
     args = parser.parse_args()
+    if args.summarize:
+        print("\n".join(summarize(args.out)))
+        return
     if not args.mnist.exists():
         raise SystemExit(f"MNIST not found at {args.mnist}; pass --mnist PATH/mnist.npz")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -193,6 +197,78 @@ def sweeps(session: UnlearnSession, request: UnlearnRequest, name: str) -> list[
         )
         print(f"[{name}] {label}: TA {out[-1]['test_accuracy']:.4f}", flush=True)
     return out
+
+
+def summarize(out: Path) -> list[str]:
+    """Return the seed-mean table of every setting found under ``out`` and the targets."""
+    lines = []
+    for name in SETTINGS:
+        docs = [
+            json.loads(p.read_text()) for p in sorted(out.glob(f"seed*/{name}/crab_mnist.json"))
+        ]
+        if not docs:
+            continue
+        seeds = [d["config"]["seed"] for d in docs]
+        lines += [
+            f"### {name}: mean ± sd over seeds {seeds}",
+            "",
+            "| method | TA % | ASR_nt % | ASR_all % | MIA member rate % | recovery rounds | "
+            "client epochs | stored bytes | s / recovery round |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for method in ("none", "retrain", "federaser", "fedrecover", "crab"):
+            rows = [{m["method"]: m for m in d["methods"]}[method] for d in docs]
+
+            def stat(key: str, scale: float = 100.0, rows: list = rows) -> str:
+                vals = [r[key] for r in rows if r.get(key) is not None]
+                if not vals:
+                    return "–"
+                t = torch.tensor(vals, dtype=torch.float64) * scale
+                sd = float(t.std()) if len(vals) > 1 else 0.0
+                return f"{float(t.mean()):.2f} ± {sd:.2f}"
+
+            per_round = [r["wall_seconds"] / r["rounds"] for r in rows if r["rounds"]]
+            lines.append(
+                f"| {method} | {stat('test_accuracy')} | {stat('backdoor_asr')} | "
+                f"{stat('backdoor_asr_all')} | {stat('mia_member_rate')} | "
+                f"{stat('rounds', 1.0)} | {stat('client_epochs', 1.0)} | "
+                f"{rows[0]['stored_bytes']:,} | "
+                f"{sum(per_round) / len(per_round) if per_round else float('nan'):.2f} |"
+            )
+        crab = [{m["method"]: m for m in d["methods"]}["crab"] for d in docs]
+        lines += [
+            "",
+            "Crab rollback per seed (j*, t_j*, T', capped): "
+            + "; ".join(
+                f"seed {s}: {c['details']['rollback_index']}, {c['details']['rollback_round']}, "
+                f"{c['details']['num_stored_rounds']}, {c['details']['rollback_capped']}"
+                for s, c in zip(seeds, crab, strict=True)
+            ),
+            "",
+        ]
+        if name == "backdoor50":
+            lines += targets(docs)
+    return lines
+
+
+def targets(docs: list[dict[str, Any]]) -> list[str]:
+    """Return the issue's four targets on the 50% backdoor setting, per seed."""
+    out = [
+        "| seed | TA gap to Retrain (<= 6) | ASR_nt gap (<= 3) | ASR_all gap (<= 3) | "
+        "stored bytes / FedRecover (<= 0.5) | client epochs / Retrain (<= 0.6) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in docs:
+        rows = {m["method"]: m for m in d["methods"]}
+        c, r, f = rows["crab"], rows["retrain"], rows["fedrecover"]
+        out.append(
+            f"| {d['config']['seed']} | {100 * (r['test_accuracy'] - c['test_accuracy']):.2f} | "
+            f"{100 * (c['backdoor_asr'] - r['backdoor_asr']):.2f} | "
+            f"{100 * (c['backdoor_asr_all'] - r['backdoor_asr_all']):.2f} | "
+            f"{c['stored_bytes'] / f['stored_bytes']:.3f} | "
+            f"{c['client_epochs'] / r['client_epochs']:.3f} |"
+        )
+    return [*out, ""]
 
 
 def table(name: str, doc: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[str]:

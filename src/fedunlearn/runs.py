@@ -226,16 +226,23 @@ def reference_set(setup: Setup) -> ClientData:
     §2.2 [rec]); it stands in for the clients computing F and p(M) on their own data. The
     recording policy and the ``crab`` method both call this, so they use the same R.
     """
-    ids = sorted(setup.federation.client_ids)
-    parts = [setup.clean_data(c) for c in ids]
-    x = torch.cat([p.x for p in parts])
-    y = torch.cat([p.y for p in parts])
+    parts = [setup.clean_data(c) for c in sorted(setup.federation.client_ids)]
+    total = sum(len(p) for p in parts)
     size = setup.config.history.crab.reference_size
-    if size < len(y):
+    if size < total:
         rng = np.random.default_rng(derive_seed(setup.config.seed, "crab_reference"))
-        idx = torch.from_numpy(np.sort(rng.choice(len(y), size=size, replace=False)))
-        x, y = x[idx], y[idx]
-    return ClientData(x, y)
+        chosen = np.sort(rng.choice(total, size=size, replace=False))
+    else:
+        chosen = np.arange(total)
+    # gather per client (no copy of the whole union: CIFAR-10 would be 0.7 GB)
+    xs, ys, offset = [], [], 0
+    for part in parts:
+        local = chosen[(chosen >= offset) & (chosen < offset + len(part))] - offset
+        idx = torch.from_numpy(local)
+        xs.append(part.x[idx])
+        ys.append(part.y[idx])
+        offset += len(part)
+    return ClientData(torch.cat(xs), torch.cat(ys))
 
 
 def reference_scorer(setup: Setup) -> ReferenceScorer:

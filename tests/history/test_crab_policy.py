@@ -19,6 +19,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.history.crab import (
+    ReferenceScorer,
     clients_to_keep,
     close_windows,
     kl_divergence,
@@ -220,3 +221,18 @@ def test_kill_9_mid_window_then_resume_gives_the_uninterrupted_store(crab_run, t
     ):
         b.verify()
         assert torch.equal(a.read_model(8), b.read_model(8))
+
+
+@pytest.mark.parametrize("divergence", ["pred_kl", "param_softmax_kl"])
+def test_round_scores_are_zero_for_an_unchanged_model_and_positive_otherwise(divergence):
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 12, generator=g), torch.randint(0, 3, (40,), generator=g)
+    scorer = ReferenceScorer(model, x, y, divergence)
+    params = torch.randn(39, generator=g)
+    same, moved = scorer.view(params), scorer.view(params + 0.5 * torch.randn(39, generator=g))
+    assert scorer.divergence(same, scorer.view(params.clone())) == 0.0
+    assert scorer.divergence(same, moved) > 0.0
+    assert same.loss > 0
+    with pytest.raises(ConfigError, match="divergence must be"):
+        ReferenceScorer(model, x, y, "kl")  # type: ignore[arg-type]

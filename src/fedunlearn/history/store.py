@@ -12,6 +12,9 @@ Design:
       ``COMMIT`` per round makes a round all or nothing with no manifest, temp files or renames:
       a crash at any instant (kill -9, OOM) leaves every committed round intact and no trace of
       the round in flight.
+    * ``write_round(entry, attach=...)`` also stores updates of earlier committed rounds in the
+      round's transaction: a deferred policy (Crab's window selection) decides what to keep of
+      a round only when its window closes, and the selection is then stored whole or not at all.
     * WAL journal: readers (an unlearning job, a report) read committed rounds while the writer
       appends the next one. Cost: every byte is written twice (WAL, then checkpoint).
     * ``synchronous=FULL``. With WAL, NORMAL already survives a process crash (a commit is in

@@ -1,0 +1,1 @@
+"""Differential privacy for client updates: clipping, noise, adaptive budgets and accounting."""
