@@ -116,12 +116,72 @@ class CrabSelectionConfig(_Frozen):
     )
 
 
+class FedADPSelectionConfig(_Frozen):
+    """FedADP's dual-layer selective storage (FedADP spec §3.5): loss stages, λ rounds, γ clients.
+
+    Used live by ``history.policy: fedadp`` and by the ``fedadp`` method when it derives the
+    selection from a run recorded with ``all``.
+    """
+
+    beta: float = Field(0.1, gt=0, lt=1, description="β: a stage ends at a loss drop of β")
+    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a stage's rounds kept")
+    client_ratio: float = Field(0.7, gt=0, le=1, description="γ: share of a round's updates kept")
+    model_align: Literal["params", "updates"] = Field(
+        "params", description="Eq. 7 on the global models (paper) or on consecutive aggregates"
+    )
+    selection_mode: Literal["staged", "global"] = Field(
+        "staged", description="select per loss stage, or round(λT) rounds over all of training"
+    )
+    loss_samples: int = Field(
+        512, ge=1, le=1_000_000, description="samples per client of the server loss (spec A3)"
+    )
+
+
 class HistoryConfig(_Frozen):
     """What the server records during training (global models are always kept)."""
 
-    policy: Literal["all", "every", "none", "crab"] = "all"
+    policy: Literal["all", "every", "none", "crab", "fedadp"] = "all"
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
     crab: CrabSelectionConfig = CrabSelectionConfig()
+    fedadp: FedADPSelectionConfig = FedADPSelectionConfig()
+
+
+class PrivacyConfig(_Frozen):
+    """Client-level DP of the uploads (FedADP spec §3.2-§3.3, A1-A5): clip, noise, budget."""
+
+    enabled: bool = Field(False, description="clip and noise every client upload")
+    clip_norm: float | Literal["auto"] = Field(
+        "auto", description="S in parameter-delta units, or 'auto' (median norm of a pilot)"
+    )
+    pilot_rounds: int = Field(1, ge=1, le=10, description="no-DP pilot rounds of S='auto'")
+    noise_mode: Literal["standard", "paper_literal"] = Field(
+        "standard", description="std = S z (standard) or S^2 z (Eq. 5 as printed)"
+    )
+    dp_scope: Literal["train_and_store", "store_only"] = Field(
+        "train_and_store",
+        description="noisy uploads drive training (faithful) or only the stored copies are noisy",
+    )
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of each release")
+    epsilon_initial: float = Field(1.0, gt=0, le=1000, description="ε_0")
+    epsilon_min: float = Field(1.0, gt=0, le=1000, description="ε_min")
+    epsilon_max: float = Field(3.0, gt=0, le=1000, description="ε_max")
+    signed_delta: bool = Field(False, description="Eq. 4 with the signed loss change")
+    sens_factor: Literal[1, 2] = Field(
+        1, description="L2 sensitivity S (add/remove) or 2S (replace) for the headline ε"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrivacyConfig:
+        if isinstance(self.clip_norm, float) and not 0 < self.clip_norm <= 1e6:
+            raise ValueError(
+                f"privacy.clip_norm must be in (0, 1e6] or 'auto'; got {self.clip_norm}"
+            )
+        if self.epsilon_min > self.epsilon_max:
+            raise ValueError(
+                f"privacy.epsilon_min ({self.epsilon_min}) must not exceed privacy.epsilon_max "
+                f"({self.epsilon_max})"
+            )
+        return self
 
 
 class RunConfig(_Frozen):
@@ -133,10 +193,17 @@ class RunConfig(_Frozen):
     training: TrainingConfig = TrainingConfig()
     attack: AttackConfig = AttackConfig()
     history: HistoryConfig = HistoryConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         n = self.data.num_clients
+        if self.privacy.dp_scope == "store_only" and self.privacy.enabled:
+            if self.history.policy != "fedadp":
+                raise ValueError(
+                    "privacy.dp_scope 'store_only' noises only the stored copies, which needs "
+                    f"history.policy 'fedadp'; got '{self.history.policy}'"
+                )
         if self.attack.num_malicious >= n:
             raise ValueError(
                 f"attack.num_malicious ({self.attack.num_malicious}) must be smaller than "

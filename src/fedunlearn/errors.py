@@ -13,6 +13,9 @@ __all__ = [
     "HistoryCorruptError",
     "HistoryError",
     "ForgottenDataError",
+    "MalformedFrameError",
+    "PeerDisconnectedError",
+    "SecureComputationError",
     "UnknownClientError",
     "UnknownMethodError",
     "UnknownNameError",
@@ -73,3 +76,15 @@ class UnknownMethodError(UnknownNameError):
 
 class UnsupportedHistoryError(FedUnlearnError, ValueError):
     """The run did not record the history an unlearning method needs."""
+
+
+class PeerDisconnectedError(FedUnlearnError, ConnectionError):
+    """The other 2PC party closed the connection or stopped answering within the timeout."""
+
+
+class MalformedFrameError(FedUnlearnError, ValueError):
+    """A 2PC message frame is malformed or larger than the allowed maximum; it was rejected."""
+
+
+class SecureComputationError(FedUnlearnError, ArithmeticError):
+    """A 2PC protocol cannot produce a result (value out of fixed-point range, singular input)."""

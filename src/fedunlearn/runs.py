@@ -8,7 +8,10 @@ resume) and ``summary.json`` (written when training finishes).
 Determinism: every random choice derives from (seed, purpose, round, client), so the same config
 gives bit-identical models on the same machine, and a resumed run equals an uninterrupted one.
 With ``history.policy: crab`` the open selection window is held in memory only, so a resume
-drops the rounds after the last closed window and re-runs them (bit-identically).
+drops the rounds after the last closed window and re-runs them (bit-identically); so does
+``history.policy: fedadp`` with its open stage. With ``privacy.enabled`` the clip-and-noise mod is
+attached to the federation for training only (``attach_privacy``), the DP ledger is committed in
+each round's scalars and summarised in ``privacy.json`` (FedADP spec §3).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.config import RunConfig, dump_config, load_config
 from fedunlearn.data import Dataset, load_dataset, partition
@@ -39,10 +43,11 @@ from fedunlearn.fl.attacks import (
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.federation import Federation, UpdateMod
-from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate
+from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData, RoundRecord
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.history.crab import CrabPolicy, ReferenceScorer
+from fedunlearn.history.fedadp import LOSS_KEY, FedADPPolicy
 from fedunlearn.history.policy import (
     DeferredPolicy,
     HistoryRecorder,
@@ -51,10 +56,14 @@ from fedunlearn.history.policy import (
 )
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.models import build_model, get_flat_params
+from fedunlearn.privacy.calibrate import pilot_clip_norm
+from fedunlearn.privacy.ledger import privacy_summary
+from fedunlearn.privacy.training import PrivateTraining
 
 HISTORY_DIR = "history"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+PRIVACY_FILE = "privacy.json"
 CONFIG_FILE = "config.yaml"
 
 
@@ -251,8 +260,28 @@ def reference_scorer(setup: Setup) -> ReferenceScorer:
     return ReferenceScorer(setup.model, ref.x, ref.y, setup.config.history.crab.divergence)
 
 
-def make_recording_policy(config: RunConfig, setup: Setup) -> RecordingPolicy | DeferredPolicy:
-    """Return the run's recording policy (``crab`` needs the model and reference set)."""
+def make_recording_policy(
+    config: RunConfig, setup: Setup, privacy: PrivateTraining | None = None
+) -> RecordingPolicy | DeferredPolicy:
+    """Return the run's recording policy (``crab`` needs the model and reference set).
+
+    ``fedadp`` with ``privacy.dp_scope: store_only`` stores the seeded noisy copies made by
+    ``privacy``'s mod.
+    """
+    if config.history.policy == "fedadp":
+        opts = config.history.fedadp
+        store_only = privacy is not None and not privacy.mod.perturb
+        return FedADPPolicy(
+            beta=opts.beta,
+            round_ratio=opts.round_ratio,
+            client_ratio=opts.client_ratio,
+            final_round=config.training.rounds,
+            model_align=opts.model_align,
+            selection_mode=opts.selection_mode,
+            store_transform=(lambda r, c, d: privacy.mod.privatize(r, c, d)[0])
+            if store_only and privacy is not None
+            else None,
+        )
     if config.history.policy != "crab":
         return make_policy(config.history.policy, config.history.every)
     opts = config.history.crab
@@ -265,6 +294,72 @@ def make_recording_policy(config: RunConfig, setup: Setup) -> RecordingPolicy | 
         rounding=opts.rounding,
         max_window=opts.max_window,
     )
+
+
+def clients_loss(setup: Setup, params: torch.Tensor) -> float:
+    """Return FedADP's server loss: the n_c-weighted mean of each client's loss on its own data.
+
+    Each client evaluates ``params`` on its first ``history.fedadp.loss_samples`` samples
+    (FedADP spec A3); the loss is non-private metadata (not accounted).
+    """
+    cap = setup.config.history.fedadp.loss_samples
+    fed = setup.federation
+    parts = [fed.client_data[c] for c in fed.client_ids]
+    x = torch.cat([p.x[:cap] for p in parts])
+    y = torch.cat([p.y[:cap] for p in parts])
+    losses = F.cross_entropy(predict_logits(setup.model, params, x), y, reduction="none")
+    total, offset, weight = 0.0, 0, 0
+    for p in parts:
+        m = min(cap, len(p))
+        if m:
+            total += len(p) * float(losses[offset : offset + m].to(torch.float64).mean())
+            weight += len(p)
+        offset += m
+    return total / max(weight, 1)
+
+
+def attach_privacy(config: RunConfig, setup: Setup) -> PrivateTraining | None:
+    """Resolve S (pilot if ``auto``) and attach the DP mod to the federation, for training.
+
+    Unlearning sessions build the federation without it (fresh updates are not noised unless
+    a method asks), so call this only to train.
+    """
+    cfg = config.privacy
+    if not cfg.enabled:
+        return None
+    if cfg.clip_norm == "auto":
+        clip_norm, _ = pilot_clip_norm(
+            setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
+        )
+    else:
+        clip_norm = float(cfg.clip_norm)
+    privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm)
+    setup.federation.update_mods = (*setup.federation.update_mods, privacy.mod)
+    return privacy
+
+
+def training_evaluator(
+    config: RunConfig, setup: Setup, privacy: PrivateTraining | None
+) -> Callable[[torch.Tensor], dict[str, Any]]:
+    """Return the round evaluation of training: test metrics, server loss, the DP ledger."""
+    server_loss = privacy is not None or config.history.policy == "fedadp"
+
+    def evaluate(params: torch.Tensor) -> dict[str, Any]:
+        out: dict[str, Any] = dict(setup.evaluate(params))
+        if server_loss:
+            out[LOSS_KEY] = clients_loss(setup, params)
+        if privacy is not None:
+            out.update(privacy.latest_scalars())
+        return out
+
+    return evaluate
+
+
+def run_privacy(config: RunConfig, store: HistoryStore) -> dict[str, Any]:
+    """Return the run's privacy ledger summary from its stored round scalars."""
+    last = store.last_round() or 0
+    scalars = [store.round_scalars(r) for r in range(1, last + 1)]
+    return privacy_summary(config.privacy, scalars, store.meta.get("num_params"))
 
 
 class MetricsWriter:
@@ -339,6 +434,8 @@ def train_run(
 
     setup = build_setup(config)
     try:
+        privacy = attach_privacy(config, setup)
+        evaluate = training_evaluator(config, setup, privacy)
         if store is None:
             store = HistoryStore.create(
                 history_dir,
@@ -362,11 +459,11 @@ def train_run(
                     aggregate=None,
                     updates={},
                     clients=[],
-                    scalars=setup.evaluate(setup.initial_params),
+                    scalars=evaluate(setup.initial_params),
                 )
             )
             last = 0
-        policy = make_recording_policy(config, setup)
+        policy = make_recording_policy(config, setup, privacy)
         if isinstance(policy, DeferredPolicy):
             # a deferred policy's open window is in memory only: restart where it can be
             # rebuilt from the store (Crab: after the last closed window) and re-run the rest
@@ -374,6 +471,8 @@ def train_run(
             if start < last:
                 store.truncate_after(start)
                 last = start
+        if privacy is not None:
+            privacy.resume([store.round_scalars(r) for r in range(last + 1)])
         params = store.read_model(last)
         # metrics.jsonl is derived from the store, so a crash between the two never disagrees
         with (run_dir / METRICS_FILE).open("w") as fh:
@@ -387,8 +486,13 @@ def train_run(
             num_rounds=config.training.rounds,
             start_round=last + 1,
             participation=config.training.participation,
-            evaluate=setup.evaluate,
-            observers=[recorder, MetricsWriter(run_dir / METRICS_FILE), *observers],
+            evaluate=evaluate,
+            observers=[
+                recorder,
+                MetricsWriter(run_dir / METRICS_FILE),
+                *([privacy] if privacy is not None else []),
+                *observers,
+            ],
         )
         final = store.round_scalars(config.training.rounds)
         summary = {
@@ -402,6 +506,12 @@ def train_run(
             "wall_seconds": time.perf_counter() - started,
             "executor": setup.federation.executor.name,
         }
+        if privacy is not None:
+            ledger = run_privacy(config, store)
+            _write_json(run_dir / PRIVACY_FILE, ledger)
+            summary["privacy"] = {
+                k: ledger[k] for k in ("dp_scope", "clip_norm", "total_epsilon", "delta")
+            }
         _write_json(run_dir / SUMMARY_FILE, summary)
         return summary
     finally:
@@ -444,5 +554,6 @@ def run_info(run_dir: str | Path) -> dict[str, Any]:
             },
             "file_bytes": store.file_bytes(),
             "metrics": [metrics_line(r, store.round_scalars(r)) for r in rounds],
+            "privacy": run_privacy(config, store),
         }
     return info

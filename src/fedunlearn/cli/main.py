@@ -22,12 +22,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedunlearn.cli.central import central_command
+from fedunlearn.cli.starfish import register as register_starfish
 from fedunlearn.config import RunConfig, load_config, parse_config
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.report import compare_methods, plot_results, unlearn_one, write_results
 from fedunlearn.report.tables import table_rows
-from fedunlearn.runs import run_info, train_run
+from fedunlearn.runs import load_run_config, run_info, train_run
 from fedunlearn.unlearn import available_methods, get_method
 
 app = typer.Typer(
@@ -94,6 +95,12 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     table.add_row("malicious clients", ", ".join(map(str, summary["malicious_clients"])) or "-")
     table.add_row("stored bytes", f"{summary['stored_bytes']:,}")
+    if summary.get("privacy"):
+        p = summary["privacy"]
+        table.add_row(
+            "privacy",
+            f"{p['dp_scope']}: total eps {p['total_epsilon']:.3f} at delta {p['delta']:g}",
+        )
     table.add_row("wall seconds", f"{summary['wall_seconds']:.1f}")
     table.add_row("executor", summary["executor"])
     console.print(table)
@@ -143,6 +150,27 @@ def info(
     table.add_row("stored bytes", f"{data['stored_bytes']:,} ({data['file_bytes']:,} on disk)")
     for kind, size in data["stored_bytes_by_kind"].items():
         table.add_row(f"  {kind}", f"{size:,}")
+    privacy = data.get("privacy") or {}
+    if privacy.get("enabled") and privacy.get("rounds"):
+        totals = privacy["totals"][str(privacy["sens_factor"])] or {}
+        table.add_row(
+            "privacy",
+            f"DP {privacy['dp_scope']}, {privacy['noise_mode']} noise, "
+            f"S = {privacy['clip_norm']:.4g} ({privacy['clip_norm_source']}), "
+            f"delta = {privacy['delta']:g}",
+        )
+        eps = [r["epsilon"] for r in privacy["rounds"]]
+        table.add_row("  eps_t per round", ", ".join(f"{e:.3g}" for e in eps))
+        table.add_row(
+            "  noise multiplier",
+            f"{privacy['noise_multiplier_min']:.4g} .. {privacy['noise_multiplier_max']:.4g} "
+            f"(std / S); noise-to-signal median {privacy['noise_to_signal_median']:.3g}",
+        )
+        table.add_row(
+            f"  total eps (delta {privacy['delta']:g})",
+            f"PLD {totals.get('pld_epsilon', 0):.3f}, RDP {totals.get('rdp_epsilon', 0):.3f}, "
+            f"zCDP {totals.get('zcdp_epsilon', 0):.3f}, basic {totals.get('basic_epsilon', 0):.3f}",
+        )
     console.print(table)
     if data["metrics"]:
         last = data["metrics"][-1]
@@ -239,7 +267,7 @@ def compare(
     forget: Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")],
     out: Annotated[Path, typer.Option(help="directory for results.* and plots")],
     methods_: Annotated[
-        str, typer.Option("--methods", help="comma-separated methods, or 'all'")
+        str, typer.Option("--methods", help="comma-separated methods, or 'all' (all it supports)")
     ] = "all",
     params_file: Annotated[Path | None, typer.Option(help="YAML {method: {param: value}}")] = None,
     seed: Annotated[int, typer.Option(help="seed of the evaluation attacks")] = 0,
@@ -267,7 +295,15 @@ def _compare(
     *,
     quiet: bool,
 ) -> dict[str, Any]:
-    names = available_methods() if methods_ == "all" else [m.strip() for m in methods_.split(",")]
+    names = [m.strip() for m in methods_.split(",")]
+    if methods_ == "all":  # every method the run's history supports (e.g. fedadp on a fedadp run)
+        policy = load_run_config(run_dir).history.policy
+        names = [
+            n
+            for n in available_methods()
+            if get_method(n).required_policies is None
+            or policy in (get_method(n).required_policies or ())
+        ]
     params: dict[str, Any] = {}
     if params_file is not None:
         params = yaml.safe_load(params_file.read_text()) or {}
@@ -311,6 +347,7 @@ def demo(
 
 
 app.command(name="central")(central_command)
+register_starfish(app)
 
 
 def main() -> None:  # pragma: no cover - console entry point

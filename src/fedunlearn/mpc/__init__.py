@@ -1,1 +1,169 @@
-"""Two-party computation over Z_2^64: fixed point, additive shares, dealer, transport, protocols."""
+"""Two-party computation over Z_2^64: fixed point, shares, dealer, transport, protocols.
+
+Two non-colluding servers (parties 0 and 1) hold additive shares of every secret. Each runs the
+*same* protocol code on its own ``Party`` (party id, transport, dealer, fixed-point parameters,
+counters); secrets are ``SharedTensor``s, and ``reveal()`` is the only way to open one.
+
+Run both parties in one process (two threads over an in-process transport)::
+
+    import numpy as np
+    from fedunlearn.mpc import run_two_party, sec_share, sec_ge, sec_max
+
+    gradients = np.array([[0.5, -1.0], [0.25, 2.0]])     # held by party 0
+
+    def program(party):
+        g = sec_share(party, gradients if party.party_id == 0 else None, owner=0)
+        norms_sq = (g * g).sum(axis=1)                 # Beaver products, local sum
+        bigger = sec_ge(norms_sq[0], norms_sq[1])      # 0/1 share, integer scale
+        best = sec_max([norms_sq])[0]                  # tournament SecMax
+        return bigger.reveal(), best.reveal(), party.counters.snapshot()
+
+    (bit, best, costs), _ = run_two_party(program, dealer_seed=7)
+
+Shares that already exist (e.g. a client's upload split with ``split_shares``) are wrapped with
+``party.tensor(share_array)``. For two OS processes, each builds its own ``Party`` on a TCP
+transport and calls the same program::
+
+    # party 0                                     # party 1
+    listener = TcpListener("127.0.0.1", 0)        transport = TcpTransport.connect(host, port)
+    transport = listener.accept()                 party = Party(1, transport, dealer_seed=7)
+    party = Party(0, transport, dealer_seed=7)    program(party)
+    program(party)
+
+Both parties must use the same ``dealer_seed`` and ``FixedPoint`` and call protocols in the same
+order. A ``dealer_seed`` selects the *simulated* ``Dealer`` (tests, sweeps): each party computes
+the dealer's side itself, so both sit in one trust domain and it is not secure. The secure
+setting of spec §2.1 runs the dealer as a third process that alone holds the master secret and
+sends party 0 only 16-byte seeds and party 1 its seed plus one correction share per request::
+
+    dealer = start_dealer_process()           # process 3: 127.0.0.1, ephemeral port
+    # (or by hand: python -m fedunlearn.mpc.dealer_process --port 0; it prints its address)
+    # server k in {0, 1}, each in its own process, transport connected as above:
+    party = Party(k, transport, dealer=RemoteDealer.connect(*dealer.address, party_id=k))
+    program(party)
+    party.close()                             # says goodbye; the dealer exits after both do
+    dealer.join(timeout_seconds=10)           # exit code 0 (dealer.stop() ends it early)
+
+The dealer pairs the two parties' requests by sequence number; mismatching requests raise
+``SecureComputationError`` at both, and a dealer that dies raises ``PeerDisconnectedError``.
+
+``Party(..., comparison="ideal")`` makes every comparison (and so SecMax, SecSrt) use the fast
+ideal functionality while charging the real protocol's bytes and rounds (cost sweeps; not
+secure). ``party.counters`` holds bytes, rounds and messages, offline (dealer material) and online.
+
+Paper functionality -> function (all take ``SharedTensor``s; the party comes with them):
+
+    SecShare  sec_share(party, values | None, owner)    SecRec   x.reveal() / sec_reveal(x)
+    SecAdd    x + y, x + public (local)                 public   x * c, x @ A, A @ x (local)
+    SecMul    sec_mul(x, y) or x * y (sec_mul_many: several products in one round)
+    SecMul    matrix: sec_matmul(x, y) or x @ y         SecSP    sec_inner(x, y) (last axis)
+    SecMul3   sec_mul3(x, y, z)                         square   sec_square(x)
+    SecSel    sec_select(bit, if_true, if_false)        ZeroGen  refresh(x)
+    SecGE     sec_ge(x, y) -> bit                       SecGE2   sec_ge2(u_i, v_i, u_j, v_j)
+    SecGE3    sec_ge3(w_i, b_i, w_j, b_j)               SecGE4   sec_ge4(w_i, a_i, v_i, ...)
+    SecMax    sec_max([key, *payload], comparator)      SecSrt   sec_sort([key, *payload], ...)
+    SecDiv    sec_div(u, v, v_range)                    SecMI    sec_inverse(x)
+    sqrt      sec_sqrt(x, x_range)                      SecRanGen party.dealer.random(shape)
+    secure aggregation: sec_aggregate([...]) (sum of shares, local)
+
+A comparator for ``sec_max``/``sec_sort`` ranks two batches of entries, e.g. Method 1's ratio
+u / v: ``lambda a, b: sec_ge2(a[0], a[1], b[0], b[1])``. ``sec_ge`` computes only the carry
+into bit 63 (a bit-packed tree: 8 rounds, 39.5 bytes + 1 bit per comparison and party in large
+batches, 152 bytes for a single one); ``ge_cost(n, party_id)`` gives the exact traffic of ``n``
+comparisons in one call, and ``comparison="ideal"`` charges exactly that.
+
+Scales: reals carry f fractional bits (``FixedPoint``, default 13); comparison bits and
+integers carry 0, so bit * value is exact. Multiplying two reals truncates locally (<= 1 LSB;
+see ``fixed_point``). Public operands (``x * 0.5``, ``x @ matrix``) are local. Keep values
+below 2^(62 - f) in magnitude (2^49 at f = 13) and products below 2^(62 - 2f) before they are
+truncated; ``sec_ge2``/``sec_ge4`` compare untruncated products, which must stay below that.
+
+Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
+Sec. III-IV, Tables IV-VI, Alg. 5, 7. Starfish spec §2 (§2.1: two non-colluding servers and a
+trusted dealer), §3, §6, §7, §11, §12 items 1-3.
+"""
+
+from fedunlearn.mpc.dealer import Dealer, DealerClient
+from fedunlearn.mpc.dealer_process import DealerProcess, start_dealer_process
+from fedunlearn.mpc.dealer_service import DealerServer, RemoteDealer
+from fedunlearn.mpc.fixed_point import FixedPoint, split_shares, truncate_share
+from fedunlearn.mpc.party import Party, run_two_party
+from fedunlearn.mpc.prg import Prg, expand_seed
+from fedunlearn.mpc.protocols import (
+    Comparator,
+    compare_first,
+    ge_cost,
+    refresh,
+    sec_aggregate,
+    sec_div,
+    sec_ge,
+    sec_ge2,
+    sec_ge3,
+    sec_ge4,
+    sec_inner,
+    sec_inverse,
+    sec_matmul,
+    sec_max,
+    sec_mul,
+    sec_mul3,
+    sec_mul_many,
+    sec_reciprocal,
+    sec_reveal,
+    sec_select,
+    sec_share,
+    sec_sort,
+    sec_sqrt,
+    sec_square,
+)
+from fedunlearn.mpc.shares import SharedTensor, concatenate, stack
+from fedunlearn.mpc.tcp import TcpListener, TcpTransport
+from fedunlearn.mpc.transport import Counters, InProcessTransport, Traffic, Transport
+
+__all__ = [
+    "Comparator",
+    "Counters",
+    "Dealer",
+    "DealerClient",
+    "DealerProcess",
+    "DealerServer",
+    "FixedPoint",
+    "InProcessTransport",
+    "Party",
+    "Prg",
+    "RemoteDealer",
+    "SharedTensor",
+    "TcpListener",
+    "TcpTransport",
+    "Traffic",
+    "Transport",
+    "compare_first",
+    "concatenate",
+    "expand_seed",
+    "ge_cost",
+    "refresh",
+    "run_two_party",
+    "sec_aggregate",
+    "sec_div",
+    "sec_ge",
+    "sec_ge2",
+    "sec_ge3",
+    "sec_ge4",
+    "sec_inner",
+    "sec_inverse",
+    "sec_matmul",
+    "sec_max",
+    "sec_mul",
+    "sec_mul3",
+    "sec_mul_many",
+    "sec_reciprocal",
+    "sec_reveal",
+    "sec_select",
+    "sec_share",
+    "sec_sort",
+    "sec_sqrt",
+    "sec_square",
+    "split_shares",
+    "start_dealer_process",
+    "stack",
+    "truncate_share",
+]

@@ -27,6 +27,7 @@ from fedunlearn.eval.distance import cosine_similarity, l2_distance
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec, loss_threshold_attack
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData
+from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
 RESULTS_SCHEMA_VERSION = 1
@@ -205,9 +206,12 @@ def compare_methods(
                 {k: _clean(v) for k, v in r.items()} for r in result.round_metrics
             ]
             row["details"] = result.details
+            if "variant" in result.details:  # e.g. fedadp on a run trained without DP
+                row["label"] = f"{name} ({result.details['variant']})"
             rows.append(row)
         config = session.config.model_dump(mode="json")
         malicious = sorted(session.malicious)
+        privacy = run_privacy(session.config, session.store)
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "fedunlearn_version": fedunlearn.__version__,
@@ -219,6 +223,7 @@ def compare_methods(
         "wall_seconds": time.perf_counter() - started,
         "methods": rows,
         "config": config,
+        "privacy": {k: v for k, v in privacy.items() if k != "rounds"},
     }
 
 
@@ -245,5 +250,8 @@ def unlearn_one(
             "costs": result.costs.to_dict(),
             "round_metrics": [{k: _clean(v) for k, v in r.items()} for r in result.round_metrics],
             "details": result.details,
+            "privacy": {
+                k: v for k, v in run_privacy(session.config, session.store).items() if k != "rounds"
+            },
         }
     return result, summary

@@ -89,8 +89,13 @@ def table_rows(doc: dict[str, Any], *, compact: bool = False) -> tuple[list[str]
     """Return the header and formatted cells of the summary table (``compact`` for terminals)."""
     columns = [c for c in COLUMNS if not compact or c[0] in COMPACT]
     header = [_SHORT.get(key, title) if compact else title for key, title, _ in columns]
-    rows = [[_fmt(m.get(key), style) for key, _, style in columns] for m in doc["methods"]]
+    rows = [[_fmt(_cell(m, key), style) for key, _, style in columns] for m in doc["methods"]]
     return header, rows
+
+
+def _cell(row: dict[str, Any], key: str) -> Any:
+    """Return a row's value; the method cell shows its ``label`` (method and variant) if any."""
+    return row.get("label", row["method"]) if key == "method" else row.get(key)
 
 
 def results_markdown(doc: dict[str, Any]) -> str:

@@ -3,7 +3,16 @@
 Importing this package registers every method module; see ``registry.available_methods()``.
 """
 
-from fedunlearn.unlearn import crab, federaser, fedrecover, original, random_rounds, retrain  # noqa: F401
+from fedunlearn.unlearn import (  # noqa: F401
+    crab,
+    fedadp,
+    federaser,
+    fedrecover,
+    original,
+    random_rounds,
+    retrain,
+    starfish,
+)
 from fedunlearn.unlearn.base import (
     Costs,
     MethodParams,

@@ -60,7 +60,12 @@ from fedunlearn.fl.records import RoundRecord
 from fedunlearn.history.crab import ReferenceScorer, WindowRecord, WindowSelector
 from fedunlearn.unlearn.base import MethodParams, UnlearnContext, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.registry import register
-from fedunlearn.unlearn.replay import calibrated_replay
+from fedunlearn.unlearn.replay import (
+    StoredRound,
+    calibrated_replay,
+    refuse_overrides_of_live_selection,
+    selection_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +84,6 @@ class CrabParams(MethodParams):
     round_ratio: float | None = Field(None, gt=0, le=1, description="override λ")
     client_ratio: float | None = Field(None, gt=0, le=1, description="override δ")
     bound_check: bool = Field(False, description="retrain from Mtilde_0 and report the bounds")
-
-
-@dataclass(frozen=True)
-class StoredRound:
-    """One stored round j: FL round t_j and its kept clients K_j."""
-
-    round: int
-    clients: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -166,27 +163,17 @@ class Crab(Unlearner):
     # ----- step 1: the selection ----------------------------------------------------------
 
     def _options(self, context: UnlearnContext) -> dict[str, Any]:
-        run = context.config.history.crab
-        p = self.params
-        return {
-            "alpha": p.alpha if p.alpha is not None else run.alpha,
-            "round_ratio": p.round_ratio if p.round_ratio is not None else run.round_ratio,
-            "client_ratio": p.client_ratio if p.client_ratio is not None else run.client_ratio,
-        }
+        return selection_options(
+            self.params, context.config.history.crab, ("alpha", "round_ratio", "client_ratio")
+        )
 
     def check_history(self, context: UnlearnContext) -> None:
         """Also refuse selection overrides on a run whose selection was made live."""
         super().check_history(context)
         if context.history.policy == "crab":
-            run = context.config.history.crab
-            wanted = self._options(context)
-            differ = {k: v for k, v in wanted.items() if v != getattr(run, k)}
-            if differ:
-                raise UnsupportedHistoryError(
-                    f"crab with {differ} needs a different selection than this run stored "
-                    f"(history.crab {run.model_dump()}); drop the overrides, or use a run "
-                    "recorded with history.policy=all to derive any selection."
-                )
+            refuse_overrides_of_live_selection(
+                "crab", "crab", self._options(context), context.config.history.crab
+            )
         elif context.reference is None:
             raise UnsupportedHistoryError(
                 "crab derives its selection from an 'all' run on the reference set R, and this "

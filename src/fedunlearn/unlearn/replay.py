@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
+from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.unlearn.base import UnlearnContext
+from fedunlearn.unlearn.base import MethodParams, UnlearnContext
 
 log = logging.getLogger(__name__)
 
@@ -139,3 +142,42 @@ def calibrated_replay(
             row.update(context.evaluate(params))
         rows.append(row)
     return params, rows
+
+
+@dataclass(frozen=True)
+class StoredRound:
+    """One stored round (FL round ``round``) and the clients whose updates were kept of it."""
+
+    round: int
+    clients: tuple[int, ...]
+
+
+def selection_options(
+    params: MethodParams, run_selection: BaseModel, names: Sequence[str]
+) -> dict[str, Any]:
+    """Return the selection options: each method override, else the run's recorded value."""
+    out = {}
+    for name in names:
+        override = getattr(params, name)
+        out[name] = override if override is not None else getattr(run_selection, name)
+    return out
+
+
+def refuse_overrides_of_live_selection(
+    method: str, section: str, wanted: Mapping[str, Any], run_selection: BaseModel
+) -> None:
+    """Refuse selection options that differ from what a live-selection run stored.
+
+    A run recorded with a selective policy (Crab's, FedADP's) stored only its own selection; a
+    different one can be derived only from a run recorded with ``history.policy: all``.
+
+    Raises:
+        UnsupportedHistoryError: naming the differing options and the way out.
+    """
+    differ = {k: v for k, v in wanted.items() if v != getattr(run_selection, k)}
+    if differ:
+        raise UnsupportedHistoryError(
+            f"{method} with {differ} needs a different selection than this run stored "
+            f"(history.{section} {run_selection.model_dump()}); drop the overrides, or use a "
+            "run recorded with history.policy=all to derive any selection."
+        )

@@ -1,0 +1,317 @@
+"""Flower ``ServerApp``: train a run with history recording, or unlearn from a recorded run.
+
+A job (``FlowerJob``) says what to do; ``make_server_app(job)`` builds a ServerApp for it (the
+Simulation Engine's Python API), and the module-level ``app`` reads it from the Flower run
+config (``flwr run``; keys in ``FlowerJob.from_run_config``). Results are written to disk, in
+the same layout as the in-process engine:
+
+- ``train``: ``<run-dir>/config.yaml``, ``history/`` (the store: M_0, every round's global
+  model and aggregate, the updates the recording policy keeps, every sampled client's outcome,
+  ``missing`` included), ``metrics.jsonl`` and ``summary.json`` (with ``engine: flower``, the
+  missing clients per round and the wire statistics). The run then opens with
+  ``UnlearnSession`` / ``fedunlearn unlearn`` like any other.
+- ``unlearn``: runs one registered method on a finished run in ``<run-dir>``; fresh client work
+  (Retrain's rounds, FedEraser's calibration, FedRecover's corrections, ...) goes to the
+  remaining clients' SuperNodes through the Grid. Writes the result JSON (same fields as
+  ``fedunlearn unlearn --out``) and the flat model (``.pt``) next to it.
+
+Paths must be absolute: the app bundle carries source files only, and a SuperLink runs the
+ServerApp in a process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedunlearn.config import RunConfig, dump_config, load_config
+from fedunlearn.errors import ConfigError
+from fedunlearn.history.policy import DeferredPolicy
+from fedunlearn.history.store import HistoryStore, RoundEntry
+from fedunlearn.integrations.flower.driver import FlowerClients
+from fedunlearn.integrations.flower.strategy import (
+    HistoryStrategy,
+    MissingAwareRecorder,
+    from_arrays,
+    to_arrays,
+)
+from fedunlearn.runs import (
+    CONFIG_FILE,
+    HISTORY_DIR,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    MetricsWriter,
+    build_setup,
+    make_recording_policy,
+)
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn.base import RemainingClients
+
+MODES = ("train", "unlearn")
+
+
+@dataclass(frozen=True)
+class FlowerJob:
+    """What a fedunlearn ServerApp does.
+
+    Attributes:
+        mode: ``train`` (a new run into ``run_dir``) or ``unlearn`` (a method on it).
+        run_dir: Absolute run directory.
+        config_path: Absolute path of the run config YAML (``train`` only).
+        method: Unlearning method's registry name (``unlearn``).
+        method_params: The method's hyperparameters.
+        forget: Client ids to remove (``unlearn``).
+        kind: ``forget`` or ``recover``.
+        result_path: Where the unlearning result JSON goes (default
+            ``<run_dir>/flower_<method>.json``; the model goes to the same name with ``.pt``).
+        round_timeout: Seconds to wait for one round's replies; late clients are missing.
+        node_timeout: Seconds to wait for the SuperNodes to connect.
+    """
+
+    mode: str
+    run_dir: Path
+    config_path: Path | None = None
+    method: str = "retrain"
+    method_params: dict[str, Any] = field(default_factory=dict)
+    forget: tuple[int, ...] = ()
+    kind: str = "forget"
+    result_path: Path | None = None
+    round_timeout: float = 600.0
+    node_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"job mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        for name in ("run_dir", "config_path", "result_path"):
+            value = getattr(self, name)
+            if value is not None and not Path(value).is_absolute():
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be an absolute path (the ServerApp runs in "
+                    f"another process and directory); got {str(value)!r}"
+                )
+        if self.mode == "train" and self.config_path is None:
+            raise ConfigError("a train job needs config-path, the run config YAML")
+        if self.mode == "unlearn" and not self.forget:
+            raise ConfigError('an unlearn job needs forget, e.g. forget="3,7"')
+
+    @classmethod
+    def from_run_config(cls, run_config: dict[str, Any]) -> FlowerJob:
+        """Build a job from Flower run config keys.
+
+        Keys: ``mode``, ``run-dir``, ``config-path``, ``method``, ``method-params`` (JSON),
+        ``forget`` (comma-separated ids), ``kind``, ``result-path``, ``round-timeout``,
+        ``node-timeout``; empty strings mean unset.
+        """
+
+        def text(key: str) -> str:
+            return str(run_config.get(key, "") or "").strip()
+
+        forget = tuple(int(c) for c in text("forget").split(",") if c.strip())
+        return cls(
+            mode=text("mode") or "train",
+            run_dir=Path(text("run-dir")),
+            config_path=Path(text("config-path")) if text("config-path") else None,
+            method=text("method") or "retrain",
+            method_params=json.loads(text("method-params") or "{}"),
+            forget=forget,
+            kind=text("kind") or "forget",
+            result_path=Path(text("result-path")) if text("result-path") else None,
+            round_timeout=float(run_config.get("round-timeout", 600.0)),
+            node_timeout=float(run_config.get("node-timeout", 120.0)),
+        )
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, Any]:
+    """Train ``config`` over the Grid into ``job.run_dir`` with recording; return the summary.
+
+    Mirrors ``fedunlearn.runs.train_run`` (same store metadata, round 0, recording policy,
+    metrics file and summary), with ``HistoryStrategy`` in place of ``run_rounds``.
+
+    Raises:
+        ConfigError: if ``run_dir`` already holds a run (resume is not supported over Flower).
+    """
+    run_dir = job.run_dir
+    history_dir = run_dir / HISTORY_DIR
+    if history_dir.exists():
+        raise ConfigError(f"{run_dir} already holds a run; choose another run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_yaml = dump_config(config)
+    (run_dir / CONFIG_FILE).write_text(config_yaml)
+    started = time.perf_counter()
+    setup = build_setup(config)
+    fed = setup.federation
+    store = HistoryStore.create(
+        history_dir,
+        meta={
+            "config": config.model_dump(mode="json"),
+            "malicious": sorted(fed.malicious),
+            "num_params": fed.num_params,
+            "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
+            "history_policy": config.history.policy,
+            "history_every": config.history.every,
+        },
+    )
+    try:
+        store.write_round(
+            RoundEntry(
+                round=0,
+                global_model=setup.initial_params,
+                scalars=setup.evaluate(setup.initial_params),
+            )
+        )
+        (run_dir / METRICS_FILE).write_text("")
+        policy = make_recording_policy(config, setup)
+        if isinstance(policy, DeferredPolicy):
+            policy.resume_round(store)  # sets the policy's state from a store holding M_0
+        clients = FlowerClients(
+            grid,
+            setup,
+            config_yaml,
+            round_timeout=job.round_timeout,
+            node_timeout=job.node_timeout,
+        )
+        strategy = HistoryStrategy(
+            clients,
+            setup.aggregator,
+            participation=config.training.participation,
+            evaluate=setup.evaluate,
+            observers=[
+                MissingAwareRecorder(store, policy, clients.missing),
+                MetricsWriter(run_dir / METRICS_FILE),
+            ],
+        )
+        result = strategy.start(
+            grid,
+            to_arrays(setup.initial_params),
+            num_rounds=config.training.rounds,
+            timeout=job.round_timeout,
+        )
+        final = from_arrays(result.arrays) if config.training.rounds else setup.initial_params
+        stats = clients.stats
+        summary = {
+            "engine": "flower",
+            "rounds": config.training.rounds,
+            "resumed_from_round": None,
+            "final_metrics": store.round_scalars(config.training.rounds),
+            "malicious_clients": sorted(fed.malicious),
+            "num_params": fed.num_params,
+            "stored_bytes": store.stored_bytes(),
+            "file_bytes": store.file_bytes(),
+            "wall_seconds": time.perf_counter() - started,
+            "executor": "flower",
+            "missing": {
+                str(r): {str(c): why for c, why in sorted(m.items())}
+                for r, m in sorted(clients.missing.items())
+            },
+            "final_model_norm": float(final.norm()),
+            "wire": {
+                "messages": stats.messages,
+                "bytes_sent": stats.bytes_sent,
+                "bytes_received": stats.bytes_received,
+                "encode_seconds": stats.encode_seconds,
+                "exchange_seconds": stats.exchange_seconds,
+                "exchange_seconds_by_round": stats.exchanges,
+                "decode_seconds": stats.decode_seconds,
+                "discover_seconds": stats.discover_seconds,
+            },
+        }
+        _write_json(run_dir / SUMMARY_FILE, summary)
+        return summary
+    finally:
+        setup.close()
+        store.close()
+
+
+def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
+    """Run ``job.method`` on the finished run in ``job.run_dir``, clients over the Grid.
+
+    The session (history read-only, the run's setup, request checks) is ``UnlearnSession``'s;
+    only the clients differ: ``RemainingClients`` over ``FlowerClients``, so the method's fresh
+    client work goes to the remaining clients' SuperNodes and is metered as in-process.
+
+    Returns:
+        The result summary written to ``job.result_path`` (the model goes next to it, ``.pt``).
+    """
+    unlearner = make_method(job.method, job.method_params)
+    request = UnlearnRequest.of(job.forget, job.kind)
+    out = job.result_path or job.run_dir / f"flower_{job.method}.json"
+    with UnlearnSession(job.run_dir) as session:
+        context = session.context(request)
+        clients = FlowerClients(
+            grid,
+            session.setup,
+            dump_config(session.config),
+            round_timeout=job.round_timeout,
+            node_timeout=job.node_timeout,
+        )
+        context = replace(context, clients=RemainingClients(clients, request.forget, context.meter))
+        result = unlearner.unlearn(request, context)
+        quality = session.setup.evaluate(result.params)
+        summary = {
+            "engine": "flower",
+            "method": job.method,
+            "request": {"forget": sorted(request.forget), "kind": job.kind},
+            "params": unlearner.params.model_dump(mode="json"),
+            **quality,
+            "costs": result.costs.to_dict(),
+            "round_metrics": [dict(r) for r in result.round_metrics],
+            "details": result.details,
+            "missing": {
+                str(r): {str(c): why for c, why in sorted(m.items())}
+                for r, m in sorted(clients.missing.items())
+            },
+        }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(result.params, out.with_suffix(".pt"))
+    _write_json(out, json.loads(json.dumps(summary, default=_jsonable)))
+    return summary
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, set | frozenset | tuple):
+        return sorted(value)
+    return str(value)
+
+
+def run_job(grid: Grid, job: FlowerJob) -> dict[str, Any]:
+    """Run a job on a Grid and return what it wrote (the summary)."""
+    if job.mode == "train":
+        config = load_config(job.config_path or "")  # FlowerJob requires it for train
+        return train_on_grid(grid, config, job)
+    return unlearn_on_grid(grid, job)
+
+
+def make_server_app(job: FlowerJob) -> ServerApp:
+    """Return a ServerApp that runs ``job`` (for the Simulation Engine's Python API)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_job(grid, job)
+
+    return app
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the job the Flower run config describes (``flwr run --run-config ...``)."""
+    run_job(grid, FlowerJob.from_run_config(dict(context.run_config)))

@@ -1,0 +1,189 @@
+"""A Flower ``Strategy`` that trains like fedunlearn's engine and records the same history.
+
+Paper: none; the server side of ``fedunlearn.fl.engine.run_round`` split into Flower's hooks.
+
+``HistoryStrategy.start(grid, initial_arrays, num_rounds)`` (Flower's loop) calls, per round:
+
+1. ``configure_train``: sample the participants exactly as ``run_rounds`` does
+   (``sample_clients(ids, participation, seed, round)``) and build one ``train`` message per
+   participant for the node hosting it (``FlowerClients.messages``);
+2. ``aggregate_train``: decode the replies (every client's upload is visible here), record
+   non-repliers as missing, apply the update mods, then hand the uploads to the engine's own
+   ``run_round`` (screening, the run's aggregator, ``M_{t+1} = M_t + aggregate``, evaluation),
+   and give the ``RoundRecord`` to the observers: ``MissingAwareRecorder`` (the recording
+   policy, into the history store), the metrics writer, anything else;
+3. ``configure_evaluate`` / ``aggregate_evaluate``: nothing (evaluation is on the server, in
+   step 2, as in-process).
+
+The arrays Flower carries between rounds are the flat global model (one float32 array).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedunlearn.fl.aggregators import Aggregator
+from fedunlearn.fl.engine import Evaluator, RoundObserver, run_round, sample_clients
+from fedunlearn.fl.records import ClientUpdate, RoundRecord, UpdateStatus
+from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, RecordingPolicy
+from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.integrations.flower.driver import FlowerClients
+
+
+def to_arrays(params: torch.Tensor) -> ArrayRecord:
+    """Return a flat model as Flower arrays (one float32 array)."""
+    return ArrayRecord([params.detach().to(torch.float32).contiguous().numpy()])
+
+
+def from_arrays(arrays: ArrayRecord) -> torch.Tensor:
+    """Return the flat model held by ``to_arrays``'s record."""
+    (array,) = arrays.to_numpy_ndarrays()
+    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+
+
+class _MissingStore:
+    """A ``HistoryStore`` stand-in adding ``missing`` client records to each round written."""
+
+    def __init__(self, store: HistoryStore, missing: Mapping[int, Mapping[int, str]]) -> None:
+        self._store = store
+        self._missing = missing
+
+    def write_round(self, entry: RoundEntry, attach: Mapping | None = None) -> None:
+        present = {c.client_id for c in entry.clients}
+        extra = [
+            ClientRecord(client_id=cid, status=UpdateStatus.MISSING.value, reason=reason)
+            for cid, reason in sorted(self._missing.get(entry.round, {}).items())
+            if cid not in present
+        ]
+        if extra:
+            entry = dataclasses.replace(entry, clients=[*entry.clients, *extra])
+        self._store.write_round(entry, attach=attach or {})
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+class MissingAwareRecorder(HistoryRecorder):
+    """``HistoryRecorder`` that also records each round's missing clients (status ``missing``).
+
+    Args:
+        store: The run's history store.
+        policy: The recording policy (per-round or deferred, e.g. Crab's).
+        missing: ``{round: {client_id: reason}}``, filled by ``FlowerClients``.
+    """
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        policy: RecordingPolicy | DeferredPolicy,
+        missing: Mapping[int, Mapping[int, str]],
+    ) -> None:
+        super().__init__(_MissingStore(store, missing), policy)  # type: ignore[arg-type]
+
+
+class _Uploads:
+    """The trainer ``run_round`` needs, answering with uploads Flower already delivered."""
+
+    def __init__(self, clients: FlowerClients, uploads: list[ClientUpdate]) -> None:
+        self.seed = clients.seed
+        self.num_params = clients.num_params
+        self.malicious = clients.malicious
+        self.client_ids = clients.client_ids
+        self._uploads = uploads
+
+    def train(
+        self, global_params: torch.Tensor, client_ids: Sequence[int], round_: int
+    ) -> list[ClientUpdate]:
+        return self._uploads
+
+
+class HistoryStrategy(Strategy):
+    """fedunlearn's server round (sampling, aggregator, recording) as a Flower strategy.
+
+    Args:
+        clients: The federation over the Grid.
+        aggregator: The run's aggregation rule (``make_aggregator``).
+        participation: Fraction of clients sampled each round.
+        evaluate: Server-side evaluation of each new global model (joins the round metrics).
+        observers: Told about each finished round, in order (put the recorder first).
+    """
+
+    def __init__(
+        self,
+        clients: FlowerClients,
+        aggregator: Aggregator,
+        *,
+        participation: float = 1.0,
+        evaluate: Evaluator | None = None,
+        observers: Sequence[RoundObserver] = (),
+    ) -> None:
+        self.clients = clients
+        self.aggregator = aggregator
+        self.participation = participation
+        self.evaluate = evaluate
+        self.observers = tuple(observers)
+        self.records: list[RoundRecord] = []
+        self._global: torch.Tensor | None = None
+        self._asked: list[int] = []
+        self._sent_at = 0.0
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample the round's participants and build their ``train`` messages."""
+        self._global = from_arrays(arrays)
+        self._asked = sample_clients(
+            self.clients.client_ids, self.participation, self.clients.seed, server_round
+        )
+        messages = self.clients.messages(self._global, self._asked, server_round)
+        self._sent_at = time.perf_counter()
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Screen and aggregate the uploads, record the round, return the new global model."""
+        if self._global is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        # Flower's send_and_receive ran in between: transport, client work, polling
+        self.clients.stats.exchanges.append(time.perf_counter() - self._sent_at)
+        self.clients.stats.exchange_seconds += self.clients.stats.exchanges[-1]
+        uploads = self.clients.collect(list(replies), self._asked, server_round, self._global)
+        record = run_round(
+            _Uploads(self.clients, uploads),
+            self.aggregator,
+            self._global,
+            server_round,
+            self._asked,
+            evaluate=self.evaluate,
+        )
+        for observer in self.observers:
+            observer.on_round_end(record)
+        self.records.append(record)
+        metrics = {k: float(v) for k, v in record.metrics.items()}
+        metrics["num-accepted"] = len(record.updates)
+        metrics["num-missing"] = len(self.clients.missing.get(server_round, {}))
+        return to_arrays(record.global_after), MetricRecord(metrics)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No client-side evaluation: the server evaluates in ``aggregate_train``."""
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Nothing to aggregate."""
+        return None
+
+    def summary(self) -> None:
+        """Log nothing beyond Flower's own start banner."""

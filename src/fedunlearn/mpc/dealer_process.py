@@ -1,0 +1,203 @@
+"""Launch the dealer as its own process: ``start_dealer_process`` and a command line.
+
+The dealer (``dealer_service.DealerServer``) must run apart from both servers (spec §2.1: a
+trusted third party), so a launcher such as ``fedunlearn starfish-local`` starts it in a
+spawned child on loopback with an ephemeral port, reads the port back, and hands the address
+to both servers::
+
+    with start_dealer_process() as dealer:          # stopped on exit, or by a finaliser
+        ...  # start the two servers with dealer.address; each uses RemoteDealer.connect
+        dealer.join(timeout_seconds=60)             # 0 once both servers said goodbye
+
+By hand: ``python -m fedunlearn.mpc.dealer_process --port 0`` prints
+``fedunlearn dealer listening on HOST:PORT`` and serves one session.
+
+Paper: Starfish spec §2.1 (the dealer is a trusted third party), §3.2 (offline phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import ssl
+import sys
+import weakref
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+
+from fedunlearn.errors import MalformedFrameError, PeerDisconnectedError, SecureComputationError
+from fedunlearn.mpc.dealer_service import DealerServer
+
+__all__ = ["DealerProcess", "main", "start_dealer_process"]
+
+
+def _stop(process: BaseProcess, grace_seconds: float = 2.0) -> None:
+    """Terminate a dealer process (kill it if it does not exit within the grace period)."""
+    if process.is_alive():
+        process.terminate()
+        process.join(grace_seconds)
+    if process.is_alive():
+        process.kill()
+        process.join(grace_seconds)
+
+
+class DealerProcess:
+    """Handle of a dealer running in a child process; stopped in a finaliser at the latest.
+
+    Args:
+        process: The child process running ``DealerServer.serve``.
+        host: Address the dealer listens on.
+        port: Its port.
+    """
+
+    def __init__(self, process: BaseProcess, host: str, port: int) -> None:
+        self.process = process
+        self.host, self.port = host, port
+        self._finalizer = weakref.finalize(self, _stop, process)
+
+    def __repr__(self) -> str:
+        return f"DealerProcess(address={self.host}:{self.port}, alive={self.process.is_alive()})"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) to pass to ``RemoteDealer.connect``."""
+        return self.host, self.port
+
+    def join(self, timeout_seconds: float | None = None) -> int | None:
+        """Wait for the dealer to exit (0: both parties said goodbye); return its exit code."""
+        self.process.join(timeout_seconds)
+        return self.process.exitcode
+
+    def stop(self) -> None:
+        """Terminate the dealer now (a no-op if it has exited)."""
+        self._finalizer()
+
+    def __enter__(self) -> DealerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _dealer_child(conn, options: dict) -> None:  # noqa: ANN001 (a multiprocessing connection)
+    """Entry point of the dealer process: bind, report the port, serve, exit 0 or 1."""
+    certfile, keyfile = options.pop("certfile"), options.pop("keyfile")
+    context = None
+    if certfile is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile, keyfile)
+    try:
+        server = DealerServer(ssl_context=context, **options)
+    except OSError as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    conn.send(("ok", server.port))
+    conn.close()
+    try:
+        server.serve()
+    except (PeerDisconnectedError, SecureComputationError, MalformedFrameError) as exc:
+        print(f"fedunlearn dealer: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def start_dealer_process(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    seed: int | bytes | None = None,
+    mask_scale_bits: int = 2,
+    timeout_seconds: float = 60.0,
+    idle_timeout_seconds: float = 3600.0,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    start_timeout_seconds: float = 30.0,
+) -> DealerProcess:
+    """Start a ``DealerServer`` in a spawned child process and return once it listens.
+
+    Args:
+        host: Address to bind (loopback by default).
+        port: Port, or 0 for an ephemeral one (read it from the handle's ``address``).
+        seed: Master seed for reproducible tests; None: a fresh secret made in the child.
+        mask_scale_bits: k of invertible masks.
+        timeout_seconds: See ``DealerServer``.
+        idle_timeout_seconds: See ``DealerServer``.
+        certfile: PEM certificate for TLS (with ``keyfile``); None for plain TCP.
+        keyfile: PEM private key for TLS.
+        start_timeout_seconds: How long the child may take to start listening.
+
+    Returns:
+        The handle; use it as a context manager, or call ``stop()``, to end the process.
+
+    Raises:
+        PeerDisconnectedError: If the dealer did not start listening in time.
+    """
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    options = {
+        "host": host,
+        "port": port,
+        "seed": seed,
+        "mask_scale_bits": mask_scale_bits,
+        "timeout_seconds": timeout_seconds,
+        "idle_timeout_seconds": idle_timeout_seconds,
+        "certfile": certfile,
+        "keyfile": keyfile,
+    }
+    process = context.Process(
+        target=_dealer_child, args=(sender, options), name="fedunlearn-dealer", daemon=True
+    )
+    process.start()
+    handle = DealerProcess(process, host, 0)  # finaliser armed before we wait
+    sender.close()
+    status, value = "error", f"no answer within {start_timeout_seconds:g} s"
+    try:
+        if receiver.poll(start_timeout_seconds):
+            status, value = receiver.recv()
+    except EOFError:
+        status, value = "error", f"the dealer process exited (code {process.exitcode})"
+    finally:
+        receiver.close()
+    if status != "ok":
+        handle.stop()
+        raise PeerDisconnectedError(f"could not start the dealer on {host}:{port}: {value}")
+    handle.port = int(value)
+    return handle
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a dealer in this process: ``python -m fedunlearn.mpc.dealer_process --port 0``."""
+    parser = argparse.ArgumentParser(description="The 2PC dealer (trusted third party).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--seed", type=int, default=None, help="tests only; default: secrets")
+    parser.add_argument("--mask-scale-bits", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--idle-timeout", type=float, default=3600.0)
+    parser.add_argument("--certfile", default=None)
+    parser.add_argument("--keyfile", default=None)
+    args = parser.parse_args(argv)
+    context = None
+    if args.certfile is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.certfile, args.keyfile)
+    server = DealerServer(
+        args.host,
+        args.port,
+        seed=args.seed,
+        mask_scale_bits=args.mask_scale_bits,
+        ssl_context=context,
+        timeout_seconds=args.timeout,
+        idle_timeout_seconds=args.idle_timeout,
+    )
+    print(f"fedunlearn dealer listening on {server.host}:{server.port}", flush=True)
+    try:
+        served = server.serve()
+    except (PeerDisconnectedError, SecureComputationError, MalformedFrameError) as exc:
+        print(f"fedunlearn dealer: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"fedunlearn dealer: served {served} requests; both parties said goodbye", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Sharing, opening and Beaver multiplication: SecShare, SecRec, SecMul, SecSP, SecMul3, SecSel.
+
+Every multiplication consumes one dealer triple and one round in which each party sends
+``x - a`` and ``y - b``. Several products can share one round (``sec_mul_many``), which is how
+the comparison, sorting and Newton protocols keep their round counts low.
+
+Paper: Liu et al., Starfish, Table IV; Beaver, "Efficient multiparty protocols using circuit
+randomization" (CRYPTO 1991). Starfish spec §3.3 items 1-3, 5, 7, 8, 9, 12.
+Deviations: [REC] SecMul3 is two sequential SecMuls (2 rounds), as the spec recommends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from fedunlearn.mpc.fixed_point import truncate_share
+from fedunlearn.mpc.party import Party
+from fedunlearn.mpc.shares import SharedTensor
+
+__all__ = [
+    "refresh",
+    "sec_aggregate",
+    "sec_inner",
+    "sec_matmul",
+    "sec_mul",
+    "sec_mul3",
+    "sec_mul_many",
+    "sec_reveal",
+    "sec_select",
+    "sec_share",
+    "sec_square",
+]
+
+_U64 = np.uint64
+U64 = NDArray[np.uint64]
+
+
+def sec_share(
+    party: Party, values: ArrayLike | None, owner: int, frac_bits: int | None = None
+) -> SharedTensor:
+    """SecShare: the owner secret-shares its plaintext with the other party (one message).
+
+    Args:
+        party: The calling party.
+        values: The plaintext (owner only; the other party passes None).
+        owner: Party id of the owner.
+        frac_bits: Scale (default f; 0 shares integers exactly).
+
+    Returns:
+        This party's share.
+    """
+    bits = party.fixed_point.frac_bits if frac_bits is None else frac_bits
+    if party.party_id != owner:
+        return SharedTensor(party.transport.recv(), party, bits)
+    if values is None:
+        raise ValueError(f"party {owner} owns the secret and must pass its values")
+    encoded = party.fixed_point.encode(values, bits)
+    mask = party.prg.ring(encoded.shape)
+    party.transport.send(mask)
+    return SharedTensor(encoded - mask, party, bits)
+
+
+def open_ring(x: SharedTensor) -> NDArray[np.uint64]:
+    """Open the raw ring elements of ``x`` to both parties (one round)."""
+    return x.share + x.party.transport.exchange(x.share)
+
+
+def sec_reveal(x: SharedTensor) -> NDArray[np.float64]:
+    """SecRec: open ``x`` to both parties (one round) and decode it."""
+    return x.party.fixed_point.decode(open_ring(x), x.frac_bits)
+
+
+def sec_aggregate(tensors: Sequence[SharedTensor]) -> SharedTensor:
+    """Secure aggregation: the sum of shared tensors is the sum of the shares (local)."""
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + t
+    return total
+
+
+def refresh(x: SharedTensor) -> SharedTensor:
+    """Re-randomise the shares of ``x`` with a ZeroGen pair (local after the dealer's seed)."""
+    return SharedTensor(x.share + x.party.dealer.zero(x.shape), x.party, x.frac_bits)
+
+
+def _finish(z: U64, x: SharedTensor, y: SharedTensor, truncate: bool) -> SharedTensor:
+    """Apply the scale rule of ``shares``: truncate by min(f_x, f_y) unless told not to."""
+    if not truncate:
+        return SharedTensor(z, x.party, x.frac_bits + y.frac_bits)
+    bits = min(x.frac_bits, y.frac_bits)
+    z = truncate_share(z, x.party.party_id, bits)
+    return SharedTensor(z, x.party, max(x.frac_bits, y.frac_bits))
+
+
+def _flatten(tensors: Sequence[SharedTensor], shapes: list[tuple[int, ...]]) -> NDArray[np.uint64]:
+    pairs = zip(tensors, shapes, strict=True)
+    return np.concatenate([np.broadcast_to(t.share, s).ravel() for t, s in pairs])
+
+
+def sec_mul_many(
+    xs: Sequence[SharedTensor], ys: Sequence[SharedTensor], truncate: bool = True
+) -> list[SharedTensor]:
+    """Several elementwise SecMuls (with broadcasting) in one round and one dealer request.
+
+    Args:
+        xs: Left operands.
+        ys: Right operands, broadcastable against ``xs`` pairwise.
+        truncate: Truncate the products back to the larger scale (default), or keep the
+            scale f_x + f_y exactly (used before comparisons, so ties stay ties).
+
+    Returns:
+        The products, in order.
+    """
+    party = xs[0].party
+    shapes = [np.broadcast_shapes(x.shape, y.shape) for x, y in zip(xs, ys, strict=True)]
+    sizes = [math.prod(s) for s in shapes]
+    xf, yf = _flatten(xs, shapes), _flatten(ys, shapes)
+    n = xf.size
+    a, b, c = party.dealer.triple((n,))
+    # Spec §3.3 item 5: open e = x - a and f = y - b in one round
+    mine = np.concatenate([xf - a, yf - b])
+    opened = mine + party.transport.exchange(mine)
+    e, f = opened[:n], opened[n:]
+    z = c + e * b + f * a
+    if party.party_id == 0:
+        z += e * f
+    out, start = [], 0
+    for x, y, shape, size in zip(xs, ys, shapes, sizes, strict=True):
+        out.append(_finish(z[start : start + size].reshape(shape), x, y, truncate))
+        start += size
+    return out
+
+
+def sec_mul(x: SharedTensor, y: SharedTensor, truncate: bool = True) -> SharedTensor:
+    """SecMul: elementwise product with a Beaver triple (one round)."""
+    return sec_mul_many([x], [y], truncate)[0]
+
+
+def sec_square(x: SharedTensor) -> SharedTensor:
+    """Elementwise square with a square pair (a, a^2): one round, half of SecMul's traffic."""
+    party = x.party
+    a, c = party.dealer.square_pair((x.size,))
+    mine = x.share.reshape(-1) - a
+    e = mine + party.transport.exchange(mine)
+    # x^2 = (e + a)^2 = c + 2 e a + e^2
+    z = c + (e * a << _U64(1))
+    if party.party_id == 0:
+        z += e * e
+    return _finish(z.reshape(x.shape), x, x, True)
+
+
+def sec_matmul(x: SharedTensor, y: SharedTensor) -> SharedTensor:
+    """Matrix SecMul ``x @ y`` with a matrix triple (one round, mn + np elements per party)."""
+    party = x.party
+    a, b, c = party.dealer.matrix_triple(x.shape, y.shape)
+    mine = np.concatenate([(x.share - a).ravel(), (y.share - b).ravel()])
+    opened = mine + party.transport.exchange(mine)
+    e, f = opened[: x.size].reshape(x.shape), opened[x.size :].reshape(y.shape)
+    # Spec §3.3 item 5: Z_k = C_k + E B_k + A_k F (+ E F for party 0)
+    z = np.add(np.add(c, e @ b), a @ f)
+    if party.party_id == 0:
+        z = np.add(z, e @ f)
+    return _finish(np.asarray(z, dtype=_U64), x, y, True)
+
+
+def sec_inner(x: SharedTensor, y: SharedTensor) -> SharedTensor:
+    """SecSP: inner products over the last axis with a vector triple (one round)."""
+    party = x.party
+    a, b, c = party.dealer.inner_triple(x.shape)
+    mine = np.concatenate([(x.share - a).ravel(), (y.share - b).ravel()])
+    opened = mine + party.transport.exchange(mine)
+    e, f = opened[: x.size].reshape(x.shape), opened[x.size :].reshape(y.shape)
+    # Spec §3.3 item 8: z = c + <e, b> + <a, f> (+ <e, f> for party 0)
+    z = np.add(c, np.sum(e * b + a * f, axis=-1, dtype=_U64))
+    if party.party_id == 0:
+        z = np.add(z, np.sum(e * f, axis=-1, dtype=_U64))
+    return _finish(np.asarray(z, dtype=_U64), x, y, True)
+
+
+def sec_mul3(x: SharedTensor, y: SharedTensor, z: SharedTensor) -> SharedTensor:
+    """SecMul3: x * y * z as two sequential SecMuls (two rounds)."""
+    return sec_mul(sec_mul(x, y), z)
+
+
+def sec_select(bit: SharedTensor, if_true: SharedTensor, if_false: SharedTensor) -> SharedTensor:
+    """SecSel: a fresh share of ``if_true`` where bit = 1, else ``if_false`` (one SecMul).
+
+    ``bit`` must hold 0/1 at integer scale (``frac_bits == 0``, as ``sec_ge`` returns), so the
+    product needs no truncation and the selection is exact.
+    """
+    if bit.frac_bits != 0:
+        raise ValueError(f"a selection bit must have frac_bits 0; got {bit.frac_bits}")
+    return if_false + sec_mul(bit, if_true - if_false)

@@ -1,0 +1,88 @@
+"""Division and square root by Newton iteration over a public input range.
+
+Both protocols first scale the secret by the public constant c = sqrt(lo * hi), so the scaled
+input lies in [1/rho, rho] with rho = sqrt(hi / lo), which balances the fixed-point precision
+of the input and of its reciprocal. The starting point is public, which makes the first
+iteration local; the number of iterations is computed in the clear from the worst case of the
+range (until the relative error is below 2^-(f + 2)), so both parties run the same count and
+nothing about the secret is revealed.
+
+- Reciprocal: y <- y (2 - v y), from y_0 = 1/rho; 2 rounds per iteration.
+- Inverse square root: y <- y (3 - x y^2) / 2, from y_0 = rho^(-1/2); 3 rounds per iteration.
+  sqrt(x) = x y (spec §3.5 [R]); used only for the 2PC-FedRecover comparison (Fig. 7).
+
+Accuracy is that of f-bit fixed point: relative error of a few 2^-f times rho in the worst
+case (tests assert the bounds for their ranges). Inputs outside the declared range give wrong
+results (a reciprocal can diverge), so the range must be a true bound, e.g. from norms.
+
+Paper: Liu et al., Starfish, Sec. IV-B (SecDiv), Fig. 7 (secure sqrt); Starfish spec §3.5, A19.
+Deviations: [REC] SecDiv is Newton-Raphson with a public range instead of a Yao division
+circuit (spec §3.5 option (b)); it returns the fixed-point quotient u / v (spec A19).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from fedunlearn.errors import ConfigError
+from fedunlearn.mpc.protocols.beaver import sec_mul
+from fedunlearn.mpc.shares import SharedTensor
+
+__all__ = ["newton_iterations", "sec_div", "sec_reciprocal", "sec_sqrt"]
+
+
+def _check_range(name: str, value_range: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = (float(v) for v in value_range)
+    if not 0 < lo <= hi < math.inf:
+        raise ConfigError(
+            f"{name} must be a public range (lo, hi) with 0 < lo <= hi < inf; got {value_range!r}"
+        )
+    return lo, hi
+
+
+def newton_iterations(step: Callable[[float], float], start: float, frac_bits: int) -> int:
+    """Count the iterations of ``t <- step(t)`` from ``start`` until |1 - t| < 2^-(f + 2)."""
+    t, count = start, 0
+    while abs(1.0 - t) >= 2.0 ** -(frac_bits + 2) and count < 200:
+        t, count = step(t), count + 1
+    return count
+
+
+def sec_reciprocal(v: SharedTensor, v_range: tuple[float, float]) -> SharedTensor:
+    """Shares of 1 / v for a secret v known to lie in the public range ``v_range``."""
+    lo, hi = _check_range("v_range", v_range)
+    scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
+    f = v.party.fixed_point.frac_bits
+    scaled = v.mul_public(1.0 / scale)  # in [1/rho, rho]
+    # t = scaled * y: t <- t (2 - t), worst start 1/rho^2
+    iterations = newton_iterations(lambda t: t * (2.0 - t), 1.0 / rho**2, f)
+    y0 = 1.0 / rho
+    y = (2.0 - scaled.mul_public(y0)).mul_public(y0)  # first iteration: public y_0, local
+    for _ in range(max(iterations - 1, 0)):
+        y = sec_mul(y, 2.0 - sec_mul(scaled, y))
+    return y.mul_public(1.0 / scale)
+
+
+def sec_div(u: SharedTensor, v: SharedTensor, v_range: tuple[float, float]) -> SharedTensor:
+    """SecDiv: shares of u / v (fixed point) for v in the public range ``v_range`` (v > 0)."""
+    lo, hi = _check_range("v_range", v_range)
+    scale = math.sqrt(lo * hi)
+    inverse_scaled = sec_reciprocal(v.mul_public(1.0 / scale), (lo / scale, hi / scale))
+    return sec_mul(u, inverse_scaled).mul_public(1.0 / scale)
+
+
+def sec_sqrt(x: SharedTensor, x_range: tuple[float, float]) -> SharedTensor:
+    """Shares of sqrt(x) for x in the public range ``x_range`` (lo > 0), by Newton iteration."""
+    lo, hi = _check_range("x_range", x_range)
+    scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
+    f = x.party.fixed_point.frac_bits
+    scaled = x.mul_public(1.0 / scale)  # in [1/rho, rho]
+    # t = sqrt(scaled) * y: t <- t (3 - t^2) / 2, worst start 1/rho
+    iterations = newton_iterations(lambda t: t * (3.0 - t * t) / 2.0, 1.0 / rho, f)
+    y0 = rho**-0.5
+    y = (1.5 - scaled.mul_public(0.5 * y0 * y0)).mul_public(y0)  # first iteration, local
+    for _ in range(max(iterations - 1, 0)):
+        t = sec_mul(sec_mul(scaled, y), y)  # (x y) y: not x (y^2), whose LSB x amplifies
+        y = sec_mul(y, 1.5 - t.mul_public(0.5))
+    return sec_mul(scaled, y).mul_public(math.sqrt(scale))

@@ -1,0 +1,125 @@
+"""Flower Simulation Engine (Ray): training, a failing client, unlearning through Flower."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "flwr", reason='Flower is not installed; pip install -e ".[flower]" to run these tests'
+)
+
+from flower_support import assert_same_history, small_config, write_config  # noqa: E402
+from flwr.app import Context, Message  # noqa: E402
+
+from fedunlearn import train_run  # noqa: E402
+from fedunlearn.fl.aggregators import fedavg  # noqa: E402
+from fedunlearn.history import HistoryStore  # noqa: E402
+from fedunlearn.integrations.flower.server_app import FlowerJob  # noqa: E402
+from fedunlearn.integrations.flower.simulation import simulate  # noqa: E402
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+FAILING_CLIENT, FAILING_ROUND = 1, 2
+
+
+def fail_once(message: Message, context: Context, call_next):  # Flower client mod
+    if (
+        message.metadata.message_type == "train"
+        and int(context.node_config["partition-id"]) == FAILING_CLIENT
+        and int(message.content["task"]["round"]) == FAILING_ROUND
+    ):
+        raise RuntimeError("simulated crash in the middle of local training")
+    return call_next(message, context)
+
+
+def test_simulated_training_records_the_in_process_history(tmp_path, flower_lock):
+    # Prepare
+    config = small_config(num_clients=3, rounds=3)
+    path = write_config(config, tmp_path / "config.yaml")
+    train_run(config, tmp_path / "inproc")
+
+    # Execute
+    simulate(FlowerJob(mode="train", run_dir=tmp_path / "flower", config_path=path), 3, num_cpus=2)
+
+    # Assert
+    assert_same_history(tmp_path / "inproc", tmp_path / "flower", rounds=3)
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert summary["engine"] == "flower" and summary["missing"] == {}
+    metrics = (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in metrics] == [1, 2, 3]
+
+
+def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flower_lock):
+    # Prepare
+    config = small_config(num_clients=3, rounds=3)
+    path = write_config(config, tmp_path / "config.yaml")
+    run_dir = tmp_path / "flower"
+
+    # Execute
+    simulate(
+        FlowerJob(mode="train", run_dir=run_dir, config_path=path),
+        3,
+        num_cpus=2,
+        mods=[fail_once],
+    )
+
+    # Assert: every round committed; the failing client is missing in its round only
+    with HistoryStore.open(run_dir / "history") as store:
+        assert store.rounds() == [0, 1, 2, 3]
+        status = {c.client_id: c.status for c in store.client_records(FAILING_ROUND)}
+        assert status == {0: "accepted", 1: "missing", 2: "accepted"}
+        (missing,) = [c for c in store.client_records(FAILING_ROUND) if c.status == "missing"]
+        assert "simulated crash" in (missing.reason or "")
+        assert not store.has_update(FAILING_ROUND, FAILING_CLIENT)
+        for r in (1, 3):
+            assert {c.status for c in store.client_records(r)} == {"accepted"}
+        # the round's aggregate is FedAvg over the clients that did contribute
+        updates = dict(store.iter_updates(FAILING_ROUND))
+        sizes = torch.tensor([float(store.meta["client_sizes"][str(c)]) for c in updates])
+        expected = fedavg(torch.stack(list(updates.values())), sizes)
+        torch.testing.assert_close(store.read_model(FAILING_ROUND, "aggregate"), expected)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert list(summary["missing"]) == [str(FAILING_ROUND)]
+
+    # and recovery from this history replays round 2 without the missing client
+    with UnlearnSession(run_dir) as session:
+        result = session.run(make_method("federaser"), UnlearnRequest.of([0]))
+    assert torch.isfinite(result.params).all()
+    assert result.costs.client_participations == 2 * 1 + 1  # rounds 2 and 3, client 1 absent in 2
+
+
+def test_unlearning_through_flower_equals_in_process(tmp_path, flower_lock):
+    # Prepare: a run recorded in-process; the same method in-process as the reference
+    config = small_config(num_clients=3, rounds=3)
+    run_dir = tmp_path / "run"
+    train_run(config, run_dir)
+    request = UnlearnRequest.of([2])
+    with UnlearnSession(run_dir) as session:
+        want = session.run(make_method("federaser", {"calibration_ratio": 1.0}), request)
+
+    # Execute: the calibration training goes to the remaining clients through Flower
+    out = tmp_path / "federaser.json"
+    simulate(
+        FlowerJob(
+            mode="unlearn",
+            run_dir=run_dir,
+            method="federaser",
+            method_params={"calibration_ratio": 1.0},
+            forget=(2,),
+            result_path=out,
+        ),
+        3,
+        num_cpus=2,
+    )
+
+    # Assert
+    got = torch.load(out.with_suffix(".pt"))
+    torch.testing.assert_close(got, want.params, atol=1e-6, rtol=0)
+    summary = json.loads(out.read_text())
+    assert summary["engine"] == "flower" and summary["missing"] == {}
+    assert summary["costs"]["client_participations"] == want.costs.client_participations
+    assert summary["costs"]["client_epochs"] == want.costs.client_epochs

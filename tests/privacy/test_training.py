@@ -1,0 +1,131 @@
+"""DP training runs end to end: determinism, the saved ledger, dp_scope, config errors, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedunlearn.cli.main import app
+from fedunlearn.config import parse_config
+from fedunlearn.errors import ConfigError
+from fedunlearn.history import HistoryStore
+from fedunlearn.privacy.accountant import PrivacyAccountant
+from fedunlearn.privacy.mechanisms import noise_multiplier
+from fedunlearn.privacy.schedule import epsilon_sequence
+from fedunlearn.runs import run_info, train_run
+
+BASE = {
+    "seed": 5,
+    "data": {"dataset": "digits", "num_clients": 5},
+    "model": {"name": "mlp", "hidden": [16]},
+    "training": {"rounds": 4, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
+    "history": {"policy": "all"},
+}
+DP = {"enabled": True, "clip_norm": "auto", "epsilon_max": 3.0}
+
+
+def _train(root, name, **over):
+    run_dir = root / name
+    train_run(parse_config({**BASE, **over}), run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp_runs")
+    return {
+        "dp": _train(root, "dp", privacy=DP),
+        "dp_again": _train(root, "dp_again", privacy=DP),
+        "clean": _train(root, "clean"),
+        "store_only": _train(
+            root,
+            "store_only",
+            privacy={**DP, "dp_scope": "store_only"},
+            history={"policy": "fedadp", "fedadp": {"round_ratio": 1.0, "client_ratio": 1.0}},
+        ),
+    }
+
+
+def _models(run_dir):
+    with HistoryStore.open(run_dir / "history") as store:
+        return [store.read_model(r) for r in store.rounds()]
+
+
+def test_same_config_and_seed_give_bit_identical_dp_runs(runs):
+    a, b = _models(runs["dp"]), _models(runs["dp_again"])
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[-1], _models(runs["clean"])[-1])  # the noise did change training
+
+
+def test_ledger_matches_the_schedule_and_dp_accounting_called_directly(runs):
+    info = run_info(runs["dp"])
+    ledger = info["privacy"]
+    saved = json.loads((runs["dp"] / "privacy.json").read_text())
+    assert saved == json.loads(json.dumps(ledger))
+    losses = [m["clients_loss"] for m in info["metrics"]]  # rounds 0..T
+    eps = epsilon_sequence(losses[:-1], 1.0, 1.0, 3.0)
+    assert [r["epsilon"] for r in ledger["rounds"]] == pytest.approx(eps)
+    zs = [noise_multiplier(e, 1e-5) for e in eps]
+    assert [r["noise_multiplier"] for r in ledger["rounds"]] == pytest.approx(zs)
+    acc = PrivacyAccountant()
+    for z in zs:
+        acc.compose(z)
+    totals = ledger["totals"]["1"]
+    assert totals["pld_epsilon"] == pytest.approx(acc.pld_epsilon(1e-5))
+    assert totals["rdp_epsilon"] == pytest.approx(acc.rdp_epsilon(1e-5))
+    assert ledger["total_epsilon"] == totals["pld_epsilon"]
+    assert ledger["totals"]["2"]["pld_epsilon"] > totals["pld_epsilon"]
+    assert ledger["clip_norm_source"] == "auto (pilot)" and ledger["clip_norm"] > 0
+    assert all(r["noise_to_signal"] > 1 for r in ledger["rounds"])
+
+
+def test_train_and_store_uploads_carry_the_noise(runs):
+    ledger = run_info(runs["dp"])["privacy"]
+    with HistoryStore.open(runs["dp"] / "history") as store:
+        d = store.meta["num_params"]
+        r = ledger["rounds"][-1]
+        norms = [float(u.norm()) for _, u in store.iter_updates(4)]
+    expected = math.sqrt(r["clip_norm"] ** 2 + d * r["noise_std"] ** 2)  # ||clip(g) + n||
+    assert all(n == pytest.approx(expected, rel=0.15) for n in norms)
+
+
+def test_store_only_trains_like_no_dp_and_stores_noisy_copies(runs):
+    clean, store_only = _models(runs["clean"]), _models(runs["store_only"])
+    assert all(torch.equal(x, y) for x, y in zip(clean, store_only, strict=True))
+    with (
+        HistoryStore.open(runs["clean"] / "history") as a,
+        HistoryStore.open(runs["store_only"] / "history") as b,
+    ):
+        stored = dict(b.iter_updates(1))
+        assert stored  # λ = γ = 1 with one stage: round 1 is kept
+        for cid, noisy in stored.items():
+            assert float((noisy - a.read_update(1, cid)).norm()) > 0.5 * float(noisy.norm())
+    assert run_info(runs["store_only"])["privacy"]["protects"].startswith("stored history only")
+
+
+def test_info_shows_the_privacy_ledger(runs):
+    result = CliRunner().invoke(app, ["info", str(runs["dp"])], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "eps_t per round" in result.output and "PLD" in result.output
+    clean = CliRunner().invoke(app, ["info", str(runs["clean"]), "--json"])
+    assert json.loads(clean.output)["privacy"] == {"enabled": False, "variant": "no DP"}
+
+
+@pytest.mark.parametrize(
+    ("privacy", "history", "message"),
+    [
+        ({"enabled": True, "epsilon_min": 4.0}, {}, "epsilon_min \\(4.0\\) must not exceed"),
+        ({"enabled": True, "dp_scope": "store_only"}, {}, "needs history.policy 'fedadp'"),
+        ({"clip_norm": -1.0}, {}, "privacy.clip_norm"),
+        ({"delta": 1.5}, {}, "privacy.delta"),
+        ({"noise": 1}, {}, "privacy.noise"),
+        ({}, {"fedadp": {"round_ratio": 0}}, "history.fedadp.round_ratio"),
+    ],
+)
+def test_bad_privacy_config_names_the_field(privacy, history, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"privacy": privacy, "history": history})

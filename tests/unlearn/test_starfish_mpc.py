@@ -1,0 +1,306 @@
+import inspect
+import sqlite3
+
+import numpy as np
+import pytest
+import torch
+
+from fedunlearn.config import parse_config
+from fedunlearn.errors import HistoryError
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.mpc import FixedPoint, run_two_party
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn.base import CostMeter, MeteredHistory
+from fedunlearn.unlearn.starfish_backend import PlainBackend, StarfishBackend
+from fedunlearn.unlearn.starfish_mpc import MpcBackend
+from fedunlearn.unlearn.starfish_shares import (
+    SharedStageOneRecord,
+    share_history,
+    share_meta,
+    share_store_dir,
+)
+
+RUN = {
+    "seed": 5,
+    "data": {
+        "dataset": "synthetic",
+        "num_clients": 6,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "options": {"num_samples": 600, "num_features": 12, "num_classes": 3},
+    },
+    "model": {"name": "logreg"},
+    "training": {
+        "rounds": 12,
+        "local_epochs": 2,
+        "lr": 0.05,
+        "batch_size": 40,
+        "weight_decay": 1e-3,
+        "executor": "serial",
+    },
+    "history": {"policy": "all"},
+}
+FORGET = UnlearnRequest.of([0, 1])
+PHASES = ("TD", "RS", "UE", "TC", "AGG")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("starfish_mpc") / "run"
+    train_run(parse_config(RUN), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def both(run_dir):
+    with UnlearnSession(run_dir, evaluate=False) as session:
+        plain = session.run(make_method("starfish"), FORGET)
+        secure = session.run(make_method("starfish", {"backend": "mpc"}), FORGET)
+    return plain, secure
+
+
+def two_party(program, **kwargs):
+    return run_two_party(program, dealer_seed=3, local_seed=3, **kwargs)
+
+
+# ---- the backend against numpy -------------------------------------------------------------
+
+
+def test_mpc_backend_implements_the_protocol_with_the_same_signatures():
+    ops = [n for n, f in vars(StarfishBackend).items() if callable(f) and not n.startswith("_")]
+    for name in ops:
+        wanted = list(inspect.signature(getattr(StarfishBackend, name)).parameters)
+        assert list(inspect.signature(getattr(MpcBackend, name)).parameters) == wanted, name
+
+
+def test_mpc_backend_ops_match_numpy_within_fixed_point_error():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    sq = rng.normal(size=(3, 3)) + 3 * np.eye(3)
+    unit = rng.normal(size=5000)
+    unit /= np.linalg.norm(unit)
+    long = rng.normal(size=5000)
+
+    def program(party):
+        be = MpcBackend(party, client_seed=1)
+        sa, sb = be.share(torch.tensor(a)), be.share(torch.tensor(b))
+
+        def open_(x):
+            return be.reveal(x, "test").numpy()
+
+        w = torch.tensor([0.2, 0.3, 0.1, 0.4], dtype=torch.float64)
+        return {
+            "add": open_(be.add(sa, sb)),
+            "mul_public": open_(be.mul_public(sa, 2.5)),
+            "matmul_public": open_(be.matmul_public(torch.tensor(b.T), sa)),
+            "unit_dot": open_(be.matmul_public(torch.tensor(unit), be.share(torch.tensor(long)))),
+            "weighted": open_(be.weighted_sum([be.index(sa, i) for i in range(4)], w)),
+            "mul": open_(be.mul(sa, sb)),
+            "square": open_(be.mul(sa, sa)),
+            "matmul": open_(be.matmul(sa, be.transpose(sb))),
+            "dot": open_(be.dot(sa, sb)),
+            "ge": open_(be.ge(sa, sb)),
+            "ge0": open_(be.ge(sa, 0.0)),
+            "max": open_(be.max(be.index(sa, 0))),
+            "kth": open_(be.kth_largest(sa, 3)),
+            "div": open_(be.div(sa, be.add_public(be.mul(sb, sb), 1.0), (1.0, 20.0))),
+            "inverse": open_(be.inverse(be.share(torch.tensor(sq)))),
+            "share": sa.share,
+        }
+
+    first, second = two_party(program)
+    tol = 1e-3
+    np.testing.assert_allclose(first["add"], a + b, atol=tol)
+    np.testing.assert_allclose(first["mul_public"], 2.5 * a, atol=tol)
+    np.testing.assert_allclose(first["matmul_public"], b.T @ a, atol=tol * 10)
+    np.testing.assert_allclose(first["unit_dot"], unit @ long, atol=tol * 10)  # 5000 tiny entries
+    np.testing.assert_allclose(first["weighted"], np.array([0.2, 0.3, 0.1, 0.4]) @ a, atol=tol)
+    np.testing.assert_allclose(first["mul"], a * b, atol=tol)
+    np.testing.assert_allclose(first["square"], a * a, atol=tol)
+    np.testing.assert_allclose(first["matmul"], a @ b.T, atol=tol * 10)
+    np.testing.assert_allclose(first["dot"], (a * b).sum(-1), atol=tol * 10)
+    np.testing.assert_array_equal(first["ge"], (a >= b).astype(float))
+    np.testing.assert_array_equal(first["ge0"], (a >= 0).astype(float))
+    np.testing.assert_allclose(first["max"], a[0].max(), atol=tol)
+    np.testing.assert_allclose(first["kth"], np.sort(a.ravel())[::-1][2], atol=tol)
+    np.testing.assert_allclose(first["div"], a / (b * b + 1), atol=1e-2)
+    np.testing.assert_allclose(first["inverse"], np.linalg.inv(sq), atol=1e-2)
+    # the two shares of a client upload are each uniform; only together do they open
+    fp = FixedPoint()
+    np.testing.assert_array_equal(first["share"] + second["share"], fp.encode(a))
+    assert not np.array_equal(first["share"], fp.encode(a))
+
+
+@pytest.mark.parametrize("order", ["ratio", "value", "signed_ratio", "signed_value"])
+def test_top_k_opens_the_plain_ranking_for_every_order(order):
+    rng = np.random.default_rng(1)
+    n, k = 9, 5
+    g = rng.normal(size=(n, 30))
+    y = rng.normal(size=(n, 30)) + 0.7 * g
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    u = (g * y).sum(1)
+    norm = np.linalg.norm(g, axis=1)
+    cols = {
+        "ratio": {"u": u, "v": norm},
+        "value": {"tau": u / norm},
+        "signed_ratio": {"w": (u >= 0).astype(float), "a": u * u, "v": norm**2},
+        "signed_value": {"w": (u >= 0).astype(float), "b": (u / norm) ** 2},
+    }[order]
+    plain = PlainBackend()
+    expected = plain.top_k(
+        {c: plain.share(torch.tensor(v)) for c, v in cols.items()}, order, k, "t"
+    )
+
+    def program(party):
+        be = MpcBackend(party, client_seed=2)
+        chosen = be.top_k({c: be.share(torch.tensor(v)) for c, v in cols.items()}, order, k, "t")
+        return chosen, [o.to_dict() for o in be.opened]
+
+    (chosen, opened), (other, _) = two_party(program)
+    assert chosen == other == expected
+    assert opened == [
+        {"phase": "setup", "label": "t", "shape": [k], "value": list(map(float, chosen))}
+    ]
+
+
+# ---- V2: plaintext vs 2PC on the whole pipeline ------------------------------------------
+
+
+def test_two_party_run_selects_the_same_rounds_and_flags_as_plaintext(both):
+    plain, secure = both
+    assert secure.details["selection_ranking"] == plain.details["selection_ranking"]
+    assert secure.details["selected_rounds"] == plain.details["selected_rounds"]
+    assert secure.details["flags"] == plain.details["flags"]
+    assert secure.details["flags"]  # some correction round ran SecTC
+    assert secure.details["models_agree"] is True
+    error = (secure.params - plain.params).norm() / plain.params.norm()
+    assert float(error) < 1e-2
+
+
+def test_two_party_run_opens_what_the_plaintext_mirror_opens(both):
+    plain, secure = both
+
+    def labels(result):
+        return [(o["phase"], o["label"], tuple(o["shape"])) for o in result.details["opened"]]
+
+    assert labels(secure) == labels(plain)
+
+
+def test_two_party_run_reports_bytes_rounds_and_seconds_per_phase(both):
+    _, secure = both
+    for costs in (secure.details["mpc_costs"], secure.details["mpc_costs_party1"]):
+        for phase in PHASES:
+            book = costs[phase]
+            assert book["bytes_sent"] > 0 and book["rounds"] > 0 and book["seconds"] > 0, phase
+            assert 0 <= book["offline_seconds"] <= book["seconds"]
+        assert costs["EXACT"]["bytes_sent"] == 0  # clients upload shares; servers do not talk
+    # client work is counted once although both servers receive every exact upload
+    assert secure.costs.client_participations == sum(
+        secure.details["exact_requests_per_client"].values()
+    )
+
+
+# ---- Stage I: per-server share stores ------------------------------------------------------
+
+
+def test_share_stores_hold_only_uniform_shares_that_open_together(run_dir, tmp_path):
+    dirs = [tmp_path / "s0", tmp_path / "s1"]
+    with HistoryStore.open(run_dir / "history") as plain:
+        share_history(plain, dirs, lr=0.05, frac_bits=13, tolerance_rate=0.4, seed=1)
+        rounds = plain.last_round()
+        deltas = {
+            (r, c): d.double().numpy()
+            for r in range(1, rounds + 1)
+            for c, d in plain.iter_updates(r)
+        }
+    fp = FixedPoint(13)
+    stores = [HistoryStore.open(d) for d in dirs]
+    try:
+        assert [share_meta(s)["party"] for s in stores] == [0, 1]
+        for (r, c), delta in deltas.items():
+            gradient = -delta / 0.05
+            s0, s1 = (s.read_update(r, c).numpy() for s in stores)
+            opened = fp.decode(s0 + s1)
+            np.testing.assert_allclose(opened[:-2], gradient, atol=2**-13)
+            np.testing.assert_allclose(opened[-2], np.linalg.norm(gradient), rtol=1e-4)
+            assert opened[-1] == pytest.approx(np.quantile(np.abs(gradient), 0.6), abs=2**-12)
+            for share in (s0, s1):  # alone, a share is uniform: no trace of the update
+                alone = fp.decode(share)[:-2]
+                assert np.abs(alone).mean() > 1e6 * np.abs(gradient).mean()
+                assert abs(np.corrcoef(alone, gradient)[0, 1]) < 0.5
+        for store in stores:  # public data as in the run; no plaintext norm or loss kept
+            recs = store.client_records(1)
+            assert all(rec.norm is None and rec.loss is None for rec in recs)
+            torch.testing.assert_close(store.read_model(rounds), plain_model(run_dir, rounds))
+    finally:
+        for store in stores:
+            store.close()
+    for d in dirs:  # the raw file holds no plaintext update bytes
+        raw = (d / "history.sqlite").read_bytes()
+        for delta in list(deltas.values())[:20]:
+            assert delta.astype(np.float32).tobytes()[:32] not in raw
+
+
+def plain_model(run_dir, round_):
+    with HistoryStore.open(run_dir / "history") as store:
+        return store.read_model(round_)
+
+
+def test_shared_record_wraps_one_servers_shares(run_dir, tmp_path):
+    dirs = [share_store_dir(tmp_path, 0), share_store_dir(tmp_path, 1)]
+    with HistoryStore.open(run_dir / "history") as plain:
+        share_history(plain, dirs, lr=0.05, frac_bits=13, seed=2)
+        with pytest.raises(HistoryError, match="exists already"):
+            share_history(plain, dirs, lr=0.05, frac_bits=13, seed=2)
+        expected = -plain.read_update(3, 2).double().numpy() / 0.05
+
+    def program(party):
+        with HistoryStore.open(dirs[party.party_id]) as store:
+            record = SharedStageOneRecord(MeteredHistory(store, CostMeter()), party)
+            return record.update(3, 2).reveal(), float(record.norm(3, 2).reveal())
+
+    (update, norm), _ = two_party(program)
+    np.testing.assert_allclose(update, expected, atol=2**-13)
+    assert norm == pytest.approx(np.linalg.norm(expected), rel=1e-4)
+
+
+def test_share_store_is_a_valid_sqlite_history(run_dir, tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    with HistoryStore.open(run_dir / "history") as plain:
+        share_history(plain, dirs, lr=0.05, seed=3)
+    for d in dirs:
+        with HistoryStore.open(d) as store:
+            store.verify()
+        con = sqlite3.connect(d / "history.sqlite")
+        kinds = {
+            row[0] for row in con.execute("SELECT DISTINCT dtype FROM payloads WHERE kind='update'")
+        }
+        con.close()
+        assert kinds == {"uint64"}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"round_selection": "method2"},  # secure sqrt of ||g_0 + g_1||, SecDiv with range hints
+        {"estimator": "two_loop"},  # scalar SecMI per pair
+        {"comparison": "ideal"},  # ideal SecGE (cost sweeps)
+    ],
+    ids=["method2", "two_loop", "ideal"],
+)
+def test_other_variants_agree_with_their_plaintext_mirror(run_dir, params):
+    with UnlearnSession(run_dir, evaluate=False) as session:
+        plain = session.run(make_method("starfish", params), FORGET)
+        secure = session.run(make_method("starfish", {**params, "backend": "mpc"}), FORGET)
+    assert secure.details["selection_ranking"] == plain.details["selection_ranking"]
+    assert secure.details["flags"] == plain.details["flags"]
+    assert float((secure.params - plain.params).norm() / plain.params.norm()) < 1e-2
