@@ -54,11 +54,13 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+import numpy as np
 import torch
 
 from fedunlearn.errors import FedUnlearnError
 
 __all__ = [
+    "BackendLog",
     "OpenedValue",
     "Order",
     "PlainBackend",
@@ -278,7 +280,36 @@ def _cmp(order: str, cols: Mapping[str, list[float]], i: int, j: int) -> int:
     return -1 if i < j else (1 if i > j else 0)
 
 
-class PlainBackend:
+class BackendLog:
+    """Bookkeeping every backend shares: the current phase, op counts and the opening log.
+
+    Attributes:
+        opened: Every opening, in order (``OpenedValue``).
+        op_counts: Phase -> op -> ``{"calls", "elements", "comparisons"}``.
+    """
+
+    def __init__(self) -> None:
+        self.opened: list[OpenedValue] = []
+        self.op_counts: dict[str, dict[str, dict[str, int]]] = {}
+        self._phase = "setup"
+
+    def _count(self, op: str, elements: int, comparisons: int = 0) -> None:
+        book = self.op_counts.setdefault(self._phase, {}).setdefault(
+            op, {"calls": 0, "elements": 0, "comparisons": 0}
+        )
+        book["calls"] += 1
+        book["elements"] += int(elements)
+        book["comparisons"] += int(comparisons)
+
+    def _log_opening(self, label: str, shape: tuple[int, ...], values: Any) -> None:
+        """Log an opening of ``shape``; its ``values`` (array-like) are kept only if few."""
+        kept = None
+        if values is not None and math.prod(shape) <= SMALL_VALUE_NUMEL:
+            kept = tuple(float(v) for v in np.asarray(values, dtype=np.float64).reshape(-1))
+        self.opened.append(OpenedValue(self._phase, label, shape, kept))
+
+
+class PlainBackend(BackendLog):
     """``StarfishBackend`` in the clear: float64 torch (or the run's dtype), with a log.
 
     Args:
@@ -294,11 +325,9 @@ class PlainBackend:
     def __init__(
         self, dtype: torch.dtype = torch.float64, max_condition: float = MAX_CONDITION
     ) -> None:
+        super().__init__()
         self.dtype = dtype
         self.max_condition = max_condition
-        self.opened: list[OpenedValue] = []
-        self.op_counts: dict[str, dict[str, dict[str, int]]] = {}
-        self._phase = "setup"
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
@@ -310,14 +339,6 @@ class PlainBackend:
             yield
         finally:
             self._phase = before
-
-    def _count(self, op: str, elements: int, comparisons: int = 0) -> None:
-        book = self.op_counts.setdefault(self._phase, {}).setdefault(
-            op, {"calls": 0, "elements": 0, "comparisons": 0}
-        )
-        book["calls"] += 1
-        book["elements"] += int(elements)
-        book["comparisons"] += int(comparisons)
 
     def _wrap(self, value: torch.Tensor) -> PlainSecret:
         return PlainSecret(value)
@@ -340,15 +361,7 @@ class PlainBackend:
         """Open ``x`` and log it."""
         value = x.value
         self._count("reveal", value.numel())
-        small = value.numel() <= SMALL_VALUE_NUMEL
-        self.opened.append(
-            OpenedValue(
-                self._phase,
-                label,
-                tuple(value.shape),
-                tuple(float(v) for v in value.reshape(-1).tolist()) if small else None,
-            )
-        )
+        self._log_opening(label, tuple(value.shape), value)
         return value.clone()
 
     # ---- local ops ---------------------------------------------------------------------------
@@ -465,14 +478,7 @@ class PlainBackend:
         ranked = sorted(range(n), key=functools.cmp_to_key(functools.partial(_cmp, order, cols)))
         self._count("top_k", n * len(cols), comparisons=bitonic_comparators(n))
         chosen = ranked[:k]
-        self.opened.append(
-            OpenedValue(
-                self._phase,
-                label,
-                (k,),
-                tuple(float(i) for i in chosen) if k <= SMALL_VALUE_NUMEL else None,
-            )
-        )
+        self._log_opening(label, (k,), chosen)
         return chosen
 
     def div(
@@ -493,7 +499,7 @@ class PlainBackend:
         if value.ndim != 2 or value.shape[0] != value.shape[1]:
             raise ValueError(f"inverse needs a square matrix; got shape {tuple(value.shape)}")
         self._count("inverse", value.numel())
-        self.opened.append(OpenedValue(self._phase, "secmi_mask", tuple(value.shape), None))
+        self._log_opening("secmi_mask", tuple(value.shape), None)
         if not bool(torch.isfinite(value).all()):
             raise SingularMatrixError("SecMI input has non-finite entries")
         cond = float(torch.linalg.cond(value.to(torch.float64)))

@@ -75,8 +75,7 @@ from fedunlearn.mpc.prg import derive_seed
 from fedunlearn.unlearn.starfish_backend import (
     MAX_CONDITION,
     ORDER_FIELDS,
-    SMALL_VALUE_NUMEL,
-    OpenedValue,
+    BackendLog,
     Order,
     SingularMatrixError,
 )
@@ -194,7 +193,7 @@ def _public_array(p: torch.Tensor | float | np.ndarray) -> np.ndarray:
     return np.asarray(p, dtype=np.float64)
 
 
-class MpcBackend:
+class MpcBackend(BackendLog):
     """``StarfishBackend`` over ``fedunlearn.mpc`` for one party (server S1 = 0 or S2 = 1).
 
     Args:
@@ -228,11 +227,9 @@ class MpcBackend:
         self._client_prg = (
             None if client_seed is None else Prg(derive_seed(b"starfish-client", client_seed))
         )
-        self.opened: list[OpenedValue] = []
-        self.op_counts: dict[str, dict[str, dict[str, int]]] = {}
+        super().__init__()
         self.costs: dict[str, dict[str, float]] = {}
         self.client_bytes = 0
-        self._phase = "setup"
         self._mark = self._now()
 
     # ---- bookkeeping -----------------------------------------------------------------------
@@ -286,14 +283,6 @@ class MpcBackend:
         self._flush()
         return {phase: dict(book) for phase, book in self.costs.items()}
 
-    def _count(self, op: str, elements: int, comparisons: int = 0) -> None:
-        book = self.op_counts.setdefault(self._phase, {}).setdefault(
-            op, {"calls": 0, "elements": 0, "comparisons": 0}
-        )
-        book["calls"] += 1
-        book["elements"] += int(elements)
-        book["comparisons"] += int(comparisons)
-
     def _public_bits(self, values: np.ndarray) -> int:
         """Fractional bits for a public operand: enough that its largest entry keeps f bits."""
         f = self.fixed_point.frac_bits
@@ -335,15 +324,7 @@ class MpcBackend:
         """SecRec: open ``x`` to both servers and log it."""
         values = np.asarray(x.reveal(), dtype=np.float64)
         self._count("reveal", values.size)
-        small = values.size <= SMALL_VALUE_NUMEL
-        self.opened.append(
-            OpenedValue(
-                self._phase,
-                label,
-                tuple(values.shape),
-                tuple(float(v) for v in values.reshape(-1)) if small else None,
-            )
-        )
+        self._log_opening(label, tuple(values.shape), values)
         return torch.from_numpy(values.copy())
 
     # ---- local ops ---------------------------------------------------------------------------
@@ -518,14 +499,7 @@ class MpcBackend:
         chosen = [int(i) for i in opened]
         if sorted(chosen) != sorted(set(chosen)) or any(not 0 <= i < n for i in chosen):
             raise SecureComputationError(f"SecSrt opened invalid positions {chosen} (n = {n})")
-        self.opened.append(
-            OpenedValue(
-                self._phase,
-                label,
-                (k,),
-                tuple(float(i) for i in chosen) if k <= SMALL_VALUE_NUMEL else None,
-            )
-        )
+        self._log_opening(label, (k,), chosen)
         return chosen
 
     def div(
@@ -545,7 +519,7 @@ class MpcBackend:
         if a.ndim != 2 or a.shape[0] != a.shape[1]:
             raise ValueError(f"inverse needs a square matrix; got shape {a.shape}")
         self._count("inverse", a.size)
-        self.opened.append(OpenedValue(self._phase, "secmi_mask", tuple(a.shape), None))
+        self._log_opening("secmi_mask", tuple(a.shape), None)
         try:
             return sec_inverse(a, max_condition=SECMI_MAX_CONDITION)
         except SecureComputationError as err:
