@@ -17,14 +17,36 @@ BASE = {
 }
 
 
+CONVEX_RUN = {
+    "seed": 5,
+    "data": {
+        "dataset": "synthetic",
+        "num_clients": 6,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "options": {"num_samples": 600, "num_features": 12, "num_classes": 3},
+    },
+    "model": {"name": "logreg"},
+    "training": {
+        "rounds": 12,
+        "local_epochs": 2,
+        "lr": 0.05,
+        "batch_size": 40,
+        "weight_decay": 1e-3,
+        "executor": "serial",
+    },
+    "history": {"policy": "all"},
+}
+
+
 @pytest.fixture
 def base_config():
     """The config of the shared runs, as a dict."""
     return dict(BASE)
 
 
-def _train(tmp_path_factory, name, **overrides):
-    cfg = {**BASE, **overrides}
+def _train(tmp_path_factory, name, base=BASE, **overrides):
+    cfg = {**base, **overrides}
     run_dir = tmp_path_factory.mktemp(name) / "run"
     train_run(parse_config(cfg), run_dir)
     return run_dir
@@ -46,3 +68,9 @@ def run_every2(tmp_path_factory):
 def run_none(tmp_path_factory):
     """The same run recording no client updates."""
     return _train(tmp_path_factory, "none", history={"policy": "none"})
+
+
+@pytest.fixture(scope="session")
+def convex_run(tmp_path_factory):
+    """L2-regularised logistic regression on 3-class blobs, 6 Dirichlet clients, 12 rounds."""
+    return _train(tmp_path_factory, "convex", base=CONVEX_RUN)

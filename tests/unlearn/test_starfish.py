@@ -14,7 +14,6 @@ from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.linalg.lbfgs import CompactBFGS, GuardCounts, NoCurvaturePairsError
-from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.base import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
 from fedunlearn.unlearn.starfish import Starfish, average_round_saving
@@ -42,30 +41,10 @@ from fedunlearn.unlearn.starfish_steps import (
     thresholds_td2,
 )
 
-# L2-regularised logistic regression on Gaussian blobs, non-IID: small and strongly convex.
+# The shared convex run (conftest.CONVEX_RUN): L2-regularised LR on non-IID blobs, strongly convex.
 ROUNDS = 12
 WEIGHT_DECAY = 1e-3
 LR = 0.05
-RUN = {
-    "seed": 5,
-    "data": {
-        "dataset": "synthetic",
-        "num_clients": 6,
-        "partition": "dirichlet",
-        "alpha": 0.5,
-        "options": {"num_samples": 600, "num_features": 12, "num_classes": 3},
-    },
-    "model": {"name": "logreg"},
-    "training": {
-        "rounds": ROUNDS,
-        "local_epochs": 2,
-        "lr": LR,
-        "batch_size": 40,
-        "weight_decay": WEIGHT_DECAY,
-        "executor": "serial",
-    },
-    "history": {"policy": "all"},
-}
 FORGET = UnlearnRequest.of([0, 1])
 REMAINING = (2, 3, 4, 5)
 BIT_EXACT = {"selection_rate": 1.0, "precision": "model", "units": "delta"}
@@ -80,10 +59,8 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("starfish") / "run"
-    train_run(parse_config(RUN), run_dir)
-    with UnlearnSession(run_dir, evaluate=False) as opened:
+def session(convex_run):
+    with UnlearnSession(convex_run, evaluate=False) as opened:
         yield opened
 
 

@@ -5,11 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedunlearn.config import parse_config
 from fedunlearn.errors import HistoryError
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc import FixedPoint, run_two_party
-from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.base import CostMeter, MeteredHistory
 from fedunlearn.unlearn.starfish_backend import PlainBackend, StarfishBackend
@@ -21,26 +19,6 @@ from fedunlearn.unlearn.starfish_shares import (
     share_store_dir,
 )
 
-RUN = {
-    "seed": 5,
-    "data": {
-        "dataset": "synthetic",
-        "num_clients": 6,
-        "partition": "dirichlet",
-        "alpha": 0.5,
-        "options": {"num_samples": 600, "num_features": 12, "num_classes": 3},
-    },
-    "model": {"name": "logreg"},
-    "training": {
-        "rounds": 12,
-        "local_epochs": 2,
-        "lr": 0.05,
-        "batch_size": 40,
-        "weight_decay": 1e-3,
-        "executor": "serial",
-    },
-    "history": {"policy": "all"},
-}
 FORGET = UnlearnRequest.of([0, 1])
 PHASES = ("TD", "RS", "UE", "TC", "AGG")
 
@@ -54,10 +32,8 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("starfish_mpc") / "run"
-    train_run(parse_config(RUN), path)
-    return path
+def run_dir(convex_run):
+    return convex_run
 
 
 @pytest.fixture(scope="module")
