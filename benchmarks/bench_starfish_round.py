@@ -35,9 +35,9 @@ import torch
 
 from fedunlearn.linalg.lbfgs import GuardCounts
 from fedunlearn.mpc import Dealer, Party, TcpListener, TcpTransport
-from fedunlearn.unlearn.starfish_backend import PlainBackend
-from fedunlearn.unlearn.starfish_mpc import MpcBackend
-from fedunlearn.unlearn.starfish_steps import CurvatureBuffer, check_thresholds
+from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
+from fedunlearn.unlearn.starfish.backend.protocol import PlainBackend
+from fedunlearn.unlearn.starfish.steps import CurvatureBuffer, check_thresholds
 
 SEED = 2026
 GB = 1e9

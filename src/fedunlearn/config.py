@@ -10,12 +10,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedunlearn.errors import ConfigError
-
-DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic")
-MODEL_NAMES = ("logreg", "mlp", "cnn", "cnn_fmnist", "textcnn")
 
 
 class _Frozen(BaseModel):
@@ -92,58 +96,65 @@ class AttackConfig(_Frozen):
         return self
 
 
-class CrabSelectionConfig(_Frozen):
-    """Crab's selective storage (Crab spec §2.2): windows, round and client selection.
-
-    Used live by ``history.policy: crab`` and by the ``crab`` method when it derives the
-    selection from a run recorded with ``all`` (both give the identical selection).
-    """
-
-    alpha: float = Field(0.1, gt=0, lt=1, description="α: a window closes at a loss drop of α")
-    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a window's rounds kept")
-    client_ratio: float = Field(0.7, gt=0, le=1, description="δ: share of a round's clients kept")
-    divergence: Literal["pred_kl", "param_softmax_kl"] = Field(
-        "pred_kl", description="round score: KL of predictions on R, or the code's param proxy"
-    )
-    rounding: Literal["half_up", "floor"] = Field(
-        "half_up", description="P_b = max(1, round_half_up(λ B_b)) (spec A5) or floor (code)"
-    )
-    reference_size: int = Field(
-        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data"
-    )
-    max_window: int | None = Field(
-        None, ge=1, description="close a window after this many rounds (spec A11); None = never"
-    )
-
-
-class FedADPSelectionConfig(_Frozen):
-    """FedADP's dual-layer selective storage (FedADP spec §3.5): loss stages, λ rounds, γ clients.
-
-    Used live by ``history.policy: fedadp`` and by the ``fedadp`` method when it derives the
-    selection from a run recorded with ``all``.
-    """
-
-    beta: float = Field(0.1, gt=0, lt=1, description="β: a stage ends at a loss drop of β")
-    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a stage's rounds kept")
-    client_ratio: float = Field(0.7, gt=0, le=1, description="γ: share of a round's updates kept")
-    model_align: Literal["params", "updates"] = Field(
-        "params", description="Eq. 7 on the global models (paper) or on consecutive aggregates"
-    )
-    selection_mode: Literal["staged", "global"] = Field(
-        "staged", description="select per loss stage, or round(λT) rounds over all of training"
-    )
-    loss_samples: int = Field(
-        512, ge=1, le=1_000_000, description="samples per client of the server loss (spec A3)"
-    )
-
-
 class HistoryConfig(_Frozen):
-    """What the server records during training (global models are always kept)."""
+    """What the server records during training (global models are always kept).
 
-    policy: Literal["all", "every", "none", "crab", "fedadp"] = "all"
+    ``policy`` names a registered recording policy (``fedunlearn.history.policy.POLICIES``:
+    ``all``, ``every``, ``none`` and those the method packages add, e.g. ``crab``, ``fedadp``).
+    A policy with options reads them from the section named after it (``history.crab: {...}``),
+    validated by the policy's own options model; ``options(name)`` returns them (the defaults
+    when the section is absent).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    policy: str = "all"
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
-    crab: CrabSelectionConfig = CrabSelectionConfig()
-    fedadp: FedADPSelectionConfig = FedADPSelectionConfig()
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from fedunlearn.history.policy import POLICIES
+
+        if name not in POLICIES:
+            raise ValueError(f"unknown history policy '{name}'; available: {', '.join(POLICIES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _sections(self) -> HistoryConfig:
+        from fedunlearn.history.policy import POLICIES
+
+        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
+        for name, value in list(extra.items()):
+            if name not in POLICIES or POLICIES.get(name).options_type is None:
+                with_options = [n for n in POLICIES.names() if POLICIES.get(n).options_type]
+                raise ValueError(
+                    f"unknown history section '{name}'; sections are the options of a policy: "
+                    f"{', '.join(with_options)}"
+                )
+            options_type = POLICIES.get(name).options_type
+            if not isinstance(value, options_type):
+                try:
+                    value = options_type.model_validate(value or {})
+                except ValidationError as err:
+                    raise ValueError(_nested_errors(err, f"history.{name}")) from None
+            extra[name] = value
+        active = POLICIES.get(self.policy).options_type
+        if active is not None and self.policy not in extra:
+            extra[self.policy] = active()  # the resolved config names every option in use
+        return self
+
+    def options(self, name: str) -> BaseModel:
+        """Return the options of policy ``name``: its section, else its defaults."""
+        from fedunlearn.history.policy import POLICIES
+
+        extra = self.__pydantic_extra__ or {}
+        if name in extra:
+            return extra[name]
+        options_type = POLICIES.get(name).options_type
+        if options_type is None:
+            raise ConfigError(f"history policy '{name}' has no options")
+        return options_type()
 
 
 class PrivacyConfig(_Frozen):
@@ -218,6 +229,16 @@ class RunConfig(_Frozen):
         return self
 
 
+def _nested_errors(err: ValidationError, prefix: str) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join([prefix, *(str(p) for p in e["loc"])])
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}{shown}")
+    return "; ".join(parts)
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
@@ -225,7 +246,10 @@ def _format_errors(err: ValidationError, source: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {where}: {msg}{shown}")
+        if msg.startswith(f"{where}."):  # a nested section's own errors, already located
+            lines.append(f"  {msg}")
+        else:
+            lines.append(f"  {where}: {msg}{shown}")
     return "\n".join(lines)
 
 

@@ -19,8 +19,8 @@ __all__ = [
     "UnknownClientError",
     "UnknownMethodError",
     "UnknownNameError",
+    "UnknownPolicyError",
     "UnsupportedHistoryError",
-    "UpdateRejectedError",
 ]
 
 
@@ -54,10 +54,6 @@ class DataFormatError(FedUnlearnError, ValueError):
     """A dataset file exists but is not in the expected format (or fails its checksum)."""
 
 
-class UpdateRejectedError(FedUnlearnError, ValueError):
-    """A client update is unusable (NaN/Inf, wrong shape)."""
-
-
 class HistoryError(FedUnlearnError, RuntimeError):
     """The history store cannot do what was asked (missing round, locked, wrong run)."""
 
@@ -72,6 +68,10 @@ class ForgottenDataError(HistoryError, LookupError):
 
 class UnknownMethodError(UnknownNameError):
     """No unlearning method is registered under that name."""
+
+
+class UnknownPolicyError(UnknownNameError):
+    """No recording policy is registered under that name."""
 
 
 class UnsupportedHistoryError(FedUnlearnError, ValueError):

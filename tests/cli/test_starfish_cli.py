@@ -11,7 +11,7 @@ from fedunlearn.cli.starfish import _method, ensure_shares, launch, run_local
 from fedunlearn.config import parse_config
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.starfish_shares import share_store_dir
+from fedunlearn.unlearn.starfish.deploy.shares import share_store_dir
 
 runner = CliRunner()
 RUN = {
@@ -114,8 +114,8 @@ def test_killed_server_stops_its_peer_with_a_disconnect_error_and_a_rerun_succee
         plain = session.run(make_method("starfish"), UnlearnRequest.of([0]))
     details = result["details"]
     assert result["models_agree"] is True
-    assert details["selected_rounds"] == plain.details["selected_rounds"]
-    assert details["flags"] == {str(r): ids for r, ids in plain.details["flags"].items()}
+    assert details["selected_rounds"] == list(plain.details.selected_rounds)
+    assert details["flags"] == {str(r): ids for r, ids in plain.details.flags.items()}
     params = torch.tensor(result["params"], dtype=plain.params.dtype)
     assert float((params - plain.params).norm() / plain.params.norm()) < 1e-2
     for phase in ("TD", "RS", "UE", "TC", "AGG"):

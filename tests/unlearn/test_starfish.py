@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
@@ -15,23 +14,22 @@ from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.linalg.lbfgs import CompactBFGS, GuardCounts, NoCurvaturePairsError
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.base import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
-from fedunlearn.unlearn.starfish import Starfish, average_round_saving
-from fedunlearn.unlearn.starfish_backend import (
+from fedunlearn.unlearn.context import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
+from fedunlearn.unlearn.starfish.backend.protocol import (
     PlainBackend,
     PlainSecret,
     SingularMatrixError,
     StarfishBackend,
     bitonic_comparators,
 )
-from fedunlearn.unlearn.starfish_bound import (
+from fedunlearn.unlearn.starfish.bound import (
     corrected_bound,
     evaluate_theorem1,
     literal_bound,
     regularised_loss,
     retrain_trajectory,
 )
-from fedunlearn.unlearn.starfish_steps import (
+from fedunlearn.unlearn.starfish.steps import (
     CurvatureBuffer,
     StageOneRecord,
     check_thresholds,
@@ -40,6 +38,7 @@ from fedunlearn.unlearn.starfish_steps import (
     threshold_td1,
     thresholds_td2,
 )
+from fedunlearn.unlearn.starfish.unlearner import Starfish, average_round_saving
 
 # The shared convex run (conftest.CONVEX_RUN): L2-regularised LR on non-IID blobs, strongly convex.
 ROUNDS = 12
@@ -330,11 +329,11 @@ def test_sigma_one_with_every_update_exact_equals_retrain_bitwise(session, retra
     result = session.run(make_method("starfish", {**BIT_EXACT, **params}), FORGET)
     assert torch.equal(result.params, retrained.params)
     details = result.details
-    assert details["estimated_updates"] == 0 and details["arp"] == 0.0
-    assert details["exact_requests_per_client"] == {c: ROUNDS for c in REMAINING}
+    assert details.estimated_updates == 0 and details.arp == 0.0
+    assert details.exact_requests_per_client == {c: ROUNDS for c in REMAINING}
     assert result.costs.client_epochs == retrained.costs.client_epochs
     if "tolerance_rate" in params:
-        assert details["flags"] == {r: list(REMAINING) for r in range(3, ROUNDS + 1)}
+        assert details.flags == {r: list(REMAINING) for r in range(3, ROUNDS + 1)}
 
 
 def test_float64_mirror_of_the_all_exact_replay_is_retrain_up_to_rounding(session, retrained):
@@ -348,7 +347,7 @@ def test_convex_run_lands_much_closer_to_retrain_than_the_original(session, retr
     original_gap = float((session.final_params - retrained.params).norm())
     gap = float((result.params - retrained.params).norm())
     assert gap < 0.5 * original_gap
-    assert result.details["estimated_updates"] > 0
+    assert result.details.estimated_updates > 0
     assert result.costs.client_epochs < retrained.costs.client_epochs
 
 
@@ -362,50 +361,50 @@ def test_selected_rounds_beat_random_rounds_at_the_same_sigma(session, retrained
 
 def test_replay_follows_the_selection_warmup_and_correction_schedule(session, unlearned):
     details = unlearned.details
-    assert details["num_selected"] == math.ceil(0.6 * ROUNDS) == len(details["selected_rounds"])
-    assert details["selected_rounds"] == sorted(cosine_ranking(session, [0, 1])[:8])
-    assert details["correction_interval"] == math.ceil(0.1 * ROUNDS) == 2
-    warm = details["selected_rounds"][: details["warmup_rounds"]]
-    expected = [r for r in details["selected_rounds"] if r % 2 == 0 and r not in warm]
-    assert details["correction_rounds"] == expected  # A11: r mod T_c on the original index
+    assert details.num_selected == math.ceil(0.6 * ROUNDS) == len(details.selected_rounds)
+    assert list(details.selected_rounds) == sorted(cosine_ranking(session, [0, 1])[:8])
+    assert details.correction_interval == math.ceil(0.1 * ROUNDS) == 2
+    warm = details.selected_rounds[: details.warmup_rounds]
+    expected = [r for r in details.selected_rounds if r % 2 == 0 and r not in warm]
+    assert list(details.correction_rounds) == expected  # A11: r mod T_c on the original index
     assert unlearned.costs.rounds == 8 == len(unlearned.round_metrics)
     counter = session.run(make_method("starfish", {"correction_index": "counter"}), FORGET)
-    selected = counter.details["selected_rounds"]
-    assert counter.details["correction_rounds"] == [selected[k - 1] for k in (4, 6, 8)]
+    selected = counter.details.selected_rounds
+    assert list(counter.details.correction_rounds) == [selected[k - 1] for k in (4, 6, 8)]
 
 
 def test_arp_counts_warmup_corrections_and_no_pair_requests(session, unlearned):
     details = unlearned.details
-    requests = details["exact_requests_per_client"]
+    requests = details.exact_requests_per_client
     for c in REMAINING:
-        flagged = sum(c in ids for ids in details["flags"].values())
-        warm = details["warmup_rounds"]
-        assert requests[c] == warm + flagged + details["no_pair_requests"][c]
+        flagged = sum(c in ids for ids in details.flags.values())
+        warm = details.warmup_rounds
+        assert requests[c] == warm + flagged + details.no_pair_requests[c]
     expected = np.mean([(ROUNDS - requests[c]) / ROUNDS * 100 for c in REMAINING])
-    assert details["arp"] == pytest.approx(expected)
-    assert details["arp_per_client"] == {
+    assert details.arp == pytest.approx(expected)
+    assert details.arp_per_client == {
         c: (ROUNDS - requests[c]) / ROUNDS * 100 for c in REMAINING
     }
     assert unlearned.costs.client_participations == sum(requests.values())
-    assert details["exact_updates"] + details["estimated_updates"] == 8 * len(REMAINING)
+    assert details.exact_updates + details.estimated_updates == 8 * len(REMAINING)
     assert average_round_saving({1: 0, 2: 10}, 10) == (50.0, {1: 100.0, 2: 0.0})
 
 
 def test_openings_are_the_selection_flags_aggregates_and_secmi_masks(unlearned):
-    assert unlearned.details["stage_one"] == {
+    assert unlearned.details.stage_one == {
         "shared_uploads": 6 * ROUNDS,
         "shared_elements": 6 * ROUNDS * (39 + 2),
         "bytes_per_server": 6 * ROUNDS * 41 * 8,
     }
-    opened = unlearned.details["opened"]
+    opened = unlearned.details.opened
     labels = {o["label"] for o in opened}
     assert labels <= {"selected_rounds", "correction_flags", "aggregate", "secmi_mask"}
     assert [o["phase"] for o in opened if o["label"] == "selected_rounds"] == ["RS"]
     assert sum(o["label"] == "aggregate" for o in opened) == 8
     assert sum(o["label"] == "correction_flags" for o in opened) == len(
-        unlearned.details["correction_rounds"]
+        unlearned.details.correction_rounds
     )
-    json.dumps(unlearned.details)
+    json.dumps(unlearned.details.to_dict())
     masks = [o["shape"] for o in opened if o["label"] == "secmi_mask"]
     assert masks and all(shape in ([2, 2], [4, 4]) for shape in masks)  # 2b x 2b, b <= B
     assert not any(o["phase"] == "TD" for o in opened)
@@ -414,7 +413,7 @@ def test_openings_are_the_selection_flags_aggregates_and_secmi_masks(unlearned):
 def test_td1_needs_far_more_comparisons_than_td2(session, unlearned):
     td1 = session.run(make_method("starfish", {"threshold_mode": "td1"}), FORGET)
     comparisons = {
-        name: sum(op["comparisons"] for op in r.details["op_counts"]["TD"].values())
+        name: sum(op["comparisons"] for op in r.details.op_counts["TD"].values())
         for name, r in (("td1", td1), ("td2", unlearned))
     }
     assert comparisons["td2"] == len(REMAINING) * (ROUNDS - 1)
@@ -437,8 +436,8 @@ class RoundedStarfish(Starfish):
 def test_fixed_point_rounding_keeps_selection_flags_and_model(session, unlearned):
     # spec V2 (with rounding only): same opened rounds and flags, relative model error < 1e-2
     rounded = session.run(RoundedStarfish(), FORGET)
-    assert rounded.details["selected_rounds"] == unlearned.details["selected_rounds"]
-    assert rounded.details["flags"] == unlearned.details["flags"]
+    assert rounded.details.selected_rounds == unlearned.details.selected_rounds
+    assert rounded.details.flags == unlearned.details.flags
     error = (rounded.params - unlearned.params).norm() / unlearned.params.norm()
     assert float(error) < 1e-3
 
@@ -539,7 +538,6 @@ def quadratic_run(tmp_path, rounds=10, lose=None):
             history=MeteredHistory(store, meter),
             clients=RemainingClients(fed, frozenset({0}), meter),
             aggregator=fedavg,
-            config=parse_config({}),
             num_rounds=rounds,
             initial_params=w0,
             final_params=store.read_model(rounds),
@@ -562,10 +560,10 @@ def test_isotropic_quadratic_clients_are_unlearned_exactly_from_estimates(tmp_pa
     details = result.details
     # K_w = B exact rounds; round 1 gives no pair (v = 0), so with B = 1 round 2 has none
     # either and is exact (no-pair request); T_c = T: one check, in round 10
-    assert details["no_pair_requests"] == {c: int(buffer_size == 1) for c in (1, 2, 3, 4)}
-    assert details["estimated_updates"] >= 4 * (10 - buffer_size - 2)
-    assert details["guard_counts"]["degenerate_step"] == 4
-    assert details["correction_rounds"] == [10]
+    assert details.no_pair_requests == {c: int(buffer_size == 1) for c in (1, 2, 3, 4)}
+    assert details.estimated_updates >= 4 * (10 - buffer_size - 2)
+    assert details.guard_counts["degenerate_step"] == 4
+    assert details.correction_rounds == (10,)
     assert float((original - retrain).abs().max()) > 1e-2  # forgetting matters
     torch.testing.assert_close(result.params, retrain, rtol=0, atol=1e-10)
 
@@ -608,7 +606,7 @@ def test_corrected_theorem1_bound_holds_on_l2_logistic_regression(session):
     data = [session.setup.federation.client_data[c] for c in REMAINING]
     objective_gap = regularised_loss(session.setup.federation.model, retrain[0], data, WEIGHT_DECAY)
     report = evaluate_theorem1(
-        result.details["trajectory"],
+        result.details.trajectory,
         retrain,
         selection_rate=sigma,
         step_size=LR,
@@ -618,6 +616,6 @@ def test_corrected_theorem1_bound_holds_on_l2_logistic_regression(session):
     assert len(report.rows) == 8 and report.rows[-1].t == ROUNDS  # ceil(8 / 0.6) capped at T
     assert report.corrected_holds and report.literal_holds is None
     assert all(0 < row.observed < row.corrected for row in report.rows)
-    assert torch.equal(torch.tensor(result.details["trajectory"][-1]), result.params)
-    json.dumps(result.details)  # JSON-ready, trajectory included
+    assert torch.equal(torch.tensor(result.details.trajectory[-1]), result.params)
+    json.dumps(result.details.to_dict())  # JSON-ready, trajectory included
     assert report.to_dict()["rows"][0]["t"] == 2

@@ -9,10 +9,10 @@ from fedunlearn.errors import HistoryError
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc import FixedPoint, run_two_party
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.base import CostMeter, MeteredHistory
-from fedunlearn.unlearn.starfish_backend import PlainBackend, StarfishBackend
-from fedunlearn.unlearn.starfish_mpc import MpcBackend
-from fedunlearn.unlearn.starfish_shares import (
+from fedunlearn.unlearn.context import CostMeter, MeteredHistory
+from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
+from fedunlearn.unlearn.starfish.backend.protocol import PlainBackend, StarfishBackend
+from fedunlearn.unlearn.starfish.deploy.shares import (
     SharedStageOneRecord,
     share_history,
     share_meta,
@@ -153,11 +153,11 @@ def test_top_k_opens_the_plain_ranking_for_every_order(order):
 
 def test_two_party_run_selects_the_same_rounds_and_flags_as_plaintext(both):
     plain, secure = both
-    assert secure.details["selection_ranking"] == plain.details["selection_ranking"]
-    assert secure.details["selected_rounds"] == plain.details["selected_rounds"]
-    assert secure.details["flags"] == plain.details["flags"]
-    assert secure.details["flags"]  # some correction round ran SecTC
-    assert secure.details["models_agree"] is True
+    assert secure.details.selection_ranking == plain.details.selection_ranking
+    assert secure.details.selected_rounds == plain.details.selected_rounds
+    assert secure.details.flags == plain.details.flags
+    assert secure.details.flags  # some correction round ran SecTC
+    assert secure.details.models_agree is True
     error = (secure.params - plain.params).norm() / plain.params.norm()
     assert float(error) < 1e-2
 
@@ -166,14 +166,14 @@ def test_two_party_run_opens_what_the_plaintext_mirror_opens(both):
     plain, secure = both
 
     def labels(result):
-        return [(o["phase"], o["label"], tuple(o["shape"])) for o in result.details["opened"]]
+        return [(o["phase"], o["label"], tuple(o["shape"])) for o in result.details.opened]
 
     assert labels(secure) == labels(plain)
 
 
 def test_two_party_run_reports_bytes_rounds_and_seconds_per_phase(both):
     _, secure = both
-    for costs in (secure.details["mpc_costs"], secure.details["mpc_costs_party1"]):
+    for costs in (secure.details.mpc_costs, secure.details.mpc_costs_party1):
         for phase in PHASES:
             book = costs[phase]
             assert book["bytes_sent"] > 0 and book["rounds"] > 0 and book["seconds"] > 0, phase
@@ -181,7 +181,7 @@ def test_two_party_run_reports_bytes_rounds_and_seconds_per_phase(both):
         assert costs["EXACT"]["bytes_sent"] == 0  # clients upload shares; servers do not talk
     # client work is counted once although both servers receive every exact upload
     assert secure.costs.client_participations == sum(
-        secure.details["exact_requests_per_client"].values()
+        secure.details.exact_requests_per_client.values()
     )
 
 
@@ -277,6 +277,6 @@ def test_other_variants_agree_with_their_plaintext_mirror(run_dir, params):
     with UnlearnSession(run_dir, evaluate=False) as session:
         plain = session.run(make_method("starfish", params), FORGET)
         secure = session.run(make_method("starfish", {**params, "backend": "mpc"}), FORGET)
-    assert secure.details["selection_ranking"] == plain.details["selection_ranking"]
-    assert secure.details["flags"] == plain.details["flags"]
+    assert secure.details.selection_ranking == plain.details.selection_ranking
+    assert secure.details.flags == plain.details.flags
     assert float((secure.params - plain.params).norm() / plain.params.norm()) < 1e-2

@@ -13,7 +13,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, PeerDisconnectedError
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.starfish_remote import Tls, accept, connect, listen
+from fedunlearn.unlearn.starfish.deploy.remote import Tls, accept, connect, listen
 
 RUN = {
     "seed": 11,
@@ -154,6 +154,6 @@ def test_four_processes_over_mutual_tls_select_the_same_rounds_and_flags_as_plai
     # Assert
     details = result["details"]
     assert result["models_agree"] is True
-    assert details["selected_rounds"] == plain.details["selected_rounds"]
-    assert details["flags"] == {str(r): ids for r, ids in plain.details["flags"].items()}
+    assert details["selected_rounds"] == list(plain.details.selected_rounds)
+    assert details["flags"] == {str(r): ids for r, ids in plain.details.flags.items()}
     assert result["dealer_link_bytes"] > 0 and result["clients_link_bytes"] > 0

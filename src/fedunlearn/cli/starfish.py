@@ -41,9 +41,9 @@ from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryError
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import HISTORY_DIR, load_run_config
 from fedunlearn.unlearn import make_method
-from fedunlearn.unlearn.starfish import Starfish
-from fedunlearn.unlearn.starfish_remote import Tls, run_server, serve_clients, serve_dealer
-from fedunlearn.unlearn.starfish_shares import share_history, share_store_dir
+from fedunlearn.unlearn.starfish.deploy.remote import Tls, run_server, serve_clients, serve_dealer
+from fedunlearn.unlearn.starfish.deploy.shares import share_history, share_store_dir
+from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = ["LocalRunError", "launch", "register", "run_local", "spawn"]
 
@@ -100,7 +100,7 @@ def _method(params: Sequence[str]) -> Starfish:
 
 def _server_logging() -> None:
     torch.set_num_threads(1)
-    logging.getLogger("fedunlearn.unlearn.starfish").setLevel(logging.INFO)
+    logging.getLogger("fedunlearn.unlearn.starfish.unlearner").setLevel(logging.INFO)
 
 
 def ensure_shares(run_dir: Path, method: Starfish, force: bool = False) -> bool:

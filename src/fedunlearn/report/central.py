@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedunlearn.central import SGDSpec, SoftmaxRegression, get_method, replay_retrain, train_sgd
-from fedunlearn.central.mini_unlearning import window_steps
+from fedunlearn.central import SGDSpec, SoftmaxRegression, make_method, replay_retrain, train_sgd
+from fedunlearn.central.methods.mini_unlearning import window_steps
 from fedunlearn.data.datasets import load_dataset
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec
 from fedunlearn.fl.client import LocalTrainingSpec
@@ -197,7 +197,7 @@ def _run_dataset(
             ShadowSpec(num_shadows=cfg.mia_shadows, training=training),
             seed,
         )
-    methods = {m.label: get_method(m.method, **m.params) for m in cfg.methods}
+    methods = {m.label: make_method(m.method, m.params) for m in cfg.methods}
     original_pred = _predict(x_test, record.final, classes)
     out = []
     for ratio in cfg.ratios:

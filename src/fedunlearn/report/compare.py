@@ -205,9 +205,10 @@ def compare_methods(
             row["round_metrics"] = [
                 {k: _clean(v) for k, v in r.items()} for r in result.round_metrics
             ]
-            row["details"] = result.details
-            if "variant" in result.details:  # e.g. fedadp on a run trained without DP
-                row["label"] = f"{name} ({result.details['variant']})"
+            row["details"] = result.details.to_dict()
+            variant = getattr(result.details, "variant", None)
+            if variant is not None:  # e.g. fedadp on a run trained without DP
+                row["label"] = f"{name} ({variant})"
             rows.append(row)
         config = session.config.model_dump(mode="json")
         malicious = sorted(session.malicious)
@@ -249,7 +250,7 @@ def unlearn_one(
             "stored_bytes": unlearner.history_bytes_needed(session.context(request)),
             "costs": result.costs.to_dict(),
             "round_metrics": [{k: _clean(v) for k, v in r.items()} for r in result.round_metrics],
-            "details": result.details,
+            "details": result.details.to_dict(),
             "privacy": {
                 k: v for k, v in run_privacy(session.config, session.store).items() if k != "rounds"
             },
