@@ -18,12 +18,8 @@ from rich.console import Console
 
 from fedunlearn.central import available_methods
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.report.central import (
-    CentralExperiment,
-    default_methods,
-    run_central,
-    write_central,
-)
+from fedunlearn.experiments.central import CentralExperiment, default_methods, run_central
+from fedunlearn.report.central import write_central
 
 __all__ = ["central_command"]
 

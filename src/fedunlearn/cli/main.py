@@ -25,8 +25,9 @@ from fedunlearn.cli.central import central_command
 from fedunlearn.cli.starfish import register as register_starfish
 from fedunlearn.config import RunConfig, load_config, parse_config
 from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.experiments import compare_methods, unlearn_one
 from fedunlearn.fl.records import RoundRecord
-from fedunlearn.report import compare_methods, plot_results, unlearn_one, write_results
+from fedunlearn.report import plot_results, write_results
 from fedunlearn.report.tables import table_rows
 from fedunlearn.runs import load_run_config, run_info, train_run
 from fedunlearn.unlearn import available_methods, get_method
