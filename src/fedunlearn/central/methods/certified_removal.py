@@ -150,8 +150,8 @@ class CertifiedRemoval(CentralUnlearner):
 
     params_type = CertifiedRemovalParams
 
-    def __init__(self, params: BaseModel | None = None, **overrides: object) -> None:
-        super().__init__(params, **overrides)
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
         # (objective trained on, w*, b, feature scale, training facts)
         self._state: tuple[Objective, torch.Tensor, torch.Tensor, float, dict[str, Any]] | None = (
             None
