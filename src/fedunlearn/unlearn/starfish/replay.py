@@ -17,13 +17,14 @@ requests T_r, the flags) and replays one selected round at a time. Round k of th
    M_hat <- M_hat - eta_u G_hat^agg (D13).
 
 A ``ClientGateway`` delivers exact updates as secrets: ``LocalClients`` trains the run's
-federation in this process and shares the uploads with the backend; a 2PC server uses
-``deploy.servers.SharedClients`` (threads) or ``deploy.clients.RemoteClients`` (processes).
+federation in this process and shares the uploads with the backend (the in-process 2PC
+servers use it over ``deploy.servers.SharedClients``, so each upload is trained once); a
+server process uses ``deploy.clients.RemoteClients``.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Alg. 2 (SecUE), Alg. 3 (SecTC), Alg. 4 lines 15-24 (the unlearning rounds), Sec. IV-B, IV-C.
-Deviations: docs/methods/starfish.md, D4-D6, D8, D9, D13, D16, D17, D19 (exact uploads are
-screened as in training; a non-finite one is left out and listed in ``rejected_updates``), D20.
+Deviations: docs/methods/starfish.md, D4-D6, D8, D9 (exact uploads are screened as in
+training; a non-finite one is left out and listed in ``rejected_updates``), D13, D16, D17, D20.
 """
 
 from __future__ import annotations
