@@ -15,7 +15,7 @@ MIA of ``report.compare.Judge`` is left out: it would train four CNNs. Results: 
     nice -n 10 python reproductions/starfish/cnn.py --mnist /work/shared/data/mnist.npz
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. VI; Starfish spec §13 (V2).
+Sec. VI. Check V2 (plaintext vs 2PC): docs/methods/starfish.md.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def main() -> None:
                 row["selected_rounds"] = result.details.selected_rounds
                 row["selection_ranking"] = result.details.selection_ranking
                 row["flags"] = {str(k): v for k, v in result.details.flags.items()}
-                row["mpc_costs"] = result.details.get("mpc_costs")
+                row["mpc_costs"] = result.details.mpc_costs
             results[label] = result
             rows.append(row)
             print(f"{label}: TER {pct(row['test_error'])}, {seconds:.1f} s", flush=True)

@@ -1,4 +1,4 @@
-"""Starfish on real MNIST at the spec's small scale (§13): 2PC vs plaintext, baselines, sweeps.
+"""Starfish on real MNIST at small scale: 2PC vs plaintext, baselines, parameter sweeps.
 
 Trains one run (logistic regression on 28x28 MNIST, m = 7,850; 10 IID clients with 500 images
 each; T = 20 rounds, 1 local epoch, SGD lr 0.05, batch 64; client 0 backdoored: 4x4-style
@@ -6,14 +6,14 @@ trigger patch relabelled to class 0), then removes client 0 with: no unlearning,
 Starfish plaintext, Starfish 2PC (two servers in threads, f = 16, real GMW comparisons),
 FedRecover, FedEraser and random round selection at Starfish's sigma. Each is judged by
 ``report.compare.Judge`` (TER, backdoor ASR on the target's clean data, shadow-model and loss
-MIA on the target's data, distance to Retrain) plus ARP (spec A25). Then the plaintext sweeps of
+MIA on the target's data, distance to Retrain) plus ARP (D15). Then the plaintext sweeps of
 sigma, alpha, beta and B (V7). Results: JSON under ``--out``; Markdown tables on stdout and in
 ``--doc``.
 
     nice -n 10 python reproductions/starfish/run.py --mnist /work/shared/data/mnist.npz
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. VI; Starfish spec §9, §13 (V2, V4-V7).
+Sec. VI (settings and results). Checks V2, V4-V7 and deviations D1-D24: docs/methods/starfish.md.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main() -> None:
                 row["arp"] = result.details.arp
                 row["selected_rounds"] = result.details.selected_rounds
                 row["flags"] = {str(k): v for k, v in result.details.flags.items()}
-                row["mpc_costs"] = result.details.get("mpc_costs")
+                row["mpc_costs"] = result.details.mpc_costs
             results[label] = result
             rows.append(row)
             print(f"{label}: TER {pct(row['test_error'])}", flush=True)

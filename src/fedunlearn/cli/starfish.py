@@ -1,4 +1,4 @@
-"""``fedunlearn starfish-*``: Starfish's two 2PC servers and the dealer as separate processes.
+"""``fedunlearn starfish-*``: Starfish's two 2PC servers, the dealer and the clients as processes.
 
 - ``starfish-share RUN``: Stage I shares of a recorded run into ``RUN/starfish/server0|1``.
 - ``starfish-dealer``: the trusted dealer (``mpc.DealerServer``: seeds to party 0, seeds and
@@ -10,23 +10,21 @@
 - ``starfish-local RUN --forget 3 --out result.json``: the four processes on 127.0.0.1 with
   ephemeral ports, bounded waits, the result of both servers checked and collected.
 
-A server that loses its peer, the dealer or the clients ends with ``PeerDisconnectedError`` and
-exit code 2; its share store is only read, so the request can simply be run again.
+Each command parses its options and calls one library function of
+``fedunlearn.unlearn.starfish.deploy`` (``shares.ensure_shares``, ``remote.serve_dealer``,
+``remote.serve_clients``, ``remote.run_server``, ``launcher.run_local``). A server that loses
+its peer, the dealer or the clients ends with ``PeerDisconnectedError`` and exit code 2; its
+share store is only read, so the request can simply be run again. User guide:
+docs/starfish.md.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III, Alg. 4; Starfish spec §2.1, §4, §12 item 2.
+Sec. III-A, Alg. 4.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from functools import wraps
 from pathlib import Path
@@ -37,23 +35,17 @@ import typer
 import yaml
 from rich.console import Console
 
-from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryError
-from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import HISTORY_DIR, load_run_config
+from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.unlearn import make_method
+from fedunlearn.unlearn.starfish.deploy.launcher import run_local
 from fedunlearn.unlearn.starfish.deploy.remote import Tls, run_server, serve_clients, serve_dealer
-from fedunlearn.unlearn.starfish.deploy.shares import share_history, share_store_dir
+from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_store_dir
 from fedunlearn.unlearn.starfish.unlearner import Starfish
 
-__all__ = ["LocalRunError", "launch", "register", "run_local", "spawn"]
+__all__ = ["register", "starfish_method"]
 
 console = Console()
 err_console = Console(stderr=True)
-HOST = "127.0.0.1"
-
-
-class LocalRunError(FedUnlearnError, RuntimeError):
-    """A process of a local Starfish run failed or did not finish in time."""
 
 
 def _cli_errors(func: Any) -> Any:
@@ -85,7 +77,8 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _method(params: Sequence[str]) -> Starfish:
+def starfish_method(params: Sequence[str]) -> Starfish:
+    """Return the ``starfish`` method of ``--param key=value`` items (YAML values), on 2PC."""
     values: dict[str, Any] = {}
     for item in params:
         key, sep, value = item.partition("=")
@@ -101,33 +94,6 @@ def _method(params: Sequence[str]) -> Starfish:
 def _server_logging() -> None:
     torch.set_num_threads(1)
     logging.getLogger("fedunlearn.unlearn.starfish.unlearner").setLevel(logging.INFO)
-
-
-def ensure_shares(run_dir: Path, method: Starfish, force: bool = False) -> bool:
-    """Create ``RUN/starfish/server0|1`` from the run's history unless present; return if made."""
-    dirs = [share_store_dir(run_dir, k) for k in (0, 1)]
-    present = [(d / "history.sqlite").exists() for d in dirs]
-    if all(present) and not force:
-        return False
-    if any(present) and not force:
-        raise HistoryError(
-            f"only one of {dirs[0]} and {dirs[1]} holds a share store; re-share with --force"
-        )
-    for d in dirs:
-        for suffix in ("", "-wal", "-shm"):
-            (d / f"history.sqlite{suffix}").unlink(missing_ok=True)
-    p = method.params
-    config = load_run_config(run_dir)
-    with HistoryStore.open(run_dir / HISTORY_DIR) as history:
-        share_history(
-            history,
-            dirs,
-            lr=config.training.lr,
-            frac_bits=p.frac_bits,
-            tolerance_rate=p.tolerance_rate,
-            units=p.units,
-        )
-    return True
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -150,12 +116,6 @@ def _tls(ca: Path | None, cert: Path | None, key: Path | None) -> Tls | None:
     return Tls(ca, cert, key)  # type: ignore[arg-type]
 
 
-def _tls_args(tls: Tls | None) -> list[str]:
-    if tls is None:
-        return []
-    return [f"--tls-ca={tls.ca}", f"--tls-cert={tls.cert}", f"--tls-key={tls.key}"]
-
-
 ListenFd = Annotated[
     int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
 ]
@@ -168,7 +128,7 @@ def share_command(
     force: Annotated[bool, typer.Option(help="replace existing share stores")] = False,
 ) -> None:
     """Secret-share a run's Stage I history into RUN/starfish/server0 and server1."""
-    made = ensure_shares(run_dir, _method(param or []), force)
+    made = ensure_shares(run_dir, starfish_method(param or []), force)
     where = f"{share_store_dir(run_dir, 0)} and {share_store_dir(run_dir, 1)}"
     console.print(("wrote " if made else "kept existing ") + where)
 
@@ -216,7 +176,7 @@ def clients_command(
     summary = serve_clients(
         run_dir,
         _ids(forget),
-        method=_method(param or []),
+        method=starfish_method(param or []),
         port=port,
         port_file=port_file,
         listen_fd=listen_fd,
@@ -251,7 +211,7 @@ def server_command(
         party,
         run,
         _ids(forget),
-        method=_method(param or []),
+        method=starfish_method(param or []),
         peer=_address(peer),
         dealer=_address(dealer),
         clients=_address(clients),
@@ -263,193 +223,6 @@ def server_command(
     if out is not None:
         out.write_text(json.dumps(result))
     err_console.print(f"server {party} done: {len(result['details']['selected_rounds'])} rounds")
-
-
-def spawn(args: Sequence[str], log_file: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
-    """Start ``fedunlearn <args>`` as a child process, stderr and stdout to ``log_file``.
-
-    The child runs ``python -m fedunlearn.cli.starfish`` (only the starfish commands, so it
-    imports less than the full CLI); ``pass_fds`` are inherited (listening sockets).
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with log_file.open("wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fedunlearn.cli.starfish", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            pass_fds=tuple(pass_fds),
-        )
-
-
-def listening_socket() -> socket.socket:
-    """Return an inheritable listening socket on 127.0.0.1 with an ephemeral port."""
-    sock = socket.create_server((HOST, 0))
-    sock.set_inheritable(True)
-    return sock
-
-
-def launch(
-    run_dir: Path,
-    forget: Sequence[int],
-    extra: Sequence[str],
-    outs: tuple[Path, Path],
-    logs: Path,
-    dealer_idle_seconds: float = 3600.0,
-) -> list[subprocess.Popen]:
-    """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
-
-    The launcher binds the dealer's, server 0's and the clients' listening sockets itself and
-    hands them to the children, so nobody waits for anybody to publish a port.
-
-    Args:
-        run_dir: The run (with its share stores).
-        forget: Target client ids.
-        extra: Options for every child (``--timeout``, TLS); ``--param`` ones go to the
-            servers and the clients only.
-        outs: Result files of server 0 and server 1.
-        logs: Directory of the children's logs (``dealer.log``, ``server0.log``, ...).
-        dealer_idle_seconds: How long the dealer waits for the servers between requests.
-
-    Returns:
-        The four processes (dealer, server 0, server 1, clients); the caller must kill them.
-    """
-    ids = ",".join(map(str, forget))
-    dealer_sock, peer_sock, clients_sock = (listening_socket() for _ in range(3))
-    dealer_port, peer_port, clients_port = (
-        sock.getsockname()[1] for sock in (dealer_sock, peer_sock, clients_sock)
-    )
-    dealer_extra = [arg for arg in extra if not arg.startswith("--param")]
-    dealer_extra.append(f"--idle-timeout={dealer_idle_seconds}")
-    children: list[subprocess.Popen] = []
-    try:
-        common = [
-            f"--run={run_dir}",
-            f"--forget={ids}",
-            f"--dealer={HOST}:{dealer_port}",
-            f"--clients={HOST}:{clients_port}",
-        ]
-        children.append(
-            spawn(
-                ["starfish-dealer", f"--listen-fd={dealer_sock.fileno()}", *dealer_extra],
-                logs / "dealer.log",
-                [dealer_sock.fileno()],
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=0",
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--listen-fd={peer_sock.fileno()}",
-                    f"--out={outs[0]}",
-                    *extra,
-                ],
-                logs / "server0.log",
-                [peer_sock.fileno()],
-            )  # fmt: skip
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=1",
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--out={outs[1]}",
-                    *extra,
-                ],
-                logs / "server1.log",
-            )  # fmt: skip
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-clients",
-                    str(run_dir),
-                    f"--forget={ids}",
-                    f"--listen-fd={clients_sock.fileno()}",
-                    *extra,
-                ],
-                logs / "clients.log",
-                [clients_sock.fileno()],
-            )  # fmt: skip
-        )
-    except BaseException:
-        for child in children:
-            child.kill()
-        raise
-    finally:
-        for sock in (dealer_sock, peer_sock, clients_sock):
-            sock.close()
-    return children
-
-
-def _tail(log_file: Path, lines: int = 3) -> str:
-    text = log_file.read_text(errors="replace").strip().splitlines() if log_file.exists() else []
-    return " | ".join(text[-lines:])
-
-
-def run_local(
-    run_dir: Path,
-    forget: Sequence[int],
-    params: Sequence[str] = (),
-    timeout_seconds: float = 120.0,
-    deadline_seconds: float = 900.0,
-    log_dir: Path | None = None,
-    tls: Tls | None = None,
-) -> dict[str, Any]:
-    """Run dealer, both servers and the clients as processes on 127.0.0.1; return party 0's result.
-
-    Raises:
-        LocalRunError: A process failed (its last log lines are in the message) or the run did
-            not finish within ``deadline_seconds``; every child is killed on the way out.
-    """
-    method = _method(params)
-    ensure_shares(run_dir, method)
-    extra = [f"--param={p}" for p in params] + [f"--timeout={timeout_seconds}", *_tls_args(tls)]
-    with tempfile.TemporaryDirectory(prefix="starfish-local-") as tmp_name:
-        tmp = Path(tmp_name)
-        logs = log_dir or tmp
-        children: list[subprocess.Popen] = []
-        try:
-            outs = (tmp / "server0.json", tmp / "server1.json")
-            children = launch(run_dir, forget, extra, outs, logs, deadline_seconds)
-            names = ("dealer", "server0", "server1", "clients")
-            end = time.monotonic() + deadline_seconds
-            while any(child.poll() is None for child in children):
-                if any(child.poll() not in (None, 0) for child in children):
-                    break  # one failed: stop the others now instead of waiting for timeouts
-                if time.monotonic() > end:
-                    raise LocalRunError(
-                        f"the run did not finish within {deadline_seconds:g} s; all stopped"
-                    )
-                time.sleep(0.05)
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait(timeout=10)
-            failed = [
-                f"{name} exit {child.returncode}: {_tail(logs / f'{name}.log')}"
-                for name, child in zip(names, children, strict=True)
-                if child.returncode != 0
-            ]
-            if failed:
-                raise LocalRunError("; ".join(failed))
-            results = [json.loads((tmp / f"server{k}.json").read_text()) for k in (0, 1)]
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait(timeout=10)
-    if results[0]["params"] != results[1]["params"]:
-        raise LocalRunError("the two servers opened different unlearned models")
-    result = results[0]
-    result["models_agree"] = True
-    result["party1_mpc_costs"] = results[1]["details"].get("mpc_costs", {})
-    return result
 
 
 @_cli_errors
@@ -465,8 +238,14 @@ def local_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Run dealer, both servers and the clients as local processes (127.0.0.1, ephemeral ports)."""
-    tls = _tls(tls_ca, tls_cert, tls_key)
-    result = run_local(run_dir, _ids(forget), param or [], timeout, deadline, tls=tls)
+    result = run_local(
+        run_dir,
+        _ids(forget),
+        starfish_method(param or []),
+        timeout_seconds=timeout,
+        deadline_seconds=deadline,
+        tls=_tls(tls_ca, tls_cert, tls_key),
+    )
     out.write_text(json.dumps(result))
     details = result["details"]
     console.print(

@@ -1,6 +1,6 @@
 """Starfish's certified-removal bound (Theorem 1) in its literal and corrected forms.
 
-Theorem 1 (spec §8) bounds the distance between Starfish's unlearned model after t_i unlearning
+Theorem 1 (Sec. V-C) bounds the distance between Starfish's unlearned model after t_i unlearning
 rounds and the retrained model after t = ceil(t_i / sigma) rounds, for an objective F that is
 mu-strongly convex and L-smooth, step size eta = mu / L, both trajectories started at M_0::
 
@@ -18,17 +18,14 @@ global model of a retrain, as a diagnostic whose cost is not charged) and ``regu
 (F = mean cross-entropy + l2/2 ||w||^2, so dF <= F(M_0) since F >= 0).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Theorem 1 and App. F; Starfish spec §8 and A23, verification V9.
+Theorem 1 (Sec. V-C, Eq. 5) and its proof in App. F.
 
-Deviations:
-    [FIX] The corrected form (sign slip of App. F, spec §8 caveats) is what is checked; the
-        literal form is reported (None when mu <= 2).
-    [FIX] The corrected form uses the retrain round actually compared, t = ceil(t_i / sigma)
-        (capped at T), not t_i / sigma, so it stays a valid upper bound when sigma does not
-        divide t_i.
-    [I] The theorem assumes full-gradient steps on F; federated rounds with local SGD epochs
-        only approximate that, so the bound is illustrative (A23). dF is passed in (an upper
-        bound such as F(M_0) keeps the bound valid).
+Deviations (docs/methods/starfish.md, D23): the corrected form (the sign slip of App. F) is
+what is checked, the literal form is reported (None when mu <= 2); the corrected form uses the
+retrain round actually compared, t = ceil(t_i / sigma) capped at T, not t_i / sigma, so it
+stays a valid upper bound when sigma does not divide t_i. The theorem assumes full-gradient
+steps on F; federated rounds with local SGD epochs only approximate that, so the bound is
+illustrative. dF is passed in (an upper bound such as F(M_0) keeps the bound valid).
 """
 
 from __future__ import annotations

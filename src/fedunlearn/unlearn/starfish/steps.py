@@ -3,50 +3,32 @@
 Each step is written against ``StarfishBackend`` (``backend/protocol.py``), so the plaintext
 mirror and a 2PC backend run the same control flow:
 
-1. ``StageOneRecord``: what the servers hold after Stage I (spec §4.1): per round and client the
-   shared update [G_r^j], its norm [||G_r^j||] and its alpha-quantile threshold [delta_r^j]. In the
-   plaintext mirror they are read from the run's history store and shared on first use; the norm
-   and threshold are computed as the client would have (A13: ``np.quantile(|G|, 1 - alpha)``).
-2. ``thresholds_td2`` (Starfish: per-client SecMax over rounds) and ``threshold_td1``
-   (FedRecover-style global threshold by SecSrt over every coordinate, for cost comparison);
-   both return *squared* thresholds, computed once per client (spec §5.5 [R]).
-3. ``select_rounds``: SecRS Method 1 (cross-multiplication), Method 2 (SecDiv) and SecRS^alt
-   (signs and squares, no client norms), scoring rounds by cos(g_r^t, M_{r-1} - M_r) (A3).
-4. ``CurvatureBuffer``: SecUE. Per remaining client a FIFO of the B newest *exact* curvature pairs
-   (public s = M_hat - M_{r-1}, secret y = G_bar - G_r; A8), with the compact L-BFGS estimate
-   ``G_hat = G_r + B v`` (spec §5.4.3, the recommended estimator) or the literal two-loop
-   ``G_hat = H^{-1} G_r`` (spec §5.4.1 Eq. 2 with the standard BFGS update, A6/A7).
-5. ``check_thresholds``: SecTC, one opened flag per client (spec §5.5, Alg. 3).
+1. ``StageOneRecord``: what the servers hold after Stage I (Alg. 4 lines 1-9): per round and
+   client the shared update [G_r^j], its norm [||G_r^j||] and its alpha-quantile threshold
+   [delta_r^j]. In the plaintext mirror they are read from the run's history store and shared
+   on first use; the norm and threshold are computed as the client would have (D10, D18).
+2. ``thresholds_td2`` (Starfish, Sec. IV-C1: per-client SecMax over rounds) and
+   ``threshold_td1`` (FedRecover's global threshold by SecSrt over every coordinate, priced in
+   Sec. V-A; for cost comparison); both return *squared* thresholds, once per client (D10).
+3. ``select_rounds``: SecRS Method 1 (cross-multiplication, SecGE2), Method 2 (SecDiv) and
+   SecRS^alt (App. C, Alg. 6: signs and squares, no client norms), scoring rounds by
+   cos(g_r^t, M_{r-1} - M_r) (Eq. 1 with the sign of D2).
+4. ``CurvatureBuffer``: SecUE (Alg. 2, Eqs. 2-4). Per remaining client a FIFO of the B newest
+   *exact* curvature pairs (public s = M_hat - M_{r-1}, secret y = G_bar - G_r; D5), with the
+   compact L-BFGS estimate ``G_hat = G_r + B v`` (the default) or the literal two-loop
+   ``G_hat = H^{-1} G_r`` (Eq. 2 with the standard BFGS update; D4).
+5. ``check_thresholds``: SecTC (Alg. 3), one opened flag per client.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Alg. 1 (SecRS), Alg. 2 (SecUE), Alg. 3 (SecTC), Alg. 4 (Stage I/II), Alg. 6 (SecRS^alt);
-Starfish spec §4-§5, §11.
-
-Deviations:
-    [FIX] Cosine sign (A3): rounds are scored by cos(g, M_{r-1} - M_r) = cos(g, G^agg).
-    [FIX] SecUE uses curvature pairs from exact gradients only (A8), the standard BFGS term
-        rho s s^T in literal mode (A7), and never forms an m x m matrix (A6).
-    [REC] The public direction y_r = M_{r-1} - M_r is normalised to unit length before the secret
-        arithmetic (spec §5.3 precision note), so v_r = ||g_r^t||.
-    [REC] A round in which no target took part, or in which the global model did not move, gets
-        a sentinel score below every cosine (cos = -2) and ranks last.
-    [REC] Several targets (A21): rounds are scored by the cosine of the *sum* of the targets'
-        gradients; Methods 1 and 2 then need ||sum||, computed as sqrt(<g, g>) (a secure square
-        root; SecRS^alt needs none).
-    [REC] Curvature guards: a pair with public ||s|| <= 1e-12 (1 + ||M_hat||) never enters a
-        buffer (A9, A27); the optional secret check s^T y > eps ||s||^2 opens one bit per pair;
-        when SecMI reports a singular or ill-conditioned middle matrix the oldest pair is left out
-        of that setup and the setup retried (spec §5.4.3).
-    [REC] L-BFGS scale: gam = s_b^T y_b / s_b^T s_b from the newest pair (A10, compact mode);
-        gamma0 = 1 in literal mode.
-    [REC] The Stage I norm and threshold are derived from the stored update when first needed
-        (the run did not record them); they equal what the client would have uploaded.
-    [REC] TD^2 runs every client with the same number of stored rounds as one batched SecMax,
-        SecTC every client with the same update shape as one batch, and SecRS its scores in one
-        batch: the number of 2PC rounds does not grow with n or T (the paper's n - 1 branches
-        "in parallel", spec §6.2).
-    [REC] TD^1 with rank k = floor(alpha N) + 1 over the N squared coordinates of every remaining
-        client's stored gradients (clamped to N), as FedRecover's tau.
+Alg. 1 (SecRS), Alg. 2 (SecUE), Alg. 3 (SecTC), Alg. 4 (Stage I/II), Alg. 6 (SecRS^alt),
+Sec. IV-A to IV-C, Sec. V-A (T_delta, comparison counts).
+Deviations (docs/methods/starfish.md): D2 (cosine sign), D4 (estimator: compact L-BFGS by
+default, the standard BFGS term rho s s^T in literal mode, never an m x m matrix), D5 (pairs
+from exact gradients only), D6 and D20 (curvature guards: no pair from a public
+||s|| <= 1e-12 (1 + ||M_hat||); the optional secret s^T y check opens one bit per pair), D7
+(L-BFGS scale), D10 (thresholds; TD^1's rank), D11 (a singular or ill-conditioned SecMI input
+drops the oldest pair and retries), D14 (several targets: the cosine of the *sum*), D19 (unit
+direction, sentinel score), D22 (TD^2, SecTC and SecRS each run as one batch).
 """
 
 from __future__ import annotations
@@ -81,16 +63,16 @@ CURVATURE_EPS = 1e-10  # optional secret curvature check: s^T y > eps ||s||^2
 
 
 class StageOneRecord:
-    """What S1 and S2 hold after Stage I, loaded lazily from the history store (spec §4.1).
+    """What S1 and S2 hold after Stage I, loaded lazily from the history store (Alg. 4).
 
-    ``G_r^j = scale * delta_r^j``: ``scale = -1 / eta_l`` gives the spec's pseudo-gradient (A1),
+    ``G_r^j = scale * delta_r^j``: ``scale = -1 / eta_l`` gives the pseudo-gradient (D1),
     ``scale = -1`` the model-delta mode.
 
     Args:
         history: The run's metered history (bytes read are counted).
         backend: Where shares are made.
         scale: Update units, ``G = scale * delta``.
-        alpha: Tolerance rate of the per-round thresholds (A13).
+        alpha: Tolerance rate of the per-round thresholds (D10).
         dtype: Working dtype of the client-side computations (norm, quantile).
     """
 
@@ -114,7 +96,7 @@ class StageOneRecord:
         delta = self.history.read_update(round_, client_id)
         gradient = delta.to(self.dtype) * self.scale
         key = (round_, client_id)
-        if key not in self._assistive:  # Stage I, client side: norm and alpha-quantile (A13)
+        if key not in self._assistive:  # Stage I, client side: norm and alpha-quantile (D10)
             values = gradient.detach().abs().cpu().to(torch.float64).numpy()
             threshold = float(np.quantile(values, 1.0 - self.alpha)) if values.size else 0.0
             self._assistive[key] = (float(gradient.to(torch.float64).norm()), threshold)
@@ -125,7 +107,7 @@ class StageOneRecord:
         return self.backend.share(self.plain_update(round_, client_id))
 
     def assistive(self, round_: int, client_id: int) -> tuple[float, float]:
-        """Return the client's (||G_r^j||, delta_r^j), as it computes them in Stage I (A13)."""
+        """Return the client's (||G_r^j||, delta_r^j), as it computes them in Stage I (D10)."""
         if (round_, client_id) not in self._assistive:
             self.plain_update(round_, client_id)
         return self._assistive[(round_, client_id)]
@@ -141,7 +123,7 @@ class StageOneRecord:
         return self.backend.share(torch.tensor(value, dtype=self.dtype))
 
 
-# ---- TD: threshold determination (spec §5.2) ---------------------------------------------------
+# ---- TD: threshold determination (Sec. IV-C) ----------------------------------------------------
 
 
 def thresholds_td2(
@@ -182,7 +164,7 @@ def threshold_td1(
 ) -> Any:
     """TD^1: one squared threshold exceeded by a fraction alpha of all remaining coordinates.
 
-    SecSrt over the N = m * (n - 1) * T squared coordinates (spec §5.2, Table I's TD^1);
+    SecSrt over the N = m * (n - 1) * T squared coordinates (Sec. V-A, Table I's TD^1; D10);
     k = floor(alpha N) + 1, clamped to N.
     """
     squares = []
@@ -198,11 +180,11 @@ def threshold_td1(
     return backend.kth_largest(joined, k)
 
 
-# ---- SecRS: round selection (spec §5.3) ------------------------------------------------------
+# ---- SecRS: round selection (Sec. IV-A, Alg. 1) -------------------------------------------------
 
 
 def switching_threshold(ring_bits: int = 64, security_bits: int = 128) -> float:
-    """Return T_delta, below which Method 1 communicates less than Method 2 (spec §5.3).
+    """Return T_delta, below which Method 1 communicates less than Method 2 (Sec. V-A).
 
     ``T_delta = 2^{(sqrt(1 + 40 l_q + 4 (kappa + 1)) - 1) / 2}``; about 1.58e8 for 64 / 128.
     """
@@ -252,7 +234,7 @@ def select_rounds(
     real: list[tuple[int, Any, Any, Any]] = []  # (position, g, u, norm) of rounds with a target
     sentinels: dict[int, dict[str, Any]] = {}
     for position, r in enumerate(rounds):
-        y = public(r - 1) - public(r)  # A3: the direction of G^agg
+        y = public(r - 1) - public(r)  # D2: the direction of G^agg
         y_norm = float(y.to(torch.float64).norm())
         targets = list(targets_of_round[r])
         if not targets or y_norm == 0.0 or not math.isfinite(y_norm):
@@ -313,7 +295,7 @@ def _sentinel(backend: StarfishBackend[Any], dtype: torch.dtype, method: str) ->
     return {"u": const(SENTINEL_COSINE), "v": const(1.0)}
 
 
-# ---- SecUE: update estimation (spec §5.4) ------------------------------------------------------
+# ---- SecUE: update estimation (Sec. IV-B, Alg. 2) -----------------------------------------------
 
 
 @dataclass
@@ -333,7 +315,7 @@ class CurvatureBuffer:
     Args:
         capacity: B.
         counts: Guard counters (shared per run).
-        curvature_check: Also skip pairs with s^T y <= eps ||s||^2, opening one bit each (A27).
+        curvature_check: Also skip pairs with s^T y <= eps ||s||^2, opening one bit each (D20).
     """
 
     def __init__(self, capacity: int, counts: GuardCounts, curvature_check: bool = False) -> None:
@@ -355,7 +337,7 @@ class CurvatureBuffer:
         """Add the pair (s public, y secret) unless a guard rejects it; return whether added."""
         s_norm = float(s.to(torch.float64).norm())
         if not math.isfinite(s_norm) or s_norm <= DEGENERATE_STEP_RTOL * (1.0 + model_norm):
-            self.counts.degenerate_step += 1  # A9: no pair from ||v|| ~ 0
+            self.counts.degenerate_step += 1  # D6: no pair from ||v|| ~ 0
             return False
         if self.curvature_check:
             sty = backend.matmul_public(s, y)
@@ -369,7 +351,7 @@ class CurvatureBuffer:
         self._setup = None
         return True
 
-    # -- compact L-BFGS (spec §5.4.3) --
+    # -- compact L-BFGS (D4; Byrd, Nocedal, Schnabel, the paper's [5]) --
 
     def _compact(self, backend: StarfishBackend[Any]) -> _CompactSetup:
         if self._setup is not None:
@@ -424,7 +406,7 @@ class CurvatureBuffer:
         return backend.sub(backend.mul_public(setup.gam, v), wq)
 
     def estimate_compact(self, backend: StarfishBackend[Any], g_old: Any, v: torch.Tensor) -> Any:
-        """Return [G_hat] = [G_r] + [B v] (FedRecover-consistent, spec §5.4.3).
+        """Return [G_hat] = [G_r] + [B v] (FedRecover-consistent, D4).
 
         ``v == 0`` (the forgotten clients did not move the model yet) gives ``G_r`` as it is.
         """
@@ -432,12 +414,12 @@ class CurvatureBuffer:
             return g_old
         return backend.add(g_old, self.hessian_vector(backend, v))
 
-    # -- literal two-loop (spec §5.4.3 "Literal mode") --
+    # -- literal two-loop (Eq. 2 with the standard BFGS update, D4) --
 
     def estimate_two_loop(
         self, backend: StarfishBackend[Any], g_old: Any, gamma0: float = 1.0
     ) -> Any:
-        """Return [G_hat] = H^{-1} [G_r] by the L-BFGS two-loop recursion (Eq. 2, A7).
+        """Return [G_hat] = H^{-1} [G_r] by the L-BFGS two-loop recursion (Eq. 2, D4).
 
         rho_k = 1 / (y_k^T s_k) is a scalar SecMI (the paper's ``SecMI([DeltaG]^T DeltaM)``),
         cached per pair; with no pair, ``H^{-1} = gamma0 I``.
@@ -471,7 +453,7 @@ class CurvatureBuffer:
         return z
 
 
-# ---- SecTC: threshold checking (spec §5.5) -----------------------------------------------------
+# ---- SecTC: threshold checking (Sec. IV-C1, Alg. 3) ---------------------------------------------
 
 
 def check_thresholds(

@@ -2,7 +2,7 @@
 
 Each server runs the same Starfish loop (:mod:`fedunlearn.unlearn.starfish.unlearner`) on its own
 ``MpcBackend``; secrets are ``SharedTensor``s holding this server's uint64 shares, public
-values stay plaintext torch tensors. The protocol's methods map onto the mpc API (spec §3):
+values stay plaintext torch tensors. The protocol's methods map onto the mpc API (Table IV):
 
 - local: ``add``/``sub`` (share arithmetic), ``add_public``, ``mul_public`` and
   ``matmul_public`` (public operand encoded with as many fractional bits as its magnitude
@@ -29,13 +29,12 @@ UE, TC, EXACT or AGG (``costs``): online bytes sent/received, rounds, messages, 
 material (``offline_seconds``).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Tables IV-VI, Alg. 1-7; Starfish spec §3, §5, §12 items 2-3.
-
-Deviations:
-    [REC] Sort padding (spec §3.4 [R]): ratio u = -4, v = 1; value tau = -4; signed entries
-        w = 0 with square 16, below the loop's own sentinel cosine -2.
-    [REC] Ties in ``top_k`` come out in the bitonic network's order (spec V3: "ties excepted").
-    [REC] Range hints default to ``DEFAULT_RANGE`` = (1e-3, 1e3) when the caller gives none.
+Tables IV-VI, Alg. 1-7, App. B (fixed point, 2PC building blocks).
+Deviations (docs/methods/starfish.md): D11 (Newton SecDiv and sqrt with public range hints,
+``DEFAULT_RANGE`` = (1e-3, 1e3) when the caller gives none; exact squares; SecMI's
+conditioning check), D19 (sort padding: ratio u = -4, v = 1; value tau = -4; signed entries
+w = 0 with square 16, below the loop's own sentinel cosine -2; ties come out in the bitonic
+network's order), D24 (the dealer).
 """
 
 from __future__ import annotations
@@ -78,6 +77,7 @@ from fedunlearn.unlearn.starfish.backend.protocol import (
     BackendLog,
     Order,
     SingularMatrixError,
+    check_order,
 )
 
 __all__ = ["DEFAULT_RANGE", "PHASES", "MpcBackend", "TimedDealer"]
@@ -471,12 +471,7 @@ class MpcBackend(BackendLog):
         self, entries: Mapping[str, SharedTensor], order: Order, k: int, label: str
     ) -> list[int]:
         """SecSrt descending under ``order`` with the position as payload; open the first k."""
-        if order not in ORDER_FIELDS:
-            raise ValueError(f"unknown order {order!r}; allowed: {', '.join(ORDER_FIELDS)}")
-        if set(entries) != set(ORDER_FIELDS[order]):
-            raise ValueError(
-                f"order {order!r} needs entries {ORDER_FIELDS[order]}; got {tuple(entries)}"
-            )
+        check_order(entries, order)
         f = self.fixed_point.frac_bits
         fields = [  # exact squares come at scale 2f; SecGE2/4 multiply fields once more
             entries[name].flatten().rescale(min(entries[name].frac_bits, f))

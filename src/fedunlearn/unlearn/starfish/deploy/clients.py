@@ -17,12 +17,10 @@ Protocol over one ``TcpTransport`` per server (JSON headers are uint8 frames): t
 per accepted client; ``{"op": "bye"}`` ends the session.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (clients secret-share their uploads to two servers), Alg. 4; Starfish spec §2.1, §5.
-
-Deviations:
-    [REC] The clients are simulated in one process (a simulation of client uploads with the
-        real share distribution, as ``share_history`` is for Stage I); each server still
-        receives only its share of an exact update.
+Sec. III-A (clients secret-share their uploads to two servers), Alg. 4 lines 15-24.
+Deviations (docs/methods/starfish.md, D24): the clients are simulated in one process (client
+uploads with the real share distribution, as ``share_history`` is for Stage I, D18); each
+server still receives only its share of an exact update.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import numpy as np
 import torch
 
 from fedunlearn.errors import PeerDisconnectedError, SecureComputationError
+from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Party, Prg, TcpTransport
 from fedunlearn.unlearn.context import RemainingClients
 
@@ -133,8 +132,6 @@ class ClientSimulator:
         self, party_id: int, round_: int, client_ids: list[int], model: np.ndarray
     ) -> dict[str, Any]:
         """Return party ``party_id``'s answer; the first of the two requests trains."""
-        from fedunlearn.fl.engine import screen_update
-
         key = (round_, tuple(client_ids), hashlib.sha256(model.tobytes()).hexdigest())
         with self._lock:
             entry = self._pending.get(key)

@@ -2,8 +2,8 @@
 
 CLI ``fedunlearn starfish-server``, ``starfish-dealer``, ``starfish-clients``,
 ``starfish-local``. Each server reads only its share store and the run's public config and
-talks to three peers over TCP: the other server (``TcpTransport``), the trusted dealer of spec
-§2.1 (``mpc.RemoteDealer``: party 0 receives 16-byte seeds only, party 1 its seed plus one
+talks to three peers over TCP: the other server (``TcpTransport``), the trusted dealer (D24;
+``mpc.RemoteDealer``: party 0 receives 16-byte seeds only, party 1 its seed plus one
 correction share per request; the dealer process is ``mpc.DealerServer`` with a fresh master
 secret, see :func:`serve_dealer`) and the simulated clients (``starfish_clients``, see
 :func:`serve_clients`), who send each server only its share of a fresh exact update. A lost
@@ -16,13 +16,13 @@ charges them); ``dealer_link_bytes`` and ``clients_link_bytes`` add up each link
 directions (requests included).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two servers, trusted offline material), Alg. 4; Starfish spec §2.1, §3.2, §12 item 2.
-
-Deviations:
-    [REC] TLS (``Tls``: mutual, CA-pinned, no host-name check) is optional; the spec's
-        servers are on a LAN, ``starfish-local`` on loopback uses plain TCP unless given one.
-    [REC] Listening sockets may be inherited (``listen_fd``): ``starfish-local`` binds the
-        ephemeral ports itself and starts all four processes at once.
+Sec. III (two non-colluding servers, semi-honest model), Alg. 4.
+Deviations (docs/methods/starfish.md, D24): offline material comes from a trusted dealer
+process, not from an OT-based offline phase between the servers; TLS (``Tls``: mutual,
+CA-pinned, no host-name check) is optional (the paper's servers are on a LAN;
+``starfish-local`` on loopback uses plain TCP unless given one). Listening sockets may be
+inherited (``listen_fd``): the launcher binds the ephemeral ports itself and starts all four
+processes at once.
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ from fedunlearn.mpc import DealerServer, FixedPoint, Party, RemoteDealer, TcpTra
 from fedunlearn.runs import load_run_config
 from fedunlearn.unlearn.base import UnlearnRequest
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory
+from fedunlearn.unlearn.session import UnlearnSession
 from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
 from fedunlearn.unlearn.starfish.deploy.clients import ClientSimulator, RemoteClients, recv_json
 from fedunlearn.unlearn.starfish.deploy.shares import (
     SharedStageOneRecord,
     server_context,
     share_meta,
+    share_settings,
     share_store_dir,
 )
 from fedunlearn.unlearn.starfish.unlearner import Starfish
@@ -210,16 +212,13 @@ def serve_clients(
     Raises:
         PeerDisconnectedError: A server vanished mid-protocol (the other is served to its end).
     """
-    from fedunlearn.unlearn.session import UnlearnSession
-
     request = UnlearnRequest.of(list(forget))
-    p = method.params
     with UnlearnSession(run_dir, evaluate=False) as session:
         context = session.context(request)
         simulator = ClientSimulator(
             context.clients,
             method.scale(context.clients.spec.lr),
-            FixedPoint(p.frac_bits),
+            FixedPoint(method.execution.frac_bits),
             secrets.token_bytes(16),
             context.initial_params.dtype,
         )
@@ -289,7 +288,7 @@ def run_server(
             silent.
         ConfigError: The share store does not match the method's parameters.
     """
-    p = method.params
+    execution = method.execution
     request = UnlearnRequest.of(list(forget))
     config = load_run_config(run_dir)
     store = HistoryStore.open(share_store_dir(run_dir, party_id))
@@ -300,7 +299,7 @@ def run_server(
         meter = CostMeter()
         history = MeteredHistory(store, meter)
         info = share_meta(history)
-        wanted = {"frac_bits": p.frac_bits, "tolerance_rate": p.tolerance_rate, "units": p.units}
+        wanted = share_settings(method)
         stored = {key: info[key] for key in wanted}
         if stored != wanted:
             raise ConfigError(
@@ -326,8 +325,8 @@ def run_server(
         party = Party(
             party_id,
             transport,
-            fixed_point=FixedPoint(p.frac_bits),
-            comparison=p.comparison,
+            fixed_point=FixedPoint(execution.frac_bits),
+            comparison=execution.comparison,
             dealer=remote,
         )
         gateway = RemoteClients(connect(clients, party_id, timeout_seconds, tls), party)

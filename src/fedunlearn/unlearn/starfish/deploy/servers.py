@@ -1,6 +1,7 @@
 """Running Starfish's two 2PC servers in one process: two threads, one client federation.
 
-In-process (``StarfishParams(backend="mpc")``, :func:`run_in_process`): the run's history is
+In-process (``StarfishExecution(backend="mpc")``, :func:`run_in_process`, registered as the
+``mpc`` runner of :data:`~fedunlearn.unlearn.starfish.unlearner.RUNNERS`): the run's history is
 secret-shared into two temporary share stores (:func:`~fedunlearn.unlearn.starfish.deploy.shares.
 share_history`), then ``run_two_party`` runs the Starfish loop once per server, each thread on
 its own ``MpcBackend`` and its own share store, over the in-process transport. Exact updates
@@ -13,11 +14,10 @@ simulator of :mod:`~fedunlearn.unlearn.starfish.deploy.clients`) is in
 :mod:`fedunlearn.unlearn.starfish.deploy.remote`.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two servers, trusted offline material), Alg. 4; Starfish spec §2.1, §3.2, §12 item 2.
-
-Deviations:
-    [REC] The in-process simulation uses ``mpc.Dealer`` (both parties derive the material from
-        one seed) and one client seed for both servers: correct arithmetic, not a deployment.
+Sec. III-A (two non-colluding servers), Alg. 4 (Stage I and II), App. B (2PC).
+Deviations (docs/methods/starfish.md, D24): the in-process simulation uses ``mpc.Dealer``
+(both parties derive the material from one seed) and one client seed for both servers:
+correct arithmetic, not a deployment.
 """
 
 from __future__ import annotations
@@ -39,8 +39,13 @@ from fedunlearn.mpc import FixedPoint, Party, run_two_party
 from fedunlearn.unlearn.base import RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
 from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
-from fedunlearn.unlearn.starfish.deploy.shares import SharedStageOneRecord, share_history
-from fedunlearn.unlearn.starfish.unlearner import LocalClients, Starfish
+from fedunlearn.unlearn.starfish.deploy.shares import (
+    SharedStageOneRecord,
+    share_history,
+    share_settings,
+)
+from fedunlearn.unlearn.starfish.replay import LocalClients
+from fedunlearn.unlearn.starfish.unlearner import RUNNERS, Starfish
 
 __all__ = ["SharedClients", "run_in_process"]
 
@@ -79,31 +84,22 @@ class SharedClients:
             return updates
 
 
-def run_in_process(
-    method: Starfish, request: UnlearnRequest, context: UnlearnContext
-) -> RunOutput:
+@RUNNERS.register("mpc")
+def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
     """Run Stage II as two 2PC servers in threads of this process; return party 0's result.
 
     Raises:
         SecureComputationError: If the two servers opened different models.
     """
-    p = method.params
+    execution = method.execution
     lr = context.clients.spec.lr
     scale = method.scale(lr)
-    seed = p.mpc_seed
+    seed = execution.mpc_seed
     client_seed = secrets.token_bytes(16) if seed is None else seed
     clients = SharedClients(context.clients)  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory(prefix="starfish-shares-") as tmp:
         dirs = [Path(tmp) / "server0", Path(tmp) / "server1"]
-        share_history(
-            context.history,
-            dirs,
-            lr=lr,
-            frac_bits=p.frac_bits,
-            tolerance_rate=p.tolerance_rate,
-            units=p.units,
-            seed=seed,
-        )
+        share_history(context.history, dirs, lr=lr, seed=seed, **share_settings(method))
 
         def program(party: Party) -> RunOutput:
             k = party.party_id
@@ -128,10 +124,10 @@ def run_in_process(
         first, second = run_two_party(
             program,
             dealer_seed=secrets.token_bytes(16) if seed is None else seed,
-            fixed_point=FixedPoint(p.frac_bits),
-            comparison=p.comparison,
+            fixed_point=FixedPoint(execution.frac_bits),
+            comparison=execution.comparison,
             local_seed=seed,
-            timeout_seconds=p.mpc_timeout_seconds,
+            timeout_seconds=execution.mpc_timeout_seconds,
         )
     if not torch.equal(first.params, second.params):
         raise SecureComputationError(

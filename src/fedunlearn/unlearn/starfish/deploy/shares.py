@@ -1,9 +1,9 @@
 """Starfish Stage I as the two servers hold it: one share store per server, and reading it back.
 
 ``share_history`` turns a recorded run (``history.policy: all``) into what S1 and S2 would have
-stored had the clients secret-shared live (spec §4.1, Alg. 4 lines 1-9): for every accepted
+stored had the clients secret-shared live (Alg. 4 lines 1-9): for every accepted
 upload of round r by client j, the vector [G_r^j, ||G_r^j||, delta_r^j] (pseudo-gradient, its
-norm and its alpha-quantile threshold, computed as the client computes them, A1/A13) is
+norm and its alpha-quantile threshold, computed as the client computes them, D1/D10) is
 fixed-point encoded and split as r, v - r with a fresh uniform mask from AES-CTR; server 0's
 store gets r, server 1's gets v - r. Nothing else about the upload is kept (no plaintext norm,
 loss or per-client metric). Public data is copied as it is: the global models M_0..M_T, the
@@ -13,7 +13,8 @@ Each store is a :class:`~fedunlearn.history.store.HistoryStore` (one SQLite file
 transaction per round, CRC-32 per payload): the share vector is an ``update`` payload of dtype
 uint64 and shape (m + 2,). Layout: ``RUN/starfish/server0/`` and ``RUN/starfish/server1/``.
 The stores' metadata (key ``starfish_shares``) records party, fractional bits, tolerance rate,
-units and the scale G = scale * delta.
+units and the scale G = scale * delta. ``ensure_shares`` makes both stores of a run directory
+once, with the settings a method needs (``share_settings``), for the process deployment.
 
 ``SharedStageOneRecord`` is the servers' side of :class:`~fedunlearn.unlearn.starfish.steps.
 StageOneRecord`: it wraps the stored uint64 shares as ``SharedTensor``s of one party.
@@ -22,13 +23,11 @@ the public config, and the remaining clients as public metadata (training goes t
 client gateway, never through the server).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Alg. 4 (Stage I), Sec. V-B (storage); Starfish spec §2.3, §4, §7 (server memory).
-
-Deviations:
-    [REC] Shares are made after training from the recorded plaintext run (a simulation of live
-        sharing: same values, same distribution of shares); a deployment shares at upload time.
-    [REC] The opened training aggregate is stored (spec §2.3: public), as are the round's
-        participant records (status, sample count), which FedAvg weights need.
+Alg. 4 (Stage I), Sec. III-C (public global models), Sec. V-B (server memory).
+Deviations (docs/methods/starfish.md, D18): shares are made after training from the recorded
+plaintext run (a simulation of live sharing: same values, same distribution of shares; a
+deployment shares at upload time); the opened training aggregate is stored (public), as are
+the round's participant records (status, sample count), which FedAvg weights need (D16).
 """
 
 from __future__ import annotations
@@ -52,17 +51,21 @@ from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.mpc import FixedPoint, Prg, SharedTensor
 from fedunlearn.mpc.prg import derive_seed, fresh_seed
+from fedunlearn.runs import HISTORY_DIR, load_run_config
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory, TrainingInfo, UnlearnContext
-from fedunlearn.unlearn.starfish.backend.protocol import PlainBackend
+from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
 from fedunlearn.unlearn.starfish.steps import StageOneRecord
+from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = [
     "SHARE_META_KEY",
     "PublicClients",
     "SharedStageOneRecord",
+    "ensure_shares",
     "server_context",
     "share_history",
     "share_meta",
+    "share_settings",
     "share_store_dir",
 ]
 
@@ -73,6 +76,44 @@ SHARES_DIR = "starfish"
 def share_store_dir(run_dir: str | Path, party_id: int) -> Path:
     """Return ``RUN/starfish/server<party_id>``, where that server's Stage I shares live."""
     return Path(run_dir) / SHARES_DIR / f"server{int(party_id)}"
+
+
+def share_settings(method: Starfish) -> dict[str, Any]:
+    """Return what a share store is made with and must match: ``frac_bits``, alpha, units."""
+    return {
+        "frac_bits": method.execution.frac_bits,
+        "tolerance_rate": method.params.tolerance_rate,
+        "units": method.params.units,
+    }
+
+
+def ensure_shares(run_dir: str | Path, method: Starfish, force: bool = False) -> bool:
+    """Create ``RUN/starfish/server0|1`` from the run's history unless present; return if made.
+
+    Args:
+        run_dir: A finished run (``history.policy: all``).
+        method: The Starfish method the shares are for (``share_settings``).
+        force: Replace existing stores.
+
+    Raises:
+        HistoryError: Only one of the two stores exists (re-share with ``force``).
+    """
+    run_dir = Path(run_dir)
+    dirs = [share_store_dir(run_dir, k) for k in (0, 1)]
+    present = [(d / "history.sqlite").exists() for d in dirs]
+    if all(present) and not force:
+        return False
+    if any(present) and not force:
+        raise HistoryError(
+            f"only one of {dirs[0]} and {dirs[1]} holds a share store; re-share with --force"
+        )
+    for d in dirs:
+        for suffix in ("", "-wal", "-shm"):
+            (d / f"history.sqlite{suffix}").unlink(missing_ok=True)
+    config = load_run_config(run_dir)
+    with HistoryStore.open(run_dir / HISTORY_DIR) as history:
+        share_history(history, dirs, lr=config.training.lr, **share_settings(method))
+    return True
 
 
 def share_history(
@@ -90,9 +131,9 @@ def share_history(
     Args:
         history: The plaintext run history (policy ``all``), read once, round by round.
         out_dirs: The two store directories (server 0, server 1); they must not hold a store.
-        lr: The clients' local learning rate eta_l (gradient units, A1).
+        lr: The clients' local learning rate eta_l (gradient units, D1).
         frac_bits: Fixed-point fractional bits f of the shares.
-        tolerance_rate: alpha of the client-side thresholds delta_r^j (A13); fixed here, as the
+        tolerance_rate: alpha of the client-side thresholds delta_r^j (D10); fixed here, as the
             clients fix it before training.
         units: ``gradient`` (G = -delta / eta_l) or ``delta`` (G = -delta).
         seed: Seed of the clients' masks (reproducible tests); None draws fresh OS randomness.
@@ -152,7 +193,7 @@ def share_history(
                 norm, threshold = record.assistive(r, rec.client_id)
                 vector = np.concatenate([gradient.numpy(), [norm, threshold]])
                 encoded = fixed_point.encode(vector)
-                mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, spec §3.3)
+                mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, Table IV)
                 shares[0][rec.client_id] = torch.from_numpy(mask.copy())
                 shares[1][rec.client_id] = torch.from_numpy(encoded - mask)
             public_records = [
@@ -176,7 +217,7 @@ def share_history(
 
 
 def _aggregate_or_none(history: MeteredHistory | HistoryStore, round_: int) -> torch.Tensor | None:
-    """The round's opened aggregate if the run stored it (public, spec §2.3)."""
+    """The round's opened aggregate if the run stored it (public, Sec. IV-D)."""
     try:
         return history.read_model(round_, "aggregate")
     except HistoryCorruptError:
