@@ -228,7 +228,10 @@ def methods() -> None:
     table.add_column("parameters (default)")
     for name in available_methods():
         cls = get_method(name)
-        fields = cls.params_type.model_fields
+        fields = dict(cls.params_type.model_fields)
+        execution = getattr(cls, "execution_type", None)  # e.g. Starfish's backend options
+        if execution is not None:
+            fields.update(execution.model_fields)
         params = ", ".join(f"{k}={v.default!r}" for k, v in fields.items()) or "-"
         policies = ", ".join(sorted(cls.required_policies)) if cls.required_policies else "any"
         table.add_row(name, policies, params)
