@@ -21,16 +21,32 @@ Design:
       the OS page cache once ``COMMIT`` returns) but not a power loss, which may roll back the
       last commits, including a ``forget()``, and so bring deleted updates back. FULL adds one
       fsync of the WAL per commit; at one commit per round of tens of MB that is cheap.
-    * ``secure_delete=ON``, then ``VACUUM`` and ``wal_checkpoint(TRUNCATE)`` in ``forget()``:
-      freed pages are zeroed, the file is rebuilt without them and the WAL, which can still
-      hold old frames of a payload, is cut to zero bytes. Not covered: blocks the file system or
-      an SSD keeps after an overwrite, backups, the OS page cache; use disk encryption for those.
+    * ``auto_vacuum=INCREMENTAL`` and ``secure_delete=ON``: ``forget()`` deletes a client's
+      payloads (SQLite zeroes every freed page) and, in the same transaction, runs
+      ``incremental_vacuum``, which moves pages from the end of the file into the freed ones and
+      cuts the file; then ``wal_checkpoint(TRUNCATE)`` cuts the WAL, which held the zeroed and
+      moved pages, to zero bytes. Work and extra disk are proportional to the forgotten bytes,
+      not to the file: a full ``VACUUM`` rewrites the whole file and needs its size again in
+      free space (45 s for one client of the 2 GB paper-scale history; docs/performance.md).
+      ``forget(vacuum="full")`` keeps that path; a store written before auto_vacuum was on gets
+      it once, on its first ``forget()``, which also converts the file. Not covered: blocks the
+      file system or an SSD keeps after an overwrite, backups, the OS page cache; use disk
+      encryption for those.
+    * Each ``forget()`` call leaves a deletion record (``deletion.py``): per deleted payload its
+      round, client, size, SHA-256 (computed before the deletion) and fingerprints of its
+      overflow pages, so ``check_deletions()`` can show later that reads fail and that no page
+      of it is left in the files.
     * A CRC-32 per payload, checked on every read. It catches accidental damage (torn writes,
       bit rot, bad copies); it is not a MAC (whoever can edit the file can recompute any
       checksum kept in it). zlib's crc32 runs at ~3 GB/s here, sha256 at ~0.9 GB/s.
     * One writer at a time, enforced by ``flock`` on ``history.lock`` (the kernel drops it when
       the process dies, so a killed writer leaves no stale lock). Readers take no lock. flock is
-      unreliable on some network file systems: keep run directories on a local disk.
+      unreliable on some network file systems: keep run directories on a local disk. A caller
+      that must hold the lock before the store exists (a run directory, before it writes
+      anything) takes a ``WriterLock`` and hands it to ``create`` or ``open``.
+    * ``check()`` looks for damage without changing anything (every checksum, or a quick pass
+      over the catalog and the models) and names the first bad round, from which a run can be
+      retrained (``truncate_after(first_bad_round - 1)``).
     * Reads stream: ``iter_updates`` fetches one payload per step, and there is no mmap, so a
       reader holds one payload plus SQLite's 2 MiB page cache, never a round or the history.
 """
@@ -38,6 +54,7 @@ Design:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import sqlite3
@@ -47,7 +64,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -60,16 +77,26 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.records import UpdateStatus
 from fedunlearn.history.store.codec import PayloadError, decode, encode, from_real, to_real
+from fedunlearn.history.store.deletion import (
+    FINGERPRINT_BYTES,
+    DeletedPayload,
+    DeletionCheck,
+    DeletionRecord,
+    fingerprints,
+    scan_pages,
+    split_fingerprints,
+)
 from fedunlearn.history.store.records import (
     ClientRecord,
     ForgetRecord,
     RoundEntry,
     Scalar,
+    StoreCheck,
     check_int,
     check_tensor,
 )
 
-__all__ = ["FILE_NAME", "LOCK_NAME", "SCHEMA_VERSION", "HistoryStore"]
+__all__ = ["FILE_NAME", "LOCK_NAME", "SCHEMA_VERSION", "HistoryStore", "WriterLock"]
 
 SCHEMA_VERSION = 1
 FILE_NAME = "history.sqlite"
@@ -100,7 +127,23 @@ CREATE TABLE forget_log (
     id INTEGER PRIMARY KEY, client_id INTEGER NOT NULL, forgotten_at REAL NOT NULL,
     size_bytes INTEGER NOT NULL, num_payloads INTEGER NOT NULL);
 """
+# The deletion record (one row per forget() call, one per deleted payload). Added without a
+# schema version bump: a store that lacks the tables (written before they existed) gets them on
+# its first writable open, and reads as having no deletion records until then.
+_DELETION_SCHEMA = """
+CREATE TABLE forget_calls (
+    id INTEGER PRIMARY KEY, forgotten_at REAL NOT NULL, client_ids TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL, file_bytes_before INTEGER NOT NULL, file_bytes_after INTEGER,
+    vacuum TEXT NOT NULL, page_size INTEGER NOT NULL);
+CREATE TABLE forget_payloads (
+    call_id INTEGER NOT NULL REFERENCES forget_calls(id), round INTEGER NOT NULL,
+    client_id INTEGER NOT NULL, size_bytes INTEGER NOT NULL, sha256 TEXT NOT NULL,
+    fingerprints BLOB NOT NULL, PRIMARY KEY (call_id, round, client_id));
+"""
 _TABLES = frozenset({"info", "rounds", "clients", "payloads", "forget_log"})
+_DELETION_TABLES = frozenset({"forget_calls", "forget_payloads"})
+_AUTO_VACUUM_INCREMENTAL = 2
+_CHECK_SAMPLE = 20  # problems listed by check()
 # SQLite primary result codes (sqlite3.h) that mean "this file is damaged".
 _CORRUPT_CODES = frozenset({11, 24, 26})  # SQLITE_CORRUPT, SQLITE_FORMAT, SQLITE_NOTADB
 _SHORT_READ = 522  # SQLITE_IOERR_SHORT_READ: the file ends before a page it points to
@@ -139,6 +182,50 @@ def _check_header(file: Path) -> None:
         )
 
 
+class WriterLock:
+    """The one-writer lock of a store directory: ``flock`` on ``<dir>/history.lock``.
+
+    ``HistoryStore.create`` and ``open(writable=True)`` take it themselves; take it first only
+    to hold it before the store exists, then pass it to them (they own it from then on).
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        """Wrap a locked descriptor; use ``acquire`` instead."""
+        self._fd: int | None = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, path: Path) -> WriterLock:
+        """Take the writer lock of directory ``path`` (which must exist), without waiting.
+
+        Raises:
+            HistoryError: Another process holds it.
+        """
+        path = Path(path)
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HistoryError(
+                f"{path}: another writer holds {path / LOCK_NAME} (a train, resume or forget "
+                "of this history); one writer at a time. Wait for it to finish, or open the store "
+                "read-only meanwhile."
+            ) from None
+        return cls(fd, path)
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock is still held."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Release the lock; calling it again does nothing."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+
 class HistoryStore:
     """The history of one run in ``<dir>/history.sqlite``; build with ``create`` or ``open``.
 
@@ -150,7 +237,7 @@ class HistoryStore:
         ...     store.write_round(RoundEntry(round=0, global_model=m0))
     """
 
-    def __init__(self, con: sqlite3.Connection, file: Path, lock: int | None) -> None:
+    def __init__(self, con: sqlite3.Connection, file: Path, lock: WriterLock | None) -> None:
         """Wrap an open connection; use ``create`` or ``open`` instead."""
         self._con: sqlite3.Connection | None = con
         self._file = file
@@ -159,12 +246,16 @@ class HistoryStore:
     # ----- opening and closing -------------------------------------------------------------
 
     @classmethod
-    def create(cls, path: Path, meta: Mapping[str, Any]) -> HistoryStore:
+    def create(
+        cls, path: Path, meta: Mapping[str, Any], *, lock: WriterLock | None = None
+    ) -> HistoryStore:
         """Create an empty, writable store in directory ``path`` (made if missing).
 
         Args:
             path: Run directory; ``path/history.sqlite`` must not exist yet.
             meta: JSON-serialisable run metadata, e.g. the run config.
+            lock: The directory's writer lock, if the caller holds it already; the store owns
+                it from here on (released by ``close()``, or now if creating fails).
 
         Returns:
             The store, open for writing.
@@ -174,12 +265,17 @@ class HistoryStore:
             ConfigError: ``meta`` is not a JSON-serialisable dict.
         """
         path = Path(path)
-        meta_json = cls._meta_json(meta)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            meta_json = cls._meta_json(meta)
+            path.mkdir(parents=True, exist_ok=True)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
         file = path / FILE_NAME
-        lock = cls._acquire_lock(path, file)
+        lock = cls._own_lock(path, lock)
         if file.exists():
-            os.close(lock)
+            lock.release()
             raise HistoryError(
                 f"{file}: a history store exists already. Open it with "
                 "HistoryStore.open(path, writable=True), or choose another run directory."
@@ -189,9 +285,11 @@ class HistoryStore:
             store = cls(con, file, lock)
             with store._sqlite("creating the store"):
                 con.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # before WAL, which fixes it
+                con.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table
                 store._configure()
                 info = {"format": _FORMAT, "schema_version": str(SCHEMA_VERSION), "meta": meta_json}
-                con.executescript("BEGIN IMMEDIATE;" + _SCHEMA)  # leaves the transaction open
+                # executescript leaves the transaction open
+                con.executescript("BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA)
                 con.executemany("INSERT INTO info VALUES (?, ?)", info.items())
                 con.execute("COMMIT")
         except BaseException:
@@ -199,17 +297,23 @@ class HistoryStore:
                 con.close()
             for suffix in ("", "-wal", "-shm"):
                 file.with_name(file.name + suffix).unlink(missing_ok=True)
-            os.close(lock)
+            lock.release()
             raise
         return store
 
     @classmethod
-    def open(cls, path: Path, *, writable: bool = False) -> HistoryStore:
+    def open(
+        cls, path: Path, *, writable: bool = False, lock: WriterLock | None = None
+    ) -> HistoryStore:
         """Open the store in directory ``path``.
+
+        A writable open of a store written before the deletion record existed adds its tables.
 
         Args:
             path: Run directory holding ``history.sqlite``.
             writable: Open for writing (takes the writer lock); default read-only.
+            lock: The directory's writer lock, if the caller holds it already (implies
+                ``writable``); the store owns it from here on.
 
         Returns:
             The store.
@@ -222,11 +326,14 @@ class HistoryStore:
         """
         file = Path(path) / FILE_NAME
         if not file.is_file():
+            if lock is not None:
+                lock.release()
             raise HistoryError(
                 f"{file}: no history store here. Check the run directory, or create one with "
                 "HistoryStore.create(path, meta)."
             )
-        lock = cls._acquire_lock(Path(path), file) if writable else None
+        writable = writable or lock is not None
+        lock = cls._own_lock(Path(path), lock) if writable else None
         try:
             _check_header(file)
             mode = "rw" if writable else "ro"
@@ -237,11 +344,13 @@ class HistoryStore:
             with store._sqlite("opening the store"):
                 store._configure()
                 store._check_schema()
+                if writable:
+                    store._add_deletion_tables()
         except BaseException:
             if "store" in locals():
                 store.close()
             elif lock is not None:
-                os.close(lock)
+                lock.release()
             raise
         return store
 
@@ -253,7 +362,7 @@ class HistoryStore:
             self._con.close()
             self._con = None
         if self._lock is not None:
-            os.close(self._lock)  # closing the descriptor releases the flock
+            self._lock.release()
             self._lock = None
 
     def __enter__(self) -> HistoryStore:
@@ -451,41 +560,56 @@ class HistoryStore:
     def truncate_after(self, round: int) -> None:
         """Drop every round after ``round`` in one transaction (to resume from ``round``).
 
+        Args:
+            round: Last round to keep; -1 drops every round, M_0 included.
+
         Raises:
-            ConfigError: ``round`` is negative.
+            ConfigError: ``round`` is below -1.
             HistoryError: The store is read-only.
         """
-        round = check_int(round, "truncate_after round")
+        round = check_int(round, "truncate_after round", minimum=-1)
         self._require_writable(f"truncate after round {round}")
         with self._transaction(f"dropping rounds after {round}"):
             for table in ("payloads", "clients", "rounds"):
                 self._db.execute(f"DELETE FROM {table} WHERE round > ?", (round,))
 
-    def forget(self, client_ids: Iterable[int]) -> int:
-        """Delete every stored update of ``client_ids`` from the file, and log it.
+    def forget(
+        self, client_ids: Iterable[int], *, vacuum: Literal["incremental", "full"] = "incremental"
+    ) -> DeletionRecord:
+        """Delete every stored update of ``client_ids`` from the file, and record it.
 
         Steps, in order: check the ids (nothing changes if one is unknown); make sure no reader
-        pins old WAL frames; delete the payloads, mark the clients' records and append to the
-        forget log in one transaction (``secure_delete`` zeroes the freed pages); ``VACUUM``
-        to rebuild the file without them; truncate the WAL to zero bytes. Global models and
+        pins old WAL frames; read each payload once for its SHA-256 and page fingerprints; in one
+        transaction delete the payloads (``secure_delete`` zeroes the freed pages), mark the
+        clients' records, append to the forget log and the deletion record, and give the freed
+        pages back (``incremental_vacuum``); truncate the WAL to zero bytes. Global models and
         aggregates are kept: removing the clients' influence from them is the unlearning
         method's job.
 
         Args:
             client_ids: Clients to forget; ids forgotten before are accepted (0 bytes).
+            vacuum: ``"incremental"`` (default: time and extra disk proportional to the
+                forgotten bytes) or ``"full"`` (``VACUUM``: rebuilds the whole file, needs its
+                size again in free disk). A store written before auto_vacuum was enabled always
+                gets ``"full"`` once, which converts it.
 
         Returns:
-            Payload bytes deleted (sum of the tensors' byte sizes).
+            The deletion record of this call (also kept in the store; see
+            ``deletion_records()``). Forgetting nobody returns an empty record that is not kept.
 
         Raises:
+            ConfigError: ``vacuum`` is not one of the two modes.
             UnknownClientError: An id never appears in the store; nothing was changed.
             HistoryError: The store is read-only, or another process is reading and keeps the
                 WAL from being truncated (the message says what was done).
         """
         self._require_writable("forget clients")
+        if vacuum not in ("incremental", "full"):
+            raise ConfigError(f"vacuum must be 'incremental' or 'full'; got {vacuum!r}.")
         ids = sorted({check_int(c, "forget client id") for c in client_ids})
+        before = self.file_bytes()
         if not ids:
-            return 0
+            return DeletionRecord(0, time.time(), (), (), 0, before, before, vacuum)
         with self._sqlite("forgetting clients"):
             known = {
                 row[0]
@@ -500,15 +624,28 @@ class HistoryStore:
                     f"(known client ids: {_format_ids(known)}); nothing was forgotten."
                 )
             self._checkpoint_truncate("nothing was changed; close the other readers and retry")
-            now = time.time()
-            total = 0
+            before = self.file_bytes()
+            incremental = (
+                vacuum == "incremental"
+                and self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == _AUTO_VACUUM_INCREMENTAL
+            )
+            mode = "incremental" if incremental else "full"
+            usable = self._usable_page_size()
             with self._transaction("forgetting clients"):
+                evidence = [self._evidence(pid, usable) for pid in self._payload_ids(ids)]
+                now = time.time()
+                total = sum(e[2] for e in evidence)
+                call = self._db.execute(
+                    "INSERT INTO forget_calls (forgotten_at, client_ids, size_bytes, "
+                    "file_bytes_before, vacuum, page_size) VALUES (?, ?, ?, ?, ?, ?)",
+                    (now, json.dumps(ids), total, before, mode, usable),
+                ).lastrowid
+                self._db.executemany(
+                    "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)",
+                    [(call, *e) for e in evidence],
+                )
                 for cid in ids:
-                    size, count = self._db.execute(
-                        "SELECT coalesce(sum(size_bytes), 0), count(*) FROM payloads "
-                        "WHERE kind='update' AND client_id=?",
-                        (cid,),
-                    ).fetchone()
+                    mine = [e for e in evidence if e[1] == cid]
                     self._db.execute(
                         "UPDATE clients SET forgotten_at=? WHERE client_id=? AND round IN "
                         "(SELECT round FROM payloads WHERE kind='update' AND client_id=?)",
@@ -520,24 +657,71 @@ class HistoryStore:
                     self._db.execute(
                         "INSERT INTO forget_log (client_id, forgotten_at, size_bytes, num_payloads)"
                         " VALUES (?, ?, ?, ?)",
-                        (cid, now, size, count),
+                        (cid, now, sum(e[2] for e in mine), len(mine)),
                     )
-                    total += size
-            try:
-                self._db.execute("VACUUM")
-            except sqlite3.DatabaseError as exc:
-                raise HistoryError(
-                    f"{self._file}: the updates of clients {_format_ids(ids)} are deleted, their "
-                    f"pages zeroed, but VACUUM failed ({exc}), so the file did not shrink. Free "
-                    "disk space (VACUUM needs about twice the file size) and call forget() with "
-                    "the same ids again."
-                ) from exc
+                if incremental:
+                    self._incremental_vacuum()
+            if not incremental:
+                self._full_vacuum(ids)
             self._checkpoint_truncate(
-                f"the updates of clients {_format_ids(ids)} are deleted and the file rebuilt, but "
-                "old WAL frames may still hold copies; call forget() with the same ids again once "
-                "the other readers have closed"
+                f"the updates of clients {_format_ids(ids)} are deleted and their pages given "
+                "back, but old WAL frames may still hold copies; call forget() with the same ids "
+                "again once the other readers have closed"
             )
-        return total
+            after = self.file_bytes()
+            with self._transaction("recording the file size after forgetting"):
+                self._db.execute(
+                    "UPDATE forget_calls SET file_bytes_after=? WHERE id=?", (after, call)
+                )
+            self._checkpoint_truncate("the deletion is complete; only its record is in the WAL")
+        return self._deletion_record(call)
+
+    def _payload_ids(self, client_ids: list[int]) -> list[int]:
+        marks = ",".join("?" * len(client_ids))
+        rows = self._db.execute(
+            f"SELECT id FROM payloads WHERE kind='update' AND client_id IN ({marks}) "
+            "ORDER BY client_id, round",
+            tuple(client_ids),
+        )
+        return [pid for (pid,) in rows]
+
+    def _evidence(self, payload_id: int, usable: int) -> tuple[int, int, int, str, bytes]:
+        """Return (round, client, size, SHA-256, fingerprints) of a payload about to go."""
+        row = self._db.execute(
+            "SELECT NULL, round, kind, client_id, dtype, shape, size_bytes, crc32, data "
+            "FROM payloads WHERE id=?",
+            (payload_id,),
+        ).fetchone()
+        data = row[-1] if isinstance(row[-1], bytes) else b""
+        return row[1], row[3], row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
+
+    def _usable_page_size(self) -> int:
+        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        with self._file.open("rb") as fh:
+            fh.seek(20)
+            reserved = fh.read(1)
+        return page_size - (reserved[0] if reserved else 0)
+
+    def _incremental_vacuum(self) -> None:
+        """Give every free page back to the file system (inside the current transaction)."""
+        # Each step of the pragma frees one page, and sqlite3's execute() steps once.
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        while free:
+            for _ in range(free):
+                self._db.execute("PRAGMA incremental_vacuum")
+            free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+
+    def _full_vacuum(self, ids: list[int]) -> None:
+        try:
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # VACUUM converts the file
+            self._db.execute("VACUUM")
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(
+                f"{self._file}: the updates of clients {_format_ids(ids)} are deleted, their "
+                f"pages zeroed, but VACUUM failed ({exc}), so the file did not shrink. Free "
+                "disk space (VACUUM needs about twice the file size) and call forget() with "
+                "the same ids again."
+            ) from exc
 
     def _checkpoint_truncate(self, consequence: str) -> None:
         busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
@@ -677,6 +861,152 @@ class HistoryStore:
             ).fetchall()
         return [ForgetRecord(*row) for row in rows]
 
+    def deletion_records(self, client_ids: Iterable[int] | None = None) -> list[DeletionRecord]:
+        """Return the deletion record of every ``forget()`` call, oldest first.
+
+        Args:
+            client_ids: Only calls that forgot one of these clients, each with only these
+                clients' payloads; None for all.
+        """
+        if not self._has_deletion_tables():
+            return []
+        with self._sqlite("reading the deletion records"):
+            calls = [cid for (cid,) in self._db.execute("SELECT id FROM forget_calls ORDER BY id")]
+        records = [self._deletion_record(c) for c in calls]
+        if client_ids is None:
+            return records
+        wanted = {check_int(c, "client id") for c in client_ids}
+        return [
+            DeletionRecord(
+                r.id,
+                r.forgotten_at,
+                r.client_ids,
+                tuple(p for p in r.payloads if p.client_id in wanted),
+                r.size_bytes,
+                r.file_bytes_before,
+                r.file_bytes_after,
+                r.vacuum,
+            )
+            for r in records
+            if wanted & set(r.client_ids)
+        ]
+
+    def _deletion_record(self, call: int) -> DeletionRecord:
+        with self._sqlite("reading a deletion record"):
+            row = self._db.execute(
+                "SELECT id, forgotten_at, client_ids, size_bytes, file_bytes_before, "
+                "file_bytes_after, vacuum FROM forget_calls WHERE id=?",
+                (call,),
+            ).fetchone()
+            payloads = self._db.execute(
+                "SELECT round, client_id, size_bytes, sha256, length(fingerprints) "
+                "FROM forget_payloads WHERE call_id=? ORDER BY client_id, round",
+                (call,),
+            ).fetchall()
+        return DeletionRecord(
+            id=row[0],
+            forgotten_at=row[1],
+            client_ids=tuple(json.loads(row[2])),
+            payloads=tuple(
+                DeletedPayload(r, c, size, sha, n // FINGERPRINT_BYTES)
+                for r, c, size, sha, n in payloads
+            ),
+            size_bytes=row[3],
+            file_bytes_before=row[4],
+            file_bytes_after=row[5],
+            vacuum=row[6],
+        )
+
+    def check_deletions(self, client_ids: Iterable[int] | None = None) -> DeletionCheck:
+        """Check that every recorded deleted payload is unreadable and its pages are gone.
+
+        Reads each recorded payload through ``read_update`` (which must refuse it), then scans
+        every page of the database file and every WAL frame once for the payloads' overflow-page
+        fingerprints (``deletion.py``). The scan is calibrated on up to three live payloads: it
+        must find their pages, or the check reports that the scan is inconclusive.
+
+        Args:
+            client_ids: Check only these clients' deleted payloads; None for all.
+
+        Returns:
+            What was checked and found; ``ok`` is False if anything was readable or found, or
+            the calibration failed.
+        """
+        wanted = None if client_ids is None else {check_int(c, "client id") for c in client_ids}
+        problems: list[str] = []
+        usable = self._usable_page_size()
+        deleted: dict[bytes, str] = {}
+        checked = unreadable = not_scanned = 0
+        with self._sqlite("reading the deletion records"):
+            rows = (
+                self._db.execute(
+                    "SELECT round, client_id, fingerprints FROM forget_payloads "
+                    "ORDER BY client_id, round"
+                ).fetchall()
+                if self._has_deletion_tables()
+                else []
+            )
+        for round, cid, prints in rows:
+            if wanted is not None and cid not in wanted:
+                continue
+            checked += 1
+            try:
+                self.read_update(round, cid)
+                problems.append(f"round {round} client {cid}: still readable")
+            except HistoryCorruptError:
+                problems.append(f"round {round} client {cid}: a damaged copy is still stored")
+            except HistoryError:  # ForgottenDataError, or the round itself was dropped since
+                unreadable += 1
+            if not prints:
+                not_scanned += 1
+            for fp in split_fingerprints(prints):
+                deleted.setdefault(fp, f"round {round} client {cid}")
+        control = self._control_fingerprints(usable)
+        found, pages = scan_pages(self._file, usable, set(deleted) | control)
+        hits = sorted({deleted[fp] for fp in found if fp in deleted})
+        problems += [f"{what}: a page of it is still in the files" for what in hits]
+        control_found = len(found & control)
+        if control and control_found < len(control):
+            problems.append(
+                f"the page scan found {control_found} of {len(control)} pages of live payloads, "
+                "so it is inconclusive for deleted ones (page layout not as expected)"
+            )
+        return DeletionCheck(
+            ok=not problems,
+            payloads_checked=checked,
+            unreadable=unreadable,
+            fingerprints_checked=len(deleted),
+            fingerprints_found=len(found & set(deleted)),
+            not_scanned=not_scanned,
+            control_checked=len(control),
+            control_found=control_found,
+            pages_scanned=pages,
+            problems=tuple(problems),
+        )
+
+    def _control_fingerprints(self, usable: int) -> set[bytes]:
+        """Fingerprints of up to three live payloads that have overflow pages."""
+        with self._sqlite("choosing live payloads for the scan's calibration"):
+            ids = self._db.execute(
+                "SELECT id FROM payloads WHERE size_bytes > ? ORDER BY round DESC, kind, "
+                "client_id LIMIT 3",
+                (usable,),
+            ).fetchall()
+            out: set[bytes] = set()
+            for (pid,) in ids:
+                out.update(split_fingerprints(self._evidence(pid, usable)[4]))
+        return out
+
+    def _has_deletion_tables(self) -> bool:
+        with self._sqlite("reading the schema"):
+            return (
+                self._db.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
+                    "('forget_calls', 'forget_payloads')"
+                ).fetchone()[0]
+                == 2
+            )
+
     # ----- accounting and checks ----------------------------------------------------------
 
     def stored_bytes(self) -> int:
@@ -708,37 +1038,111 @@ class HistoryStore:
         wal = self._file.with_name(self._file.name + "-wal")
         return self._file.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
 
-    def verify(self) -> None:
-        """Check the file's structure and every payload's checksum, size and dtype.
+    def check(self, *, full: bool = True) -> StoreCheck:
+        """Look for damage and inconsistencies without changing anything.
 
-        Reads every payload once, one at a time.
+        Checks, in order: SQLite's structure (``PRAGMA quick_check``, full only); the metadata;
+        that the rounds are 0..last without gaps and round 0 holds M_0; the catalog (each
+        payload's byte count, each stored update has an accepted or rejected client record,
+        nothing stored of a forgotten client); and the checksum, size, dtype and shape of every
+        payload (full) or of the global models and aggregates only (quick). Reads one payload
+        at a time.
 
-        Raises:
-            HistoryCorruptError: Listing each damaged payload by round and client.
+        Args:
+            full: Read every payload; False for a quick check (catalog and models).
+
+        Returns:
+            What was found, with the first bad round (retrain from the round before it).
         """
-        with self._sqlite("verifying the store"):
-            check = [row[0] for row in self._db.execute("PRAGMA quick_check")]
+        bad: list[tuple[int | None, str]] = []
+        with self._sqlite("checking the store"):
+            if full:
+                structure = [row[0] for row in self._db.execute("PRAGMA quick_check")]
+                if structure != ["ok"]:
+                    bad.append((None, "structure: " + "; ".join(structure[:3])))
+            try:
+                if not isinstance(self.meta, dict):
+                    bad.append((None, "metadata: not a JSON object"))
+            except ValueError:
+                bad.append((None, "metadata: not valid JSON"))
+            rounds = self.rounds()
+            if rounds and rounds != list(range(rounds[-1] + 1)):
+                gaps = sorted(set(range(rounds[-1] + 1)) - set(rounds))
+                bad.append((gaps[0], f"rounds {_format_ids(gaps)} are missing"))
+            if (
+                rounds
+                and self._payload_row("round=0 AND kind='global' AND client_id=?", (_NO_CLIENT,))
+                is None
+            ):
+                bad.append((0, "round 0 has no initial model M_0"))
+            for round, kind, cid, size, length in self._db.execute(
+                "SELECT round, kind, client_id, size_bytes, length(data) FROM payloads "
+                "WHERE size_bytes != length(data) OR typeof(data) != 'blob'"
+            ):
+                bad.append(
+                    (
+                        round,
+                        f"round {round} {self._what(kind, cid)}: has {length} bytes, not {size}",
+                    )
+                )
+            for round, cid, status, gone in self._db.execute(
+                "SELECT p.round, p.client_id, c.status, c.forgotten_at FROM payloads p LEFT JOIN "
+                "clients c ON c.round=p.round AND c.client_id=p.client_id WHERE p.kind='update' "
+                "AND (c.status IS NULL OR c.status='missing' OR c.forgotten_at IS NOT NULL "
+                "OR p.client_id IN (SELECT client_id FROM forget_log))"
+            ):
+                why = "forgotten" if gone is not None else f"its record says {status or 'nothing'}"
+                bad.append((round, f"round {round} client {cid}: an update is stored but {why}"))
             catalog = self._db.execute(
-                "SELECT id, round, kind, client_id FROM payloads ORDER BY round, kind, client_id"
+                "SELECT id, round, kind, client_id, size_bytes FROM payloads"
+                + ("" if full else " WHERE kind != 'update'")
+                + " ORDER BY round, kind, client_id"
             ).fetchall()
-        bad = [] if check == ["ok"] else ["structure (" + "; ".join(check[:3]) + ")"]
-        first_bad_round = None
-        for pid, round, kind, cid in catalog:
+        checked = checked_bytes = 0
+        for pid, round, kind, cid, size in catalog:
             try:
                 self._decode(self._payload_row("id=?", (pid,)))
-            except HistoryCorruptError:
-                bad.append(f"round {round} {self._what(kind, cid)}")
-                first_bad_round = round if first_bad_round is None else first_bad_round
-        if bad:
-            resume = (
-                f" Resume from round {first_bad_round - 1} with --resume, or restore the file"
-                if first_bad_round
-                else " Restore the file"
-            )
+                checked += 1
+                checked_bytes += size
+            except HistoryCorruptError as err:
+                reason = str(err).split(f"{self._what(kind, cid)} ", 1)[-1].split(";")[0]
+                bad.append((round, f"round {round} {self._what(kind, cid)}: {reason}"))
+        bad.sort(key=lambda b: (b[0] is not None, b[0] if b[0] is not None else 0))
+        first = min((r for r, _ in bad if r is not None), default=None)
+        return StoreCheck(
+            ok=not bad,
+            full=full,
+            payloads_checked=checked,
+            bytes_checked=checked_bytes,
+            problems=tuple(msg for _, msg in bad[:_CHECK_SAMPLE])
+            + ((f"... and {len(bad) - _CHECK_SAMPLE} more",) if len(bad) > _CHECK_SAMPLE else ()),
+            first_bad_round=first,
+        )
+
+    def verify(self) -> None:
+        """Check the file's structure, the catalog and every payload's checksum (``check()``).
+
+        Raises:
+            HistoryCorruptError: Naming the damage, the first bad round and how to repair.
+        """
+        result = self.check(full=True)
+        if not result.ok:
             raise HistoryCorruptError(
-                f"{self._file}: {len(bad)} damaged: {', '.join(bad[:20])}"
-                f"{', ...' if len(bad) > 20 else ''}; nothing was changed.{resume} from a backup."
+                f"{self._file}: {'; '.join(result.problems[:5])}"
+                f"{'; ...' if len(result.problems) > 5 else ''}; nothing was changed. "
+                f"{self._repair_advice(result.first_bad_round)}"
             )
+
+    def _repair_advice(self, round: int | None) -> str:
+        """Say how to recover from damage starting at ``round`` (None: not tied to a round)."""
+        if round is None:
+            return "Restore the file from a backup, or start a new run."
+        run = self._file.parent.parent
+        return (
+            f"To retrain from round {max(round - 1, 0)}: fedunlearn train {run}/config.yaml "
+            f"--out {run} --resume --repair (drops round {round} and later), or restore the "
+            "file from a backup."
+        )
 
     # ----- internals ----------------------------------------------------------------------
 
@@ -760,17 +1164,25 @@ class HistoryStore:
             raise ConfigError(f"meta must be JSON-serialisable (no NaN): {exc}.") from exc
 
     @staticmethod
-    def _acquire_lock(path: Path, file: Path) -> int:
-        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+    def _own_lock(path: Path, lock: WriterLock | None) -> WriterLock:
+        """Return ``lock`` (checked to be this directory's) or a freshly acquired one."""
+        if lock is None:
+            return WriterLock.acquire(path)
+        if not lock.held or lock.path.resolve() != Path(path).resolve():
+            lock.release()
             raise HistoryError(
-                f"{file}: another writer holds {path / LOCK_NAME}; one writer at a time. Close "
-                "it, or open this store read-only with HistoryStore.open(path)."
-            ) from None
-        return fd
+                f"{path}: the writer lock handed in is not held for this directory "
+                f"({lock.path}); take it with WriterLock.acquire({str(path)!r})."
+            )
+        return lock
+
+    def _add_deletion_tables(self) -> None:
+        """Add the deletion-record tables to a store written before they existed."""
+        tables = {
+            r for (r,) in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if not _DELETION_TABLES <= tables:
+            self._db.executescript("BEGIN IMMEDIATE;" + _DELETION_SCHEMA + "COMMIT;")
 
     def _configure(self) -> None:
         con = self._db
@@ -868,8 +1280,7 @@ class HistoryStore:
         except PayloadError as err:
             raise HistoryCorruptError(
                 f"{self._file}: round {round} {self._what(kind, cid)} {err}; nothing was "
-                f"changed. Resume from round {round - 1} with --resume, or restore the file from "
-                "a backup."
+                f"changed. {self._repair_advice(round)}"
             ) from None
 
     @staticmethod
