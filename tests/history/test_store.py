@@ -26,8 +26,8 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.records import UpdateStatus
 from fedunlearn.history import ClientRecord, HistoryStore, RoundEntry
-from fedunlearn.history.store import WriterLock
 from fedunlearn.history import store as store_module
+from fedunlearn.history.store import WriterLock
 
 DIM = 10_000  # 40 kB float32 payloads: several pages each
 

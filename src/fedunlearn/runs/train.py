@@ -146,13 +146,14 @@ def training_evaluator(
 class _WallClock:
     """Round observer adding this session's training time to the store's ``wall_seconds``."""
 
-    def __init__(self, store: HistoryStore) -> None:
+    def __init__(self, store: HistoryStore, started: float) -> None:
         self.store = store
         self.before = float(store.meta.get("wall_seconds", 0.0))
-        self.started = time.perf_counter()
+        self.started = started  # time.perf_counter() when this session began
 
     @property
     def total(self) -> float:
+        """Seconds of every session so far, this one up to now."""
         return self.before + time.perf_counter() - self.started
 
     def on_round_end(self, record: RoundRecord) -> None:
@@ -271,6 +272,7 @@ def train_run(
             way ``repair`` cannot fix.
         OSError: ``run_dir`` cannot be created or written.
     """
+    started = time.perf_counter()
     run_dir = Path(run_dir)
     history_dir = run_dir / HISTORY_DIR
     if repair and not resume:
@@ -301,7 +303,7 @@ def train_run(
                     HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),
                     None,
                 )
-            summary = _train(config, run_dir, setup, store, resume, observers)
+            summary = _train(config, run_dir, setup, store, resume, observers, started)
         if repaired is not None:
             summary["repaired"] = repaired
         write_json(run_dir / SUMMARY_FILE, summary)
@@ -326,11 +328,12 @@ def _train(
     store: HistoryStore,
     resume: bool,
     observers: Sequence[RoundObserver],
+    started: float,
 ) -> dict[str, Any]:
     """Train from the store's last round to the end; return the summary."""
     privacy = attach_privacy(config, setup)
     evaluate = training_evaluator(config, setup, privacy)
-    clock = _WallClock(store)
+    clock = _WallClock(store, started)
     last = store.last_round()
     if last is None:
         store.write_round(
@@ -388,7 +391,9 @@ def _train(
             *observers,
         ],
     )
-    store.update_meta({"wall_seconds": clock.total})
+    session_seconds = time.perf_counter() - started
+    wall_seconds = clock.before + session_seconds
+    store.update_meta({"wall_seconds": wall_seconds})
     summary: dict[str, Any] = {
         "rounds": config.training.rounds,
         "resumed_from_round": last if resume else None,
@@ -397,8 +402,8 @@ def _train(
         "num_params": setup.federation.num_params,
         "stored_bytes": store.stored_bytes(),
         "file_bytes": store.file_bytes(),
-        "wall_seconds": clock.total,
-        "session_wall_seconds": time.perf_counter() - clock.started,
+        "wall_seconds": wall_seconds,
+        "session_wall_seconds": session_seconds,
         "torch_threads": torch.get_num_threads(),
         "executor": setup.federation.executor.name,
     }
