@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fedunlearn.config import parse_config
-from fedunlearn.report import compare_methods, plot_results, write_results
+from fedunlearn.experiments import compare_methods
+from fedunlearn.report import plot_results, write_results
 from fedunlearn.report.tables import results_markdown
 from fedunlearn.runs import train_run
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from fedunlearn.config import parse_config
+from fedunlearn.eval.judge import Judge
 from fedunlearn.fl.metrics import predict_logits
-from fedunlearn.report.compare import Judge
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 

@@ -37,8 +37,8 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from fedunlearn.config import RunConfig, parse_config
+from fedunlearn.eval.judge import Judge
 from fedunlearn.fl.metrics import predict_logits
-from fedunlearn.report.compare import Judge
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 

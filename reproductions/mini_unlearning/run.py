@@ -21,14 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedunlearn.report.central import (
-    CentralExperiment,
-    aggregate,
-    central_markdown,
-    default_methods,
-    run_central,
-    write_central,
-)
+from fedunlearn.experiments.central import CentralExperiment, default_methods, run_central
+from fedunlearn.report.central import aggregate, central_markdown, write_central
 
 # Paper Table 1 (test accuracy): ratio -> method -> (MNIST, Covtype, HIGGS).
 PAPER_T1 = {

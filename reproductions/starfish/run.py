@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from fedunlearn.config import parse_config
-from fedunlearn.report.compare import Judge
+from fedunlearn.eval.judge import Judge
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 

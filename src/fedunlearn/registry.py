@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
@@ -73,6 +74,15 @@ class Registry(Generic[T]):
             return value
 
         return decorate
+
+    @contextmanager
+    def registered(self, name: str, value: T) -> Iterator[T]:
+        """Register ``value`` as ``name`` for the duration of a ``with`` block (tests, examples)."""
+        self.add(name, value)
+        try:
+            yield value
+        finally:
+            self._values.pop(name, None)
 
     def get(self, name: str) -> T:
         """Return the value registered as ``name``.

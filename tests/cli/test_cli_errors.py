@@ -206,3 +206,27 @@ def test_warnings_print_as_one_line(tmp_path):
         timeout=60,
     )
     assert done.stderr == "warning: a b\n"
+
+
+def test_read_only_file_system_is_named_with_what_to_do(tmp_path, monkeypatch):
+    """A read-only mount cannot be made in a test; the probe's EROFS is what one produces."""
+    import errno
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    cfg = write_config(tmp_path / "c.yaml")
+    res = runner.invoke(app, ["train", str(cfg), "--out", str(tmp_path / "run")])
+    one_line_error(res, "--out", "the file system is read-only; choose another location")
+
+
+def test_occupied_out_is_one_line_without_a_progress_bar(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml")
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["train", str(cfg), "--out", str(out), "--json"]).exit_code == 0
+
+    res = runner.invoke(app, ["train", str(cfg), "--out", str(out)])
+
+    one_line_error(res, "already holds a run", "--resume", "another --out")

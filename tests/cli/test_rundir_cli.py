@@ -142,14 +142,14 @@ def test_two_train_processes_into_one_out_one_wins_and_config_matches(tmp_path):
 
     codes = [first.returncode, second.returncode]
     assert sorted(codes) == [0, 2], (codes, errs)
-    loser_err = errs[codes.index(2)]
-    assert len(loser_err.strip().splitlines()) == 1
-    assert "another writer holds" in loser_err or "already holds a run" in loser_err
     winner = ("all", "every")[codes.index(0)]
+    assert yaml.safe_load((out / "config.yaml").read_text())["history"]["policy"] == winner
     res = runner.invoke(app, ["info", str(out), "--json"])
     assert res.exit_code == 0, res.output  # config.yaml matches the store
     assert json.loads(res.stdout)["history_policy"] == winner
-    assert yaml.safe_load((out / "config.yaml").read_text())["history"]["policy"] == winner
+    loser_err = errs[codes.index(2)]
+    assert "another writer holds" in loser_err or "already holds a run" in loser_err
+    assert len(loser_err.strip().splitlines()) == 1
 
 
 def test_train_process_into_a_run_being_trained_is_refused_untouched(tmp_path):
@@ -172,11 +172,11 @@ def test_train_process_into_a_run_being_trained_is_refused_untouched(tmp_path):
         other = write_config(tmp_path / "every.yaml", {**CONFIG, "history": {"policy": "every"}})
         intruder = _spawn_train(other, out)
         _, err = intruder.communicate(timeout=240)
+        assert (out / "config.yaml").read_bytes() == config_before
         assert intruder.returncode == 2 and "already holds a run" in err
     finally:
         release.set()
         worker.join(timeout=300)
-    assert (out / "config.yaml").read_bytes() == config_before
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
 

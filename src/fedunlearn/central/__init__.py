@@ -6,8 +6,10 @@ Train with ``train_sgd`` (a ``TrainingRecord``), then call
 ``replay`` and ``retrain``.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios" (Mini-Unlearning) and the baselines it compares with (baselines spec §3-5).
-Deviations: listed per module ([FIX]/[REC] tags).
+Ratios" (Mini-Unlearning), §4, and the baselines it compares with in §5.1 (DeltaGrad, Certified
+Data Removal, Amnesiac Unlearning, retraining).
+Deviations: tagged per module; argued in docs/methods/mini_unlearning.md (MU) and
+docs/methods/central_baselines.md (DG, CR, AM, RF).
 """
 
 from fedunlearn.central import methods

@@ -7,8 +7,9 @@ nobody returns the method's original model unchanged. Methods needing history th
 raise ``UnsupportedHistoryError`` before any work.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", §5 (the methods compared). Deviations: none; the shape follows ``unlearn.base``
-(STYLE §3) for centralised sample removal.
+Ratios", §5.1 (the methods compared). Deviations: none; the shape follows ``unlearn.base`` (a
+frozen hyper-parameter model, the same checks before any work) for centralised sample removal.
+Design notes: docs/methods/central_baselines.md.
 """
 
 from __future__ import annotations

@@ -55,12 +55,8 @@ def central_command(
 ) -> None:
     """Compare Mini-Unlearning, DeltaGrad, Certified Removal and Amnesiac against retraining."""
     from fedunlearn.central import available_methods
-    from fedunlearn.report.central import (
-        CentralExperiment,
-        default_methods,
-        run_central,
-        write_central,
-    )
+    from fedunlearn.experiments.central import CentralExperiment, default_methods, run_central
+    from fedunlearn.report.central import write_central
 
     ensure_writable_output(out, "directory")
     try:

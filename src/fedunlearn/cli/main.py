@@ -443,7 +443,7 @@ def unlearn(
     if save_model is not None:
         ensure_writable_output(save_model, "file", "--save-model")
     ids, kind = parse_forget(forget, run_dir)
-    from fedunlearn.report import unlearn_one
+    from fedunlearn.experiments import unlearn_one
 
     result, summary = unlearn_one(
         run_dir, ids, method, params=_parse_params(param or []), kind=kind
@@ -523,7 +523,7 @@ def _compare(
     *,
     quiet: bool,
 ) -> dict[str, Any]:
-    from fedunlearn.report import compare_methods
+    from fedunlearn.experiments import compare_methods
     from fedunlearn.runs import load_run_config
     from fedunlearn.unlearn import available_methods, get_method
 

@@ -6,14 +6,15 @@ type with the same three functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from fedunlearn.errors import UnknownMethodError
 from fedunlearn.registry import Registry
 from fedunlearn.unlearn.base import Unlearner
 
-__all__ = ["METHODS", "available_methods", "get_method", "make_method", "register"]
+__all__ = ["METHODS", "available_methods", "get_method", "make_method", "register", "registered"]
 
 METHODS: Registry[type[Unlearner]] = Registry("unlearning method", UnknownMethodError, plugins=True)
 T = TypeVar("T", bound=type[Unlearner])
@@ -28,6 +29,14 @@ def register(name: str) -> Callable[[T], T]:
         return cls
 
     return decorate
+
+
+@contextmanager
+def registered(name: str, cls: T) -> Iterator[T]:
+    """Register ``cls`` as ``name`` inside a ``with`` block only (a method under test)."""
+    with METHODS.registered(name, cls):
+        cls.name = name
+        yield cls
 
 
 def available_methods() -> list[str]:

@@ -1,14 +1,17 @@
 """Calibrated replay: rebuild a model from stored rounds with fresh directions and stored norms.
 
-Shared by FedEraser, Crab and FedADP. For each replayed round t, the remaining clients
-that took part in t train from the current unlearned model; each fresh delta keeps its direction
-and takes the norm of the client's stored delta of round t (whole vector or per parameter tensor);
-the calibrated deltas are aggregated with the run's rule and applied.
+Shared by FedEraser, the random-rounds baseline and Crab. For each replayed round t, the
+remaining clients that took part in t train from the current unlearned model; each fresh delta
+keeps its direction and takes the norm of the client's stored delta of round t (whole vector or
+per parameter tensor); the calibrated deltas are aggregated with the run's rule and applied.
 
 Paper: Liu et al., "FedEraser: Enabling Efficient Client-Level Data Removal from Federated
-Learning Models", IWQoS 2021, §4 (calibration training, update calibrating, calibrated update
-aggregating, unlearned model updating); baselines spec §2.3 with the [FIX]ed aggregation
-normalisation. A fresh delta with norm < 1e-12 is calibrated to zero (spec §2.7).
+Learning Models", IWQoS 2021, the design section's four steps (calibration training, update
+calibrating, calibrated update aggregating, unlearned model updating).
+Deviations (docs/methods/baselines.md): FE1 [FIX] the aggregate has no extra 1/(K-1) factor;
+FE3 norm scope ``model`` or ``layer``; FE4 ``first_uncalibrated``; FE7 participants are the
+remaining clients with a stored accepted update, a fresh delta with norm < 1e-12 is calibrated
+to zero, and a round with no participant is skipped.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ selection is what the store holds (``stored_selection``); on a run recorded with
 derive it with the live policy's own selector; the selection options a method may override are
 resolved against the run's recorded ones (``selection_options``), and overriding a live
 selection is refused (``refuse_overrides_of_live_selection``); the history kept is
-``selection_bytes``.
+``selection_bytes``. ``SelectiveReplay`` is the base class of both methods that does all of this
+once; a subclass names its policy and the options it may override, and derives a selection.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel
 
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.history.store import HistoryReader
+from fedunlearn.unlearn.base import MethodParams, Unlearner
+from fedunlearn.unlearn.context import UnlearnContext
 
 __all__ = [
+    "SelectiveReplay",
     "StoredRound",
     "cosine_scores",
     "count_floor",
@@ -130,3 +134,64 @@ def stored_selection(history: HistoryReader, num_rounds: int) -> list[StoredRoun
 def selection_bytes(stored: Sequence[StoredRound], num_params: int) -> int:
     """Bytes a selection keeps: M_0, the global model of each stored round and its updates."""
     return (1 + len(stored) + sum(len(s.clients) for s in stored)) * num_params * 4
+
+
+class SelectiveReplay(Unlearner):
+    """Base of the methods that replay a selective storage (Crab, FedADP).
+
+    A subclass sets ``policy`` (the name of its recording policy, whose options are the run's
+    ``history.<policy>`` section), ``overrides`` (the selection options its params may override on
+    an ``all`` run) and implements ``derive_selection`` (the live policy's selector run over the
+    stored rounds of an ``all`` run). ``selection`` returns the stored selection of a live run or
+    the derived one; ``check_history`` refuses overrides of a live selection; the selection is
+    cached per run for ``history_bytes_needed``.
+    """
+
+    policy: ClassVar[str]
+    overrides: ClassVar[tuple[str, ...]]
+
+    def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
+        super().__init__(params)
+        self._cache: dict[str, list[StoredRound]] = {}
+
+    def selection_options(self, context: UnlearnContext) -> dict[str, Any]:
+        """The effective selection options: each override, else the run's recorded value."""
+        recorded = context.recording.options(self.policy)
+        return selection_options(self.params, recorded, self.overrides)
+
+    def check_history(self, context: UnlearnContext) -> None:
+        """Also refuse selection overrides on a run whose selection was made live."""
+        super().check_history(context)
+        if context.history.policy == self.policy:
+            refuse_overrides_of_live_selection(
+                self.name,
+                self.policy,
+                self.selection_options(context),
+                context.recording.options(self.policy),
+            )
+        else:
+            self.check_derivable(context)
+
+    def check_derivable(self, context: UnlearnContext) -> None:  # noqa: B027 - optional hook
+        """Raise ``UnsupportedHistoryError`` if the selection cannot be derived from this run."""
+
+    def derive_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """Return the selection of an ``all`` run; append the selector's windows/stages to log."""
+        raise NotImplementedError
+
+    def selection(self, context: UnlearnContext, log: list[Any] | None = None) -> list[StoredRound]:
+        """Return the stored rounds with their kept clients (stored live, or derived)."""
+        if context.history.policy == self.policy:
+            stored = stored_selection(context.history, context.num_rounds)
+        else:
+            stored = self.derive_selection(context, log if log is not None else [])
+        if context.fingerprint:
+            self._cache[context.fingerprint + context.history.policy] = stored
+        return stored
+
+    def history_bytes_needed(self, context: UnlearnContext) -> int:
+        """M_0, the global model of each stored round and the stored updates."""
+        stored = self._cache.get(context.fingerprint + context.history.policy)
+        if stored is None or not context.fingerprint:
+            stored = self.selection(context)
+        return selection_bytes(stored, context.clients.num_params)

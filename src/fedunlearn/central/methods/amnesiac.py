@@ -3,13 +3,15 @@
 Steps: find ``SB = {l : B_l cap D_U != {}}``; ``theta' = theta_T - sum_{l in SB} (w_l - w_{l-1})``
 summed in float64; optionally repair by ``repair_passes`` of plain SGD on ``D_R``.
 
-Paper: Graves, Nagisetty, Ganesh, "Amnesiac Machine Learning", AAAI 2021, §4 (amnesiac
-unlearning); baselines spec §5.
-Deviations:
-    [REC] The per-batch updates are the recorded iterate differences (the full-trajectory cache,
-    policy ``per_batch`` with every batch kept since ``D_U`` is unknown at training time); stored
-    bytes count T parameter vectors plus the batch lists.
-    [REC] No repair by default (the pure method, as the Mini-Unlearning paper runs it).
+Paper: Graves, Nagisetty, Ganesh, "Amnesiac Machine Learning", AAAI 2021, arXiv:2010.10981, the
+amnesiac unlearning method (``theta_M' = theta_M - sum_{sb in SB} Delta theta_sb``, with "a small
+amount of fine-tuning" when SB is large).
+Deviations (docs/methods/central_baselines.md):
+    AM1 The per-batch updates are the recorded iterate differences, every batch kept since
+    ``D_U`` is unknown at training time; stored bytes count T parameter vectors plus the batch
+    lists.
+    AM2 No repair by default (the pure method, as the Mini-Unlearning paper runs it).
+    AM3 The whole parameter vector is reverted (no BatchNorm statistics in these models).
 """
 
 from __future__ import annotations

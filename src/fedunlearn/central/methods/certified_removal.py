@@ -10,21 +10,25 @@ gradient-residual bound ``gamma ||X_R||_2 ||u|| ||X_R u||`` summed over classes 
 ``sigma eps / c``.
 
 Paper: Guo, Goldstein, Hannun, van der Maaten, "Certified Data Removal from Machine Learning
-Models", ICML 2020, Alg. 1-2, Eq. 3, Cor. 1; baselines spec §4.
-Deviations:
-    [REC] One-vs-rest, exact solve of the perturbed objective, one Newton step for the whole
-    batch U, no budget-triggered retraining (Mini-Unlearning spec A15); the would-be retrain is
-    reported (``bound``, ``budget``, ``would_retrain``).
-    [REC] ``H^{-1} Delta`` by conjugate gradients with exact HVPs (spec §4.6 for large n d^2).
-    [REC] The OvR scores are mapped back to the unscaled ``nn.Linear`` layout (``W = w_x / M``,
-    ``b = w_1 / M``), so accuracy and MIA use the same template as the other methods.
+Models", ICML 2020, arXiv:1911.03030, Alg. 1-2, Eq. 3, Cor. 1, Thm. 3; run as the
+Mini-Unlearning paper does (§5.1: lam = 0.005, sigma = 0.01).
+Deviations (docs/methods/central_baselines.md):
+    CR1 one-vs-rest binary models, each with its own b. CR2 one Newton step for the whole
+    batch U. CR3 no budget-triggered retraining: ``bound``, ``budget`` and ``would_retrain``
+    are reported instead.
+    CR4 ``H^{-1} Delta`` by conjugate gradients with exact HVPs.
+    CR5 the training solve (L-BFGS-B, ``max_iter``) may stop short of the minimiser; its
+    gradient norm is reported, not added to the bound.
+    CR6 one global feature scale M with the bias as a constant feature; the OvR scores are
+    mapped back to the unscaled ``nn.Linear`` layout (``W = w_x / M``, ``b = w_1 / M``).
+    CR7-CR9 defaults, the summed bound (power-iteration ||X_R||_2), stored bytes.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -150,8 +154,8 @@ class CertifiedRemoval(CentralUnlearner):
 
     params_type = CertifiedRemovalParams
 
-    def __init__(self, params: BaseModel | None = None, **overrides: object) -> None:
-        super().__init__(params, **overrides)
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
         # (objective trained on, w*, b, feature scale, training facts)
         self._state: tuple[Objective, torch.Tensor, torch.Tensor, float, dict[str, Any]] | None = (
             None

@@ -1,21 +1,25 @@
 """DeltaGrad: replay the run without ``D_U`` using cached gradients plus L-BFGS corrections.
 
-Steps of one pass over the recorded steps l = 1..T (``t = l - 1``, 0-based as in the paper):
-skip an emptied batch; on *exact* iterations (``t < j0`` or ``(t - j0) mod T0 == 0``) compute
-the retained gradient at the new iterate ``w^I_t``, push the secant pair
+Steps of one pass over the recorded steps l = 1..T (``t = l - 1``, 0-based as in the authors'
+code): skip an emptied batch; on *exact* iterations (``t < j0`` or ``(t - j0) mod T0 == 0``)
+compute the retained gradient at the new iterate ``w^I_t``, push the secant pair
 ``(w^I_t - w_t, (g_full(w^I_t) - g_t) / B)`` on the same sample set ``B_t``, and take the exact
 leave-out step; on *approximate* iterations estimate the batch gradient at ``w^I_t`` as
 ``g_t + B * Bmat (w^I_t - w_t)`` (compact L-BFGS, m pairs), subtract the exact forgotten-sample
-gradients and step with ``eta / (B - dB)``.
+gradients and step with ``eta / (B - dB)``. The comments cite the lines of Listing DG in
+docs/methods/central_baselines.md.
 
 Paper: Wu, Dobriban, Davidson, "DeltaGrad: Rapid retraining of machine learning models",
-ICML 2020 (Alg. 1, SGD form); baselines spec §3.3.
-Deviations:
-    [REC] Cached batch gradients are the *regularised* sums ``sum_{B_t} grad F_j(w_t)`` (the
-    objective carries lam), which is the consistent convention of spec §3.6; the removed-sample
-    term uses ``lam w^I_t`` (spec §3.3, line 17 [REC]).
-    [REC] Defaults m = 2, T0 = 5, j0 = 20 (README); the Mini-Unlearning paper's j0 = 10 is a
-    parameter. An approximate step with no usable pair falls back to an exact one (counted).
+ICML 2020, arXiv:2006.14755 (deletions, SGD form). The paper text was not available: the
+algorithm is restated from the authors' code (``model_update_deltagrad``) and README.
+Deviations (docs/methods/central_baselines.md):
+    DG2 Cached batch gradients are the *regularised* sums ``sum_{B_t} grad F_j(w_t)`` (the
+    objective carries lam), one consistent convention for the secants and the estimate.
+    DG3 The forgotten-sample term uses ``lam w^I_t`` (the exact leave-out formula; the code
+    uses ``lam w_t``).
+    DG4 An approximate step with no usable pair falls back to an exact one (counted).
+    DG5 Defaults m = 2, T0 = 5, j0 = 20 (README); the Mini-Unlearning paper's j0 = 10 is a
+    parameter.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class DeltaGrad(CentralUnlearner):
             batch = record.batch(step)
             gone = mask[batch]
             kept, removed = batch[~gone], batch[gone]
-            if len(kept) == 0:  # an emptied batch is skipped
+            if len(kept) == 0:  # an emptied batch is skipped (line 4)
                 continue
             w_old, g_old = record.iterate(t), record.batch_grads[t]
             exact = t < p.burn_in or (t - p.burn_in) % p.period == 0
@@ -85,16 +89,16 @@ class DeltaGrad(CentralUnlearner):
             if not exact:
                 try:
                     approx = buffer.hvp(w_new - w_old)
-                except NoCurvaturePairsError:
+                except NoCurvaturePairsError:  # DG4: run this step exactly
                     fallbacks += 1
-            if approx is None:  # exact iteration (lines 5-12)
+            if approx is None:  # exact iteration (Listing DG lines 5-12)
                 exact_steps += 1
                 g_kept = objective.grad_sum(w_new, kept)
                 g_full = g_kept + objective.grad_sum(w_new, removed)
                 buffer.push(w_new - w_old, (g_full - g_old) / len(batch), float(w_new.norm()))
                 w_new = w_new - (record.spec.lr / len(kept)) * g_kept
                 evals += len(batch)
-            else:  # approximate iteration (lines 13-18)
+            else:  # approximate iteration (Listing DG lines 13-18)
                 g_batch = g_old + len(batch) * approx
                 g_removed = objective.grad_sum(w_new, removed)
                 w_new = w_new - (record.spec.lr / len(kept)) * (g_batch - g_removed)

@@ -10,15 +10,17 @@ Stored history: ``w_{T-k}..w_T`` (+ m older iterates for L-BFGS) and the window'
 O((k + m) p), against O(T p) for DeltaGrad and Amnesiac.
 
 Paper: Huang, Che, Meng, Huang, Yang, Yi, Khalil, "Machine Unlearning with Minimal Gradient
-Dependence for High Unlearning Ratios", Eq. 6-10 (recursion, truncation), Alg. 1-4, App. B.
-Deviations:
-    [FIX] ``+`` sign of the forgotten-sample term (Eq. 7, not the printed Eq. 6); special cases
-    ``dB = 0`` (G = 0, H != I) and ``dB = B`` (G = w_{l-1} - w_l, H = I); Alg. 3 window indices.
-    [FIX] L-BFGS per the compact form of Byrd et al., not Alg. 4's printed formula.
-    [REC] Post-hoc mode by default (G from stored iterates at request time); paper mode uses
-    the G(l) stored during training when the record's forget set equals the request.
-    [REC] ``k_unit`` in {steps, passes, all}; default the paper-literal 10 steps (spec A1).
-    [REC] Exact HVP by default (spec A8); same-sample L-BFGS secants with guard and fallback.
+Dependence for High Unlearning Ratios", §4.1 (Eq. 6-10: recursion, truncation), §4.2
+(Algorithms 1-3), Appendix B (Algorithm 4).
+Deviations (docs/methods/mini_unlearning.md, where each is argued and measured):
+    MU1-MU3 [FIX] ``+`` sign of the forgotten-sample term (Eq. 7, not the printed Eq. 6); special
+    cases ``dB = 0`` (G = 0, H != I) and ``dB = B`` (G = w_{l-1} - w_l, H = I); Algorithm 3's
+    window indices. MU5 [FIX] L-BFGS per the compact form of Byrd et al., not Algorithm 4's
+    printed formula.
+    MU9 Post-hoc mode by default (G from stored iterates at request time); paper mode uses the
+    G(l) stored during training when the record's forget set equals the request.
+    MU8 ``k_unit`` in {steps, passes, all}; default the paper-literal 10 steps.
+    MU10 Exact HVP by default. MU6 same-sample L-BFGS secants with guard and fallback.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ class MiniUnlearningParams(BaseModel):
         k: Window length (paper: 10), in ``k_unit``.
         k_unit: ``steps`` (paper-literal), ``passes`` (k passes' worth of steps) or ``all`` (T).
         hvp: ``exact`` (default), ``lbfgs`` (compact, m pairs) or ``explicit`` (basis matrices).
-        engine: ``horner`` (Alg. B), ``terms`` (matrix-free Eq. 10) or ``explicit`` (Alg. C,
-            explicit H(l) built in ``workers`` processes).
+        engine: ``horner`` (Eq. 10 by Horner), ``terms`` (matrix-free Eq. 10) or ``explicit``
+            (Algorithm 3 with fixed indices: explicit H(l) built in ``workers`` processes).
         lbfgs_history: m (paper: 2).
         secants: ``same_sample`` (recommended) or ``cross_batch`` (paper-literal).
         workers: Processes for the explicit engine.
@@ -76,7 +78,7 @@ def window_steps(params: MiniUnlearningParams, record: TrainingRecord) -> int:
 
 @register("mini_unlearning")
 class MiniUnlearning(CentralUnlearner):
-    """Mini-Unlearning (Eq. 10) with the spec's fixes."""
+    """Mini-Unlearning (Eq. 10) with the fixes MU1-MU5 of docs/methods/mini_unlearning.md."""
 
     params_type = MiniUnlearningParams
 

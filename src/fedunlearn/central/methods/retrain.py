@@ -1,11 +1,12 @@
 """The reference rows: Original (no unlearning), replay retraining and fresh retraining.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", Table 1 "Retraining".
-Deviations:
-    [REC] The Original control row the paper omits (spec A2); replay retraining (same batches,
-    forgotten samples dropped, Eq. 2) for distances and fresh retraining (new batches on D_R)
-    for accuracy and MIA (spec A12).
+Ratios", §5.1 "Traditional Retraining" (same initialisation and hyper-parameters), Eq. 2.
+Deviations (docs/methods/central_baselines.md):
+    RF1 The Original control row, which the paper omits.
+    RF2 Replay retraining (same batches, forgotten samples dropped, Eq. 2) for distances and
+    fresh retraining (new batches on D_R) for accuracy and MIA: the paper does not say which it
+    ran.
 """
 
 from __future__ import annotations

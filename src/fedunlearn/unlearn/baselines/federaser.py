@@ -1,13 +1,20 @@
 """FedEraser: replay the retained rounds with calibration training by the remaining clients.
 
-Paper: Liu et al., "FedEraser: Enabling Efficient Client-Level Data Removal from Federated
-Learning Models", IWQoS 2021, §4; baselines spec §2. Retained rounds are 1, 1 + Δt, 1 + 2Δt, ...
-(the run's ``every`` policy, or any subset of an ``all`` run); the first retained round is applied
-uncalibrated, every later one with E_cali = ceil(r * E_loc) calibration epochs.
-Deviations: [FIX] the aggregate is the weighted mean (the paper's extra 1/(K-1) factor is
-dropped, spec §2.6). [REC] norm scope defaults to the whole vector, as the project issue asks;
-``norm_scope="layer"`` calibrates per parameter tensor as the authors' code does (the spec's
-recommended default).
+Steps: retained rounds 1, 1 + Δt, 1 + 2Δt, ... <= T (the run's ``every`` policy, or any subset
+of an ``all`` run) and E_cali = ceil(r E_loc); from M_0, apply the first retained round's stored
+updates uncalibrated, then for every later one: calibration training (E_cali epochs from the
+current model), update calibrating (stored norm, fresh direction), calibrated update
+aggregating (the run's rule) and unlearned model updating (``unlearn.replay``).
+
+Paper: Liu, Ma, Yang, Wang, Liu, "FedEraser: Enabling Efficient Client-Level Data Removal from
+Federated Learning Models", IWQoS 2021, arXiv:2012.13891, the design section's four steps and
+its algorithm listing.
+Deviations (docs/methods/baselines.md):
+    FE1 [FIX] the aggregate is the weighted mean: the printed extra 1/(K-1) factor is dropped.
+    FE2 the run's aggregation rule is used. FE3 norm scope: the whole vector by default (the
+    project issue's choice); ``norm_scope="layer"`` calibrates per parameter tensor as the
+    authors' code does. FE4 the first retained round is uncalibrated (the text, not the
+    listing). FE5 E_cali = ceil(r E_loc). FE6 Δt defaults to the recorded interval.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ class FedEraser(Unlearner):
     required_policies = frozenset({"all", "every"})
 
     def retained_rounds(self, context: UnlearnContext) -> list[int]:
-        """Rounds 1, 1 + Δt, ... up to T."""
+        """Return rounds 1, 1 + Δt, ... up to T (Δt: the parameter, else Deviation FE6)."""
         meta = context.history.meta
         run_every = int(meta.get("history_every", 1)) if context.history.policy == "every" else 1
         interval = self.params.interval or run_every

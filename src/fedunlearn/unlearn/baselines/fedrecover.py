@@ -7,7 +7,7 @@ estimates each client's update from its stored one by the Cauchy mean-value theo
 of the client's secant pairs from exact rounds (:mod:`fedunlearn.linalg.lbfgs`). An estimate with
 a coordinate above the threshold tau is *abnormal* and replaced by an exact update.
 
-Sign convention (spec §0.3): clients upload ``delta = w_local - w_global`` and the server applies
+Sign convention: clients upload ``delta = w_local - w_global`` and the server applies
 ``w_{t+1} = w_t + A(deltas)``, so the paper's gradient is ``g = -delta`` (server lr 1). A secant
 pair of client i in round t is ``(dw, dg) = (w_hat_t - w_bar_t, g_i - g_bar_i)
 = (w_hat_t - w_bar_t, delta_bar_i - delta_i)`` and the estimate is
@@ -16,44 +16,45 @@ Toolkit round r (1-based) is paper round t = r - 1: it starts from ``w_bar_{r-1}
 (``history.read_model(r - 1)``) and its stored updates are ``history.read_update(r, i)``.
 
 Paper: Cao, Jia, Zhang, Gong, "FedRecover: Recovering from Poisoning Attacks in Federated Learning
-using Historical Information", IEEE S&P 2023, arXiv:2210.10936, Alg. 1 (FedRecover) and its four
-strategies (warm-up, periodic correction, abnormality fixing, final tuning); baselines spec §1.
+using Historical Information", IEEE S&P 2023, arXiv:2210.10936, Algorithm 1 and its four
+strategies (warm-up, periodic correction, abnormality fixing, final tuning). The comments cite
+the lines of Listing FR, Algorithm 1 restated in toolkit terms in docs/methods/baselines.md.
 
-Deviations:
-    [REC] Defaults T_w = 5, T_c = 10, T_f = 5, s = 2, alpha = 1e-6 (spec §1.7: the paper's
-    T_w = 20 leaves almost nothing to estimate at T = 40). ``correction_period=None`` (or inf)
-    disables periodic correction ("FedRecover without correction").
-    [REC] Short runs: T_w is clamped to T and T_f to T - T_w; the periodic rule is unchanged.
-    Round r is exact iff ``r <= T_w`` or ``r > T - T_f`` or ``(r - T_w) % T_c == 0`` (spec §1.5).
-    [REC] Participants (spec §1.3): a remaining client takes part in round r iff its update of
-    round r was accepted in the original run; exact requests and estimates go to those clients,
-    in ascending id order (as Retrain samples them).
-    [REC] Exact updates are screened like in training (``fl.engine.screen_update``): a non-finite
-    one is left out of the aggregate and listed in ``details.rejected_updates``.
-    [REC] tau (spec §1.4): tau_t is the (floor(alpha N_t) + 1)-th largest |coordinate| of the
-    remaining participants' stored updates of round t (N_t coordinates), found by a running top-k
-    over one update at a time; tau = max_t tau_t over rounds 1..T. It is computed only when some
-    round is estimated and abnormality fixing is on and no ``tau`` override is given.
-    [REC] An estimate with a non-finite coordinate is abnormal whatever tau is.
-    [REC] Buffers (spec §1.9 A1): ``paired`` (default) keeps per client the newest s pairs
-    ``(dw_t, dg_i_t)``; an exact round pushes the shared ``dw_t`` (one tensor, not copied) into
-    every participant's buffer, an abnormality fix into that client's only. ``paper_literal`` keeps
-    one ``DW`` and per-client ``DG_i`` columns and pairs them by position (newest with newest);
-    it assumes full participation, as the paper does.
-    [REC] Guards (spec §0.4): in ``paired`` mode a degenerate or non-positive-curvature pair never
+Deviations (tags of docs/methods/baselines.md, where each is argued):
+    FR1 defaults T_w = 5, T_c = 10, T_f = 5, s = 2, alpha = 1e-6 (the secondary sources' T_w = 20
+    leaves almost nothing to estimate at T = 40); ``correction_period=None`` (or inf) disables
+    periodic correction ("FedRecover without correction").
+    FR2 short runs: T_w is clamped to T and T_f to T - T_w. Round r is exact iff ``r <= T_w`` or
+    ``r > T - T_f`` or ``(r - T_w) % T_c == 0`` (the paper's ``(t - T_w + 1) mod T_c == 0``).
+    FR3 participants: a remaining client takes part in round r iff its update of round r was
+    accepted in the original run; exact requests and estimates go to those clients, in
+    ascending id order.
+    FR4 exact updates are screened as in training (``fl.engine.screen_update``): a non-finite one
+    is left out of the aggregate and listed in ``details.rejected_updates``.
+    FR5 tau: tau_t is the (floor(alpha N_t) + 1)-th largest |coordinate| of the remaining
+    participants' stored updates of round t (N_t coordinates), found by a running top-k over one
+    update at a time; tau = max_t tau_t over rounds 1..T. It is computed only when some round is
+    estimated and abnormality fixing is on and no ``tau`` override is given.
+    FR6 an estimate with a non-finite coordinate is abnormal whatever tau is.
+    FR7 buffers: ``paired`` (default) keeps per client the newest s pairs ``(dw_t, dg_i_t)``; an
+    exact round pushes the shared ``dw_t`` (one tensor, not copied) into every participant's
+    buffer, an abnormality fix into that client's only. ``paper_literal`` keeps one ``DW`` and
+    per-client ``DG_i`` columns and pairs them by position (newest with newest), as the paper's
+    buffer rule reads; it assumes full participation, as the paper does.
+    FR8 guards (LB1): in ``paired`` mode a degenerate or non-positive-curvature pair never
     enters a buffer (so round 1, where ``dw = 0``, takes no slot); in ``paper_literal`` mode the
     guards filter the positional pairs at each setup. A client with no usable pair is asked for an
-    exact update (spec §1.9 A3) and counted in ``details.no_pair_requests``.
-    [REC] ``v = 0`` (the forgotten clients did not affect round r yet) gives ``B v = 0``, so the
+    exact update and counted in ``details.no_pair_requests``.
+    FR9 ``v = 0`` (the forgotten clients did not affect round r yet) gives ``B v = 0``, so the
     stored update is used as it is, with or without pairs.
-    [REC] Stored updates and global models are read only when used: exact rounds after the last
+    FR10 stored updates and global models are read only when used: exact rounds after the last
     estimated round need no pairs, so T_c = 1 costs exactly what Retrain costs. The tau pass
     reads every remaining participant's stored update once more (history bytes read ~double).
-    [REC] Costs: ``estimated_updates`` counts the estimates that entered an aggregate; an
+    FR11 costs: ``estimated_updates`` counts the estimates that entered an aggregate; an
     estimate replaced by an exact update (abnormal, or no pair) counts as a client request only.
-    [I] Multi-step local training: the "Hessian" is the Jacobian of the local-update map and the
-    mean-value argument is heuristic (spec §1.2). A5 (per-round lr) is moot: the toolkit's local lr
-    is constant and the server lr is 1.
+    FR12 multi-step local training: the "Hessian" is the Jacobian of the local-update map and
+    the mean-value argument is heuristic (Theorem 1 assumes convex clients and FedAvg); a
+    per-round lr is moot: the toolkit's local lr is constant and the server lr is 1.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class FedRecoverParams(MethodParams):
 
 @dataclass(frozen=True)
 class Schedule:
-    """Which toolkit rounds are exact: warm-up, periodic correction, final tuning (spec §1.5).
+    """Which toolkit rounds are exact: warm-up, periodic correction, final tuning (FR2).
 
     Attributes:
         num_rounds: T.
@@ -146,7 +147,7 @@ class Schedule:
         return [r for r in range(1, self.num_rounds + 1) if self.is_exact(r)]
 
     def exact_per_client(self) -> int:
-        """Exact updates of a client taking part in every round, with tau = inf (spec §1.5)."""
+        """Exact updates of a client taking part in every round, with tau = inf."""
         middle = self.num_rounds - self.warmup_rounds - self.final_rounds
         corrections = 0 if self.correction_period is None else middle // self.correction_period
         return self.warmup_rounds + self.final_rounds + corrections
@@ -197,7 +198,7 @@ def kth_largest_abs(chunks: Iterable[torch.Tensor], k: int, total: int) -> float
 def round_thresholds(
     context: UnlearnContext, participants: Mapping[int, Sequence[int]], alpha: float
 ) -> dict[int, float]:
-    """Return tau_t per round: at most a fraction alpha of |coordinates| exceeds it (spec §1.4).
+    """Return tau_t per round: at most a fraction alpha of |coordinates| exceeds it (FR5).
 
     Args:
         context: The unlearning context (stored updates are read through its metered history).
@@ -220,7 +221,7 @@ def round_thresholds(
 
 
 class _PairedBuffers:
-    """Spec §1.9 A1 ``paired``: one buffer of (dw, dg_i) pairs per client."""
+    """Deviation FR7 ``paired``: one buffer of (dw, dg_i) pairs per client."""
 
     def __init__(self, capacity: int, counts: GuardCounts) -> None:
         self.capacity = capacity
@@ -245,7 +246,7 @@ class _PairedBuffers:
 
 
 class _PaperLiteralBuffers:
-    """Spec §1.9 A1 ``paper_literal``: one DW, per-client DG_i, paired by position."""
+    """Deviation FR7 ``paper_literal``: one DW, per-client DG_i, paired by position."""
 
     def __init__(self, capacity: int, counts: GuardCounts) -> None:
         self.counts = counts
@@ -341,7 +342,7 @@ class FedRecover(Unlearner):
     """FedRecover (Cao et al., S&P 2023): replay with estimated updates and exact corrections.
 
     Steps of ``_run``, in order: find each round's remaining participants and check their stored
-    updates; compute tau (spec §1.4); replay rounds 1..T from M_0, where an exact round asks the
+    updates; compute tau (FR5); replay rounds 1..T from M_0, where an exact round asks the
     participants to train and pushes secant pairs, and an estimated round estimates every
     participant's update from its stored one and its L-BFGS buffer, replacing abnormal or
     pair-less estimates by exact updates; aggregate with the run's rule and evaluate.
@@ -351,7 +352,7 @@ class FedRecover(Unlearner):
     nothing is estimated) and ``tau_per_round`` (empty unless tau was derived from alpha),
     ``exact_updates`` and ``estimated_updates`` (totals), ``exact_updates_per_client``,
     ``abnormality_fixes`` and ``no_pair_requests`` (per remaining client), ``pairs_pushed``
-    (secant pairs that entered each client's buffer), ``guard_counts`` (spec §0.4) and
+    (secant pairs that entered each client's buffer), ``guard_counts`` (LB1) and
     ``rejected_updates`` (non-finite exact updates left out).
     """
 
@@ -359,7 +360,7 @@ class FedRecover(Unlearner):
     required_policies = frozenset({"all"})
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
-        """Global models w_bar_0..w_bar_{T-1} and every client's update of every round (§1.3)."""
+        """Global models w_bar_0..w_bar_{T-1} and every client's update of every round."""
         history = context.history
         updates = sum(
             sum(1 for rec in history.client_records(r) if rec.status == "accepted")
@@ -435,7 +436,7 @@ class FedRecover(Unlearner):
                 stacklevel=3,
             )
 
-        # Spec §1.4: tau = max_t tau_t, only if some estimate could be tested against it.
+        # FR5: tau = max_t tau_t, only if some estimate could be tested against it.
         tau_per_round: dict[int, float] = {}
         if not p.abnormality_fixing or not estimated_rounds:
             tau = math.inf
@@ -458,12 +459,12 @@ class FedRecover(Unlearner):
         estimated_total = 0
         rows: list[dict[str, float]] = []
 
-        w_hat = history.read_model(0)  # line 1: w_hat_0 = w_bar_0 (the stored M_0)
+        w_hat = history.read_model(0)  # Listing FR line 1: w_hat_0 = w_bar_0 (the stored M_0)
         for r in range(1, num_rounds + 1):
             ids = participants[r]
             w_norm = float(w_hat.norm())
             if schedule.is_exact(r):
-                # EXACT_ROUND (lines 3-7): fresh updates, and secant pairs if still needed.
+                # EXACT_ROUND (Listing FR lines 3-7): fresh updates, secant pairs if still needed.
                 deltas = self._exact(context, w_hat, ids, r, requests, rejected)
                 if r < last_estimated and deltas:
                     dw = w_hat - history.read_model(r - 1)
@@ -471,7 +472,7 @@ class FedRecover(Unlearner):
                     dgs = {cid: history.read_update(r, cid) - d for cid, d in deltas.items()}
                     buffers.push_round(dw, dgs, w_norm)
             else:
-                # Estimated round (lines 12-18).
+                # Estimated round (Listing FR lines 12-18).
                 v = w_hat - history.read_model(r - 1)
                 deltas = {}
                 stored: dict[int, torch.Tensor] = {}
@@ -481,7 +482,7 @@ class FedRecover(Unlearner):
                         # delta_hat = -(g_bar + B v) = delta_bar - B v
                         estimate = delta_bar - buffers.hvp(cid, v)
                     except NoCurvaturePairsError:
-                        no_pair[cid] += 1  # spec §1.9 A3
+                        no_pair[cid] += 1  # FR8: no usable pair, ask for an exact update
                         stored[cid] = delta_bar
                         continue
                     peak = float(estimate.abs().max()) if estimate.numel() else 0.0

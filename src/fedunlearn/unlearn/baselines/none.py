@@ -1,4 +1,7 @@
-"""No unlearning: the original final model, the control row of every comparison."""
+"""No unlearning: the original final model, the control row of every comparison.
+
+Design notes: docs/methods/baselines.md (no parameters, no deviations).
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,16 @@
 """Random round selection: calibrated replay of a random σ-fraction of the rounds.
 
-Paper: Starfish (Liu et al.), §9.2 baseline 2: "the same scheme, but T' rounds are chosen
-uniformly at random instead of by cosine similarity" (Starfish spec §9.2).
-Deviations: [REC] until Starfish lands, "the same scheme" is the calibrated replay shared with
-FedEraser (fresh direction, stored norm, full local epochs) over the chosen rounds, from M_0;
-T' = max(1, round(σ T)), chosen with the method's own seed.
+Steps: draw T' = max(1, round(σ T)) distinct rounds with the method's own seed, sort them, and
+replay them from M_0 with ``calibrated_replay`` (full local epochs, whole-vector norms).
+
+Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal"
+(Starfish), §VI-A "Baselines", random round selection: "the servers randomly choose T' rounds,
+upon which they initiate the unlearning process".
+Deviations (docs/methods/baselines.md):
+    RR1 "the unlearning process" is the calibrated replay shared with FedEraser and Crab
+    (fresh direction, stored norm), not Starfish's L-BFGS estimation: method packages are
+    independent. RR2 T' = max(1, round(σ T)), Starfish uses ceil(σ T). RR3 default σ = 0.5
+    (the Starfish experiments: 0.6). RR4 every chosen round is calibrated, with E_loc epochs.
 """
 
 from __future__ import annotations

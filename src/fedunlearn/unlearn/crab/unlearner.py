@@ -47,26 +47,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fedunlearn.errors import UnsupportedHistoryError
-from fedunlearn.unlearn.base import Details, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.crab.bound import theorem1_bounds
 from fedunlearn.unlearn.crab.params import CrabParams
 from fedunlearn.unlearn.crab.policy import ReferenceScorer, WindowRecord, WindowSelector
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.replay import calibrated_replay
-from fedunlearn.unlearn.selection import (
-    StoredRound,
-    refuse_overrides_of_live_selection,
-    selection_bytes,
-    selection_options,
-    stored_selection,
-)
+from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +157,7 @@ class CrabDetails(Details):
         bounds: Theorem 1 report (``bound_check``), else None.
     """
 
-    timing: dict[str, float]
+    timing: dict[str, float] = field(compare=False)  # wall seconds: not part of the result
     selection_options: dict[str, Any]
     selection_source: str
     stored_rounds: tuple[int, ...]
@@ -188,22 +182,16 @@ class CrabDetails(Details):
 
 
 @register("crab")
-class Crab(Unlearner):
+class Crab(SelectiveReplay):
     """Selective storage, adaptive rollback and calibrated replay of the stored benign updates."""
 
     params_type = CrabParams
     required_policies = frozenset({"all", "crab"})
 
-    def __init__(self, params: CrabParams | dict[str, Any] | None = None) -> None:
-        super().__init__(params)
-        self._cache: dict[str, list[StoredRound]] = {}
+    policy = "crab"
+    overrides = ("alpha", "round_ratio", "client_ratio")
 
     # ----- step 1: the selection ----------------------------------------------------------
-
-    def _options(self, context: UnlearnContext) -> dict[str, Any]:
-        return selection_options(
-            self.params, context.recording.options("crab"), ("alpha", "round_ratio", "client_ratio")
-        )
 
     @staticmethod
     def _reference_scorer(context: UnlearnContext) -> ReferenceScorer:
@@ -212,28 +200,19 @@ class Crab(Unlearner):
         ref = context.reference_set(run.reference_size)
         return ReferenceScorer(context.clients.model, ref.x, ref.y, run.divergence)
 
-    def check_history(self, context: UnlearnContext) -> None:
-        """Also refuse selection overrides on a run whose selection was made live."""
-        super().check_history(context)
-        if context.history.policy == "crab":
-            refuse_overrides_of_live_selection(
-                "crab", "crab", self._options(context), context.recording.options("crab")
-            )
-        elif not context.has_reference_set:
+    def check_derivable(self, context: UnlearnContext) -> None:
+        """Deriving the selection of an ``all`` run needs the reference set R."""
+        if not context.has_reference_set:
             raise UnsupportedHistoryError(
                 "crab derives its selection from an 'all' run on the reference set R, and this "
                 "context has none; open the run with UnlearnSession."
             )
 
-    def selection(
-        self, context: UnlearnContext, windows: list[WindowRecord] | None = None
-    ) -> list[StoredRound]:
-        """Return the stored rounds with their kept clients (stored, or derived from ``all``)."""
+    def derive_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """Run the live policy's ``WindowSelector`` over an ``all`` run (log: its windows)."""
         history = context.history
         num_rounds = context.num_rounds
-        if history.policy == "crab":
-            return stored_selection(history, num_rounds)
-        opts = self._options(context)
+        opts = self.selection_options(context)
         run = context.recording.options("crab")
         selector = WindowSelector(
             self._reference_scorer(context),
@@ -262,22 +241,8 @@ class Crab(Unlearner):
                 final=t == num_rounds,
             )
             out += [StoredRound(r, ids) for r, ids in sorted((kept or {}).items()) if ids]
-        if windows is not None:
-            windows.extend(selector.windows)
+        log.extend(selector.windows)
         return out
-
-    def _cache_key(self, context: UnlearnContext) -> str:
-        return context.fingerprint + context.history.policy
-
-    def history_bytes_needed(self, context: UnlearnContext) -> int:
-        """M_0, the global model of each stored round (rollback candidates), kept updates."""
-        key = self._cache_key(context)
-        stored = self._cache.get(key) if context.fingerprint else None
-        if stored is None:
-            stored = self.selection(context)
-            if context.fingerprint:
-                self._cache[key] = stored
-        return selection_bytes(stored, context.clients.num_params)
 
     # ----- step 2: rollback -----------------------------------------------------------------
 
@@ -319,8 +284,6 @@ class Crab(Unlearner):
         windows: list[WindowRecord] = []
         stored = self.selection(context, windows)
         selection_seconds = time.perf_counter() - clock
-        if context.fingerprint:
-            self._cache[self._cache_key(context)] = stored
         if not stored:
             raise UnsupportedHistoryError(
                 "crab found no stored round with client updates in this run; record it with "
@@ -361,7 +324,7 @@ class Crab(Unlearner):
         }
         details = CrabDetails(
             timing=timing,
-            selection_options=self._options(context),
+            selection_options=self.selection_options(context),
             selection_source=context.history.policy,
             stored_rounds=tuple(s.round for s in stored),
             stored_clients={str(s.round): list(s.clients) for s in stored},

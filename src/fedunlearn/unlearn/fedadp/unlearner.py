@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -51,18 +51,12 @@ from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
 from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
-from fedunlearn.unlearn.base import Details, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.fedadp.params import FedADPParams
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
 from fedunlearn.unlearn.registry import register
-from fedunlearn.unlearn.selection import (
-    StoredRound,
-    refuse_overrides_of_live_selection,
-    selection_bytes,
-    selection_options,
-    stored_selection,
-)
+from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
 
 log = logging.getLogger(__name__)
 
@@ -148,47 +142,38 @@ class FedADPDetails(Details):
     negative_cos_fraction: float
     calibration: str
     local_epochs: int
-    timing: dict[str, float]
+    timing: dict[str, float] = field(compare=False)  # wall seconds: not part of the result
     stages: tuple[dict[str, Any], ...] = ()
 
 
 @register("fedadp")
-class FedADP(Unlearner):
+class FedADP(SelectiveReplay):
     """Calibrated replay of FedADP's stored rounds from M_0 (projection of the stored updates)."""
 
     params_type = FedADPParams
     required_policies = frozenset({"all", "fedadp"})
 
-    def __init__(self, params: FedADPParams | dict[str, Any] | None = None) -> None:
-        super().__init__(params)
-        self._cache: dict[str, list[StoredRound]] = {}
+    policy = "fedadp"
+    overrides = ("beta", "round_ratio", "client_ratio")
 
     # ----- step 1: the selection ----------------------------------------------------------
 
-    def _options(self, context: UnlearnContext) -> dict[str, float]:
-        return selection_options(
-            self.params,
-            context.recording.options("fedadp"),
-            ("beta", "round_ratio", "client_ratio"),
-        )
-
     def check_history(self, context: UnlearnContext) -> None:
-        """Also refuse overrides on a live selection, and unlearn_dp without a stored S."""
+        """Also refuse unlearn_dp without a stored S (and what ``SelectiveReplay`` refuses)."""
         super().check_history(context)
-        if context.history.policy == "fedadp":
-            refuse_overrides_of_live_selection(
-                "fedadp", "fedadp", self._options(context), context.recording.options("fedadp")
-            )
-        elif not context.has_reference_set and LOSS_KEY not in context.history.round_scalars(0):
-            raise UnsupportedHistoryError(
-                "fedadp derives its selection from an 'all' run with a server loss; this run "
-                f"has no '{LOSS_KEY}' metric and the context no reference set R; open the run "
-                "with UnlearnSession."
-            )
         if self.params.unlearn_dp and not context.privacy.enabled:
             raise UnsupportedHistoryError(
                 "fedadp with unlearn_dp=true needs a run trained with privacy.enabled (its "
                 "per-round ε_t and S); drop unlearn_dp or train with a privacy section."
+            )
+
+    def check_derivable(self, context: UnlearnContext) -> None:
+        """Deriving the stages of an ``all`` run needs the server loss or a reference set."""
+        if not context.has_reference_set and LOSS_KEY not in context.history.round_scalars(0):
+            raise UnsupportedHistoryError(
+                "fedadp derives its selection from an 'all' run with a server loss; this run "
+                f"has no '{LOSS_KEY}' metric and the context no reference set R; open the run "
+                "with UnlearnSession."
             )
 
     def _losses(self, context: UnlearnContext) -> list[float]:
@@ -206,10 +191,8 @@ class FedADP(Unlearner):
             for t in rounds
         ]
 
-    def selection(
-        self, context: UnlearnContext, stages: list[Stage] | None = None
-    ) -> list[StoredRound]:
-        """Return the stored rounds with their stored clients (stored, or derived from ``all``)."""
+    def derive_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """Run the live policy's ``StageSelector`` over an ``all`` run (log: its stages)."""
         history = context.history
         total = context.num_rounds
 
@@ -217,9 +200,7 @@ class FedADP(Unlearner):
             records = history.client_records(t)
             return tuple(r.client_id for r in records if r.status == "accepted" and r.stored)
 
-        if history.policy == "fedadp":
-            return stored_selection(history, total)
-        opts = self._options(context)
+        opts = self.selection_options(context)
         run = context.recording.options("fedadp")
         selector = StageSelector(
             opts["beta"],
@@ -247,22 +228,8 @@ class FedADP(Unlearner):
             )
             out += [StoredRound(r, ids) for r, ids in sorted((kept or {}).items()) if ids]
             before = after
-        if stages is not None:
-            stages.extend(selector.stages)
+        log.extend(selector.stages)
         return out
-
-    def _cache_key(self, context: UnlearnContext) -> str:
-        return context.fingerprint + context.history.policy + repr(self.params)
-
-    def history_bytes_needed(self, context: UnlearnContext) -> int:
-        """M_0, the global model of each stored round and the stored updates (spec §3.5)."""
-        key = self._cache_key(context)
-        stored = self._cache.get(key) if context.fingerprint else None
-        if stored is None:
-            stored = self.selection(context)
-            if context.fingerprint:
-                self._cache[key] = stored
-        return selection_bytes(stored, context.clients.num_params)
 
     # ----- step 2: replay -------------------------------------------------------------------
 
@@ -281,8 +248,6 @@ class FedADP(Unlearner):
         p = self.params
         stages: list[Stage] = []
         stored = self.selection(context, stages)
-        if context.fingerprint:
-            self._cache[self._cache_key(context)] = stored
         selection_seconds = time.perf_counter() - clock
         if not stored:
             raise UnsupportedHistoryError(
@@ -355,7 +320,7 @@ class FedADP(Unlearner):
             privacy={k: v for k, v in ledger.items() if k != "rounds"}
             | {"epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]},
             selection_source=history.policy,
-            selection_options=self._options(context),
+            selection_options=self.selection_options(context),
             stored_rounds=tuple(s.round for s in stored),
             stored_clients={str(s.round): list(s.clients) for s in stored},
             num_stored_rounds=len(stored),

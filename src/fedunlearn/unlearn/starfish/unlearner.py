@@ -220,10 +220,10 @@ class StarfishDetails(Details):
     stage_one: dict[str, int]
     opened: tuple[dict[str, Any], ...]
     op_counts: dict[str, Any]
-    mpc_costs: dict[str, Any] | None = None
+    mpc_costs: dict[str, Any] | None = field(default=None, compare=False)  # measured seconds
     trajectory: tuple[list[float], ...] | None = None
     models_agree: bool | None = None
-    mpc_costs_party1: dict[str, Any] | None = None
+    mpc_costs_party1: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @register("starfish")
