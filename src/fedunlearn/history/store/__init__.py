@@ -1,7 +1,8 @@
 """The on-disk history of a run.
 
-Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``), the evidence of
-deletions (``deletion``) and the read-only protocol unlearning methods use (``reader``).
+Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
+methods in ``erasure`` and its checks in ``integrity``), the evidence of deletions (``deletion``)
+and the read-only protocol unlearning methods use (``reader``).
 """
 
 from fedunlearn.history.store.deletion import DeletedPayload, DeletionCheck, DeletionRecord

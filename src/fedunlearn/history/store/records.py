@@ -8,7 +8,7 @@ found.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -27,9 +27,21 @@ __all__ = [
     "StoreCheck",
     "check_int",
     "check_tensor",
+    "format_ids",
 ]
 
 Scalar = bool | int | float | str | None
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """Return ids for a message: ``3..9`` for a run, else up to 30 of them."""
+    ids = sorted(set(ids))
+    if not ids:
+        return "none"
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"{ids[0]}..{ids[-1]}"
+    shown = ", ".join(map(str, ids[:30]))
+    return shown + (f", ... ({len(ids)} ids)" if len(ids) > 30 else "")
 
 
 def check_int(value: object, name: str, minimum: int = 0) -> int:

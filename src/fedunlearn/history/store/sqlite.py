@@ -33,10 +33,10 @@ Design:
       it once, on its first ``forget()``, which also converts the file. Not covered: blocks the
       file system or an SSD keeps after an overwrite, backups, the OS page cache; use disk
       encryption for those.
-    * Each ``forget()`` call leaves a deletion record (``deletion.py``): per deleted payload its
-      round, client, size, SHA-256 (computed before the deletion) and fingerprints of its
-      overflow pages, so ``check_deletions()`` can show later that reads fail and that no page
-      of it is left in the files.
+    * Each ``forget()`` call (``erasure.py``) leaves a deletion record (``deletion.py``): per
+      deleted payload its round, client, size, SHA-256 (computed before the deletion) and
+      fingerprints of its overflow pages, so ``check_deletions()`` can show later that reads
+      fail and that no page of it is left in the files.
     * A CRC-32 per payload, checked on every read. It catches accidental damage (torn writes,
       bit rot, bad copies); it is not a MAC (whoever can edit the file can recompute any
       checksum kept in it). zlib's crc32 runs at ~3 GB/s here, sha256 at ~0.9 GB/s.
@@ -45,9 +45,9 @@ Design:
       unreliable on some network file systems: keep run directories on a local disk. A caller
       that must hold the lock before the store exists (a run directory, before it writes
       anything) takes a ``WriterLock`` and hands it to ``create`` or ``open``.
-    * ``check()`` looks for damage without changing anything (every checksum, or a quick pass
-      over the catalog and the models) and names the first bad round, from which a run can be
-      retrained (``truncate_after(first_bad_round - 1)``).
+    * ``check()`` (``integrity.py``) looks for damage without changing anything (every
+      checksum, or a quick pass over the catalog and the models) and names the first bad round,
+      from which a run can be retrained (``truncate_after(first_bad_round - 1)``).
     * Reads stream: ``iter_updates`` fetches one payload per step, and there is no mmap, so a
       reader holds one payload plus SQLite's 2 MiB page cache, never a round or the history.
 """
@@ -55,17 +55,16 @@ Design:
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import sqlite3
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -74,27 +73,26 @@ from fedunlearn.errors import (
     ForgottenDataError,
     HistoryCorruptError,
     HistoryError,
-    UnknownClientError,
 )
 from fedunlearn.fl.records import UpdateStatus
-from fedunlearn.history.store.codec import PayloadError, decode, encode, from_real, to_real
-from fedunlearn.history.store.deletion import (
-    FINGERPRINT_BYTES,
-    DeletedPayload,
-    DeletionCheck,
-    DeletionRecord,
-    fingerprints,
-    scan_pages,
-    split_fingerprints,
+from fedunlearn.history.store.codec import (
+    NO_CLIENT,
+    PayloadError,
+    decode,
+    encode,
+    from_real,
+    to_real,
 )
+from fedunlearn.history.store.erasure import Erasure
+from fedunlearn.history.store.integrity import Integrity
 from fedunlearn.history.store.records import (
     ClientRecord,
     ForgetRecord,
     RoundEntry,
     Scalar,
-    StoreCheck,
     check_int,
     check_tensor,
+    format_ids,
 )
 
 __all__ = ["FILE_NAME", "LOCK_NAME", "SCHEMA_VERSION", "HistoryStore", "WriterLock"]
@@ -104,7 +102,6 @@ FILE_NAME = "history.sqlite"
 LOCK_NAME = "history.lock"
 MODEL_KINDS = ("global", "aggregate")
 _FORMAT = "fedunlearn-history"
-_NO_CLIENT = -1  # client_id of global/aggregate payloads
 _PAGE_SIZE = 16384  # fewer overflow pages per multi-MB blob than 4096; see benchmarks/
 _BUSY_TIMEOUT_MS = 10_000
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -143,21 +140,9 @@ CREATE TABLE forget_payloads (
 """
 _TABLES = frozenset({"info", "rounds", "clients", "payloads", "forget_log"})
 _DELETION_TABLES = frozenset({"forget_calls", "forget_payloads"})
-_AUTO_VACUUM_INCREMENTAL = 2
-_CHECK_SAMPLE = 20  # problems listed by check()
 # SQLite primary result codes (sqlite3.h) that mean "this file is damaged".
 _CORRUPT_CODES = frozenset({11, 24, 26})  # SQLITE_CORRUPT, SQLITE_FORMAT, SQLITE_NOTADB
 _SHORT_READ = 522  # SQLITE_IOERR_SHORT_READ: the file ends before a page it points to
-
-
-def _format_ids(ids: Iterable[int]) -> str:
-    ids = sorted(set(ids))
-    if not ids:
-        return "none"
-    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
-        return f"{ids[0]}..{ids[-1]}"
-    shown = ", ".join(map(str, ids[:30]))
-    return shown + (f", ... ({len(ids)} ids)" if len(ids) > 30 else "")
 
 
 def _check_header(file: Path) -> None:
@@ -227,7 +212,7 @@ class WriterLock:
             self._fd = None
 
 
-class HistoryStore:
+class HistoryStore(Erasure, Integrity):
     """The history of one run in ``<dir>/history.sqlite``; build with ``create`` or ``open``.
 
     A writable store holds ``<dir>/history.lock`` until ``close()``; use it as a context manager.
@@ -463,8 +448,8 @@ class HistoryStore:
             )
         limit = self._db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
         named = [
-            ("global", _NO_CLIENT, entry.global_model),
-            ("aggregate", _NO_CLIENT, entry.aggregate),
+            ("global", NO_CLIENT, entry.global_model),
+            ("aggregate", NO_CLIENT, entry.aggregate),
         ]
         payloads = [(r, k, c, t) for k, c, t in named if t is not None]
         payloads += [(r, "update", cid, entry.updates[cid]) for cid in sorted(entry.updates)]
@@ -498,7 +483,7 @@ class HistoryStore:
                 if gone:
                     raise HistoryError(
                         f"{self._file}: round {r} has updates of client(s) "
-                        f"{_format_ids(g[0] for g in gone)}, which were forgotten; drop them "
+                        f"{format_ids(g[0] for g in gone)}, which were forgotten; drop them "
                         "from the round. Nothing was written."
                     )
             for rr in sorted(late):
@@ -574,156 +559,6 @@ class HistoryStore:
             for table in ("payloads", "clients", "rounds"):
                 self._db.execute(f"DELETE FROM {table} WHERE round > ?", (round,))
 
-    def forget(
-        self, client_ids: Iterable[int], *, vacuum: Literal["incremental", "full"] = "incremental"
-    ) -> DeletionRecord:
-        """Delete every stored update of ``client_ids`` from the file, and record it.
-
-        Steps, in order: check the ids (nothing changes if one is unknown); make sure no reader
-        pins old WAL frames; read each payload once for its SHA-256 and page fingerprints; in one
-        transaction delete the payloads (``secure_delete`` zeroes the freed pages), mark the
-        clients' records, append to the forget log and the deletion record, and give the freed
-        pages back (``incremental_vacuum``); truncate the WAL to zero bytes. Global models and
-        aggregates are kept: removing the clients' influence from them is the unlearning
-        method's job.
-
-        Args:
-            client_ids: Clients to forget; ids forgotten before are accepted (0 bytes).
-            vacuum: ``"incremental"`` (default: time and extra disk proportional to the
-                forgotten bytes) or ``"full"`` (``VACUUM``: rebuilds the whole file, needs its
-                size again in free disk). A store written before auto_vacuum was enabled always
-                gets ``"full"`` once, which converts it.
-
-        Returns:
-            The deletion record of this call (also kept in the store; see
-            ``deletion_records()``). Forgetting nobody returns an empty record that is not kept.
-
-        Raises:
-            ConfigError: ``vacuum`` is not one of the two modes.
-            UnknownClientError: An id never appears in the store; nothing was changed.
-            HistoryError: The store is read-only, or another process is reading and keeps the
-                WAL from being truncated (the message says what was done).
-        """
-        self._require_writable("forget clients")
-        if vacuum not in ("incremental", "full"):
-            raise ConfigError(f"vacuum must be 'incremental' or 'full'; got {vacuum!r}.")
-        ids = sorted({check_int(c, "forget client id") for c in client_ids})
-        before = self.file_bytes()
-        if not ids:
-            return DeletionRecord(0, time.time(), (), (), 0, before, before, vacuum)
-        with self._sqlite("forgetting clients"):
-            known = {
-                row[0]
-                for row in self._db.execute(
-                    "SELECT DISTINCT client_id FROM clients UNION SELECT client_id FROM forget_log"
-                )
-            }
-            unknown = [c for c in ids if c not in known]
-            if unknown:
-                raise UnknownClientError(
-                    f"{self._file}: client(s) {_format_ids(unknown)} never appear in this history "
-                    f"(known client ids: {_format_ids(known)}); nothing was forgotten."
-                )
-            self._checkpoint_truncate("nothing was changed; close the other readers and retry")
-            before = self.file_bytes()
-            incremental = (
-                vacuum == "incremental"
-                and self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == _AUTO_VACUUM_INCREMENTAL
-            )
-            mode = "incremental" if incremental else "full"
-            usable = self._usable_page_size()
-            with self._transaction("forgetting clients"):
-                evidence = [self._evidence(pid, usable) for pid in self._payload_ids(ids)]
-                now = time.time()
-                total = sum(e[2] for e in evidence)
-                call = self._db.execute(
-                    "INSERT INTO forget_calls (forgotten_at, client_ids, size_bytes, "
-                    "file_bytes_before, vacuum, page_size) VALUES (?, ?, ?, ?, ?, ?)",
-                    (now, json.dumps(ids), total, before, mode, usable),
-                ).lastrowid
-                self._db.executemany(
-                    "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)",
-                    [(call, *e) for e in evidence],
-                )
-                for cid in ids:
-                    mine = [e for e in evidence if e[1] == cid]
-                    self._db.execute(
-                        "UPDATE clients SET forgotten_at=? WHERE client_id=? AND round IN "
-                        "(SELECT round FROM payloads WHERE kind='update' AND client_id=?)",
-                        (now, cid, cid),
-                    )
-                    self._db.execute(
-                        "DELETE FROM payloads WHERE kind='update' AND client_id=?", (cid,)
-                    )
-                    self._db.execute(
-                        "INSERT INTO forget_log (client_id, forgotten_at, size_bytes, num_payloads)"
-                        " VALUES (?, ?, ?, ?)",
-                        (cid, now, sum(e[2] for e in mine), len(mine)),
-                    )
-                if incremental:
-                    self._incremental_vacuum()
-            if not incremental:
-                self._full_vacuum(ids)
-            self._checkpoint_truncate(
-                f"the updates of clients {_format_ids(ids)} are deleted and their pages given "
-                "back, but old WAL frames may still hold copies; call forget() with the same ids "
-                "again once the other readers have closed"
-            )
-            after = self.file_bytes()
-            with self._transaction("recording the file size after forgetting"):
-                self._db.execute(
-                    "UPDATE forget_calls SET file_bytes_after=? WHERE id=?", (after, call)
-                )
-            self._checkpoint_truncate("the deletion is complete; only its record is in the WAL")
-        return self._deletion_record(call)
-
-    def _payload_ids(self, client_ids: list[int]) -> list[int]:
-        marks = ",".join("?" * len(client_ids))
-        rows = self._db.execute(
-            f"SELECT id FROM payloads WHERE kind='update' AND client_id IN ({marks}) "
-            "ORDER BY client_id, round",
-            tuple(client_ids),
-        )
-        return [pid for (pid,) in rows]
-
-    def _evidence(self, payload_id: int, usable: int) -> tuple[int, int, int, str, bytes]:
-        """Return (round, client, size, SHA-256, fingerprints) of a payload about to go."""
-        row = self._db.execute(
-            "SELECT NULL, round, kind, client_id, dtype, shape, size_bytes, crc32, data "
-            "FROM payloads WHERE id=?",
-            (payload_id,),
-        ).fetchone()
-        data = row[-1] if isinstance(row[-1], bytes) else b""
-        return row[1], row[3], row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
-
-    def _usable_page_size(self) -> int:
-        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
-        with self._file.open("rb") as fh:
-            fh.seek(20)
-            reserved = fh.read(1)
-        return page_size - (reserved[0] if reserved else 0)
-
-    def _incremental_vacuum(self) -> None:
-        """Give every free page back to the file system (inside the current transaction)."""
-        # Each step of the pragma frees one page, and sqlite3's execute() steps once.
-        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
-        while free:
-            for _ in range(free):
-                self._db.execute("PRAGMA incremental_vacuum")
-            free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
-
-    def _full_vacuum(self, ids: list[int]) -> None:
-        try:
-            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # VACUUM converts the file
-            self._db.execute("VACUUM")
-        except sqlite3.DatabaseError as exc:
-            raise HistoryError(
-                f"{self._file}: the updates of clients {_format_ids(ids)} are deleted, their "
-                f"pages zeroed, but VACUUM failed ({exc}), so the file did not shrink. Free "
-                "disk space (VACUUM needs about twice the file size) and call forget() with "
-                "the same ids again."
-            ) from exc
-
     def _checkpoint_truncate(self, consequence: str) -> None:
         busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         if busy:
@@ -798,7 +633,7 @@ class HistoryStore:
         """
         if kind not in MODEL_KINDS:
             raise ConfigError(f"kind must be one of {', '.join(MODEL_KINDS)}; got {kind!r}.")
-        row = self._payload_row("round=? AND kind=? AND client_id=?", (round, kind, _NO_CLIENT))
+        row = self._payload_row("round=? AND kind=? AND client_id=?", (round, kind, NO_CLIENT))
         if row is None:
             self._require_round(round)
             raise HistoryError(
@@ -862,152 +697,6 @@ class HistoryStore:
             ).fetchall()
         return [ForgetRecord(*row) for row in rows]
 
-    def deletion_records(self, client_ids: Iterable[int] | None = None) -> list[DeletionRecord]:
-        """Return the deletion record of every ``forget()`` call, oldest first.
-
-        Args:
-            client_ids: Only calls that forgot one of these clients, each with only these
-                clients' payloads; None for all.
-        """
-        if not self._has_deletion_tables():
-            return []
-        with self._sqlite("reading the deletion records"):
-            calls = [cid for (cid,) in self._db.execute("SELECT id FROM forget_calls ORDER BY id")]
-        records = [self._deletion_record(c) for c in calls]
-        if client_ids is None:
-            return records
-        wanted = {check_int(c, "client id") for c in client_ids}
-        return [
-            DeletionRecord(
-                r.id,
-                r.forgotten_at,
-                r.client_ids,
-                tuple(p for p in r.payloads if p.client_id in wanted),
-                r.size_bytes,
-                r.file_bytes_before,
-                r.file_bytes_after,
-                r.vacuum,
-            )
-            for r in records
-            if wanted & set(r.client_ids)
-        ]
-
-    def _deletion_record(self, call: int) -> DeletionRecord:
-        with self._sqlite("reading a deletion record"):
-            row = self._db.execute(
-                "SELECT id, forgotten_at, client_ids, size_bytes, file_bytes_before, "
-                "file_bytes_after, vacuum FROM forget_calls WHERE id=?",
-                (call,),
-            ).fetchone()
-            payloads = self._db.execute(
-                "SELECT round, client_id, size_bytes, sha256, length(fingerprints) "
-                "FROM forget_payloads WHERE call_id=? ORDER BY client_id, round",
-                (call,),
-            ).fetchall()
-        return DeletionRecord(
-            id=row[0],
-            forgotten_at=row[1],
-            client_ids=tuple(json.loads(row[2])),
-            payloads=tuple(
-                DeletedPayload(r, c, size, sha, n // FINGERPRINT_BYTES)
-                for r, c, size, sha, n in payloads
-            ),
-            size_bytes=row[3],
-            file_bytes_before=row[4],
-            file_bytes_after=row[5],
-            vacuum=row[6],
-        )
-
-    def check_deletions(self, client_ids: Iterable[int] | None = None) -> DeletionCheck:
-        """Check that every recorded deleted payload is unreadable and its pages are gone.
-
-        Reads each recorded payload through ``read_update`` (which must refuse it), then scans
-        every page of the database file and every WAL frame once for the payloads' overflow-page
-        fingerprints (``deletion.py``). The scan is calibrated on up to three live payloads: it
-        must find their pages, or the check reports that the scan is inconclusive.
-
-        Args:
-            client_ids: Check only these clients' deleted payloads; None for all.
-
-        Returns:
-            What was checked and found; ``ok`` is False if anything was readable or found, or
-            the calibration failed.
-        """
-        wanted = None if client_ids is None else {check_int(c, "client id") for c in client_ids}
-        problems: list[str] = []
-        usable = self._usable_page_size()
-        deleted: dict[bytes, str] = {}
-        checked = unreadable = not_scanned = 0
-        with self._sqlite("reading the deletion records"):
-            rows = (
-                self._db.execute(
-                    "SELECT round, client_id, fingerprints FROM forget_payloads "
-                    "ORDER BY client_id, round"
-                ).fetchall()
-                if self._has_deletion_tables()
-                else []
-            )
-        for round, cid, prints in rows:
-            if wanted is not None and cid not in wanted:
-                continue
-            checked += 1
-            try:
-                self.read_update(round, cid)
-                problems.append(f"round {round} client {cid}: still readable")
-            except HistoryCorruptError:
-                problems.append(f"round {round} client {cid}: a damaged copy is still stored")
-            except HistoryError:  # ForgottenDataError, or the round itself was dropped since
-                unreadable += 1
-            if not prints:
-                not_scanned += 1
-            for fp in split_fingerprints(prints):
-                deleted.setdefault(fp, f"round {round} client {cid}")
-        control = self._control_fingerprints(usable)
-        found, pages = scan_pages(self._file, usable, set(deleted) | control)
-        hits = sorted({deleted[fp] for fp in found if fp in deleted})
-        problems += [f"{what}: a page of it is still in the files" for what in hits]
-        control_found = len(found & control)
-        if control and control_found < len(control):
-            problems.append(
-                f"the page scan found {control_found} of {len(control)} pages of live payloads, "
-                "so it is inconclusive for deleted ones (page layout not as expected)"
-            )
-        return DeletionCheck(
-            ok=not problems,
-            payloads_checked=checked,
-            unreadable=unreadable,
-            fingerprints_checked=len(deleted),
-            fingerprints_found=len(found & set(deleted)),
-            not_scanned=not_scanned,
-            control_checked=len(control),
-            control_found=control_found,
-            pages_scanned=pages,
-            problems=tuple(problems),
-        )
-
-    def _control_fingerprints(self, usable: int) -> set[bytes]:
-        """Fingerprints of up to three live payloads that have overflow pages."""
-        with self._sqlite("choosing live payloads for the scan's calibration"):
-            ids = self._db.execute(
-                "SELECT id FROM payloads WHERE size_bytes > ? ORDER BY round DESC, kind, "
-                "client_id LIMIT 3",
-                (usable,),
-            ).fetchall()
-            out: set[bytes] = set()
-            for (pid,) in ids:
-                out.update(split_fingerprints(self._evidence(pid, usable)[4]))
-        return out
-
-    def _has_deletion_tables(self) -> bool:
-        with self._sqlite("reading the schema"):
-            return (
-                self._db.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
-                    "('forget_calls', 'forget_payloads')"
-                ).fetchone()[0]
-                == 2
-            )
-
     # ----- accounting and checks ----------------------------------------------------------
 
     def stored_bytes(self) -> int:
@@ -1038,112 +727,6 @@ class HistoryStore:
         """Return the store's size on disk: the database file plus its WAL, if any."""
         wal = self._file.with_name(self._file.name + "-wal")
         return self._file.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
-
-    def check(self, *, full: bool = True) -> StoreCheck:
-        """Look for damage and inconsistencies without changing anything.
-
-        Checks, in order: SQLite's structure (``PRAGMA quick_check``, full only); the metadata;
-        that the rounds are 0..last without gaps and round 0 holds M_0; the catalog (each
-        payload's byte count, each stored update has an accepted or rejected client record,
-        nothing stored of a forgotten client); and the checksum, size, dtype and shape of every
-        payload (full) or of the global models and aggregates only (quick). Reads one payload
-        at a time.
-
-        Args:
-            full: Read every payload; False for a quick check (catalog and models).
-
-        Returns:
-            What was found, with the first bad round (retrain from the round before it).
-        """
-        bad: list[tuple[int | None, str]] = []
-        with self._sqlite("checking the store"):
-            if full:
-                structure = [row[0] for row in self._db.execute("PRAGMA quick_check")]
-                if structure != ["ok"]:
-                    bad.append((None, "structure: " + "; ".join(structure[:3])))
-            try:
-                if not isinstance(self.meta, dict):
-                    bad.append((None, "metadata: not a JSON object"))
-            except ValueError:
-                bad.append((None, "metadata: not valid JSON"))
-            rounds = self.rounds()
-            if rounds and rounds != list(range(rounds[-1] + 1)):
-                gaps = sorted(set(range(rounds[-1] + 1)) - set(rounds))
-                bad.append((gaps[0], f"rounds {_format_ids(gaps)} are missing"))
-            if (
-                rounds
-                and self._payload_row("round=0 AND kind='global' AND client_id=?", (_NO_CLIENT,))
-                is None
-            ):
-                bad.append((0, "round 0 has no initial model M_0"))
-            for round, kind, cid, size, length in self._db.execute(
-                "SELECT round, kind, client_id, size_bytes, length(data) FROM payloads "
-                "WHERE size_bytes != length(data) OR typeof(data) != 'blob'"
-            ):
-                bad.append(
-                    (
-                        round,
-                        f"round {round} {self._what(kind, cid)}: has {length} bytes, not {size}",
-                    )
-                )
-            for round, cid, status, gone in self._db.execute(
-                "SELECT p.round, p.client_id, c.status, c.forgotten_at FROM payloads p LEFT JOIN "
-                "clients c ON c.round=p.round AND c.client_id=p.client_id WHERE p.kind='update' "
-                "AND (c.status IS NULL OR c.status='missing' OR c.forgotten_at IS NOT NULL "
-                "OR p.client_id IN (SELECT client_id FROM forget_log))"
-            ):
-                why = "forgotten" if gone is not None else f"its record says {status or 'nothing'}"
-                bad.append((round, f"round {round} client {cid}: an update is stored but {why}"))
-            catalog = self._db.execute(
-                "SELECT id, round, kind, client_id, size_bytes FROM payloads"
-                + ("" if full else " WHERE kind != 'update'")
-                + " ORDER BY round, kind, client_id"
-            ).fetchall()
-        checked = checked_bytes = 0
-        for pid, round, kind, cid, size in catalog:
-            try:
-                self._decode(self._payload_row("id=?", (pid,)))
-                checked += 1
-                checked_bytes += size
-            except HistoryCorruptError as err:
-                reason = str(err).split(f"{self._what(kind, cid)} ", 1)[-1].split(";")[0]
-                bad.append((round, f"round {round} {self._what(kind, cid)}: {reason}"))
-        bad.sort(key=lambda b: (b[0] is not None, b[0] if b[0] is not None else 0))
-        first = min((r for r, _ in bad if r is not None), default=None)
-        return StoreCheck(
-            ok=not bad,
-            full=full,
-            payloads_checked=checked,
-            bytes_checked=checked_bytes,
-            problems=tuple(msg for _, msg in bad[:_CHECK_SAMPLE])
-            + ((f"... and {len(bad) - _CHECK_SAMPLE} more",) if len(bad) > _CHECK_SAMPLE else ()),
-            first_bad_round=first,
-        )
-
-    def verify(self) -> None:
-        """Check the file's structure, the catalog and every payload's checksum (``check()``).
-
-        Raises:
-            HistoryCorruptError: Naming the damage, the first bad round and how to repair.
-        """
-        result = self.check(full=True)
-        if not result.ok:
-            raise HistoryCorruptError(
-                f"{self._file}: {'; '.join(result.problems[:5])}"
-                f"{'; ...' if len(result.problems) > 5 else ''}; nothing was changed. "
-                f"{self._repair_advice(result.first_bad_round)}"
-            )
-
-    def _repair_advice(self, round: int | None) -> str:
-        """Say how to recover from damage starting at ``round`` (None: not tied to a round)."""
-        if round is None:
-            return "Restore the file from a backup, or start a new run."
-        run = self._file.parent.parent
-        return (
-            f"To retrain from round {max(round - 1, 0)}: fedunlearn train {run}/config.yaml "
-            f"--out {run} --resume --repair (drops round {round} and later), or restore the "
-            "file from a backup."
-        )
 
     # ----- internals ----------------------------------------------------------------------
 
@@ -1234,7 +817,7 @@ class HistoryStore:
     def _missing_round(self, round: int) -> HistoryError:
         return HistoryError(
             f"{self._file}: round {round} is not stored (stored rounds: "
-            f"{_format_ids(self.rounds())}). Pick a stored round, or rerun with a history policy "
+            f"{format_ids(self.rounds())}). Pick a stored round, or rerun with a history policy "
             "that keeps it."
         )
 
