@@ -91,6 +91,10 @@ def cli_errors(func: F) -> F:
             return func(*args, **kwargs)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except BrokenPipeError:  # the reader went away (``fedunlearn info RUN | head``)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+            raise typer.Exit(141) from None  # 128 + SIGPIPE, as a shell reports it
         except FedUnlearnError as err:
             if debug_enabled():
                 raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -40,7 +41,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = Console(soft_wrap=True)  # piped output: no line breaks at 80 columns
 err_console = Console(stderr=True)
 
 # Every command is wrapped by it (the name other modules of this package decorate with).
@@ -81,18 +82,21 @@ def _root(
 
 
 def _print_table(title: str, header: list[str] | None, rows: list[list[str]]) -> None:
-    """Print a table: boxed on a terminal, Markdown (never wrapped) when piped."""
+    """Print a table: boxed on a terminal, Markdown (never wrapped) when piped.
+
+    ``header`` None makes a two-column key-value table.
+    """
     if console.is_terminal:
         from rich.table import Table
 
         table = Table(title=title, show_header=header is not None)
         for i, col in enumerate(header or ["", ""]):
-            table.add_column(col, justify="left" if i == 0 else "right")
+            table.add_column(col, justify="right" if header and i else "left")
         for row in rows:
             table.add_row(*row)
         console.print(table)
         return
-    cols = header or ["", ""]
+    cols = header or ["field", "value"]
     lines = [title, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     print("\n".join(lines))
@@ -374,15 +378,22 @@ def forget(
                 f"client {cid}: {len(got)} stored update(s) deleted"
                 + (f" (rounds {got[0]}..{got[-1]})" if got else " (none left to delete)")
             )
+        when = datetime.fromtimestamp(record.forgotten_at, tz=UTC).isoformat(timespec="seconds")
         console.print(
             f"deleted {record.size_bytes:,} payload bytes; the files shrank by "
             f"{record.bytes_reclaimed:,} bytes ({record.vacuum} vacuum); record #{record.id} "
-            f"at {record.forgotten_at:.0f}"
+            f"at {when}"
         )
         console.print(
             f"check: {check.unreadable}/{check.payloads_checked} deleted payloads unreadable, "
             f"{check.fingerprints_found} of {check.fingerprints_checked} page fingerprints found "
             f"(scan calibrated on {check.control_found}/{check.control_checked} live pages)"
+            + (
+                f"; {check.not_scanned} payload(s) fitted inside a b-tree page: zeroed in "
+                "place, not scannable"
+                if check.not_scanned
+                else ""
+            )
         )
     if not check.ok:
         for problem in check.problems:
