@@ -12,7 +12,8 @@ Float reductions also depend on torch's intra-op thread count, so the store reco
 run was trained with and a resume runs with that count (restoring the caller's afterwards, with
 a warning when they differ). A deferred recording policy (Crab's windows, FedADP's stages) holds
 its open window in memory only, so a resume drops the rounds after the last closed window and
-re-runs them (bit-identically). A resume first checks every stored payload; with ``repair`` it
+re-runs them (bit-identically). A resume first checks every stored payload (one read of the
+store: about 5 s for the 2 GB paper-scale history, docs/performance.md); with ``repair`` it
 drops the first damaged round and everything after it and retrains them, reaching the model of
 an uninterrupted run. With ``privacy.enabled`` the clip-and-noise mod is attached to the
 federation for training only (``attach_privacy``); the DP ledger is committed in each round's
