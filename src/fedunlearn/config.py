@@ -1,11 +1,15 @@
 """Run configuration: the one place YAML becomes validated, frozen objects.
 
 Every model is frozen and forbids unknown keys, so a typo is an error naming the field rather
-than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``.
+than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``, one
+line naming every offending field. YAML that parses but cannot be meant is refused too: a
+duplicated key (YAML keeps the last one silently), a non-finite number anywhere (``.inf``,
+``.nan``), an empty file (it would train a default run nobody asked for).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +27,7 @@ from fedunlearn.errors import ConfigError
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class DataConfig(_Frozen):
@@ -106,7 +110,7 @@ class HistoryConfig(_Frozen):
     when the section is absent).
     """
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
     policy: str = "all"
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
@@ -240,17 +244,28 @@ def _nested_errors(err: ValidationError, prefix: str) -> str:
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+    parts = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         if msg.startswith(f"{where}."):  # a nested section's own errors, already located
-            lines.append(f"  {msg}")
+            parts.append(msg)
         else:
-            lines.append(f"  {where}: {msg}{shown}")
-    return "\n".join(lines)
+            parts.append(f"{where}: {msg}{shown}")
+    return f"invalid configuration in {source}: " + "; ".join(parts)
+
+
+def _non_finite(data: Any, where: str = "") -> list[str]:
+    """Return the dotted paths of every NaN or infinite float in ``data``."""
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _non_finite(v, f"{where}{k}.")]
+    if isinstance(data, list | tuple):
+        return [p for i, v in enumerate(data) for p in _non_finite(v, f"{where}{i}.")]
+    if isinstance(data, float) and not math.isfinite(data):
+        return [f"{where.rstrip('.')} ({data!r})"]
+    return []
 
 
 def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
@@ -259,21 +274,97 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
     Raises:
         ConfigError: naming every offending field, the value received and what is allowed.
     """
+    bad = _non_finite(data or {})
+    if bad:
+        raise ConfigError(
+            f"invalid configuration in {source}: {', '.join(bad)}: numbers must be finite "
+            "(no .inf or .nan); give a finite value"
+        )
     try:
         return RunConfig.model_validate(data or {})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML file into a ``RunConfig``; ``overrides`` are merged over it (dotted keys ok)."""
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(
+                        f"key {key!r} appears twice in one mapping (lines {seen[key]} and "
+                        f"{line}); YAML would keep the last silently. Keep one"
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """Read a YAML file strictly (no duplicate keys), turning every failure into ConfigError.
+
+    Args:
+        path: The file.
+        what: What the file is, for messages ("config file", "--params-file").
+
+    Raises:
+        ConfigError: The file is missing, a directory, unreadable, not UTF-8 text, not valid
+            YAML, or has a duplicated key; the message names the file and what to do.
+    """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"{what} {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory; give a YAML file") from None
+    except PermissionError:
+        raise ConfigError(f"{what} {path} cannot be read (permission denied)") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x});"
+            " give a YAML file"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as err:
+        raise ConfigError(f"{what} {path}: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{what} {path} is not valid YAML{where}: {problem}") from None
+
+
+def _examples() -> str:
+    shipped = Path(__file__).resolve().parents[2] / "configs"
+    names = sorted(p.name for p in shipped.glob("*.yaml")) if shipped.is_dir() else []
+    if names:
+        return f"start from an example in {shipped}: {', '.join(names)}"
+    return "start from an example in the configs/ directory of the fedunlearn repository"
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML file into a ``RunConfig``; ``overrides`` are merged over it (dotted keys ok).
+
+    Raises:
+        ConfigError: The file cannot be read, is not YAML, is empty, has a duplicated key or a
+            non-finite number, or a field is invalid.
+    """
+    path = Path(path)
+    data = read_yaml(path)
+    if data is None:
+        raise ConfigError(
+            f"config file {path} is empty; a run config names at least data, model and "
+            f"training ({_examples()})"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping; got {type(data).__name__}")
     for key, value in (overrides or {}).items():

@@ -14,6 +14,7 @@ __all__ = [
     "HistoryError",
     "ForgottenDataError",
     "MalformedFrameError",
+    "OutputError",
     "PeerDisconnectedError",
     "SecureComputationError",
     "UnknownClientError",
@@ -64,6 +65,13 @@ class HistoryCorruptError(HistoryError):
 
 class ForgottenDataError(HistoryError, LookupError):
     """The requested payload was removed by ``forget()`` and cannot be read."""
+
+
+class OutputError(FedUnlearnError, OSError):
+    """An output path cannot be written (checked before any work is done)."""
+
+    def __str__(self) -> str:  # OSError formats (errno, strerror) pairs; keep the message
+        return str(self.args[0]) if self.args else ""
 
 
 class UnknownMethodError(UnknownNameError):

@@ -26,21 +26,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
-import yaml
 from rich.console import Console
 
-from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.unlearn import make_method
-from fedunlearn.unlearn.starfish.deploy.launcher import run_local
-from fedunlearn.unlearn.starfish.deploy.remote import Tls, run_server, serve_clients, serve_dealer
-from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_store_dir
-from fedunlearn.unlearn.starfish.unlearner import Starfish
+from fedunlearn.cli.common import cli_errors, parse_forget
+from fedunlearn.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where used: the CLI lists its commands without loading torch
+    from fedunlearn.unlearn.starfish.deploy.remote import Tls
+    from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = ["register", "starfish_method"]
 
@@ -48,26 +45,12 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def _cli_errors(func: Any) -> Any:
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except FedUnlearnError as err:
-            err_console.print(f"[bold red]error:[/] {type(err).__name__}: {err}", soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
+_cli_errors = cli_errors
 
 
-def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"--forget takes comma-separated client ids; got {text!r}") from None
-    if not ids:
-        raise ConfigError("--forget is empty: name at least one client id (e.g. --forget 3)")
-    return ids
+def _ids(text: str, run_dir: Path) -> list[int]:
+    """Parse ``--forget`` as ``fedunlearn unlearn`` does: ``3,7`` or ``malicious``."""
+    return parse_forget(text, run_dir)[0]
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -79,6 +62,11 @@ def _address(text: str) -> tuple[str, int]:
 
 def starfish_method(params: Sequence[str]) -> Starfish:
     """Return the ``starfish`` method of ``--param key=value`` items (YAML values), on 2PC."""
+    import yaml
+
+    from fedunlearn.unlearn import make_method
+    from fedunlearn.unlearn.starfish.unlearner import Starfish
+
     values: dict[str, Any] = {}
     for item in params:
         key, sep, value = item.partition("=")
@@ -92,6 +80,8 @@ def starfish_method(params: Sequence[str]) -> Starfish:
 
 
 def _server_logging() -> None:
+    import torch
+
     torch.set_num_threads(1)
     logging.getLogger("fedunlearn.unlearn.starfish.unlearner").setLevel(logging.INFO)
 
@@ -113,6 +103,8 @@ def _tls(ca: Path | None, cert: Path | None, key: Path | None) -> Tls | None:
         return None
     if not all(given):
         raise ConfigError("TLS needs all of --tls-ca, --tls-cert and --tls-key (or none)")
+    from fedunlearn.unlearn.starfish.deploy.remote import Tls
+
     return Tls(ca, cert, key)  # type: ignore[arg-type]
 
 
@@ -128,6 +120,9 @@ def share_command(
     force: Annotated[bool, typer.Option(help="replace existing share stores")] = False,
 ) -> None:
     """Secret-share a run's Stage I history into RUN/starfish/server0 and server1."""
+    from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_store_dir
+
+
     made = ensure_shares(run_dir, starfish_method(param or []), force)
     where = f"{share_store_dir(run_dir, 0)} and {share_store_dir(run_dir, 1)}"
     console.print(("wrote " if made else "kept existing ") + where)
@@ -147,6 +142,9 @@ def dealer_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Serve the two Starfish servers as the trusted dealer (seeds and corrections only)."""
+    from fedunlearn.unlearn.starfish.deploy.remote import serve_dealer
+
+
     served = serve_dealer(
         port=port,
         port_file=port_file,
@@ -172,10 +170,13 @@ def clients_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Serve the two Starfish servers as the simulated remaining clients."""
+    from fedunlearn.unlearn.starfish.deploy.remote import serve_clients
+
+
     _server_logging()
     summary = serve_clients(
         run_dir,
-        _ids(forget),
+        _ids(forget, run_dir),
         method=starfish_method(param or []),
         port=port,
         port_file=port_file,
@@ -204,13 +205,16 @@ def server_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Run one Starfish 2PC server on its share store."""
+    from fedunlearn.unlearn.starfish.deploy.remote import run_server
+
+
     if party not in (0, 1):
         raise ConfigError(f"--party must be 0 or 1; got {party}")
     _server_logging()
     result = run_server(
         party,
         run,
-        _ids(forget),
+        _ids(forget, run),
         method=starfish_method(param or []),
         peer=_address(peer),
         dealer=_address(dealer),
@@ -238,9 +242,11 @@ def local_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Run dealer, both servers and the clients as local processes (127.0.0.1, ephemeral ports)."""
+    from fedunlearn.unlearn.starfish.deploy.launcher import run_local
+
     result = run_local(
         run_dir,
-        _ids(forget),
+        _ids(forget, run_dir),
         starfish_method(param or []),
         timeout_seconds=timeout,
         deadline_seconds=deadline,

@@ -15,7 +15,9 @@ import zlib
 
 import torch
 
-__all__ = ["DTYPES", "PayloadError", "decode", "encode", "from_real", "to_real"]
+__all__ = ["DTYPES", "NO_CLIENT", "PayloadError", "decode", "encode", "from_real", "to_real"]
+
+NO_CLIENT = -1  # client_id of the payloads that belong to no client (global model, aggregate)
 
 DTYPES = {
     name: getattr(torch, name)

@@ -1,13 +1,14 @@
-"""What the store keeps of a round, as values: ``RoundEntry``, ``ClientRecord``, ``ForgetRecord``.
+"""What the store keeps, as values: ``RoundEntry``, ``ClientRecord``, ``ForgetRecord``.
 
 Each value checks its fields on construction (types, ranges, consistency), so a malformed
-round is refused before anything is written.
+round is refused before anything is written. ``StoreCheck`` is what ``HistoryStore.check()``
+found.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -18,9 +19,29 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.fl.records import UpdateStatus
 from fedunlearn.history.store.codec import DTYPES
 
-__all__ = ["ClientRecord", "ForgetRecord", "RoundEntry", "Scalar", "check_int", "check_tensor"]
+__all__ = [
+    "ClientRecord",
+    "ForgetRecord",
+    "RoundEntry",
+    "Scalar",
+    "StoreCheck",
+    "check_int",
+    "check_tensor",
+    "format_ids",
+]
 
 Scalar = bool | int | float | str | None
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """Return ids for a message: ``3..9`` for a run, else up to 30 of them."""
+    ids = sorted(set(ids))
+    if not ids:
+        return "none"
+    if len(ids) > 2 and ids[-1] - ids[0] == len(ids) - 1:
+        return f"{ids[0]}..{ids[-1]}"
+    shown = ", ".join(map(str, ids[:30]))
+    return shown + (f", ... ({len(ids)} ids)" if len(ids) > 30 else "")
 
 
 def check_int(value: object, name: str, minimum: int = 0) -> int:
@@ -185,3 +206,35 @@ class ForgetRecord:
     num_payloads: int
 
 
+@dataclass(frozen=True)
+class StoreCheck:
+    """Result of ``HistoryStore.check()``: is the store whole, and if not, where it breaks.
+
+    Attributes:
+        ok: Nothing wrong was found.
+        full: Every payload's checksum was read (``check(full=True)``); otherwise the catalog,
+            the metadata and the models only.
+        payloads_checked: Payloads whose checksum was verified.
+        bytes_checked: Their tensor bytes.
+        problems: One line per problem, first bad round first.
+        first_bad_round: The earliest round with a damaged or inconsistent entry, or None if
+            the damage is not tied to a round (or there is none).
+    """
+
+    ok: bool
+    full: bool
+    payloads_checked: int
+    bytes_checked: int
+    problems: tuple[str, ...] = ()
+    first_bad_round: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "ok": self.ok,
+            "full": self.full,
+            "payloads_checked": self.payloads_checked,
+            "bytes_checked": self.bytes_checked,
+            "first_bad_round": self.first_bad_round,
+            "problems": list(self.problems),
+        }
