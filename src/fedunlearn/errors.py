@@ -14,8 +14,10 @@ __all__ = [
     "HistoryError",
     "ForgottenDataError",
     "MalformedFrameError",
+    "PeerAuthenticationError",
     "PeerDisconnectedError",
     "SecureComputationError",
+    "SessionMismatchError",
     "UnknownClientError",
     "UnknownMethodError",
     "UnknownNameError",
@@ -88,3 +90,19 @@ class MalformedFrameError(FedUnlearnError, ValueError):
 
 class SecureComputationError(FedUnlearnError, ArithmeticError):
     """A 2PC protocol cannot produce a result (value out of fixed-point range, singular input)."""
+
+
+class PeerAuthenticationError(FedUnlearnError, PermissionError):
+    """A peer failed TLS verification or its certificate's role is not allowed on this link."""
+
+
+class SessionMismatchError(FedUnlearnError, ValueError):
+    """Two authenticated peers run different sessions or jobs (their handshakes differ).
+
+    Attributes:
+        differences: Field name -> (ours, theirs) for every field that differs.
+    """
+
+    def __init__(self, message: str, differences: dict[str, tuple[object, object]] | None = None):
+        super().__init__(message)
+        self.differences = dict(differences or {})

@@ -28,14 +28,14 @@ SPAWN = multiprocessing.get_context("spawn")
 def test_in_process_exchange_counts_bytes_and_rounds():
     t0, t1 = InProcessTransport.pair(timeout_seconds=5)
     out = {}
-    peer_array = np.arange(3, dtype=np.uint64)
+    peer_array = np.arange(5, dtype=np.uint64)
     worker = threading.Thread(target=lambda: out.update(b=t1.exchange(peer_array)))
     worker.start()
     got = t0.exchange(np.arange(10, 15, dtype=np.uint64))
     worker.join()
-    np.testing.assert_array_equal(got, [0, 1, 2])
+    np.testing.assert_array_equal(got, [0, 1, 2, 3, 4])
     np.testing.assert_array_equal(out["b"], [10, 11, 12, 13, 14])
-    assert t0.counters.online.bytes_sent == 40 and t0.counters.online.bytes_received == 24
+    assert t0.counters.online.bytes_sent == 40 and t0.counters.online.bytes_received == 40
     assert t0.counters.online.rounds == 1 and t1.counters.online.rounds == 1
     with t0.counters.in_phase("offline"):
         t0.send(np.zeros(2, np.uint64))
@@ -141,7 +141,7 @@ def header(magic=b"FUMP", code=1, ndim=1, nbytes=8):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (header(nbytes=1 << 40) + struct.pack("!Q", 1 << 37), "exceeds max_frame_bytes"),
+        (header(nbytes=1 << 40) + struct.pack("!Q", 1 << 37), "exceeds the cap"),
         (header(magic=b"HTTP") + b"\0" * 16, "bad magic"),
         (header(code=9) + b"\0" * 16, "unknown dtype"),
         (header(ndim=1, nbytes=16) + struct.pack("!Q", 1) + b"\0" * 16, "needs 8 bytes"),
