@@ -89,7 +89,7 @@ class Channel:
             PeerDisconnectedError: The channel failed or was closed.
         """
         if self._error is not None:
-            raise PeerDisconnectedError(f"cannot send: {self._error}")
+            raise self._error  # the reason the channel stopped, as receive reports it
         if self._closing:
             raise PeerDisconnectedError(f"the channel to {self.transport.peer_name} is closed")
         with self._out_lock:
@@ -140,14 +140,20 @@ class Channel:
             time.sleep(0.005)
         return False
 
-    def close(self, flush_seconds: float = 0.0) -> None:
-        """Stop the I/O thread and close the connection (after flushing, if asked)."""
+    def close(self, flush_seconds: float = 0.0, *, background: bool = False) -> None:
+        """Stop the I/O thread and close the connection.
+
+        Args:
+            flush_seconds: Write what is queued first (at most this long), then linger as long
+                for the peer to close (``TcpTransport.close``), so the last message arrives.
+            background: Linger in a daemon thread and return at once.
+        """
         if flush_seconds > 0 and not self._closing:
             self.flush(flush_seconds)
         self._closing = True
         self._wake()
         self._thread.join(5.0)
-        self.transport.close()
+        self.transport.close(flush_seconds, background=background)
         for sock in (self._wake_r, self._wake_w):
             sock.close()
 
@@ -255,5 +261,6 @@ class Channel:
                     f"the channel to {transport.peer_name} is closed"
                 )
             self._writing = False
-            transport.close()
+            if not self._closing:  # failed: nothing more will be said on this connection
+                transport.close()
             self._in.put((_STOP, 0))

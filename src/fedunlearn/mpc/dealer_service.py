@@ -200,6 +200,14 @@ def _decode(frame: np.ndarray, party_id: int) -> _Message:
     raise MalformedFrameError(f"party {party_id} sent the dealer {problem}")
 
 
+def _decode_or_error(frame: np.ndarray, party_id: int) -> _Message | MalformedFrameError:
+    """Decode in the I/O thread; a bad message becomes an item (the link stays usable)."""
+    try:
+        return _decode(frame, party_id)
+    except MalformedFrameError as exc:
+        return exc
+
+
 def _material_bytes(request: Request) -> int:
     shapes = request.random_shapes + request.correction_shapes
     return 8 * sum(math.prod(s) for s in shapes)
@@ -371,7 +379,7 @@ class DealerServer:
             self._channels[party_id] = Channel(
                 link.transport,
                 expect=lambda: Expect(_MAX_MESSAGE_BYTES, _U64),
-                on_frame=lambda array, k=party_id: (_decode(array, k), array.nbytes),
+                on_frame=lambda array, k=party_id: (_decode_or_error(array, k), array.nbytes),
                 max_buffered_bytes=64 << 20,
                 write_timeout_seconds=self.idle_timeout_seconds,
                 name=f"dealer-party{party_id}",
@@ -388,7 +396,10 @@ class DealerServer:
     def _read(self, party_id: int, timeout_seconds: float) -> _Message:
         """Read party ``party_id``'s next message; tell the other party if this fails."""
         try:
-            return self._channel(party_id).receive(timeout_seconds)
+            item = self._channel(party_id).receive(timeout_seconds)
+            if isinstance(item, MalformedFrameError):
+                raise item
+            return item
         except MalformedFrameError as exc:
             self._tell(party_id, _MALFORMED, str(exc))
             self._tell(1 - party_id, _GONE, f"the dealer ended the session: {exc}")
@@ -887,4 +898,6 @@ class RemoteDealer(DealerClient):
             self._channel.send(np.array([_BYE, self.requests], dtype=np.uint64))
         except PeerDisconnectedError:
             pass
-        self._channel.close(flush_seconds=2.0)
+        # the goodbye is written first; then read until the dealer hangs up (in the background)
+        # so that unread streamed material cannot reset the link before the goodbye is read
+        self._channel.close(flush_seconds=2.0, background=True)

@@ -80,6 +80,7 @@ __all__ = [
 
 logger = logging.getLogger("fedunlearn.mpc.link")
 MAX_PENDING = 32  # connections handshaking at once; more are closed at once
+_LINGER_SECONDS = 2.0  # after a refusal or abort, let the message reach the peer
 _MAX_REFUSALS_KEPT = 20
 _HINT = (
     "Start every process of a session with the same session id, run, configuration, forget "
@@ -245,9 +246,9 @@ def _handshake_incoming(
             )
         if problem is not None:
             _try_send_doc(transport, _refusal("role", problem))
+            transport.close(_LINGER_SECONDS)  # this is the handshake thread: linger here
             raise _Refused(f"{problem} (refused)")
     except _Refused:
-        transport.close()
         raise
     except FedUnlearnError as exc:  # silent, slow, malformed: junk
         transport.close()
@@ -351,7 +352,7 @@ def accept_peers(
         done.set()
         for link in accepted.values():
             _try_send_doc(link.transport, {"abort": reason})
-            link.close()
+            link.transport.close(_LINGER_SECONDS, background=True)
 
     deadline = time.monotonic() + accept_timeout_seconds
     try:
@@ -380,7 +381,7 @@ def accept_peers(
                         item.transport,
                         _refusal("taken", f"role {item.role} has already joined this session"),
                     )
-                    item.transport.close()
+                    item.transport.close(_LINGER_SECONDS, background=True)
                     refuse(item.where, f"second peer for role {item.role}")
                     continue
                 if current is None:  # adopt_binding: the first peer's session is ours
@@ -390,7 +391,7 @@ def accept_peers(
                 differences = ours.differences(item.hello)
                 if differences:
                     error = mismatch_error(f"{item.role} at {item.where}", differences, _HINT)
-                    item.transport.close()
+                    item.transport.close(_LINGER_SECONDS, background=True)
                     abort(f"the session was refused: {error}")
                     raise error
                 item.transport.set_timeout(timeout_seconds)
@@ -448,7 +449,7 @@ def _drain_late(results: queue.Queue) -> None:
                 continue
             if not isinstance(item, tuple):
                 _try_send_doc(item.transport, _refusal("taken", "the session is complete"))
-                item.transport.close()
+                item.transport.close(_LINGER_SECONDS)
 
     threading.Thread(target=drain, name="late-handshakes", daemon=True).start()
 

@@ -36,6 +36,7 @@ import select
 import socket
 import ssl
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -504,16 +505,48 @@ class TcpTransport(Transport):
             return self._sock.getpeercert()
         return None
 
-    def close(self) -> None:
-        """Shut down and close the socket; the peer's next receive raises."""
+    def close(self, linger_seconds: float = 0.0, *, background: bool = False) -> None:
+        """Close the connection; the peer's next receive raises.
+
+        Args:
+            linger_seconds: Half-close first and read (and drop) what the peer still sends,
+                until it closes or this time passes. Closing with unread bytes makes TCP send a
+                reset, which can destroy the last message (an error, a goodbye) before the
+                peer reads it; lingering lets it arrive.
+            background: Linger in a daemon thread and return at once.
+        """
         if self._closed:
             return
         self._closed = True
+        if linger_seconds > 0 and background:
+            threading.Thread(
+                target=self._linger_and_close, args=(linger_seconds,), daemon=True
+            ).start()
+            return
+        self._linger_and_close(linger_seconds)
+
+    def _linger_and_close(self, linger_seconds: float) -> None:
+        sock = self._sock
+        if linger_seconds > 0:
+            try:
+                sock.shutdown(socket.SHUT_WR)  # on TLS: drops the SSL layer, then half-closes
+                end = time.monotonic() + linger_seconds
+                while (left := end - time.monotonic()) > 0:
+                    ready, _, _ = select.select([sock], [], [], left)
+                    if not ready:
+                        break
+                    try:
+                        if not sock.recv(1 << 16):
+                            break
+                    except (BlockingIOError, InterruptedError):
+                        continue
+            except (OSError, ValueError):
+                pass
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
+            sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
             pass
-        self._sock.close()
+        sock.close()
 
 
 def connect_socket(host: str, port: int, timeout_seconds: float) -> socket.socket:

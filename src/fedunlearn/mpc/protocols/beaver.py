@@ -24,6 +24,7 @@ from fedunlearn.mpc.shares import SharedTensor
 __all__ = [
     "refresh",
     "sec_aggregate",
+    "sec_constant",
     "sec_inner",
     "sec_matmul",
     "sec_mul",
@@ -85,6 +86,34 @@ def sec_aggregate(tensors: Sequence[SharedTensor]) -> SharedTensor:
 def refresh(x: SharedTensor) -> SharedTensor:
     """Re-randomise the shares of ``x`` with a ZeroGen pair (local after the dealer's seed)."""
     return SharedTensor(x.share + x.party.dealer.zero(x.shape), x.party, x.frac_bits)
+
+
+def sec_constant(party: Party, values: ArrayLike, frac_bits: int | None = None) -> SharedTensor:
+    """Shares of a public constant, re-randomised: (c + r, -r) for a dealer ZeroGen r.
+
+    The obvious split (c, 0) is a valid sharing but a bad one: SecureML local truncation
+    (``fixed_point.truncate_share``) assumes party 1's share is uniform, and with (c, 0) a
+    negative c truncates to a wild value (about 2^(64 - bits) ring units). Any constant that
+    may later be multiplied and truncated locally must come from here.
+
+    Args:
+        party: The calling party (both call it with the same values).
+        values: The public values (floats are encoded at ``frac_bits``; ints exactly).
+        frac_bits: Scale (default f; 0 for integers and bits).
+
+    Returns:
+        This party's share of the constant.
+    """
+    bits = party.fixed_point.frac_bits if frac_bits is None else frac_bits
+    v = np.asarray(values)
+    if v.dtype.kind in "iub":
+        encoded = (v.astype(np.int64) << np.int64(bits)).view(np.uint64)
+    else:
+        encoded = party.fixed_point.encode(v, bits)
+    encoded = np.asarray(encoded, dtype=np.uint64)
+    zero = party.dealer.zero(encoded.shape)  # party 0: r, party 1: -r
+    share = encoded + zero if party.party_id == 0 else zero
+    return SharedTensor(np.asarray(share, dtype=np.uint64), party, bits)
 
 
 def _finish(z: U64, x: SharedTensor, y: SharedTensor, truncate: bool) -> SharedTensor:
