@@ -188,3 +188,28 @@ def test_public_constants_are_rerandomised_so_local_truncation_works_for_negativ
 def test_integer_constants_are_exact():
     got, _ = run_two_party(lambda p: sec_constant(p, np.array([-7, 0, 9]), frac_bits=0).reveal())
     np.testing.assert_array_equal(got, [-7, 0, 9])
+
+
+def test_a_share_of_an_unexpected_shape_is_refused():
+    import pytest
+
+    from fedunlearn.errors import MalformedFrameError
+
+    def program(p):
+        return sec_share(p, np.ones(5) if p.party_id == 0 else None, 0, shape=(4,))
+
+    with pytest.raises((MalformedFrameError, ValueError)):
+        run_two_party(program, timeout_seconds=5)
+
+    def receiver_checks(p):
+        if p.party_id == 0:
+            p.transport.send(np.zeros(6, np.uint64))  # not what party 1 was told to expect
+            return None
+        return sec_share(p, None, 0, shape=(4,))
+
+    with pytest.raises(MalformedFrameError, match="exceed the cap of 32 bytes"):
+        run_two_party(receiver_checks, timeout_seconds=5)
+    got, _ = run_two_party(
+        lambda p: sec_share(p, np.ones(4) if p.party_id == 0 else None, 0, shape=(4,)).reveal()
+    )
+    np.testing.assert_allclose(got, np.ones(4))

@@ -247,8 +247,8 @@ class DealerServer:
     Attributes:
         requests: Requests served so far (on demand or streamed).
         sent_bytes: Payload bytes sent to party 0 and party 1 (seeds, corrections, headers).
-        security: How the links are secured (one line).
-        refusals: Reasons of refused connections while waiting for the servers (see logs).
+        security: How the links are secured (one line). Refused connections are logged
+            (logger ``fedunlearn.mpc.link``).
     """
 
     def __init__(
@@ -294,7 +294,6 @@ class DealerServer:
         self.security = self._security.describe() + (
             " [implicit: pass insecure=True]" if self.legacy_plain else ""
         )
-        self.refusals: list[str] = []
         self._channels: list[Channel | None] = [None, None]
         self._epoch = 0
         self._producer: threading.Thread | None = None
@@ -896,8 +895,8 @@ class RemoteDealer(DealerClient):
         self._closed = True
         try:
             self._channel.send(np.array([_BYE, self.requests], dtype=np.uint64))
-        except PeerDisconnectedError:
-            pass
+        except FedUnlearnError:
+            pass  # the link already failed; its error was (or will be) reported by a request
         # the goodbye is written first; then read until the dealer hangs up (in the background)
         # so that unread streamed material cannot reset the link before the goodbye is read
         self._channel.close(flush_seconds=2.0, background=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from fedunlearn.errors import MalformedFrameError
 from fedunlearn.mpc.fixed_point import truncate_share
 from fedunlearn.mpc.party import Party
 from fedunlearn.mpc.shares import SharedTensor
@@ -41,7 +42,11 @@ U64 = NDArray[np.uint64]
 
 
 def sec_share(
-    party: Party, values: ArrayLike | None, owner: int, frac_bits: int | None = None
+    party: Party,
+    values: ArrayLike | None,
+    owner: int,
+    frac_bits: int | None = None,
+    shape: tuple[int, ...] | None = None,
 ) -> SharedTensor:
     """SecShare: the owner secret-shares its plaintext with the other party (one message).
 
@@ -50,16 +55,32 @@ def sec_share(
         values: The plaintext (owner only; the other party passes None).
         owner: Party id of the owner.
         frac_bits: Scale (default f; 0 shares integers exactly).
+        shape: The shape both parties know the secret has; the receiving party then refuses
+            anything else before reading it (default: any uint64 array within the frame cap).
 
     Returns:
         This party's share.
+
+    Raises:
+        MalformedFrameError: The receiving party got something other than a uint64 array (of
+            ``shape``, if given).
     """
     bits = party.fixed_point.frac_bits if frac_bits is None else frac_bits
     if party.party_id != owner:
-        return SharedTensor(party.transport.recv(), party, bits)
+        cap = None if shape is None else 8 * math.prod(shape)
+        mask = party.transport.recv(cap)
+        if mask.dtype != np.uint64 or (shape is not None and mask.shape != tuple(shape)):
+            expected = f"shape {tuple(shape)}" if shape is not None else "any shape"
+            raise MalformedFrameError(
+                f"party {owner} shared a {mask.dtype} array of shape {mask.shape}; expected "
+                f"uint64 of {expected} (the parties are out of step)"
+            )
+        return SharedTensor(mask, party, bits)
     if values is None:
         raise ValueError(f"party {owner} owns the secret and must pass its values")
     encoded = party.fixed_point.encode(values, bits)
+    if shape is not None and encoded.shape != tuple(shape):
+        raise ValueError(f"values have shape {encoded.shape}; the declared shape is {shape}")
     mask = party.prg.ring(encoded.shape)
     party.transport.send(mask)
     return SharedTensor(encoded - mask, party, bits)
