@@ -365,3 +365,22 @@ def test_tls_exchanges_are_full_duplex_for_large_frames(tmp_path):
     assert np.all(got == 3) and np.all(out["0"] == 5)
     assert transport.wire_bytes_sent > 16 << 20 and transport.wire_bytes_received > 16 << 20
     assert time.monotonic() - start < 10
+
+
+def test_tcp_keeps_the_shape_of_scalars_and_empty_arrays():
+    import socket
+
+    a, b = socket.socketpair()
+    t0, t1 = TcpTransport(a, 0, 5.0), TcpTransport(b, 1, 5.0)
+    try:
+        for array in (np.array(7, np.uint64), np.zeros((0, 3), np.uint64), np.ones((2, 1))):
+            out: dict = {}
+            worker = threading.Thread(target=lambda a=array, o=out: o.update(got=t1.exchange(a)))
+            worker.start()
+            mine = t0.exchange(array)
+            worker.join(5)
+            assert mine.shape == array.shape and out["got"].shape == array.shape
+            np.testing.assert_array_equal(mine, array)
+    finally:
+        t0.close()
+        t1.close()

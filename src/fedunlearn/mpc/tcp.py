@@ -79,7 +79,7 @@ def encode_header(array: np.ndarray) -> bytes:
 
 
 def _wire_array(array: np.ndarray) -> np.ndarray:
-    payload = np.ascontiguousarray(array)
+    payload = np.ascontiguousarray(array).reshape(np.shape(array))  # keeps 0-d arrays 0-d
     if payload.dtype.byteorder == ">":
         payload = payload.astype(payload.dtype.newbyteorder("<"))
     return payload
@@ -207,16 +207,18 @@ class FrameReader:
             ndim = len(self._buf) // 8
             shape = struct.unpack(f"!{ndim}Q", self._buf)
             itemsize = self._dtype.itemsize if self._dtype is not None else 1
-            max_elements = max(self.expect.max_bytes // itemsize, 1)
-            if any(d > max_elements for d in shape):
-                self._reject(f"shape {shape} has a dimension above {max_elements}")
+            if self.expect.shape is not None:  # the protocol fixed it: nothing else will do
+                if tuple(shape) != self.expect.shape:
+                    self._reject(f"shape {shape} where this step expects {self.expect.shape}")
+            else:
+                max_elements = max(self.expect.max_bytes // itemsize, 1)
+                if any(d > max_elements for d in shape):
+                    self._reject(f"shape {shape} has a dimension above {max_elements}")
             needed = math.prod(shape) * itemsize
             if needed != self.declared:
                 self._reject(
                     f"shape {shape} needs {needed} bytes but the frame declares {self.declared}"
                 )
-            if self.expect.shape is not None and tuple(shape) != self.expect.shape:
-                self._reject(f"shape {shape} where this step expects {self.expect.shape}")
             self._shape, self.stage = tuple(shape), "payload"
             self._new_chunk()
         else:  # payload chunk full
