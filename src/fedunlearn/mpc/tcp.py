@@ -62,6 +62,7 @@ _MAGIC = b"FUMP"
 _MAX_NDIM = 8
 _FIRST_CHUNK = 1 << 20  # payload buffers start here and grow with what arrived
 _SEND_CHUNK = 1 << 18  # bytes handed to one send call (retried unchanged after WantWrite)
+_READS_PER_STEP = 64
 _DTYPES = {1: np.dtype("<u8"), 2: np.dtype("u1"), 3: np.dtype("<i8"), 4: np.dtype("<f8")}
 _CODES = {dtype.str: code for code, dtype in _DTYPES.items()}
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
@@ -146,14 +147,14 @@ class FrameReader:
     def __init__(self, expect: Expect, peer: str = "the peer") -> None:
         self.expect, self.peer = expect, peer
         self.stage = "header"
-        self._buf = bytearray(_HEADER.size)
+        self._buf: bytearray | np.ndarray = bytearray(_HEADER.size)
         self._got = 0
         self.received = 0
         self.declared = 0  # payload bytes the header announced
         self.first_byte_at: float | None = None
         self._dtype: np.dtype | None = None
         self._shape: tuple[int, ...] = ()
-        self._chunks: list[bytearray] = []
+        self._chunks: list[np.ndarray] = []
         self.array: np.ndarray | None = None
 
     @property
@@ -169,7 +170,7 @@ class FrameReader:
 
     def view(self) -> memoryview:
         """Where the next bytes go (never larger than what the current stage still needs)."""
-        return memoryview(self._buf)[self._got :]
+        return memoryview(self._buf)[self._got :]  # type: ignore[arg-type]
 
     def advance(self, count: int, now: float) -> None:
         """Record ``count`` bytes written into ``view()``; move on when a stage is complete."""
@@ -236,17 +237,17 @@ class FrameReader:
             return
         # exact size when the protocol fixed it (our own array's size); else grow with arrivals
         size = left if self.expect.shape is not None else min(left, max(_FIRST_CHUNK, so_far))
-        self._buf, self._got = bytearray(size), 0
+        self._buf, self._got = np.empty(size, dtype=np.uint8), 0  # no zeroing pass
 
     def _finish(self) -> None:
         if not self._chunks:
-            data = bytearray()
+            data = np.empty(0, dtype=np.uint8)
         elif len(self._chunks) == 1:
             data = self._chunks[0]
         else:
-            data = bytearray().join(self._chunks)
+            data = np.concatenate(self._chunks)
         self._chunks = []
-        self.array = np.frombuffer(data, dtype=self._dtype).reshape(self._shape)
+        self.array = data.view(self._dtype).reshape(self._shape)
         self.stage = "done"
 
 
@@ -371,33 +372,38 @@ class TcpTransport(Transport):
                     f"sending to {self.peer_name} failed while {what} ({type(exc).__name__}: "
                     f"{exc}); it closed the connection"
                 ) from exc
-        if reader is not None and not reader.done:
+        # read until the socket is drained (TLS hands out one 16 KiB record per call), bounded so
+        # that a fast peer cannot starve our own sending
+        for _ in range(_READS_PER_STEP):
+            if reader is None or reader.done:
+                break
             try:
                 view = reader.view()
                 count = self._sock.recv_into(view, len(view))
             except ssl.SSLWantWriteError:
                 want_write = True
+                break
             except _WOULD_BLOCK:
                 want_read = True
+                break
             except OSError as exc:
                 self._fail()
                 raise PeerDisconnectedError(
                     f"connection to {self.peer_name} failed while {what}: {exc}"
                 ) from exc
-            else:
-                if count == 0:
-                    self._fail()
-                    raise PeerDisconnectedError(
-                        f"{self.peer_name} closed the connection while {what} "
-                        f"(got {reader.received} bytes of the frame)"
-                    )
-                self.wire_bytes_received += count
-                try:
-                    reader.advance(count, time.monotonic())
-                except MalformedFrameError:
-                    self._fail()
-                    raise
-                progress = True
+            if count == 0:
+                self._fail()
+                raise PeerDisconnectedError(
+                    f"{self.peer_name} closed the connection while {what} "
+                    f"(got {reader.received} bytes of the frame)"
+                )
+            self.wire_bytes_received += count
+            try:
+                reader.advance(count, time.monotonic())
+            except MalformedFrameError:
+                self._fail()
+                raise
+            progress = True
         return progress, want_read, want_write
 
     def wait(
