@@ -21,8 +21,9 @@ Run both parties in one process (two threads over an in-process transport)::
     (bit, best, costs), _ = run_two_party(program, dealer_seed=7)
 
 Shares that already exist (e.g. a client's upload split with ``split_shares``) are wrapped with
-``party.tensor(share_array)``. For two OS processes, each builds its own ``Party`` on a TCP
-transport and calls the same program::
+``party.tensor(share_array)``. For two OS processes on a trusted loopback (tests), each builds
+its own ``Party`` on a TCP transport and calls the same program (no authentication: the
+listener takes the first connection)::
 
     # party 0                                     # party 1
     listener = TcpListener("127.0.0.1", 0)        transport = TcpTransport.connect(host, port)

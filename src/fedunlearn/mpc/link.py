@@ -454,9 +454,39 @@ def _drain_late(results: queue.Queue) -> None:
     threading.Thread(target=drain, name="late-handshakes", daemon=True).start()
 
 
-def accept_peer(listener: TcpListener | socket.socket, *, peer_role: str, **kwargs: object) -> Link:
-    """``accept_peers`` for a single role (e.g. server 0 waiting for server 1)."""
-    return accept_peers(listener, peer_roles={peer_role}, **kwargs)[peer_role]  # type: ignore[arg-type]
+def accept_peer(
+    listener: TcpListener | socket.socket,
+    *,
+    role: str,
+    peer_role: str,
+    binding: SessionBinding | None = None,
+    options: Mapping[str, Option] | None = None,
+    identity: Identity | None = None,
+    insecure: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+    party_id: int = 0,
+    timeout_seconds: float = 60.0,
+    accept_timeout_seconds: float = 600.0,
+    handshake_timeout_seconds: float = 10.0,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> Link:
+    """``accept_peers`` for one role (e.g. server 0 waiting for server 1); see there."""
+    links = accept_peers(
+        listener,
+        role=role,
+        peer_roles={peer_role},
+        binding=binding,
+        options=options,
+        identity=identity,
+        insecure=insecure,
+        ssl_context=ssl_context,
+        party_id=party_id,
+        timeout_seconds=timeout_seconds,
+        accept_timeout_seconds=accept_timeout_seconds,
+        handshake_timeout_seconds=handshake_timeout_seconds,
+        max_frame_bytes=max_frame_bytes,
+    )
+    return links[peer_role]
 
 
 def connect_peer(
