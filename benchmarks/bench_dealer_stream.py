@@ -235,7 +235,7 @@ def show(mode: str, reports: dict, args: argparse.Namespace) -> None:
     )
     print(
         f"{'party':<6}{'pass':<8}{'UE+TC online s':>15}{'dealer wait s':>14}{'sent GB':>9}"
-        f"{'recv GB':>9}{'CPU s':>7}{'offline s':>10}  dealer link: MB sent / GB received"
+        f"{'recv GB':>9}{'CPU s':>7}{'offline s':>10}  dealer link MB: sent / received"
     )
     for k in (0, 1):
         for name in ("demand", "stream"):
@@ -249,7 +249,7 @@ def show(mode: str, reports: dict, args: argparse.Namespace) -> None:
             print(
                 f"{k:<6}{name:<8}{f['online_s']:>15.2f}{f['dealer_wait_s']:>14.2f}"
                 f"{f['sent_gb']:>9.3f}{f['received_gb']:>9.3f}{f['cpu_s']:>7.2f}{off:>10}"
-                f"  {link['wire_sent'] / 1e6:.3f} / {link['wire_received'] / GB:.3f}"
+                f"  {link['wire_sent'] / 1e6:.3f} / {link['wire_received'] / 1e6:.3f}"
             )
     for k in (0, 1):
         s = reports[k]["stream"]
