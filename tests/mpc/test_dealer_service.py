@@ -33,7 +33,7 @@ from fedunlearn.mpc import (
     start_dealer_process,
 )
 from fedunlearn.mpc.dealer import KINDS, Request, expand
-from fedunlearn.mpc.dealer_service import _decode, _encode_plan, _encode_request
+from fedunlearn.mpc.dealer_wire import decode, encode_plan, encode_request
 
 SPAWN = multiprocessing.get_context("spawn")
 TIMEOUT = dealer_peers.TIMEOUT
@@ -280,9 +280,9 @@ def test_oversized_requests_and_wrong_mask_settings_are_rejected():
     ids=str,
 )
 def test_requests_and_plans_survive_the_wire(request_):
-    message = _decode(_encode_request(17, request_), party_id=0)
+    message = decode(encode_request(17, request_), party_id=0)
     assert (message.kind, message.index, message.request) == ("request", 17, request_)
-    plan = _decode(_encode_plan(3, 17, [request_, request_]), party_id=0)
+    plan = decode(encode_plan(3, 17, [request_, request_]), party_id=0)
     assert (plan.kind, plan.plan_id, plan.index, plan.plan) == ("plan", 3, 17, (request_,) * 2)
 
 
@@ -309,7 +309,7 @@ def test_requests_and_plans_survive_the_wire(request_):
 )
 def test_malformed_requests_are_rejected(words):
     with pytest.raises(MalformedFrameError, match="party 1 sent the dealer"):
-        _decode(np.array(words, dtype=np.uint64), party_id=1)
+        decode(np.array(words, dtype=np.uint64), party_id=1)
 
 
 def test_party_takes_exactly_one_dealer_of_its_own_party_id():

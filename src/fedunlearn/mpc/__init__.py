@@ -106,7 +106,7 @@ docs/security.md.
 
 from fedunlearn.mpc.dealer import Dealer, DealerClient
 from fedunlearn.mpc.dealer_process import DealerProcess, start_dealer_process
-from fedunlearn.mpc.dealer_service import DealerServer, RemoteDealer
+from fedunlearn.mpc.dealer_service import DealerServer
 from fedunlearn.mpc.fixed_point import FixedPoint, check_opened, split_shares, truncate_share
 from fedunlearn.mpc.identity import ROLES, Identity, create_trial_pki
 from fedunlearn.mpc.link import Link, LinkSecurity, accept_peer, accept_peers, connect_peer
@@ -140,6 +140,7 @@ from fedunlearn.mpc.protocols import (
     sec_sqrt,
     sec_square,
 )
+from fedunlearn.mpc.remote_dealer import RemoteDealer
 from fedunlearn.mpc.session import SessionBinding, digest
 from fedunlearn.mpc.shares import SharedTensor, concatenate, stack
 from fedunlearn.mpc.tcp import TcpListener, TcpTransport

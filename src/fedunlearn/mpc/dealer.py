@@ -15,7 +15,7 @@ Two ``DealerClient``s give a party its material:
   the same master seed, and party 1's object computes the dealer's side of every request in its
   own process. Both parties are then in one trust domain: party 1 could derive party 0's seeds,
   so it is not secure. Use it for tests, ``run_two_party`` and cost sweeps.
-- ``fedunlearn.mpc.dealer_service.RemoteDealer`` asks a ``DealerServer`` running as its own
+- ``fedunlearn.mpc.remote_dealer.RemoteDealer`` asks a ``DealerServer`` running as its own
   process (spec §2.1: the dealer is a third party). Each party then sees only its own seeds
   and, for party 1, corrections. The shares equal those of the simulated dealer with the same
   master seed, and the offline counters are identical.
@@ -211,7 +211,7 @@ def request_seeds(
     """Seeds of request ``index``: party 0's, party 1's, and the dealer's own (never sent).
 
     For ZeroGen both parties must expand the same stream, so party 1's seed is party 0's.
-    ``epoch`` counts abandoned plans (``dealer_service``): material streamed for a plan that
+    ``epoch`` counts abandoned plans (``dealer_wire``): material streamed for a plan that
     was given up is never derived again, even where a later request has the same index.
     """
     label = (index, request.kind, request.shapes, request.frac_bits)
@@ -462,7 +462,7 @@ class Dealer(DealerClient):
     Both parties build one from the same master seed and make the same requests in the same
     order; party 1's object runs ``deal`` in its own process. Not secure (party 1 could derive
     party 0's seeds): for a deployment run a ``DealerServer`` and give each party a
-    ``RemoteDealer`` (``fedunlearn.mpc.dealer_service``).
+    ``RemoteDealer`` (``fedunlearn.mpc.remote_dealer``).
 
     Args:
         seed: Master seed (int or bytes); both parties must use the same.
