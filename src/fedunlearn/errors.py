@@ -15,8 +15,10 @@ __all__ = [
     "ForgottenDataError",
     "MalformedFrameError",
     "OutputError",
+    "PeerAuthenticationError",
     "PeerDisconnectedError",
     "SecureComputationError",
+    "SessionMismatchError",
     "UnknownClientError",
     "UnknownMethodError",
     "UnknownNameError",
@@ -96,3 +98,19 @@ class MalformedFrameError(FedUnlearnError, ValueError):
 
 class SecureComputationError(FedUnlearnError, ArithmeticError):
     """A 2PC protocol cannot produce a result (value out of fixed-point range, singular input)."""
+
+
+class PeerAuthenticationError(FedUnlearnError, PermissionError):
+    """A peer failed TLS verification or its certificate's role is not allowed on this link."""
+
+
+class SessionMismatchError(FedUnlearnError, ValueError):
+    """Two authenticated peers run different sessions or jobs (their handshakes differ).
+
+    Attributes:
+        differences: Field name -> (ours, theirs) for every field that differs.
+    """
+
+    def __init__(self, message: str, differences: dict[str, tuple[object, object]] | None = None):
+        super().__init__(message)
+        self.differences = dict(differences or {})
