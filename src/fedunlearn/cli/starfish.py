@@ -103,18 +103,15 @@ TlsDir = Annotated[
 TlsCa = Annotated[Path | None, typer.Option(help="TLS: the deployment's CA certificate (PEM)")]
 TlsCert = Annotated[Path | None, typer.Option(help="TLS: this process's certificate (PEM)")]
 TlsKey = Annotated[Path | None, typer.Option(help="TLS: this process's private key (PEM)")]
-Insecure = Annotated[
-    bool,
-    typer.Option(
-        help="plain TCP: no peer proves its role, nothing is encrypted (trusted loopback only)"
-    ),
-]
-Session = Annotated[
-    str, typer.Option(help="session id: the same for every process of this job")
-]
-IdleTimeout = Annotated[
-    float, typer.Option(help="seconds to wait for the servers' next request")
-]
+INSECURE_HELP = (
+    "plain TCP instead of mutual TLS. Gives up: peer authentication (anyone who reaches a "
+    "port can claim any role and receive a server's dealer seeds or client shares) and "
+    "encryption (shares, openings and seeds cross the network readable). Trusted loopback "
+    "or tests only"
+)
+Insecure = Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)]
+Session = Annotated[str, typer.Option(help="session id: the same for every process of this job")]
+IdleTimeout = Annotated[float, typer.Option(help="seconds to wait for the servers' next request")]
 
 
 def _identity(
@@ -175,6 +172,10 @@ def _security(
     return Security(identity=identity, insecure=identity is None)
 
 
+Host = Annotated[
+    str, typer.Option(help="address to listen on (0.0.0.0: every interface, for other hosts)")
+]
+Port = Annotated[int, typer.Option(help="port to listen on; 0 = ephemeral (see --port-file)")]
 ListenFd = Annotated[
     int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
 ]
@@ -220,7 +221,8 @@ def share_command(
 
 @_cli_errors
 def dealer_command(
-    port: Annotated[int, typer.Option(help="port on 127.0.0.1; 0 = ephemeral")] = 0,
+    host: Host = "127.0.0.1",
+    port: Port = 0,
     port_file: Annotated[Path | None, typer.Option(help="write the bound port here")] = None,
     listen_fd: ListenFd = None,
     timeout: Timeout = 120.0,
@@ -246,7 +248,7 @@ def dealer_command(
     if listen_fd is not None:
         sock = socket.socket(fileno=listen_fd)
     else:
-        sock = socket.create_server(("127.0.0.1", port))
+        sock = socket.create_server((host, port))
     if port_file is not None:
         tmp = port_file.with_name(port_file.name + ".tmp")
         tmp.write_text(str(sock.getsockname()[1]))
@@ -269,7 +271,8 @@ def clients_command(
     run_dir: Annotated[Path, typer.Argument(help="the run (the simulated clients' data)")],
     forget: Forget,
     session: Session,
-    port: Annotated[int, typer.Option(help="port on 127.0.0.1; 0 = ephemeral")] = 0,
+    host: Host = "127.0.0.1",
+    port: Port = 0,
     port_file: Annotated[Path | None, typer.Option(help="write the bound port here")] = None,
     listen_fd: ListenFd = None,
     param: Params = None,
@@ -292,6 +295,7 @@ def clients_command(
         method=starfish_method(param or []),
         session_id=session,
         security=security,
+        host=host,
         port=port,
         port_file=port_file,
         listen_fd=listen_fd,
@@ -370,7 +374,11 @@ def local_command(
     ] = None,
     insecure: Insecure = False,
 ) -> None:
-    """Run dealer, both servers and the clients as local processes (127.0.0.1, mutual TLS)."""
+    """Run dealer, both servers and the clients as local processes on 127.0.0.1.
+
+    Mutual TLS with a fresh CA and one certificate per role, made in a temporary directory and
+    deleted afterwards (or the --tls-dir certificates); plain TCP only with --insecure.
+    """
     from fedunlearn.mpc.identity import INSECURE_WARNING
     from fedunlearn.unlearn.starfish.deploy.launcher import run_local
 

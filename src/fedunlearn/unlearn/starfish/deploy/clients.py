@@ -88,8 +88,7 @@ def recv_doc(transport: TcpTransport, peer: str) -> dict[str, Any]:
     frame = transport.recv(MAX_MESSAGE_BYTES)
     if frame.dtype != np.uint8 or frame.ndim != 1:
         raise MalformedFrameError(
-            f"{peer} sent a {frame.dtype} frame of shape {frame.shape} where a JSON message "
-            "belongs"
+            f"{peer} sent a {frame.dtype} frame of shape {frame.shape} where a JSON message belongs"
         )
     try:
         doc = json.loads(frame.tobytes().decode("utf-8"))
@@ -112,8 +111,7 @@ def recv_array(
     frame = transport.recv(wanted.itemsize * math.prod(shape))
     if frame.dtype != wanted or frame.shape != shape:
         raise MalformedFrameError(
-            f"{peer} sent a {frame.dtype} array of shape {frame.shape}; expected {wanted} "
-            f"{shape}"
+            f"{peer} sent a {frame.dtype} array of shape {frame.shape}; expected {wanted} {shape}"
         )
     return frame
 
@@ -193,13 +191,14 @@ class RemoteClients:
         }
         return shares, {int(c): str(reason)[:200] for c, reason in rejected.items()}
 
-    def close(self) -> None:
-        """Say goodbye and close the connection."""
-        try:
-            send_doc(self.transport, {"op": "bye"})
-        except FedUnlearnError:
-            pass
-        self.transport.close(1.0)
+    def close(self, goodbye: bool = True) -> None:
+        """Say goodbye (after a finished run) and close the connection."""
+        if goodbye:
+            try:
+                send_doc(self.transport, {"op": "bye"})
+            except FedUnlearnError:
+                pass
+        self.transport.close(1.0 if goodbye else 0.0)
 
 
 class ClientSimulator:
@@ -365,4 +364,3 @@ class ClientSimulator:
 def _brief(doc: Mapping[str, Any]) -> str:
     text = json.dumps(dict(doc), sort_keys=True)
     return text if len(text) <= 200 else text[:197] + "..."
-

@@ -46,6 +46,8 @@ from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = [
     "CHILD_MODULE",
+    "CHILDREN",
+    "child_commands",
     "LocalRunError",
     "launch",
     "listening_socket",
@@ -104,6 +106,98 @@ def listening_socket() -> socket.socket:
     return sock
 
 
+def child_commands(
+    run_dir: Path,
+    forget: Sequence[int],
+    outs: tuple[Path, Path],
+    sockets: dict[str, socket.socket],
+    *,
+    pki: Path | None,
+    session_id: str,
+    method: Starfish | None = None,
+    timeout_seconds: float = 120.0,
+    idle_seconds: float = 3600.0,
+) -> dict[str, tuple[list[str], list[int]]]:
+    """Return each child's ``fedunlearn`` arguments and inherited descriptors, by name.
+
+    Args:
+        run_dir: The run (with its share stores).
+        forget: Target client ids.
+        outs: Result files of server 0 and server 1.
+        sockets: Listening sockets of ``dealer``, ``server0`` (for server 1) and ``clients``.
+        pki: Directory of the trial PKI (``ca.pem``, ``<role>.pem``/``.key``); None runs
+            plain TCP (``--insecure``).
+        session_id: The session every child is started with.
+        method: Its explicitly set options go to the servers and the clients (default: none).
+        timeout_seconds: How long a child's receive waits before its peer counts as gone.
+        idle_seconds: How long the dealer and the clients wait for the servers' next request.
+
+    Returns:
+        ``{name: (args, pass_fds)}`` for dealer, server0, server1 and clients.
+    """
+    ids = ",".join(map(str, forget))
+    params = [] if method is None else [f"--param={item}" for item in option_params(method)]
+    shared = [f"--timeout={timeout_seconds}", *_security_args(pki)]
+    session = f"--session={session_id}"
+    port = {name: sock.getsockname()[1] for name, sock in sockets.items()}
+    fd = {name: sock.fileno() for name, sock in sockets.items()}
+    common = [
+        f"--run={run_dir}",
+        f"--forget={ids}",
+        session,
+        f"--dealer={HOST}:{port['dealer']}",
+        f"--clients={HOST}:{port['clients']}",
+        f"--peer={HOST}:{port['server0']}",
+        *params,
+        *shared,
+    ]
+    return {
+        "dealer": (
+            [
+                "starfish-dealer",
+                f"--listen-fd={fd['dealer']}",
+                f"--idle-timeout={idle_seconds}",
+                *shared,
+            ],
+            [fd["dealer"]],
+        ),
+        "server0": (
+            [
+                "starfish-server",
+                "--party=0",
+                f"--listen-fd={fd['server0']}",
+                f"--out={outs[0]}",
+                f"--idle-timeout={idle_seconds}",
+                *common,
+            ],
+            [fd["server0"]],
+        ),
+        "server1": (
+            [
+                "starfish-server",
+                "--party=1",
+                f"--out={outs[1]}",
+                f"--idle-timeout={idle_seconds}",
+                *common,
+            ],
+            [],
+        ),
+        "clients": (
+            [
+                "starfish-clients",
+                str(run_dir),
+                f"--forget={ids}",
+                session,
+                f"--listen-fd={fd['clients']}",
+                f"--idle-timeout={idle_seconds}",
+                *params,
+                *shared,
+            ],
+            [fd["clients"]],
+        ),
+    }
+
+
 def launch(
     run_dir: Path,
     forget: Sequence[int],
@@ -119,105 +213,36 @@ def launch(
     """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
 
     The launcher binds the dealer's, server 0's and the clients' listening sockets itself and
-    hands them to the children, so nobody waits for anybody to publish a port.
-
-    Args:
-        run_dir: The run (with its share stores).
-        forget: Target client ids.
-        outs: Result files of server 0 and server 1.
-        logs: Directory of the children's logs (``dealer.log``, ``server0.log``, ...).
-        pki: Directory of the trial PKI (``ca.pem``, ``<role>.pem``/``.key``); None runs
-            plain TCP (``--insecure``).
-        session_id: The session every child is started with.
-        method: Its explicitly set options go to the servers and the clients (default: none).
-        timeout_seconds: How long a child's receive waits before its peer counts as gone.
-        idle_seconds: How long the dealer and the clients wait for the servers' next request.
+    hands them to the children, so nobody waits for anybody to publish a port. Arguments as
+    :func:`child_commands`; ``logs`` is the directory of the children's logs
+    (``dealer.log``, ``server0.log``, ...).
 
     Returns:
         The four processes (dealer, server 0, server 1, clients); the caller must kill them.
     """
-    ids = ",".join(map(str, forget))
-    params = [] if method is None else [f"--param={item}" for item in option_params(method)]
-    shared = [f"--timeout={timeout_seconds}", *_security_args(pki)]
-    session = f"--session={session_id}"
-    dealer_sock, peer_sock, clients_sock = (listening_socket() for _ in range(3))
-    dealer_port, peer_port, clients_port = (
-        sock.getsockname()[1] for sock in (dealer_sock, peer_sock, clients_sock)
+    sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
+    commands = child_commands(
+        run_dir,
+        forget,
+        outs,
+        sockets,
+        pki=pki,
+        session_id=session_id,
+        method=method,
+        timeout_seconds=timeout_seconds,
+        idle_seconds=idle_seconds,
     )
     children: list[subprocess.Popen] = []
     try:
-        common = [
-            f"--run={run_dir}",
-            f"--forget={ids}",
-            f"--dealer={HOST}:{dealer_port}",
-            f"--clients={HOST}:{clients_port}",
-        ]
-        children.append(
-            spawn(
-                [
-                    "starfish-dealer",
-                    f"--listen-fd={dealer_sock.fileno()}",
-                    *shared,
-                    f"--idle-timeout={idle_seconds}",
-                ],
-                logs / "dealer.log",
-                [dealer_sock.fileno()],
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=0",
-                    session,
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--listen-fd={peer_sock.fileno()}",
-                    f"--out={outs[0]}",
-                    *params,
-                    *shared,
-                ],
-                logs / "server0.log",
-                [peer_sock.fileno()],
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=1",
-                    session,
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--out={outs[1]}",
-                    *params,
-                    *shared,
-                ],
-                logs / "server1.log",
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-clients",
-                    str(run_dir),
-                    f"--forget={ids}",
-                    session,
-                    f"--listen-fd={clients_sock.fileno()}",
-                    f"--idle-timeout={idle_seconds}",
-                    *params,
-                    *shared,
-                ],
-                logs / "clients.log",
-                [clients_sock.fileno()],
-            )
-        )
+        for name in CHILDREN:
+            args, fds = commands[name]
+            children.append(spawn(args, logs / f"{name}.log", fds))
     except BaseException:
         for child in children:
             child.kill()
         raise
     finally:
-        for sock in (dealer_sock, peer_sock, clients_sock):
+        for sock in sockets.values():
             sock.close()
     return children
 

@@ -172,9 +172,10 @@ def serve_clients(
 ) -> dict[str, Any]:
     """Serve both servers as the simulated remaining clients, then return a summary.
 
-    Listens like :func:`serve_dealer`, waits for the authenticated ``server0`` and ``server1``
-    of this session (at most ``timeout_seconds``) and answers their identical exact-update
-    requests (``ClientSimulator``) until both say ``bye``.
+    Listens on ``host:port`` (or the inherited socket ``listen_fd``), waits for the
+    authenticated ``server0`` and ``server1`` of this session (at most ``timeout_seconds``)
+    and answers their identical exact-update requests (``ClientSimulator``) until both say
+    ``bye``.
 
     Raises:
         ConfigError: ``comparison: ideal``, a certificate of another role, a bad session id.
@@ -306,6 +307,7 @@ def run_server(
     remote: RemoteDealer | None = None
     gateway: RemoteClients | None = None
     link: Link | None = None
+    finished = False
     try:
         meter = CostMeter()
         history = MeteredHistory(store, meter)
@@ -386,6 +388,7 @@ def run_server(
         )
         record = SharedStageOneRecord(history, party)
         out = method.replay(request, context, backend, record, gateway)
+        finished = True
         online = link.transport.counters.online
         return {
             "party": party_id,
@@ -407,7 +410,9 @@ def run_server(
         }
     finally:
         if gateway is not None:
-            gateway.close()
+            gateway.close(goodbye=finished)  # a failed server just hangs up ...
+        if remote is not None and not finished:
+            remote.close(goodbye=False)  # ... on the dealer too: its session ends in an error
         if party is not None:
             party.close()  # the transport to the other server and the dealer's goodbye
         else:
