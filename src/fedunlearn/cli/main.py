@@ -1,4 +1,4 @@
-"""The ``fedunlearn`` command: train, info, methods, unlearn, compare, demo.
+"""The ``fedunlearn`` command: train, info, methods, unlearn, compare, demo, audit.
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Errors of the library (``FedUnlearnError``) end the command with exit code 2 and one clear message.
@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedunlearn.cli import receipt
 from fedunlearn.cli.central import central_command
 from fedunlearn.cli.starfish import register as register_starfish
 from fedunlearn.config import RunConfig, load_config, parse_config
@@ -244,12 +245,30 @@ def unlearn(
     out: Annotated[Path, typer.Option(help="result JSON to write")],
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
     save_model: Annotated[Path | None, typer.Option(help="also save the flat model (.pt)")] = None,
+    reference: Annotated[
+        str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (runs Retrain)")
+    ] = "original",
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one verification threshold key=value")
+    ] = None,
 ) -> None:
-    """Remove clients from a trained run with one method; write the result JSON."""
+    """Remove clients from a trained run with one method; verify it; write the result JSON."""
     ids, kind = _parse_forget(forget, run_dir)
-    result, summary = unlearn_one(
-        run_dir, ids, method, params=_parse_params(param or []), kind=kind
-    )
+    limits = receipt.load_thresholds(thresholds, threshold or [])
+    with receipt.RoundProgress() as progress:
+        result, summary = unlearn_one(
+            run_dir,
+            ids,
+            method,
+            params=_parse_params(param or []),
+            kind=kind,
+            reference=reference,
+            thresholds=limits,
+            progress=progress,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     if save_model is not None:
@@ -259,6 +278,7 @@ def unlearn(
         f"{summary['costs']['client_epochs']} client epochs, "
         f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
     )
+    receipt.print_verification(summary["verification"], title=f"{method} verification")
 
 
 @app.command()
@@ -273,16 +293,24 @@ def compare(
     params_file: Annotated[Path | None, typer.Option(help="YAML {method: {param: value}}")] = None,
     seed: Annotated[int, typer.Option(help="seed of the evaluation attacks")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print results.json")] = False,
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one verification threshold key=value")
+    ] = None,
 ) -> None:
-    """Run several methods on a run and write results.json/csv/md and PNG plots."""
+    """Run several methods on a run, verify each, write results.json/csv/md and PNG plots."""
     ids, kind = _parse_forget(forget, run_dir)
-    doc = _compare(run_dir, ids, kind, methods_, params_file, seed, quiet=as_json)
+    limits = receipt.load_thresholds(thresholds, threshold or [])
+    doc = _compare(run_dir, ids, kind, methods_, params_file, seed, quiet=as_json, limits=limits)
     write_results(doc, out)
     plot_results(doc, out)
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
         _print_results(doc)
+        receipt.print_verdicts(doc)
         console.print(f"wrote {out}/results.json, results.csv, results.md and plots")
 
 
@@ -295,6 +323,7 @@ def _compare(
     seed: int,
     *,
     quiet: bool,
+    limits: Any = None,
 ) -> dict[str, Any]:
     names = [m.strip() for m in methods_.split(",")]
     if methods_ == "all":  # every method the run's history supports (e.g. fedadp on a fedadp run)
@@ -310,14 +339,16 @@ def _compare(
         params = yaml.safe_load(params_file.read_text()) or {}
         if not isinstance(params, dict):
             raise ConfigError(f"{params_file} must map method names to parameter mappings")
-    with err_console.status("unlearning", spinner="dots") as status:
-
-        def tell(name: str) -> None:
-            if not quiet:
-                status.update(f"running {name}")
-
+    with receipt.RoundProgress(enabled=not quiet) as progress:
         return compare_methods(
-            run_dir, ids, names, params=params, kind=kind, seed=seed, progress=tell
+            run_dir,
+            ids,
+            names,
+            params=params,
+            kind=kind,
+            seed=seed,
+            thresholds=limits,
+            progress=progress,
         )
 
 
@@ -344,11 +375,14 @@ def demo(
     write_results(doc, results)
     plot_results(doc, results)
     _print_results(doc)
+    console.print(receipt.LEGEND, style="dim")
+    receipt.print_verdicts(doc)
     console.print(f"Tables and plots in {results}/ ; inspect the run with: fedunlearn info {out}")
 
 
 app.command(name="central")(central_command)
 register_starfish(app)
+receipt.register(app)
 
 
 def main() -> None:  # pragma: no cover - console entry point
