@@ -70,6 +70,7 @@ def _row_facts(row: dict, retrain: dict, gap: float) -> dict[str, Any]:
         "accuracy_drop": retrain["test_accuracy"] - row["test_accuracy"],
         "client_epochs": row["client_epochs"],
         "verdict": row["verification"]["verdict"],
+        "model_verdict": row["verification"]["model_verdict"],
         "reasons": row["verification"]["reasons"],
     }
 
@@ -91,6 +92,7 @@ def _retrain_alone(doc: dict, thresholds: VerificationThresholds) -> dict[str, A
     return {
         "verdict": verification.verdict,
         "checks": {c.name: (c.verdict, c.value, c.reason) for c in verification.checks},
+        "membership": verification.check("membership").evidence,
     }
 
 
@@ -113,20 +115,29 @@ def _print(result: dict[str, Any]) -> None:
     for label, item in result.items():
         print(f"\n== {label} (original's L2 to Retrain {item['gap']:.3f})")
         head = ("ASR", "AUC", "rel d", "moved", "dTA")
-        print(f"{'method':12} " + " ".join(f"{h:>6}" for h in head) + f" {'ep':>5}  verdict")
+        print(f"{'method':12} " + " ".join(f"{h:>6}" for h in head) + f" {'ep':>5}  model (all)")
         for name, f in item["methods"].items():
             asr = "-" if f["asr"] is None else f"{f['asr']:.3f}"
             auc = "-" if f["auc"] is None else f"{f['auc']:.3f}"
             print(
                 f"{name:12} {asr:>6} {auc:>6} {f['relative_distance']:6.2f} "
                 f"{f['moved_share']:6.2f} {100 * f['accuracy_drop']:6.1f} "
-                f"{f['client_epochs']:5d}  {f['verdict']}"
+                f"{f['client_epochs']:5d}  {f['model_verdict']} ({f['verdict']})"
             )
         alone = item["retrain_vs_original"]
         print(f"retrain judged against the original only: {alone['verdict']}")
         for name, (verdict, value, reason) in alone["checks"].items():
             shown = "-" if value is None else f"{value:.3f}"
             print(f"   {name:16} {verdict:5} {shown:>7}  {reason}")
+        m = alone["membership"]
+        print(
+            "   membership per attack: "
+            + ", ".join(
+                f"{a} AUC {m[f'{a}_auc']:.3f} (SE {m[f'{a}_standard_error']:.3f})"
+                for a in ("shadow", "loss")
+                if f"{a}_auc" in m
+            )
+        )
 
 
 def main() -> None:

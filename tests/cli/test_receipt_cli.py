@@ -142,3 +142,29 @@ def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
     )
     assert res.exit_code == 2 and "must be a YAML mapping" in text(res.output)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_unlearn_with_a_retrain_reference_judges_against_it(run, tmp_path):
+    run_dir, _ = run
+    res = runner.invoke(
+        app,
+        [
+            "unlearn",
+            str(run_dir),
+            "--forget",
+            "malicious",
+            "--method",
+            "retrain",
+            "--reference",
+            "retrain",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["verification"]["references"] == ["original", "retrain"]
+    assert out["verification"]["verdict"] == "pass"  # Retrain judged against itself
+    assert out["retrain"]["client_epochs"] == out["costs"]["client_epochs"]
+    distance = next(c for c in out["verification"]["checks"] if c["name"] == "distance")
+    assert distance["verdict"] == "pass" and distance["value"] == 0.0

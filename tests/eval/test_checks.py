@@ -6,6 +6,7 @@ import pytest
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import Evidence, VerificationThresholds, build_verification
+from fedunlearn.eval.checks import auc_standard_error
 from fedunlearn.unlearn import BoundReport, Check, Verification
 
 ORIGINAL = {
@@ -100,18 +101,30 @@ def test_backdoor_grades_and_when_it_does_not_apply():
     assert "--reference retrain" in reasons[2].reason
 
 
-def test_membership_is_judged_on_the_larger_auc_against_retrain_or_chance():
+def test_membership_is_judged_per_attack_against_retrain_or_chance():
     th = VerificationThresholds()
     row = {**RETRAIN, "mia_auc": 0.52, "mia_loss_auc": 0.585}
     check = build_verification(evidence(row), th).check("membership")
     assert check.value == 0.585 and check.verdict == "warn"  # 0.075 above Retrain's 0.51
-    assert "0.585 against 0.510 for Retrain" in check.reason
+    assert check.evidence["decided_by"] == "loss"
+    assert "AUC 0.585 against 0.510 for Retrain" in check.reason
     alone = build_verification(evidence(row, retrain=False), th).check("membership")
     assert alone.reference["chance"] == 0.5 and alone.verdict == "warn"
     high = build_verification(evidence({**row, "mia_loss_auc": 0.7}), th).check("membership")
     assert high.verdict == "fail"
     none = build_verification(evidence({**row, "mia_auc": None, "mia_loss_auc": None}))
     assert none.check("membership").verdict == "n/a"
+
+
+def test_membership_margin_must_exceed_the_sampling_noise():
+    # 0.075 above Retrain: a trace on 5000 samples, noise on 60 (SE of an AUC there ~0.05)
+    row = {**RETRAIN, "mia_auc": 0.52, "mia_loss_auc": 0.585}
+    many = {**row, "mia_samples": [5000, 5000], "mia_loss_samples": [5000, 5000]}
+    few = {**row, "mia_samples": [60, 60], "mia_loss_samples": [60, 60]}
+    assert build_verification(evidence(many)).check("membership").verdict == "warn"
+    check = build_verification(evidence(few)).check("membership")
+    assert check.verdict == "pass" and check.evidence["loss_standard_error"] > 0.05
+    assert auc_standard_error(60, 60) == pytest.approx(0.0529, abs=1e-4)
 
 
 def test_distance_fails_the_original_passes_closer_models_and_warns_far_ones():
@@ -219,6 +232,8 @@ def test_receipt_is_json_without_nan_and_failures_come_first():
 def test_thresholds_are_validated():
     with pytest.raises(ValueError, match="backdoor_warn .* must not exceed backdoor_fail"):
         VerificationThresholds(backdoor_warn=0.2, backdoor_fail=0.1)
+    with pytest.raises(ValueError, match="mia_warn_z .* must not exceed mia_fail_z"):
+        VerificationThresholds(mia_warn_z=4)
     with pytest.raises(ValueError, match="Extra inputs"):
         VerificationThresholds(backdor_fail=0.1)
     with pytest.raises(ValueError):

@@ -37,7 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedunlearn.errors import ConfigError
 from fedunlearn.unlearn.receipt import BoundReport, Check, Verdict, Verification
 
-__all__ = ["CHECK_NAMES", "Evidence", "VerificationThresholds", "build_verification"]
+__all__ = [
+    "CHECK_NAMES",
+    "Evidence",
+    "VerificationThresholds",
+    "auc_standard_error",
+    "build_verification",
+]
 
 CHECK_NAMES = (
     "backdoor",
@@ -63,9 +69,12 @@ class VerificationThresholds(BaseModel):
         backdoor_fail: Excess backdoor ASR above which it fails (the backdoor visibly survives).
         backdoor_clean_asr: ASR assumed for a clean model when there is no Retrain reference
             (triggered non-target inputs a clean model calls the target anyway).
-        mia_auc_warn: Excess membership AUC (the larger of the loss-threshold and shadow
-            attacks) above which the membership check warns; the fallback reference is chance.
+        mia_auc_warn: Excess membership AUC (each attack against the same attack on Retrain;
+            the fallback reference is chance, 0.5) above which the membership check warns.
         mia_auc_fail: Excess membership AUC above which it fails.
+        mia_warn_z: The excess must also exceed this many standard errors of the AUC on the
+            attacked sample sizes (Hanley-McNeil) to warn: sampling noise is not a trace.
+        mia_fail_z: Standard errors the excess must exceed to fail.
         distance_warn: Relative distance ``||u - r|| / ||o - r||`` above which the distance
             check warns (1.0: no closer to Retrain than the original).
         distance_unchanged: If the model moved less than this share of the original-to-Retrain
@@ -88,6 +97,8 @@ class VerificationThresholds(BaseModel):
     backdoor_clean_asr: float = Field(0.05, ge=0, le=1)
     mia_auc_warn: float = Field(0.05, ge=0, le=0.5)
     mia_auc_fail: float = Field(0.10, ge=0, le=0.5)
+    mia_warn_z: float = Field(2.0, ge=0)
+    mia_fail_z: float = Field(3.0, ge=0)
     distance_warn: float = Field(1.0, gt=0)
     distance_unchanged: float = Field(0.1, ge=0, le=1)
     bound_tolerance: float = Field(1e-6, ge=0)
@@ -98,12 +109,14 @@ class VerificationThresholds(BaseModel):
 
     def model_post_init(self, _context: Any) -> None:
         """Check each warn threshold is at most its fail threshold."""
-        for name in ("backdoor", "mia_auc", "utility"):
-            warn, fail = getattr(self, f"{name}_warn"), getattr(self, f"{name}_fail")
+        for name in ("backdoor", "mia_auc", "utility", "mia"):
+            suffix = "_z" if name == "mia" else ""
+            warn = getattr(self, f"{name}_warn{suffix}")
+            fail = getattr(self, f"{name}_fail{suffix}")
             if warn > fail:
                 raise ConfigError(
-                    f"verification thresholds: {name}_warn ({warn}) must not exceed "
-                    f"{name}_fail ({fail}); lower the warn level or raise the fail level"
+                    f"verification thresholds: {name}_warn{suffix} ({warn}) must not exceed "
+                    f"{name}_fail{suffix} ({fail}); lower the warn level or raise the fail level"
                 )
 
 
@@ -225,46 +238,82 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
 # --- 2. membership ----------------------------------------------------------------------------
 
 
-def _max_auc(row: Mapping[str, Any] | None) -> float | None:
-    if row is None:
-        return None
-    aucs = [_num(row.get(k)) for k in ("mia_auc", "mia_loss_auc")]
-    found = [a for a in aucs if a is not None]
-    return max(found) if found else None
+_ATTACKS = (("shadow", "mia_auc", "mia_samples"), ("loss", "mia_loss_auc", "mia_loss_samples"))
+
+
+def auc_standard_error(num_members: int, num_nonmembers: int) -> float:
+    """Return the standard error of an AUC of 0.5 on this many members and non-members.
+
+    Hanley and McNeil (Radiology 1982), Eq. 2 at A = 0.5 (Q1 = Q2 = 1/3): the spread of an
+    attack's AUC on a model that cannot tell the two sets apart, i.e. the sampling noise.
+    """
+    if num_members < 1 or num_nonmembers < 1:
+        return math.inf
+    # Eq. 2: SE^2 = (A(1-A) + (n1-1)(Q1-A^2) + (n2-1)(Q2-A^2)) / (n1 n2), A = 1/2
+    variance = (0.25 + (num_members - 1) / 12 + (num_nonmembers - 1) / 12) / (
+        num_members * num_nonmembers
+    )
+    return math.sqrt(variance)
+
+
+def _attack_auc(row: Mapping[str, Any] | None, key: str) -> float | None:
+    return None if row is None else _num(row.get(key))
 
 
 def check_membership(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 2: membership attacks no longer recognise the forgotten clients' clean data."""
+    """Check 2: membership attacks no longer recognise the forgotten clients' clean data.
+
+    Each attack's AUC is judged against the same attack on Retrain (or chance, 0.5); a margin
+    counts only where it is both larger than the threshold and than ``mia_warn_z`` (for a fail
+    ``mia_fail_z``) standard errors of the AUC on these sample sizes, so that a few hundred
+    samples' noise does not fail a clean model. The worse attack decides.
+    """
     title = "membership"
-    value = _max_auc(ev.row)
-    if value is None:
+    graded = []
+    evidence: dict[str, Any] = {}
+    for name, key, samples_key in _ATTACKS:
+        value = _attack_auc(ev.row, key)
+        if value is None:
+            continue
+        retrain = _attack_auc(ev.retrain, key)
+        base = retrain if retrain is not None else CHANCE_AUC
+        samples = ev.row.get(samples_key)  # rows without sample sizes get no noise allowance
+        se = auc_standard_error(int(samples[0]), int(samples[1])) if samples else 0.0
+        warn = max(th.mia_auc_warn, th.mia_warn_z * se)
+        fail = max(th.mia_auc_fail, th.mia_fail_z * se)
+        verdict = _grade(value - base, warn, fail)
+        evidence[f"{name}_auc"] = value
+        evidence[f"{name}_reference"] = base
+        evidence[f"{name}_original"] = _attack_auc(ev.original, key)
+        evidence[f"{name}_standard_error"] = se
+        graded.append((_SEVERITY_ORDER[verdict], value - base, name, value, base, warn, fail))
+    if not graded:
         return Check("membership", title, "n/a", reason="no membership attack could be run")
-    original = _max_auc(ev.original)
-    retrain = _max_auc(ev.retrain)
-    base, base_name = (retrain, "Retrain") if retrain is not None else (CHANCE_AUC, "chance")
-    reference = {"original": original, "retrain": retrain, "chance": CHANCE_AUC}
-    threshold = {"warn": base + th.mia_auc_warn, "fail": base + th.mia_auc_fail}
-    evidence = {
-        "shadow_auc": _num(ev.row.get("mia_auc")),
-        "loss_auc": _num(ev.row.get("mia_loss_auc")),
-        "shadow_member_rate": _num(ev.row.get("mia_member_rate")),
-        "original_shadow_auc": _num(ev.original.get("mia_auc")),
-        "original_loss_auc": _num(ev.original.get("mia_loss_auc")),
-    }
-    verdict = _grade(value - base, th.mia_auc_warn, th.mia_auc_fail)
+    _, _, name, value, base, warn, fail = max(graded)
+    verdict = {0: "pass", 1: "warn", 2: "fail"}[max(graded)[0]]
+    base_name = "Retrain" if ev.retrain is not None else "chance"
+    original = _attack_auc(ev.original, "mia_auc" if name == "shadow" else "mia_loss_auc")
+    reference = {"original": original, "retrain": base if ev.retrain is not None else None}
+    reference["chance"] = CHANCE_AUC
+    threshold = {"warn": base + warn, "fail": base + fail}
+    evidence["shadow_member_rate"] = _num(ev.row.get("mia_member_rate"))
+    evidence["decided_by"] = name
     if verdict == "pass":
-        reason = f"attack AUC {value:.3f}, {base_name} {base:.3f}"
-        if original is not None and original - base <= th.mia_auc_warn:
+        reason = f"{name} attack AUC {value:.3f}, {base_name} {base:.3f}"
+        if original is not None and original - base <= warn:
             reason += f"; the attacks barely recognise them on the original either ({original:.3f})"
     else:
         reason = (
-            "membership attacks still tell the forgotten clients' data from unseen data: AUC "
+            f"the {name} attack still tells the forgotten clients' data from unseen data: AUC "
             f"{value:.3f} against {base:.3f} for {base_name}"
             + (f" ({original:.3f} before unlearning)" if original is not None else "")
         )
     return Check(
         "membership", title, verdict, value, reference, threshold, reason, evidence=evidence
     )
+
+
+_SEVERITY_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 
 
 # --- 3. distance ------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ _MIA_KEYS = (
     "mia_recall",
     "mia_loss_auc",
     "mia_loss_member_rate",
+    "mia_samples",
+    "mia_loss_samples",
 )
 
 
@@ -159,6 +161,9 @@ class Judge:
                     "mia_recall": mia.recall,
                     "mia_loss_auc": loss_mia.auc,
                     "mia_loss_member_rate": loss_mia.member_rate,
+                    # (members, non-members) each AUC was computed on: its sampling noise
+                    "mia_samples": [mia.num_members, mia.num_nonmembers],
+                    "mia_loss_samples": [loss_mia.num_members, loss_mia.num_nonmembers],
                 }
             )
         row["distance_to_original"] = l2_distance(params, self.session.final_params)

@@ -28,6 +28,11 @@ _VERDICT_MARKERS = {"pass": "o", "warn": "^", "fail": "X", None: "s"}
 _VERDICT_COLORS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", None: "#7f7f7f"}
 
 
+def _colors(methods: list[dict[str, Any]]) -> dict[str, str]:
+    """Return one color per method, the same in every figure."""
+    return {m["method"]: f"C{i % 10}" for i, m in enumerate(methods)}
+
+
 def _verdict(row: dict[str, Any]) -> str | None:
     verification = row.get("verification")
     return None if verification is None else verification["verdict"]
@@ -116,13 +121,20 @@ def _rounds(doc: dict[str, Any], out: Path) -> Path:
     ] or keys[:1]
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys) + 1.6, 4), squeeze=False)
     control = next((m for m in methods if m["method"] == "none"), None)
+    colors = _colors(methods)
     for ax, (key, title) in zip(axes[0], keys, strict=True):
         for m in methods:
             rows = m["round_metrics"]
             if not rows:
                 continue
             xs = [r.get("round", i) for i, r in enumerate(rows, start=1)]
-            ax.plot(xs, [r.get(key) for r in rows], marker=".", label=m["method"])
+            ax.plot(
+                xs,
+                [r.get(key) for r in rows],
+                marker=".",
+                label=m["method"],
+                color=colors[m["method"]],
+            )
         if control is not None and control.get(key) is not None:
             ax.axhline(control[key], color="#888888", ls="--", lw=1, label="none (original)")
         ax.set_xlabel("original round replayed")
@@ -142,7 +154,8 @@ def _rounds(doc: dict[str, Any], out: Path) -> Path:
 def _tradeoff(doc: dict[str, Any], out: Path) -> Path:
     methods = doc["methods"]
     keys = [(k, _TITLES[k]) for k in panels(doc)["tradeoff"]]
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys) + 1.4, 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys) + 2.4, 4), squeeze=False)
+    colors = _colors(methods)
     for ax, (key, title) in zip(axes[0], keys, strict=True):
         for m in methods:
             if m.get(key) is None:
@@ -152,28 +165,37 @@ def _tradeoff(doc: dict[str, Any], out: Path) -> Path:
                 m["client_epochs"],
                 m[key],
                 marker=_VERDICT_MARKERS.get(verdict, "s"),
-                color=_VERDICT_COLORS.get(verdict, "#7f7f7f"),
-                s=60,
+                color=colors[m["method"]],
+                edgecolors="black",
+                linewidths=0.5,
+                s=70,
                 zorder=3,
-            )
-            ax.annotate(
-                m.get("label", m["method"]),
-                (m["client_epochs"], m[key]),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=8,
             )
         ax.set_xlabel("client local epochs (cost)")
         ax.set_ylabel(title)
         ax.set_ylim(-0.02, 1.05)
         ax.grid(alpha=0.3)
-    for verdict in ("pass", "warn", "fail"):
-        axes[0][-1].scatter(
-            [], [], marker=_VERDICT_MARKERS[verdict], color=_VERDICT_COLORS[verdict], label=verdict
+    handles = [
+        plt.Line2D(
+            [], [], ls="", marker="o", color=colors[m["method"]], label=m.get("label", m["method"])
         )
-    fig.legend(loc="center right", fontsize=8, frameon=False, title="verdict")
+        for m in methods
+    ]
+    handles += [
+        plt.Line2D(
+            [],
+            [],
+            ls="",
+            marker=_VERDICT_MARKERS[v],
+            color="white",
+            markeredgecolor="black",
+            label=v,
+        )
+        for v in ("pass", "warn", "fail")
+    ]
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
     fig.suptitle("quality against cost (marker: the receipt's verdict)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1 - 1.4 / (5.2 * len(keys) + 1.4), 1))
+    fig.tight_layout(rect=(0, 0, 1 - 2.4 / (5.2 * len(keys) + 2.4), 1))
     path = out / "tradeoff.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
