@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,29 @@ def _compare(run: Path, forget: list[int], kind: str, methods: list[str], out: P
     return doc
 
 
-def _row_facts(row: dict, retrain: dict, gap: float) -> dict[str, Any]:
+def _evidence(doc: dict, row: dict, retrain: dict | None) -> Evidence:
+    """Rebuild the checks' evidence of a stored row (so changed thresholds can be re-applied)."""
+    rows = {m["method"]: m for m in doc["methods"]}
+    malicious = set(doc["malicious_clients"])
+    forget = set(doc["request"]["forget"])
+    stored = {c["name"]: c for c in row["verification"]["checks"]}
+    return Evidence(
+        row=row,
+        original=rows["none"],
+        retrain=retrain,
+        retrain_gap=rows["none"]["distance_to_retrain"] if retrain is not None else None,
+        request_kind=doc["request"]["kind"],
+        backdoor=doc["config"]["attack"]["kind"] == "backdoor",
+        attackers_forgotten=len(malicious & forget),
+        attackers_total=len(malicious),
+        deletion=stored["deletion"]["evidence"] or None,
+    )
+
+
+def _row_facts(
+    doc: dict, row: dict, retrain: dict, gap: float, thresholds: VerificationThresholds
+) -> dict[str, Any]:
+    verification = build_verification(_evidence(doc, row, retrain), thresholds)
     aucs = [v for v in (row.get("mia_auc"), row.get("mia_loss_auc")) if v is not None]
     return {
         "asr": row.get("backdoor_asr"),
@@ -69,25 +92,16 @@ def _row_facts(row: dict, retrain: dict, gap: float) -> dict[str, Any]:
         "moved_share": row["distance_to_original"] / gap if gap else None,
         "accuracy_drop": retrain["test_accuracy"] - row["test_accuracy"],
         "client_epochs": row["client_epochs"],
-        "verdict": row["verification"]["verdict"],
-        "model_verdict": row["verification"]["model_verdict"],
-        "reasons": row["verification"]["reasons"],
+        "verdict": verification.verdict,
+        "model_verdict": verification.model_verdict,
+        "reasons": list(verification.reasons),
     }
 
 
 def _retrain_alone(doc: dict, thresholds: VerificationThresholds) -> dict[str, Any]:
     """Judge Retrain against the original only (no Retrain reference), as ``unlearn`` does."""
     rows = {m["method"]: m for m in doc["methods"]}
-    malicious = set(doc["malicious_clients"])
-    forget = set(doc["request"]["forget"])
-    evidence = Evidence(
-        row=rows["retrain"],
-        original=rows["none"],
-        request_kind=doc["request"]["kind"],
-        backdoor=doc["config"]["attack"]["kind"] == "backdoor",
-        attackers_forgotten=len(malicious & forget),
-        attackers_total=len(malicious),
-    )
+    evidence = replace(_evidence(doc, rows["retrain"], None), deletion=None)
     verification = build_verification(evidence, thresholds, subject="retrain")
     return {
         "verdict": verification.verdict,
@@ -105,7 +119,9 @@ def analyse(docs: list[tuple[str, dict]], thresholds: VerificationThresholds) ->
         gap = rows["none"]["distance_to_retrain"]
         out[label] = {
             "gap": gap,
-            "methods": {name: _row_facts(row, retrain, gap) for name, row in rows.items()},
+            "methods": {
+                name: _row_facts(doc, row, retrain, gap, thresholds) for name, row in rows.items()
+            },
             "retrain_vs_original": _retrain_alone(doc, thresholds),
         }
     return out

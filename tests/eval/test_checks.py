@@ -233,7 +233,7 @@ def test_thresholds_are_validated():
     with pytest.raises(ValueError, match="backdoor_warn .* must not exceed backdoor_fail"):
         VerificationThresholds(backdoor_warn=0.2, backdoor_fail=0.1)
     with pytest.raises(ValueError, match="mia_warn_z .* must not exceed mia_fail_z"):
-        VerificationThresholds(mia_warn_z=4)
+        VerificationThresholds(mia_warn_z=5)
     with pytest.raises(ValueError, match="Extra inputs"):
         VerificationThresholds(backdor_fail=0.1)
     with pytest.raises(ValueError):

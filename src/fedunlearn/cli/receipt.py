@@ -45,12 +45,13 @@ _STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red", "n/a"
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "n/a": "n/a "}
 
 LEGEND = (
-    "TA: test accuracy. ASR: share of triggered test inputs the model classifies as the "
-    "backdoor's target (Retrain shows the clean level). MIA: membership-attack AUC on the "
-    "forgotten clients' clean training data against unseen data (0.5: the attack cannot tell). "
-    "L2 retrain: parameter distance to the retrained model. epochs: local epochs the method "
-    "asked of the clients (its cost; Retrain's is the price of exact unlearning). verdict: the "
-    "receipt's checks (docs/verification.md)."
+    "none: the original model (no unlearning). retrain: retraining from scratch without the "
+    "removed clients, the reference. TA: test accuracy. ASR: share of triggered test inputs the "
+    "model classifies as the backdoor's target (Retrain shows the clean level). MIA: "
+    "membership-attack AUC on the forgotten clients' clean training data against unseen data "
+    "(0.5: the attack cannot tell). L2 retrain: parameter distance to the retrained model. "
+    "epochs: local epochs the method asked of the clients (its cost; Retrain's is the price of "
+    "exact unlearning). verdict: the receipt's checks (docs/verification.md)."
 )
 
 
@@ -125,6 +126,7 @@ class RoundProgress:
         )
         self._task = self._progress.add_task("starting", total=None, status="")
         self._rounds = 0
+        self._current: str | None = None
 
     def __enter__(self) -> RoundProgress:
         self._progress.start()
@@ -136,18 +138,28 @@ class RoundProgress:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is None:
+            self._finish()
         self._progress.stop()
 
     def on_step(self, text: str) -> None:
         """Show a stage without rounds."""
+        self._finish()
         self._progress.update(self._task, description=text, status="")
 
     def on_method(self, name: str, index: int, total: int) -> None:
-        """Show that method ``index`` of ``total`` starts."""
+        """Show that method ``index`` of ``total`` starts (and that the previous one is done)."""
+        self._finish()
         self._rounds = 0
+        self._current = name
         self._progress.update(self._task, description=f"[{index}/{total}] {name}", status="")
-        if index > 1:
-            self._progress.console.print(f"  done: {index - 1} of {total} methods", style="dim")
+
+    def _finish(self) -> None:
+        if self._current is not None:
+            self._progress.console.print(
+                f"  {self._current}: done ({self._rounds} unlearning rounds)", style="dim"
+            )
+            self._current = None
 
     def on_round(self, name: str, metrics: dict[str, float]) -> None:
         """Show one more finished unlearning round and its test metrics."""

@@ -76,7 +76,8 @@ class VerificationThresholds(BaseModel):
             attacked sample sizes (Hanley-McNeil) to warn: sampling noise is not a trace.
         mia_fail_z: Standard errors the excess must exceed to fail.
         distance_warn: Relative distance ``||u - r|| / ||o - r||`` above which the distance
-            check warns (1.0: no closer to Retrain than the original).
+            check warns (1.0 is the original's own distance; clean models of a non-convex run
+            land within a few percent of it, hence 1.25).
         distance_unchanged: If the model moved less than this share of the original-to-Retrain
             gap away from the original, the distance check fails: it is still the original
             model (its relative distance is then at least ``1 - distance_unchanged``).
@@ -97,9 +98,9 @@ class VerificationThresholds(BaseModel):
     backdoor_clean_asr: float = Field(0.05, ge=0, le=1)
     mia_auc_warn: float = Field(0.05, ge=0, le=0.5)
     mia_auc_fail: float = Field(0.10, ge=0, le=0.5)
-    mia_warn_z: float = Field(2.0, ge=0)
-    mia_fail_z: float = Field(3.0, ge=0)
-    distance_warn: float = Field(1.0, gt=0)
+    mia_warn_z: float = Field(3.0, ge=0)
+    mia_fail_z: float = Field(4.0, ge=0)
+    distance_warn: float = Field(1.25, gt=0)
     distance_unchanged: float = Field(0.1, ge=0, le=1)
     bound_tolerance: float = Field(1e-6, ge=0)
     utility_warn: float = Field(0.02, ge=0, le=1)
@@ -202,6 +203,7 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
         )
     else:
         base, base_name = th.backdoor_clean_asr, "a clean model (assumed)"
+    short = "Retrain" if retrain is not None else "a clean model, assumed"
     reference = {"original": original, "retrain": retrain}
     if retrain is None:
         reference["clean_assumed"] = th.backdoor_clean_asr
@@ -225,7 +227,7 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     evidence["share_removed"] = (original - asr) / (original - base)
     verdict = _grade(asr - base, th.backdoor_warn, th.backdoor_fail)
     if verdict == "pass":
-        reason = f"ASR {_pct(asr)}, as {base_name} ({_pct(base)}); {_pct(original)} before"
+        reason = f"ASR {_pct(asr)} ({short}: {_pct(base)}; {_pct(original)} before unlearning)"
     else:
         reason = (
             f"the backdoor {'survives' if verdict == 'fail' else 'partly survives'}: ASR "
@@ -374,8 +376,9 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
     else:
         verdict = "warn"
         reason = (
-            f"{relative:.2f}x the original's distance from Retrain: no closer than the original "
-            "(a model on another training path can still be clean; the other checks decide)"
+            f"{relative:.2f}x the original's distance from Retrain (warns above "
+            f"{th.distance_warn:g}x): farther than the original (a model on another training "
+            "path can still be clean; the other checks decide)"
         )
     return Check(
         "distance", title, verdict, relative, reference, threshold, reason, evidence=evidence
