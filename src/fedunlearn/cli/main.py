@@ -1,4 +1,4 @@
-"""The ``fedunlearn`` command: train, info, verify, forget, methods, unlearn, compare, demo.
+"""The ``fedunlearn`` command: train, info, verify, forget, audit, methods, unlearn, compare, demo.
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Every user-facing failure is one line on stderr naming the path or field and what to do, with
@@ -451,17 +451,36 @@ def unlearn(
     out: Annotated[Path, typer.Option(help="result JSON to write")],
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
     save_model: Annotated[Path | None, typer.Option(help="also save the flat model (.pt)")] = None,
+    reference: Annotated[
+        str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (runs Retrain)")
+    ] = "original",
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one verification threshold key=value")
+    ] = None,
 ) -> None:
-    """Remove clients from a trained run with one method; write the result JSON."""
+    """Remove clients from a trained run with one method; verify it; write the result JSON."""
     ensure_writable_output(out, "file")
     if save_model is not None:
         ensure_writable_output(save_model, "file", "--save-model")
     ids, kind = parse_forget(forget, run_dir)
+    from fedunlearn.cli import receipt
     from fedunlearn.experiments import unlearn_one
 
-    result, summary = unlearn_one(
-        run_dir, ids, method, params=_parse_params(param or []), kind=kind
-    )
+    limits = receipt.load_thresholds(thresholds, threshold or [])
+    with receipt.RoundProgress() as progress:
+        result, summary = unlearn_one(
+            run_dir,
+            ids,
+            method,
+            params=_parse_params(param or []),
+            kind=kind,
+            reference=reference,
+            thresholds=limits,
+            progress=progress,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     if save_model is not None:
@@ -474,6 +493,7 @@ def unlearn(
         f"{summary['costs']['client_epochs']} client epochs, "
         f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
     )
+    receipt.print_verification(summary["verification"], title=f"{method} verification")
 
 
 @app.command()
@@ -488,12 +508,21 @@ def compare(
     params_file: Annotated[Path | None, typer.Option(help="YAML {method: {param: value}}")] = None,
     seed: Annotated[int, typer.Option(help="seed of the evaluation attacks")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print results.json")] = False,
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one verification threshold key=value")
+    ] = None,
 ) -> None:
-    """Run several methods on a run and write results.json/csv/md and PNG plots."""
+    """Run several methods on a run, verify each, write results.json/csv/md and PNG plots."""
     ensure_writable_output(out, "directory")
     params = _read_params_file(params_file)
     ids, kind = parse_forget(forget, run_dir)
-    doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json)
+    from fedunlearn.cli import receipt
+
+    limits = receipt.load_thresholds(thresholds, threshold or [])
+    doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json, limits=limits)
     from fedunlearn.report import plot_results, write_results
 
     write_results(doc, out)
@@ -502,6 +531,7 @@ def compare(
         print(json.dumps(doc, indent=2))
     else:
         _print_results(doc)
+        receipt.print_verdicts(doc)
         console.print(f"wrote {out}/results.json, results.csv, results.md and plots")
 
 
@@ -536,6 +566,7 @@ def _compare(
     seed: int,
     *,
     quiet: bool,
+    limits: Any = None,
 ) -> dict[str, Any]:
     from fedunlearn.experiments import compare_methods
     from fedunlearn.runs import load_run_config
@@ -550,14 +581,18 @@ def _compare(
             if get_method(n).required_policies is None
             or policy in (get_method(n).required_policies or ())
         ]
-    with err_console.status("unlearning", spinner="dots") as status:
+    from fedunlearn.cli import receipt
 
-        def tell(name: str) -> None:
-            if not quiet:
-                status.update(f"running {name}")
-
+    with receipt.RoundProgress(enabled=not quiet) as progress:
         return compare_methods(
-            run_dir, ids, names, params=params, kind=kind, seed=seed, progress=tell
+            run_dir,
+            ids,
+            names,
+            params=params,
+            kind=kind,
+            seed=seed,
+            thresholds=limits,
+            progress=progress,
         )
 
 
@@ -568,6 +603,7 @@ def demo(
     rounds: Annotated[int | None, typer.Option(help="override the number of rounds")] = None,
 ) -> None:
     """Train on digits with backdoored clients, then compare every unlearning method."""
+    from fedunlearn.cli import receipt
     from fedunlearn.config import parse_config
     from fedunlearn.report import plot_results, write_results
     from fedunlearn.runs import holds_run
@@ -590,6 +626,8 @@ def demo(
     write_results(doc, results)
     plot_results(doc, results)
     _print_results(doc)
+    console.print(receipt.LEGEND, style="dim")
+    receipt.print_verdicts(doc)
     console.print(f"Tables and plots in {results}/ ; inspect the run with: fedunlearn info {out}")
 
 
@@ -608,11 +646,13 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 
 
 def _register_subcommands() -> None:
+    from fedunlearn.cli import receipt
     from fedunlearn.cli.central import central_command
     from fedunlearn.cli.starfish import register as register_starfish
 
     app.command(name="central")(central_command)
     register_starfish(app)
+    receipt.register(app)
 
 
 _register_subcommands()
