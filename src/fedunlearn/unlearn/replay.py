@@ -7,8 +7,14 @@ the calibrated deltas are aggregated with the run's rule and applied.
 
 Paper: Liu et al., "FedEraser: Enabling Efficient Client-Level Data Removal from Federated
 Learning Models", IWQoS 2021, §4 (calibration training, update calibrating, calibrated update
-aggregating, unlearned model updating); baselines spec §2.3 with the [FIX]ed aggregation
-normalisation. A fresh delta with norm < 1e-12 is calibrated to zero (spec §2.7).
+aggregating, unlearned model updating); Crab (Jiang et al., arXiv:2401.08216v2) Sec. IV-B3,
+Eqs. 7-10 (the same steps with per-client whole-vector calibration).
+
+Deviations:
+    The calibrated deltas are aggregated with the run's rule, weighted by n_c over the replayed
+    clients (FedAvg, as both papers, when the run used FedAvg; Crab's [D14] in
+    docs/methods/crab.md). A fresh delta with norm < 1e-12 is calibrated to zero rather than
+    divided by zero.
 """
 
 from __future__ import annotations
