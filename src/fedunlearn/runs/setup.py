@@ -9,7 +9,7 @@ for: a seeded clean subsample, and the clients' mean loss on their own data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,11 @@ DEFAULT_LOSS_SAMPLES = 512
 
 @dataclass
 class Setup:
-    """Everything a run's config determines, before any training."""
+    """Everything a run's config determines, before any training.
+
+    ``join_rounds``: client -> the round it joins the federation (attackers with
+    ``attack.join_round``; the training loop does not sample them before it).
+    """
 
     config: RunConfig
     dataset: Dataset
@@ -57,6 +61,7 @@ class Setup:
     y_test: torch.Tensor
     trigger: Trigger | None
     poisoned_originals: dict[int, ClientData]
+    join_rounds: dict[int, int] = field(default_factory=dict)
 
     def clean_data(self, client_id: int) -> ClientData:
         """Return a client's data before poisoning (its true labels, no trigger)."""
@@ -152,6 +157,7 @@ def build_setup(config: RunConfig) -> Setup:
                 sigma=atk.sigma,
                 p_noise=atk.p_noise,
                 fang_b=atk.fang_b,
+                start_round=atk.start_round,
             )
         )
 
@@ -182,6 +188,8 @@ def build_setup(config: RunConfig) -> Setup:
         seed=cfg.seed,
         malicious=malicious,
         update_mods=mods,
+        honest_data=originals,  # attackers train on these before attack.start_round
+        attack_start_round=atk.start_round,
         executor=tr.executor,
         num_workers=tr.num_workers,
     )
@@ -200,6 +208,7 @@ def build_setup(config: RunConfig) -> Setup:
         y_test=torch.from_numpy(y_test),
         trigger=trigger,
         poisoned_originals=originals,
+        join_rounds={c: atk.join_round for c in malicious} if atk.join_round > 1 else {},
     )
 
 

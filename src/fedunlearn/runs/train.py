@@ -383,6 +383,7 @@ def _train(
         num_rounds=config.training.rounds,
         start_round=last + 1,
         participation=config.training.participation,
+        join_rounds=setup.join_rounds,
         evaluate=evaluate,
         observers=[
             recorder,

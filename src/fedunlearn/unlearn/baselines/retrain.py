@@ -21,18 +21,6 @@ from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
 
 
-def original_participants(context: UnlearnContext, round_: int) -> list[int]:
-    """Return the remaining clients the original run sampled in ``round_``, sorted.
-
-    Every client the run asked to train counts, whether its upload was accepted or rejected:
-    a retrained run asks the same clients.
-    """
-    remaining = set(context.clients.ids)
-    return sorted(
-        {r.client_id for r in context.history.client_records(round_) if r.client_id in remaining}
-    )
-
-
 @register("retrain")
 class Retrain(Unlearner):
     """Federated retraining from M_0 without the forgotten clients."""
@@ -47,7 +35,7 @@ class Retrain(Unlearner):
         params = context.history.read_model(0)
         rows: list[dict[str, float]] = []
         for round_ in range(1, context.num_rounds + 1):
-            participants = original_participants(context, round_)
+            participants = context.original_participants(round_)
             context.meter.rounds += 1
             if not participants:  # only forgotten clients took part: nothing to redo
                 metrics = context.evaluate(params) if context.evaluate is not None else {}
