@@ -37,6 +37,9 @@ class Federation:
         update_mods: Functions ``(round, global_params, updates) -> updates`` applied in order.
         executor: ``auto``, ``serial``, ``vectorized`` or ``pool``.
         num_workers: Worker processes for the pool executor.
+        device: Where local training runs (``auto``, ``cpu``, ``cuda[:i]``, ``mps``; see
+            ``fl.device``); resolved here (``executors.executor_device``), so ``self.device``
+            is the ``torch.device`` clients train on.
     """
 
     def __init__(
@@ -50,8 +53,10 @@ class Federation:
         update_mods: Sequence[UpdateMod] = (),
         executor: str = "auto",
         num_workers: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.model = model
+        self.device = executors.executor_device(executor, device)
         self.client_data = dict(client_data)
         self.spec = spec
         self.seed = seed
@@ -72,7 +77,7 @@ class Federation:
         """The executor, started on first use."""
         if self._executor is None:
             self._executor = executors.make_executor(
-                self.model, self.client_data, self._executor_kind, self._num_workers
+                self.model, self.client_data, self._executor_kind, self._num_workers, self.device
             )
         return self._executor
 
