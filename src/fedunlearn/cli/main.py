@@ -1,4 +1,4 @@
-"""The ``fedunlearn`` command: train, info, methods, unlearn, compare, demo.
+"""The ``fedunlearn`` command: train, info, methods, unlearn, compare, export, demo.
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Errors of the library (``FedUnlearnError``) end the command with exit code 2 and one clear message.
@@ -14,7 +14,6 @@ from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import torch
 import typer
 import yaml
 from rich.console import Console
@@ -22,10 +21,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedunlearn.cli.central import central_command
+from fedunlearn.cli.export import (
+    check_model_path,
+    export_result,
+    export_round,
+    run_model,
+    save_result_model,
+)
 from fedunlearn.cli.starfish import register as register_starfish
 from fedunlearn.config import RunConfig, load_config, parse_config
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.fl.records import RoundRecord
+from fedunlearn.fl.tracking import TensorBoardWriter
 from fedunlearn.report import compare_methods, plot_results, unlearn_one, write_results
 from fedunlearn.report.tables import table_rows
 from fedunlearn.runs import load_run_config, run_info, train_run
@@ -76,7 +83,9 @@ class _ProgressObserver:
         self.progress.update(self.task, completed=record.round, status=text)
 
 
-def _train(config: RunConfig, out: Path, resume: bool, quiet: bool) -> dict[str, Any]:
+def _train(
+    config: RunConfig, out: Path, resume: bool, quiet: bool, tensorboard: Path | None = None
+) -> dict[str, Any]:
     columns = (
         TextColumn("round"),
         MofNCompleteColumn(),
@@ -84,9 +93,17 @@ def _train(config: RunConfig, out: Path, resume: bool, quiet: bool) -> dict[str,
         TimeElapsedColumn(),
         TextColumn("{task.fields[status]}"),
     )
-    with Progress(*columns, console=err_console, disable=quiet) as progress:
-        task = progress.add_task("train", total=config.training.rounds, status="")
-        return train_run(config, out, resume=resume, observers=[_ProgressObserver(progress, task)])
+    writer = TensorBoardWriter(tensorboard) if tensorboard is not None else None
+    try:
+        with Progress(*columns, console=err_console, disable=quiet) as progress:
+            task = progress.add_task("train", total=config.training.rounds, status="")
+            observers: list[Any] = [_ProgressObserver(progress, task)]
+            if writer is not None:
+                observers.append(writer)
+            return train_run(config, out, resume=resume, observers=observers)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
@@ -103,6 +120,8 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         )
     table.add_row("wall seconds", f"{summary['wall_seconds']:.1f}")
     table.add_row("executor", summary["executor"])
+    if "device" in summary:
+        table.add_row("device", summary["device"])
     console.print(table)
 
 
@@ -114,10 +133,23 @@ def train(
     seed: Annotated[int | None, typer.Option(help="override the config's seed")] = None,
     resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    device: Annotated[
+        str | None,
+        typer.Option(help="override training.device: auto, cpu, cuda, cuda:<index> or mps"),
+    ] = None,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(help="also write each round's metrics to this TensorBoard log directory"),
+    ] = None,
 ) -> None:
     """Train a federation with history recording into a run directory."""
-    config = load_config(config_path, {"seed": seed} if seed is not None else None)
-    summary = _train(config, out, resume, quiet=as_json)
+    overrides: dict[str, Any] = {}
+    if seed is not None:
+        overrides["seed"] = seed
+    if device is not None:
+        overrides["training.device"] = device
+    config = load_config(config_path, overrides or None)
+    summary = _train(config, out, resume, quiet=as_json, tensorboard=tensorboard)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -242,17 +274,23 @@ def unlearn(
     method: Annotated[str, typer.Option(help="registered method (see 'fedunlearn methods')")],
     out: Annotated[Path, typer.Option(help="result JSON to write")],
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
-    save_model: Annotated[Path | None, typer.Option(help="also save the flat model (.pt)")] = None,
+    save_model: Annotated[
+        Path | None,
+        typer.Option(help="also save the model: a .safetensors file (load_model reads it)"),
+    ] = None,
 ) -> None:
     """Remove clients from a trained run with one method; write the result JSON."""
+    if save_model is not None:
+        check_model_path(save_model, "--save-model")
     ids, kind = _parse_forget(forget, run_dir)
     result, summary = unlearn_one(
         run_dir, ids, method, params=_parse_params(param or []), kind=kind
     )
+    if save_model is not None:
+        save_result_model(save_model, run_dir, run_model(run_dir), result.params, summary)
+        summary["model_file"] = str(save_model)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    if save_model is not None:
-        torch.save(result.params, save_model)
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f}, "
         f"{summary['costs']['client_epochs']} client epochs, "
@@ -317,6 +355,39 @@ def _compare(
 
         return compare_methods(
             run_dir, ids, names, params=params, kind=kind, seed=seed, progress=tell
+        )
+
+
+@app.command()
+@_friendly_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    out: Annotated[Path, typer.Option("--out", help="model file to write (*.safetensors)")],
+    round_: Annotated[
+        int | None,
+        typer.Option("--round", help="global model after this round (default: the last)"),
+    ] = None,
+    result: Annotated[
+        Path | None,
+        typer.Option(help="result JSON of 'fedunlearn unlearn': export that model (re-run)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+) -> None:
+    """Write a run's model as safetensors (state_dict + model spec); load it with load_model."""
+    if round_ is not None and result is not None:
+        raise ConfigError("pass --round or --result, not both")
+    if result is not None:
+        done = export_result(run_dir, result, out)
+        what = f"{done['method']} result (forget {done['forget']})"
+    else:
+        done = export_round(run_dir, out, round_)
+        what = f"round {done['round']}"
+    if as_json:
+        print(json.dumps(done, indent=2))
+    else:
+        console.print(
+            f"{what} of {run_dir} -> {out} ({done['num_params']:,} parameters); load it with "
+            f"fedunlearn.models.load_model('{out}')"
         )
 
 
