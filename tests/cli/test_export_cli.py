@@ -1,6 +1,7 @@
 """`fedunlearn export`, `unlearn --save-model` (safetensors) and `train --tensorboard/--device`."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -169,3 +170,21 @@ def test_train_device_override_and_tensorboard_log(tmp_path):
 
     bad = invoke("train", cfg, "--out", tmp_path / "run2", "--device", "gpu")
     assert bad.exit_code == 2 and "training.device" in bad.output
+
+
+def test_a_gpu_trained_run_exports_on_a_machine_without_one(run_dir, tmp_path):
+    # Prepare: the same run, as if it had been trained with training.device cuda
+    copy = tmp_path / "gpu_run"
+    shutil.copytree(run_dir, copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["training"]["device"] = "cuda"
+    (copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    # Execute
+    res = invoke("export", copy, "--out", tmp_path / "m.safetensors")
+
+    # Assert
+    assert res.exit_code == 0, res.output
+    with HistoryStore.open(copy / "history") as store:
+        want = store.read_model(2)
+    assert torch.equal(get_flat_params(load_model(tmp_path / "m.safetensors")), want)

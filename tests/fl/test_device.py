@@ -168,6 +168,15 @@ def test_train_run_with_device_unset_cpu_and_auto_stores_the_same_bits(tmp_path)
         assert all(torch.equal(a, b) for a, b in zip(models[0], other, strict=True))
 
 
+def test_cuda_determinism_sets_and_restores_cudnn_flags(monkeypatch):
+    cudnn = torch.backends.cudnn
+    monkeypatch.setattr(cudnn, "deterministic", False)
+    monkeypatch.setattr(cudnn, "benchmark", True)
+    with cuda_determinism(torch.device("cuda", 0)):  # only flags: runs without a GPU
+        assert cudnn.deterministic and not cudnn.benchmark
+    assert not cudnn.deterministic and cudnn.benchmark
+
+
 def test_cuda_determinism_does_nothing_off_cuda():
     before = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     with cuda_determinism(torch.device("cpu")):
@@ -177,9 +186,16 @@ def test_cuda_determinism_does_nothing_off_cuda():
 # -- CUDA (skipped without a GPU) --------------------------------------------------------------
 
 
+@pytest.fixture
+def full_fp32(monkeypatch):
+    """No TF32 (cuDNN's default for convolutions on Ampere and later): compare at fp32 rounding."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
 @needs_cuda
 @pytest.mark.parametrize("kind", ["serial", "vectorized"])
-def test_cuda_training_repeats_bit_for_bit_and_is_close_to_the_cpu(kind):
+def test_cuda_training_repeats_bit_for_bit_and_is_close_to_the_cpu(kind, full_fp32):
     model = build_model("mlp", (1, 8, 8), 10, seed=0, hidden=(16,))
     start = get_flat_params(model)
     tasks = [(0, 11), (1, 12), (2, 13)]
@@ -193,7 +209,7 @@ def test_cuda_training_repeats_bit_for_bit_and_is_close_to_the_cpu(kind):
 
 
 @needs_cuda
-def test_cuda_executors_hold_the_data_on_the_gpu_and_the_cnn_vectorises():
+def test_cuda_executors_hold_the_data_on_the_gpu_and_the_cnn_vectorises(full_fp32):
     data = clients(sizes=(40, 24), shape=(1, 28, 28))
     model = build_model("cnn", (1, 28, 28), 10, seed=0)
     serial = SerialExecutor(model, data, device="cuda")
@@ -211,7 +227,7 @@ def test_cuda_executors_hold_the_data_on_the_gpu_and_the_cnn_vectorises():
 
 
 @needs_cuda
-def test_cuda_local_update_and_evaluation_match_the_cpu():
+def test_cuda_local_update_and_evaluation_match_the_cpu(full_fp32):
     model = build_model("mlp", (1, 8, 8), 10, seed=0, hidden=(16,))
     start = get_flat_params(model)
     data = clients(sizes=(30,))[0]

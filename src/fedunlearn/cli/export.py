@@ -46,8 +46,13 @@ def check_model_path(path: Path, option: str = "--out") -> Path:
 
 
 def run_model(run_dir: Path) -> nn.Module:
-    """Return the module a run trained (its template: structure, spec and initial weights)."""
-    setup = build_setup(load_run_config(run_dir))
+    """Return the module a run trained (its template: structure, spec and initial weights).
+
+    Built on the CPU whatever the run's ``training.device`` (a GPU run exports anywhere).
+    """
+    config = load_run_config(run_dir)
+    on_cpu = config.training.model_copy(update={"device": "cpu", "executor": "serial"})
+    setup = build_setup(config.model_copy(update={"training": on_cpu}))
     setup.close()
     return setup.model
 
