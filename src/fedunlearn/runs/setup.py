@@ -64,7 +64,8 @@ class Setup:
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Return test accuracy, test loss and (with a backdoor attack) the backdoor ASR."""
-        acc, loss = accuracy_and_loss(self.model, params, self.x_test, self.y_test)
+        device = self.federation.device
+        acc, loss = accuracy_and_loss(self.model, params, self.x_test, self.y_test, device)
         out = {"test_accuracy": acc, "test_loss": loss}
         if self.trigger is not None:
             out["backdoor_asr"] = backdoor_success_rate(
@@ -74,6 +75,7 @@ class Setup:
                 self.y_test,
                 self.trigger,
                 self.config.attack.target_label,
+                device,
             )
         return out
 
@@ -184,6 +186,7 @@ def build_setup(config: RunConfig) -> Setup:
         update_mods=mods,
         executor=tr.executor,
         num_workers=tr.num_workers,
+        device=tr.device,
     )
     agg = tr.aggregator
     aggregator = make_aggregator(
@@ -239,7 +242,8 @@ def clients_loss(setup: Setup, params: torch.Tensor, samples: int = DEFAULT_LOSS
     parts = [fed.client_data[c] for c in fed.client_ids]
     x = torch.cat([p.x[:samples] for p in parts])
     y = torch.cat([p.y[:samples] for p in parts])
-    losses = F.cross_entropy(predict_logits(setup.model, params, x), y, reduction="none")
+    logits = predict_logits(setup.model, params, x, device=fed.device)
+    losses = F.cross_entropy(logits, y, reduction="none")
     total, offset, weight = 0.0, 0, 0
     for p in parts:
         m = min(samples, len(p))
