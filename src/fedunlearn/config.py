@@ -76,6 +76,23 @@ class TrainingConfig(_Frozen):
     aggregator: AggregatorConfig = AggregatorConfig()
     executor: Literal["auto", "serial", "vectorized", "pool"] = "auto"
     num_workers: int | None = Field(None, ge=1)
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|mps|cuda(:[0-9]+)?)$",
+        description="local training, evaluation and unlearning's client work: auto (CUDA if "
+        "torch sees a GPU, else the CPU), cpu, cuda, cuda:<index> or mps",
+    )
+
+    @model_validator(mode="after")
+    def _pool_needs_cpu(self) -> TrainingConfig:
+        # pool with device auto trains on the CPU (fl.executors.executor_device)
+        if self.executor == "pool" and self.device not in ("auto", "cpu"):
+            raise ValueError(
+                f"training.executor 'pool' trains in CPU worker processes; it cannot use "
+                f"training.device '{self.device}'. Use executor 'vectorized', 'serial' or 'auto' "
+                "on a GPU"
+            )
+        return self
 
 
 class AttackConfig(_Frozen):

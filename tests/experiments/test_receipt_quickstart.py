@@ -1,8 +1,9 @@
 """The receipt on the digits quickstart (configs/digits_quickstart.yaml, trained as shipped).
 
 What issue 14 asks the tests to show: Retrain passes every check; a Crab result that keeps the
-backdoor is flagged (Crab's ``rollback: paper`` where that option exists; today's default
-rollback already leaves 55-70% ASR on this run); an audit of the original model fails.
+backdoor is flagged (Crab exactly as printed: ``rollback: paper``, the literal j* rule and no
+final tuning, which leaves 55-70% ASR on this run); default Crab passes the backdoor check; an
+audit of the original model fails.
 """
 
 from pathlib import Path
@@ -12,15 +13,14 @@ import pytest
 from fedunlearn.config import load_config
 from fedunlearn.eval import Verifier
 from fedunlearn.runs import train_run
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, get_method, make_method
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "digits_quickstart.yaml"
 
 
 def crab_keeping_the_backdoor() -> dict:
-    """Crab's parameters that reproduce the paper's rollback (the default until it is fixed)."""
-    fields = get_method("crab").params_type.model_fields
-    return {"rollback": "paper"} if "rollback" in fields else {}
+    """Crab's parameters that reproduce the paper's rollback, rule and replay as printed."""
+    return {"rollback": "paper", "rule": "literal", "final_rounds": 0}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,9 @@ def receipts(tmp_path_factory):
             .verify(retrain)
             .verification,
             "crab": verifier.verify(crab).verification,
+            "crab_default": verifier.verify(
+                session.run(make_method("crab"), request)
+            ).verification,
             "original": verifier.audit(session.final_params, "original")[1],
         }
 
@@ -60,6 +63,12 @@ def test_crab_that_keeps_the_backdoor_is_flagged(receipts):
     backdoor = receipt.check("backdoor")
     assert backdoor.verdict == "fail" and backdoor.value > 0.3
     assert receipt.reasons[0].startswith("backdoor removed: the backdoor survives")
+
+
+def test_default_crab_removes_the_backdoor(receipts):
+    receipt = receipts["crab_default"]
+    assert receipt.check("backdoor").verdict == "pass", receipt.reasons
+    assert receipt.verdict != "fail", receipt.reasons
 
 
 def test_an_audit_of_the_original_model_fails(receipts):

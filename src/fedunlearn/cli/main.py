@@ -1,4 +1,4 @@
-"""The ``fedunlearn`` command: train, info, verify, forget, audit, methods, unlearn, compare, demo.
+"""The ``fedunlearn`` command: train, info, verify, forget, unlearn, compare, audit, export, demo.
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Every user-facing failure is one line on stderr naming the path or field and what to do, with
@@ -147,15 +147,25 @@ class _ProgressObserver:
 
 
 def _train(
-    config: RunConfig, out: Path, resume: bool, quiet: bool, repair: bool = False
+    config: RunConfig,
+    out: Path,
+    resume: bool,
+    quiet: bool,
+    repair: bool = False,
+    tensorboard: Path | None = None,
 ) -> dict[str, Any]:
     from fedunlearn.runs import train_run
 
-    progress = _ProgressObserver(config.training.rounds, quiet)
+    observers: list[Any] = [_ProgressObserver(config.training.rounds, quiet)]
+    if tensorboard is not None:
+        from fedunlearn.fl.tracking import TensorBoardWriter
+
+        observers.append(TensorBoardWriter(tensorboard))
     try:
-        return train_run(config, out, resume=resume, repair=repair, observers=[progress])
+        return train_run(config, out, resume=resume, repair=repair, observers=observers)
     finally:
-        progress.close()
+        for observer in observers:
+            observer.close()
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
@@ -179,6 +189,8 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         )
     rows.append(["wall seconds", f"{summary['wall_seconds']:.1f}"])
     rows.append(["executor", summary["executor"]])
+    if "device" in summary:
+        rows.append(["device", summary["device"]])
     _print_table(f"run {out}", None, rows)
 
 
@@ -200,6 +212,14 @@ def train(
         typer.Option(help="with --resume: drop the first damaged round and later, retrain them"),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    device: Annotated[
+        str | None,
+        typer.Option(help="override training.device: auto, cpu, cuda, cuda:<index> or mps"),
+    ] = None,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(help="also write each round's metrics to this TensorBoard log directory"),
+    ] = None,
 ) -> None:
     """Train a federation with history recording into a run directory."""
     from fedunlearn.config import load_config
@@ -209,9 +229,13 @@ def train(
         overrides["seed"] = seed
     if data_dir is not None:
         overrides["data.data_dir"] = str(data_dir)
+    if device is not None:
+        overrides["training.device"] = device
     config = load_config(config_path, overrides or None)
     ensure_writable_output(out, "directory")
-    summary = _train(config, out, resume, quiet=as_json, repair=repair)
+    if tensorboard is not None:
+        ensure_writable_output(tensorboard, "directory", "--tensorboard")
+    summary = _train(config, out, resume, quiet=as_json, repair=repair, tensorboard=tensorboard)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -450,7 +474,10 @@ def unlearn(
     method: Annotated[str, typer.Option(help="registered method (see 'fedunlearn methods')")],
     out: Annotated[Path, typer.Option(help="result JSON to write")],
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
-    save_model: Annotated[Path | None, typer.Option(help="also save the flat model (.pt)")] = None,
+    save_model: Annotated[
+        Path | None,
+        typer.Option(help="also save the model: a .safetensors file (load_model reads it)"),
+    ] = None,
     reference: Annotated[
         str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (runs Retrain)")
     ] = "original",
@@ -462,8 +489,11 @@ def unlearn(
     ] = None,
 ) -> None:
     """Remove clients from a trained run with one method; verify it; write the result JSON."""
+    from fedunlearn.cli.export import check_model_path
+
     ensure_writable_output(out, "file")
     if save_model is not None:
+        check_model_path(save_model, "--save-model")
         ensure_writable_output(save_model, "file", "--save-model")
     ids, kind = parse_forget(forget, run_dir)
     from fedunlearn.cli import receipt
@@ -481,13 +511,13 @@ def unlearn(
             thresholds=limits,
             progress=progress,
         )
+    if save_model is not None:
+        from fedunlearn.cli.export import run_model, save_result_model
+
+        save_result_model(save_model, run_dir, run_model(run_dir), result.params, summary)
+        summary["model_file"] = str(save_model)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    if save_model is not None:
-        import torch
-
-        save_model.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(result.params, save_model)
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f}, "
         f"{summary['costs']['client_epochs']} client epochs, "
@@ -593,6 +623,43 @@ def _compare(
             seed=seed,
             thresholds=limits,
             progress=progress,
+        )
+
+
+@app.command()
+@_friendly_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    out: Annotated[Path, typer.Option("--out", help="model file to write (*.safetensors)")],
+    round_: Annotated[
+        int | None,
+        typer.Option("--round", help="global model after this round (default: the last)"),
+    ] = None,
+    result: Annotated[
+        Path | None,
+        typer.Option(help="result JSON of 'fedunlearn unlearn': export that model (re-run)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+) -> None:
+    """Write a run's model as safetensors (state_dict + model spec); load it with load_model."""
+    from fedunlearn.cli.export import check_model_path, export_result, export_round
+
+    if round_ is not None and result is not None:
+        raise ConfigError("pass --round or --result, not both")
+    check_model_path(out)
+    ensure_writable_output(out, "file")
+    if result is not None:
+        done = export_result(run_dir, result, out)
+        what = f"{done['method']} result (forget {done['forget']})"
+    else:
+        done = export_round(run_dir, out, round_)
+        what = f"round {done['round']}"
+    if as_json:
+        print(json.dumps(done, indent=2))
+    else:
+        console.print(
+            f"{what} of {run_dir} -> {out} ({done['num_params']:,} parameters); load it with "
+            f"fedunlearn.models.load_model('{out}')"
         )
 
 

@@ -43,6 +43,9 @@ class Federation:
             data.
         executor: ``auto``, ``serial``, ``vectorized`` or ``pool``.
         num_workers: Worker processes for the pool executor.
+        device: Where local training runs (``auto``, ``cpu``, ``cuda[:i]``, ``mps``; see
+            ``fl.device``); resolved here (``executors.executor_device``), so ``self.device``
+            is the ``torch.device`` clients train on.
     """
 
     def __init__(
@@ -58,8 +61,10 @@ class Federation:
         attack_start_round: int = 1,
         executor: str = "auto",
         num_workers: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.model = model
+        self.device = executors.executor_device(executor, device)
         self.client_data = dict(client_data)
         self.spec = spec
         self.seed = seed
@@ -84,7 +89,7 @@ class Federation:
             # an honest attacker's clean copy trains under the key -1 - client_id
             data = {**self.client_data, **{-1 - c: d for c, d in self.honest_data.items()}}
             self._executor = executors.make_executor(
-                self.model, data, self._executor_kind, self._num_workers
+                self.model, data, self._executor_kind, self._num_workers, self.device
             )
         return self._executor
 

@@ -69,7 +69,8 @@ class Setup:
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Return test accuracy, test loss and (with a backdoor attack) the backdoor ASR."""
-        acc, loss = accuracy_and_loss(self.model, params, self.x_test, self.y_test)
+        device = self.federation.device
+        acc, loss = accuracy_and_loss(self.model, params, self.x_test, self.y_test, device)
         out = {"test_accuracy": acc, "test_loss": loss}
         if self.trigger is not None:
             out["backdoor_asr"] = backdoor_success_rate(
@@ -79,6 +80,7 @@ class Setup:
                 self.y_test,
                 self.trigger,
                 self.config.attack.target_label,
+                device,
             )
         return out
 
@@ -192,6 +194,7 @@ def build_setup(config: RunConfig) -> Setup:
         attack_start_round=atk.start_round,
         executor=tr.executor,
         num_workers=tr.num_workers,
+        device=tr.device,
     )
     agg = tr.aggregator
     aggregator = make_aggregator(
@@ -248,7 +251,8 @@ def clients_loss(setup: Setup, params: torch.Tensor, samples: int = DEFAULT_LOSS
     parts = [fed.client_data[c] for c in fed.client_ids]
     x = torch.cat([p.x[:samples] for p in parts])
     y = torch.cat([p.y[:samples] for p in parts])
-    losses = F.cross_entropy(predict_logits(setup.model, params, x), y, reduction="none")
+    logits = predict_logits(setup.model, params, x, device=fed.device)
+    losses = F.cross_entropy(logits, y, reduction="none")
     total, offset, weight = 0.0, 0, 0
     for p in parts:
         m = min(samples, len(p))

@@ -408,6 +408,7 @@ def _train(
         "session_wall_seconds": session_seconds,
         "torch_threads": torch.get_num_threads(),
         "executor": setup.federation.executor.name,
+        "device": str(setup.federation.device),
     }
     if privacy is not None:
         ledger = run_privacy(config, store)
