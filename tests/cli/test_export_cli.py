@@ -101,7 +101,8 @@ def test_unlearn_save_model_and_export_result_give_the_same_file(run_dir, tmp_pa
     exported = load_model(tmp_path / "exp.safetensors")
     assert torch.equal(get_flat_params(saved), get_flat_params(exported))
     source = json.loads(read_metadata(tmp_path / "exp.safetensors")["fedunlearn.source"])
-    assert source["method"] == "federaser" and source["forget"] == [1]
+    assert source["method"] == "federaser"
+    assert source["forget"] == [1]
 
 
 def test_export_result_refuses_a_result_it_cannot_reproduce(run_dir, tmp_path):
@@ -136,7 +137,8 @@ def test_unlearn_save_model_needs_a_safetensors_name_before_any_work(run_dir, tm
         "--save-model",
         tmp_path / "model.pt",
     )
-    assert res.exit_code == 2 and "--save-model writes a safetensors model file" in text(res)
+    assert res.exit_code == 2
+    assert "--save-model writes a safetensors model file" in text(res)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -168,7 +170,8 @@ def test_train_device_override_and_tensorboard_log(tmp_path):
     assert accuracy[-1][1] == pytest.approx(final, abs=1e-6)
 
     bad = invoke("train", cfg, "--out", tmp_path / "run2", "--device", "gpu")
-    assert bad.exit_code == 2 and "training.device" in bad.output
+    assert bad.exit_code == 2
+    assert "training.device" in bad.output
 
 
 def test_a_gpu_trained_runs_model_is_rebuilt_on_the_cpu(run_dir, monkeypatch):

@@ -65,10 +65,12 @@ def test_audit_of_the_original_model_fails_with_exit_code_1(run, name, tmp_path)
         ],
     )
     assert res.exit_code == 1, res.output
-    assert f"{name} (recover clients" in text(res.stdout) and "FAIL" in res.stdout
+    assert f"{name} (recover clients" in text(res.stdout)
+    assert "FAIL" in res.stdout
     assert "the model is the original model, unchanged" in text(res.stdout)
     doc = json.loads((tmp_path / "receipt.json").read_text())
-    assert doc["verification"]["verdict"] == "fail" and doc["subject"] == name
+    assert doc["verification"]["verdict"] == "fail"
+    assert doc["subject"] == name
     assert doc["measures"]["test_accuracy"] == doc["original"]["test_accuracy"]
 
 
@@ -122,7 +124,8 @@ def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
     utility = next(c for c in receipt["checks"] if c["name"] == "utility")
     drop = utility["reference"]["original"] - utility["value"]
     assert utility["verdict"] == ("fail" if drop > 0 else "pass")
-    assert "random verification:" in res.stdout and "utility:" in text(res.stdout)
+    assert "random verification:" in res.stdout
+    assert "utility:" in text(res.stdout)
     bad = tmp_path / "bad.yaml"
     bad.write_text("- 1\n")
     res = runner.invoke(
@@ -140,7 +143,8 @@ def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
             str(tmp_path / "x.json"),
         ],
     )
-    assert res.exit_code == 2 and "must be a YAML mapping" in text(res.output)
+    assert res.exit_code == 2
+    assert "must be a YAML mapping" in text(res.output)
     assert not (tmp_path / "x.json").exists()
 
 
@@ -167,4 +171,5 @@ def test_unlearn_with_a_retrain_reference_judges_against_it(run, tmp_path):
     assert out["verification"]["verdict"] == "pass"  # Retrain judged against itself
     assert out["retrain"]["client_epochs"] == out["costs"]["client_epochs"]
     distance = next(c for c in out["verification"]["checks"] if c["name"] == "distance")
-    assert distance["verdict"] == "pass" and distance["value"] == 0.0
+    assert distance["verdict"] == "pass"
+    assert distance["value"] == 0.0

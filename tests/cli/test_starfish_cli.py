@@ -47,7 +47,8 @@ def test_share_command_writes_both_stores_once(run_dir):
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output or "kept existing" in res.output
     res = runner.invoke(app, ["starfish-share", str(run_dir)])
-    assert res.exit_code == 0 and "kept existing" in res.output
+    assert res.exit_code == 0
+    assert "kept existing" in res.output
 
 
 def test_server_rejects_a_bad_address_before_any_work(run_dir):

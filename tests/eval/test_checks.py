@@ -59,7 +59,8 @@ def test_retrain_passes_every_check_against_itself():
         "deletion": "n/a",
         "method_warnings": "pass",
     }
-    assert v.verdict == "pass" and v.reasons == ()
+    assert v.verdict == "pass"
+    assert v.reasons == ()
     assert v.references == ("original", "retrain")
 
 
@@ -67,15 +68,19 @@ def test_a_model_that_still_carries_the_backdoor_fails_check_1():
     row = {**RETRAIN, "backdoor_asr": 0.55, "distance_to_original": 0.5, "distance_to_retrain": 1.5}
     v = build_verification(evidence(row), subject="crab")
     check = v.check("backdoor")
-    assert check.verdict == "fail" and check.value == 0.55
-    assert check.reference["retrain"] == 0.01 and check.reference["original"] == 0.80
+    assert check.verdict == "fail"
+    assert check.value == 0.55
+    assert check.reference["retrain"] == 0.01
+    assert check.reference["original"] == 0.80
     assert "the backdoor survives: ASR 55.0%" in check.reason
-    assert v.verdict == "fail" and v.reasons[0].startswith(
+    assert v.verdict == "fail"
+    assert (v.reasons[0].startswith(
         "backdoor removed: the backdoor survives"
-    )
+    ))
     # without a Retrain reference the assumed clean-model ASR is the reference: still a failure
     alone = build_verification(evidence(row, retrain=False)).check("backdoor")
-    assert alone.verdict == "fail" and alone.reference["clean_assumed"] == 0.05
+    assert alone.verdict == "fail"
+    assert alone.reference["clean_assumed"] == 0.05
 
 
 def test_backdoor_grades_and_when_it_does_not_apply():
@@ -105,11 +110,13 @@ def test_membership_is_judged_per_attack_against_retrain_or_chance():
     th = VerificationThresholds()
     row = {**RETRAIN, "mia_auc": 0.52, "mia_loss_auc": 0.585}
     check = build_verification(evidence(row), th).check("membership")
-    assert check.value == 0.585 and check.verdict == "warn"  # 0.075 above Retrain's 0.51
+    assert check.value == 0.585
+    assert check.verdict == "warn"  # 0.075 above Retrain's 0.51
     assert check.evidence["decided_by"] == "loss"
     assert "AUC 0.585 against 0.510 for Retrain" in check.reason
     alone = build_verification(evidence(row, retrain=False), th).check("membership")
-    assert alone.reference["chance"] == 0.5 and alone.verdict == "warn"
+    assert alone.reference["chance"] == 0.5
+    assert alone.verdict == "warn"
     high = build_verification(evidence({**row, "mia_loss_auc": 0.7}), th).check("membership")
     assert high.verdict == "fail"
     none = build_verification(evidence({**row, "mia_auc": None, "mia_loss_auc": None}))
@@ -123,22 +130,26 @@ def test_membership_margin_must_exceed_the_sampling_noise():
     few = {**row, "mia_samples": [60, 60], "mia_loss_samples": [60, 60]}
     assert build_verification(evidence(many)).check("membership").verdict == "warn"
     check = build_verification(evidence(few)).check("membership")
-    assert check.verdict == "pass" and check.evidence["loss_standard_error"] > 0.05
+    assert check.verdict == "pass"
+    assert check.evidence["loss_standard_error"] > 0.05
     assert auc_standard_error(60, 60) == pytest.approx(0.0529, abs=1e-4)
 
 
 def test_distance_fails_the_original_passes_closer_models_and_warns_far_ones():
     original = build_verification(evidence(ORIGINAL)).check("distance")
-    assert original.verdict == "fail" and "still the original model" in original.reason
+    assert original.verdict == "fail"
+    assert "still the original model" in original.reason
     closer = {**RETRAIN, "distance_to_retrain": 0.4, "distance_to_original": 1.5}
     assert build_verification(evidence(closer)).check("distance").verdict == "pass"
     elsewhere = {**RETRAIN, "distance_to_retrain": 2.4, "distance_to_original": 2.5}
     far = build_verification(evidence(elsewhere)).check("distance")
-    assert far.verdict == "warn" and far.value == pytest.approx(1.5)
+    assert far.verdict == "warn"
+    assert far.value == pytest.approx(1.5)
     # without Retrain: n/a, except that an unchanged model is caught
     assert build_verification(evidence(closer, retrain=False)).check("distance").verdict == "n/a"
     same = build_verification(evidence(ORIGINAL, retrain=False)).check("distance")
-    assert same.verdict == "fail" and "unchanged" in same.reason
+    assert same.verdict == "fail"
+    assert "unchanged" in same.reason
 
 
 def test_bound_check_reads_the_methods_certified_bound():
@@ -148,9 +159,11 @@ def test_bound_check_reads_the_methods_certified_bound():
     measured_here = BoundReport("Theorem 1", bound=0.25)  # observed: distance to Retrain
     assert build_verification(evidence(row, bound=held)).check("bound").verdict == "pass"
     fail = build_verification(evidence(row, bound=broken)).check("bound")
-    assert fail.verdict == "fail" and "exceeds the certified 0.1" in fail.reason
+    assert fail.verdict == "fail"
+    assert "exceeds the certified 0.1" in fail.reason
     here = build_verification(evidence(row, bound=measured_here)).check("bound")
-    assert here.verdict == "fail" and here.value == 0.3
+    assert here.verdict == "fail"
+    assert here.value == 0.3
     no_ref = build_verification(evidence(row, retrain=False, bound=measured_here))
     assert no_ref.check("bound").verdict == "n/a"
 
@@ -177,9 +190,12 @@ def test_deletion_check_reads_the_store_evidence():
     }
     forget = build_verification(evidence(RETRAIN, request_kind="forget", deletion=held))
     check = forget.check("deletion")
-    assert check.verdict == "warn" and check.scope == "store"
-    assert "4,000 bytes" in check.reason and "fedunlearn forget RUN --clients 3" in check.reason
-    assert forget.verdict == "warn" and forget.model_verdict == "pass"
+    assert check.verdict == "warn"
+    assert check.scope == "store"
+    assert "4,000 bytes" in check.reason
+    assert "fedunlearn forget RUN --clients 3" in check.reason
+    assert forget.verdict == "warn"
+    assert forget.model_verdict == "pass"
     strict = VerificationThresholds(deletion_on_forget="fail")
     assert (
         build_verification(evidence(RETRAIN, request_kind="forget", deletion=held), strict)
@@ -199,13 +215,15 @@ def test_deletion_check_reads_the_store_evidence():
     assert "4 payload(s), 4,000 bytes" in ok.check("deletion").reason
     leaky = {**deleted, "read_back": {"attempted": 4, "refused": 3, "readable": [[2, 3]]}}
     bad = build_verification(evidence(RETRAIN, request_kind="forget", deletion=leaky))
-    assert bad.check("deletion").verdict == "fail" and "round 2 client 3" in bad.reasons[0]
+    assert bad.check("deletion").verdict == "fail"
+    assert "round 2 client 3" in bad.reasons[0]
 
 
 def test_method_warnings_become_a_warning_with_their_sentences():
     v = build_verification(evidence(RETRAIN, warnings=("rollback kept round 3 of client 1.",)))
     check = v.check("method_warnings")
-    assert check.verdict == "warn" and check.reason == "rollback kept round 3 of client 1"
+    assert check.verdict == "warn"
+    assert check.reason == "rollback kept round 3 of client 1"
     strict = VerificationThresholds(method_warning="fail")
     assert build_verification(evidence(RETRAIN, warnings=("x",)), strict).verdict == "fail"
 

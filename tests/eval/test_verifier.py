@@ -56,9 +56,11 @@ def test_verify_attaches_the_receipt_and_changes_nothing_else(run_dir):
         assert result.verification is None
         verifier = Verifier(session, request)
         verified = verifier.verify(result)
-    assert torch.equal(verified.params, result.params) and verified.costs == result.costs
+    assert torch.equal(verified.params, result.params)
+    assert verified.costs == result.costs
     receipt = verified.verification
-    assert receipt is not None and receipt.subject == "federaser"
+    assert receipt is not None
+    assert receipt.subject == "federaser"
     assert receipt.references == ("original",)
     assert receipt.check("distance").verdict == "n/a"  # no Retrain reference asked for
     assert receipt.check("backdoor").verdict == "n/a"  # the run has no attack
@@ -81,7 +83,8 @@ def test_the_bound_and_warnings_hooks_of_a_methods_details_are_read(run_dir):
     assert holds.verification.check("bound").verdict == "pass"
     assert broken.verification.check("bound").verdict == "fail"
     warning = broken.verification.check("method_warnings")
-    assert warning.verdict == "warn" and warning.reason == "rollback kept round 2"
+    assert warning.verdict == "warn"
+    assert warning.reason == "rollback kept round 2"
 
 
 def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
@@ -89,7 +92,8 @@ def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
     with UnlearnSession(run_dir) as session:
         verifier = Verifier(session, request)
         row, receipt = verifier.audit(session.final_params, "original.pt")
-        assert receipt.verdict == "fail" and receipt.subject == "original.pt"
+        assert receipt.verdict == "fail"
+        assert receipt.subject == "original.pt"
         assert "the model is the original model, unchanged" in receipt.check("distance").reason
         assert row["distance_to_original"] == 0.0
         with pytest.raises(ConfigError, match="this run's mlp has"):
@@ -107,30 +111,37 @@ def test_deletion_records_list_exactly_the_deleted_payloads_and_later_reads_fail
         held_bytes = before["bytes_held"][forgotten]
         rounds = [r for r in store.rounds() if r and store.has_update(r, forgotten)]
         deleted = store.forget([forgotten])
-    assert held_bytes > 0 and before["payloads_held"] == len(rounds) == 3
-    assert before["records"] == [] and before["read_back"]["attempted"] == 0
-    assert deleted.size_bytes == held_bytes and deleted.client_ids == (forgotten,)
+    assert held_bytes > 0
+    assert before["payloads_held"] == len(rounds) == 3
+    assert before["records"] == []
+    assert before["read_back"]["attempted"] == 0
+    assert deleted.size_bytes == held_bytes
+    assert deleted.client_ids == (forgotten,)
     with HistoryStore.open(run / "history") as store:
         after = deletion_evidence(store, [forgotten])
         for r in rounds:
             with pytest.raises(ForgottenDataError):
                 store.read_update(r, forgotten)
         other = deletion_evidence(store, [0])
-    assert after["bytes_held"] == {forgotten: 0} and after["payloads_held"] == 0
+    assert after["bytes_held"] == {forgotten: 0}
+    assert after["payloads_held"] == 0
     (record,) = after["records"]
     assert record["client_id"] == forgotten
-    assert record["size_bytes"] == held_bytes and record["num_payloads"] == len(rounds)
+    assert record["size_bytes"] == held_bytes
+    assert record["num_payloads"] == len(rounds)
     assert after["read_back"] == {
         "attempted": len(rounds),
         "refused": len(rounds),
         "not_stored": 0,
         "readable": [],
     }
-    assert other["records"] == [] and other["bytes_held"][0] > 0  # nobody else was touched
+    assert other["records"] == []
+    assert other["bytes_held"][0] > 0  # nobody else was touched
     request = UnlearnRequest.of([forgotten])
     with UnlearnSession(run) as session:
         verifier = Verifier(session, request)
         receipt = verifier.verify(session.run(make_method("retrain"), request)).verification
     check = receipt.check("deletion")
     assert check.verdict == "pass"
-    assert f"3 payload(s), {held_bytes:,} bytes" in check.reason and "3 read(s)" in check.reason
+    assert f"3 payload(s), {held_bytes:,} bytes" in check.reason
+    assert "3 read(s)" in check.reason

@@ -16,7 +16,9 @@ SMALL = dict(
 
 def test_forget_set_depends_on_seed_and_ratio_only():
     a = forget_set(1000, 0.1, seed=4)
-    assert len(a) == 100 and torch.equal(a, a.sort().values) and len(set(a.tolist())) == 100
+    assert len(a) == 100
+    assert torch.equal(a, a.sort().values)
+    assert len(set(a.tolist())) == 100
     assert torch.equal(a, forget_set(1000, 0.1, seed=4))
     assert not torch.equal(a, forget_set(1000, 0.1, seed=5))
     assert not torch.equal(a[:50], forget_set(1000, 0.05, seed=4))
@@ -32,7 +34,8 @@ def test_forget_set_is_the_same_with_or_without_mia_and_other_ratios():
         for doc in runs
     ]
     # the original's distance to replay retraining is a function of D_U alone
-    assert gaps[0] == gaps[1] and gaps[0][0] > 0
+    assert gaps[0] == gaps[1]
+    assert gaps[0][0] > 0
 
 
 def test_shadow_models_train_as_many_passes_as_the_target():

@@ -61,7 +61,8 @@ def test_crab_that_keeps_the_backdoor_is_flagged(receipts):
     receipt = receipts["crab"]
     assert receipt.verdict == "fail"
     backdoor = receipt.check("backdoor")
-    assert backdoor.verdict == "fail" and backdoor.value > 0.3
+    assert backdoor.verdict == "fail"
+    assert backdoor.value > 0.3
     assert receipt.reasons[0].startswith("backdoor removed: the backdoor survives")
 
 

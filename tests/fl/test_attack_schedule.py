@@ -53,7 +53,8 @@ def test_a_data_attacker_trains_on_its_clean_data_before_the_start_round(executo
         want = reference.train(params, [0, 1, 2], round_)
         assert [u.client_id for u in got] == [0, 1, 2]
         for a, b in zip(got, want, strict=True):
-            assert torch.equal(a.delta, b.delta) and a.num_samples == b.num_samples
+            assert torch.equal(a.delta, b.delta)
+            assert a.num_samples == b.num_samples
     assert not torch.equal(
         attacked.train(params, [1], 1)[0].delta, always.train(params, [1], 1)[0].delta
     )

@@ -130,7 +130,8 @@ def test_federation_device_unset_cpu_and_auto_are_bit_identical(executor):
             results.append(fed.train(start, [0, 1, 2], round_=1))
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
-            assert torch.equal(a.delta, b.delta) and a.train_loss == b.train_loss
+            assert torch.equal(a.delta, b.delta)
+            assert a.train_loss == b.train_loss
 
 
 def test_cpu_executor_keeps_the_clients_data_objects():
@@ -173,8 +174,10 @@ def test_cuda_determinism_sets_and_restores_cudnn_flags(monkeypatch):
     monkeypatch.setattr(cudnn, "deterministic", False)
     monkeypatch.setattr(cudnn, "benchmark", True)
     with cuda_determinism(torch.device("cuda", 0)):  # only flags: runs without a GPU
-        assert cudnn.deterministic and not cudnn.benchmark
-    assert not cudnn.deterministic and cudnn.benchmark
+        assert cudnn.deterministic
+        assert not cudnn.benchmark
+    assert not cudnn.deterministic
+    assert cudnn.benchmark
 
 
 def test_cuda_determinism_does_nothing_off_cuda():
@@ -204,7 +207,8 @@ def test_cuda_training_repeats_bit_for_bit_and_is_close_to_the_cpu(kind, full_fp
     first, second = gpu.run(start, tasks, SPEC), gpu.run(start, tasks, SPEC)
     for a, b, ref in zip(first, second, cpu, strict=True):
         assert a.delta.device.type == "cpu"  # the engine aggregates on the CPU
-        assert torch.equal(a.delta, b.delta) and a.train_loss == b.train_loss
+        assert torch.equal(a.delta, b.delta)
+        assert a.train_loss == b.train_loss
         torch.testing.assert_close(a.delta, ref.delta, rtol=0, atol=1e-4 * float(ref.delta.norm()))
 
 
@@ -238,4 +242,5 @@ def test_cuda_local_update_and_evaluation_match_the_cpu(full_fp32):
     torch.testing.assert_close(got.delta, ref.delta, rtol=0, atol=1e-4 * float(ref.delta.norm()))
     acc_cpu, loss_cpu = accuracy_and_loss(model, start + ref.delta, data.x, data.y)
     acc_gpu, loss_gpu = accuracy_and_loss(model, start + ref.delta, data.x, data.y, "cuda")
-    assert acc_gpu == acc_cpu and loss_gpu == pytest.approx(loss_cpu, rel=1e-5)
+    assert acc_gpu == acc_cpu
+    assert loss_gpu == pytest.approx(loss_cpu, rel=1e-5)

@@ -40,4 +40,5 @@ def test_every_client_record_carries_its_norm_and_its_dot_with_the_aggregate(tmp
         )
     weighted = sum(sizes[c] / 100 * records[c].scalars[DOT_AGGREGATE_KEY] for c in range(3))
     assert weighted == pytest.approx(float(g64 @ g64), rel=1e-5)
-    assert records[3].status == "rejected" and DOT_AGGREGATE_KEY not in records[3].scalars
+    assert records[3].status == "rejected"
+    assert DOT_AGGREGATE_KEY not in records[3].scalars

@@ -75,7 +75,8 @@ def test_example_app_under_flwr_run_records_the_in_process_history(tmp_path, flo
     assert f"run directory {tmp_path / 'flower'}" in info["log"]
     assert_same_history(tmp_path / "inproc", tmp_path / "flower", rounds=3)
     summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
-    assert summary["engine"] == "flower" and summary["missing"] == {}
+    assert summary["engine"] == "flower"
+    assert summary["missing"] == {}
     metrics = (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in metrics] == [1, 2, 3]
 
@@ -148,6 +149,7 @@ def test_unlearning_request_under_flwr_run_equals_in_process(tmp_path, flower_lo
     assert summary["model_file"] == str(out.with_suffix(".safetensors"))
     got = get_flat_params(load_model(out.with_suffix(".safetensors")))
     torch.testing.assert_close(got, want.params, atol=1e-6, rtol=0)
-    assert summary["engine"] == "flower" and summary["missing"] == {}
+    assert summary["engine"] == "flower"
+    assert summary["missing"] == {}
     assert summary["costs"]["client_participations"] == want.costs.client_participations
     assert summary["costs"]["client_epochs"] == want.costs.client_epochs

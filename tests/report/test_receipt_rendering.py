@@ -54,16 +54,20 @@ def test_cheapest_passing_counts_only_the_checks_of_the_model():
 
 def test_tables_show_each_verdict_and_every_reason():
     header, rows = table_rows(DOC, compact=True)
-    assert header[-1] == "verdict" and [r[-1] for r in rows][:3] == ["fail", "warn", "fail"]
+    assert header[-1] == "verdict"
+    assert [r[-1] for r in rows][:3] == ["fail", "warn", "fail"]
     md = results_markdown(DOC)
-    assert "- **crab**: fail" in md and "  - membership: attacks still tell" in md
+    assert "- **crab**: fail" in md
+    assert "  - membership: attacks still tell" in md
     assert "Cheapest method that passes every check: **fedrecover** (40 client epochs)." in md
 
 
 def test_panels_without_data_are_dropped(tmp_path):
     figures = panels(DOC)
-    assert "backdoor_asr" not in figures["quality"] and "test_accuracy" in figures["quality"]
-    assert figures["rounds"] == ["test_accuracy"] and figures["tradeoff"] == ["test_accuracy"]
+    assert "backdoor_asr" not in figures["quality"]
+    assert "test_accuracy" in figures["quality"]
+    assert figures["rounds"] == ["test_accuracy"]
+    assert figures["tradeoff"] == ["test_accuracy"]
     backdoored = {
         **DOC,
         "methods": [

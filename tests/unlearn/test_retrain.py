@@ -49,5 +49,6 @@ def test_retrain_asks_each_rounds_participants_minus_the_forgotten(partial_run):
         result = session.run(make_method("retrain"), UnlearnRequest.of([forgotten]))
     expected = sum(len(s - {forgotten}) for s in sampled.values())
     assert result.costs.client_participations == expected
-    assert result.costs.rounds == 3 and len(result.round_metrics) == 3
+    assert result.costs.rounds == 3
+    assert len(result.round_metrics) == 3
     assert [r["round"] for r in result.round_metrics] == [1, 2, 3]

@@ -67,7 +67,8 @@ def test_rollback_index_literal_and_prefix_rules():
     sens = [0.0, 5.0, 0.0, 0.0, 0.0]
     infl = [1.0, 1.0, 1.0, 1.0, 10.0]
     j, cum_s, phi = rollback_index(sens, infl, beta=0.5, rule="literal")
-    assert cum_s == [0.0, 5.0, 5.0, 5.0, 5.0] and phi == [0.5, 1.0, 1.5, 2.0, 7.0]
+    assert cum_s == [0.0, 5.0, 5.0, 5.0, 5.0]
+    assert phi == [0.5, 1.0, 1.5, 2.0, 7.0]
     assert j == 5  # literal (Eq. 6): the most recent j with S(j) <= Φ(j)
     assert rollback_index(sens, infl, beta=0.5)[0] == 1  # prefix, the default
     assert rollback_index([1.0, 1.0], [1.0, 1.0], beta=0.3)[0] == 0  # none: roll back to M_0
@@ -131,8 +132,10 @@ def test_selection_overrides_are_refused_on_a_live_crab_run(run_crab):
 def test_rollback_is_capped_so_at_least_one_round_is_replayed(run_all):
     result = recover(run_all, {"rollback": "paper", "beta": 1e6, "final_rounds": 0})
     d = result.details
-    assert d.rollback_index == d.num_stored_rounds - 1 and d.rollback_capped
-    assert result.costs.rounds == 1 and len(d.recovery_rounds) == 1
+    assert d.rollback_index == d.num_stored_rounds - 1
+    assert d.rollback_capped
+    assert result.costs.rounds == 1
+    assert len(d.recovery_rounds) == 1
     for t, ids in d.participants.items():
         assert not set(ids) & set(d.stored_malicious.get(t, []))
 
@@ -147,11 +150,15 @@ def test_triangle_bound_holds_and_theorem_bounds_are_reported(run_all):
     assert len(bounds["rows"]) == result.costs.rounds
     for row in bounds["rows"]:
         assert 0 <= row["observed"] <= row["triangle"] * (1 + 1e-5) + 1e-6
-        assert row["paper"] > 0 and row["safe"] >= row["paper"] - 1e-9  # sqrt(a)+sqrt(b) >= ...
-    assert bounds["L"] > 0 and bounds["G"] > 0 and bounds["delta_F"] > 0
+        assert row["paper"] > 0
+        assert row["safe"] >= row["paper"] - 1e-9  # sqrt(a)+sqrt(b) >= ...
+    assert bounds["L"] > 0
+    assert bounds["G"] > 0
+    assert bounds["delta_F"] > 0
     assert bounds["reference_retrain_cost"]["client_epochs"] > 0
     report = result.details.certified_bound()  # what the receipt's bound check reads
-    assert report is not None and report.name == "Crab Theorem 1 (B_safe)"
+    assert report is not None
+    assert report.name == "Crab Theorem 1 (B_safe)"
     assert report.bound == bounds["rows"][-1]["safe"]
     assert report.observed == bounds["rows"][-1]["observed"]
     plain = recover(run_all, {"no_rollback": True, "final_rounds": 0})

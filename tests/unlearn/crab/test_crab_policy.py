@@ -126,10 +126,12 @@ def test_attached_updates_commit_with_the_round_and_are_checked(tmp_path):
         store.write_round(_entry(3), attach={1: {7: torch.ones(4)}})
     with pytest.raises(ConfigError, match="earlier rounds"):
         store.write_round(_entry(3), attach={3: {0: torch.ones(4)}})
-    assert store.last_round() == 2 and not store.has_update(1, 0)  # nothing written
+    assert store.last_round() == 2
+    assert not store.has_update(1, 0)  # nothing written
     store.write_round(_entry(3, updates={1: torch.ones(4)}), attach={1: {0: torch.ones(4) * 5}})
     assert torch.equal(store.read_update(1, 0), torch.ones(4) * 5)
-    assert store.has_update(3, 1) and not store.has_update(2, 0)
+    assert store.has_update(3, 1)
+    assert not store.has_update(2, 0)
     with pytest.raises(HistoryError, match="already stores"):
         store.write_round(_entry(4), attach={1: {0: torch.ones(4)}})
     store.forget([1])
@@ -182,7 +184,8 @@ def test_interrupted_crab_run_restarts_at_the_window_and_is_bit_identical(crab_r
         train_run(cfg, tmp_path / "cut", observers=[StopAt(stop)])
     summary = train_run(cfg, tmp_path / "cut", resume=True)
     # windows close at rounds 5 and 8 here: round 7 is mid-window, so rounds 6-7 are re-run
-    assert summary["resumed_from_round"] == 5 < stop and closes
+    assert summary["resumed_from_round"] == 5 < stop
+    assert closes
     assert stored_sets(tmp_path / "cut") == full
     with (
         HistoryStore.open(crab_run / "history") as a,
@@ -213,7 +216,8 @@ def test_kill_9_mid_window_then_resume_gives_the_uninterrupted_store(crab_run, t
     proc.wait()
     with HistoryStore.open(out / "history") as store:
         done = store.last_round()
-    assert done is not None and 4 <= done <= 8
+    assert done is not None
+    assert 4 <= done <= 8
     train_run(parse_config(CONFIG), out, resume=True)  # in-process: saves a torch start-up
     assert stored_sets(out) == stored_sets(crab_run)
     with (

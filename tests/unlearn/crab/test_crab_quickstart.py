@@ -68,7 +68,8 @@ def test_default_crab_removes_the_backdoor_like_retrain(
     assert q["backdoor_asr"] <= retrain_q["backdoor_asr"] + 0.03
     assert crab.costs.client_epochs <= 0.6 * retrain.costs.client_epochs
     d = crab.details
-    assert d.rollback_free_of_forgotten and d.warnings == ()
+    assert d.rollback_free_of_forgotten
+    assert d.warnings == ()
 
 
 def test_quickstart_config_default_removes_the_backdoor_and_the_paper_rule_is_flagged(tmp_path):
@@ -83,7 +84,8 @@ def test_quickstart_config_default_removes_the_backdoor_and_the_paper_rule_is_fl
     # Assert: the default matches Retrain; the paper's rule keeps the backdoor and says why
     assert poisoned_q["backdoor_asr"] > 0.5
     assert q["backdoor_asr"] <= retrain_q["backdoor_asr"] + 0.03
-    assert crab.details.warnings == () and crab.details.rollback_free_of_forgotten
+    assert crab.details.warnings == ()
+    assert crab.details.rollback_free_of_forgotten
     assert paper_q["backdoor_asr"] > retrain_q["backdoor_asr"] + 0.2
     assert not paper.details.rollback_free_of_forgotten
     assert any(

@@ -73,9 +73,12 @@ def test_late_attackers_let_participation_roll_back_past_m0_to_a_model_free_of_t
     from_m0, q0 = recover(late_run, {"no_rollback": True})
     d = default.details
     # Assert: j* > 0, before the attackers' first round, nothing to warn about
-    assert d.rollback == "participation" and d.first_forgotten_round >= LATE["attack"]["join_round"]
-    assert d.rollback_index > 0 and 0 < d.rollback_round < d.first_forgotten_round
-    assert d.rollback_free_of_forgotten and d.warnings == ()
+    assert d.rollback == "participation"
+    assert d.first_forgotten_round >= LATE["attack"]["join_round"]
+    assert d.rollback_index > 0
+    assert 0 < d.rollback_round < d.first_forgotten_round
+    assert d.rollback_free_of_forgotten
+    assert d.warnings == ()
     # safe: the rollback model is exactly the benign clients' own trajectory up to t_j*
     with UnlearnSession(late_run) as session:
         request = UnlearnRequest.of(sorted(session.malicious), "recover")
@@ -104,7 +107,8 @@ def test_paper_rollback_past_unstored_participation_is_flagged(late_run):
     result, _ = recover(late_run, PAPER)
     d = result.details
     # the late attackers are rarely stored, so Eq. 4's S stays small and j* lands after them
-    assert d.rollback_round >= d.first_forgotten_round and not d.rollback_free_of_forgotten
+    assert d.rollback_round >= d.first_forgotten_round
+    assert not d.rollback_free_of_forgotten
     codes = [w.split(":")[0] for w in d.warnings]
     assert codes == ["rollback_includes_forgotten", "rollback_after_unstored_participation"]
     assert f"t_j* = {d.rollback_round}" in d.warnings[1]
@@ -133,7 +137,8 @@ def test_phi_subtracts_the_previous_stored_rounds_aggregate(run_all, client_rati
             i_benign = weighted_mean(benign, sizes) - previous if benign else previous * 0
             expected.append(float(i_benign.norm()))
             previous = weighted_mean(deltas, sizes)  # Gbar_j: all kept clients of round t_j
-    assert len(expected) >= 2 and expected[1] > 0
+    assert len(expected) >= 2
+    assert expected[1] > 0
     if client_ratio == 1.0:
         assert all(str(t) in d.stored_malicious for t in d.stored_rounds)
     assert list(d.benign_influence) == pytest.approx(expected, rel=1e-9)

@@ -68,7 +68,8 @@ def test_killed_server_stops_its_peer_with_a_disconnect_error_and_a_rerun_succee
             if child.poll() is None:
                 child.kill()
                 child.wait(timeout=10)
-    assert not outs[0].exists() and not outs[1].exists()
+    assert not outs[0].exists()
+    assert not outs[1].exists()
     assert checksums(run_dir) == before  # the share stores are untouched
 
     result = run_local(run_dir, [0], timeout_seconds=TIMEOUT, deadline_seconds=180)
@@ -87,7 +88,8 @@ def test_killed_server_stops_its_peer_with_a_disconnect_error_and_a_rerun_succee
     # real bytes: party 0 receives one 16-byte seed per dealer request and nothing else
     offline0 = sum(details["mpc_costs"][phase]["offline_bytes"] for phase in details["mpc_costs"])
     offline1 = sum(c["offline_bytes"] for c in result["party1_mpc_costs"].values())
-    assert offline0 > 0 and offline0 % 16 == 0
+    assert offline0 > 0
+    assert offline0 % 16 == 0
     assert offline1 > offline0  # party 1 also receives the correction shares
     assert result["dealer_link_bytes"] > offline0  # plus the request frames it sent
     assert result["clients_link_bytes"] > 0
@@ -110,4 +112,5 @@ def test_four_processes_over_mutual_tls_select_the_same_rounds_and_flags_as_plai
     assert result["models_agree"] is True
     assert details["selected_rounds"] == list(plain.details.selected_rounds)
     assert details["flags"] == {str(r): ids for r, ids in plain.details.flags.items()}
-    assert result["dealer_link_bytes"] > 0 and result["clients_link_bytes"] > 0
+    assert result["dealer_link_bytes"] > 0
+    assert result["clients_link_bytes"] > 0
