@@ -717,9 +717,9 @@ def _register_subcommands() -> None:
     from fedunlearn.cli.central import central_command
     from fedunlearn.cli.starfish import register as register_starfish
 
+    receipt.register(app)  # audit
     app.command(name="central")(central_command)
     register_starfish(app)
-    receipt.register(app)
 
 
 _register_subcommands()
