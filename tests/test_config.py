@@ -32,7 +32,9 @@ def test_invalid_configs_name_the_field(data, field, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config(data, "test.yaml")
     text = str(err.value)
-    assert "test.yaml" in text and field in text and fragment in text
+    assert "test.yaml" in text
+    assert field in text
+    assert fragment in text
 
 
 def test_config_is_frozen():
@@ -82,7 +84,8 @@ def test_non_finite_numbers_are_refused_with_the_field(tmp_path, text, fragment)
     path.write_text(text)
     with pytest.raises(ConfigError, match="numbers must be finite") as err:
         load_config(path)
-    assert fragment in str(err.value) and str(path) in str(err.value)
+    assert fragment in str(err.value)
+    assert str(path) in str(err.value)
 
 
 def test_non_finite_numbers_are_refused_when_built_in_python():
@@ -100,7 +103,9 @@ def test_duplicate_keys_are_refused_naming_both_lines(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     text = str(err.value)
-    assert str(path) in text and "key 'lr' appears twice" in text and "lines 3 and 5" in text
+    assert str(path) in text
+    assert "key 'lr' appears twice" in text
+    assert "lines 3 and 5" in text
 
 
 def test_empty_config_is_an_error_pointing_at_the_examples(tmp_path):
@@ -109,7 +114,8 @@ def test_empty_config_is_an_error_pointing_at_the_examples(tmp_path):
         path.write_text(content)
         with pytest.raises(ConfigError, match="is empty") as err:
             load_config(path)
-        assert "configs" in str(err.value) and "digits_quickstart.yaml" in str(err.value)
+        assert "configs" in str(err.value)
+        assert "digits_quickstart.yaml" in str(err.value)
 
 
 def test_unreadable_config_files_are_config_errors(tmp_path):
@@ -126,4 +132,6 @@ def test_config_errors_are_one_line():
         parse_config({"training": {"batch_size": 0, "lr": -1}, "data": {"x": 1}}, "c.yaml")
     text = str(err.value)
     assert "\n" not in text
-    assert "training.batch_size" in text and "training.lr" in text and "data.x" in text
+    assert "training.batch_size" in text
+    assert "training.lr" in text
+    assert "data.x" in text

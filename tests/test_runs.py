@@ -38,7 +38,8 @@ def test_digits_run_learns_records_history_and_summarises(tmp_path):
     assert [x["round"] for x in lines] == list(range(1, 13))
     assert lines[-1]["test_accuracy"] > lines[0]["test_accuracy"]
     info = run_info(tmp_path / "run")
-    assert info["complete"] and info["rounds_completed"] == 12
+    assert info["complete"]
+    assert info["rounds_completed"] == 12
     d = summary["num_params"]
     # policy 'all': 6 clients x 12 rounds of float32 deltas, plus 13 global models, 12 aggregates
     assert info["stored_bytes_by_kind"]["update"] == 6 * 12 * d * 4
@@ -84,7 +85,9 @@ def test_every_k_policy_stores_only_those_rounds(tmp_path):
     cfg = parse_config({**SMALL, "history": {"policy": "every", "every": 2}})
     train_run(cfg, tmp_path / "r")
     with HistoryStore.open(tmp_path / "r" / "history") as store:
-        assert store.has_update(1, 0) and not store.has_update(2, 0) and store.has_update(3, 0)
+        assert store.has_update(1, 0)
+        assert not store.has_update(2, 0)
+        assert store.has_update(3, 0)
         assert store.read_model(2).shape == store.read_model(0).shape
 
 
@@ -94,7 +97,8 @@ def test_backdoor_poisons_only_malicious_clients():
     for cid, data in setup.federation.client_data.items():
         stamped = data.x[:, 0, -3:, -3:].eq(1).flatten(1).all(1)
         if cid == bad:
-            assert stamped.float().mean() > 0.8 and data.y[stamped].eq(0).all()
+            assert stamped.float().mean() > 0.8
+            assert data.y[stamped].eq(0).all()
         else:
             assert not stamped.any()
     setup.close()
@@ -198,10 +202,13 @@ def test_deletion_evidence_is_json_ready_and_checks_the_files(tmp_path):
     assert evidence["ok"] is False  # client 4 was never forgotten
     assert evidence["forgotten"] == {"2": True, "4": False}
     (rec,) = evidence["records"]
-    assert rec["client_ids"] == [2] and [p["round"] for p in rec["payloads"]] == list(range(1, 7))
+    assert rec["client_ids"] == [2]
+    assert [p["round"] for p in rec["payloads"]] == list(range(1, 7))
     assert rec["payloads"][0]["sha256"] == record.payloads[0].sha256
     check = evidence["check"]
-    assert check["ok"] and check["unreadable"] == 6 and check["fingerprints_found"] == 0
+    assert check["ok"]
+    assert check["unreadable"] == 6
+    assert check["fingerprints_found"] == 0
     assert deletion_evidence(tmp_path / "r", [2])["ok"] is True
     with pytest.raises(HistoryError, match="not a run directory"):
         deletion_evidence(tmp_path / "nothing", [2])

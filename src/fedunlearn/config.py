@@ -76,10 +76,34 @@ class TrainingConfig(_Frozen):
     aggregator: AggregatorConfig = AggregatorConfig()
     executor: Literal["auto", "serial", "vectorized", "pool"] = "auto"
     num_workers: int | None = Field(None, ge=1)
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|mps|cuda(:[0-9]+)?)$",
+        description="local training, evaluation and unlearning's client work: auto (CUDA if "
+        "torch sees a GPU, else the CPU), cpu, cuda, cuda:<index> or mps",
+    )
+
+    @model_validator(mode="after")
+    def _pool_needs_cpu(self) -> TrainingConfig:
+        # pool with device auto trains on the CPU (fl.executors.executor_device)
+        if self.executor == "pool" and self.device not in ("auto", "cpu"):
+            raise ValueError(
+                f"training.executor 'pool' trains in CPU worker processes; it cannot use "
+                f"training.device '{self.device}'. Use executor 'vectorized', 'serial' or 'auto' "
+                "on a GPU"
+            )
+        return self
 
 
 class AttackConfig(_Frozen):
-    """Poisoning attack run by a seeded malicious client set."""
+    """Poisoning attack run by a seeded malicious client set, and when it runs.
+
+    ``start_round``: the malicious clients train and upload honestly (on their clean data,
+    without the update attack) before this round. ``join_round``: they join the federation at
+    this round and are never sampled before it (with partial participation, the other clients
+    are sampled from those present). Both default to 1: attackers present and attacking from
+    the first round.
+    """
 
     kind: Literal["none", "backdoor", "label_flip", "trim_random", "fang_trim"] = "none"
     num_malicious: int = Field(0, ge=0)
@@ -90,6 +114,8 @@ class AttackConfig(_Frozen):
     sigma: float = Field(0.1, gt=0, description="trim_random: noise scale")
     p_noise: float = Field(0.8, ge=0, le=1, description="trim_random: noise vs replacement")
     fang_b: float = Field(2.0, gt=1, description="fang_trim: scale factor b")
+    start_round: int = Field(1, ge=1, description="attackers behave honestly before this round")
+    join_round: int = Field(1, ge=1, description="attackers are not sampled before this round")
 
     @model_validator(mode="after")
     def _consistent(self) -> AttackConfig:
@@ -97,6 +123,11 @@ class AttackConfig(_Frozen):
             raise ValueError("attack.num_malicious > 0 needs an attack.kind other than 'none'")
         if self.kind != "none" and self.num_malicious == 0:
             raise ValueError(f"attack.kind '{self.kind}' needs attack.num_malicious >= 1")
+        if self.kind == "none" and (self.start_round > 1 or self.join_round > 1):
+            raise ValueError(
+                "attack.start_round and attack.join_round schedule an attack; with "
+                "attack.kind 'none' leave them at 1"
+            )
         return self
 
 
@@ -230,6 +261,13 @@ class RunConfig(_Frozen):
             raise ValueError("data.dataset 'ag_news' needs model.name 'textcnn'")
         if self.attack.kind == "backdoor" and self.data.dataset in ("ag_news", "synthetic"):
             raise ValueError("attack.kind 'backdoor' (pixel trigger) needs an image dataset")
+        for name in ("start_round", "join_round"):
+            value = getattr(self.attack, name)
+            if value > self.training.rounds:
+                raise ValueError(
+                    f"attack.{name} ({value}) is after the last round (training.rounds = "
+                    f"{self.training.rounds}); use a round in 1..{self.training.rounds}"
+                )
         return self
 
 

@@ -33,12 +33,15 @@ def test_train_then_info_json(tmp_path):
     res = runner.invoke(app, ["train", str(cfg), "--out", str(tmp_path / "run"), "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
-    assert summary["rounds"] == 4 and summary["final_metrics"]["test_accuracy"] > 0.5
+    assert summary["rounds"] == 4
+    assert summary["final_metrics"]["test_accuracy"] > 0.5
     res = runner.invoke(app, ["info", str(tmp_path / "run"), "--json"])
     info = json.loads(res.stdout)
-    assert info["rounds_completed"] == 4 and info["stored_bytes"] > 0
+    assert info["rounds_completed"] == 4
+    assert info["stored_bytes"] > 0
     res = runner.invoke(app, ["info", str(tmp_path / "run")])
-    assert res.exit_code == 0 and "stored bytes" in res.stdout
+    assert res.exit_code == 0
+    assert "stored bytes" in res.stdout
 
 
 def test_bad_config_exits_2_with_the_field_named(tmp_path):
@@ -82,7 +85,8 @@ def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_model(tmp_path)
     proc.wait()
     with HistoryStore.open(out / "history") as store:
         done = store.last_round()
-    assert done is not None and 5 <= done < 20, f"process finished {done} rounds before kill"
+    assert done is not None, f"process finished {done} rounds before kill"
+    assert 5 <= done < 20, f"process finished {done} rounds before kill"
     res = runner.invoke(app, ["train", str(cfg), "--out", str(out), "--resume", "--json"])
     assert res.exit_code == 0, res.output
     with (

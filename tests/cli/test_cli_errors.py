@@ -37,7 +37,8 @@ def one_line_error(res, *fragments: str) -> str:
     assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
     lines = res.stderr.splitlines()
     assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("error: ") and "Traceback" not in res.output
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in res.output
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
@@ -145,7 +146,8 @@ def test_missing_data_error_names_a_data_dir_flag_train_has(tmp_path, monkeypatc
 
     line = one_line_error(res, "DataUnavailableError", str(empty), "--data-dir")
     assert "round" not in line  # no progress bar before the error
-    assert not (out / "config.yaml").exists() and not (out / "history" / "history.sqlite").exists()
+    assert not (out / "config.yaml").exists()
+    assert not (out / "history" / "history.sqlite").exists()
     res = runner.invoke(app, ["train", str(cfg), "--out", str(out), "--data-dir", str(empty)])
     one_line_error(res, "DataUnavailableError")  # not "already holds a run": nothing was left
 

@@ -61,7 +61,8 @@ def flip_payload_byte(run: Path, round_: int, client: int) -> None:
     file = run / "history" / "history.sqlite"
     raw = bytearray(file.read_bytes())
     where = raw.find(probe)
-    assert where > 0 and raw.find(probe, where + 1) == -1
+    assert where > 0
+    assert raw.find(probe, where + 1) == -1
     raw[where] ^= 0x01
     file.write_bytes(bytes(raw))
 
@@ -78,11 +79,13 @@ def test_verify_info_resume_and_repair_of_a_payload_damaged_mid_history(tmp_path
     res = runner.invoke(app, ["verify", str(run)])
     assert res.exit_code == 1
     assert "problem: round 3 client 1: fails its checksum" in res.stderr
-    assert "first bad round: 3" in res.stderr and "--resume --repair" in res.stderr
+    assert "first bad round: 3" in res.stderr
+    assert "--resume --repair" in res.stderr
     res = runner.invoke(app, ["verify", str(run), "--json"])
     assert json.loads(res.stdout)["first_bad_round"] == 3
     res = runner.invoke(app, ["info", str(run)])
-    assert res.exit_code == 1 and "round 3 client 1: fails its checksum" in res.stderr
+    assert res.exit_code == 1
+    assert "round 3 client 1: fails its checksum" in res.stderr
     res = runner.invoke(app, ["train", str(cfg), "--out", str(run), "--resume"])
     assert res.exit_code == 2
     assert "rerun with --repair to drop round 3 and later" in res.stderr
@@ -103,7 +106,8 @@ def test_repair_needs_resume_and_a_damaged_initial_model_retrains_everything(tmp
     cfg, ref = reference
     run = copy_run(ref, tmp_path / "run")
     res = runner.invoke(app, ["train", str(cfg), "--out", str(run), "--repair"])
-    assert res.exit_code == 2 and "pass --resume --repair" in res.stderr
+    assert res.exit_code == 2
+    assert "pass --resume --repair" in res.stderr
     with HistoryStore.open(run / "history") as store:
         m0 = store.read_model(0)[3000:3008].numpy().tobytes()
     file = run / "history" / "history.sqlite"
@@ -173,7 +177,8 @@ def test_train_process_into_a_run_being_trained_is_refused_untouched(tmp_path):
         intruder = _spawn_train(other, out)
         _, err = intruder.communicate(timeout=240)
         assert (out / "config.yaml").read_bytes() == config_before
-        assert intruder.returncode == 2 and "already holds a run" in err
+        assert intruder.returncode == 2
+        assert "already holds a run" in err
     finally:
         release.set()
         worker.join(timeout=300)
@@ -188,14 +193,17 @@ def test_changed_config_yaml_is_noticed_by_resume_info_and_verify(tmp_path, refe
     (run / "config.yaml").write_text(yaml.safe_dump(changed))
 
     res = runner.invoke(app, ["train", str(run / "config.yaml"), "--out", str(run), "--resume"])
-    assert res.exit_code == 2 and "training.lr: 0.05 vs 0.3" in res.stderr
+    assert res.exit_code == 2
+    assert "training.lr: 0.05 vs 0.3" in res.stderr
     res = runner.invoke(app, ["info", str(run), "--json"])
     assert res.exit_code == 1
     (problem,) = json.loads(res.stdout)["problems"]
-    assert "does not match the config stored" in problem and "training.lr" in problem
+    assert "does not match the config stored" in problem
+    assert "training.lr" in problem
     res = runner.invoke(app, ["unlearn", str(run), "--forget", "1", "--method", "retrain",
                               "--out", str(tmp_path / "r.json")])  # fmt: skip
-    assert res.exit_code == 2 and "--restore-config" in res.stderr
+    assert res.exit_code == 2
+    assert "--restore-config" in res.stderr
 
     res = runner.invoke(app, ["verify", str(run), "--restore-config"])
 
@@ -224,8 +232,11 @@ def test_forget_cli_prints_the_deletion_record_and_info_shows_forgotten_clients(
         (c, r) for c in (1, 3) for r in range(1, 7)
     ]
     assert record["size_bytes"] == 12 * before["num_params"] * 4
-    assert record["bytes_reclaimed"] > 0 and all(len(p["sha256"]) == 64 for p in record["payloads"])
-    assert check["ok"] and check["unreadable"] == 12 and check["fingerprints_found"] == 0
+    assert record["bytes_reclaimed"] > 0
+    assert all(len(p["sha256"]) == 64 for p in record["payloads"])
+    assert check["ok"]
+    assert check["unreadable"] == 12
+    assert check["fingerprints_found"] == 0
     info = runner.invoke(app, ["info", str(run), "--json"])
     assert info.exit_code == 0
     data = json.loads(info.stdout)
@@ -234,14 +245,17 @@ def test_forget_cli_prints_the_deletion_record_and_info_shows_forgotten_clients(
     table = runner.invoke(app, ["info", str(run)]).stdout
     assert "| forgotten clients | 1, 3 |" in table
     text = runner.invoke(app, ["forget", str(run), "--clients", "3"])
-    assert text.exit_code == 0 and "client 3: 0 stored update(s) deleted" in text.stdout
+    assert text.exit_code == 0
+    assert "client 3: 0 stored update(s) deleted" in text.stdout
     res = runner.invoke(app, ["forget", str(run), "--clients", "9"])
-    assert res.exit_code == 2 and "client(s) 9 never appear" in res.stderr
+    assert res.exit_code == 2
+    assert "client(s) 9 never appear" in res.stderr
 
 
 def test_forget_malicious_is_accepted_by_starfish_like_unlearn(reference):
     _, ref = reference
     with HistoryStore.open(ref / "history") as store:
         malicious = store.meta["malicious"]
-    assert malicious and _ids("malicious", ref) == malicious
+    assert malicious
+    assert _ids("malicious", ref) == malicious
     assert _ids("2,0", ref) == [0, 2]

@@ -50,7 +50,8 @@ def test_share_command_writes_both_stores_once(run_dir):
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output or "kept existing" in res.output
     res = runner.invoke(app, ["starfish-share", str(run_dir)])
-    assert res.exit_code == 0 and "kept existing" in res.output
+    assert res.exit_code == 0
+    assert "kept existing" in res.output
 
 
 def test_server_rejects_a_bad_address_before_any_work(run_dir):
@@ -110,7 +111,8 @@ def test_certs_command_makes_a_ca_and_one_certificate_per_role(tmp_path):
         assert Identity.from_directory(tmp_path / "pki", role).role == role
         mode = (tmp_path / "pki" / f"{role}.key").stat().st_mode
         assert stat.S_IMODE(mode) & 0o077 == 0, oct(mode)
-    assert again.exit_code == 2 and "already holds a CA" in again.output
+    assert again.exit_code == 2
+    assert "already holds a CA" in again.output
     assert replaced.exit_code == 0
     assert (tmp_path / "pki" / "ca.pem").read_bytes() != first_ca
 
@@ -122,8 +124,10 @@ def test_insecure_is_an_explicit_flag_whose_help_says_what_it_gives_up(command):
     res = runner.invoke(app, [command, "--help"])
     text = flat(res.output)
     assert res.exit_code == 0
-    assert "--insecure" in text and "--no-insecure" not in text
-    assert "Gives up: peer authentication" in text and "encryption" in text
+    assert "--insecure" in text
+    assert "--no-insecure" not in text
+    assert "Gives up: peer authentication" in text
+    assert "encryption" in text
 
 
 def test_a_process_needs_tls_of_its_own_role_or_an_explicit_insecure_flag(tmp_path):
@@ -143,12 +147,16 @@ def test_a_process_needs_tls_of_its_own_role_or_an_explicit_insecure_flag(tmp_pa
                                      f"--tls-dir={pki}", "--insecure"])  # fmt: skip
 
     # Assert: one line each, saying what to do
-    assert nothing.exit_code == 2 and "needs exactly one of --tls-dir" in flat(nothing.output)
-    assert missing.exit_code == 2 and "cannot load the TLS identity" in flat(missing.output)
+    assert nothing.exit_code == 2
+    assert "needs exactly one of --tls-dir" in flat(nothing.output)
+    assert missing.exit_code == 2
+    assert "cannot load the TLS identity" in flat(missing.output)
     assert wrong_role.exit_code == 2
     assert "binds role 'server0'; give it the dealer certificate" in flat(wrong_role.output)
-    assert both.exit_code == 2 and "needs exactly one of" in flat(both.output)
-    assert local_both.exit_code == 2 and "not both" in flat(local_both.output)
+    assert both.exit_code == 2
+    assert "needs exactly one of" in flat(both.output)
+    assert local_both.exit_code == 2
+    assert "not both" in flat(local_both.output)
 
 
 def test_an_insecure_dealer_warns_and_gives_up_when_no_server_joins():

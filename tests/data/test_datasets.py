@@ -47,10 +47,14 @@ def test_digits_shapes_dtypes_and_range():
     ds = load_dataset("digits")
 
     assert (ds.kind, ds.input_shape, ds.num_classes) == ("image", (1, 8, 8), 10)
-    assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int64
+    assert ds.x_train.dtype == np.float32
+    assert ds.y_train.dtype == np.int64
     assert len(ds.y_train) + len(ds.y_test) == 1797
-    assert 0.0 <= ds.x_train.min() and ds.x_train.max() == 1.0
-    assert "digits" in repr(ds) and "1797" not in repr(ds) and "array" not in repr(ds)
+    assert 0.0 <= ds.x_train.min()
+    assert ds.x_train.max() == 1.0
+    assert "digits" in repr(ds)
+    assert "1797" not in repr(ds)
+    assert "array" not in repr(ds)
 
 
 def test_digits_split_is_stratified_and_seeded():
@@ -79,7 +83,9 @@ def test_synthetic_is_deterministic_balanced_and_learnable():
 
     np.testing.assert_array_equal(a.x_train, b.x_train)
     assert not np.array_equal(a.x_train, c.x_train)
-    assert a.x_train.dtype == np.float32 and a.input_shape == (5,) and a.kind == "tabular"
+    assert a.x_train.dtype == np.float32
+    assert a.input_shape == (5,)
+    assert a.kind == "tabular"
     counts = np.bincount(np.concatenate([a.y_train, a.y_test]))
     assert counts.tolist() == [100, 100, 100, 100]
     # Nearest class mean (estimated on train) beats chance by far on test.
@@ -107,8 +113,10 @@ def test_mnist_from_idx_files_round_trips_values(tmp_path, mnist_arrays, write_i
 
     ds = load_dataset("mnist", data_dir=tmp_path, download=False)
 
-    assert ds.x_train.shape == (20, 1, 28, 28) and ds.x_test.shape == (8, 1, 28, 28)
-    assert ds.x_train.dtype == np.float32 and ds.y_test.dtype == np.int64
+    assert ds.x_train.shape == (20, 1, 28, 28)
+    assert ds.x_test.shape == (8, 1, 28, 28)
+    assert ds.x_train.dtype == np.float32
+    assert ds.y_test.dtype == np.int64
     np.testing.assert_array_equal(
         np.rint(ds.x_train[:, 0] * 255).astype(np.uint8), mnist_arrays["x_train"]
     )
@@ -122,7 +130,8 @@ def test_mnist_npz_takes_precedence_over_idx(tmp_path, mnist_arrays, write_idx_d
 
     ds = load_dataset("mnist", data_dir=tmp_path, download=False)
 
-    assert len(ds.y_train) == 5 and ds.meta["source"] == str(tmp_path / "mnist.npz")
+    assert len(ds.y_train) == 5
+    assert ds.meta["source"] == str(tmp_path / "mnist.npz")
     np.testing.assert_allclose(ds.x_test[:, 0], mnist_arrays["x_test"][:5] / 255.0, rtol=1e-6)
 
 
@@ -131,7 +140,8 @@ def test_fashion_mnist_reads_its_own_subfolder(tmp_path, mnist_arrays, write_idx
 
     ds = load_dataset("fashion-mnist", data_dir=tmp_path, download=False)
 
-    assert ds.name == "fashion-mnist" and ds.meta["classes"][0] == "T-shirt/top"
+    assert ds.name == "fashion-mnist"
+    assert ds.meta["classes"][0] == "T-shirt/top"
     np.testing.assert_array_equal(ds.y_train, mnist_arrays["y_train"])
     with pytest.raises(DataUnavailableError):  # the fashion-mnist folder is not MNIST
         load_dataset("mnist", data_dir=tmp_path, download=False)
@@ -168,7 +178,8 @@ def test_cifar10_folder_archive_and_npz_agree(
     loaded = [load_dataset("cifar10", data_dir=tmp_path / d, download=False) for d in "abc"]
 
     for ds in loaded:
-        assert ds.input_shape == (3, 32, 32) and ds.x_train.shape == (20, 3, 32, 32)
+        assert ds.input_shape == (3, 32, 32)
+        assert ds.x_train.shape == (20, 3, 32, 32)
         np.testing.assert_array_equal(ds.x_train, loaded[0].x_train)
         np.testing.assert_array_equal(ds.y_train, cifar_arrays["y_train"])
         np.testing.assert_array_equal(ds.y_test, cifar_arrays["y_test"])
@@ -207,7 +218,8 @@ def test_missing_files_without_download_say_what_to_put_where(tmp_path, no_netwo
         "downloading is off",
     ):
         assert expected in message
-    assert no_network == [] and list(tmp_path.iterdir()) == []
+    assert no_network == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_download_env_switch_turns_downloads_off(tmp_path, monkeypatch, no_network):
@@ -245,6 +257,8 @@ def test_real_mnist_loads_with_expected_shapes():
 
     ds = load_dataset("mnist", data_dir=REAL_MNIST.parent, download=False)
 
-    assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)
+    assert ds.x_train.shape == (60000, 1, 28, 28)
+    assert ds.x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(ds.y_train).tolist()[:2] == [5923, 6742]
-    assert ds.x_train.max() == 1.0 and ds.x_train.min() == 0.0
+    assert ds.x_train.max() == 1.0
+    assert ds.x_train.min() == 0.0

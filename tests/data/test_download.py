@@ -28,7 +28,8 @@ def serve(monkeypatch, files: dict[str, bytes], *, down: tuple[str, ...] = ()) -
     def fake_urlopen(request, timeout=None):
         url = request.full_url
         requested.append(url)
-        assert timeout is not None and timeout <= 30  # never a blocking download
+        assert timeout is not None
+        assert timeout <= 30  # never a blocking download
         if any(host in url for host in down):
             raise urllib.error.URLError("connection refused")
         name = url.rsplit("/", 1)[-1]
@@ -49,8 +50,10 @@ def test_offline_download_fails_fast_with_instructions(tmp_path, no_network):
         load_dataset("mnist", data_dir=tmp_path)
 
     message = str(info.value)
-    assert "the download failed" in message and "offline test machine" in message
-    assert f"into {tmp_path / 'mnist'}" in message and "train-labels-idx1-ubyte.gz" in message
+    assert "the download failed" in message
+    assert "offline test machine" in message
+    assert f"into {tmp_path / 'mnist'}" in message
+    assert "train-labels-idx1-ubyte.gz" in message
     assert "FEDUNLEARN_DATA" in message
     # Only the first file's mirrors are tried; the other three files are not attempted.
     assert no_network == list(RESOURCES["mnist"].files[0].urls)
@@ -92,7 +95,8 @@ def test_successful_download_is_verified_and_loads(
     for name, blob in blobs.items():
         assert (tmp_path / "mnist" / name).read_bytes() == blob
     # Each file: the dead mirror first, then the live one.
-    assert len(requested) == 8 and requested[0].startswith("https://down.test/")
+    assert len(requested) == 8
+    assert requested[0].startswith("https://down.test/")
 
 
 def test_download_fetches_only_the_missing_files(tmp_path, monkeypatch, mnist_arrays, idx_encoder):

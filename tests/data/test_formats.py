@@ -22,7 +22,8 @@ def test_read_idx_round_trips_images_and_labels(tmp_path, mnist_arrays, idx_enco
 
     np.testing.assert_array_equal(x, mnist_arrays["x_train"])
     np.testing.assert_array_equal(y, mnist_arrays["y_train"])
-    assert x.dtype == np.uint8 and x.shape == (20, 28, 28)
+    assert x.dtype == np.uint8
+    assert x.shape == (20, 28, 28)
 
 
 def test_read_idx_decodes_big_endian_multibyte_types(tmp_path, idx_encoder):
@@ -168,7 +169,8 @@ def test_to_images_accepts_channels_last_and_first(shape, layout):
     out = formats.to_images(x, (3, 32, 32), "test")
 
     expected = x.transpose(0, 3, 1, 2) if layout == "nhwc" else x
-    assert out.dtype == np.float32 and out.shape == (4, 3, 32, 32)
+    assert out.dtype == np.float32
+    assert out.shape == (4, 3, 32, 32)
     np.testing.assert_allclose(out, expected / 255.0, rtol=1e-6)
     assert out.flags.c_contiguous
 
@@ -178,7 +180,8 @@ def test_to_images_adds_the_channel_of_grayscale_images():
 
     out = formats.to_images(x, (1, 28, 28), "test")
 
-    assert out.shape == (2, 1, 28, 28) and out.max() == 1.0
+    assert out.shape == (2, 1, 28, 28)
+    assert out.max() == 1.0
 
 
 @pytest.mark.parametrize(

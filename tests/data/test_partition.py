@@ -51,7 +51,8 @@ def test_same_seed_same_parts_and_other_seed_other_parts(scheme):
 def test_iid_sizes_differ_by_at_most_one():
     sizes = partition_sizes(partition(np.zeros(103, np.int64), 10, "iid", seed=0))
 
-    assert sum(sizes) == 103 and max(sizes) - min(sizes) == 1
+    assert sum(sizes) == 103
+    assert max(sizes) - min(sizes) == 1
 
 
 def test_dirichlet_small_alpha_is_more_skewed_than_large_alpha():
@@ -96,7 +97,8 @@ def test_label_bias_with_q_zero_never_uses_the_own_group():
     parts = partition(LABELS, 10, "label_bias", seed=0, bias=0.0)
 
     histogram = label_histogram(LABELS, parts)
-    assert np.all(np.diag(histogram) == 0) and histogram.sum() == len(LABELS)
+    assert np.all(np.diag(histogram) == 0)
+    assert histogram.sum() == len(LABELS)
 
 
 def test_label_bias_share_of_own_label_follows_q():
@@ -114,7 +116,8 @@ def test_shards_give_each_client_at_most_shards_per_client_labels():
     parts = partition(labels, 10, "shards", seed=0, shards_per_client=2)
 
     distinct = (label_histogram(labels, parts) > 0).sum(axis=1)
-    assert distinct.max() <= 2 and partition_sizes(parts) == [20] * 10
+    assert distinct.max() <= 2
+    assert partition_sizes(parts) == [20] * 10
 
 
 def test_label_histogram_rows_add_up_to_sizes():
@@ -122,7 +125,8 @@ def test_label_histogram_rows_add_up_to_sizes():
 
     histogram = label_histogram(LABELS, parts, num_classes=12)
 
-    assert histogram.shape == (7, 12) and histogram.dtype == np.int64
+    assert histogram.shape == (7, 12)
+    assert histogram.dtype == np.int64
     assert histogram.sum(axis=1).tolist() == partition_sizes(parts)
     assert histogram[:, 10:].sum() == 0
 

@@ -36,8 +36,11 @@ def test_covtype_fixture(tmp_path):
     (tmp_path / "covtype").mkdir()
     write_covtype(tmp_path / "covtype" / "covtype.data.gz")
     data = load_dataset("covtype", data_dir=tmp_path, download=False, test_fraction=0.2)
-    assert data.kind == "tabular" and data.input_shape == (54,) and data.num_classes == 7
-    assert len(data.y_train) + len(data.y_test) == 70 and len(data.y_test) == 14
+    assert data.kind == "tabular"
+    assert data.input_shape == (54,)
+    assert data.num_classes == 7
+    assert len(data.y_train) + len(data.y_test) == 70
+    assert len(data.y_test) == 14
     assert set(np.unique(data.y_train)) == set(range(7))
     assert abs(float(data.x_train[:, :10].mean())) < 1e-5  # standardised continuous columns
     assert set(np.unique(data.x_train[:, 10:])) <= {0.0, 1.0}  # one-hot left alone
@@ -48,7 +51,8 @@ def test_covtype_fixture(tmp_path):
 def test_higgs_fixture_and_max_samples(tmp_path):
     write_higgs(tmp_path / "HIGGS.csv.gz")
     data = load_dataset("higgs", data_dir=tmp_path, download=False, max_samples=30)
-    assert data.input_shape == (28,) and data.num_classes == 2
+    assert data.input_shape == (28,)
+    assert data.num_classes == 2
     assert len(data.y_train) + len(data.y_test) == 30
 
 
@@ -69,6 +73,8 @@ def test_missing_and_malformed_files(tmp_path):
 def test_lookalikes_shape_and_determinism(name, features, classes):
     a = load_dataset(name, num_samples=500, seed=3)
     b = load_dataset(name, num_samples=500, seed=3)
-    assert a.input_shape == (features,) and a.num_classes == classes
-    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
+    assert a.input_shape == (features,)
+    assert a.num_classes == classes
+    assert np.array_equal(a.x_train, b.x_train)
+    assert np.array_equal(a.y_test, b.y_test)
     assert 390 <= len(a.y_train) <= 410  # stratified rounding per class

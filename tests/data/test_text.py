@@ -40,12 +40,13 @@ def test_ag_news_loads_ids_labels_and_vocab(tmp_path, write_ag_news, ag_rows):
     ds = load_dataset("ag_news", data_dir=tmp_path, download=False, max_len=12)
 
     assert (ds.kind, ds.input_shape, ds.num_classes) == ("text", (12,), 4)
-    assert (
-        ds.x_train.shape == (5, 12) and ds.x_test.shape == (2, 12) and ds.x_train.dtype == np.int64
-    )
+    assert ds.x_train.shape == (5, 12)
+    assert ds.x_test.shape == (2, 12)
+    assert ds.x_train.dtype == np.int64
     assert ds.y_train.tolist() == [int(row[0]) - 1 for row in ag_rows["train"]]
     vocab = ds.meta["vocab"]
-    assert vocab[:2] == ["<pad>", "<unk>"] and ds.meta["vocab_size"] == len(vocab)
+    assert vocab[:2] == ["<pad>", "<unk>"]
+    assert ds.meta["vocab_size"] == len(vocab)
     # The first training text decodes back to its first 12 tokens.
     label, title, description = ag_rows["train"][0]
     expected = tokenize(f"{title} {description}")[:12]

@@ -70,7 +70,8 @@ def test_the_fixture_model_is_overfitted(overfitted):
     train_acc, train_loss = accuracy_and_loss(m.model, m.params, m.members.x, m.members.y)
     _, test_loss = accuracy_and_loss(m.model, m.params, m.nonmembers.x, m.nonmembers.y)
 
-    assert train_acc == 1.0 and train_loss < 0.02 < 0.2 < test_loss
+    assert train_acc == 1.0
+    assert train_loss < 0.02 < 0.2 < test_loss
 
 
 def test_loss_attack_detects_members_of_an_overfitted_model(overfitted):
@@ -155,7 +156,8 @@ def test_other_attack_models_detect_members_and_not_unseen_data(overfitted, atta
     unseen = fitted.evaluate(m.params, m.unseen_a.x, m.unseen_a.y, m.unseen_b.x, m.unseen_b.y)
 
     assert bool(fitted.class_classifiers) == attack.per_class  # labels with enough rows
-    assert seen.auc > 0.7 and seen.member_rate > seen.nonmember_rate + 0.2
+    assert seen.auc > 0.7
+    assert seen.member_rate > seen.nonmember_rate + 0.2
     assert 0.4 < unseen.auc < 0.6
 
 
@@ -178,7 +180,8 @@ def test_reference_attack_transfers_to_held_out_members(overfitted):
     )
 
     assert result.attack == "reference"
-    assert result.auc > 0.7 and result.member_rate > result.nonmember_rate
+    assert result.auc > 0.7
+    assert result.member_rate > result.nonmember_rate
 
 
 def _identity_logreg() -> tuple[nn.Module, torch.Tensor]:
@@ -238,7 +241,8 @@ def test_no_member_predicted_gives_nan_precision():
 
     result = loss_threshold_attack(model, params, x, y, x, y, threshold=0.1)
 
-    assert result.member_rate == 0.0 and math.isnan(result.precision)
+    assert result.member_rate == 0.0
+    assert math.isnan(result.precision)
 
 
 def test_attack_features_are_sorted_probabilities_then_loss():

@@ -60,7 +60,8 @@ def test_fang_trim_pushes_against_the_benign_direction():
     assert (crafted.mean(0) * direction < benign.mean(0) * direction).all()
     lo, hi = benign.min(0).values, benign.max(0).values
     inc = direction > 0
-    assert (crafted[:, inc] <= hi[inc]).all() and (crafted[:, ~inc] >= lo[~inc]).all()
+    assert (crafted[:, inc] <= hi[inc]).all()
+    assert (crafted[:, ~inc] >= lo[~inc]).all()
 
 
 def test_update_attack_only_touches_malicious_clients_and_is_seeded():

@@ -66,7 +66,8 @@ def test_nan_and_wrong_shape_updates_are_rejected_not_averaged():
     params = get_flat_params(fed.model)
     record = run_round(fed, fedavg, params, 1, [0, 1, 2, 3])
     assert [r.client_id for r in record.rejected] == [1, 2]
-    assert "NaN" in record.rejected[0].reason and "wrong shape" in record.rejected[1].reason
+    assert "NaN" in record.rejected[0].reason
+    assert "wrong shape" in record.rejected[1].reason
     assert record.participants == (0, 3)
     ref = run_round(clean, fedavg, params, 1, [0, 3])
     assert torch.equal(record.aggregate, ref.aggregate)
@@ -80,7 +81,8 @@ def test_all_updates_rejected_leaves_model_unchanged():
     fed = make_federation(mods=[nan_all])
     params = get_flat_params(fed.model)
     record = run_round(fed, fedavg, params, 1, [0, 1])
-    assert torch.equal(record.global_after, params) and len(record.rejected) == 2
+    assert torch.equal(record.global_after, params)
+    assert len(record.rejected) == 2
 
 
 def test_screen_update_accepts_a_clean_update():
@@ -114,7 +116,8 @@ def test_resuming_at_any_round_reproduces_the_uninterrupted_run():
 def test_sampling_is_seeded_and_respects_fraction():
     ids = list(range(20))
     a = sample_clients(ids, 0.25, seed=1, round_=3)
-    assert len(a) == 5 and a == sample_clients(ids, 0.25, seed=1, round_=3)
+    assert len(a) == 5
+    assert a == sample_clients(ids, 0.25, seed=1, round_=3)
     assert a != sample_clients(ids, 0.25, seed=1, round_=4)
     assert sample_clients(ids, 1.0, 0, 1) == ids
     assert len(sample_clients(ids, 0.01, 0, 1)) == 1

@@ -116,7 +116,8 @@ def test_vectorized_chunks_give_the_same_updates_as_one_chunk():
     params, tasks, spec = get_flat_params(model), tasks_for(clients), SPECS["momentum_wd"]
     whole = VectorizedExecutor(model, clients)
     chunked = VectorizedExecutor(model, clients, max_chunk_bytes=1)  # one client per chunk
-    assert whole._chunk_size(spec) >= len(SIZES) and chunked._chunk_size(spec) == 1
+    assert whole._chunk_size(spec) >= len(SIZES)
+    assert chunked._chunk_size(spec) == 1
     assert_updates_close(chunked.run(params, tasks, spec), whole.run(params, tasks, spec), 1e-6)
 
 
@@ -193,7 +194,8 @@ def test_make_executor_builds_the_selected_kind():
     cnn = build_model("cnn", (1, 28, 28), 10, seed=0)
     assert isinstance(make_executor(cnn, clients, "auto", num_workers=1), SerialExecutor)
     with make_executor(cnn, clients, "auto", num_workers=2) as pool:  # workers start lazily
-        assert isinstance(pool, WorkerPoolExecutor) and pool.num_workers == 2
+        assert isinstance(pool, WorkerPoolExecutor)
+        assert pool.num_workers == 2
     with pytest.raises(ConfigError, match="available: auto, serial, vectorized, pool"):
         make_executor(logreg, clients, "threads")
     dropout = nn.Sequential(nn.Flatten(), nn.Dropout(), nn.Linear(36, 10))
@@ -339,7 +341,8 @@ def test_pool_workers_exit_when_the_parent_process_is_killed(tmp_path):
     )
     # Assert
     pids = [int(pid) for pid in done.stdout.split()]
-    assert done.returncode == -signal.SIGKILL and pids
+    assert done.returncode == -signal.SIGKILL
+    assert pids
     deadline = time.monotonic() + 15
     while any(map(is_running, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -145,7 +145,8 @@ def test_meta_client_records_and_scalars_round_trip(tmp_path):
         ("missing", False),
     ]
     assert got[1] == ClientRecord(3, "accepted", 50, 2.0, 0.1, None, {"epochs": 2}, stored=True)
-    assert got[0].reason == "NaN in update" and got[0].norm != got[0].norm  # NaN kept
+    assert got[0].reason == "NaN in update"
+    assert got[0].norm != got[0].norm  # NaN kept
     assert got[2].reason == "timeout"
 
 
@@ -184,7 +185,8 @@ def test_read_update_never_stored_is_a_history_error_not_forgotten(tmp_path):
         with pytest.raises(HistoryError, match="round 2 is not stored"):
             store.read_update(2, 0)
 
-    assert type(missing.value) is HistoryError and type(unsampled.value) is HistoryError
+    assert type(missing.value) is HistoryError
+    assert type(unsampled.value) is HistoryError
     assert store.file.name in str(missing.value)
 
 
@@ -210,7 +212,8 @@ def test_rounds_must_increase_and_committed_rounds_cannot_be_rewritten(tmp_path)
 
 def test_empty_store_has_no_rounds(tmp_path):
     with HistoryStore.create(tmp_path, {}) as store:
-        assert store.rounds() == [] and store.last_round() is None
+        assert store.rounds() == []
+        assert store.last_round() is None
         assert store.stored_bytes() == 0
 
 
@@ -294,7 +297,8 @@ def test_write_round_refused_by_sqlite_midway_rolls_back(tmp_path):
     with pytest.raises(HistoryError, match="while writing round 2"):
         store.write_round(big)
 
-    assert store.rounds() == [0, 1] and store.stored_bytes() == before
+    assert store.rounds() == [0, 1]
+    assert store.stored_bytes() == before
     store.close()
 
 
@@ -465,12 +469,15 @@ def test_deletion_record_holds_each_payloads_digest_taken_before_deletion(tmp_pa
         record = store.forget([1, 0])
         again = store.forget([1])
 
-        assert record.client_ids == (0, 1) and record.id == 1 and again.id == 2
+        assert record.client_ids == (0, 1)
+        assert record.id == 1
+        assert again.id == 2
         mine = [p for p in record.payloads if p.client_id == 1]
         assert [(p.round, p.size_bytes) for p in mine] == [(1, DIM * 4), (2, DIM * 4), (3, DIM * 4)]
         assert {p.round: p.sha256 for p in mine} == digests
         assert all(p.num_fingerprints >= 2 for p in record.payloads)  # 40 kB: 2+ overflow pages
-        assert again.size_bytes == 0 and again.payloads == ()
+        assert again.size_bytes == 0
+        assert again.payloads == ()
         assert store.deletion_records() == [record, again]
         only_one = store.deletion_records([1])
         assert [p.client_id for r in only_one for p in r.payloads] == [1, 1, 1]
@@ -489,8 +496,10 @@ def test_check_deletions_passes_after_forget_and_is_calibrated_on_live_pages(tmp
 
     assert result.ok, result.problems
     assert result.payloads_checked == result.unreadable == 3
-    assert result.fingerprints_checked >= 6 and result.fingerprints_found == 0
-    assert result.control_checked > 0 and result.control_found == result.control_checked
+    assert result.fingerprints_checked >= 6
+    assert result.fingerprints_found == 0
+    assert result.control_checked > 0
+    assert result.control_found == result.control_checked
 
 
 def test_check_deletions_finds_pages_left_behind(tmp_path, monkeypatch):
@@ -531,7 +540,8 @@ def test_forget_needs_extra_disk_in_proportion_to_the_forgotten_bytes(tmp_path, 
         full_peak = max(wal_peaks)
 
     assert fast.size_bytes == full.size_bytes == 4 * DIM * 4  # one client: ~1/17 of the file
-    assert fast.vacuum == "incremental" and full.vacuum == "full"
+    assert fast.vacuum == "incremental"
+    assert full.vacuum == "full"
     assert fast_peak <= 3 * fast.size_bytes < 0.25 * size
     assert full_peak >= 0.8 * full.file_bytes_after  # VACUUM wrote the whole file again
     assert fast.bytes_reclaimed >= 0.75 * fast.size_bytes
@@ -625,13 +635,16 @@ def test_check_names_the_first_bad_round_and_quick_check_reads_only_models(tmp_p
         full = store.check()
         quick = store.check(full=False)
 
-    assert not full.ok and full.full and full.first_bad_round == 3
+    assert not full.ok
+    assert full.full
+    assert full.first_bad_round == 3
     assert full.problems == (
         "round 3 client 1: fails its checksum",
         "round 4 global model: fails its checksum",
     )
     assert full.payloads_checked == 1 + 4 * 5 - 2  # M_0, then global, aggregate, 3 updates
-    assert not quick.ok and quick.first_bad_round == 4  # models only: client 1 not read
+    assert not quick.ok
+    assert quick.first_bad_round == 4  # models only: client 1 not read
     assert quick.payloads_checked == 1 + 4 * 2 - 1
     assert json.loads(json.dumps(full.to_dict()))["first_bad_round"] == 3
 
@@ -657,7 +670,8 @@ def test_truncate_after_minus_one_drops_every_round(tmp_path):
     with build(tmp_path, rounds=2) as store:
         store.truncate_after(-1)
 
-        assert store.rounds() == [] and store.stored_bytes() == 0
+        assert store.rounds() == []
+        assert store.stored_bytes() == 0
         store.write_round(RoundEntry(0, global_model=payload(0)))
         assert store.check().ok
         with pytest.raises(ConfigError, match="truncate_after round must be an int >= -1"):
@@ -683,7 +697,8 @@ def test_writer_lock_taken_first_is_handed_to_create_and_released_by_close(tmp_p
         HistoryStore.open(tmp_path, lock=stray)
     assert not stray.held  # the store took it and let it go
     with HistoryStore.open(tmp_path, lock=WriterLock.acquire(tmp_path)) as again:
-        assert again.writable and again.meta == {"x": 1}
+        assert again.writable
+        assert again.meta == {"x": 1}
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.97])

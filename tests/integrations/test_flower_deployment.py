@@ -1,4 +1,4 @@
-"""Flower Deployment Engine: a SuperLink and two SuperNodes as real processes on 127.0.0.1.
+"""Flower Deployment Engine: the example app on a SuperLink and two SuperNodes (real processes).
 
 Insecure mode (no TLS) on free ports; every process is started in its own session and its
 whole process group is killed in the fixture's finaliser, whatever happens.
@@ -25,14 +25,15 @@ import torch  # noqa: E402
 from flower_support import assert_same_history, small_config, write_config  # noqa: E402
 
 from fedunlearn import train_run  # noqa: E402
-from fedunlearn.integrations.flower.bundle import write_app  # noqa: E402
 from fedunlearn.integrations.flower.simulation import offline_environment  # noqa: E402
+from fedunlearn.models import get_flat_params, load_model  # noqa: E402
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 START_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 300
+EXAMPLE_APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 
 
 def free_port() -> int:
@@ -138,7 +139,7 @@ def deployment(tmp_path, flower_lock):
                     f"partition-id={client} num-partitions=2",
                 ],
             )
-        yield Deployment(env, write_app(tmp_path / "app"), logs)
+        yield Deployment(env, EXAMPLE_APP, logs)
     finally:
         for proc in procs:  # SuperNodes first would not matter: each group goes down whole
             for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -190,6 +191,7 @@ def test_deployed_training_and_unlearning_equal_in_process(tmp_path, deployment)
         want = session.run(
             make_method("federaser", {"calibration_ratio": 1.0}), UnlearnRequest.of([1])
         )
-    torch.testing.assert_close(torch.load(out.with_suffix(".pt")), want.params, atol=1e-6, rtol=0)
+    got = get_flat_params(load_model(out.with_suffix(".safetensors")))
+    torch.testing.assert_close(got, want.params, atol=1e-6, rtol=0)
     result = json.loads(out.read_text())
     assert result["costs"]["client_participations"] == want.costs.client_participations == 1

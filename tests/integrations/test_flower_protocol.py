@@ -127,7 +127,8 @@ def test_fresh_training_reproduces_the_in_process_federation(tmp_path):
     # Assert
     assert [u.client_id for u in got] == [2, 0]
     for g, w in zip(got, want, strict=True):
-        assert torch.equal(g.delta, w.delta) and g.num_samples == w.num_samples
+        assert torch.equal(g.delta, w.delta)
+        assert g.num_samples == w.num_samples
 
 
 def test_two_nodes_claiming_one_client_stop_the_run(tmp_path):
@@ -157,8 +158,10 @@ def test_job_reads_flower_run_config():
             "round-timeout": 30.0,
         }
     )
-    assert job.forget == (3, 7) and job.method_params == {"calibration_ratio": 1.0}
-    assert job.round_timeout == 30.0 and job.result_path is None
+    assert job.forget == (3, 7)
+    assert job.method_params == {"calibration_ratio": 1.0}
+    assert job.round_timeout == 30.0
+    assert job.result_path is None
 
 
 def test_model_reaches_only_the_clients_asked(tmp_path):
@@ -172,7 +175,8 @@ def test_model_reaches_only_the_clients_asked(tmp_path):
     updates = clients.train(setup.initial_params, [1], 1)
 
     # Assert: node 5 was only asked who it hosts; client 1 is missing
-    assert updates == [] and grid.sent == [(5, "query", [])]
+    assert updates == []
+    assert grid.sent == [(5, "query", [])]
     assert clients.missing == {1: {1: "no connected SuperNode hosts this client"}}
 
 

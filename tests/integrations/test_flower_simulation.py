@@ -1,8 +1,13 @@
-"""Flower Simulation Engine (Ray): training, a failing client, unlearning through Flower."""
+"""Flower's Simulation Runtime under `flwr run`: the example app trains, a client fails, unlearning.
+
+Each test runs `simulate`, which starts a Simulation Runtime SuperLink and submits the app with
+`flwr run` (Flower's supported path), so these are the example app's CI runs.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,59 +17,81 @@ pytest.importorskip(
 )
 
 from flower_support import assert_same_history, small_config, write_config  # noqa: E402
-from flwr.app import Context, Message  # noqa: E402
 
 from fedunlearn import train_run  # noqa: E402
 from fedunlearn.fl.aggregators import fedavg  # noqa: E402
 from fedunlearn.history import HistoryStore  # noqa: E402
+from fedunlearn.integrations.flower.bundle import MODULE, write_app  # noqa: E402
 from fedunlearn.integrations.flower.server_app import FlowerJob  # noqa: E402
 from fedunlearn.integrations.flower.simulation import simulate  # noqa: E402
+from fedunlearn.models import get_flat_params, load_model  # noqa: E402
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+EXAMPLE_APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 FAILING_CLIENT, FAILING_ROUND = 1, 2
 
+# The app module with a Flower client mod that crashes one client in one round.
+FAILING_APP_MODULE = f'''
+from pathlib import Path
 
-def fail_once(message: Message, context: Context, call_next):  # Flower client mod
+from fedunlearn.integrations.flower.client_app import make_client_app
+from fedunlearn.integrations.flower.server_app import make_app
+
+
+def fail_once(message, context, call_next):
     if (
         message.metadata.message_type == "train"
-        and int(context.node_config["partition-id"]) == FAILING_CLIENT
-        and int(message.content["task"]["round"]) == FAILING_ROUND
+        and int(context.node_config["partition-id"]) == {FAILING_CLIENT}
+        and int(message.content["task"]["round"]) == {FAILING_ROUND}
     ):
         raise RuntimeError("simulated crash in the middle of local training")
     return call_next(message, context)
 
 
-def test_simulated_training_records_the_in_process_history(tmp_path, flower_lock):
+client_app = make_client_app([fail_once])
+server_app = make_app(base_dir=Path(__file__).parent)
+'''
+
+
+def test_example_app_under_flwr_run_records_the_in_process_history(tmp_path, flower_lock):
     # Prepare
     config = small_config(num_clients=3, rounds=3)
     path = write_config(config, tmp_path / "config.yaml")
     train_run(config, tmp_path / "inproc")
 
-    # Execute
-    simulate(FlowerJob(mode="train", run_dir=tmp_path / "flower", config_path=path), 3, num_cpus=2)
+    # Execute: the committed example app, its run config overridden as a user would
+    info = simulate(
+        FlowerJob(mode="train", run_dir=tmp_path / "flower", config_path=path),
+        3,
+        num_cpus=2,
+        app_dir=EXAMPLE_APP,
+    )
 
     # Assert
+    assert info["status"] == "finished:completed"
+    assert "DEPRECATED" not in info["log"]
+    assert f"run directory {tmp_path / 'flower'}" in info["log"]
     assert_same_history(tmp_path / "inproc", tmp_path / "flower", rounds=3)
     summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
-    assert summary["engine"] == "flower" and summary["missing"] == {}
+    assert summary["engine"] == "flower"
+    assert summary["missing"] == {}
     metrics = (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in metrics] == [1, 2, 3]
 
 
 def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flower_lock):
-    # Prepare
+    # Prepare: the app with a client mod that crashes client 1 in round 2
     config = small_config(num_clients=3, rounds=3)
     path = write_config(config, tmp_path / "config.yaml")
     run_dir = tmp_path / "flower"
+    app = write_app(tmp_path / "app")
+    (app / f"{MODULE}.py").write_text(FAILING_APP_MODULE)
 
     # Execute
     simulate(
-        FlowerJob(mode="train", run_dir=run_dir, config_path=path),
-        3,
-        num_cpus=2,
-        mods=[fail_once],
+        FlowerJob(mode="train", run_dir=run_dir, config_path=path), 3, num_cpus=2, app_dir=app
     )
 
     # Assert: every round committed; the failing client is missing in its round only
@@ -92,7 +119,7 @@ def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flow
     assert result.costs.client_participations == 2 * 1 + 1  # rounds 2 and 3, client 1 absent in 2
 
 
-def test_unlearning_through_flower_equals_in_process(tmp_path, flower_lock):
+def test_unlearning_request_under_flwr_run_equals_in_process(tmp_path, flower_lock):
     # Prepare: a run recorded in-process; the same method in-process as the reference
     config = small_config(num_clients=3, rounds=3)
     run_dir = tmp_path / "run"
@@ -114,12 +141,15 @@ def test_unlearning_through_flower_equals_in_process(tmp_path, flower_lock):
         ),
         3,
         num_cpus=2,
+        app_dir=EXAMPLE_APP,
     )
 
-    # Assert
-    got = torch.load(out.with_suffix(".pt"))
-    torch.testing.assert_close(got, want.params, atol=1e-6, rtol=0)
+    # Assert: the model file is a loadable module holding the in-process method's model
     summary = json.loads(out.read_text())
-    assert summary["engine"] == "flower" and summary["missing"] == {}
+    assert summary["model_file"] == str(out.with_suffix(".safetensors"))
+    got = get_flat_params(load_model(out.with_suffix(".safetensors")))
+    torch.testing.assert_close(got, want.params, atol=1e-6, rtol=0)
+    assert summary["engine"] == "flower"
+    assert summary["missing"] == {}
     assert summary["costs"]["client_participations"] == want.costs.client_participations
     assert summary["costs"]["client_epochs"] == want.costs.client_epochs

@@ -98,7 +98,8 @@ def test_degenerate_and_negative_curvature_pairs_are_skipped_and_counted():
         "ill_conditioned": 0,
         "no_pairs": 0,
     }
-    assert pair_problem(s, 2 * s) is None and pair_problem(1e-6 * s, 2e-6 * s) is None
+    assert pair_problem(s, 2 * s) is None
+    assert pair_problem(1e-6 * s, 2e-6 * s) is None
 
 
 def test_no_usable_pair_raises_a_clear_error_unless_v_is_zero():
@@ -123,7 +124,9 @@ def test_ill_conditioned_system_drops_the_oldest_pair():
     s_old, s_new = 1e-8 * s_mat[:, 0], s_mat[:, 1]
     counts = GuardCounts()
     operator = CompactBFGS([(s_old, hessian @ s_old), (s_new, hessian @ s_new)], counts)
-    assert counts.ill_conditioned == 1 and operator.num_pairs == 1 and operator.dropped == 1
+    assert counts.ill_conditioned == 1
+    assert operator.num_pairs == 1
+    assert operator.dropped == 1
     single = explicit_bfgs(s_new[:, None], (hessian @ s_new)[:, None]) @ v
     assert torch.allclose(operator.matvec(v), single, rtol=1e-10, atol=1e-10)
     both = CompactBFGS(

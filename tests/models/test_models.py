@@ -37,7 +37,8 @@ def test_same_seed_same_initial_model_and_global_rng_untouched():
     assert torch.equal(torch.rand(1), before)
     b = get_flat_params(build_model("mlp", (1, 8, 8), 10, seed=5))
     c = get_flat_params(build_model("mlp", (1, 8, 8), 10, seed=6))
-    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
 
 
 def test_flat_round_trip_and_size_check():

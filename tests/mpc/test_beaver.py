@@ -158,7 +158,8 @@ def test_sec_mul_byte_and_round_counters_match_the_expected_counts():
     d0, d1 = run_two_party(program)
     # Online: each party sends x - a and y - b (2n words) in one round
     online = {"bytes_sent": 16 * n, "bytes_received": 16 * n, "rounds": 1, "messages": 1}
-    assert d0["online"] == online and d1["online"] == online
+    assert d0["online"] == online
+    assert d1["online"] == online
     # Offline: a seed each; party 1 also gets the correction share c_1 (n words)
     assert d0["offline"] == {"bytes_sent": 0, "bytes_received": 16, "rounds": 0, "messages": 1}
     assert d1["offline"] == {
@@ -182,7 +183,8 @@ def test_public_constants_are_rerandomised_so_local_truncation_works_for_negativ
     (naive, halved, share0), (_, _, share1) = run_two_party(program)
     assert np.all(np.abs(naive[c < 0] - c[c < 0] / 2) > 1e6)  # the (c, 0) split fails
     np.testing.assert_allclose(halved, c / 2, atol=2 * LSB)  # the re-randomised one does not
-    assert not np.any(share1 == 0) and not np.any(share0 == FixedPoint().encode(c))
+    assert not np.any(share1 == 0)
+    assert not np.any(share0 == FixedPoint().encode(c))
 
 
 def test_integer_constants_are_exact():

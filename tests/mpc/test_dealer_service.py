@@ -118,7 +118,8 @@ def test_three_processes_compute_secmul_secge_secmi_with_the_remote_dealer(deale
     # party 1 received its own seeds (never one of party 0's: no ZeroGen here) and corrections
     seeds0 = {payload for *_, payload in frames0}
     seeds1 = {payload for dtype, shape, payload in frames1 if shape == (16,)}
-    assert len(seeds1) == requests and seeds0.isdisjoint(seeds1)
+    assert len(seeds1) == requests
+    assert seeds0.isdisjoint(seeds1)
     assert theirs["counters"]["offline"]["bytes_received"] > 16 * requests
     assert exit_code == 0  # both said goodbye, the dealer exited cleanly
 
@@ -147,7 +148,9 @@ def test_party_1_material_alone_does_not_reconstruct_a_triple(dealer):
     request = Request("triple", (shape,))
     a1_again, b1_again, c1_again = expand(request, 1, seed1, [c1])
     np.testing.assert_array_equal(a1_again, a1)
-    assert not np.any(a1 == a) and not np.any(c1 == c) and not np.any(c1 == a1 * b1)
+    assert not np.any(a1 == a)
+    assert not np.any(c1 == c)
+    assert not np.any(c1 == a1 * b1)
     bits = np.unpackbits(c1.view(np.uint8))
     assert abs(bits.mean() - 0.5) < 0.02  # c1 looks uniform: it hides c without seed0
     assert dealer.join(TIMEOUT) == 0
@@ -159,7 +162,8 @@ def test_mismatched_requests_raise_at_both_parties(dealer):
     _, errors = in_threads(lambda: d0.triple((4,)), lambda: d1.and_triple((4,)))
     assert all(isinstance(e, SecureComputationError) for e in errors), errors
     assert "do not match at request #0" in str(errors[0])
-    assert "triple (4,)" in str(errors[1]) and "and (4,)" in str(errors[1])
+    assert "triple (4,)" in str(errors[1])
+    assert "and (4,)" in str(errors[1])
     assert time.monotonic() - start < 5
     assert dealer.join(TIMEOUT) == 1  # the dealer stops: no silent wrong randomness
 

@@ -61,7 +61,8 @@ def test_a_plan_streams_the_same_material_without_a_request_per_step(dealer):
 
     (r0, r1), errors = both(program, dealer)
     assert errors == [None, None]
-    assert r0[0] and r1[0]  # all of it arrived before use: the offline phase
+    assert r0[0]
+    assert r1[0]  # all of it arrived before use: the offline phase
     assert r0[2] == r1[2] == 2  # hello and plan: no request messages during use
     # the same shares as the simulated dealer with the same master seed
     for k, result in enumerate((r0, r1)):
@@ -114,7 +115,8 @@ def test_a_small_prefetch_budget_applies_backpressure_and_loses_nothing(dealer):
 
     (r0, r1), errors = both(program, dealer, prefetch_bytes=4096)
     assert errors == [None, None]
-    assert not r0[0] and not r1[0]  # the buffer filled before the plan was through
+    assert not r0[0]
+    assert not r1[0]  # the buffer filled before the plan was through
     for (a0, b0, c0), (a1, b1, c1) in zip(r0[1], r1[1], strict=True):
         np.testing.assert_array_equal(c0 + c1, (a0 + a1) * (b0 + b1))
     assert dealer.join(TIMEOUT) == 0

@@ -38,7 +38,8 @@ def test_negatives_use_twos_complement():
     assert encoded.dtype == np.uint64
     assert encoded[0] == np.uint64(2**64 - 2**13)
     assert encoded[1] == np.uint64(2**64 - 1)
-    assert encoded[2] == 0 and encoded[3] == 2**13
+    assert encoded[2] == 0
+    assert encoded[3] == 2**13
     np.testing.assert_array_equal(FP.decode(encoded), [-1.0, -FP.resolution, 0.0, 1.0])
 
 

@@ -97,7 +97,8 @@ def test_server0_waits_through_junk_for_the_authenticated_server1(pki, caplog):
     # Assert: the authenticated peer got through; junk was refused and logged, not served
     assert (link.role, link.authenticated) == ("server1", True)
     assert status == "ok", theirs
-    assert theirs == [7, 7, 7, 7] and got.tolist() == [0, 1, 2, 3]
+    assert theirs == [7, 7, 7, 7]
+    assert got.tolist() == [0, 1, 2, 3]
     assert their_view == "server0"
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) >= 2, refusals
@@ -118,7 +119,8 @@ def test_mismatched_jobs_are_refused_at_the_handshake_on_both_sides(pki):
         stop(peer)
     assert set(info.value.differences) == {"digest forget_set"}
     assert status == "SessionMismatchError"
-    assert "digest forget_set" in message and "run_config" not in message
+    assert "digest forget_set" in message
+    assert "run_config" not in message
 
 
 def test_killing_server1_stops_server0_with_a_clear_error(pki):

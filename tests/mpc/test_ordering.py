@@ -110,4 +110,5 @@ def test_max_of_one_entry_costs_nothing():
         return p.counters.online.rounds - before, best.reveal()
 
     (rounds, best), _ = run_two_party(program)
-    assert rounds == 1 and best == 4.5  # only the sharing message
+    assert rounds == 1
+    assert best == 4.5  # only the sharing message

@@ -97,7 +97,8 @@ def test_ideal_mode_gives_the_same_bits_and_charges_the_same_traffic():
     ideal0, ideal1 = run_ge(x, y, "ideal")
     np.testing.assert_array_equal(real0[1], ideal0[1])
     np.testing.assert_array_equal(real0[1], (x >= y).astype(float))
-    assert real0[2] == ideal0[2] and real1[2] == ideal1[2]
+    assert real0[2] == ideal0[2]
+    assert real1[2] == ideal1[2]
 
 
 @pytest.mark.parametrize("n", [1, 7, 64, 65, 1001])
@@ -152,7 +153,9 @@ def test_ge2_compares_ratios_exactly_including_ties():
     enc = [FP.decode(FP.encode(a)) for a in (u_i, v_i, u_j, v_j)]
     expected = (enc[0] * enc[3] >= enc[2] * enc[1]).astype(float)
     np.testing.assert_array_equal(got, expected)
-    assert got[0] == 1 and got[1] == 1 and got[4] == 1  # exact ties compare as >=
+    assert got[0] == 1
+    assert got[1] == 1
+    assert got[4] == 1  # exact ties compare as >=
 
 
 def signed(w, b):

@@ -33,9 +33,11 @@ def test_a_matching_binding_passes_and_a_differing_one_names_every_field():
     message = str(info.value)
     assert "server1 at 10.0.0.2:4711" in message
     assert "session_id: ours 'run-42', theirs 'run-43'" in message
-    assert "digest forget_set" in message and "digest share_store" in message
+    assert "digest forget_set" in message
+    assert "digest share_store" in message
     assert "theirs missing" in message
-    assert "digest run_config" not in message and "digest trajectory" not in message
+    assert "digest run_config" not in message
+    assert "digest trajectory" not in message
     assert set(info.value.differences) == {"session_id", "digest forget_set", "digest share_store"}
 
 

@@ -35,11 +35,14 @@ def test_in_process_exchange_counts_bytes_and_rounds():
     worker.join()
     np.testing.assert_array_equal(got, [0, 1, 2, 3, 4])
     np.testing.assert_array_equal(out["b"], [10, 11, 12, 13, 14])
-    assert t0.counters.online.bytes_sent == 40 and t0.counters.online.bytes_received == 40
-    assert t0.counters.online.rounds == 1 and t1.counters.online.rounds == 1
+    assert t0.counters.online.bytes_sent == 40
+    assert t0.counters.online.bytes_received == 40
+    assert t0.counters.online.rounds == 1
+    assert t1.counters.online.rounds == 1
     with t0.counters.in_phase("offline"):
         t0.send(np.zeros(2, np.uint64))
-    assert t0.counters.offline.bytes_sent == 16 and t0.counters.offline.rounds == 1
+    assert t0.counters.offline.bytes_sent == 16
+    assert t0.counters.offline.rounds == 1
 
 
 def test_in_process_peer_that_closes_raises_instead_of_hanging():
@@ -256,7 +259,8 @@ def test_a_small_header_declaring_a_huge_frame_allocates_little():
     assert reader.stage == "payload"
     assert len(reader.view()) <= 1 << 20  # the first payload buffer, not 1 GiB
     feed(reader, bytes(3 << 20))  # as bytes arrive, buffers grow with them
-    assert reader.received < (4 << 20) + 64 and not reader.done
+    assert reader.received < (4 << 20) + 64
+    assert not reader.done
 
 
 @pytest.mark.parametrize(
@@ -362,8 +366,10 @@ def test_tls_exchanges_are_full_duplex_for_large_frames(tmp_path):
     thread.join(20)
     transport.close()
     listener.close()
-    assert np.all(got == 3) and np.all(out["0"] == 5)
-    assert transport.wire_bytes_sent > 16 << 20 and transport.wire_bytes_received > 16 << 20
+    assert np.all(got == 3)
+    assert np.all(out["0"] == 5)
+    assert transport.wire_bytes_sent > 16 << 20
+    assert transport.wire_bytes_received > 16 << 20
     assert time.monotonic() - start < 10
 
 
@@ -379,7 +385,8 @@ def test_tcp_keeps_the_shape_of_scalars_and_empty_arrays():
             worker.start()
             mine = t0.exchange(array)
             worker.join(5)
-            assert mine.shape == array.shape and out["got"].shape == array.shape
+            assert mine.shape == array.shape
+            assert out["got"].shape == array.shape
             np.testing.assert_array_equal(mine, array)
     finally:
         t0.close()

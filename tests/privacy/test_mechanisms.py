@@ -91,7 +91,8 @@ def test_mod_clips_noises_and_records_the_round():
     ups = _updates()
     out = mod(7, torch.zeros(5000), ups)
     stats = mod.stats[7]
-    assert stats.epsilon == 3.0 and stats.noise_multiplier == pytest.approx(1.6149, abs=1e-4)
+    assert stats.epsilon == 3.0
+    assert stats.noise_multiplier == pytest.approx(1.6149, abs=1e-4)
     assert stats.clipped_fraction == 1.0  # every raw norm is about 3 > S = 1
     for u, o in zip(ups, out, strict=True):
         noisy, clipped = mod.privatize(7, u.client_id, u.delta)

@@ -79,7 +79,8 @@ def test_ledger_matches_the_schedule_and_dp_accounting_called_directly(runs):
     assert totals["rdp_epsilon"] == pytest.approx(acc.rdp_epsilon(1e-5))
     assert ledger["total_epsilon"] == totals["pld_epsilon"]
     assert ledger["totals"]["2"]["pld_epsilon"] > totals["pld_epsilon"]
-    assert ledger["clip_norm_source"] == "auto (pilot)" and ledger["clip_norm"] > 0
+    assert ledger["clip_norm_source"] == "auto (pilot)"
+    assert ledger["clip_norm"] > 0
     assert all(r["noise_to_signal"] > 1 for r in ledger["rounds"])
 
 
@@ -110,7 +111,8 @@ def test_store_only_trains_like_no_dp_and_stores_noisy_copies(runs):
 def test_info_shows_the_privacy_ledger(runs):
     result = CliRunner().invoke(app, ["info", str(runs["dp"])], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "eps_t per round" in result.output and "PLD" in result.output
+    assert "eps_t per round" in result.output
+    assert "PLD" in result.output
     clean = CliRunner().invoke(app, ["info", str(runs["clean"]), "--json"])
     assert json.loads(clean.output)["privacy"] == {"enabled": False, "variant": "no DP"}
 

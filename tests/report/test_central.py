@@ -24,6 +24,7 @@ def test_run_central_with_mia_and_tables(tmp_path):
     assert 0.0 <= rows["Original"]["mia_unl_auc"] <= 1.0
     assert rows["Original"]["agree_original"] == 1.0
     text = central_markdown(doc)
-    assert "Table 2 analogue" in text and "Mini-Unl. k=T" in text
+    assert "Table 2 analogue" in text
+    assert "Mini-Unl. k=T" in text
     paths = write_central(doc, tmp_path)
     assert paths["csv"].read_text().startswith("dataset,seed,ratio")

@@ -29,6 +29,8 @@ REQUIRED = {
     "client_epochs",
     "wall_seconds",
     "stored_bytes",
+    "verification",
+    "distance_to_original",
 }
 
 
@@ -55,12 +57,22 @@ def test_results_document_has_control_reference_and_documented_fields(doc):
     rows = {m["method"]: m for m in doc["methods"]}
     assert rows["retrain"]["distance_to_retrain"] == 0
     assert rows["none"]["distance_to_retrain"] > rows["federaser"]["distance_to_retrain"] > 0
-    assert rows["none"]["client_epochs"] == 0 and rows["retrain"]["client_epochs"] == 4 * 4 * 2
+    assert rows["none"]["client_epochs"] == 0
+    assert rows["retrain"]["client_epochs"] == 4 * 4 * 2
     assert rows["none"]["backdoor_asr"] > rows["retrain"]["backdoor_asr"]
-    # the backdoored client's own data: the original model remembers it, retraining does not
-    assert rows["none"]["mia_member_rate"] > rows["retrain"]["mia_member_rate"]
+    # membership is attacked on the forgotten client's clean data: for Retrain it is unseen data,
+    # so both attacks sit near chance (on the relabelled poisoned copies they fell far below it)
+    for key in ("mia_auc", "mia_loss_auc"):
+        assert 0.35 < rows["retrain"][key] < 0.65, (key, rows["retrain"][key])
     assert rows["federaser"]["stored_bytes"] > rows["retrain"]["stored_bytes"]
-    assert doc["request"]["kind"] == "recover" and doc["schema_version"] == 1
+    assert doc["request"]["kind"] == "recover"
+    assert doc["schema_version"] == 2
+    # every row carries its receipt; Retrain's passes, the unchanged original fails
+    assert rows["retrain"]["verification"]["verdict"] == "pass"
+    assert rows["none"]["verification"]["verdict"] == "fail"
+    checks = {c["name"]: c for c in rows["none"]["verification"]["checks"]}
+    assert checks["distance"]["verdict"] == "fail"
+    assert rows["none"]["distance_to_original"] == 0.0
 
 
 def test_written_files_and_plots(doc, tmp_path):
@@ -69,12 +81,21 @@ def test_written_files_and_plots(doc, tmp_path):
     with paths["csv"].open() as fh:
         rows = list(csv.DictReader(fh))
     assert [r["method"] for r in rows] == ["none", "retrain", "federaser"]
+    assert rows[0]["verdict"] == "fail"
+    assert rows[1]["verdict"] == "pass"
     md = paths["md"].read_text()
-    assert "| federaser |" in md and "| TA |" in md
+    assert "| federaser |" in md
+    assert "| TA |" in md
+    assert "| verdict |" in md
+    # the failing control is never shown without its reason
+    assert "## Verification" in md
+    assert "- **none**: fail" in md
+    assert "distance to Retrain: the model is still the original model" in md
     pngs = plot_results(doc, tmp_path)
-    assert [p.name for p in pngs] == ["quality.png", "rounds.png", "costs.png"]
+    assert [p.name for p in pngs] == ["quality.png", "rounds.png", "tradeoff.png", "costs.png"]
     for p in pngs:
-        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert p.stat().st_size > 5000
 
 
 def test_bad_requests_fail_before_any_work(run_dir, tmp_path):
@@ -107,7 +128,11 @@ def test_cli_unlearn_and_compare(run_dir, tmp_path):
     )
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "r.json").read_text())
-    assert out["params"]["calibration_ratio"] == 1.0 and out["costs"]["client_epochs"] > 0
+    assert out["params"]["calibration_ratio"] == 1.0
+    assert out["costs"]["client_epochs"] > 0
+    assert out["verification"]["references"] == ["original"]
+    assert "federaser verification:" in res.stdout
+    assert "distance to" in res.stdout
     res = runner.invoke(
         app,
         [
@@ -122,9 +147,12 @@ def test_cli_unlearn_and_compare(run_dir, tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "cmp" / "results.md").exists() and (
+    assert (tmp_path / "cmp" / "results.md").exists()
+    assert ((
         tmp_path / "cmp" / "quality.png"
-    ).exists()
+    ).exists())
+    assert "verdict" in res.stdout
+    assert "none: FAIL" in res.stdout
     for args, fragment in [
         (["--forget", "", "--method", "retrain"], "--forget is empty"),
         (["--forget", "9", "--method", "retrain"], "client(s) 9 not in this run"),
@@ -134,7 +162,9 @@ def test_cli_unlearn_and_compare(run_dir, tmp_path):
         res = runner.invoke(
             app, ["unlearn", str(run_dir), *args, "--out", str(tmp_path / "x.json")]
         )
-        assert res.exit_code == 2 and fragment in res.output, res.output
+        assert res.exit_code == 2, res.output
+        assert fragment in res.output, res.output
     assert not (tmp_path / "x.json").exists()
     res = runner.invoke(app, ["methods"])
-    assert res.exit_code == 0 and "federaser" in res.stdout
+    assert res.exit_code == 0
+    assert "federaser" in res.stdout

@@ -51,7 +51,8 @@ def test_projection_edge_cases():
     assert torch.equal(project(fresh, torch.zeros(3))[0], torch.zeros(3))  # ||g_hat|| = 0
     assert torch.equal(project(torch.zeros(3), fresh)[0], torch.zeros(3))  # ||g_bar|| = 0
     u, cos = project(-fresh, fresh, clamp_negative_cos=True)
-    assert torch.equal(u, torch.zeros(3)) and cos == pytest.approx(-1.0)
+    assert torch.equal(u, torch.zeros(3))
+    assert cos == pytest.approx(-1.0)
     assert torch.equal(calibrate(orth, fresh, "fresh", False)[0], fresh)
     norm = calibrate(2 * orth, fresh, "norm", False)[0]
     assert float(norm.norm()) == pytest.approx(2 * float(orth.norm()), rel=1e-6)
@@ -71,7 +72,8 @@ def test_fedadp_on_a_dp_run_replays_the_stored_rounds_without_the_forgotten(dp_r
         again = session.run(make_method("fedadp"), UnlearnRequest.of(forget, "recover"))
     details = result.details
     assert torch.equal(result.params, again.params)
-    assert details.variant == "FedADP" and details.trained_with_dp
+    assert details.variant == "FedADP"
+    assert details.trained_with_dp
     assert details.privacy["total_epsilon"] > 0
     assert len(details.privacy["epsilon_per_round"]) == 6
     for round_, ids in details.participants.items():
@@ -101,7 +103,8 @@ def test_overrides_on_a_live_selection_fail_before_any_work(dp_run):
         context = session.context(UnlearnRequest.of([0]))
         with pytest.raises(UnsupportedHistoryError, match="needs a different selection"):
             make_method("fedadp", {"round_ratio": 0.9}).unlearn(UnlearnRequest.of([0]), context)
-        assert context.meter.client_epochs == 0 and context.meter.history_bytes_read == 0
+        assert context.meter.client_epochs == 0
+        assert context.meter.history_bytes_read == 0
 
 
 def test_a_run_without_dp_gives_fedadp_without_dp(run_all):

@@ -85,7 +85,8 @@ def recovered(session):
 def test_all_exact_schedule_reproduces_retrain_bitwise(session, retrained, params):
     result = session.run(make_method("fedrecover", params), FORGET)
     assert torch.equal(result.params, retrained.params)
-    assert result.details.estimated_updates == 0 and result.costs.estimated_updates == 0
+    assert result.details.estimated_updates == 0
+    assert result.costs.estimated_updates == 0
     assert result.costs.client_epochs == retrained.costs.client_epochs
     assert result.costs.history_bytes_read == retrained.costs.history_bytes_read  # M_0 only
 
@@ -235,7 +236,8 @@ def test_abnormality_fixes_feed_exact_pairs_and_keep_quadratic_recovery_exact(qu
     params = {"warmup_rounds": 3, "correction_period": 4, "final_rounds": 2, "tau": 2.0}
     result = FedRecover({**params, "buffer_mode": mode}).unlearn(UnlearnRequest(forget), context())
     fixes = result.details.abnormality_fixes
-    assert sum(fixes.values()) > 0 and result.details.estimated_updates > 0
+    assert sum(fixes.values()) > 0
+    assert result.details.estimated_updates > 0
     assert 0 < fixes[2] < len(result.details.estimated_rounds)  # fixed in some rounds only
     # a fix pushes (v, g - g_bar): positive curvature; the wrong sign would be skipped here
     assert result.details.guard_counts["nonpositive_curvature"] == 0
@@ -305,7 +307,8 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
         )
         with pytest.raises(UnsupportedHistoryError, match="round 1 client 1"):
             FedRecover().unlearn(UnlearnRequest.of([0]), context)
-    assert fed.calls == 0 and meter.history_bytes_read == 0
+    assert fed.calls == 0
+    assert meter.history_bytes_read == 0
 
 
 # ---- (4) schedule and cost accounting with tau = inf -------------------------------------------
@@ -324,7 +327,8 @@ def test_schedule_and_costs_with_infinite_tau(session):
     per_client = 3 + 2 + (ROUNDS - 3 - 2) // 4
     remaining = [c for c in session.client_ids if c not in FORGET.forget]
     details, costs = result.details, result.costs
-    assert list(details.exact_rounds) == exact and per_client == len(exact)
+    assert list(details.exact_rounds) == exact
+    assert per_client == len(exact)
     assert details.exact_updates_per_client == {c: per_client for c in remaining}
     assert costs.client_participations == len(remaining) * per_client
     assert costs.client_epochs == len(remaining) * per_client * EPOCHS
@@ -416,7 +420,8 @@ def test_abnormality_fixing_with_zero_tau_asks_every_client(session, retrained):
     assert torch.equal(result.params, retrained.params)
     assert result.costs.estimated_updates == 0
     estimated = len(result.details.estimated_rounds)
-    assert set(result.details.abnormality_fixes.values()) == {estimated} and estimated > 0
+    assert set(result.details.abnormality_fixes.values()) == {estimated}
+    assert estimated > 0
 
 
 # ---- (7) history the method cannot use ----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ``fedunlearn`` command: train, info, verify, forget, methods, unlearn, compare, demo.
+"""The ``fedunlearn`` command: train, info, verify, forget, unlearn, compare, audit, export, demo.
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Every user-facing failure is one line on stderr naming the path or field and what to do, with
@@ -147,15 +147,25 @@ class _ProgressObserver:
 
 
 def _train(
-    config: RunConfig, out: Path, resume: bool, quiet: bool, repair: bool = False
+    config: RunConfig,
+    out: Path,
+    resume: bool,
+    quiet: bool,
+    repair: bool = False,
+    tensorboard: Path | None = None,
 ) -> dict[str, Any]:
     from fedunlearn.runs import train_run
 
-    progress = _ProgressObserver(config.training.rounds, quiet)
+    observers: list[Any] = [_ProgressObserver(config.training.rounds, quiet)]
+    if tensorboard is not None:
+        from fedunlearn.fl.tracking import TensorBoardWriter
+
+        observers.append(TensorBoardWriter(tensorboard))
     try:
-        return train_run(config, out, resume=resume, repair=repair, observers=[progress])
+        return train_run(config, out, resume=resume, repair=repair, observers=observers)
     finally:
-        progress.close()
+        for observer in observers:
+            observer.close()
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
@@ -179,6 +189,8 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         )
     rows.append(["wall seconds", f"{summary['wall_seconds']:.1f}"])
     rows.append(["executor", summary["executor"]])
+    if "device" in summary:
+        rows.append(["device", summary["device"]])
     _print_table(f"run {out}", None, rows)
 
 
@@ -200,6 +212,14 @@ def train(
         typer.Option(help="with --resume: drop the first damaged round and later, retrain them"),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    device: Annotated[
+        str | None,
+        typer.Option(help="override training.device: auto, cpu, cuda, cuda:<index> or mps"),
+    ] = None,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(help="also write each round's metrics to this TensorBoard log directory"),
+    ] = None,
 ) -> None:
     """Train a federation with history recording into a run directory."""
     from fedunlearn.config import load_config
@@ -209,9 +229,13 @@ def train(
         overrides["seed"] = seed
     if data_dir is not None:
         overrides["data.data_dir"] = str(data_dir)
+    if device is not None:
+        overrides["training.device"] = device
     config = load_config(config_path, overrides or None)
     ensure_writable_output(out, "directory")
-    summary = _train(config, out, resume, quiet=as_json, repair=repair)
+    if tensorboard is not None:
+        ensure_writable_output(tensorboard, "directory", "--tensorboard")
+    summary = _train(config, out, resume, quiet=as_json, repair=repair, tensorboard=tensorboard)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -450,30 +474,56 @@ def unlearn(
     method: Annotated[str, typer.Option(help="registered method (see 'fedunlearn methods')")],
     out: Annotated[Path, typer.Option(help="result JSON to write")],
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
-    save_model: Annotated[Path | None, typer.Option(help="also save the flat model (.pt)")] = None,
+    save_model: Annotated[
+        Path | None,
+        typer.Option(help="also save the model: a .safetensors file (load_model reads it)"),
+    ] = None,
+    reference: Annotated[
+        str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (runs Retrain)")
+    ] = "original",
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one verification threshold key=value")
+    ] = None,
 ) -> None:
-    """Remove clients from a trained run with one method; write the result JSON."""
+    """Remove clients from a trained run with one method; verify it; write the result JSON."""
+    from fedunlearn.cli.export import check_model_path
+
     ensure_writable_output(out, "file")
     if save_model is not None:
+        check_model_path(save_model, "--save-model")
         ensure_writable_output(save_model, "file", "--save-model")
     ids, kind = parse_forget(forget, run_dir)
+    from fedunlearn.cli import receipt
     from fedunlearn.experiments import unlearn_one
 
-    result, summary = unlearn_one(
-        run_dir, ids, method, params=_parse_params(param or []), kind=kind
-    )
+    limits = receipt.load_thresholds(thresholds, threshold or [])
+    with receipt.RoundProgress() as progress:
+        result, summary = unlearn_one(
+            run_dir,
+            ids,
+            method,
+            params=_parse_params(param or []),
+            kind=kind,
+            reference=reference,
+            thresholds=limits,
+            progress=progress,
+        )
+    if save_model is not None:
+        from fedunlearn.cli.export import run_model, save_result_model
+
+        save_result_model(save_model, run_dir, run_model(run_dir), result.params, summary)
+        summary["model_file"] = str(save_model)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    if save_model is not None:
-        import torch
-
-        save_model.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(result.params, save_model)
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f}, "
         f"{summary['costs']['client_epochs']} client epochs, "
         f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
     )
+    receipt.print_verification(summary["verification"], title=f"{method} verification")
 
 
 @app.command()
@@ -488,12 +538,21 @@ def compare(
     params_file: Annotated[Path | None, typer.Option(help="YAML {method: {param: value}}")] = None,
     seed: Annotated[int, typer.Option(help="seed of the evaluation attacks")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print results.json")] = False,
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one verification threshold key=value")
+    ] = None,
 ) -> None:
-    """Run several methods on a run and write results.json/csv/md and PNG plots."""
+    """Run several methods on a run, verify each, write results.json/csv/md and PNG plots."""
     ensure_writable_output(out, "directory")
     params = _read_params_file(params_file)
     ids, kind = parse_forget(forget, run_dir)
-    doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json)
+    from fedunlearn.cli import receipt
+
+    limits = receipt.load_thresholds(thresholds, threshold or [])
+    doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json, limits=limits)
     from fedunlearn.report import plot_results, write_results
 
     write_results(doc, out)
@@ -502,6 +561,7 @@ def compare(
         print(json.dumps(doc, indent=2))
     else:
         _print_results(doc)
+        receipt.print_verdicts(doc)
         console.print(f"wrote {out}/results.json, results.csv, results.md and plots")
 
 
@@ -536,6 +596,7 @@ def _compare(
     seed: int,
     *,
     quiet: bool,
+    limits: Any = None,
 ) -> dict[str, Any]:
     from fedunlearn.experiments import compare_methods
     from fedunlearn.runs import load_run_config
@@ -550,14 +611,55 @@ def _compare(
             if get_method(n).required_policies is None
             or policy in (get_method(n).required_policies or ())
         ]
-    with err_console.status("unlearning", spinner="dots") as status:
+    from fedunlearn.cli import receipt
 
-        def tell(name: str) -> None:
-            if not quiet:
-                status.update(f"running {name}")
-
+    with receipt.RoundProgress(enabled=not quiet) as progress:
         return compare_methods(
-            run_dir, ids, names, params=params, kind=kind, seed=seed, progress=tell
+            run_dir,
+            ids,
+            names,
+            params=params,
+            kind=kind,
+            seed=seed,
+            thresholds=limits,
+            progress=progress,
+        )
+
+
+@app.command()
+@_friendly_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    out: Annotated[Path, typer.Option("--out", help="model file to write (*.safetensors)")],
+    round_: Annotated[
+        int | None,
+        typer.Option("--round", help="global model after this round (default: the last)"),
+    ] = None,
+    result: Annotated[
+        Path | None,
+        typer.Option(help="result JSON of 'fedunlearn unlearn': export that model (re-run)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+) -> None:
+    """Write a run's model as safetensors (state_dict + model spec); load it with load_model."""
+    from fedunlearn.cli.export import check_model_path, export_result, export_round
+
+    if round_ is not None and result is not None:
+        raise ConfigError("pass --round or --result, not both")
+    check_model_path(out)
+    ensure_writable_output(out, "file")
+    if result is not None:
+        done = export_result(run_dir, result, out)
+        what = f"{done['method']} result (forget {done['forget']})"
+    else:
+        done = export_round(run_dir, out, round_)
+        what = f"round {done['round']}"
+    if as_json:
+        print(json.dumps(done, indent=2))
+    else:
+        console.print(
+            f"{what} of {run_dir} -> {out} ({done['num_params']:,} parameters); load it with "
+            f"fedunlearn.models.load_model('{out}')"
         )
 
 
@@ -568,6 +670,7 @@ def demo(
     rounds: Annotated[int | None, typer.Option(help="override the number of rounds")] = None,
 ) -> None:
     """Train on digits with backdoored clients, then compare every unlearning method."""
+    from fedunlearn.cli import receipt
     from fedunlearn.config import parse_config
     from fedunlearn.report import plot_results, write_results
     from fedunlearn.runs import holds_run
@@ -590,6 +693,8 @@ def demo(
     write_results(doc, results)
     plot_results(doc, results)
     _print_results(doc)
+    console.print(receipt.LEGEND, style="dim")
+    receipt.print_verdicts(doc)
     console.print(f"Tables and plots in {results}/ ; inspect the run with: fedunlearn info {out}")
 
 
@@ -608,9 +713,11 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 
 
 def _register_subcommands() -> None:
+    from fedunlearn.cli import receipt
     from fedunlearn.cli.central import central_command
     from fedunlearn.cli.starfish import register as register_starfish
 
+    receipt.register(app)  # audit
     app.command(name="central")(central_command)
     register_starfish(app)
 

@@ -1,11 +1,13 @@
-"""Evaluation metrics for unlearning: membership inference, backdoor success, model distances.
+"""Evaluation of unlearning: membership inference, backdoor success, distances, the receipt.
 
-Everything here judges a model given as (template module, flat parameters) and returns plain
-numbers or frozen values, so the same call scores the original, the unlearned and the retrained
-model alike.
+The metrics judge a model given as (template module, flat parameters) and return plain numbers or
+frozen values, so the same call scores the original, the unlearned and the retrained model alike.
+``Verifier`` turns them into each result's receipt (``fedunlearn.eval.checks``; thresholds in
+``VerificationThresholds``; docs/verification.md).
 """
 
 from fedunlearn.eval.backdoor import backdoor_success_rate, client_backdoor_success_rate
+from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.distance import (
     cosine_similarity,
     l2_distance,
@@ -21,17 +23,23 @@ from fedunlearn.eval.mia import (
     calibrate_loss_threshold,
     loss_threshold_attack,
 )
+from fedunlearn.eval.verifier import Verifier, deletion_evidence
 
 __all__ = [
     "AttackSpec",
+    "Evidence",
     "MIAResult",
     "ShadowAttack",
     "ShadowSpec",
+    "VerificationThresholds",
+    "Verifier",
     "attack_features",
     "backdoor_success_rate",
+    "build_verification",
     "calibrate_loss_threshold",
     "client_backdoor_success_rate",
     "cosine_similarity",
+    "deletion_evidence",
     "l2_distance",
     "loss_threshold_attack",
     "prediction_agreement",

@@ -3,10 +3,18 @@
 ``Judge(session, request)`` fits the membership attack once (shadow models on half of the test
 set, the other half as non-members) and then scores any model of the run: test accuracy and loss;
 backdoor ASR on triggered non-target test inputs and on the forgotten clients' own triggered
-data; membership inference on the forgotten clients' data (shadow-model attack: member rate,
-AUC, precision, recall; loss-threshold attack AUC); L2 and cosine distance to the retrained model
-once ``retrain_params`` is set; the cost ledger. Fractions are in [0, 1]; a figure that does not
-apply is ``None``. Row format: docs/results_format.md.
+data; membership inference on the forgotten clients' *clean* training data against unseen test
+data (shadow-model attack: member rate, AUC, precision, recall; loss-threshold attack AUC and
+member rate); the L2 distance to the original model and, once ``retrain_params`` is set, L2 and
+cosine distance to the retrained model; the cost ledger. Fractions are in [0, 1]; a figure that
+does not apply is ``None``. Row format: docs/results_format.md.
+
+Membership protocol: members are the forgotten clients' training samples with their true labels
+and no trigger (``Setup.clean_data``). Attacking the poisoned copies a backdoored client trained
+on would measure the fit to the poison labels, not membership (a model that forgot them finds
+the relabelled samples unlikely, and the AUC fell far below 0.5). The triggered samples serve
+the backdoor ASR only. The shadow models train for as many epochs as each sample of the target
+saw: local epochs x rounds x participation (capped at ``max_shadow_epochs``).
 """
 
 from __future__ import annotations
@@ -26,6 +34,17 @@ from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession
 
 __all__ = ["Judge", "finite_or_none"]
 
+_MIA_KEYS = (
+    "mia_member_rate",
+    "mia_auc",
+    "mia_precision",
+    "mia_recall",
+    "mia_loss_auc",
+    "mia_loss_member_rate",
+    "mia_samples",
+    "mia_loss_samples",
+)
+
 
 def finite_or_none(value: Any) -> Any:
     """Return ``value``, or None for a non-finite float (JSON has no NaN or inf)."""
@@ -41,13 +60,19 @@ def _concat(parts: Sequence[ClientData]) -> ClientData:
 class Judge:
     """Evaluates unlearned models of one session against the same attacks and references."""
 
-    def __init__(self, session: UnlearnSession, request: UnlearnRequest, seed: int = 0) -> None:
+    def __init__(
+        self,
+        session: UnlearnSession,
+        request: UnlearnRequest,
+        seed: int = 0,
+        *,
+        max_shadow_epochs: int = 100,
+    ) -> None:
         self.session = session
         self.setup = session.setup
         self.request = request
         forgotten = sorted(request.forget)
         self.forgotten_clean = [self.setup.clean_data(c) for c in forgotten]
-        self.forgotten_train = [self.setup.federation.client_data[c] for c in forgotten]
         x_test, y_test = self.setup.x_test, self.setup.y_test
         half = len(y_test) // 2
         g = torch.Generator().manual_seed(seed)
@@ -55,6 +80,10 @@ class Judge:
         shadow_idx, nonmember_idx = perm[:half], perm[half:]
         self.nonmembers = ClientData(x_test[nonmember_idx], y_test[nonmember_idx])
         spec = self.setup.federation.spec
+        training = session.config.training
+        # each sample of the target took part in E local epochs per round it was sampled in
+        exposures = math.ceil(spec.epochs * training.rounds * training.participation)
+        self.shadow_epochs = max(1, min(max_shadow_epochs, exposures))
         self.attack = ShadowAttack.fit(
             self.setup.model,
             x_test[shadow_idx],
@@ -62,7 +91,7 @@ class Judge:
             ShadowSpec(
                 num_shadows=4,
                 training=LocalTrainingSpec(
-                    epochs=min(50, max(1, spec.epochs * session.config.training.rounds)),
+                    epochs=self.shadow_epochs,
                     lr=spec.lr,
                     batch_size=spec.batch_size,
                     momentum=spec.momentum,
@@ -71,16 +100,32 @@ class Judge:
             ),
             seed=seed,
         )
-        self.members = _concat(self.forgotten_train)
+        self.members = _concat(self.forgotten_clean) if self.forgotten_clean else None
         self.retrain_params: torch.Tensor | None = None
 
     def judge(self, result: UnlearnResult) -> dict[str, Any]:
-        """Return the result row of one method."""
+        """Return the result row of one method: the model's measures and the cost ledger."""
+        row = self.measure(result.params, result.method)
+        costs = result.costs
+        row.update(
+            {
+                "rounds": costs.rounds,
+                "client_participations": costs.client_participations,
+                "client_epochs": costs.client_epochs,
+                "estimated_updates": costs.estimated_updates,
+                "wall_seconds": costs.wall_seconds,
+                "history_bytes_read": costs.history_bytes_read,
+                "bytes_communicated": costs.bytes_communicated,
+            }
+        )
+        return {k: finite_or_none(v) for k, v in row.items()}
+
+    def measure(self, params: torch.Tensor, label: str = "model") -> dict[str, Any]:
+        """Return the measures of any model of the run's architecture (no costs)."""
         setup = self.setup
-        params = result.params
         quality = setup.evaluate(params)
         row: dict[str, Any] = {
-            "method": result.method,
+            "method": label,
             "test_accuracy": quality["test_accuracy"],
             "test_error": 1 - quality["test_accuracy"],
             "test_loss": quality["test_loss"],
@@ -95,45 +140,39 @@ class Judge:
                 setup.trigger,
                 setup.config.attack.target_label,
             )
-        mia = self.attack.evaluate(
-            params, self.members.x, self.members.y, self.nonmembers.x, self.nonmembers.y
-        )
-        loss_mia = loss_threshold_attack(
-            setup.model,
-            params,
-            self.members.x,
-            self.members.y,
-            self.nonmembers.x,
-            self.nonmembers.y,
-        )
-        row.update(
-            {
-                "mia_member_rate": mia.member_rate,
-                "mia_auc": mia.auc,
-                "mia_precision": mia.precision,
-                "mia_recall": mia.recall,
-                "mia_loss_auc": loss_mia.auc,
-                "mia_loss_member_rate": loss_mia.member_rate,
-            }
-        )
+        row.update(dict.fromkeys(_MIA_KEYS))
+        if self.members is not None:
+            mia = self.attack.evaluate(
+                params, self.members.x, self.members.y, self.nonmembers.x, self.nonmembers.y
+            )
+            loss_mia = loss_threshold_attack(
+                setup.model,
+                params,
+                self.members.x,
+                self.members.y,
+                self.nonmembers.x,
+                self.nonmembers.y,
+            )
+            row.update(
+                {
+                    "mia_member_rate": mia.member_rate,
+                    "mia_auc": mia.auc,
+                    "mia_precision": mia.precision,
+                    "mia_recall": mia.recall,
+                    "mia_loss_auc": loss_mia.auc,
+                    "mia_loss_member_rate": loss_mia.member_rate,
+                    # (members, non-members) each AUC was computed on: its sampling noise
+                    "mia_samples": [mia.num_members, mia.num_nonmembers],
+                    "mia_loss_samples": [loss_mia.num_members, loss_mia.num_nonmembers],
+                }
+            )
+        row["distance_to_original"] = l2_distance(params, self.session.final_params)
         if self.retrain_params is not None:
             m0 = self.session.initial_params
             row["distance_to_retrain"] = l2_distance(params, self.retrain_params)
             row["cosine_to_retrain"] = cosine_similarity(params - m0, self.retrain_params - m0)
         else:
             row["distance_to_retrain"] = row["cosine_to_retrain"] = None
-        costs = result.costs
-        row.update(
-            {
-                "rounds": costs.rounds,
-                "client_participations": costs.client_participations,
-                "client_epochs": costs.client_epochs,
-                "estimated_updates": costs.estimated_updates,
-                "wall_seconds": costs.wall_seconds,
-                "history_bytes_read": costs.history_bytes_read,
-                "bytes_communicated": costs.bytes_communicated,
-            }
-        )
         return {k: finite_or_none(v) for k, v in row.items()}
 
 

@@ -12,8 +12,11 @@ Ratios", §5 (Tables 1-3).
 Deviations:
     [REC] The Original (no unlearning) row, distances and times are added (spec A2, §7.1.8);
     the MIA protocol is spec A13: shadow LR models with the target's hyper-parameters (and as
-    many SGD steps as the target) on half of the test set, the other half as non-members,
-    balanced evaluation, precision at equal priors, plus AUC.
+    many passes over their data as the target made over its own) on half of the test set, the
+    other half as non-members, balanced evaluation, precision at equal priors, plus AUC.
+    [FIX] Each forget set D_U is drawn from (seed, ratio) alone, and the attacked samples from
+    (seed, ratio, purpose): the same seed and ratio give the same D_U whether or not the MIA
+    runs and whatever other ratios are in the list (they shared one generator before).
     [REC] The run lives here, not in ``central``, because it uses ``eval`` (above ``central``).
 """
 
@@ -32,9 +35,10 @@ from fedunlearn.central.methods.mini_unlearning import window_steps
 from fedunlearn.data.datasets import load_dataset
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.models.linear import LogisticRegression
 
-__all__ = ["CentralExperiment", "MethodSpec", "default_methods", "run_central"]
+__all__ = ["CentralExperiment", "MethodSpec", "default_methods", "forget_set", "run_central"]
 
 
 class MethodSpec(BaseModel):
@@ -124,6 +128,17 @@ def _flat(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x.reshape(len(x), -1).astype(np.float64))
 
 
+def _ratio_key(ratio: float) -> int:
+    """Return the integer key of an unlearning ratio (parts per million) for seed derivation."""
+    return round(ratio * 1_000_000)
+
+
+def forget_set(num_train: int, ratio: float, seed: int) -> torch.Tensor:
+    """Return D_U: ``round(ratio * num_train)`` sorted indices, drawn from (seed, ratio) alone."""
+    generator = torch_generator(derive_seed(seed, "central_forget", _ratio_key(ratio)))
+    return torch.randperm(num_train, generator=generator)[: round(ratio * num_train)].sort().values
+
+
 def _predict(x: torch.Tensor, params: torch.Tensor, classes: int) -> torch.Tensor:
     weight = params[: classes * x.shape[1]].view(classes, -1)
     return (x @ weight.T + params[classes * x.shape[1] :]).argmax(1)
@@ -166,19 +181,20 @@ def _run_dataset(
     say(f"{name} seed {seed}: training ({len(y)} samples)")
     record = train_sgd(objective, spec, cache_batch_grads=needs_grads)
     template = LogisticRegression((x.shape[1],), classes)
-    attack, nonmember = None, None
+    attack, nonmember, shadow_epochs = None, None, None
     if cfg.mia:
         say(f"{name} seed {seed}: shadow models")
         order = torch.randperm(len(y_test), generator=gen)
         pool, nonmember = order[: len(order) // 2], order[len(order) // 2 :]
-        # [REC] shadows take as many SGD steps as the target (their pools are smaller).
-        shadow_batches = max(1, -(-(len(pool) // 2) // spec.batch_size))
+        # [REC] shadows make as many passes over their data as the target made over its own
+        # (matching steps instead overtrained them: their pools are smaller than D)
         training = LocalTrainingSpec(
-            epochs=max(1, -(-record.num_steps // shadow_batches)),
+            epochs=spec.passes,
             lr=spec.lr,
             batch_size=spec.batch_size,
             weight_decay=cfg.l2,
         )
+        shadow_epochs = training.epochs
         attack = ShadowAttack.fit(
             template,
             x_test[pool].float(),
@@ -190,7 +206,7 @@ def _run_dataset(
     original_pred = _predict(x_test, record.final, classes)
     out = []
     for ratio in cfg.ratios:
-        forget = torch.randperm(len(y), generator=gen)[: round(ratio * len(y))].sort().values
+        forget = forget_set(len(y), ratio, seed)
         retained = torch.ones(len(y), dtype=torch.bool)
         retained[forget] = False
         start = time.perf_counter()
@@ -199,9 +215,10 @@ def _run_dataset(
         gap = float((record.final - reference).norm())
         fresh_seconds = None
         n_attack = min(cfg.mia_samples, len(forget))
-        target_u = forget[torch.randperm(len(forget), generator=gen)[:n_attack]]
+        pick = torch_generator(derive_seed(seed, "central_mia_targets", _ratio_key(ratio)))
+        target_u = forget[torch.randperm(len(forget), generator=pick)[:n_attack]]
         kept_idx = torch.nonzero(retained).flatten()
-        target_r = kept_idx[torch.randperm(len(kept_idx), generator=gen)[:n_attack]]
+        target_r = kept_idx[torch.randperm(len(kept_idx), generator=pick)[:n_attack]]
         for spec_row in cfg.methods:
             say(f"{name} seed {seed} ratio {ratio:.2f}: {spec_row.label}")
             result = methods[spec_row.label].unlearn(objective, record, forget)
@@ -235,6 +252,7 @@ def _run_dataset(
                 ),
                 "details": result.details,
             }
+            row["mia_shadow_epochs"] = shadow_epochs
             if attack is not None and nonmember is not None:
                 params32 = result.params.float()
                 for tag, target in (("unl", target_u), ("ret", target_r)):

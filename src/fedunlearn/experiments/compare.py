@@ -1,10 +1,13 @@
-"""Run unlearning methods on one finished run and judge them on the same measures.
+"""Run unlearning methods on one finished run, judge them and issue each one's receipt.
 
 ``compare_methods`` runs the requested methods plus the no-unlearning control (``none``) and the
-reference (``retrain``) on one request, scores each with ``fedunlearn.eval.judge.Judge`` and
-returns the ``results.json`` document (``docs/results_format.md``); ``unlearn_one`` runs one
-method and returns its result with a JSON summary. Rendering (tables, plots) is
-``fedunlearn.report``'s job.
+reference (``retrain``) on one request, scores each with ``fedunlearn.eval.judge.Judge``, verifies
+each (``fedunlearn.eval.Verifier``, with Retrain as reference) and returns the ``results.json``
+document (``docs/results_format.md``); ``unlearn_one`` runs one method and returns its verified
+result with a JSON summary. Rendering (tables, plots) is ``fedunlearn.report``'s job.
+
+Progress: pass an object with ``on_step(text)``, ``on_method(name, index, total)`` and
+``on_round(name, metrics)`` (``Progress``); the CLI draws it.
 """
 
 from __future__ import annotations
@@ -14,16 +17,32 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import fedunlearn
+from fedunlearn.eval import VerificationThresholds, Verifier
 from fedunlearn.eval.judge import Judge, finite_or_none
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
-__all__ = ["RESULTS_SCHEMA_VERSION", "compare_methods", "unlearn_one"]
+__all__ = ["RESULTS_SCHEMA_VERSION", "Progress", "compare_methods", "unlearn_one"]
 
-RESULTS_SCHEMA_VERSION = 1
+# 2: MIA figures attack the forgotten clients' clean data (1: the poisoned copies); every row
+# carries a ``verification`` block and ``distance_to_original``.
+RESULTS_SCHEMA_VERSION = 2
+
+
+class Progress(Protocol):
+    """What a comparison or an unlearning run reports while it works."""
+
+    def on_step(self, text: str) -> None:
+        """A stage without rounds starts (loading, fitting the attacks, verifying)."""
+
+    def on_method(self, name: str, index: int, total: int) -> None:
+        """Method ``index`` (1-based) of ``total`` starts."""
+
+    def on_round(self, name: str, metrics: dict[str, float]) -> None:
+        """Method ``name`` finished one unlearning round with these test metrics."""
 
 
 def _ordered(methods: Sequence[str]) -> list[str]:
@@ -35,6 +54,24 @@ def _ordered(methods: Sequence[str]) -> list[str]:
     return names
 
 
+def _run(
+    session: UnlearnSession,
+    method: Any,
+    request: UnlearnRequest,
+    progress: Progress | None,
+    index: int,
+    total: int,
+) -> UnlearnResult:
+    if progress is None:
+        return session.run(method, request)
+    progress.on_method(method.name, index, total)
+    return session.run(method, request, progress=lambda m: progress.on_round(method.name, m))
+
+
+def _jsonable_rounds(result: UnlearnResult) -> list[dict[str, Any]]:
+    return [{k: finite_or_none(v) for k, v in r.items()} for r in result.round_metrics]
+
+
 def compare_methods(
     run_dir: str | Path,
     forget: Sequence[int],
@@ -43,7 +80,8 @@ def compare_methods(
     params: dict[str, dict[str, Any]] | None = None,
     kind: str = "forget",
     seed: int = 0,
-    progress: Any = None,
+    thresholds: VerificationThresholds | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run ``methods`` (plus ``none`` and ``retrain``) on a run and return the results document.
 
@@ -54,10 +92,12 @@ def compare_methods(
         params: Per-method hyperparameters, ``{"federaser": {"calibration_ratio": 1.0}}``.
         kind: ``forget`` or ``recover``.
         seed: Seed of the evaluation (shadow models, MIA split).
-        progress: Optional callable ``(method_name) -> None`` told before each method runs.
+        thresholds: Thresholds of the receipts' checks (defaults if None).
+        progress: Told about each stage, method and unlearning round.
 
     Returns:
-        The ``results.json`` document (see ``docs/results_format.md``).
+        The ``results.json`` document (see ``docs/results_format.md``); every method row has a
+        ``verification`` block.
     """
     params = params or {}
     names = _ordered(methods)
@@ -68,14 +108,18 @@ def compare_methods(
         session.check_request(request)
         for method in unlearners.values():  # unsupported history fails before any work
             method.check_history(session.context(request))
+        if progress is not None:
+            progress.on_step("fitting the membership attacks")
         judge = Judge(session, request, seed)
         results: dict[str, UnlearnResult] = {}
-        for name in ["retrain", *[n for n in names if n != "retrain"]]:
-            if progress is not None:
-                progress(name)
-            results[name] = session.run(unlearners[name], request)
-            if name == "retrain":
-                judge.retrain_params = results[name].params
+        order = ["retrain", *[n for n in names if n != "retrain"]]
+        for index, name in enumerate(order, start=1):
+            results[name] = _run(session, unlearners[name], request, progress, index, len(order))
+        if progress is not None:
+            progress.on_step("verifying")
+        verifier = Verifier(
+            session, request, thresholds=thresholds, retrain=results["retrain"], judge=judge
+        )
         rows = []
         retrain_epochs = results["retrain"].costs.client_epochs
         for name in names:
@@ -86,13 +130,12 @@ def compare_methods(
                 retrain_epochs / row["client_epochs"] if row["client_epochs"] else None
             )
             row["params"] = unlearners[name].params.model_dump(mode="json")
-            row["round_metrics"] = [
-                {k: finite_or_none(v) for k, v in r.items()} for r in result.round_metrics
-            ]
+            row["round_metrics"] = _jsonable_rounds(result)
             row["details"] = result.details.to_dict()
             variant = getattr(result.details, "variant", None)
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
+            row["verification"] = verifier.verification(row, result.details, name).to_dict()
             rows.append(row)
         config = session.config.model_dump(mode="json")
         malicious = sorted(session.malicious)
@@ -119,26 +162,71 @@ def unlearn_one(
     *,
     params: dict[str, Any] | None = None,
     kind: str = "forget",
+    verify: bool = True,
+    reference: str = "original",
+    thresholds: VerificationThresholds | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
 ) -> tuple[UnlearnResult, dict[str, Any]]:
-    """Run one method and return its result with a JSON summary (metrics and costs)."""
+    """Run one method and return its result (verified) with a JSON summary.
+
+    Args:
+        run_dir: A finished run directory.
+        forget: Client ids to remove.
+        method: Registered method name.
+        params: The method's hyperparameters.
+        kind: ``forget`` or ``recover``.
+        verify: Attach the receipt (``result.verification``, ``summary["verification"]``).
+        reference: ``original`` (cheap: judge against the original model; the distance check is
+            n/a) or ``retrain`` (also run Retrain and judge against it).
+        thresholds: Thresholds of the receipt's checks (defaults if None).
+        seed: Seed of the membership attacks.
+        progress: Told about each stage, method and unlearning round.
+    """
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run_dir) as session:
-        result = session.run(unlearner, request)
+        session.check_request(request)
+        unlearner.check_history(session.context(request))
+        total = 2 if verify and reference == "retrain" else 1
+        result = _run(session, unlearner, request, progress, 1, total)
         quality = session.setup.evaluate(result.params)
-        summary = {
+        summary: dict[str, Any] = {
+            "schema_version": RESULTS_SCHEMA_VERSION,
             "method": method,
             "request": {"forget": sorted(request.forget), "kind": kind},
             "params": unlearner.params.model_dump(mode="json"),
             **{k: finite_or_none(v) for k, v in quality.items()},
             "stored_bytes": unlearner.history_bytes_needed(session.context(request)),
             "costs": result.costs.to_dict(),
-            "round_metrics": [
-                {k: finite_or_none(v) for k, v in r.items()} for r in result.round_metrics
-            ],
+            "round_metrics": _jsonable_rounds(result),
             "details": result.details.to_dict(),
             "privacy": {
                 k: v for k, v in run_privacy(session.config, session.store).items() if k != "rounds"
             },
         }
+        if verify:
+            retrain = None
+            if reference == "retrain":
+                retrain = _run(session, make_method("retrain"), request, progress, 2, 2)
+            if progress is not None:
+                progress.on_step("verifying")
+            verifier = Verifier(
+                session,
+                request,
+                thresholds=thresholds,
+                reference=reference,
+                retrain=retrain,
+                seed=seed,
+            )
+            result = verifier.verify(result)
+            if result.verification is not None:
+                summary["verification"] = result.verification.to_dict()
+            if verifier.retrain is not None and verifier.retrain_row is not None:
+                summary["retrain"] = {
+                    "test_accuracy": verifier.retrain_row["test_accuracy"],
+                    "backdoor_asr": verifier.retrain_row["backdoor_asr"],
+                    "client_epochs": verifier.retrain.costs.client_epochs,
+                    "wall_seconds": verifier.retrain.costs.wall_seconds,
+                }
     return result, summary

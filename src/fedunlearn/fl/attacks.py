@@ -6,9 +6,14 @@ Two kinds, matching where they act:
 - update poisoning, applied to the uploads of a round (an *update mod*): ``trim_random`` (Crab's
   random "trim" perturbation) and ``fang_trim`` (Fang et al.'s full-knowledge trim attack).
 
-Papers: Crab spec §1.3 (backdoor: 4x4 white patch bottom-right, target 0, poisoned fraction of the
-non-target samples; trim_random(rho=0.1, sigma=0.1, p_noise=0.8)); Fang et al., "Local Model
-Poisoning Attacks to Byzantine-Robust FL", USENIX Security 2020, §4 (trim attack, b = 2).
+When: attackers attack from ``start_round`` on (before it they upload honestly: the data poisons
+act through ``Federation``'s ``honest_data``, the update attacks pass rounds before it through).
+
+Papers: Crab (Jiang et al., arXiv:2401.08216v2) Sec. V-A (backdoor: 4x4 white patch
+bottom-right, target 0, every non-target sample of a malicious client poisoned by default; the
+random "trim" perturbation trim_random(rho=0.1, sigma=0.1, p_noise=0.8), whose parameters the
+paper leaves open and the authors' code sets); Fang et al., "Local Model Poisoning Attacks to
+Byzantine-Robust FL", USENIX Security 2020, §4 (trim attack, b = 2).
 Deviations: [REC] the backdoor keeps a malicious client's target-class samples and its
 unpoisoned samples clean (the authors' code drops target-class samples). Fang's attack is applied
 to deltas rather than local models: the aggregate is a delta here and the crafted values are
@@ -82,7 +87,7 @@ def trim_random(
     sigma: float = 0.1,
     p_noise: float = 0.8,
 ) -> ClientUpdate:
-    """Perturb a random rho-fraction of the *local model's* coordinates (Crab spec §1.3).
+    """Perturb a random rho-fraction of the *local model's* coordinates (Crab Sec. V-A).
 
     Each chosen coordinate gets N(0, sigma^2) added with probability ``p_noise``, otherwise is
     replaced by ``sigma * U(0, 1)``.
@@ -134,6 +139,7 @@ class UpdateAttack:
     """An update mod: rewrites the malicious clients' uploads of one round.
 
     ``kind`` is ``trim_random`` or ``fang_trim``; ``seed_of_round(round)`` seeds its randomness.
+    Rounds before ``start_round`` pass through unchanged (the attackers upload honestly).
     """
 
     kind: str
@@ -143,11 +149,14 @@ class UpdateAttack:
     sigma: float = 0.1
     p_noise: float = 0.8
     fang_b: float = 2.0
+    start_round: int = 1
 
     def __call__(
         self, round_: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
     ) -> list[ClientUpdate]:
         """Return the round's updates with the malicious ones replaced."""
+        if round_ < self.start_round:
+            return list(updates)
         generator = torch_generator(derive_seed(self.seed, "attack", round_))
         out = list(updates)
         bad = [i for i, u in enumerate(out) if u.client_id in self.malicious]

@@ -5,6 +5,8 @@ code runs in-process, in a worker pool, vectorised (checked against this loop) o
 Batching: each epoch draws ``torch.randperm(n, generator)`` from a generator seeded with ``seed``
 and walks it in chunks of ``batch_size`` (the last chunk may be smaller); the loss is the mean
 cross-entropy of the chunk; the optimiser is ``torch.optim.SGD(lr, momentum, weight_decay)``.
+Training runs where the client's data lives (``data.x.device``: executors place it once); the
+batch order is drawn on the CPU whatever the device, and the delta comes back on the CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.fl.device import cuda_determinism, sum_dtype
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import torch_generator
 from fedunlearn.models.flat import get_flat_params, set_flat_params
@@ -45,9 +48,18 @@ class LocalTrainingSpec:
             raise ConfigError(f"weight_decay must be >= 0; got {self.weight_decay}")
 
 
-def epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Return one epoch's batches: a seeded permutation cut into ``batch_size`` chunks."""
-    return list(torch.randperm(n, generator=generator).split(batch_size))
+def epoch_batches(
+    n: int, batch_size: int, generator: torch.Generator, device: torch.device | None = None
+) -> list[torch.Tensor]:
+    """Return one epoch's batches: a seeded permutation cut into ``batch_size`` chunks.
+
+    The permutation is drawn on the CPU (the same on every device) and, for another ``device``,
+    copied there once per epoch.
+    """
+    perm = torch.randperm(n, generator=generator)
+    if device is not None and device.type != "cpu":
+        perm = perm.to(device)
+    return list(perm.split(batch_size))
 
 
 def local_update(
@@ -63,37 +75,43 @@ def local_update(
     Args:
         model: Template module; it is not modified.
         global_params: Flat float32 parameters M_t.
-        data: The client's training set.
+        data: The client's training set; training runs on its device.
         spec: Local training hyperparameters.
         seed: Seed of the batch order (and of dropout, if the model has any).
         client_id: Id recorded in the returned update.
 
     Returns:
-        ``ClientUpdate`` with ``delta = M_local - M_t`` and the sample-weighted mean training loss.
+        ``ClientUpdate`` with ``delta = M_local - M_t`` (on the CPU) and the sample-weighted mean
+        training loss.
     """
-    local = copy.deepcopy(model)
-    set_flat_params(local, global_params)
+    device = data.x.device
+    start = global_params.to(device)
+    local = copy.deepcopy(model).to(device)
+    set_flat_params(local, start)
     local.train()
     opt = torch.optim.SGD(
         local.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
     )
     generator = torch_generator(seed)
     n = len(data)
-    loss_sum, seen = 0.0, 0
-    with torch.random.fork_rng(devices=[]):
+    # summed on the device (no host sync per step); the same float64 operations as a Python sum
+    loss_sum = torch.zeros((), dtype=sum_dtype(device), device=device)
+    seen = 0
+    rng_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), cuda_determinism(device):
         torch.manual_seed(seed)  # dropout and other in-model randomness
         for _ in range(spec.epochs):
-            for idx in epoch_batches(n, spec.batch_size, generator):
+            for idx in epoch_batches(n, spec.batch_size, generator, device):
                 opt.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(local(data.x[idx]), data.y[idx])
                 loss.backward()
                 opt.step()
-                loss_sum += float(loss.detach()) * len(idx)
+                loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
                 seen += len(idx)
-    delta = get_flat_params(local) - global_params
+    delta = (get_flat_params(local) - start).cpu()
     return ClientUpdate(
         client_id=client_id,
         delta=delta,
         num_samples=n,
-        train_loss=loss_sum / seen if seen else float("nan"),
+        train_loss=float(loss_sum) / seen if seen else float("nan"),
     )

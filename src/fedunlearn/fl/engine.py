@@ -1,7 +1,8 @@
 """The federated training loop: sample, train, screen, aggregate, observe.
 
 One round (``run_round``):
-1. sample the participants (seeded by run seed and round; full participation by default);
+1. sample the participants among the clients present (seeded by run seed and round; full
+   participation by default; a client with a join round is absent before it);
 2. ask them to train (``Federation.train``: executor, then update mods such as attacks);
 3. screen the uploads: a delta with NaN/Inf or of the wrong shape is rejected, logged and kept
    out of the aggregate (and recorded as rejected by the history recorder);
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -138,6 +139,7 @@ def run_rounds(
     participation: float = 1.0,
     evaluate: Evaluator | None = None,
     observers: Sequence[RoundObserver] = (),
+    join_rounds: Mapping[int, int] | None = None,
 ) -> torch.Tensor:
     """Run rounds ``start_round..num_rounds`` and return the final flat global model.
 
@@ -151,13 +153,17 @@ def run_rounds(
         participation: Fraction of ``client_ids`` sampled each round.
         evaluate: Called on each new global model; its dict joins the round's metrics.
         observers: Told about each finished round, in order.
+        join_rounds: Client -> the first round it may be sampled in (clients that join the
+            federation late); others are present from round 1.
     """
     ids = list(federation.client_ids if client_ids is None else client_ids)
     if not ids:
         raise ConfigError("no clients to train with; at least one client must remain")
+    joins = dict(join_rounds or {})
     params = initial_params
     for round_ in range(start_round, num_rounds + 1):
-        participants = sample_clients(ids, participation, federation.seed, round_)
+        present = [c for c in ids if joins.get(c, 1) <= round_] if joins else ids
+        participants = sample_clients(present, participation, federation.seed, round_)
         record = run_round(federation, aggregator, params, round_, participants, evaluate=evaluate)
         for observer in observers:
             observer.on_round_end(record)

@@ -3,12 +3,14 @@
 ``Federation.train(global_params, client_ids, round_)`` is how the training loop *and* every
 unlearning method ask clients for fresh local work. It derives each client's seed from
 (run seed, round, client, salt), runs the chosen executor, and then the update mods (attacks here;
-DP later) in order. Malicious clients stay malicious whoever asks them to train.
+DP later) in order. Malicious clients stay malicious whoever asks them to train; before the
+attack's start round they train on their clean data (``honest_data``), whoever asks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -35,8 +37,15 @@ class Federation:
         malicious: Ids of the attacking clients (informational; attacks act through the data
             they hold and the update mods).
         update_mods: Functions ``(round, global_params, updates) -> updates`` applied in order.
+        honest_data: Clean data of data-poisoning attackers, trained on before
+            ``attack_start_round`` (they behave honestly until then).
+        attack_start_round: First round in which ``honest_data``'s clients use their poisoned
+            data.
         executor: ``auto``, ``serial``, ``vectorized`` or ``pool``.
         num_workers: Worker processes for the pool executor.
+        device: Where local training runs (``auto``, ``cpu``, ``cuda[:i]``, ``mps``; see
+            ``fl.device``); resolved here (``executors.executor_device``), so ``self.device``
+            is the ``torch.device`` clients train on.
     """
 
     def __init__(
@@ -48,15 +57,21 @@ class Federation:
         seed: int,
         malicious: frozenset[int] = frozenset(),
         update_mods: Sequence[UpdateMod] = (),
+        honest_data: Mapping[int, ClientData] | None = None,
+        attack_start_round: int = 1,
         executor: str = "auto",
         num_workers: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.model = model
+        self.device = executors.executor_device(executor, device)
         self.client_data = dict(client_data)
         self.spec = spec
         self.seed = seed
         self.malicious = frozenset(malicious)
         self.update_mods = tuple(update_mods)
+        self.honest_data = dict(honest_data or {}) if attack_start_round > 1 else {}
+        self.attack_start_round = attack_start_round
         self.num_params = num_params(model)
         self._executor_kind = executor
         self._num_workers = num_workers
@@ -71,8 +86,10 @@ class Federation:
     def executor(self) -> Executor:
         """The executor, started on first use."""
         if self._executor is None:
+            # an honest attacker's clean copy trains under the key -1 - client_id
+            data = {**self.client_data, **{-1 - c: d for c, d in self.honest_data.items()}}
             self._executor = executors.make_executor(
-                self.model, self.client_data, self._executor_kind, self._num_workers
+                self.model, data, self._executor_kind, self._num_workers, self.device
             )
         return self._executor
 
@@ -112,8 +129,17 @@ class Federation:
                 original run's (0 reproduces the original run's batch order).
         """
         self.check_clients(client_ids)
-        tasks = [(cid, derive_seed(self.seed, "client", round_, cid, salt)) for cid in client_ids]
+        honest = round_ < self.attack_start_round
+        tasks = [
+            (-1 - cid if honest and cid in self.honest_data else cid,
+             derive_seed(self.seed, "client", round_, cid, salt))
+            for cid in client_ids
+        ]
         updates = self.executor.run(global_params, tasks, spec or self.spec)
+        updates = [
+            u if u.client_id == cid else replace(u, client_id=cid)
+            for u, cid in zip(updates, client_ids, strict=True)
+        ]
         for mod in self.update_mods:
             updates = mod(round_, global_params, updates)
         return updates

@@ -13,7 +13,15 @@ while running one batched forward/backward per step for K clients together:
 4. Optimiser: ``torch.optim.SGD`` arithmetic (weight decay added to the gradient, then momentum,
    whose buffer starts as the first gradient, then ``p -= lr * step``), per client.
 
-Clients are processed in chunks so that K x d x (a few) floats stay within a memory budget.
+Clients are processed in chunks so that K x d x (a few) floats stay within a memory budget
+(512 MiB on the CPU, 8 GiB on a GPU; a fixed number per device type, never the free memory of
+the moment, so the chunking and hence the numbers do not vary from run to run).
+
+Devices: the stacked data lives on the executor's device from construction on; each round the
+batch plan (drawn on the CPU, as in ``local_update``) is copied there once per chunk, every step
+runs on the device without a host sync, and the deltas come back to the CPU once per chunk. On
+a GPU this is one batched program per step for all K clients (convolutions become grouped
+convolutions), under ``cuda_determinism``.
 Only models without buffers or in-model randomness are accepted (see ``unsupported_modules``):
 ``vmap`` cannot update per-client BatchNorm statistics nor reproduce the reference's dropout
 masks, so such models raise ``ConfigError`` and belong on the serial or pool executor.
@@ -24,6 +32,7 @@ in a different order); repeated runs with the same tasks are bit-identical.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 
@@ -34,6 +43,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.device import cuda_determinism, resolve_device, sum_dtype
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import torch_generator
 from fedunlearn.models.flat import num_params
@@ -42,6 +52,8 @@ __all__ = ["VectorizedExecutor", "unsupported_modules"]
 
 #: Default working-set budget of one chunk of clients (parameters, gradients, momentum, batch).
 DEFAULT_CHUNK_BYTES = 512 * 2**20
+#: The same on a GPU (activations of the batched step come on top of the estimate).
+DEFAULT_GPU_CHUNK_BYTES = 8 * 2**30
 
 _RANDOM_OR_STATEFUL = (
     nn.modules.dropout._DropoutNd,
@@ -79,7 +91,9 @@ class VectorizedExecutor:
     Args:
         model: Template module; only its structure is used and it is not modified.
         client_data: Every client's training set; all ``x`` share one dtype and example shape.
-        max_chunk_bytes: Working-set budget of one chunk of clients trained together.
+        max_chunk_bytes: Working-set budget of one chunk of clients trained together (default:
+            ``DEFAULT_CHUNK_BYTES`` on the CPU, ``DEFAULT_GPU_CHUNK_BYTES`` on a GPU).
+        device: Where to train (default CPU); the stacked data is copied there once, here.
 
     Raises:
         ConfigError: if the model has dropout, normalisation statistics, other buffers or
@@ -92,8 +106,13 @@ class VectorizedExecutor:
         self,
         model: nn.Module,
         client_data: Mapping[int, ClientData],
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_chunk_bytes: int | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
+        self.device = resolve_device(device)
+        if max_chunk_bytes is None:
+            gpu = self.device.type != "cpu"
+            max_chunk_bytes = DEFAULT_GPU_CHUNK_BYTES if gpu else DEFAULT_CHUNK_BYTES
         reasons = unsupported_modules(model)
         if reasons:
             raise ConfigError(
@@ -102,12 +121,13 @@ class VectorizedExecutor:
             )
         if max_chunk_bytes < 1:
             raise ConfigError(f"max_chunk_bytes must be >= 1; got {max_chunk_bytes}")
-        self.model = model
+        self.model = copy.deepcopy(model).to(self.device)  # functional_call's structure
         self.max_chunk_bytes = int(max_chunk_bytes)
         self._names = [name for name, _ in model.named_parameters()]
         self._shapes = [p.shape for _, p in model.named_parameters()]
         self._num_params = num_params(model)
-        self._x, self._y, self._offsets, self._sizes = _stack_clients(client_data)
+        x, y, self._offsets, self._sizes = _stack_clients(client_data)
+        self._x, self._y = x.to(self.device), y.to(self.device)
         self._step = vmap(grad_and_value(self._batch_loss))
 
     def _batch_loss(
@@ -146,8 +166,9 @@ class VectorizedExecutor:
         global_params = global_params.detach().to(torch.float32)
         chunk = self._chunk_size(spec)
         updates: list[ClientUpdate] = []
-        for start in range(0, len(tasks), chunk):
-            updates += self._run_chunk(global_params, tasks[start : start + chunk], spec)
+        with cuda_determinism(self.device):
+            for start in range(0, len(tasks), chunk):
+                updates += self._run_chunk(global_params, tasks[start : start + chunk], spec)
         return updates
 
     def close(self) -> None:
@@ -174,30 +195,39 @@ class VectorizedExecutor:
             [seed for _, seed in tasks],
             spec,
         )
-        params = self._stacked(global_params, k)
+        device = self.device
+        accumulate = sum_dtype(device)
+        # the plan is built on the CPU; copy it to the device once (active stays on the CPU too,
+        # so that asking whether a step is complete never waits for the device)
+        rows_d, weights_d = rows.to(device), row_weights.to(device)
+        counts_d, active_d = counts.to(device=device, dtype=accumulate), active.to(device)
+        start = global_params.to(device)
+        params = self._stacked(start, k)
         names = self._names
         momentum_buffers = [torch.zeros_like(p) for p in params.values()]
-        loss_sums = torch.zeros(k, dtype=torch.float64)
+        loss_sums = torch.zeros(k, dtype=accumulate, device=device)
         batch = spec.batch_size
         example_shape = self._x.shape[1:]
         for step in range(rows.shape[0]):
-            x = self._x.index_select(0, rows[step]).view(k, batch, *example_shape)
-            y = self._y.index_select(0, rows[step]).view(k, batch)
-            grads, losses = self._step(params, x, y, row_weights[step])
+            x = self._x.index_select(0, rows_d[step]).view(k, batch, *example_shape)
+            y = self._y.index_select(0, rows_d[step]).view(k, batch)
+            grads, losses = self._step(params, x, y, weights_d[step])
             _sgd_step_(
                 [params[n] for n in names],
                 [grads[n] for n in names],
                 momentum_buffers,
                 spec,
-                None if bool(active[step].all()) else active[step],
+                None if bool(active[step].all()) else active_d[step],
             )
-            loss_sums += losses.detach().to(torch.float64) * counts[step]
+            loss_sums += losses.detach().to(accumulate) * counts_d[step]
         flat = torch.cat([params[n].reshape(k, -1) for n in names], dim=1)
+        deltas = (flat - start).cpu()
+        loss_sums = loss_sums.to(device="cpu", dtype=torch.float64)
         seen = counts.sum(dim=0)
         return [
             ClientUpdate(
                 client_id=cid,
-                delta=flat[i] - global_params,
+                delta=deltas[i],
                 num_samples=sizes[i],
                 train_loss=float(loss_sums[i] / seen[i]) if seen[i] > 0 else float("nan"),
             )

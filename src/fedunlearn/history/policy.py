@@ -21,6 +21,12 @@ round, the updates of any buffered rounds to commit with it; the recorder writes
 transaction as the round (``write_round(..., attach=...)``), so a selection is stored whole or
 not at all. ``resume_round`` tells ``train --resume`` where its in-memory state can be rebuilt
 from (rounds after it are dropped and re-run, bit-identically).
+
+Whatever the policy, ``HistoryRecorder`` writes one ``ClientRecord`` per sampled client and round:
+status, n_c, the norm of the client's delta ||Δ_c|| and, in its scalars, ``<Δ_c, G_t>`` with the
+round's aggregate G_t (``DOT_AGGREGATE_KEY``, float64). These cost two reductions per client and
+let a method bound a client's influence on rounds whose updates were not kept (Crab's
+``rollback: bounded``, docs/methods/crab.md).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from fedunlearn.errors import UnknownPolicyError
 from fedunlearn.fl.records import ClientData, RoundRecord, UpdateStatus
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.registry import Registry
+
+DOT_AGGREGATE_KEY = "dot_aggregate"
 
 
 class RecordingPolicy(Protocol):
@@ -173,8 +181,9 @@ class HistoryRecorder:
     def on_round_end(self, record: RoundRecord) -> None:
         """Write the round: global model, aggregate, chosen updates, every client's outcome.
 
-        With a deferred policy, the updates it selects of earlier rounds are attached to this
-        round's transaction.
+        Every accepted client's record carries ||Δ_c|| and ``<Δ_c, G_t>`` (float64). With a
+        deferred policy, the updates it selects of earlier rounds are attached to this round's
+        transaction.
         """
         attach: dict[int, dict[int, torch.Tensor]] = {}
         if isinstance(self.policy, DeferredPolicy):
@@ -183,6 +192,7 @@ class HistoryRecorder:
         else:
             keep = self.policy.updates_to_store(record)
             current = {u.client_id: u.delta for u in record.updates if u.client_id in keep}
+        aggregate = record.aggregate.to(torch.float64)
         clients = [
             ClientRecord(
                 client_id=u.client_id,
@@ -191,7 +201,7 @@ class HistoryRecorder:
                 norm=float(u.delta.norm()),
                 loss=float(u.train_loss),
                 reason=None,
-                scalars={},
+                scalars={DOT_AGGREGATE_KEY: float(u.delta.to(torch.float64) @ aggregate)},
             )
             for u in record.updates
         ]

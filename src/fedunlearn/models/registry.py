@@ -1,12 +1,16 @@
-"""Build a model by name from a dataset's input shape and class count.
+"""Build a model by name from a dataset's input shape and class count, and say how it was built.
 
-``build_model`` also accepts a callable ``(input_shape, num_classes) -> nn.Module`` so any user
-``torch.nn.Module`` works with the engine.
+``build_model`` also accepts a callable ``(input_shape, num_classes, **options) -> nn.Module`` so
+any user ``torch.nn.Module`` works with the engine. Every model it returns carries its
+``ModelSpec`` (registry name or factory, input shape, class count, options; ``model_spec``), which
+``fedunlearn.models.export`` writes next to the weights so that a file can rebuild its module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,6 +22,10 @@ from fedunlearn.models.linear import MLP, LogisticRegression
 from fedunlearn.models.textcnn import TextCNN
 
 ModelFactory = Callable[..., nn.Module]
+
+#: Name of the attribute holding a built model's ``ModelSpec`` (read it with ``model_spec``).
+SPEC_ATTRIBUTE = "_fedunlearn_spec"
+CUSTOM = "custom"
 
 
 def _cnn(input_shape: tuple[int, ...], num_classes: int, **kw: Any) -> nn.Module:
@@ -43,6 +51,81 @@ MODELS: dict[str, ModelFactory] = {
 }
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """How a model was built: enough to build the same module again.
+
+    Attributes:
+        name: A key of ``MODELS``, or ``"custom"`` for a user factory.
+        input_shape: Shape of one example, e.g. ``(1, 28, 28)``.
+        num_classes: Number of output classes.
+        options: The factory's keyword arguments (JSON values: ``{"hidden": [128]}``).
+        factory: ``"module:qualname"`` of a user factory (``name == "custom"``); informative
+            only: fedunlearn never imports code named in a file.
+    """
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    factory: str | None = None
+
+    def to_json(self) -> str:
+        """Return the spec as one JSON object (keys sorted).
+
+        Raises:
+            ConfigError: if an option is not a JSON value (then the spec cannot be saved).
+        """
+        doc = {
+            "name": self.name,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "options": dict(self.options),
+            "factory": self.factory,
+        }
+        try:
+            return json.dumps(doc, sort_keys=True)
+        except TypeError as err:
+            raise ConfigError(
+                f"model options {dict(self.options)!r} cannot be saved as JSON ({err}); pass "
+                "JSON values (numbers, strings, lists) as model options"
+            ) from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        """Parse ``to_json``'s output.
+
+        Raises:
+            ConfigError: if ``text`` is not a model spec.
+        """
+        try:
+            doc = json.loads(text)
+            spec = cls(
+                name=str(doc["name"]),
+                input_shape=tuple(int(d) for d in doc["input_shape"]),
+                num_classes=int(doc["num_classes"]),
+                options=dict(doc.get("options") or {}),
+                factory=doc.get("factory"),
+            )
+        except (ValueError, TypeError, KeyError) as err:
+            raise ConfigError(
+                f"not a fedunlearn model spec ({type(err).__name__}: {err}); got {text[:200]!r}"
+            ) from None
+        return spec
+
+
+def model_spec(model: nn.Module) -> ModelSpec | None:
+    """Return the ``ModelSpec`` that ``build_model`` recorded on ``model`` (None if none)."""
+    spec = getattr(model, SPEC_ATTRIBUTE, None)
+    return spec if isinstance(spec, ModelSpec) else None
+
+
+def _factory_name(factory: ModelFactory) -> str:
+    module = getattr(factory, "__module__", None) or "?"
+    qualname = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+    return f"{module}:{qualname}"
+
+
 def build_model(
     name: str | ModelFactory,
     input_shape: tuple[int, ...],
@@ -61,6 +144,9 @@ def build_model(
         **options: Extra keyword arguments for the factory (``hidden=(128,)`` for ``mlp``,
             ``vocab_size`` for ``textcnn``).
 
+    Returns:
+        The module, carrying its ``ModelSpec`` (``model_spec(model)``).
+
     Raises:
         UnknownNameError: if ``name`` is not registered.
     """
@@ -70,9 +156,14 @@ def build_model(
                 f"unknown model '{name}'; available: {', '.join(sorted(MODELS))}"
             )
         factory = MODELS[name]
+        spec = ModelSpec(name, tuple(input_shape), num_classes, dict(options))
     else:
         factory = name
+        spec = ModelSpec(
+            CUSTOM, tuple(input_shape), num_classes, dict(options), _factory_name(factory)
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = factory(tuple(input_shape), num_classes, **options)
+    setattr(model, SPEC_ATTRIBUTE, spec)
     return model

@@ -1,4 +1,8 @@
-"""Write a results document as results.json, results.csv and results.md."""
+"""Write a results document as results.json, results.csv and results.md; name the cheapest pass.
+
+Every table shows each method's verdict (its receipt, ``verification``); results.md lists the
+reason of every check that did not pass, so a failing method is never shown without saying so.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,13 @@ from typing import Any
 
 COLUMNS = (
     ("method", "method", None),
+    ("verdict", "verdict", None),
     ("test_accuracy", "TA", "pct"),
     ("backdoor_asr", "ASR test", "pct"),
     ("backdoor_asr_forgotten", "ASR forgotten", "pct"),
     ("mia_member_rate", "MIA member rate", "pct"),
     ("mia_auc", "MIA AUC", "f3"),
+    ("mia_loss_auc", "MIA loss AUC", "f3"),
     ("distance_to_retrain", "L2 to retrain", "f3"),
     ("rounds", "rounds", "int"),
     ("client_epochs", "client epochs", "int"),
@@ -25,6 +31,7 @@ COLUMNS = (
 
 CSV_FIELDS = (
     "method",
+    "verdict",
     "test_accuracy",
     "test_error",
     "test_loss",
@@ -37,6 +44,7 @@ CSV_FIELDS = (
     "mia_loss_auc",
     "mia_loss_member_rate",
     "distance_to_retrain",
+    "distance_to_original",
     "cosine_to_retrain",
     "rounds",
     "client_participations",
@@ -72,14 +80,15 @@ COMPACT = (
     "method",
     "test_accuracy",
     "backdoor_asr",
-    "mia_member_rate",
+    "mia_auc",
     "distance_to_retrain",
     "client_epochs",
     "wall_seconds",
+    "verdict",
 )
 _SHORT = {
     "backdoor_asr": "ASR",
-    "mia_member_rate": "MIA",
+    "mia_auc": "MIA",
     "distance_to_retrain": "L2 retrain",
     "client_epochs": "epochs",
 }
@@ -88,6 +97,8 @@ _SHORT = {
 def table_rows(doc: dict[str, Any], *, compact: bool = False) -> tuple[list[str], list[list[str]]]:
     """Return the header and formatted cells of the summary table (``compact`` for terminals)."""
     columns = [c for c in COLUMNS if not compact or c[0] in COMPACT]
+    if compact:
+        columns.sort(key=lambda c: COMPACT.index(c[0]))
     header = [_SHORT.get(key, title) if compact else title for key, title, _ in columns]
     rows = [[_fmt(_cell(m, key), style) for key, _, style in columns] for m in doc["methods"]]
     return header, rows
@@ -95,7 +106,60 @@ def table_rows(doc: dict[str, Any], *, compact: bool = False) -> tuple[list[str]
 
 def _cell(row: dict[str, Any], key: str) -> Any:
     """Return a row's value; the method cell shows its ``label`` (method and variant) if any."""
-    return row.get("label", row["method"]) if key == "method" else row.get(key)
+    if key == "method":
+        return row.get("label", row["method"])
+    if key == "verdict":
+        return verdict(row)
+    return row.get(key)
+
+
+def verdict(row: dict[str, Any]) -> str | None:
+    """Return a row's overall verdict (``pass``, ``warn``, ``fail``), or None if unverified."""
+    verification = row.get("verification")
+    return None if verification is None else verification["verdict"]
+
+
+def cheapest_passing(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the row with the fewest client epochs whose model passes every check, or None.
+
+    Only the checks of the model count (``model_verdict``): whether the store still holds the
+    forgotten clients' updates is the same for every method of a request.
+    """
+    passing = [
+        m
+        for m in doc["methods"]
+        if m.get("verification") is not None
+        and m["verification"].get("model_verdict", m["verification"]["verdict"]) == "pass"
+        and m["method"] != "none"
+    ]
+    if not passing:
+        return None
+    return min(passing, key=lambda m: (m["client_epochs"], m["wall_seconds"]))
+
+
+def _reason_lines(doc: dict[str, Any]) -> list[str]:
+    lines = []
+    for row in doc["methods"]:
+        verification = row.get("verification")
+        if verification is None:
+            continue
+        name = row.get("label", row["method"])
+        reasons = verification.get("reasons") or []
+        lines.append(
+            f"- **{name}**: {verification['verdict']}"
+            + ("" if reasons else " (every check passed or did not apply)")
+        )
+        lines += [f"  - {reason}" for reason in reasons]
+    best = cheapest_passing(doc)
+    if best is not None:
+        lines += [
+            "",
+            f"Cheapest method that passes every check: **{best.get('label', best['method'])}** "
+            f"({best['client_epochs']:,} client epochs).",
+        ]
+    elif lines:
+        lines += ["", "No method passed every check of the model."]
+    return lines
 
 
 def results_markdown(doc: dict[str, Any]) -> str:
@@ -118,11 +182,15 @@ def results_markdown(doc: dict[str, Any]) -> str:
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
         "TA: test accuracy. ASR test: triggered non-target test inputs classified as the target. "
-        "ASR forgotten: the same on the forgotten clients' own data. MIA: shadow-model membership "
-        "attack on the forgotten clients' training data (member rate) and against unseen data "
-        "(AUC). Saving: Retrain's client epochs / the method's.",
+        "ASR forgotten: the same on the forgotten clients' own data. MIA: membership attacks on "
+        "the forgotten clients' clean training data against unseen data: shadow-model attack "
+        "(member rate, AUC) and loss-threshold attack (AUC); 0.5 is chance. Saving: Retrain's "
+        "client epochs / the method's. Verdict: the receipt (docs/verification.md).",
         "",
     ]
+    reasons = _reason_lines(doc)
+    if reasons:
+        lines += ["## Verification", "", *reasons, ""]
     return "\n".join(lines)
 
 
@@ -138,6 +206,7 @@ def write_results(doc: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for m in doc["methods"]:
-            writer.writerow({k: ("" if m.get(k) is None else m.get(k)) for k in CSV_FIELDS})
+            cells = {k: _cell(m, k) if k == "verdict" else m.get(k) for k in CSV_FIELDS}
+            writer.writerow({k: "" if v is None else v for k, v in cells.items()})
     paths["md"].write_text(results_markdown(doc))
     return paths

@@ -9,7 +9,7 @@ for: a seeded clean subsample, and the clients' mean loss on their own data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,11 @@ DEFAULT_LOSS_SAMPLES = 512
 
 @dataclass
 class Setup:
-    """Everything a run's config determines, before any training."""
+    """Everything a run's config determines, before any training.
+
+    ``join_rounds``: client -> the round it joins the federation (attackers with
+    ``attack.join_round``; the training loop does not sample them before it).
+    """
 
     config: RunConfig
     dataset: Dataset
@@ -57,6 +61,7 @@ class Setup:
     y_test: torch.Tensor
     trigger: Trigger | None
     poisoned_originals: dict[int, ClientData]
+    join_rounds: dict[int, int] = field(default_factory=dict)
 
     def clean_data(self, client_id: int) -> ClientData:
         """Return a client's data before poisoning (its true labels, no trigger)."""
@@ -64,7 +69,8 @@ class Setup:
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Return test accuracy, test loss and (with a backdoor attack) the backdoor ASR."""
-        acc, loss = accuracy_and_loss(self.model, params, self.x_test, self.y_test)
+        device = self.federation.device
+        acc, loss = accuracy_and_loss(self.model, params, self.x_test, self.y_test, device)
         out = {"test_accuracy": acc, "test_loss": loss}
         if self.trigger is not None:
             out["backdoor_asr"] = backdoor_success_rate(
@@ -74,6 +80,7 @@ class Setup:
                 self.y_test,
                 self.trigger,
                 self.config.attack.target_label,
+                device,
             )
         return out
 
@@ -152,6 +159,7 @@ def build_setup(config: RunConfig) -> Setup:
                 sigma=atk.sigma,
                 p_noise=atk.p_noise,
                 fang_b=atk.fang_b,
+                start_round=atk.start_round,
             )
         )
 
@@ -182,8 +190,11 @@ def build_setup(config: RunConfig) -> Setup:
         seed=cfg.seed,
         malicious=malicious,
         update_mods=mods,
+        honest_data=originals,  # attackers train on these before attack.start_round
+        attack_start_round=atk.start_round,
         executor=tr.executor,
         num_workers=tr.num_workers,
+        device=tr.device,
     )
     agg = tr.aggregator
     aggregator = make_aggregator(
@@ -200,6 +211,7 @@ def build_setup(config: RunConfig) -> Setup:
         y_test=torch.from_numpy(y_test),
         trigger=trigger,
         poisoned_originals=originals,
+        join_rounds={c: atk.join_round for c in malicious} if atk.join_round > 1 else {},
     )
 
 
@@ -239,7 +251,8 @@ def clients_loss(setup: Setup, params: torch.Tensor, samples: int = DEFAULT_LOSS
     parts = [fed.client_data[c] for c in fed.client_ids]
     x = torch.cat([p.x[:samples] for p in parts])
     y = torch.cat([p.y[:samples] for p in parts])
-    losses = F.cross_entropy(predict_logits(setup.model, params, x), y, reduction="none")
+    logits = predict_logits(setup.model, params, x, device=fed.device)
+    losses = F.cross_entropy(logits, y, reduction="none")
     total, offset, weight = 0.0, 0, 0
     for p in parts:
         m = min(samples, len(p))

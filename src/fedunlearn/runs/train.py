@@ -383,6 +383,7 @@ def _train(
         num_rounds=config.training.rounds,
         start_round=last + 1,
         participation=config.training.participation,
+        join_rounds=setup.join_rounds,
         evaluate=evaluate,
         observers=[
             recorder,
@@ -407,6 +408,7 @@ def _train(
         "session_wall_seconds": session_seconds,
         "torch_threads": torch.get_num_threads(),
         "executor": setup.federation.executor.name,
+        "device": str(setup.federation.device),
     }
     if privacy is not None:
         ledger = run_privacy(config, store)

@@ -17,10 +17,13 @@ from fedunlearn.unlearn.base import (
     UnlearnResult,
 )
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.receipt import BoundReport, Check, Verification
 from fedunlearn.unlearn.registry import available_methods, get_method, make_method, register
 from fedunlearn.unlearn.session import UnlearnSession
 
 __all__ = [
+    "BoundReport",
+    "Check",
     "Costs",
     "Details",
     "MethodParams",
@@ -31,6 +34,7 @@ __all__ = [
     "UnlearnResult",
     "UnlearnSession",
     "Unlearner",
+    "Verification",
     "available_methods",
     "get_method",
     "make_method",

@@ -3,9 +3,10 @@
 A method (an ``Unlearner``) is built from validated hyperparameters, never data (scikit-learn
 style). ``unlearn(request, context)`` takes a finished run, seen through an ``UnlearnContext``
 (:mod:`fedunlearn.unlearn.context`), and returns an ``UnlearnResult``: the unlearned model, the
-cost ledger (``Costs``), the metrics of every unlearning round, and the method's ``Details`` (a
-frozen dataclass per method, ``to_dict()`` for JSON). Forgetting nobody returns the run's final
-model unchanged, at zero cost. History a method needs but the run did not record raises
+cost ledger (``Costs``), the metrics of every unlearning round, the method's ``Details`` (a
+frozen dataclass per method, ``to_dict()`` for JSON) and, once verified
+(``fedunlearn.eval.Verifier``), its receipt (``verification``). Forgetting nobody returns the
+run's final model unchanged, at zero cost. History a method needs but the run did not record raises
 ``UnsupportedHistoryError`` before any work.
 
 Client seeds: fresh local training in unlearning round t uses the original run's seed for round t
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.receipt import BoundReport, Verification
 
 __all__ = [
     "Costs",
@@ -91,11 +93,23 @@ class Details:
 
     ``to_dict()`` returns JSON-ready values (tensors become lists, tuples and sets lists,
     nested ``Details`` dicts).
+
+    Two hooks the receipt (``fedunlearn.eval.Verifier``, docs/verification.md) reads:
+
+    - a field ``warnings: tuple[str, ...]``, if the method defines one: sentences about a
+      result that may not be trusted (e.g. a rollback that kept the forgotten clients'
+      rounds); each becomes a warning of the ``method_warnings`` check;
+    - ``certified_bound()``: the method's certified bound on its distance to a retrained
+      model, or None (the default) if it certifies nothing.
     """
 
     def to_dict(self) -> dict[str, Any]:
         """Return the details as a JSON-ready dict."""
         return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
+
+    def certified_bound(self) -> BoundReport | None:
+        """Return the certified bound this result satisfies, or None (no certificate)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -132,13 +146,18 @@ class RunOutput:
 
 @dataclass(frozen=True)
 class UnlearnResult:
-    """The unlearned model with what it cost and how it got there."""
+    """The unlearned model with what it cost and how it got there.
+
+    ``verification`` is None until the result is verified (``fedunlearn.eval.Verifier``
+    returns a copy carrying its receipt).
+    """
 
     method: str
     params: torch.Tensor
     costs: Costs
     round_metrics: tuple[dict[str, float], ...] = ()
     details: Details = field(default_factory=NoDetails)
+    verification: Verification | None = None
 
 
 class Unlearner(ABC):

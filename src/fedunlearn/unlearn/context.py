@@ -237,6 +237,18 @@ class UnlearnContext:
             )
         return self.reference_provider(size)
 
+    def original_participants(self, round_: int) -> list[int]:
+        """Return the remaining clients the original run sampled in ``round_``, sorted.
+
+        Every client the run asked to train counts, whether its upload was accepted or rejected:
+        a retrained run asks the same clients (Retrain's participants, and the cost it is
+        compared with).
+        """
+        remaining = set(self.clients.ids)
+        return sorted(
+            {r.client_id for r in self.history.client_records(round_) if r.client_id in remaining}
+        )
+
     def aggregate(self, updates: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
         """Aggregate ``(client_id, delta)`` pairs with the run's rule, weighted by n_c."""
         deltas = torch.stack([d.to(torch.float32) for _, d in updates])

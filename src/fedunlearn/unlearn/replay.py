@@ -11,7 +11,9 @@ calibrating, calibrated update aggregating, unlearned model updating).
 Deviations (docs/methods/baselines.md): FE1 [FIX] the aggregate has no extra 1/(K-1) factor;
 FE3 norm scope ``model`` or ``layer``; FE4 ``first_uncalibrated``; FE7 participants are the
 remaining clients with a stored accepted update, a fresh delta with norm < 1e-12 is calibrated
-to zero, and a round with no participant is skipped.
+to zero, and a round with no participant is skipped. Crab (Jiang et al., arXiv:2401.08216v2)
+Sec. IV-B3, Eqs. 7-10 runs the same steps with per-client whole-vector calibration and the run's
+rule weighted by n_c over the replayed clients ([D14] in docs/methods/crab.md).
 """
 
 from __future__ import annotations

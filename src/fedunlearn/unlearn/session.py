@@ -5,12 +5,19 @@ the federation from the run's config (same data, same poisoning, same seeds) and
 a fresh metered ``UnlearnContext``. Requests are validated before any work: unknown client ids,
 forgetting every client, and a method needing history the run did not record each raise one
 clear error, and nothing on disk changes (the store is opened read-only).
+
+Progress: ``run(method, request, progress=callback)`` calls ``callback(metrics)`` after each
+unlearning round the method evaluates (every built-in method evaluates each round it runs).
+Verification (the receipt) is one layer up: ``fedunlearn.eval.Verifier(session, request)``.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
 from fedunlearn.fl.records import ClientData
@@ -19,11 +26,14 @@ from fedunlearn.runs import HISTORY_DIR, Setup, build_setup, load_run_config, re
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.context import (
     CostMeter,
+    Evaluator,
     MeteredHistory,
     RemainingClients,
     TrainingInfo,
     UnlearnContext,
 )
+
+RoundProgress = Callable[[dict[str, float]], None]
 
 
 class UnlearnSession:
@@ -88,8 +98,29 @@ class UnlearnSession:
                 "to train on; retrain from scratch with new clients instead"
             )
 
-    def context(self, request: UnlearnRequest) -> UnlearnContext:
-        """Return a fresh metered context for one method run."""
+    def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
+        if not self.evaluate:
+            return None
+        if progress is None:
+            return self.setup.evaluate
+
+        def evaluate(params: torch.Tensor) -> dict[str, float]:
+            metrics = self.setup.evaluate(params)
+            progress(metrics)
+            return metrics
+
+        return evaluate
+
+    def context(
+        self, request: UnlearnRequest, *, progress: RoundProgress | None = None
+    ) -> UnlearnContext:
+        """Return a fresh metered context for one method run.
+
+        Args:
+            request: The clients to remove.
+            progress: Called with the metrics of each unlearning round the method evaluates
+                (only when the session evaluates rounds).
+        """
         self.check_request(request)
         meter = CostMeter()
         training = self.config.training
@@ -101,7 +132,7 @@ class UnlearnSession:
             initial_params=self.initial_params,
             final_params=self.final_params,
             meter=meter,
-            evaluate=self.setup.evaluate if self.evaluate else None,
+            evaluate=self._evaluator(progress),
             training=TrainingInfo(training.participation, training.aggregator.name),
             recording=self.config.history,
             privacy=self.config.privacy,
@@ -109,9 +140,21 @@ class UnlearnSession:
             reference_provider=self.reference_set,
         )
 
-    def run(self, method: Unlearner, request: UnlearnRequest) -> UnlearnResult:
-        """Validate the request, check the history, run ``method`` and return its result."""
-        context = self.context(request)
+    def run(
+        self,
+        method: Unlearner,
+        request: UnlearnRequest,
+        *,
+        progress: RoundProgress | None = None,
+    ) -> UnlearnResult:
+        """Validate the request, check the history, run ``method`` and return its result.
+
+        Args:
+            method: The unlearning method.
+            request: The clients to remove.
+            progress: Called with the metrics of each unlearning round (see ``context``).
+        """
+        context = self.context(request, progress=progress)
         return method.unlearn(request, context)
 
     def close(self) -> None:

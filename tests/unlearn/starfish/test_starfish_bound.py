@@ -48,8 +48,10 @@ def test_corrected_theorem1_bound_holds_on_l2_logistic_regression(session):
         mu=WEIGHT_DECAY,
         objective_gap=objective_gap,
     )
-    assert len(report.rows) == 8 and report.rows[-1].t == ROUNDS  # ceil(8 / 0.6) capped at T
-    assert report.corrected_holds and report.literal_holds is None
+    assert len(report.rows) == 8
+    assert report.rows[-1].t == ROUNDS  # ceil(8 / 0.6) capped at T
+    assert report.corrected_holds
+    assert report.literal_holds is None
     assert all(0 < row.observed < row.corrected for row in report.rows)
     assert torch.equal(torch.tensor(result.details.trajectory[-1]), result.params)
     json.dumps(result.details.to_dict())  # JSON-ready, trajectory included

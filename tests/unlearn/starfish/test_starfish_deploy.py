@@ -147,9 +147,12 @@ def test_killing_any_process_stops_its_peers_with_a_clear_error_and_changes_no_s
             continue
         log = read(tmp_path / f"{name}.log")
         errors = [line for line in log.splitlines() if line.startswith("error: ")]
-        assert child.returncode == 2 and "Traceback" not in log, (name, log)
-        assert len(errors) == 1 and "PeerDisconnectedError" in errors[0], (name, log)
-    assert not outs[0].exists() and not outs[1].exists()
+        assert child.returncode == 2, (name, log)
+        assert "Traceback" not in log, (name, log)
+        assert len(errors) == 1, (name, log)
+        assert "PeerDisconnectedError" in errors[0], (name, log)
+    assert not outs[0].exists()
+    assert not outs[1].exists()
     assert checksums(run_dir) == before
 
 
@@ -272,7 +275,8 @@ def test_impostors_junk_and_oversized_frames_are_refused_and_the_session_still_r
     assert float((params - plain.params).norm() / plain.params.norm()) < 1e-2
     # both directions of every link are counted; a round ran on streamed material
     for link in ("server", "dealer", "clients"):
-        assert results[0]["links"][link]["sent"] > 0 and results[0]["links"][link]["received"] > 0
+        assert results[0]["links"][link]["sent"] > 0
+        assert results[0]["links"][link]["received"] > 0
     assert any(r["streamed"] for r in results[0]["rounds"])
     assert checksums(run_dir) == before
 
@@ -312,7 +316,8 @@ def test_mismatched_runs_are_refused_at_the_handshake_naming_every_differing_fie
     for k, process in enumerate(processes):
         log = read(tmp_path / f"server{k}.log")
         errors = [line for line in log.splitlines() if line.startswith("error: ")]
-        assert process.returncode == 2 and len(errors) == 1, log
+        assert process.returncode == 2, log
+        assert len(errors) == 1, log
         assert "SessionMismatchError" in errors[0], log
         for field in JOB_FIELDS:
             assert f"digest {field}" in errors[0], (field, errors[0])
@@ -347,7 +352,8 @@ def test_ideal_comparisons_are_refused_before_any_link_is_made(run_dir, pki, tmp
 
     # Assert: each refuses with the reason, before any connection
     log = read(tmp_path / "server1.log")
-    assert server.returncode == 2 and "comparison=ideal is refused" in log, log
+    assert server.returncode == 2, log
+    assert "comparison=ideal is refused" in log, log
     assert reached == []
     for result in (clients, local):
         assert result.exit_code == 2, result.output
@@ -391,6 +397,7 @@ def test_starfish_local_after_a_kill_runs_over_fresh_certificates_and_matches_pl
     assert 0 < offline0 < offline1
     for name in ("server", "dealer", "clients"):
         for k, links in enumerate((result["links"], result["party1_links"])):
-            assert links[name]["sent"] > 0 and links[name]["received"] > 0, (k, name)
+            assert links[name]["sent"] > 0, (k, name)
+            assert links[name]["received"] > 0, (k, name)
     assert result["links"]["dealer"]["received"] >= offline0
     assert checksums(run_dir) == before

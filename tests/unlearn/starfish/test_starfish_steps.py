@@ -89,8 +89,10 @@ def test_buffer_keeps_the_newest_pairs_and_skips_degenerate_steps():
     assert not buffer.push(be, s, be.share(-y), 1.0)  # negative curvature, one bit opened
     for s, y in pairs:
         buffer.push(be, s, be.share(y), 1.0)
-    assert len(buffer) == 2 and buffer.pushed == 4
-    assert counts.degenerate_step == 1 and counts.nonpositive_curvature == 1
+    assert len(buffer) == 2
+    assert buffer.pushed == 4
+    assert counts.degenerate_step == 1
+    assert counts.nonpositive_curvature == 1
     assert [o.label for o in be.opened].count("curvature_bit") == 5
 
 

@@ -50,7 +50,8 @@ def test_sigma_one_with_every_update_exact_equals_retrain_bitwise(session, retra
     result = session.run(make_method("starfish", {**BIT_EXACT, **params}), FORGET)
     assert torch.equal(result.params, retrained.params)
     details = result.details
-    assert details.estimated_updates == 0 and details.arp == 0.0
+    assert details.estimated_updates == 0
+    assert details.arp == 0.0
     assert details.exact_requests_per_client == {c: ROUNDS for c in REMAINING}
     assert result.costs.client_epochs == retrained.costs.client_epochs
     if "tolerance_rate" in params:
@@ -132,7 +133,8 @@ def test_openings_are_the_selection_flags_aggregates_and_secmi_masks(unlearned):
     )
     json.dumps(unlearned.details.to_dict())
     masks = [o["shape"] for o in opened if o["label"] == "secmi_mask"]
-    assert masks and all(shape in ([2, 2], [4, 4]) for shape in masks)  # 2b x 2b, b <= B
+    assert masks
+    assert all(shape in ([2, 2], [4, 4]) for shape in masks)  # 2b x 2b, b <= B
     assert not any(o["phase"] == "TD" for o in opened)
 
 
@@ -303,7 +305,8 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
             make_method("starfish").unlearn(UnlearnRequest.of([0]), opened)
     finally:
         store.close()
-    assert fed.calls == 0 and opened.meter.history_bytes_read == 0
+    assert fed.calls == 0
+    assert opened.meter.history_bytes_read == 0
 
 
 # ---- (6) algorithm and execution ---------------------------------------------------------------
@@ -318,8 +321,10 @@ def test_one_flat_mapping_splits_into_algorithm_and_execution():
 
     # Assert: the algorithm holds no execution option, and both ways build the same method
     assert not EXECUTION_KEYS & set(StarfishParams.model_fields)
-    assert flat.params == typed.params and flat.execution == typed.execution
-    assert flat.execution.backend == "mpc" and flat.execution.frac_bits == 13
+    assert flat.params == typed.params
+    assert flat.execution == typed.execution
+    assert flat.execution.backend == "mpc"
+    assert flat.execution.frac_bits == 13
     assert flat.options() == {"selection_rate": 0.5, "backend": "mpc", "frac_bits": 13}
     assert "frac_bits=13" in repr(flat)
 
@@ -328,7 +333,8 @@ def test_execution_options_given_twice_are_refused():
     with pytest.raises(ConfigError, match="give them in one place"):
         Starfish({"backend": "mpc"}, execution={"frac_bits": 13})
     method = Starfish({"selection_rate": 0.5}, execution={"frac_bits": 13})
-    assert method.params.selection_rate == 0.5 and method.execution.frac_bits == 13
+    assert method.params.selection_rate == 0.5
+    assert method.execution.frac_bits == 13
 
 
 def test_every_backend_has_a_runner():

@@ -4,9 +4,12 @@
 - ``strategy``: ``HistoryStrategy``, the engine's server round with recording policies;
 - ``driver``: ``FlowerClients``, the federation over a Grid, which training and every
   unlearning method's fresh client work use;
-- ``server_app``: the ``ServerApp`` and ``FlowerJob`` (train a run, or unlearn from one);
-- ``simulation``: ``simulate(job, num_supernodes)`` on the Simulation Engine (Ray);
-- ``bundle``: ``write_app(directory)``, the app directory ``flwr run`` needs (Deployment Engine).
+- ``server_app``: the ``ServerApp`` (``make_app``) and ``FlowerJob`` (train a run, or unlearn
+  from one), read from the Flower run config;
+- ``bundle``: ``write_app(directory)``, the Flower App ``flwr run`` submits (the same as
+  ``examples/flower-app``; ``python -m fedunlearn.integrations.flower.bundle DIR``);
+- ``simulation``: ``simulate(job, num_supernodes)``: ``flwr run`` on a local Simulation Runtime
+  SuperLink, from Python.
 
 Deployment recipe: ``docs/deployment.md``.
 """
@@ -19,7 +22,17 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from fedunlearn.integrations.flower.driver import FlowerClients
-from fedunlearn.integrations.flower.server_app import FlowerJob, run_job
+from fedunlearn.integrations.flower.server_app import FlowerJob, make_app, run_job
+from fedunlearn.integrations.flower.simulation import FlowerRunError, simulate
 from fedunlearn.integrations.flower.strategy import HistoryStrategy, MissingAwareRecorder
 
-__all__ = ["FlowerClients", "FlowerJob", "HistoryStrategy", "MissingAwareRecorder", "run_job"]
+__all__ = [
+    "FlowerClients",
+    "FlowerJob",
+    "FlowerRunError",
+    "HistoryStrategy",
+    "MissingAwareRecorder",
+    "make_app",
+    "run_job",
+    "simulate",
+]

@@ -6,6 +6,8 @@ at the data (``data-dir``, an absolute path; default: the run config's ``data.da
 else ``$FEDUNLEARN_DATA``). The client rebuilds the run's data exactly as ``build_setup`` does
 (same partition, same poisoning of malicious clients) from the run config the server sends,
 once per process, and trains its own partition only. Every reply echoes the client id.
+Training runs on the run config's ``training.device`` as resolved on the node (``auto``: the
+node's GPU if torch sees one); the client's data is copied to that device once per process.
 
 Handlers (Flower's ``(Message, Context) -> Message``):
 
@@ -31,6 +33,7 @@ from torch import nn
 from fedunlearn.config import RunConfig, parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import local_update
+from fedunlearn.fl.executors import executor_device
 from fedunlearn.fl.records import ClientData
 from fedunlearn.integrations.flower.messages import idle_content, read_train_task, reply_content
 from fedunlearn.runs import build_setup
@@ -73,21 +76,33 @@ def _run_data(config_yaml: str, data_dir: str | None) -> tuple[nn.Module, dict[i
     return setup.model, setup.federation.client_data
 
 
-def load_client(config_yaml: str, context: Context) -> tuple[nn.Module, ClientData]:
-    """Return the model template and the hosted client's training data for a run config.
-
-    Raises:
-        ConfigError: if the run has no client with the node's ``partition-id``.
-    """
-    data_dir = context.node_config.get(DATA_DIR_KEY)
-    model, client_data = _run_data(config_yaml, str(data_dir) if data_dir else None)
-    client_id = hosted_client(context)
+@functools.lru_cache(maxsize=4)
+def _placed_client(
+    config_yaml: str, data_dir: str | None, client_id: int
+) -> tuple[nn.Module, ClientData]:
+    """Return the model template and one client's data on the run's device (cached)."""
+    model, client_data = _run_data(config_yaml, data_dir)
     if client_id not in client_data:
         raise ConfigError(
             f"this node hosts client {client_id}, but the run has clients "
             f"0..{len(client_data) - 1}; fix the node's '{PARTITION_KEY}'"
         )
-    return model, client_data[client_id]
+    training = parse_config(yaml.safe_load(config_yaml), "<server run config>").training
+    device = executor_device(training.executor, training.device)
+    data = client_data[client_id]
+    return model, ClientData(data.x.to(device), data.y.to(device))
+
+
+def load_client(config_yaml: str, context: Context) -> tuple[nn.Module, ClientData]:
+    """Return the model template and the hosted client's training data for a run config.
+
+    The data is on the device the run config's ``training.device`` means on this node.
+
+    Raises:
+        ConfigError: if the run has no client with the node's ``partition-id``.
+    """
+    data_dir = context.node_config.get(DATA_DIR_KEY)
+    return _placed_client(config_yaml, str(data_dir) if data_dir else None, hosted_client(context))
 
 
 def handle_query(message: Message, context: Context) -> Message:

@@ -1,9 +1,11 @@
 """Flower ``ServerApp``: train a run with history recording, or unlearn from a recorded run.
 
-A job (``FlowerJob``) says what to do; ``make_server_app(job)`` builds a ServerApp for it (the
-Simulation Engine's Python API), and the module-level ``app`` reads it from the Flower run
-config (``flwr run``; keys in ``FlowerJob.from_run_config``). Results are written to disk, in
-the same layout as the in-process engine:
+A job (``FlowerJob``) says what to do; the ServerApp reads it from the Flower run config
+(``flwr run``; keys in ``FlowerJob.from_run_config``, defaults in the app's ``pyproject.toml``).
+``make_app(base_dir)`` builds that ServerApp for a Flower App directory (relative config paths
+are read from it; ``bundle.write_app`` and ``examples/flower-app`` use it); the module-level
+``app`` has no base directory. Results are written to disk, in the same layout as the in-process
+engine:
 
 - ``train``: ``<run-dir>/config.yaml``, ``history/`` (the store: M_0, every round's global
   model and aggregate, the updates the recording policy keeps, every sampled client's outcome,
@@ -13,10 +15,13 @@ the same layout as the in-process engine:
 - ``unlearn``: runs one registered method on a finished run in ``<run-dir>``; fresh client work
   (Retrain's rounds, FedEraser's calibration, FedRecover's corrections, ...) goes to the
   remaining clients' SuperNodes through the Grid. Writes the result JSON (same fields as
-  ``fedunlearn unlearn --out``) and the flat model (``.pt``) next to it.
+  ``fedunlearn unlearn --out``) and the model next to it (``.safetensors``: the module's
+  ``state_dict`` and spec, ``fedunlearn.models.load_model`` reads it).
 
-Paths must be absolute: the app bundle carries source files only, and a SuperLink runs the
-ServerApp in a process of its own.
+``run-dir`` must be absolute (the SuperLink runs the ServerApp in a process and directory of
+its own); an empty one means ``~/fedunlearn-runs/flower-<run id>`` for training. A relative
+``config-path`` is read from the app directory, a relative ``result-path`` goes into the run
+directory.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import Context
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from fedunlearn.config import RunConfig, dump_config, load_config
@@ -43,6 +50,7 @@ from fedunlearn.integrations.flower.strategy import (
     from_arrays,
     to_arrays,
 )
+from fedunlearn.models import save_model
 from fedunlearn.runs import (
     CONFIG_FILE,
     HISTORY_DIR,
@@ -71,7 +79,8 @@ class FlowerJob:
         forget: Client ids to remove (``unlearn``).
         kind: ``forget`` or ``recover``.
         result_path: Where the unlearning result JSON goes (default
-            ``<run_dir>/flower_<method>.json``; the model goes to the same name with ``.pt``).
+            ``<run_dir>/flower_<method>.json``; the model goes to the same name with
+            ``.safetensors``).
         round_timeout: Seconds to wait for one round's replies; late clients are missing.
         node_timeout: Seconds to wait for the SuperNodes to connect.
     """
@@ -103,30 +112,88 @@ class FlowerJob:
             raise ConfigError('an unlearn job needs forget, e.g. forget="3,7"')
 
     @classmethod
-    def from_run_config(cls, run_config: dict[str, Any]) -> FlowerJob:
+    def from_run_config(
+        cls,
+        run_config: dict[str, Any],
+        *,
+        base_dir: Path | None = None,
+        run_id: int | None = None,
+    ) -> FlowerJob:
         """Build a job from Flower run config keys.
 
         Keys: ``mode``, ``run-dir``, ``config-path``, ``method``, ``method-params`` (JSON),
         ``forget`` (comma-separated ids), ``kind``, ``result-path``, ``round-timeout``,
         ``node-timeout``; empty strings mean unset.
+
+        Args:
+            run_config: The run config (``context.run_config``).
+            base_dir: The app directory: a relative ``config-path`` is read from it.
+            run_id: Flower's run id: an empty ``run-dir`` of a train job becomes
+                ``~/fedunlearn-runs/flower-<run_id>``.
+
+        Raises:
+            ConfigError: for a value of the wrong form (named, with what is allowed).
         """
 
         def text(key: str) -> str:
             return str(run_config.get(key, "") or "").strip()
 
-        forget = tuple(int(c) for c in text("forget").split(",") if c.strip())
+        try:
+            forget = tuple(int(c) for c in text("forget").split(",") if c.strip())
+        except ValueError:
+            raise ConfigError(
+                'forget takes comma-separated client ids, e.g. forget="3,7"; '
+                f"got {text('forget')!r}"
+            ) from None
+        try:
+            method_params = json.loads(text("method-params") or "{}")
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"method-params must be a JSON object, e.g. '{{\"calibration_ratio\": 0.5}}'; "
+                f"got {text('method-params')!r} ({err})"
+            ) from None
+        mode = text("mode") or "train"
+        run_dir = Path(text("run-dir")) if text("run-dir") else None
+        if run_dir is None and mode == "train" and run_id is not None:
+            run_dir = Path.home() / "fedunlearn-runs" / f"flower-{run_id}"
+        if run_dir is None:
+            raise ConfigError(
+                f"a job in mode {mode!r} needs run-dir, the absolute run directory "
+                '(--run-config \'run-dir="/abs/path"\')'
+            )
+        config_path = Path(text("config-path")) if text("config-path") else None
+        if config_path is not None and not config_path.is_absolute() and base_dir is not None:
+            config_path = Path(base_dir) / config_path
+        result_path = Path(text("result-path")) if text("result-path") else None
+        if result_path is not None and not result_path.is_absolute() and run_dir.is_absolute():
+            result_path = run_dir / result_path
         return cls(
-            mode=text("mode") or "train",
-            run_dir=Path(text("run-dir")),
-            config_path=Path(text("config-path")) if text("config-path") else None,
+            mode=mode,
+            run_dir=run_dir,
+            config_path=config_path,
             method=text("method") or "retrain",
-            method_params=json.loads(text("method-params") or "{}"),
+            method_params=method_params,
             forget=forget,
             kind=text("kind") or "forget",
-            result_path=Path(text("result-path")) if text("result-path") else None,
+            result_path=result_path,
             round_timeout=float(run_config.get("round-timeout", 600.0)),
             node_timeout=float(run_config.get("node-timeout", 120.0)),
         )
+
+    def to_run_config(self) -> dict[str, str | float]:
+        """Return the job as Flower run config keys (``from_run_config`` reads them back)."""
+        return {
+            "mode": self.mode,
+            "run-dir": str(self.run_dir),
+            "config-path": str(self.config_path or ""),
+            "method": self.method,
+            "method-params": json.dumps(self.method_params, sort_keys=True),
+            "forget": ",".join(str(c) for c in self.forget),
+            "kind": self.kind,
+            "result-path": str(self.result_path or ""),
+            "round-timeout": float(self.round_timeout),
+            "node-timeout": float(self.node_timeout),
+        }
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -213,6 +280,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             "file_bytes": store.file_bytes(),
             "wall_seconds": time.perf_counter() - started,
             "executor": "flower",
+            "device": str(fed.device),  # where the server evaluates
             "missing": {
                 str(r): {str(c): why for c, why in sorted(m.items())}
                 for r, m in sorted(clients.missing.items())
@@ -244,7 +312,8 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     client work goes to the remaining clients' SuperNodes and is metered as in-process.
 
     Returns:
-        The result summary written to ``job.result_path`` (the model goes next to it, ``.pt``).
+        The result summary written to ``job.result_path`` (the model goes next to it,
+        ``.safetensors``).
     """
     unlearner = make_method(job.method, job.method_params)
     request = UnlearnRequest.of(job.forget, job.kind)
@@ -261,6 +330,7 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
         context = replace(context, clients=RemainingClients(clients, request.forget, context.meter))
         result = unlearner.unlearn(request, context)
         quality = session.setup.evaluate(result.params)
+        model = session.setup.model
         summary = {
             "engine": "flower",
             "method": job.method,
@@ -276,7 +346,21 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
             },
         }
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(result.params, out.with_suffix(".pt"))
+    model_file = out.with_suffix(".safetensors")
+    source = {
+        "run": str(job.run_dir),
+        "method": job.method,
+        "forget": sorted(request.forget),
+        "kind": job.kind,
+        "engine": "flower",
+    }
+    save_model(
+        model_file,
+        model,
+        params=result.params,
+        metadata={"fedunlearn.source": json.dumps(source, sort_keys=True)},
+    )
+    summary["model_file"] = str(model_file)
     _write_json(out, json.loads(json.dumps(summary, default=_jsonable)))
     return summary
 
@@ -297,21 +381,24 @@ def run_job(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     return unlearn_on_grid(grid, job)
 
 
-def make_server_app(job: FlowerJob) -> ServerApp:
-    """Return a ServerApp that runs ``job`` (for the Simulation Engine's Python API)."""
-    app = ServerApp()
+def make_app(base_dir: Path | None = None) -> ServerApp:
+    """Return the ServerApp that runs the job its Flower run config describes.
 
-    @app.main()
+    Args:
+        base_dir: The Flower App directory; a relative ``config-path`` is read from it (None:
+            paths must be absolute).
+    """
+    server_app = ServerApp()
+
+    @server_app.main()
     def main(grid: Grid, context: Context) -> None:
+        job = FlowerJob.from_run_config(
+            dict(context.run_config), base_dir=base_dir, run_id=context.run_id
+        )
+        flwr_log(INFO, "fedunlearn: %s job, run directory %s", job.mode, job.run_dir)
         run_job(grid, job)
 
-    return app
+    return server_app
 
 
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Run the job the Flower run config describes (``flwr run --run-config ...``)."""
-    run_job(grid, FlowerJob.from_run_config(dict(context.run_config)))
+app = make_app()

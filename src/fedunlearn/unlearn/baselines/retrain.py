@@ -1,28 +1,24 @@
 """Retrain from scratch: FedAvg from the same M_0 with the remaining clients only.
 
 The reference every method is judged against (the "exact unlearning" upper bound): same T, E, lr,
-batch size, aggregation rule and participation fraction as the original run, and the original
-per-(round, client) seeds, so the remaining clients follow the batch orders they would have used.
-Needs no client history (only M_0).
+batch size and aggregation rule as the original run, and the original per-(round, client) seeds,
+so the remaining clients follow the batch orders they would have used. Under partial
+participation each round's participants are the original run's participants of that round minus
+the forgotten clients (as the replay methods use them), read from the history's client records;
+a round whose participants were all forgotten leaves the model unchanged. Needs no client
+update (only M_0 and the client records every policy keeps).
+
+Deviation: [REC] resampling a fraction of the *remaining* clients (the earlier behaviour) gave a
+different set, and a different number, of participants each round than the run had, so Retrain
+differed from the original even when the forgotten client never took part.
 """
 
 from __future__ import annotations
 
-from fedunlearn.fl.engine import run_rounds
-from fedunlearn.fl.records import RoundRecord
+from fedunlearn.fl.engine import run_round
 from fedunlearn.unlearn.base import MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
-
-
-class _RoundLog:
-    def __init__(self, context: UnlearnContext) -> None:
-        self.context = context
-        self.rows: list[dict[str, float]] = []
-
-    def on_round_end(self, record: RoundRecord) -> None:
-        self.context.meter.rounds += 1
-        self.rows.append({"round": record.round, **record.metrics})
 
 
 @register("retrain")
@@ -35,17 +31,24 @@ class Retrain(Unlearner):
         """Only M_0 must be kept."""
         return context.initial_params.numel() * 4
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
-        log = _RoundLog(context)
-        params = run_rounds(
-            context.clients,
-            context.aggregator,
-            context.history.read_model(0),
-            num_rounds=context.num_rounds,
-            participation=context.training.participation,
-            evaluate=context.evaluate,
-            observers=[log],
-        )
-        return RunOutput(params, log.rows)
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
+        params = context.history.read_model(0)
+        rows: list[dict[str, float]] = []
+        for round_ in range(1, context.num_rounds + 1):
+            participants = context.original_participants(round_)
+            context.meter.rounds += 1
+            if not participants:  # only forgotten clients took part: nothing to redo
+                metrics = context.evaluate(params) if context.evaluate is not None else {}
+                rows.append({"round": round_, **metrics})
+                continue
+            record = run_round(
+                context.clients,
+                context.aggregator,
+                params,
+                round_,
+                participants,
+                evaluate=context.evaluate,
+            )
+            rows.append({"round": record.round, **record.metrics})
+            params = record.global_after
+        return RunOutput(params, rows)

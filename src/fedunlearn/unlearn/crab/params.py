@@ -1,13 +1,13 @@
 """Crab's options: what training records (``history.crab``) and how recovery runs (``CrabParams``).
 
 Paper: Jiang, Shen, Liu, Tan, Lam, "Towards Efficient and Certified Recovery from Poisoning
-Attacks in Federated Learning", arXiv:2401.08216v2, Alg. 1-2. Design notes and every deviation:
-docs/methods/crab.md.
+Attacks in Federated Learning", arXiv:2401.08216v2, Alg. 1-2. Every default that differs from
+the paper carries its tag ([Dn]) from docs/methods/crab.md.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +17,7 @@ __all__ = ["CrabParams", "CrabSelectionConfig"]
 
 
 class CrabSelectionConfig(BaseModel):
-    """Crab's selective storage (paper Alg. 1, Eqs. 1-2): windows, round and client selection.
+    """Crab's selective storage (Sec. IV-B1, Alg. 1, Eqs. 1-2): windows, rounds and clients.
 
     The YAML section ``history.crab``. Used live by ``history.policy: crab`` and by the
     ``crab`` method when it derives the selection from a run recorded with ``all`` (both give
@@ -33,26 +33,44 @@ class CrabSelectionConfig(BaseModel):
         "pred_kl", description="round score: KL of predictions on R, or the code's param proxy"
     )
     rounding: Literal["half_up", "floor"] = Field(
-        "half_up", description="P_b = max(1, round_half_up(λ B_b)) (spec A5) or floor (code)"
+        "half_up", description="P_b = max(1, round_half_up(λ B_b)) [D4], or floor (the code)"
     )
     reference_size: int = Field(
-        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data"
+        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data [D2]"
     )
     max_window: int | None = Field(
-        None, ge=1, description="close a window after this many rounds (spec A11); None = never"
+        None, ge=1, description="close a window after this many rounds [D5]; None = never"
     )
 
 
 class CrabParams(MethodParams):
-    """Crab hyperparameters (selection overrides apply only to runs recorded with ``all``)."""
+    """Crab hyperparameters (selection overrides apply only to runs recorded with ``all``).
 
+    ``rollback`` picks Stage II's rule (``crab.rollback``: participation [D10], bounded [D11],
+    paper); ``beta``, ``rule`` and ``influence_weights`` apply to the S-based rules (bounded,
+    paper). ``final_rounds`` adds FedAvg rounds of the remaining clients after the replay
+    [D13]; ``auto`` runs as many as the replay skipped after the rollback point, within
+    ``epoch_budget`` times Retrain's client epochs.
+    """
+
+    rollback: Literal["participation", "bounded", "paper"] = Field(
+        "participation", description="Stage II rule: exact participation, bounded S, or Eq. 4-6"
+    )
     beta: float = Field(0.3, gt=0, description="β: sensitivity threshold ratio (Eq. 5)")
-    rule: Literal["literal", "prefix"] = Field("literal", description="j* rule (Eq. 6)")
+    rule: Literal["literal", "prefix"] = Field(
+        "prefix", description="j* rule of the S-based rollbacks: prefix [D12] or literal (Eq. 6)"
+    )
     influence_weights: Literal["benign", "all"] = Field(
-        "benign", description="normalise I(K^-) by n_{K^-} (paper) or n_K (spec A7)"
+        "benign", description="normalise I(K^-) by n_{K^-} (paper) or n_K [D7]"
     )
     no_rollback: bool = Field(False, description="ablation: j* = 0 (replay from M_0)")
     norm_scope: Literal["model", "layer"] = "model"
+    final_rounds: Annotated[int, Field(ge=0, le=100_000)] | Literal["auto"] = Field(
+        "auto", description="FedAvg rounds after the replay [D13]: a count, or auto"
+    )
+    epoch_budget: float = Field(
+        0.6, gt=0, le=1, description="auto final rounds: total client epochs <= this x Retrain's"
+    )
     alpha: float | None = Field(None, gt=0, lt=1, description="override history.crab.alpha")
     round_ratio: float | None = Field(None, gt=0, le=1, description="override λ")
     client_ratio: float | None = Field(None, gt=0, le=1, description="override δ")

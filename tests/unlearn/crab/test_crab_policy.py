@@ -21,6 +21,7 @@ from fedunlearn.history import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn.crab.policy import (
     ReferenceScorer,
+    WindowSelector,
     clients_to_keep,
     close_windows,
     kl_divergence,
@@ -125,10 +126,12 @@ def test_attached_updates_commit_with_the_round_and_are_checked(tmp_path):
         store.write_round(_entry(3), attach={1: {7: torch.ones(4)}})
     with pytest.raises(ConfigError, match="earlier rounds"):
         store.write_round(_entry(3), attach={3: {0: torch.ones(4)}})
-    assert store.last_round() == 2 and not store.has_update(1, 0)  # nothing written
+    assert store.last_round() == 2
+    assert not store.has_update(1, 0)  # nothing written
     store.write_round(_entry(3, updates={1: torch.ones(4)}), attach={1: {0: torch.ones(4) * 5}})
     assert torch.equal(store.read_update(1, 0), torch.ones(4) * 5)
-    assert store.has_update(3, 1) and not store.has_update(2, 0)
+    assert store.has_update(3, 1)
+    assert not store.has_update(2, 0)
     with pytest.raises(HistoryError, match="already stores"):
         store.write_round(_entry(4), attach={1: {0: torch.ones(4)}})
     store.forget([1])
@@ -181,7 +184,8 @@ def test_interrupted_crab_run_restarts_at_the_window_and_is_bit_identical(crab_r
         train_run(cfg, tmp_path / "cut", observers=[StopAt(stop)])
     summary = train_run(cfg, tmp_path / "cut", resume=True)
     # windows close at rounds 5 and 8 here: round 7 is mid-window, so rounds 6-7 are re-run
-    assert summary["resumed_from_round"] == 5 < stop and closes
+    assert summary["resumed_from_round"] == 5 < stop
+    assert closes
     assert stored_sets(tmp_path / "cut") == full
     with (
         HistoryStore.open(crab_run / "history") as a,
@@ -212,7 +216,8 @@ def test_kill_9_mid_window_then_resume_gives_the_uninterrupted_store(crab_run, t
     proc.wait()
     with HistoryStore.open(out / "history") as store:
         done = store.last_round()
-    assert done is not None and 4 <= done <= 8
+    assert done is not None
+    assert 4 <= done <= 8
     train_run(parse_config(CONFIG), out, resume=True)  # in-process: saves a torch start-up
     assert stored_sets(out) == stored_sets(crab_run)
     with (
@@ -236,3 +241,53 @@ def test_round_scores_are_zero_for_an_unchanged_model_and_positive_otherwise(div
     assert same.loss > 0
     with pytest.raises(ConfigError, match="divergence must be"):
         ReferenceScorer(model, x, y, "kl")  # type: ignore[arg-type]
+
+
+# ----- Eq. 1's direction [D1]: the review's surviving mutant ----------------------------------
+
+
+def _expanded_kl(p_old: torch.Tensor, p_new: torch.Tensor) -> float:
+    """Σ p(M_t) log(p(M_t) / p(M_{t+1})), averaged over rows: Eq. 1 as the paper expands it."""
+    return float((p_old * (p_old / p_new).log()).sum(dim=1).mean())
+
+
+def test_kl_divergence_is_the_expanded_form_of_eq1():
+    p_old = torch.tensor([[0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    p_new = torch.tensor([[0.5, 0.5], [0.2, 0.8]], dtype=torch.float64)
+    expected = _expanded_kl(p_old, p_new)
+    reverse = _expanded_kl(p_new, p_old)
+    assert abs(expected - reverse) > 0.05  # the two directions differ on this pair
+    assert kl_divergence(p_old, p_new) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("divergence", ["pred_kl", "param_softmax_kl"])
+def test_round_score_is_kl_of_the_previous_model_against_the_new_one(divergence):
+    # Prepare: three global models M_0, M_1, M_2 of a linear classifier (small weights, so no
+    # probability reaches the 1e-12 clamp); a window of two rounds
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 3))
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
+    scorer = ReferenceScorer(model, x, y, divergence)
+    models = [torch.randn(21, generator=g) * s for s in (0.3, 0.8, 1.2)]
+    selector = WindowSelector(scorer, alpha=1e-6, round_ratio=1.0, client_ratio=1.0, max_window=2)
+    selector.start(models[0])
+    # Execute
+    for t in (1, 2):
+        selector.observe(t, models[t], models[t] - models[t - 1], lambda: {0: torch.ones(21)})
+    # Assert: round t's score is D(M_{t-1}, M_t) = KL(p(M_{t-1}) || p(M_t)), not the reverse
+    for t, score in zip((1, 2), selector.windows[0].scores, strict=True):
+        old, new = scorer.view(models[t - 1]), scorer.view(models[t])
+        if divergence == "pred_kl":
+            p_old, p_new = old.probs, new.probs
+            assert score == pytest.approx(_expanded_kl(p_old, p_new), rel=1e-9)
+            assert abs(score - _expanded_kl(p_new, p_old)) > 1e-3 * score
+        else:
+            forward = scorer.divergence(old, new)
+            assert score == pytest.approx(forward, rel=1e-12)
+            first = slice(0, 18)  # the weight matrix (3 x 6): row-wise softmax over its columns
+            a = torch.softmax(models[t - 1][first].reshape(3, 6).double(), dim=1)
+            b = torch.softmax(models[t][first].reshape(3, 6).double(), dim=1)
+            c = torch.softmax(models[t - 1][18:].reshape(1, 3).double(), dim=1)
+            d = torch.softmax(models[t][18:].reshape(1, 3).double(), dim=1)
+            assert score == pytest.approx(_expanded_kl(a, b) + _expanded_kl(c, d), rel=1e-9)
+            assert abs(score - (_expanded_kl(b, a) + _expanded_kl(d, c))) > 1e-3 * score

@@ -1,4 +1,8 @@
-"""Crab: rollback math, calibration, the replay equivalence, live = derived, bounds."""
+"""Crab on small runs: rollback math, calibration, replay equivalence, live = derived, bounds.
+
+Crab's paper-faithful pieces are tested with the options that select them (``rollback: paper``,
+``final_rounds: 0``); the defaults are tested in test_crab_rollback.py and test_crab_quickstart.py.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.crab.unlearner import influence, rollback_index, weighted_mean
+from fedunlearn.unlearn.crab.rollback import influence, rollback_index, weighted_mean
 from fedunlearn.unlearn.replay import calibrate, calibrated_replay
 
 BASE = {  # the config of conftest's shared runs (run_all, run_none)
@@ -62,10 +66,11 @@ def test_sensitivity_is_zero_when_no_malicious_client_was_stored():
 def test_rollback_index_literal_and_prefix_rules():
     sens = [0.0, 5.0, 0.0, 0.0, 0.0]
     infl = [1.0, 1.0, 1.0, 1.0, 10.0]
-    j, cum_s, phi = rollback_index(sens, infl, beta=0.5)
-    assert cum_s == [0.0, 5.0, 5.0, 5.0, 5.0] and phi == [0.5, 1.0, 1.5, 2.0, 7.0]
-    assert j == 5  # literal: the most recent j with S(j) <= Φ(j)
-    assert rollback_index(sens, infl, beta=0.5, rule="prefix")[0] == 1
+    j, cum_s, phi = rollback_index(sens, infl, beta=0.5, rule="literal")
+    assert cum_s == [0.0, 5.0, 5.0, 5.0, 5.0]
+    assert phi == [0.5, 1.0, 1.5, 2.0, 7.0]
+    assert j == 5  # literal (Eq. 6): the most recent j with S(j) <= Φ(j)
+    assert rollback_index(sens, infl, beta=0.5)[0] == 1  # prefix, the default
     assert rollback_index([1.0, 1.0], [1.0, 1.0], beta=0.3)[0] == 0  # none: roll back to M_0
 
 
@@ -85,7 +90,7 @@ def test_calibration_keeps_the_stored_norm_and_the_fresh_direction():
 
 
 def test_no_selection_no_rollback_equals_calibrated_replay_of_all_rounds_bit_for_bit(run_all):
-    params = {"round_ratio": 1.0, "client_ratio": 1.0, "no_rollback": True}
+    params = {"round_ratio": 1.0, "client_ratio": 1.0, "no_rollback": True, "final_rounds": 0}
     crab = recover(run_all, params)
     assert crab.details.rollback_round == 0
     assert crab.details.recovery_rounds == (1, 2, 3, 4, 5)
@@ -125,10 +130,12 @@ def test_selection_overrides_are_refused_on_a_live_crab_run(run_crab):
 
 
 def test_rollback_is_capped_so_at_least_one_round_is_replayed(run_all):
-    result = recover(run_all, {"beta": 1e6})
+    result = recover(run_all, {"rollback": "paper", "beta": 1e6, "final_rounds": 0})
     d = result.details
-    assert d.rollback_index == d.num_stored_rounds - 1 and d.rollback_capped
-    assert result.costs.rounds == 1 and len(d.recovery_rounds) == 1
+    assert d.rollback_index == d.num_stored_rounds - 1
+    assert d.rollback_capped
+    assert result.costs.rounds == 1
+    assert len(d.recovery_rounds) == 1
     for t, ids in d.participants.items():
         assert not set(ids) & set(d.stored_malicious.get(t, []))
 
@@ -137,22 +144,31 @@ def test_rollback_is_capped_so_at_least_one_round_is_replayed(run_all):
 
 
 def test_triangle_bound_holds_and_theorem_bounds_are_reported(run_all):
-    result = recover(run_all, {"no_rollback": True, "bound_check": True})
+    result = recover(run_all, {"no_rollback": True, "bound_check": True, "final_rounds": 0})
     bounds = result.details.bounds
     assert bounds["triangle_holds"]
     assert len(bounds["rows"]) == result.costs.rounds
     for row in bounds["rows"]:
         assert 0 <= row["observed"] <= row["triangle"] * (1 + 1e-5) + 1e-6
-        assert row["paper"] > 0 and row["safe"] >= row["paper"] - 1e-9  # sqrt(a)+sqrt(b) >= ...
-    assert bounds["L"] > 0 and bounds["G"] > 0 and bounds["delta_F"] > 0
+        assert row["paper"] > 0
+        assert row["safe"] >= row["paper"] - 1e-9  # sqrt(a)+sqrt(b) >= ...
+    assert bounds["L"] > 0
+    assert bounds["G"] > 0
+    assert bounds["delta_F"] > 0
     assert bounds["reference_retrain_cost"]["client_epochs"] > 0
-    plain = recover(run_all, {"no_rollback": True})
+    report = result.details.certified_bound()  # what the receipt's bound check reads
+    assert report is not None
+    assert report.name == "Crab Theorem 1 (B_safe)"
+    assert report.bound == bounds["rows"][-1]["safe"]
+    assert report.observed == bounds["rows"][-1]["observed"]
+    plain = recover(run_all, {"no_rollback": True, "final_rounds": 0})
+    assert plain.details.certified_bound() is None  # no bound_check, no certificate
     assert plain.costs.client_epochs == result.costs.client_epochs  # diagnostic not billed
     assert torch.equal(plain.params, result.params)
 
 
 def test_stored_malicious_clients_give_sensitivity_and_never_take_part(run_all):
-    d = recover(run_all, {"client_ratio": 1.0}).details
+    d = recover(run_all, {"client_ratio": 1.0, "rollback": "paper"}).details
     malicious_rounds = {int(t) for t in d.stored_malicious}
     assert malicious_rounds == set(d.stored_rounds)  # δ = 1 keeps everybody
     assert all(s > 0 for s in d.sensitivity)

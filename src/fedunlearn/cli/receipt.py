@@ -1,0 +1,307 @@
+"""What the CLI shows of receipts: verdicts and reasons, progress, the ``audit`` command.
+
+``print_verification`` prints one receipt (a line per check, the reason of every warn, fail and
+n/a); ``print_verdicts`` prints a comparison's verdicts with the reasons of every method that did
+not pass, and the cheapest method that passed every check; ``RoundProgress`` draws progress per
+method and per unlearning round; ``load_thresholds`` reads ``--thresholds`` and ``--threshold``;
+``audit_command`` is ``fedunlearn audit``. The checks themselves: docs/verification.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedunlearn.cli.common import cli_errors, ensure_writable_output
+from fedunlearn.errors import ConfigError
+
+if TYPE_CHECKING:  # torch-heavy modules: imported in the functions, so --help stays fast
+    from fedunlearn.eval import VerificationThresholds
+
+__all__ = [
+    "LEGEND",
+    "RoundProgress",
+    "audit_command",
+    "load_thresholds",
+    "print_verdicts",
+    "print_verification",
+    "register",
+]
+
+console = Console()
+err_console = Console(stderr=True)
+
+_STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red", "n/a": "dim"}
+_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "n/a": "n/a "}
+
+LEGEND = (
+    "none: the original model (no unlearning). retrain: retraining from scratch without the "
+    "removed clients, the reference. TA: test accuracy. ASR: share of triggered test inputs the "
+    "model classifies as the backdoor's target (Retrain shows the clean level). MIA: "
+    "membership-attack AUC on the forgotten clients' clean training data against unseen data "
+    "(0.5: the attack cannot tell). L2 retrain: parameter distance to the retrained model. "
+    "epochs: local epochs the method asked of the clients (its cost; Retrain's is the price of "
+    "exact unlearning). verdict: the receipt's checks (docs/verification.md)."
+)
+
+
+def verdict_text(verdict: str) -> str:
+    """Return a verdict as rich markup (``PASS`` in green, ...)."""
+    return f"[{_STYLE.get(verdict, '')}]{_MARK.get(verdict, verdict).strip()}[/]"
+
+
+def print_verification(
+    verification: Mapping[str, Any], *, title: str = "", out: Console | None = None
+) -> None:
+    """Print a receipt: its verdict, then one line per check with its reason."""
+    out = out or console
+    refs = ", ".join(verification.get("references", ()))
+    head = title or verification.get("subject", "") or "model"
+    out.print(f"{head}: {verdict_text(verification['verdict'])} (references: {refs})")
+    for check in verification["checks"]:
+        verdict = check["verdict"]
+        out.print(
+            f"  [{_STYLE[verdict]}]{_MARK[verdict]}[/] {check['title']}: {check['reason']}",
+            highlight=False,
+        )
+
+
+def print_verdicts(doc: Mapping[str, Any], *, out: Console | None = None) -> None:
+    """Print each method's verdict and the reasons of those that did not pass."""
+    out = out or console
+    for row in doc["methods"]:
+        verification = row.get("verification")
+        if verification is None:
+            continue
+        name = row.get("label", row["method"])
+        reasons = verification.get("reasons", [])
+        if not reasons:
+            continue
+        out.print(f"{name}: {verdict_text(verification['verdict'])}", highlight=False)
+        for reason in reasons:
+            out.print(f"  - {reason}", highlight=False)
+    from fedunlearn.report.tables import cheapest_passing
+
+    best = cheapest_passing(doc)
+    retrain = next((m for m in doc["methods"] if m["method"] == "retrain"), None)
+    if best is None:
+        out.print("[bold red]No method passed every check of the model.[/]")
+    elif retrain is not None and best["method"] != "retrain":
+        out.print(
+            f"Cheapest method that passes every check: [bold]{best.get('label', best['method'])}"
+            f"[/] ({best['client_epochs']:,} client epochs against Retrain's "
+            f"{retrain['client_epochs']:,})",
+            highlight=False,
+        )
+    else:
+        out.print(
+            "Only Retrain passed every check of the model: the cheaper methods left a trace "
+            "(see above)."
+        )
+
+
+class RoundProgress:
+    """Progress of unlearning: the current method, its round count and latest metrics.
+
+    Implements ``fedunlearn.experiments.Progress``; use as a context manager.
+    """
+
+    def __init__(self, out: Console | None = None, *, enabled: bool = True) -> None:
+        console = out or err_console
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console,
+            disable=not (enabled and console.is_terminal),  # no live display in logs and pipes
+            transient=True,
+        )
+        self._task = self._progress.add_task("starting", total=None, status="")
+        self._rounds = 0
+        self._current: str | None = None
+
+    def __enter__(self) -> RoundProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self._finish()
+        self._progress.stop()
+
+    def on_step(self, text: str) -> None:
+        """Show a stage without rounds."""
+        self._finish()
+        self._progress.update(self._task, description=text, status="")
+
+    def on_method(self, name: str, index: int, total: int) -> None:
+        """Show that method ``index`` of ``total`` starts (and that the previous one is done)."""
+        self._finish()
+        self._rounds = 0
+        self._current = name
+        self._progress.update(self._task, description=f"[{index}/{total}] {name}", status="")
+
+    def _finish(self) -> None:
+        if self._current is not None:
+            self._progress.console.print(
+                f"  {self._current}: done ({self._rounds} unlearning rounds)", style="dim"
+            )
+            self._current = None
+
+    def on_round(self, name: str, metrics: dict[str, float]) -> None:
+        """Show one more finished unlearning round and its test metrics."""
+        self._rounds += 1
+        text = f"round {self._rounds}"
+        if "test_accuracy" in metrics:
+            text += f"  acc {metrics['test_accuracy']:.3f}"
+        if "backdoor_asr" in metrics:
+            text += f"  asr {metrics['backdoor_asr']:.3f}"
+        self._progress.update(self._task, status=text)
+
+
+def load_thresholds(path: Path | None, items: Sequence[str] = ()) -> VerificationThresholds:
+    """Return the thresholds from a YAML file and ``key=value`` overrides (defaults otherwise).
+
+    Raises:
+        ConfigError: if the file is missing or not a mapping, an item is not ``key=value``, or
+            a value is out of its range (the field and the allowed range are named).
+    """
+    from fedunlearn.eval import VerificationThresholds
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"--thresholds {path}: no such file")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"--thresholds {path} must be a YAML mapping of threshold names to values, "
+                "e.g. 'backdoor_fail: 0.1'"
+            )
+        values.update(loaded)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--threshold takes key=value (e.g. backdoor_fail=0.1); got {item!r}")
+        values[key.strip()] = yaml.safe_load(value)
+    try:
+        return VerificationThresholds.model_validate(values)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
+            for e in err.errors()
+        )
+        known = ", ".join(VerificationThresholds.model_fields)
+        raise ConfigError(f"invalid verification thresholds: {problems}. Known: {known}") from None
+
+
+def _parse_ids(value: str | None, malicious: Sequence[int]) -> tuple[list[int] | None, str]:
+    if value is None:
+        return None, "forget"
+    if value.strip() == "malicious":
+        if not malicious:
+            raise ConfigError("--forget malicious: the run has no malicious clients")
+        return list(malicious), "recover"
+    try:
+        ids = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--forget takes comma-separated client ids or 'malicious'; got {value!r}"
+        ) from None
+    if not ids:
+        raise ConfigError("--forget is empty: name at least one client id (e.g. --forget 3,7)")
+    return ids, "forget"
+
+
+def audit_command(
+    run_dir: Annotated[Path, typer.Argument(help="finished run directory")],
+    model: Annotated[
+        Path,
+        typer.Option(help="model to audit: .safetensors (state dict) or .pt (flat or state dict)"),
+    ],
+    forget: Annotated[
+        str | None,
+        typer.Option(
+            help="clients it should have forgotten: '3,7' or 'malicious' (default: "
+            "those the run's store deleted)"
+        ),
+    ] = None,
+    reference: Annotated[
+        str, typer.Option(help="'original' (cheap) or 'retrain' (also run Retrain)")
+    ] = "original",
+    thresholds: Annotated[
+        Path | None, typer.Option(help="YAML file of verification thresholds")
+    ] = None,
+    threshold: Annotated[
+        list[str] | None, typer.Option(help="one threshold key=value (repeatable)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the receipt as JSON")] = False,
+) -> None:
+    """Verify any model of a run's architecture: the receipt an unlearning result gets.
+
+    Exit code 0 when the verdict is pass or warn, 1 when a check fails, 2 on bad input.
+    """
+    from fedunlearn.experiments import audit_model
+    from fedunlearn.runs import run_info
+    from fedunlearn.runs.rundir import write_text_atomic
+
+    if out is not None:
+        ensure_writable_output(out, "file")
+    limits = load_thresholds(thresholds, threshold or [])
+    malicious = run_info(run_dir)["malicious_clients"] if forget == "malicious" else []
+    ids, kind = _parse_ids(forget, malicious)
+    with RoundProgress(enabled=not as_json) as progress:
+        doc = audit_model(
+            run_dir,
+            model,
+            ids,
+            kind=kind,
+            reference=reference,
+            thresholds=limits,
+            progress=progress,
+        )
+    if out is not None:
+        write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
+    verification = doc["verification"]
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        req = doc["request"]
+        table = Table(show_header=False, title=f"audit of {doc['subject']}")
+        m, o = doc["measures"], doc["original"]
+        for key, label in (
+            ("test_accuracy", "TA"),
+            ("backdoor_asr", "ASR"),
+            ("mia_auc", "MIA AUC (shadow)"),
+            ("mia_loss_auc", "MIA AUC (loss)"),
+        ):
+            if m.get(key) is not None:
+                table.add_row(label, f"{m[key]:.3f}", f"original {o[key]:.3f}")
+        console.print(table)
+        print_verification(
+            verification, title=f"{doc['subject']} ({req['kind']} clients {req['forget']})"
+        )
+    if verification["verdict"] == "fail":
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fedunlearn audit`` to the app."""
+    app.command(name="audit")(cli_errors(audit_command))

@@ -1,0 +1,191 @@
+"""Audit any model of a run's architecture: the same receipt an unlearning result gets.
+
+``audit_model(run_dir, params, forget)`` opens the run, measures the model (``Verifier.audit``)
+and returns the receipt document; ``read_model_file`` reads the model from a file: a
+``.safetensors`` state dict (the module's parameter names, as ``safetensors.torch.save_file`` or
+``save_model`` write them), or a ``.pt`` file holding the flat parameter vector
+(``fedunlearn unlearn --save-model``) or a state dict. A model trained or edited outside the
+toolkit is audited the same way, as long as it has the run's architecture.
+
+Which clients the model is supposed to have forgotten: ``forget``; by default the clients the
+run's store has deleted (``fedunlearn forget``), if any.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedunlearn.errors import ConfigError
+from fedunlearn.eval import VerificationThresholds, Verifier
+from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
+from fedunlearn.models.flat import get_flat_params
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+
+__all__ = ["audit_model", "forgotten_clients", "read_model_file"]
+
+MODEL_SUFFIXES = (".safetensors", ".pt", ".pth")
+
+
+def _from_state_dict(state: dict[str, Any], model: nn.Module, path: Path) -> torch.Tensor:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ConfigError(
+            f"{path} does not hold this run's model: missing {missing[:4] or 'nothing'}, "
+            f"unexpected {unexpected[:4] or 'nothing'} (expected keys {sorted(expected)[:6]}). "
+            "Save the model of the run's architecture (its state_dict)."
+        )
+    for key, tensor in expected.items():
+        got = state[key]
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(tensor.shape):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ConfigError(
+                f"{path}: '{key}' has shape {shape}; this run's model expects {tuple(tensor.shape)}"
+            )
+    clone = copy.deepcopy(model)
+    clone.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+    return get_flat_params(clone)
+
+
+def read_model_file(path: str | Path, model: nn.Module) -> torch.Tensor:
+    """Return the flat parameters of the model stored in ``path``.
+
+    Args:
+        path: A ``.safetensors`` state dict, or a ``.pt``/``.pth`` file with a flat vector or a
+            state dict.
+        model: The run's architecture (template; not modified).
+
+    Raises:
+        ConfigError: if the file is missing, of another kind, unreadable, or not a model of this
+            architecture.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix not in MODEL_SUFFIXES:
+        raise ConfigError(
+            f"model file {path}: unknown kind '{suffix}'; pass a {', '.join(MODEL_SUFFIXES)} file"
+        )
+    if suffix == ".safetensors":
+        try:
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise ConfigError(
+                "reading .safetensors files needs the safetensors package: pip install safetensors"
+            ) from None
+        try:
+            state: Any = load_file(str(path))
+        except (SafetensorError, OSError) as err:
+            raise ConfigError(f"{path} is not a readable safetensors file: {err}") from None
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several kinds for a bad file
+            raise ConfigError(f"{path} is not a readable torch file: {err}") from None
+    if isinstance(state, torch.Tensor):
+        expected = sum(p.numel() for p in model.parameters())
+        if state.ndim != 1 or state.numel() != expected:
+            raise ConfigError(
+                f"{path} holds a tensor of shape {tuple(state.shape)}; this run's model has "
+                f"{expected} parameters (a flat vector, as 'fedunlearn unlearn --save-model' "
+                "writes, or a state dict)"
+            )
+        return state.detach().to(torch.float32)
+    if isinstance(state, dict):
+        return _from_state_dict(state, model, path)
+    raise ConfigError(
+        f"{path} holds a {type(state).__name__}; expected a flat parameter tensor or a state dict"
+    )
+
+
+def forgotten_clients(session: UnlearnSession) -> list[int]:
+    """Return the clients the run's store has deleted (its forget log), sorted."""
+    ids: set[int] = set()
+    for record in session.store.forget_records():
+        if hasattr(record, "client_ids"):
+            ids.update(int(c) for c in record.client_ids)
+        else:
+            ids.add(int(record.client_id))
+    return sorted(ids)
+
+
+def audit_model(
+    run_dir: str | Path,
+    model: torch.Tensor | str | Path,
+    forget: Sequence[int] | None = None,
+    *,
+    kind: str = "forget",
+    reference: str = "original",
+    thresholds: VerificationThresholds | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Return the receipt document of a model of the run's architecture.
+
+    Args:
+        run_dir: The finished run the model claims to have unlearned from.
+        model: Flat parameters, or a model file (``read_model_file``).
+        forget: The clients the model should have forgotten; default: those the run's store
+            deleted.
+        kind: ``forget`` or ``recover``.
+        reference: ``original`` or ``retrain`` (also run Retrain and judge against it).
+        thresholds: Thresholds of the checks (defaults if None).
+        seed: Seed of the membership attacks.
+        progress: Told about each stage (and Retrain's rounds).
+
+    Returns:
+        ``{"subject", "request", "measures", "original", "retrain", "verification", ...}``.
+
+    Raises:
+        ConfigError: if no client is named and the store deleted none, or the model does not
+            fit the run.
+    """
+    with UnlearnSession(run_dir) as session:
+        if isinstance(model, torch.Tensor):
+            params, subject = model, "model"
+        else:
+            params = read_model_file(model, session.setup.model)
+            subject = Path(model).name
+        if forget is None:
+            forget = forgotten_clients(session)
+            if not forget:
+                raise ConfigError(
+                    f"name the clients the model should have forgotten (--forget 3,7 or "
+                    f"'malicious'); the store of {run_dir} has deleted none"
+                )
+        request = UnlearnRequest.of(forget, kind)
+        session.check_request(request)
+        retrain = None
+        if reference == "retrain":
+            if progress is not None:
+                progress.on_method("retrain", 1, 1)
+            retrain = session.run(
+                make_method("retrain"),
+                request,
+                progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
+            )
+        if progress is not None:
+            progress.on_step("verifying")
+        verifier = Verifier(
+            session, request, thresholds=thresholds, reference=reference, retrain=retrain, seed=seed
+        )
+        row, verification = verifier.audit(params, subject)
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "subject": subject,
+        "run_dir": str(run_dir),
+        "request": {"forget": sorted(request.forget), "kind": request.kind},
+        "measures": row,
+        "original": verifier.original_row,
+        "retrain": verifier.retrain_row,
+        "verification": verification.to_dict(),
+    }

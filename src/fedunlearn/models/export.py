@@ -1,0 +1,178 @@
+"""Model files: a module's ``state_dict`` as safetensors, with its ``ModelSpec`` in the metadata.
+
+``save_model(path, model, params=flat)`` writes named tensors (the keys of
+``model.state_dict()``: ``net.1.weight``, ...) with safetensors, so the file opens anywhere
+(``safetensors.torch.load_file`` gives a plain ``state_dict``); ``load_model(path)`` returns the
+``torch.nn.Module`` again, bit for bit. The file's metadata (strings) holds:
+
+- ``fedunlearn.format``: ``fedunlearn.model.v1``;
+- ``fedunlearn.spec``: the ``ModelSpec`` as JSON (built-in name or user factory, input shape,
+  class count, options), present whenever ``build_model`` built the module;
+- ``fedunlearn.version`` and anything the caller adds (``fedunlearn export`` records the run and
+  round, or the unlearning request, under ``fedunlearn.source``).
+
+Loading never imports code named in a file: a built-in model is rebuilt from the registry; a
+user module needs its factory (``load_model(path, factory=MyNet)``) or an instance
+(``load_model(path, model=MyNet(...))``). Tied (shared) parameters are stored once, as
+safetensors' ``save_model`` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model as _load_into
+from safetensors.torch import save_model as _save_from
+from torch import nn
+
+import fedunlearn
+from fedunlearn.errors import ConfigError
+from fedunlearn.models.flat import set_flat_params
+from fedunlearn.models.registry import MODELS, ModelFactory, ModelSpec, build_model, model_spec
+
+__all__ = ["FORMAT", "load_model", "read_metadata", "read_spec", "save_model"]
+
+FORMAT = "fedunlearn.model.v1"
+FORMAT_KEY = "fedunlearn.format"
+SPEC_KEY = "fedunlearn.spec"
+VERSION_KEY = "fedunlearn.version"
+
+
+def save_model(
+    path: str | Path,
+    model: nn.Module,
+    *,
+    params: torch.Tensor | None = None,
+    spec: ModelSpec | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write ``model``'s ``state_dict`` (with ``params`` copied in first) to a safetensors file.
+
+    The file is written next to ``path`` and renamed into place, so a crash never leaves a
+    half-written model under ``path``.
+
+    Args:
+        path: File to write (conventionally ``*.safetensors``).
+        model: The module, or the run's template module when ``params`` is given; it is not
+            modified.
+        params: Flat float32 parameters (the engine's representation, ``get_flat_params``
+            order) to write instead of the module's own; buffers come from ``model``.
+        spec: How to rebuild the module (default: the spec ``build_model`` recorded).
+        metadata: Extra string entries for the file's metadata.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: if ``params`` does not fit the model, a metadata value is not a string, or
+            the spec's options are not JSON values.
+    """
+    path = Path(path)
+    module = copy.deepcopy(model).cpu()
+    if params is not None:
+        set_flat_params(module, params.detach().cpu())
+    spec = spec if spec is not None else model_spec(model)
+    meta = {"format": "pt", FORMAT_KEY: FORMAT, VERSION_KEY: fedunlearn.__version__}
+    if spec is not None:
+        meta[SPEC_KEY] = spec.to_json()
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigError(
+                f"model file metadata must map strings to strings; got {key!r}: {value!r}"
+            )
+        meta[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        _save_from(module, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """Return the string metadata of a safetensors file.
+
+    Raises:
+        ConfigError: if the file does not exist or is not a safetensors file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return dict(fh.metadata() or {})
+    except (SafetensorError, OSError) as err:
+        raise ConfigError(f"{path} is not a safetensors model file: {err}") from None
+
+
+def read_spec(path: str | Path) -> ModelSpec | None:
+    """Return the ``ModelSpec`` stored in a model file (None if it has none)."""
+    text = read_metadata(path).get(SPEC_KEY)
+    return None if text is None else ModelSpec.from_json(text)
+
+
+def load_model(
+    path: str | Path,
+    *,
+    factory: ModelFactory | None = None,
+    model: nn.Module | None = None,
+    device: str | torch.device = "cpu",
+) -> nn.Module:
+    """Return the ``torch.nn.Module`` saved in ``path``, in eval mode, on ``device``.
+
+    Args:
+        path: A file written by ``save_model`` (or ``fedunlearn export`` / ``--save-model``).
+        factory: Builds a user module: ``factory(input_shape, num_classes, **options)`` with the
+            file's spec (the same callable the run passed to ``build_model``).
+        model: A module to load the weights into instead (any safetensors ``state_dict``
+            file whose names and shapes fit it); it is modified and returned.
+        device: Where the returned module lives.
+
+    Raises:
+        ConfigError: if the file is missing or not a safetensors file, if it holds a user
+            module and neither ``factory`` nor ``model`` is given, or if its tensors do not fit
+            the module (names listed).
+    """
+    path = Path(path)
+    meta = read_metadata(path)
+    spec = ModelSpec.from_json(meta[SPEC_KEY]) if SPEC_KEY in meta else None
+    if model is None:
+        model = _build(path, spec, factory)
+    try:
+        missing, unexpected = _load_into(model, str(path), strict=False)
+    except (RuntimeError, SafetensorError) as err:  # shape mismatch
+        raise ConfigError(
+            f"{path} does not fit {type(model).__name__}: {str(err).splitlines()[0]}"
+        ) from None
+    if missing or unexpected:
+        raise ConfigError(
+            f"{path} does not fit {type(model).__name__}: missing tensors {sorted(missing)}, "
+            f"unexpected tensors {sorted(unexpected)}"
+        )
+    return model.to(device).eval()
+
+
+def _build(path: Path, spec: ModelSpec | None, factory: ModelFactory | None) -> nn.Module:
+    """Build the empty module a file's spec describes."""
+    if spec is None:
+        raise ConfigError(
+            f"{path} has no fedunlearn model spec (not written by fedunlearn); pass the module "
+            "to fill: load_model(path, model=MyNet(...))"
+        )
+    options = dict(spec.options)
+    if factory is not None:
+        return build_model(factory, spec.input_shape, spec.num_classes, seed=0, **options)
+    if spec.name in MODELS:
+        return build_model(spec.name, spec.input_shape, spec.num_classes, seed=0, **options)
+    raise ConfigError(
+        f"{path} holds a user module built by {spec.factory or 'an unnamed factory'}; fedunlearn "
+        "never imports code named in a file. Pass it: load_model(path, factory=<that callable>) "
+        "or load_model(path, model=<an instance>)"
+    )

@@ -1,0 +1,147 @@
+"""The Verifier on a small real run: receipts attached, hooks read, deletion evidence."""
+
+import shutil
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fedunlearn.config import parse_config
+from fedunlearn.errors import ConfigError, ForgottenDataError
+from fedunlearn.eval import Verifier, deletion_evidence
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn import (
+    BoundReport,
+    Costs,
+    Details,
+    UnlearnRequest,
+    UnlearnResult,
+    UnlearnSession,
+    make_method,
+)
+
+RUN = {
+    "seed": 7,
+    "data": {"dataset": "digits", "num_clients": 5},
+    "model": {"name": "mlp", "hidden": [16]},
+    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
+    "history": {"policy": "all"},
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("verify") / "run"
+    train_run(parse_config(RUN), out)
+    return out
+
+
+@dataclass(frozen=True)
+class CertifiedDetails(Details):
+    """A method's details with a bound and a warning (the two hooks the receipt reads)."""
+
+    bound: float
+    observed: float
+    warnings: tuple[str, ...] = ()
+
+    def certified_bound(self) -> BoundReport | None:
+        return BoundReport("test bound", bound=self.bound, observed=self.observed)
+
+
+def test_verify_attaches_the_receipt_and_changes_nothing_else(run_dir):
+    request = UnlearnRequest.of([2])
+    with UnlearnSession(run_dir) as session:
+        result = session.run(make_method("federaser"), request)
+        assert result.verification is None
+        verifier = Verifier(session, request)
+        verified = verifier.verify(result)
+    assert torch.equal(verified.params, result.params)
+    assert verified.costs == result.costs
+    receipt = verified.verification
+    assert receipt is not None
+    assert receipt.subject == "federaser"
+    assert receipt.references == ("original",)
+    assert receipt.check("distance").verdict == "n/a"  # no Retrain reference asked for
+    assert receipt.check("backdoor").verdict == "n/a"  # the run has no attack
+    # a deletion request whose client's updates are still stored warns, naming the command
+    assert receipt.check("deletion").verdict == "warn"
+    assert "fedunlearn forget RUN --clients 2" in receipt.check("deletion").reason
+
+
+def test_the_bound_and_warnings_hooks_of_a_methods_details_are_read(run_dir):
+    request = UnlearnRequest.of([2])
+    with UnlearnSession(run_dir) as session:
+        verifier = Verifier(session, request)
+        final = session.final_params.clone()
+
+        def result(details):
+            return UnlearnResult("custom", final, Costs(), details=details)
+
+        holds = verifier.verify(result(CertifiedDetails(bound=1.0, observed=0.5)))
+        broken = verifier.verify(result(CertifiedDetails(1.0, 2.0, ("rollback kept round 2",))))
+    assert holds.verification.check("bound").verdict == "pass"
+    assert broken.verification.check("bound").verdict == "fail"
+    warning = broken.verification.check("method_warnings")
+    assert warning.verdict == "warn"
+    assert warning.reason == "rollback kept round 2"
+
+
+def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
+    request = UnlearnRequest.of([1])
+    with UnlearnSession(run_dir) as session:
+        verifier = Verifier(session, request)
+        row, receipt = verifier.audit(session.final_params, "original.pt")
+        assert receipt.verdict == "fail"
+        assert receipt.subject == "original.pt"
+        assert "the model is the original model, unchanged" in receipt.check("distance").reason
+        assert row["distance_to_original"] == 0.0
+        with pytest.raises(ConfigError, match="this run's mlp has"):
+            verifier.audit(torch.zeros(10), "tiny")
+        with pytest.raises(ConfigError, match="reference must be one of original, retrain"):
+            Verifier(session, request, reference="best")
+
+
+def test_deletion_records_list_exactly_the_deleted_payloads_and_later_reads_fail(run_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    forgotten = 3
+    with HistoryStore.open(run / "history", writable=True) as store:
+        before = deletion_evidence(store, [forgotten])
+        held_bytes = before["bytes_held"][forgotten]
+        rounds = [r for r in store.rounds() if r and store.has_update(r, forgotten)]
+        deleted = store.forget([forgotten])
+    assert held_bytes > 0
+    assert before["payloads_held"] == len(rounds) == 3
+    assert before["records"] == []
+    assert before["read_back"]["attempted"] == 0
+    assert deleted.size_bytes == held_bytes
+    assert deleted.client_ids == (forgotten,)
+    with HistoryStore.open(run / "history") as store:
+        after = deletion_evidence(store, [forgotten])
+        for r in rounds:
+            with pytest.raises(ForgottenDataError):
+                store.read_update(r, forgotten)
+        other = deletion_evidence(store, [0])
+    assert after["bytes_held"] == {forgotten: 0}
+    assert after["payloads_held"] == 0
+    (record,) = after["records"]
+    assert record["client_id"] == forgotten
+    assert record["size_bytes"] == held_bytes
+    assert record["num_payloads"] == len(rounds)
+    assert after["read_back"] == {
+        "attempted": len(rounds),
+        "refused": len(rounds),
+        "not_stored": 0,
+        "readable": [],
+    }
+    assert other["records"] == []
+    assert other["bytes_held"][0] > 0  # nobody else was touched
+    request = UnlearnRequest.of([forgotten])
+    with UnlearnSession(run) as session:
+        verifier = Verifier(session, request)
+        receipt = verifier.verify(session.run(make_method("retrain"), request)).verification
+    check = receipt.check("deletion")
+    assert check.verdict == "pass"
+    assert f"3 payload(s), {held_bytes:,} bytes" in check.reason
+    assert "3 read(s)" in check.reason
