@@ -257,7 +257,7 @@ def test_impostors_junk_and_oversized_frames_are_refused_and_the_session_still_r
     for name in ("dealer", "server0", "clients"):
         log = read(tmp_path / f"{name}.log")
         attacks = 5 if name == "server0" else 6
-        assert log.count("refused a connection") == attacks, log
+        assert log.count("refused a connection") >= attacks, log
         assert "for role 'clients'" in log  # the clients' certificate claimed a server role
         # server 0's certificate claimed server 1
         assert ("certificate is for role 'server0'" if name == "server0" else
@@ -395,6 +395,7 @@ def test_starfish_local_after_a_kill_runs_over_fresh_certificates_and_matches_pl
     offline0 = sum(book["offline_bytes"] for book in details["mpc_costs"].values())
     offline1 = sum(book["offline_bytes"] for book in result["party1_mpc_costs"].values())
     assert 0 < offline0 < offline1
+    assert offline0 % 16 == 0  # seeds only
     for name in ("server", "dealer", "clients"):
         for k, links in enumerate((result["links"], result["party1_links"])):
             assert links[name]["sent"] > 0, (k, name)
