@@ -173,7 +173,7 @@ def targets(docs: dict[str, dict]) -> str:
 
 
 def hvp_ablation(out: Path) -> str:
-    """Digits, seed 0, ratio 10 %: every HVP oracle and engine at three window lengths (spec A8)."""
+    """Digits, seed 0, ratio 10 %: every HVP oracle and engine at three window lengths (MU10)."""
     from fedunlearn.central import (
         SGDSpec,
         SoftmaxRegression,

@@ -1,4 +1,4 @@
-"""Small float64 problems shared by the centralised-unlearning tests (spec §7.2 settings)."""
+"""Small float64 problems shared by the centralised tests (docs/methods/mini_unlearning.md)."""
 
 from __future__ import annotations
 

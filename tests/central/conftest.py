@@ -1,4 +1,4 @@
-"""Fixtures: the ridge and logistic-regression runs of spec §7.2 (float64)."""
+"""Fixtures: the ridge and logistic-regression runs of the checks V1-V8 (float64)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Amnesiac unit checks (baselines spec §5.7)."""
+"""Amnesiac unit checks (AM1-AM3, docs/methods/central_baselines.md)."""
 
 from __future__ import annotations
 

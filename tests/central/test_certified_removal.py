@@ -1,4 +1,4 @@
-"""Certified Removal unit checks (baselines spec §4.7)."""
+"""Certified Removal unit checks (CR1-CR9, docs/methods/central_baselines.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DeltaGrad unit checks (baselines spec §3.7)."""
+"""DeltaGrad unit checks (DG1-DG6, docs/methods/central_baselines.md)."""
 
 from __future__ import annotations
 

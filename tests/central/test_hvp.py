@@ -1,4 +1,7 @@
-"""Spec §7.2 V4-V5 (L-BFGS) and the exact oracles (closed form against autograd)."""
+"""Checks V4-V5 of docs/methods/mini_unlearning.md (L-BFGS) and the exact oracles.
+
+The closed-form oracles are checked against autograd.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def recursive_bfgs(pairs, sigma, dim):
 
 
 def spec_cholesky_form(pairs, u, *, literal=False):
-    """Spec §3.4c listing (corrected), or the paper's literal L D L^T / sigma variant."""
+    """Algorithm 4 corrected (MU5), or the paper's literal L D L^T / sigma variant."""
     s_mat = torch.stack([s for s, _ in pairs], 1)
     y_mat = torch.stack([y for _, y in pairs], 1)
     m = s_mat.shape[1]

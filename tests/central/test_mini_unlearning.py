@@ -1,4 +1,4 @@
-"""Spec §7.2 V1-V3, V6-V8 for Mini-Unlearning, plus its history contract."""
+"""Checks V1-V3, V6-V8 of docs/methods/mini_unlearning.md, plus the history contract."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def test_newest_pair_satisfies_the_secant_equation_and_older_ones_need_not():
     newest = compact_hvp(s_mat, y_mat, s_mat[:, -1].clone())
     assert torch.allclose(newest, y_mat[:, -1], rtol=1e-10, atol=1e-10)
     oldest = compact_hvp(s_mat, y_mat, s_mat[:, 0].clone())
-    assert not torch.allclose(oldest, y_mat[:, 0], rtol=1e-6)  # spec §0.4: only the newest
+    assert not torch.allclose(oldest, y_mat[:, 0], rtol=1e-6)  # only the newest (baselines.md)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

@@ -1,4 +1,4 @@
-"""Beaver protocols against numpy: SecMul, matmul, SecSP, square, SecMul3, SecSel (spec §3.3)."""
+"""Beaver protocols against numpy: SecMul, matmul, SecSP, square, SecMul3, SecSel (Table IV)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""AES-CTR seed expansion and the dealer's correlated randomness (spec §3.2, §3.3, §12 item 2)."""
+"""AES-CTR seed expansion and the dealer's correlated randomness (MPC2 in docs/mpc.md)."""
 
 from __future__ import annotations
 

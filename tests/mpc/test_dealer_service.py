@@ -1,6 +1,6 @@
 """The dealer as its own process: three-process runs, each party's view, mismatches, failures.
 
-Spec §2.1 (the dealer is a trusted third party), §3.2 (it sends seeds and one correction share).
+MPC2 in docs/mpc.md (the dealer is a trusted third party; it sends seeds and one correction share).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixed-point encoding over Z_2^64 and SecureML local truncation (spec §3.1, §3.3 item 6)."""
+"""Fixed-point encoding over Z_2^64 and SecureML local truncation (MPC1 in docs/mpc.md)."""
 
 from __future__ import annotations
 

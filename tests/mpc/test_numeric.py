@@ -1,4 +1,4 @@
-"""SecDiv, reciprocal, secure sqrt and SecMI against float64 (spec §3.5, §3.6, §13 V1)."""
+"""SecDiv, reciprocal, secure sqrt and SecMI against float64 (MPC7, MPC8 in docs/mpc.md)."""
 
 from __future__ import annotations
 

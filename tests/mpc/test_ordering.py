@@ -1,4 +1,4 @@
-"""SecMax (tournament) and SecSrt (bitonic, payload, padding) against numpy (spec §3.4, V1)."""
+"""SecMax (tournament) and SecSrt (bitonic, payload, padding) against numpy (MPC9, docs/mpc.md)."""
 
 from __future__ import annotations
 

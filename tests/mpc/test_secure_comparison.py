@@ -1,4 +1,4 @@
-"""SecGE (real GMW and ideal), SecGE2/3/4 truth tables and edge cases (spec §3.4, §13 V1)."""
+"""SecGE (real GMW and ideal), SecGE2/3/4 truth tables and edge cases (MPC3-MPC4, docs/mpc.md)."""
 
 from __future__ import annotations
 

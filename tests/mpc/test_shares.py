@@ -1,4 +1,4 @@
-"""SharedTensor: local operations against numpy, reveal(share(x)) == x (spec §3.2, §3.3)."""
+"""SharedTensor: local operations against numpy, reveal(share(x)) == x (paper App. B-B)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_integer_public_matmul_is_exact():
 
 
 def test_client_shares_wrap_into_shared_tensors():
-    # Prepare: a client splits its gradient for the two servers (SecShare, spec §3.3 item 1)
+    # Prepare: a client splits its gradient for the two servers (SecShare, paper Table IV)
     g = np.array([0.25, -3.5, 1e-3])
     s0, s1 = split_shares(FixedPoint().encode(g), np.random.default_rng(0))
     # Execute

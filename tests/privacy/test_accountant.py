@@ -1,4 +1,4 @@
-"""The accountant against independent computations (FedADP spec §9 V0e, §3.7 table)."""
+"""The accountant against independent computations (FedADP Eq. 6; totals: AD14, fedadp.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _phi(x: float) -> float:
 
 
 def balle_wang_epsilon(z: float, delta: float) -> float:
-    """Independent bisection on Balle & Wang's exact criterion (spec §3.7 d)."""
+    """Independent bisection on Balle & Wang's exact criterion (analytic Gaussian, ICML 2018)."""
 
     def delta_of(eps: float) -> float:
         return _phi(1 / (2 * z) - eps * z) - math.exp(eps) * _phi(-1 / (2 * z) - eps * z)

@@ -1,4 +1,4 @@
-"""Clipping, noise calibration and the DP update mod (FedADP spec §9 V0a)."""
+"""Clipping, noise calibration and the DP update mod (FedADP Eq. 5-6; AD2 in fedadp.md)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_clipped_norm_never_exceeds_the_clip_norm(d, scale, clip_norm, seed):
 
 
 def test_noise_multiplier_matches_the_worked_number():
-    # spec §3.3: delta = 1e-5 gives sqrt(2 ln(1.25/delta)) = 4.845; at eps = 3, z = 1.6149
+    # FedADP Eq. 6: delta = 1e-5 gives sqrt(2 ln(1.25/delta)) = 4.845; at eps = 3, z = 1.6149
     assert noise_multiplier(3.0, 1e-5) == pytest.approx(1.6149, abs=1e-4)
     assert noise_multiplier(1.0, 1e-5) == pytest.approx(4.8448, abs=1e-4)
 

@@ -1,4 +1,4 @@
-"""The adaptive budget of Eq. 4 (FedADP spec §9 V0b)."""
+"""The adaptive budget of Eq. 4 (FedADP Sec. IV-B1; AD5 in docs/methods/fedadp.md)."""
 
 from __future__ import annotations
 

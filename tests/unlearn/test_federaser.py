@@ -12,7 +12,7 @@ from fedunlearn.unlearn.replay import calibrate
 
 
 def test_forget_nobody_without_shortcut_reconstructs_the_original_model(run_all):
-    """Δt = 1, r = 1: calibration restarts from the original trajectory, so U~ = U (spec §2.8.1)."""
+    """Δt = 1, r = 1: calibration restarts from the original trajectory, so U~ = U."""
     method = make_method("federaser", {"interval": 1, "calibration_ratio": 1.0})
     with UnlearnSession(run_all, evaluate=False) as session:
         request = UnlearnRequest.of([])

@@ -352,7 +352,7 @@ def test_schedule_is_clamped_for_short_runs():
     assert never.correction_period is None
     assert never.exact_rounds() == [1, 2, 3, 4, 5, 36, 37, 38, 39, 40]
     assert never.exact_per_client() == 10
-    assert Schedule.clamped(params, 40).exact_per_client() == 13  # spec §1.7 [REC]
+    assert Schedule.clamped(params, 40).exact_per_client() == 13  # FR1
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,14 @@ Two places to measure whether a backdoor survived unlearning:
   stamped on, again only those whose true label is not the target (Starfish's BA-ASR, FedADP's
   ASR, the quantity Crab's code measures).
 
-Paper: Crab spec §4.3 (ASR_nt; its code measures ASR on the malicious clients' triggered training
-data); FedADP spec §6.4 (target clients' training inputs with the trigger, excluding samples whose
-true label is the target); Starfish spec §9.3 (BA-ASR on the target client's triggered data).
-Deviations: [REC] inputs are the clients' *clean* data plus the ``Trigger``, since a poisoned
-sample's true label is lost once it is relabelled; pass the poisoned copies as well to restrict
-the rate to the samples the attack actually poisoned.
+Paper: Crab, Sec. V-A3 (ASR, read as ASR_nt: EV1 in docs/evaluation.md; the authors' code
+measures it on the malicious clients' triggered training data); FedADP, Sec. VI-A3 (target
+clients' training inputs with the trigger); Starfish, Sec. VI-A (BA-ASR on the target clients'
+triggered data).
+Deviations: [REC] inputs are the clients' *clean* data plus the ``Trigger``, excluding samples
+whose true label is the target, since a poisoned sample's true label is lost once it is
+relabelled; pass the poisoned copies as well to restrict the rate to the samples the attack
+actually poisoned (EV2).
 """
 
 from __future__ import annotations

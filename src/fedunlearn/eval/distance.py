@@ -1,14 +1,15 @@
 """Distances between models: in parameter space and in what they predict.
 
 Unlearning papers compare an unlearned model u with the model r retrained without the forgotten
-data, and with the original model o: ``||u - r||_2`` (Mini-Unlearning spec §7.1 item 8, its
-relative form ``||u - r|| / ||o - r||``), the cosine of two parameter vectors, and how often two
-models predict the same class. All parameter vectors are the flat float32 vectors of
+data, and with the original model o: ``||u - r||_2`` and its relative form
+``||u - r|| / ||o - r||``, the cosine of two parameter vectors, and how often two models predict
+the same class. All parameter vectors are the flat float32 vectors of
 ``fedunlearn.models.flat``; sums are accumulated in float64.
 
-Paper: Mini-Unlearning spec §7.1 (item 8: ``||w - w_replay||_2`` and relative to
-``||w_T - w_replay||_2``); baselines spec §2.5 (FedEraser's prediction difference, here as the
-share of equal top-1 predictions).
+Paper: the quantity Theorem 1 of Starfish (Sec. V-C) and of Crab (Sec. IV-C) bounds, which no
+paper reports; Mini-Unlearning's retrained reference w*_T (Sec. 4.1, Eq. 2); FedEraser's
+prediction difference (Liu et al., IWQoS 2021), here as the share of equal top-1 predictions.
+Why these figures: EV10 in docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ plots) is ``fedunlearn.report.central``.
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
 Ratios", §5 (Tables 1-3).
 Deviations:
-    [REC] The Original (no unlearning) row, distances and times are added (spec A2, §7.1.8);
-    the MIA protocol is spec A13: shadow LR models with the target's hyper-parameters (and as
-    many passes over their data as the target made over its own) on half of the test set, the
-    other half as non-members, balanced evaluation, precision at equal priors, plus AUC.
+    [REC] The Original (no unlearning) row, distances and times are added (RF1 in
+    docs/methods/central_baselines.md, EV10 in docs/evaluation.md); the MIA protocol, which the
+    paper leaves open (§5.1), is EV6-EV9 of docs/evaluation.md: shadow LR models with the
+    target's hyper-parameters (and as many passes over their data as the target made over its
+    own) on half of the test set, the other half as non-members, balanced evaluation, precision
+    at equal priors, plus AUC.
     [FIX] Each forget set D_U is drawn from (seed, ratio) alone, and the attacked samples from
     (seed, ratio, purpose): the same seed and ratio give the same D_U whether or not the MIA
     runs and whatever other ratios are in the list (they shared one generator before).
@@ -52,7 +54,7 @@ class MethodSpec(BaseModel):
 
 
 def default_methods(k_ablation: bool = True) -> list[MethodSpec]:
-    """Return the paper's rows plus the k variants (spec V9)."""
+    """Return the paper's rows plus the k variants (MU8, V9 in docs/methods/mini_unlearning.md)."""
     rows = [
         MethodSpec(label="Original", method="original"),
         MethodSpec(label="Retraining (fresh)", method="retrain"),

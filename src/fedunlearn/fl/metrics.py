@@ -1,8 +1,9 @@
 """Model quality on held-out data: accuracy, mean loss and backdoor attack success rate.
 
-ASR follows Crab spec §4.3: the fraction of triggered test inputs whose true label is *not* the
-target that the model classifies as the target. With ``device`` the forward passes run there
-(chunks of the inputs are copied over, logits come back to the CPU); without it, on the CPU.
+ASR is Crab's (Sec. V-A3) read as ASR_nt: the fraction of triggered test inputs whose true label
+is *not* the target that the model classifies as the target (EV1 in docs/evaluation.md). With
+``device`` the forward passes run there (chunks of the inputs are copied over, logits come back to
+the CPU); without it, on the CPU.
 """
 
 from __future__ import annotations

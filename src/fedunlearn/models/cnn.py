@@ -1,9 +1,11 @@
 """The convolutional networks of the Crab, FedADP and Starfish papers.
 
-Paper: FedADP spec §6.2 [REC]: ``Conv(c,32,5)-ReLU-MaxPool2-Conv(32,64,5)-ReLU-MaxPool2-Flatten-
-Linear(->512)-ReLU-Linear(512,10)`` (582,026 parameters on 28x28x1 MNIST, 878,538 on 32x32x3
-CIFAR-10 with its 1600-wide flatten). The Fashion-MNIST variant adds ``Linear(512,128)`` before the
-classifier (Crab spec §4.1). Unpadded 5x5 convolutions, as the 1024-wide flatten implies.
+Paper: FedADP (Jiang et al.), Sec. VI-A4 (two conv layers, FC 1024 -> 512 -> 10; 1600 on
+CIFAR-10); Starfish (Liu et al.), Sec. VI-A (one more FC layer for Fashion-MNIST). Read as
+``Conv(c,32,5)-ReLU-MaxPool2-Conv(32,64,5)-ReLU-MaxPool2-Flatten-Linear(->512)-ReLU-Linear(512,10)``
+(582,026 parameters on 28x28x1 MNIST, 878,538 on 32x32x3 CIFAR-10 with its 1600-wide flatten):
+unpadded 5x5 convolutions, as the 1024-wide flatten implies. The Fashion-MNIST variant adds
+``Linear(512,128)`` before the classifier. Both readings: EN1 in docs/methods/README.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """TextCNN for AG News (FedADP's text task).
 
-Paper: FedADP spec §6.2 [REC]: embedding 128, three Conv1d with kernel sizes 3/4/5 and 100 filters
-each, ReLU, max-pool over time, dropout 0.5, ``Linear(300, num_classes)``. Token id 0 is ``<pad>``.
+Paper: FedADP (Jiang et al.), Sec. VI-A4 (embedding, three Conv1d with kernel sizes 3/4/5, ReLU,
+max pooling, dropout, a linear classifier). The sizes, which the paper does not give: embedding
+128, 100 filters per kernel size, max-pool over time, dropout 0.5, ``Linear(300, num_classes)``
+(EN2 in docs/methods/README.md). Token id 0 is ``<pad>``.
 """
 
 from __future__ import annotations

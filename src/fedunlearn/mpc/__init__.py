@@ -100,8 +100,8 @@ below 2^(62 - f) in magnitude (2^49 at f = 13) and products below 2^(62 - 2f) be
 truncated; ``sec_ge2``/``sec_ge4`` compare untruncated products, which must stay below that.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III-IV, Tables IV-VI, Alg. 5, 7. Threat model and what each party learns:
-docs/security.md.
+Sec. III-IV, App. B (Tables IV-VI), Alg. 5, 7. Where the protocols depart from the paper:
+MPC1-MPC10 in docs/mpc.md. Threat model and what each party learns: docs/security.md.
 """
 
 from fedunlearn.mpc.dealer import Dealer, DealerClient

@@ -16,20 +16,22 @@ Two ``DealerClient``s give a party its material:
   own process. Both parties are then in one trust domain: party 1 could derive party 0's seeds,
   so it is not secure. Use it for tests, ``run_two_party`` and cost sweeps.
 - ``fedunlearn.mpc.remote_dealer.RemoteDealer`` asks a ``DealerServer`` running as its own
-  process (spec §2.1: the dealer is a third party). Each party then sees only its own seeds
-  and, for party 1, corrections. The shares equal those of the simulated dealer with the same
-  master seed, and the offline counters are identical.
+  process (the dealer is a third party: MPC2 in docs/mpc.md). Each party then sees only its own
+  seeds and, for party 1, corrections. The shares equal those of the simulated dealer with the
+  same master seed, and the offline counters are identical.
 
 ZeroGen is the one request whose seed both parties receive (party 0 uses r, party 1 uses -r from
-the same stream, spec §3.3 item 9); no other seed ever reaches the other party.
+the same stream, paper App. B-B item 1); no other seed ever reaches the other party.
 
-Paper: Starfish spec §2.1 (dealer as trusted third party), §3.2 (offline phase), §3.3 items 5,
-8, 9, 10, 11 (Beaver, vector triples, ZeroGen, SecRanGen, SecRanGenInv), §3.4 step 3/5 (boolean
-triples, random bits), §12 item 2.
-Deviations: [REC] SecRanGenInv is replaced by a dealer-made invertible mask (spec §3.6 [R]: i.i.d.
-N(0, 1) entries clipped to |g| <= 4, times 2^s with s uniform in [-k, k] per matrix, redrawn until
-cond(R) <= 100 m); the masking is heuristic over fixed-point reals (spec A15, A26). The mask's
-randomness comes from a third, dealer-only seed (party 1 receives only its correction).
+Paper: Liu et al., Starfish, Alg. 4 line 12 and Sec. V-B (the offline phase), Table IV and
+App. B-B (SecMul, SecSP, ZeroGen, SecRanGen, SecRanGenInv); Beaver (CRYPTO 1991) for the triples;
+boolean triples and random bits serve SecGE (MPC3 in docs/mpc.md). A dealer instead of ABY's
+offline phase: MPC2 in docs/mpc.md, D24 in docs/methods/starfish.md.
+Deviations: [REC] SecRanGenInv (App. B-B item 3) is replaced by a dealer-made invertible mask
+(i.i.d. N(0, 1) entries clipped to |g| <= 4, times 2^s with s uniform in [-k, k] per matrix,
+redrawn until cond(R) <= 100 m); the masking is heuristic over fixed-point reals (MPC8 in
+docs/mpc.md; leakage in docs/security.md). The mask's randomness comes from a third, dealer-only
+seed (party 1 receives only its correction).
 """
 
 from __future__ import annotations

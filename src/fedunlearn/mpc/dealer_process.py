@@ -1,9 +1,9 @@
 """Launch the dealer as its own process: ``start_dealer_process`` and a command line.
 
-The dealer (``dealer_service.DealerServer``) must run apart from both servers (spec §2.1: a
-trusted third party), so a launcher such as ``fedunlearn starfish-local`` starts it in a
-spawned child on loopback with an ephemeral port, reads the port back, and hands the address
-to both servers::
+The dealer (``dealer_service.DealerServer``) must run apart from both servers (it is a trusted
+third party: MPC2 in docs/mpc.md), so a launcher such as ``fedunlearn starfish-local`` starts it
+in a spawned child on loopback with an ephemeral port, reads the port back, and hands the
+address to both servers::
 
     with start_dealer_process() as dealer:          # stopped on exit, or by a finaliser
         ...  # start the two servers with dealer.address; each uses RemoteDealer.connect
@@ -18,7 +18,9 @@ Pass the dealer an ``identity`` (its ``dealer`` certificate) so that only the se
 TCP (``identity.INSECURE_WARNING``). A handle's ``join`` returns the exit code: 0 after both
 servers said goodbye, 1 after a failure (the reason is on the child's stderr).
 
-Paper: Starfish spec §2.1 (the dealer is a trusted third party), §3.2 (offline phase).
+Paper: Liu et al., Starfish, Alg. 4 line 12 (the 2PC material is generated once the
+unlearning request arrives), Sec. V-B (offline phase). The dealer stands in for ABY's own
+offline phase: MPC2 in docs/mpc.md, D24 in docs/methods/starfish.md.
 """
 
 from __future__ import annotations

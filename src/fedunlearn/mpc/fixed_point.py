@@ -4,8 +4,10 @@ Values are ``numpy.uint64`` arrays; ring arithmetic is numpy's wrap-around arith
 encoded as round(2^f x) in two's complement, so negatives are the upper half of the ring.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. VI (ABY over Z_2^64, 13 fractional bits); Mohassel and Zhang, "SecureML" (S&P 2017), Thm. 1
-(local truncation). Starfish spec §3.1, §3.2 and §3.3 item 6.
+Sec. VI-A (ABY over Z_2^64, 13 fractional bits), Sec. II-B and App. B-A (fixed-point encoding,
+additive sharing), App. B-B item 4 (SecMul truncates); Mohassel and Zhang, "SecureML" (S&P 2017),
+Thm. 1 (local truncation). Ring instead of the paper's field, and the truncation rule: MPC1 in
+docs/mpc.md.
 
 Truncation error (SecureML, Thm. 1): for a shared x with |x| < 2^l (ring units), truncating each
 share locally reconstructs floor(x / 2^f) or floor(x / 2^f) + 1, i.e. the error is at most one
@@ -137,7 +139,7 @@ def truncate_share(share: NDArray[np.uint64], party_id: int, bits: int) -> NDArr
     shift = _U64(bits)
     if party_id == 0:
         return np.right_shift(share, shift)
-    # Spec §3.3 item 6: x_1' = 2^64 - floor((2^64 - x_1) / 2^f); ufuncs wrap silently on scalars
+    # SecureML (MPC1): x_1' = 2^64 - floor((2^64 - x_1) / 2^f); ufuncs wrap silently on scalars
     return np.subtract(_U64(0), np.right_shift(np.subtract(_U64(0), share), shift))
 
 
@@ -149,7 +151,7 @@ def random_ring(generator: np.random.Generator, shape: tuple[int, ...]) -> NDArr
 def split_shares(
     encoded: NDArray[np.uint64], generator: np.random.Generator
 ) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
-    """Split ring elements into two additive shares (SecShare by a client, spec §3.3 item 1).
+    """Split ring elements into two additive shares (SecShare by a client, paper Table IV).
 
     Args:
         encoded: uint64 values v (e.g. ``FixedPoint().encode(gradient)``).

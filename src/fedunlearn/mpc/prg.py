@@ -1,10 +1,11 @@
 """Pseudo-random ring elements from a 16-byte seed, AES-128 in counter mode.
 
 A seed stands in for a whole array of shares: the dealer sends seeds instead of random shares,
-which is what makes the offline phase cheap (spec §3.2, §3.3 item 1 [R]: "a PRG seed halves the
-traffic"). Expansion writes the key stream into a preallocated buffer with ``update_into``.
+which is what makes the offline phase cheap (MPC2 in docs/mpc.md). Expansion writes the key
+stream into a preallocated buffer with ``update_into``.
 
-Paper: Starfish spec §3.2 (offline phase), §3.3 items 9-10 (ZeroGen, SecRanGen).
+Paper: Liu et al., Starfish, Table IV and App. B-B item 1 (ZeroGen, SecRanGen); the offline
+phase of Alg. 4 line 12.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ to scale max(f_x, f_y). So bit * real needs no truncation and real * real loses 
 (``fixed_point`` module docstring). Integer public operands are exact; float ones are encoded
 at f bits.
 
-Paper: Starfish spec §3.2 (additive sharing), §3.3 items 3, 4 (SecAdd, public multiplication);
-the API follows CrypTen's ``MPCTensor`` (STYLE.md §2).
+Paper: Liu et al., Starfish, Sec. II-B (additive sharing), App. B-B item 1 (SecAdd, and local
+SecAdd/SecMul with a public operand); scales: MPC6 in docs/mpc.md. The API follows CrypTen's
+``MPCTensor`` (Knott et al., "CrypTen", NeurIPS 2021).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class SharedTensor:
         return (-self) + other
 
     def mul_public(self, value: ArrayLike, public_frac_bits: int | None = None) -> SharedTensor:
-        """Multiply by a public array (local; spec §3.3 item 4).
+        """Multiply by a public array (local; paper App. B-B item 1).
 
         Integer values multiply exactly. Float values are encoded at ``public_frac_bits``
         (default f) and the product truncated back to this tensor's scale; an integer-scale

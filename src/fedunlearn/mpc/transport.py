@@ -1,8 +1,9 @@
 """Message passing between the two servers, with byte and round counters.
 
 A ``Transport`` moves numpy arrays to the other party and counts what it moves, split into an
-offline and an online phase (spec §12 item 2). Counted bytes are payload bytes (the paper's
-accounting: elements times 64 bits); frame headers and TLS records are not counted. A round is
+offline and an online phase, as the paper reports costs (Tables I-II). Counted bytes are payload
+bytes (the paper's accounting: elements times 64 bits); frame headers and TLS records are not
+counted (MPC10 in docs/mpc.md). A round is
 one ``exchange`` (both parties send at once), or one one-way ``send``/``recv``.
 
 ``InProcessTransport.pair()`` connects two parties running in threads of one process (tests);
@@ -15,7 +16,8 @@ out of step and raises ``MalformedFrameError``. Only the in-process transport al
 ``exchange_uncounted``, the channel of ideal functionalities (``comparison="ideal"``): over a
 real connection it would hand the peer a share it must not see.
 
-Paper: Starfish spec §3.2 (offline/online split), §3.7 (round and bit counts), §12 item 2.
+Paper: Liu et al., Starfish, Tables I-II (offline and online time and communication), Table V
+(rounds and bits per functionality), App. D (round complexities).
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ of ``D_R``, wall time against retraining and stored bytes. ``write_central`` wri
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
 Ratios", §5 (Tables 1-3).
 Deviations:
-    [REC] The Original (no unlearning) row, distances and times are added (spec A2, §7.1.8);
-    the MIA protocol is spec A13: shadow LR models with the target's hyper-parameters (and as
-    many SGD steps as the target) on half of the test set, the other half as non-members,
-    balanced evaluation, precision at equal priors, plus AUC.
+    [REC] The Original (no unlearning) row, distances and times are added (RF1 in
+    docs/methods/central_baselines.md, EV10 in docs/evaluation.md); the MIA protocol, which the
+    paper leaves open (§5.1), is EV6-EV9 of docs/evaluation.md: shadow LR models with the
+    target's hyper-parameters (and as many SGD steps as the target) on half of the test set, the
+    other half as non-members, balanced evaluation, precision at equal priors, plus AUC.
     [REC] The run lives here, not in ``central``, because it uses ``eval`` (above ``central``).
 """
 

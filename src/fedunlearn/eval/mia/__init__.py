@@ -12,9 +12,10 @@ Two attacks on a model given as (template module, flat parameters), both reporti
   ``ShadowAttack.fit_reference`` is the variant of the Crab and FedADP papers: the attack is
   fitted on one reference model's outputs on known members and non-members.
 
-An ``MIAResult``'s ``member_rate`` on the forgotten clients' data is the papers' MISR (Crab spec
-§4.3, FedADP spec §6.4) or MIA-ASR (Starfish spec §9.3): the share of those samples called
-"member". Lower means less trace of the data; retraining gives the target level.
+An ``MIAResult``'s ``member_rate`` on the forgotten clients' data is the papers' MISR (Crab
+Sec. V-A3, FedADP Sec. VI-A3) or MIA-ASR (Starfish Sec. VI-A): the share of those samples called
+"member". Lower means less trace of the data; retraining gives the target level (EV4 in
+docs/evaluation.md, where every choice below is explained).
 
 Papers: Shokri et al., "Membership Inference Attacks Against Machine Learning Models", IEEE S&P
 2017, §IV (shadow training, attack model); Yeom et al., "Privacy Risk in Machine Learning:
@@ -22,19 +23,19 @@ Analyzing the Connection to Overfitting", IEEE CSF 2018 (the membership adversar
 thresholds the per-sample loss at the expected training loss).
 Deviations:
     [REC] Attack features are the softmax vector sorted in descending order (optionally its top
-    k) plus the loss on the true label (Mini-Unlearning spec §6, A13); Shokri's one attack model
-    per class is optional (``AttackSpec.per_class``).
+    k) plus the loss on the true label (EV7; Mini-Unlearning's Sec. 5.1 gives no features);
+    Shokri's one attack model per class is optional (``AttackSpec.per_class``).
     [REC] The attack classifier is a logistic regression or scikit-learn's histogram gradient
-    boosting, not Shokri's neural network or Crab's 500-tree XGBoost (CPU budget); it is
-    fitted with class weights balancing "in" and "out", on one thread.
+    boosting, not Shokri's neural network or the Crab code's 500-tree XGBoost (CPU budget); it
+    is fitted with class weights balancing "in" and "out", on one thread (EV7).
     [REC] Shadow models start from a seeded re-initialisation of the template (every submodule
     with ``reset_parameters``) and train with ``fl.client.local_update``.
     [REC] Yeom's threshold is the expected training loss. By default ``loss_threshold_attack``
     instead picks the threshold on a seeded calibration split of the given samples (Youden's J);
     pass ``threshold=`` the mean training loss for Yeom's attack, or the output of
-    ``calibrate_loss_threshold`` on reference data (Starfish spec §11, A24).
+    ``calibrate_loss_threshold`` on reference data (EV8: Starfish names no attack).
     [REC] ``precision`` is taken at equal priors, TPR / (TPR + FPR), i.e. on a balanced
-    evaluation set, whatever the numbers of members and non-members passed.
+    evaluation set, whatever the numbers of members and non-members passed (EV9).
 """
 
 from fedunlearn.eval.mia.common import AttackSpec, MIAResult, attack_features

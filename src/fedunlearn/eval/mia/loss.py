@@ -47,9 +47,10 @@ def calibrate_loss_threshold(
 ) -> float:
     """Return the loss threshold that best separates known members from known non-members.
 
-    The threshold maximises Youden's J = TPR - FPR of "member iff loss <= threshold". Starfish
-    protocol (spec A24): calibrate on the remaining clients' data against test data, then pass
-    the result as ``threshold`` to ``loss_threshold_attack`` on the forgotten client's data.
+    The threshold maximises Youden's J = TPR - FPR of "member iff loss <= threshold". For
+    Starfish's MIA-ASR (Sec. VI-A, which names no attack; EV8 in docs/evaluation.md): calibrate
+    on the remaining clients' data against test data, then pass the result as ``threshold`` to
+    ``loss_threshold_attack`` on the forgotten client's data.
 
     Raises:
         ConfigError: on empty or mismatched data, or labels out of range.

@@ -211,9 +211,10 @@ class ShadowAttack:
     ) -> ShadowAttack:
         """Fit the attack on one reference model's outputs on known members and non-members.
 
-        This is the MISR protocol of Crab (spec §4.3) and FedADP (spec §6.4): the reference is
-        the model before unlearning, members are (for example) the forgotten clients' data and
-        non-members half of the test set; keep the other half for ``evaluate``.
+        This is the MISR protocol of FedADP (Sec. VI-A3) and of the Crab authors' code (EV5 in
+        docs/evaluation.md): the reference is the model before unlearning, members are (for
+        example) the forgotten clients' data and non-members half of the test set; keep the
+        other half for ``evaluate``.
 
         Args:
             model: Template module (not modified).

@@ -1,6 +1,7 @@
 """2PC protocols over ``SharedTensor``: Beaver arithmetic, comparison, ordering, Newton, SecMI.
 
-Paper: Liu et al., Starfish, Tables IV-VI, Alg. 5 and 7; Starfish spec §3.3-§3.6.
+Paper: Liu et al., Starfish, App. B (Tables IV-VI), Alg. 5 and 7 (App. C, E). Where the code
+departs from the paper: MPC1-MPC10 in docs/mpc.md.
 """
 
 from fedunlearn.mpc.protocols.beaver import (

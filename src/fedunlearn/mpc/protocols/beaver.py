@@ -4,9 +4,11 @@ Every multiplication consumes one dealer triple and one round in which each part
 ``x - a`` and ``y - b``. Several products can share one round (``sec_mul_many``), which is how
 the comparison, sorting and Newton protocols keep their round counts low.
 
-Paper: Liu et al., Starfish, Table IV; Beaver, "Efficient multiparty protocols using circuit
-randomization" (CRYPTO 1991). Starfish spec §3.3 items 1-3, 5, 7, 8, 9, 12.
-Deviations: [REC] SecMul3 is two sequential SecMuls (2 rounds), as the spec recommends.
+Paper: Liu et al., Starfish, Table IV and App. B-B items 1-2 (SecShare, SecRec, SecMul, SecSP,
+ZeroGen, SecSel); Beaver, "Efficient multiparty protocols using circuit randomization"
+(CRYPTO 1991).
+Deviations: [REC] SecMul3 is two sequential SecMuls (2 rounds; MPC5 in docs/mpc.md). [REC]
+Selection bits at integer scale and public constants re-randomised (MPC6).
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ def sec_mul_many(
     xf, yf = _flatten(xs, shapes), _flatten(ys, shapes)
     n = xf.size
     a, b, c = party.dealer.triple((n,))
-    # Spec §3.3 item 5: open e = x - a and f = y - b in one round
+    # Beaver: open e = x - a and f = y - b in one round
     mine = np.concatenate([xf - a, yf - b])
     opened = mine + party.transport.exchange(mine)
     e, f = opened[:n], opened[n:]
@@ -210,7 +212,7 @@ def sec_matmul(x: SharedTensor, y: SharedTensor) -> SharedTensor:
     mine = np.concatenate([(x.share - a).ravel(), (y.share - b).ravel()])
     opened = mine + party.transport.exchange(mine)
     e, f = opened[: x.size].reshape(x.shape), opened[x.size :].reshape(y.shape)
-    # Spec §3.3 item 5: Z_k = C_k + E B_k + A_k F (+ E F for party 0)
+    # Beaver, matrix triple (A, B, C = A B): Z_k = C_k + E B_k + A_k F (+ E F for party 0)
     z = np.add(np.add(c, e @ b), a @ f)
     if party.party_id == 0:
         z = np.add(z, e @ f)
@@ -224,7 +226,7 @@ def sec_inner(x: SharedTensor, y: SharedTensor) -> SharedTensor:
     mine = np.concatenate([(x.share - a).ravel(), (y.share - b).ravel()])
     opened = mine + party.transport.exchange(mine)
     e, f = opened[: x.size].reshape(x.shape), opened[x.size :].reshape(y.shape)
-    # Spec §3.3 item 8: z = c + <e, b> + <a, f> (+ <e, f> for party 0)
+    # Beaver, vector triple (a, b, c = <a, b>): z = c + <e, b> + <a, f> (+ <e, f> for party 0)
     z = np.add(c, np.sum(e * b + a * f, axis=-1, dtype=_U64))
     if party.party_id == 0:
         z = np.add(z, np.sum(e * f, axis=-1, dtype=_U64))

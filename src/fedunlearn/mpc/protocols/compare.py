@@ -14,7 +14,7 @@ it in 6 levels, bit-packed so that the opened words shrink with the live bits:
    per 2^L values (one ``and_triple_shared``: P_hi XOR a is opened once for both ANDs);
 3. level 6: the last block's G only (2 words per 64 values);
 4. NOT flips party 0's bit; B2A opens c = b XOR r for a dealer bit r shared both ways and sets
-   [b] = c + [r] - 2c[r] (spec §3.4 step 5).
+   [b] = c + [r] - 2c[r] (MPC3 in docs/mpc.md).
 
 Cost per comparison and party, for n comparisons in one call: 8 rounds and
 16 n + 24 (ceil(n/2) + ... + ceil(n/32)) + 16 ceil(n/64) bytes + ceil(n/8) bytes of packed bits
@@ -23,18 +23,20 @@ offline 7 AND-triple requests and one random-bit request (party 1 receives the c
 ``ge_cost`` gives the exact counts. (A word-level Kogge-Stone adder, which keeps all 64 prefix
 carries, opens 152 bytes per comparison at every n; the tree is never more expensive.)
 
-Ideal mode (spec §3.4 step 6 [R]): the parties hand their shares of d to the trusted
-functionality over an uncounted channel, the functionality returns fresh shares of the bit
-(a dealer ZeroGen pair), and the real protocol's online and offline bytes, rounds and messages
-are charged instead. It opens nothing to protocol code but is NOT secure (each party's process
-sees d); use it for cost sweeps only.
+Ideal mode (MPC3): the parties hand their shares of d to the trusted functionality over an
+uncounted channel, the functionality returns fresh shares of the bit (a dealer ZeroGen pair), and
+the real protocol's online and offline bytes, rounds and messages are charged instead. It opens
+nothing to protocol code but is NOT secure (each party's process sees d); use it for cost sweeps
+only.
 
-Paper: Liu et al., Starfish, Table IV-V, Alg. 5, App. C; Starfish spec §3.4. The tree is the
-standard carry-lookahead (Brent-Kung) reduction restricted to the carry-out.
-Deviations: [FIX] SecGE3 uses [z] (not [z_i]) in step 2 and SecGE4 reads (2 w_i - 1) (spec
-A16). [FIX] ties: for two negative-sign entries the paper returns 1 - [b_i >= b_j], which is 0
-on equal values; we use [b_j >= b_i] there, so equal entries compare as >= in every case.
-[REC] SecGE computes only the carry into bit 63 (above), not the paper's full A2B adder.
+Paper: Liu et al., Starfish, Tables IV-V, App. B-B item 5 (SecGE), Sec. IV-A2 (SecGE2), Alg. 5
+and App. C (SecGE3, SecGE4). The tree is the standard carry-lookahead (Brent-Kung) reduction
+restricted to the carry-out.
+Deviations: [FIX] SecGE3 uses [z] (not [z_i]) in step 2 and SecGE4 reads (2 w_i - 1) (MPC4 in
+docs/mpc.md). [FIX] ties: for two negative-sign entries the paper returns 1 - [b_i >= b_j], which
+is 0 on equal values; we use [b_j >= b_i] there, so equal entries compare as >= in every case
+(MPC4). [REC] SecGE computes only the carry into bit 63 (above), not the paper's full A2B adder
+(MPC3).
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def _b2a(party: Party, bits: U64) -> U64:
     rb, ra = party.dealer.random_bits(bits.shape)
     mine = np.packbits((bits ^ rb).astype(np.uint8))
     c = np.unpackbits(mine ^ party.transport.exchange(mine), count=bits.size).astype(np.uint64)
-    # Spec §3.4 step 5: [b]_A = c + [r]_A - 2 c [r]_A
+    # B2A with a dealer bit r shared both ways (MPC3): [b]_A = c + [r]_A - 2 c [r]_A
     z = ra - ((c * ra) << _ONE)
     if party.party_id == 0:
         z += c

@@ -9,7 +9,7 @@ nothing about the secret is revealed.
 
 - Reciprocal: y <- y (2 - v y), from y_0 = 1/rho; 2 rounds per iteration.
 - Inverse square root: y <- y (3 - x y^2) / 2, from y_0 = rho^(-1/2); 3 rounds per iteration.
-  sqrt(x) = x y (spec §3.5 [R]); used only for the 2PC-FedRecover comparison (Fig. 7).
+  sqrt(x) = x y (MPC7 in docs/mpc.md); used only for the 2PC-FedRecover comparison (Fig. 7).
 
 Accuracy is that of f-bit fixed point: relative error of a few 2^-f times rho in the worst
 case (tests assert the bounds for their ranges). Inputs outside the declared range would give
@@ -20,9 +20,11 @@ comparison bits and the count stay shared). A 0 raises ``SecureComputationError`
 parties instead of returning garbage. ``check_range=False`` skips it where the range is proven
 from public data (e.g. bounds on norms that are public anyway).
 
-Paper: Liu et al., Starfish, Sec. IV-B (SecDiv), Fig. 7 (secure sqrt); Starfish spec §3.5, A19.
+Paper: Liu et al., Starfish, App. B-B item 6 and Tables V-VI (SecDiv), Sec. IV-A2 (Method 2
+divides), Sec. VI-B2 and Fig. 7 (secure sqrt).
 Deviations: [REC] SecDiv is Newton-Raphson with a public range instead of a Yao division
-circuit (spec §3.5 option (b)); it returns the fixed-point quotient u / v (spec A19).
+circuit, and returns the fixed-point quotient u / v, not the integer floor(u / v) (MPC7 in
+docs/mpc.md; D11 in docs/methods/starfish.md).
 """
 
 from __future__ import annotations

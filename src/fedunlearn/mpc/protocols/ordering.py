@@ -12,7 +12,8 @@ T is padded to a power of two N with public sentinel entries that always lose, a
 has log2(N) (log2(N) + 1) / 2 layers of N / 2 comparators. Sorting is not stable: the payloads
 of equal keys may come out in either order.
 
-Paper: Liu et al., Starfish, Table VI (SecMax, SecSrt); Starfish spec §3.4 (SecMax, SecSrt).
+Paper: Liu et al., Starfish, Tables IV and VI (SecMax, SecSrt), App. D (bitonic sort); the
+padding and order: MPC9 in docs/mpc.md.
 """
 
 from __future__ import annotations

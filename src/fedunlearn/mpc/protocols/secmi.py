@@ -1,9 +1,10 @@
 """SecMI: inversion of a secret square matrix by masking, X^-1 = R (X R)^-1.
 
-Steps (spec §3.6, with the paper's typo fixed): take a dealer mask [R] (random, invertible);
-open N = X R with one matrix SecMul and one SecRec; invert N in the clear (both parties);
-return [R] N^-1, a public right-multiplication (local). If N is singular or ill-conditioned
-(cond(N) > ``max_condition``) a fresh mask is drawn, up to ``max_attempts`` times.
+Steps (paper Alg. 7, with its typo fixed: MPC8 in docs/mpc.md): take a dealer mask [R] (random,
+invertible); open N = X R with one matrix SecMul and one SecRec; invert N in the clear (both
+parties); return [R] N^-1, a public right-multiplication (local). If N is singular or
+ill-conditioned (cond(N) > ``max_condition``) a fresh mask is drawn, up to ``max_attempts``
+times.
 
 The public factor N^-1 is encoded with as many fractional bits as fit (at least f): the
 product [R] N^-1 is truncated locally, so its public bound m * max|R| * max|N^-1| (in ring
@@ -21,9 +22,9 @@ scale of X (masked by R's random 2^s scale). The paper accepts this. The number 
 (each opens a fresh N) is public too: a retry tells both servers that X R was ill-conditioned,
 i.e. that X is (close to) singular or R was unlucky (docs/security.md).
 
-Paper: Liu et al., Starfish, Alg. 7; Starfish spec §3.6, A15.
+Paper: Liu et al., Starfish, Alg. 7 and App. E (SecMI), Sec. IV-B2 (why SecUE inverts).
 Deviations: [FIX] [X^-1] = [R] N^-1 (the paper writes SecMul([R], N)). [REC] the mask comes
-from the dealer instead of SecRanGenInv (offline material either way).
+from the dealer instead of SecRanGenInv (offline material either way). Both: MPC8 in docs/mpc.md.
 """
 
 from __future__ import annotations
