@@ -44,8 +44,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedunlearn.unlearn.starfish_mpc import MpcBackend  # noqa: E402
-
 from bench_starfish_round import SEED, collect, inputs, sync, unlearning_round  # noqa: E402
 from fedunlearn.mpc import (  # noqa: E402
     FixedPoint,
@@ -60,6 +58,7 @@ from fedunlearn.mpc import (  # noqa: E402
     digest,
     start_dealer_process,
 )
+from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend  # noqa: E402
 
 GB = 1e9
 SELECTED = 24

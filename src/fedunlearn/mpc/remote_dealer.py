@@ -401,11 +401,19 @@ class RemoteDealer(DealerClient):
     def _fetch(self, index: int, request: Request) -> tuple[bytes, list[np.ndarray]]:
         raise NotImplementedError("RemoteDealer serves material through _obtain")
 
-    def close(self) -> None:
-        """Say goodbye to the dealer and close the connection (idempotent)."""
+    def close(self, goodbye: bool = True) -> None:
+        """Say goodbye to the dealer and close the connection (idempotent).
+
+        Args:
+            goodbye: False after a failure: hang up without the goodbye, so the dealer ends
+                its session with an error (a lost party) instead of as a finished one.
+        """
         if self._closed:
             return
         self._closed = True
+        if not goodbye:
+            self._channel.close()
+            return
         try:
             self._channel.send(np.array([BYE, self.requests], dtype=np.uint64))
         except FedUnlearnError:

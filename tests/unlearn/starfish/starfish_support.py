@@ -1,18 +1,11 @@
-"""Helpers of the Starfish tests: the shared convex run's constants, a numpy ranking, TLS files."""
+"""Helpers of the Starfish tests: the shared convex run's constants, a numpy ranking."""
 
 from __future__ import annotations
 
-import datetime
-
 import numpy as np
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from fedunlearn.mpc import run_two_party
 from fedunlearn.unlearn import UnlearnRequest
-from fedunlearn.unlearn.starfish.deploy.remote import Tls
 
 # The shared convex run (tests/unlearn/conftest.py CONVEX_RUN): L2-regularised LR on non-IID
 # blobs, strongly convex.
@@ -62,44 +55,3 @@ def cosine_ranking(session, targets, rounds=range(1, ROUNDS + 1)):
 def two_party(program, **kwargs):
     """Run ``program(party)`` as both 2PC parties with fixed dealer and local seeds."""
     return run_two_party(program, dealer_seed=3, local_seed=3, **kwargs)
-
-
-def _name(text):
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
-
-
-def _build(subject, issuer, public_key, signing_key, is_ca):
-    now = datetime.datetime.now(datetime.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-        .sign(signing_key, hashes.SHA256())
-    )
-
-
-def write_tls(directory, label):
-    """A CA and one leaf certificate it signed, as PEM files."""
-    directory.mkdir()
-    ca_key, leaf_key = (
-        ec.generate_private_key(ec.SECP256R1()),
-        ec.generate_private_key(ec.SECP256R1()),
-    )
-    ca = _build(_name(f"{label} CA"), _name(f"{label} CA"), ca_key.public_key(), ca_key, True)
-    leaf = _build(_name(f"{label} server"), ca.subject, leaf_key.public_key(), ca_key, False)
-    (directory / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (directory / "cert.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    (directory / "key.pem").write_bytes(
-        leaf_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return Tls(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")

@@ -119,7 +119,13 @@ def test_openings_are_the_selection_flags_aggregates_and_secmi_masks(unlearned):
     }
     opened = unlearned.details.opened
     labels = {o["label"] for o in opened}
-    assert labels <= {"selected_rounds", "correction_flags", "aggregate", "secmi_mask"}
+    assert labels <= {
+        "selected_rounds",
+        "correction_flags",
+        "aggregate",
+        "secmi_mask",
+        "range_check",
+    }
     assert [o["phase"] for o in opened if o["label"] == "selected_rounds"] == ["RS"]
     assert sum(o["label"] == "aggregate" for o in opened) == 8
     assert sum(o["label"] == "correction_flags" for o in opened) == len(

@@ -74,10 +74,12 @@ class StarfishExecution(MethodParams):
         16, ge=8, le=24, description="2PC fixed-point fractional bits f (paper: 13; D21)"
     )
     comparison: Literal["real", "ideal"] = Field(
-        "real", description="2PC SecGE: real GMW circuit, or ideal functionality (cost sweeps)"
+        "real",
+        description="2PC SecGE: real GMW circuit, or ideal functionality (in-process cost "
+        "sweeps only; refused by every deployment)",
     )
     mpc_seed: int | None = Field(
-        0, ge=0, description="2PC dealer and client-mask seed (in-process); None: fresh"
+        None, ge=0, description="in-process 2PC dealer and client-mask seed; None: fresh"
     )
     mpc_timeout_seconds: float = Field(120.0, gt=0, le=86_400, description="2PC receive timeout")
     norm_range: tuple[float, float] = Field(

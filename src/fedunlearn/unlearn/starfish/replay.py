@@ -121,6 +121,19 @@ class Replay:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     estimated: int = 0
 
+    def kind(self, k: int, r: int) -> tuple[Any, ...]:
+        """Public description of round k's work; equal kinds make (mostly) equal 2PC requests.
+
+        Exact or estimated, whether it corrects, and each participant's curvature-buffer
+        length (all public: they follow from the flags and the opened SecMI masks). A
+        streaming 2PC backend plans a round from the last one of its kind; what differs
+        later in a round (the flags, the pairs pushed) falls back to on-demand material.
+        """
+        exact = k <= self.warmup or k > self.last_estimating
+        correction = (r if self.correct_on == "round" else k) % self.interval == 0
+        lengths = tuple(len(self.buffers[c]) for c in self.participants[r])
+        return ("exact" if exact else "estimate", correction, lengths)
+
     def round(self, k: int, r: int, m_hat: torch.Tensor) -> torch.Tensor:
         """Replay selected round ``k`` (original round ``r``) from ``m_hat``; return M_hat."""
         ids = self.participants[r]

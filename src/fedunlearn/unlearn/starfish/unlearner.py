@@ -356,7 +356,8 @@ class Starfish(Unlearner):
         rows: list[dict[str, float]] = []
         m_hat = history.read_model(0)
         for k, r in enumerate(rounds, start=1):
-            m_hat = replay.round(k, r, m_hat)
+            with backend.round_scope(replay.kind(k, r)):
+                m_hat = replay.round(k, r, m_hat)
             meter.rounds += 1
             log.info("replayed round %d (%d of %d)", r, k, len(rounds))
             if e.record_models:

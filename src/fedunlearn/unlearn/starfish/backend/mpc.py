@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,7 +53,9 @@ from fedunlearn.mpc import (
     Party,
     Prg,
     SharedTensor,
+    check_opened,
     concatenate,
+    sec_constant,
     sec_div,
     sec_ge,
     sec_ge2,
@@ -72,6 +74,7 @@ from fedunlearn.mpc import (
 )
 from fedunlearn.mpc.prg import derive_seed
 from fedunlearn.unlearn.starfish.backend.protocol import (
+    DEFAULT_RANGE,
     MAX_CONDITION,
     ORDER_FIELDS,
     BackendLog,
@@ -80,10 +83,10 @@ from fedunlearn.unlearn.starfish.backend.protocol import (
     check_order,
 )
 
-__all__ = ["DEFAULT_RANGE", "PHASES", "MpcBackend", "TimedDealer"]
+__all__ = ["DEFAULT_RANGE", "OFFLINE_PHASE", "PHASES", "MpcBackend", "TimedDealer"]
 
-DEFAULT_RANGE = (1e-3, 1e3)
 PHASES = ("TD", "RS", "UE", "TC", "EXACT", "AGG")
+OFFLINE_PHASE = "OFFLINE"  # streamed rounds: waiting for the planned material before the round
 MAX_PUBLIC_BITS = 40
 SMALL_PUBLIC_NUMEL = 4096  # larger public operands are encoded as reals without an integer check
 SECMI_MAX_CONDITION = min(MAX_CONDITION, 1e8)  # cond(N = X R) limit before a pair is dropped
@@ -217,6 +220,9 @@ class MpcBackend(BackendLog):
         party: Party,
         client_seed: int | bytes | None = None,
         default_range: tuple[float, float] = DEFAULT_RANGE,
+        *,
+        max_aggregate_norm: float | None = None,
+        stream_rounds: bool = False,
     ) -> None:
         self.party = party
         if not isinstance(party.dealer, TimedDealer):
@@ -224,12 +230,17 @@ class MpcBackend(BackendLog):
         self._dealer: TimedDealer = party.dealer  # type: ignore[assignment]
         self.fixed_point = party.fixed_point
         self.default_range = default_range
+        self.max_aggregate_norm = max_aggregate_norm
         self._client_prg = (
             None if client_seed is None else Prg(derive_seed(b"starfish-client", client_seed))
         )
         super().__init__()
         self.costs: dict[str, dict[str, float]] = {}
         self.client_bytes = 0
+        self.round_costs: list[dict[str, Any]] = []
+        inner = self._dealer.inner
+        self._streaming = stream_rounds and hasattr(inner, "wait_prefetched")
+        self._plans: dict[Hashable, list[Any]] = {}
         self._mark = self._now()
 
     # ---- bookkeeping -----------------------------------------------------------------------
@@ -283,6 +294,47 @@ class MpcBackend(BackendLog):
         self._flush()
         return {phase: dict(book) for phase, book in self.costs.items()}
 
+    @contextmanager
+    def round_scope(self, kind: Hashable) -> Iterator[None]:
+        """One replayed round: its costs per phase, and with a streaming dealer its plan.
+
+        With ``stream_rounds`` and a dealer that streams (``mpc.RemoteDealer``), the requests
+        of the last round of the same public ``kind`` are declared as this round's plan and
+        their material is awaited before the round starts (phase ``OFFLINE``: the dealer
+        derives and streams it, this server expands it); the round then runs on material at
+        hand. A request that deviates from the plan falls back to on-demand material (fresh,
+        never reused). Both servers run the same loop, so they plan at the same point.
+        Appends ``{"kind", "streamed", "complete", "requests", "phases"}`` to
+        ``round_costs``.
+        """
+        before = self.cost_summary()
+        dealer = self._dealer.inner
+        plan = self._plans.get(kind) if self._streaming else None
+        complete = None
+        if plan:
+            with self.phase(OFFLINE_PHASE):
+                dealer.plan(plan)
+                complete = bool(dealer.wait_prefetched())
+        with dealer.recording() as requests:
+            yield
+        if self._streaming:
+            self._plans[kind] = list(requests)
+        after = self.cost_summary()
+        phases = {
+            name: {key: book[key] - before.get(name, {}).get(key, 0) for key in book}
+            for name, book in after.items()
+            if any(book[key] != before.get(name, {}).get(key, 0) for key in book)
+        }
+        self.round_costs.append(
+            {
+                "kind": repr(kind),
+                "streamed": plan is not None and bool(plan),
+                "complete": complete,
+                "requests": len(requests),
+                "phases": phases,
+            }
+        )
+
     def _public_bits(self, values: np.ndarray) -> int:
         """Fractional bits for a public operand: enough that its largest entry keeps f bits."""
         f = self.fixed_point.frac_bits
@@ -302,10 +354,11 @@ class MpcBackend(BackendLog):
         return bool(np.all(values == np.round(values)) and np.all(np.abs(values) < 2**31))
 
     def _constant(self, values: np.ndarray) -> SharedTensor:
-        """A public constant as shares: party 0 holds its encoding, party 1 zero."""
-        encoded = self.fixed_point.encode(values)
-        share = encoded if self.party.party_id == 0 else np.zeros_like(encoded)
-        return self.party.tensor(share)
+        """A public constant as shares, re-randomised with a ZeroGen pair (``sec_constant``).
+
+        The split (c, 0) would be valid but breaks local truncation for c < 0 (a wild value).
+        """
+        return sec_constant(self.party, values)
 
     # ---- sharing and opening -----------------------------------------------------------------
 
@@ -321,10 +374,21 @@ class MpcBackend(BackendLog):
         return self.party.tensor(mask if self.party.party_id == 0 else encoded - mask)
 
     def reveal(self, x: SharedTensor, label: str) -> torch.Tensor:
-        """SecRec: open ``x`` to both servers and log it."""
+        """SecRec: open ``x`` to both servers, check it, and log it.
+
+        Every opened value is checked for the signature of a failed local truncation
+        (``mpc.check_opened``); an ``aggregate`` also against ``max_aggregate_norm`` (a
+        convex combination of updates cannot exceed the public bound on their norms), so a
+        wild value stops the run with ``SecureComputationError`` instead of entering M_hat.
+        """
         values = np.asarray(x.reveal(), dtype=np.float64)
         self._count("reveal", values.size)
         self._log_opening(label, tuple(values.shape), values)
+        bound = self.max_aggregate_norm if label == "aggregate" else None
+        what = f"the opened {label}" + (
+            "" if bound is None else f" (bound: the largest update norm, norm_range[1] = {bound:g})"
+        )
+        check_opened(values, self.fixed_point, max_norm=bound, label=what)
         return torch.from_numpy(values.copy())
 
     # ---- local ops ---------------------------------------------------------------------------
@@ -500,14 +564,23 @@ class MpcBackend(BackendLog):
     def div(
         self, a: SharedTensor, b: SharedTensor, b_range: tuple[float, float] | None = None
     ) -> SharedTensor:
-        """Return a / b (Newton reciprocal over the public range of b)."""
+        """Return a / b: Newton reciprocal over the public range of b, range checked.
+
+        ``mpc.sec_div`` first checks securely that every b lies in the range and opens that
+        one bit (logged as ``range_check``); a 0 raises ``SecureComputationError`` at both
+        servers instead of returning garbage.
+        """
         self._count("div", a.size)
-        return sec_div(a, b, b_range or self.default_range)
+        out = sec_div(a, b, b_range or self.default_range)
+        self._log_opening("range_check", (), 1.0)
+        return out
 
     def sqrt(self, a: SharedTensor, a_range: tuple[float, float] | None = None) -> SharedTensor:
-        """Return the elementwise square root (Newton, over the public range of a)."""
+        """Return the elementwise square root (Newton over the public range of a, checked)."""
         self._count("sqrt", a.size)
-        return sec_sqrt(a, a_range or self.default_range)
+        out = sec_sqrt(a, a_range or self.default_range)
+        self._log_opening("range_check", (), 1.0)
+        return out
 
     def inverse(self, a: SharedTensor) -> SharedTensor:
         """SecMI of a small square matrix; ``SingularMatrixError`` if N = X R is unusable."""

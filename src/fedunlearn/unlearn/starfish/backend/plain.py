@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from fedunlearn.unlearn.starfish.backend.protocol import (
+    DEFAULT_RANGE,
     MAX_CONDITION,
     BackendLog,
     Order,
@@ -248,14 +249,25 @@ class PlainBackend(BackendLog):
     def div(
         self, a: PlainSecret, b: PlainSecret, b_range: tuple[float, float] | None = None
     ) -> PlainSecret:
-        """Return a / b elementwise (the range hint is not needed in the clear)."""
+        """Return a / b elementwise; log the range bit the 2PC servers would open."""
         self._count("div", a.value.numel())
+        self._log_range(b.value, b_range)
         return self._wrap(a.value / b.value)
 
     def sqrt(self, a: PlainSecret, a_range: tuple[float, float] | None = None) -> PlainSecret:
-        """Return the elementwise square root of max(a, 0) (range hint not needed)."""
+        """Return the elementwise square root of max(a, 0); log the range bit."""
         self._count("sqrt", a.value.numel())
+        self._log_range(a.value, a_range)
         return self._wrap(a.value.clamp_min(0).sqrt())
+
+    def _log_range(self, x: torch.Tensor, value_range: tuple[float, float] | None) -> None:
+        """Log ``range_check``: 1 if every entry is in the range (the 2PC guard's one bit).
+
+        The mirror computes in the clear and does not stop on 0; the 2PC servers would.
+        """
+        lo, hi = value_range or DEFAULT_RANGE
+        inside = bool(((x >= lo) & (x <= hi)).all())
+        self._log_opening("range_check", (), 1.0 if inside else 0.0)
 
     def inverse(self, a: PlainSecret) -> PlainSecret:
         """Return the inverse of a small square matrix, or raise ``SingularMatrixError``."""

@@ -25,6 +25,9 @@ Semantics every backend must keep (shapes broadcast as in torch):
   (SecMI of a small square matrix; raises ``SingularMatrixError`` when the masked matrix is
   singular or ill-conditioned, so the caller drops its oldest curvature pair).
 
+``round_scope(kind)`` wraps one replayed round; ``kind`` is public and equal for rounds whose
+2PC request sequence is expected to be equal (a streaming dealer plans one from the other).
+
 ``top_k`` orders (descending, Sec. IV-A2 and App. C): ``"ratio"`` entries ``u, v`` (v > 0)
 compared by cross-multiplication ``u_i v_j >= u_j v_i`` (SecGE2, Method 1); ``"value"`` entry
 ``tau`` (SecGE, Method 2); ``"signed_ratio"`` entries ``w, a, v`` (SecGE4, SecRS^alt Method 1)
@@ -39,8 +42,8 @@ Alg. 7 (SecMI). Deviations: docs/methods/starfish.md, D11 (2PC substrate), D19 (
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -50,6 +53,7 @@ import torch
 from fedunlearn.errors import FedUnlearnError
 
 __all__ = [
+    "DEFAULT_RANGE",
     "BackendLog",
     "OpenedValue",
     "Order",
@@ -68,6 +72,7 @@ ORDER_FIELDS: dict[str, tuple[str, ...]] = {
     "signed_ratio": ("w", "a", "v"),
     "signed_value": ("w", "b"),
 }
+DEFAULT_RANGE = (1e-3, 1e3)  # public range of SecDiv/sqrt inputs when the caller gives none
 MAX_CONDITION = 1e12  # SecMI redraws / the caller drops a pair above this (D11)
 SMALL_VALUE_NUMEL = 64  # opened values up to this size are kept in the log
 
@@ -141,6 +146,14 @@ class StarfishBackend(Protocol[S]):
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         """Return a context manager under which operations are booked to ``name``."""
+        ...
+
+    def round_scope(self, kind: Hashable) -> AbstractContextManager[None]:
+        """Return a context manager around one replayed round of public ``kind``.
+
+        A 2PC backend whose dealer streams material plans the round from the last round of the
+        same kind (its offline phase); the mirror does nothing.
+        """
         ...
 
     def share(self, x: torch.Tensor) -> S:
@@ -252,6 +265,10 @@ class BackendLog:
         self.opened: list[OpenedValue] = []
         self.op_counts: dict[str, dict[str, dict[str, int]]] = {}
         self._phase = "setup"
+
+    def round_scope(self, kind: Hashable) -> AbstractContextManager[None]:
+        """One replayed round of public ``kind``; nothing to do without a streaming dealer."""
+        return nullcontext()
 
     def _count(self, op: str, elements: int, comparisons: int = 0) -> None:
         book = self.op_counts.setdefault(self._phase, {}).setdefault(

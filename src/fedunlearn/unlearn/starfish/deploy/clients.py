@@ -1,20 +1,35 @@
-"""Starfish's simulated clients as a service: fresh exact updates, secret-shared to the servers.
+"""Starfish's simulated clients as a service: exact updates, each share only to its server.
 
 In Stage II a server sometimes needs a remaining client's exact update at the public model
 M_hat (warm-up rounds, flagged corrections, a client without a curvature pair). In a
 deployment each client would train and send each server one additive share. Here one process,
-the :class:`ClientSimulator`, plays all remaining clients: it opens the run, trains a client
-once when both servers ask for it (same round, same ids, same model) and sends server k only
-its share (server 0 a uniform mask r, server 1 the encoded update minus r). A server reaches
-it through :class:`RemoteClients`; ``starfish_remote.serve_clients`` runs the process. The
-simulator sees the run's data and the public models, never dealer material or the servers'
-Stage I shares; the correlated randomness comes from the ``mpc`` dealer
-(``mpc.dealer_service``), a separate process.
+the :class:`ClientSimulator`, plays all remaining clients; a server reaches it through
+:class:`RemoteClients`, and ``remote.serve_clients`` runs the process. The simulator sees the
+run's data and the public models, never dealer material or the servers' Stage I shares.
 
-Protocol over one ``TcpTransport`` per server (JSON headers are uint8 frames): the server says
-``{"party": k}``; then per request ``{"op": "exact", "args": [round, ids]}`` and the model
-(float64), answered by ``{"accepted": [...], "rejected": {id: reason}}`` and one uint64 share
-per accepted client; ``{"op": "bye"}`` ends the session.
+Who gets what (the oracle the old service was: it answered anyone who said ``{"party": k}``,
+trained at whatever model the caller sent, and answered the first asker at once):
+
+- **Authenticated servers.** Both servers join through ``mpc.accept_peers`` (role ``clients``,
+  peers ``server0`` and ``server1``; with TLS the role is the one the certificate binds, each
+  role joins once) with the session binding of the job (``binding.starfish_binding``). Server
+  k's share goes only to the link of server k.
+- **Both servers, identically.** The service reads one message from each server and acts only
+  when the two are identical (same operation, round, client ids, model digest, and for a
+  model the same bytes); any difference stops the session at both servers with the reason.
+  Nothing is answered before both asked.
+- **Models on the public trajectory.** A server announces each new M_hat before it asks at it
+  (``model``); the first must be the run's M_0, at most T' + 1 models are accepted (one per
+  replayed round and M_0), each finite and of the model's shape. Exact updates are trained
+  only at the latest announced model.
+- **Bounded requests.** Rounds strictly increase (each round's clients are asked once); the
+  clients must be remaining participants of that round (public records).
+
+Wire format over the link's ``TcpTransport``: JSON documents as uint8 frames (at most
+``MAX_MESSAGE_BYTES``) and arrays whose dtype and shape the receiver checks against the model:
+``{"op": "model", "digest": d}`` + float64 (m,); ``{"op": "exact", "round": r, "clients":
+[...], "model": d}``, answered by ``{"accepted": [...], "rejected": {id: reason}}`` and one
+uint64 (m,) share per accepted client, or by ``{"error": reason}``; ``{"op": "bye"}``.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Sec. III-A (clients secret-share their uploads to two servers), Alg. 4 lines 15-24.
@@ -27,91 +42,177 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
+import math
+import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedunlearn.errors import PeerDisconnectedError, SecureComputationError
+from fedunlearn.errors import (
+    FedUnlearnError,
+    MalformedFrameError,
+    SecureComputationError,
+)
 from fedunlearn.fl.engine import screen_update
-from fedunlearn.mpc import FixedPoint, Party, Prg, TcpTransport
+from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
 from fedunlearn.unlearn.context import RemainingClients
 
-__all__ = ["ClientSimulator", "RemoteClients", "recv_json", "send_json"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "ClientSimulator",
+    "RemoteClients",
+    "model_digest",
+    "recv_array",
+    "recv_doc",
+    "send_doc",
+]
+
+MAX_MESSAGE_BYTES = 1 << 20  # a JSON message: ids of up to ~100k clients
+_OPS = ("model", "exact", "bye")
 
 
-def send_json(transport: TcpTransport, doc: dict[str, Any]) -> None:
+def send_doc(transport: TcpTransport, doc: Mapping[str, Any]) -> None:
     """Send a small JSON document as one uint8 frame."""
-    transport.send(np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8).copy())
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    transport.send(np.frombuffer(data, dtype=np.uint8).copy())
 
 
-def recv_json(transport: TcpTransport) -> dict[str, Any]:
-    """Receive a JSON document sent by :func:`send_json`."""
-    frame = transport.recv()
-    if frame.dtype != np.uint8:
-        raise SecureComputationError(f"expected a JSON header frame; got dtype {frame.dtype}")
-    return json.loads(frame.tobytes().decode())
+def recv_doc(transport: TcpTransport, peer: str) -> dict[str, Any]:
+    """Receive a JSON object sent by :func:`send_doc` (at most ``MAX_MESSAGE_BYTES``).
+
+    Raises:
+        MalformedFrameError: Not a uint8 frame holding a JSON object.
+    """
+    frame = transport.recv(MAX_MESSAGE_BYTES)
+    if frame.dtype != np.uint8 or frame.ndim != 1:
+        raise MalformedFrameError(
+            f"{peer} sent a {frame.dtype} frame of shape {frame.shape} where a JSON message belongs"
+        )
+    try:
+        doc = json.loads(frame.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedFrameError(f"{peer} sent a message that is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise MalformedFrameError(f"{peer} sent a JSON message that is not an object")
+    return doc
 
 
-def _total_bytes(transport: TcpTransport) -> int:
-    snapshot = transport.counters.snapshot()
-    return sum(t["bytes_sent"] + t["bytes_received"] for t in snapshot.values())
+def recv_array(
+    transport: TcpTransport, dtype: np.dtype, shape: tuple[int, ...], peer: str
+) -> np.ndarray:
+    """Receive an array of exactly ``dtype`` and ``shape`` (the cap is its size).
+
+    Raises:
+        MalformedFrameError: Another dtype or shape.
+    """
+    wanted = np.dtype(dtype)
+    frame = transport.recv(wanted.itemsize * math.prod(shape))
+    if frame.dtype != wanted or frame.shape != shape:
+        raise MalformedFrameError(
+            f"{peer} sent a {frame.dtype} array of shape {frame.shape}; expected {wanted} {shape}"
+        )
+    return frame
+
+
+def model_digest(model: np.ndarray) -> str:
+    """SHA-256 of a float64 model's bytes (how both ends name a model)."""
+    return hashlib.sha256(np.ascontiguousarray(model, dtype=np.float64).tobytes()).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class RemoteClients:
     """A server's client gateway: exact updates arrive as this server's shares.
 
     Args:
-        transport: Connection to the client simulator (``hello`` is sent on construction).
+        link: The authenticated link to the clients service (``mpc.connect_peer``).
         party: The server's party (to wrap the shares).
+        num_params: m, the length of an update.
     """
 
-    def __init__(self, transport: TcpTransport, party: Party) -> None:
-        self.transport, self.party = transport, party
-        send_json(transport, {"party": party.party_id})
+    def __init__(self, link: Link, party: Party, num_params: int) -> None:
+        self.link, self.party, self.num_params = link, party, int(num_params)
+        self.transport: TcpTransport = link.transport
+        self._head: str | None = None
 
     @property
-    def link_bytes(self) -> int:
-        """Bytes sent and received on the connection so far (headers, models, shares)."""
-        return _total_bytes(self.transport)
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes on the link so far: ``sent`` and ``received`` (frames, headers included)."""
+        return {
+            "sent": self.transport.wire_bytes_sent,
+            "received": self.transport.wire_bytes_received,
+        }
 
     def exact(
         self, m_hat: torch.Tensor, client_ids: list[int], round_: int
     ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Ask the clients for exact updates at the public ``m_hat``; receive shares."""
-        send_json(self.transport, {"op": "exact", "args": [round_, client_ids]})
-        self.transport.send(m_hat.detach().cpu().to(torch.float64).numpy())
-        header = recv_json(self.transport)
-        if "error" in header:
-            raise SecureComputationError(f"the clients failed in round {round_}: {header['error']}")
-        accepted = [int(c) for c in header["accepted"]]
-        arrays = [self.transport.recv() for _ in accepted]
-        shares = {
-            cid: self.party.tensor(np.array(a, dtype=np.uint64))
-            for cid, a in zip(accepted, arrays, strict=True)
-        }
-        rejected = {int(c): str(reason) for c, reason in header["rejected"].items()}
-        return shares, rejected
+        """Ask the clients for exact updates at the public ``m_hat``; receive shares.
 
-    def close(self) -> None:
-        """Say goodbye and close the connection."""
-        try:
-            send_json(self.transport, {"op": "bye"})
-        except PeerDisconnectedError:
-            pass
-        self.transport.close()
+        Raises:
+            SecureComputationError: The service refused the request (its reason: e.g. the
+                other server asked for something else).
+            MalformedFrameError: The answer does not fit the request.
+        """
+        where = self.link.where
+        model = np.ascontiguousarray(m_hat.detach().cpu().to(torch.float64).numpy())
+        name = model_digest(model)
+        if name != self._head:  # a new model on the trajectory: announce it first
+            send_doc(self.transport, {"op": "model", "digest": name})
+            self.transport.send(model)
+            self._head = name
+        ids = [int(c) for c in client_ids]
+        request = {"op": "exact", "round": int(round_), "clients": ids, "model": name}
+        send_doc(self.transport, request)
+        answer = recv_doc(self.transport, where)
+        if "error" in answer:
+            raise SecureComputationError(
+                f"the clients service refused round {round_}: {answer['error']}"
+            )
+        accepted, rejected = answer.get("accepted"), answer.get("rejected")
+        if (
+            not isinstance(accepted, list)
+            or not all(_is_int(c) for c in accepted)
+            or not isinstance(rejected, dict)
+            or sorted([*accepted, *(int(c) for c in rejected if str(c).isdigit())]) != sorted(ids)
+        ):
+            raise MalformedFrameError(
+                f"{where} answered clients {accepted!r} / rejected {rejected!r} to a request "
+                f"for {ids}"
+            )
+        shares = {
+            cid: self.party.tensor(
+                recv_array(self.transport, np.dtype(np.uint64), (self.num_params,), where)
+            )
+            for cid in accepted
+        }
+        return shares, {int(c): str(reason)[:200] for c, reason in rejected.items()}
+
+    def close(self, goodbye: bool = True) -> None:
+        """Say goodbye (after a finished run) and close the connection."""
+        if goodbye:
+            try:
+                send_doc(self.transport, {"op": "bye"})
+            except FedUnlearnError:
+                pass
+        self.transport.close(1.0 if goodbye else 0.0)
 
 
 class ClientSimulator:
-    """The remaining clients: train once per request, encode, split, hand out one share each.
+    """The remaining clients: answer both servers' identical requests, one share each.
 
     Args:
         clients: The run's remaining clients.
         scale: Pseudo-gradient scale of the method (``Starfish.scale``).
         fixed_point: Encoding of the shares.
-        seed: Seed of the clients' masks (SecShare).
         dtype: Parameter dtype of the run's model.
+        initial_model: The run's M_0 (the first model of the trajectory).
+        participants: Round r -> remaining clients whose round-r update was accepted (public).
+        max_models: At most this many models on the trajectory (T' + 1).
+        seed: Seed of the clients' masks (SecShare); None draws a fresh one.
     """
 
     def __init__(
@@ -119,63 +220,147 @@ class ClientSimulator:
         clients: RemainingClients,
         scale: float,
         fixed_point: FixedPoint,
-        seed: bytes,
         dtype: torch.dtype,
+        *,
+        initial_model: torch.Tensor,
+        participants: Mapping[int, Sequence[int]],
+        max_models: int,
+        seed: bytes | None = None,
     ) -> None:
         self.clients, self.scale, self.fixed_point = clients, scale, fixed_point
         self.dtype = dtype
-        self.prg = Prg(seed)
-        self._lock = threading.Lock()
-        self._pending: dict[tuple[int, tuple[int, ...], str], dict[str, Any]] = {}
+        self.num_params = int(clients.num_params)
+        self.prg = Prg(secrets.token_bytes(16) if seed is None else seed)
+        self.participants = {int(r): frozenset(ids) for r, ids in participants.items()}
+        self.max_models = int(max_models)
+        self._first = np.ascontiguousarray(initial_model.detach().cpu().to(torch.float64).numpy())
+        self.trajectory: list[str] = []  # digests of the accepted models, in order
+        self._model: np.ndarray | None = None
+        self._last_round = 0
+        self.requests = 0
 
-    def exact(
-        self, party_id: int, round_: int, client_ids: list[int], model: np.ndarray
-    ) -> dict[str, Any]:
-        """Return party ``party_id``'s answer; the first of the two requests trains."""
-        key = (round_, tuple(client_ids), hashlib.sha256(model.tobytes()).hexdigest())
-        with self._lock:
-            entry = self._pending.get(key)
-            if entry is None:
-                params = torch.from_numpy(np.array(model)).to(self.dtype)
-                accepted: list[int] = []
-                rejected: dict[str, str] = {}
-                shares: list[list[np.ndarray]] = [[], []]
-                for update in self.clients.train(params, client_ids, round_):
-                    reason = screen_update(update, self.clients.num_params)
-                    if reason is not None:
-                        rejected[str(update.client_id)] = reason
-                        continue
-                    gradient = update.delta.to(torch.float64).numpy() * self.scale
-                    encoded = self.fixed_point.encode(gradient)
-                    mask = self.prg.ring(encoded.shape)  # the client's SecShare
-                    accepted.append(update.client_id)
-                    shares[0].append(mask)
-                    shares[1].append(encoded - mask)
-                entry = {"accepted": accepted, "rejected": rejected, "shares": shares, "left": 2}
-                self._pending[key] = entry
-            entry["left"] -= 1
-            if entry["left"] == 0:
-                del self._pending[key]
-        return {
-            "accepted": entry["accepted"],
-            "rejected": entry["rejected"],
-            "arrays": entry["shares"][party_id],
-        }
+    # ---- one message from each server ---------------------------------------------------
 
-    def serve(self, transport: TcpTransport, party_id: int) -> int:
-        """Answer one server's requests until it says ``bye``; return how many were served."""
-        served = 0
-        while True:
-            header = recv_json(transport)
-            if header.get("op") == "bye":
-                return served
-            if header.get("op") != "exact":
-                raise SecureComputationError(f"unknown client request {header!r}; allowed: exact")
-            model = transport.recv()
-            round_, ids = int(header["args"][0]), [int(c) for c in header["args"][1]]
-            answer = self.exact(party_id, round_, ids, model)
-            arrays = answer.pop("arrays")
-            send_json(transport, answer)
-            for array in arrays:
-                transport.send(np.ascontiguousarray(array, dtype=np.uint64))
-            served += 1
+    def _read(self, link: Link) -> tuple[dict[str, Any], np.ndarray | None]:
+        where = link.where
+        doc = recv_doc(link.transport, where)
+        op = doc.get("op")
+        if op not in _OPS:
+            raise MalformedFrameError(f"{where} asked for {op!r}; allowed: {', '.join(_OPS)}")
+        frame = None
+        if op == "model":
+            frame = recv_array(link.transport, np.dtype(np.float64), (self.num_params,), where)
+        return doc, frame
+
+    def _refuse(self, reason: str) -> SecureComputationError:
+        return SecureComputationError(f"the clients service refused the servers' request: {reason}")
+
+    def _advance(self, doc: Mapping[str, Any], model: np.ndarray) -> None:
+        """Accept a new model onto the trajectory (both servers announced it identically)."""
+        if doc.get("digest") != model_digest(model):
+            raise self._refuse("a model's digest does not match its bytes")
+        if not np.all(np.isfinite(model)):
+            raise self._refuse("the announced model is not finite")
+        if not self.trajectory and not np.array_equal(model, self._first):
+            raise self._refuse("the trajectory must start at the run's initial model M_0")
+        if len(self.trajectory) >= self.max_models:
+            raise self._refuse(
+                f"more than {self.max_models} models announced (T' + 1: one per replayed round "
+                "and M_0)"
+            )
+        self.trajectory.append(str(doc["digest"]))
+        self._model = model
+
+    def _check_exact(self, doc: Mapping[str, Any]) -> tuple[int, list[int]]:
+        round_, ids = doc.get("round"), doc.get("clients")
+        if not _is_int(round_) or round_ not in self.participants:
+            raise self._refuse(f"round {round_!r} is not a round of this run")
+        if round_ <= self._last_round:
+            raise self._refuse(
+                f"round {round_} after round {self._last_round}: rounds must increase (each "
+                "round's clients are asked once)"
+            )
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(_is_int(c) for c in ids)
+            or ids != sorted(set(ids))
+        ):
+            raise self._refuse(f"clients {ids!r} are not a sorted list of distinct ids")
+        outside = sorted(set(ids) - self.participants[round_])
+        if outside:
+            raise self._refuse(
+                f"clients {outside} are not remaining participants of round {round_}"
+            )
+        if self._model is None or doc.get("model") != self.trajectory[-1]:
+            raise self._refuse("exact updates are trained only at the latest announced model")
+        return round_, ids
+
+    def _train(self, round_: int, ids: list[int]) -> dict[str, Any]:
+        """Train the clients at the current model, encode, split; return both servers' parts."""
+        params = torch.from_numpy(np.array(self._model)).to(self.dtype)
+        accepted: list[int] = []
+        rejected: dict[str, str] = {}
+        shares: list[list[np.ndarray]] = [[], []]
+        for update in self.clients.train(params, ids, round_):
+            reason = screen_update(update, self.num_params)
+            if reason is not None:
+                rejected[str(update.client_id)] = reason
+                continue
+            gradient = update.delta.to(torch.float64).numpy() * self.scale
+            encoded = self.fixed_point.encode(gradient)
+            mask = self.prg.ring(encoded.shape)  # the client's SecShare
+            accepted.append(update.client_id)
+            shares[0].append(mask)
+            shares[1].append(encoded - mask)
+        return {"accepted": accepted, "rejected": rejected, "shares": shares}
+
+    # ---- the session ----------------------------------------------------------------------
+
+    def serve(self, links: Mapping[str, Link]) -> int:
+        """Serve both servers in lockstep until both say ``bye``; return requests answered.
+
+        Raises:
+            SecureComputationError: The servers asked for different things, or for something
+                this service does not answer (both servers are told why).
+            MalformedFrameError: A server sent a malformed message (both are told).
+            PeerDisconnectedError: A server vanished (the other is told).
+        """
+        order = [links["server0"], links["server1"]]
+        try:
+            while True:
+                (doc0, frame0), (doc1, frame1) = (self._read(link) for link in order)
+                if doc0 != doc1:
+                    raise self._refuse(f"server 0 sent {_brief(doc0)}, server 1 {_brief(doc1)}")
+                op = doc0["op"]
+                if op == "bye":
+                    return self.requests
+                if op == "model":
+                    if frame0 is None or frame1 is None or frame0.tobytes() != frame1.tobytes():
+                        raise self._refuse("the servers announced different models")
+                    self._advance(doc0, frame0)
+                    continue
+                round_, ids = self._check_exact(doc0)
+                answer = self._train(round_, ids)
+                self._last_round = round_
+                for k, link in enumerate(order):
+                    send_doc(
+                        link.transport,
+                        {"accepted": answer["accepted"], "rejected": answer["rejected"]},
+                    )
+                    for array in answer["shares"][k]:
+                        link.transport.send(np.ascontiguousarray(array, dtype=np.uint64))
+                self.requests += 1
+        except FedUnlearnError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            for link in order:
+                try:
+                    send_doc(link.transport, {"error": reason[:2000]})
+                except FedUnlearnError:
+                    pass
+            raise
+
+
+def _brief(doc: Mapping[str, Any]) -> str:
+    text = json.dumps(dict(doc), sort_keys=True)
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,17 +1,21 @@
 """Starfish's local deployment: dealer, two servers and clients as four supervised processes.
 
 :func:`run_local` is ``fedunlearn starfish-local``: it makes the run's Stage I share stores if
-needed (``shares.ensure_shares``), binds three ephemeral listening sockets on 127.0.0.1, starts
-the dealer, server 0, server 1 and the simulated clients at once (:func:`launch`; each child is
-one ``fedunlearn starfish-*`` command of :mod:`fedunlearn.cli.starfish`, started by module name,
-so this module imports nothing above it), waits for them with a deadline, stops the others as
-soon as one fails, and checks that both servers opened the same model. Bounded waits
-everywhere: ``timeout_seconds`` per receive in every child, ``deadline_seconds`` for the whole
-run (also the dealer's idle wait); every child is killed on the way out.
+needed (``shares.ensure_shares``), creates a fresh trial CA and one certificate per role in a
+temporary directory (``mpc.create_trial_pki``; or uses the given ``pki`` directory; plain TCP
+only with ``insecure=True``), draws a session id, binds three ephemeral listening sockets on
+127.0.0.1, starts the dealer, server 0, server 1 and the simulated clients at once
+(:func:`launch`; each child is one ``fedunlearn starfish-*`` command of
+:mod:`fedunlearn.cli.starfish`, started by module name, so this module imports nothing above
+it), waits for them with a deadline, stops the others as soon as one fails, and checks that
+both servers opened the same model. Bounded waits everywhere: ``timeout_seconds`` per receive
+in every child, ``deadline_seconds`` for the whole run (also the dealer's and the clients'
+idle wait); every child is killed on the way out.
 
 A child's options are the method's explicitly set options (:func:`option_params`: one
-``key=value`` per option, the value in YAML, as ``--param`` takes it), its receive timeout and
-its TLS files; the dealer gets no method options.
+``key=value`` per option, the value in YAML, as ``--param`` takes it), the session id, its
+receive timeout and its security (``--tls-dir`` with its role's certificate, or
+``--insecure``); the dealer gets no method options.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Sec. III-A (two non-colluding servers and the clients), Alg. 4.
@@ -33,14 +37,17 @@ from typing import Any
 
 import yaml
 
-from fedunlearn.errors import FedUnlearnError
-from fedunlearn.unlearn.starfish.deploy.remote import Tls
+from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.mpc import create_trial_pki
+from fedunlearn.unlearn.starfish.deploy.binding import check_deployable, new_session_id
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares
 from fedunlearn.unlearn.starfish.params import StarfishExecution
 from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = [
     "CHILD_MODULE",
+    "CHILDREN",
+    "child_commands",
     "LocalRunError",
     "launch",
     "listening_socket",
@@ -70,10 +77,9 @@ def option_params(method: Starfish) -> list[str]:
     return [f"{key}={_yaml_value(value)}" for key, value in method.options().items()]
 
 
-def _tls_args(tls: Tls | None) -> list[str]:
-    if tls is None:
-        return []
-    return [f"--tls-ca={tls.ca}", f"--tls-cert={tls.cert}", f"--tls-key={tls.key}"]
+def _security_args(pki: Path | None) -> list[str]:
+    """``--tls-dir=PKI`` (each child picks its role's certificate), or ``--insecure``."""
+    return ["--insecure"] if pki is None else [f"--tls-dir={pki}"]
 
 
 def spawn(args: Sequence[str], log_file: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
@@ -100,112 +106,143 @@ def listening_socket() -> socket.socket:
     return sock
 
 
+def child_commands(
+    run_dir: Path,
+    forget: Sequence[int],
+    outs: tuple[Path, Path],
+    sockets: dict[str, socket.socket],
+    *,
+    pki: Path | None,
+    session_id: str,
+    method: Starfish | None = None,
+    timeout_seconds: float = 120.0,
+    idle_seconds: float = 3600.0,
+) -> dict[str, tuple[list[str], list[int]]]:
+    """Return each child's ``fedunlearn`` arguments and inherited descriptors, by name.
+
+    Args:
+        run_dir: The run (with its share stores).
+        forget: Target client ids.
+        outs: Result files of server 0 and server 1.
+        sockets: Listening sockets of ``dealer``, ``server0`` (for server 1) and ``clients``.
+        pki: Directory of the trial PKI (``ca.pem``, ``<role>.pem``/``.key``); None runs
+            plain TCP (``--insecure``).
+        session_id: The session every child is started with.
+        method: Its explicitly set options go to the servers and the clients (default: none).
+        timeout_seconds: How long a child's receive waits before its peer counts as gone.
+        idle_seconds: How long the dealer and the clients wait for the servers' next request.
+
+    Returns:
+        ``{name: (args, pass_fds)}`` for dealer, server0, server1 and clients.
+    """
+    ids = ",".join(map(str, forget))
+    params = [] if method is None else [f"--param={item}" for item in option_params(method)]
+    shared = [f"--timeout={timeout_seconds}", *_security_args(pki)]
+    session = f"--session={session_id}"
+    port = {name: sock.getsockname()[1] for name, sock in sockets.items()}
+    fd = {name: sock.fileno() for name, sock in sockets.items()}
+    common = [
+        f"--run={run_dir}",
+        f"--forget={ids}",
+        session,
+        f"--dealer={HOST}:{port['dealer']}",
+        f"--clients={HOST}:{port['clients']}",
+        f"--peer={HOST}:{port['server0']}",
+        *params,
+        *shared,
+    ]
+    return {
+        "dealer": (
+            [
+                "starfish-dealer",
+                f"--listen-fd={fd['dealer']}",
+                f"--idle-timeout={idle_seconds}",
+                *shared,
+            ],
+            [fd["dealer"]],
+        ),
+        "server0": (
+            [
+                "starfish-server",
+                "--party=0",
+                f"--listen-fd={fd['server0']}",
+                f"--out={outs[0]}",
+                f"--idle-timeout={idle_seconds}",
+                *common,
+            ],
+            [fd["server0"]],
+        ),
+        "server1": (
+            [
+                "starfish-server",
+                "--party=1",
+                f"--out={outs[1]}",
+                f"--idle-timeout={idle_seconds}",
+                *common,
+            ],
+            [],
+        ),
+        "clients": (
+            [
+                "starfish-clients",
+                str(run_dir),
+                f"--forget={ids}",
+                session,
+                f"--listen-fd={fd['clients']}",
+                f"--idle-timeout={idle_seconds}",
+                *params,
+                *shared,
+            ],
+            [fd["clients"]],
+        ),
+    }
+
+
 def launch(
     run_dir: Path,
     forget: Sequence[int],
     outs: tuple[Path, Path],
     logs: Path,
     *,
+    pki: Path | None,
+    session_id: str,
     method: Starfish | None = None,
     timeout_seconds: float = 120.0,
-    tls: Tls | None = None,
-    dealer_idle_seconds: float = 3600.0,
+    idle_seconds: float = 3600.0,
 ) -> list[subprocess.Popen]:
     """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
 
     The launcher binds the dealer's, server 0's and the clients' listening sockets itself and
-    hands them to the children, so nobody waits for anybody to publish a port.
-
-    Args:
-        run_dir: The run (with its share stores).
-        forget: Target client ids.
-        outs: Result files of server 0 and server 1.
-        logs: Directory of the children's logs (``dealer.log``, ``server0.log``, ...).
-        method: Its explicitly set options go to the servers and the clients (default: none).
-        timeout_seconds: How long a child's receive waits before its peer counts as gone.
-        tls: Mutual TLS for every connection (default: plain TCP).
-        dealer_idle_seconds: How long the dealer waits for the servers between requests.
+    hands them to the children, so nobody waits for anybody to publish a port. Arguments as
+    :func:`child_commands`; ``logs`` is the directory of the children's logs
+    (``dealer.log``, ``server0.log``, ...).
 
     Returns:
         The four processes (dealer, server 0, server 1, clients); the caller must kill them.
     """
-    ids = ",".join(map(str, forget))
-    params = [] if method is None else [f"--param={item}" for item in option_params(method)]
-    shared = [f"--timeout={timeout_seconds}", *_tls_args(tls)]
-    dealer_sock, peer_sock, clients_sock = (listening_socket() for _ in range(3))
-    dealer_port, peer_port, clients_port = (
-        sock.getsockname()[1] for sock in (dealer_sock, peer_sock, clients_sock)
+    sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
+    commands = child_commands(
+        run_dir,
+        forget,
+        outs,
+        sockets,
+        pki=pki,
+        session_id=session_id,
+        method=method,
+        timeout_seconds=timeout_seconds,
+        idle_seconds=idle_seconds,
     )
     children: list[subprocess.Popen] = []
     try:
-        common = [
-            f"--run={run_dir}",
-            f"--forget={ids}",
-            f"--dealer={HOST}:{dealer_port}",
-            f"--clients={HOST}:{clients_port}",
-        ]
-        children.append(
-            spawn(
-                [
-                    "starfish-dealer",
-                    f"--listen-fd={dealer_sock.fileno()}",
-                    *shared,
-                    f"--idle-timeout={dealer_idle_seconds}",
-                ],
-                logs / "dealer.log",
-                [dealer_sock.fileno()],
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=0",
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--listen-fd={peer_sock.fileno()}",
-                    f"--out={outs[0]}",
-                    *params,
-                    *shared,
-                ],
-                logs / "server0.log",
-                [peer_sock.fileno()],
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=1",
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--out={outs[1]}",
-                    *params,
-                    *shared,
-                ],
-                logs / "server1.log",
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-clients",
-                    str(run_dir),
-                    f"--forget={ids}",
-                    f"--listen-fd={clients_sock.fileno()}",
-                    *params,
-                    *shared,
-                ],
-                logs / "clients.log",
-                [clients_sock.fileno()],
-            )
-        )
+        for name in CHILDREN:
+            args, fds = commands[name]
+            children.append(spawn(args, logs / f"{name}.log", fds))
     except BaseException:
         for child in children:
             child.kill()
         raise
     finally:
-        for sock in (dealer_sock, peer_sock, clients_sock):
+        for sock in sockets.values():
             sock.close()
     return children
 
@@ -231,7 +268,8 @@ def run_local(
     timeout_seconds: float = 120.0,
     deadline_seconds: float = 900.0,
     log_dir: Path | None = None,
-    tls: Tls | None = None,
+    pki: Path | None = None,
+    insecure: bool = False,
 ) -> dict[str, Any]:
     """Run dealer, both servers and the clients as processes on 127.0.0.1; return party 0's result.
 
@@ -242,22 +280,31 @@ def run_local(
         timeout_seconds: How long a child's receive waits before its peer counts as gone.
         deadline_seconds: How long the whole run may take.
         log_dir: Where the children's logs go (default: a temporary directory).
-        tls: Mutual TLS for every connection (default: plain TCP on loopback).
+        pki: A trial PKI directory (``fedunlearn starfish-certs``) to use; default: a fresh CA
+            and certificates in a temporary directory, deleted afterwards.
+        insecure: Plain TCP on loopback instead of mutual TLS (``INSECURE_WARNING``).
 
     Returns:
-        Server 0's result (``params``, ``details``, ``costs``, link bytes) with
-        ``models_agree`` and ``party1_mpc_costs`` added.
+        Server 0's result (``params``, ``details``, ``costs``, ``rounds``, ``links``) with
+        ``models_agree``, ``party1_mpc_costs``, ``party1_rounds`` and ``party1_links`` added.
 
     Raises:
+        ConfigError: ``comparison: ideal``, or both ``pki`` and ``insecure``.
         LocalRunError: A process failed (its last log lines are in the message) or the run did
             not finish within ``deadline_seconds``; every child is killed on the way out.
     """
     if method is None:
         method = Starfish(execution=StarfishExecution(backend="mpc"))
+    check_deployable(method)
+    if insecure and pki is not None:
+        raise ConfigError("give a PKI directory or insecure=True, not both")
     ensure_shares(run_dir, method)
     with tempfile.TemporaryDirectory(prefix="starfish-local-") as tmp_name:
         tmp = Path(tmp_name)
         logs = log_dir or tmp
+        if not insecure and pki is None:
+            pki = tmp / "pki"
+            create_trial_pki(pki, hosts=[HOST, "localhost"], days=1)
         children: list[subprocess.Popen] = []
         try:
             outs = (tmp / "server0.json", tmp / "server1.json")
@@ -266,10 +313,11 @@ def run_local(
                 forget,
                 outs,
                 logs,
+                pki=None if insecure else pki,
+                session_id=new_session_id("local"),
                 method=method,
                 timeout_seconds=timeout_seconds,
-                tls=tls,
-                dealer_idle_seconds=deadline_seconds,
+                idle_seconds=deadline_seconds,
             )
             end = time.monotonic() + deadline_seconds
             while any(child.poll() is None for child in children):
@@ -296,4 +344,6 @@ def run_local(
     result = results[0]
     result["models_agree"] = True
     result["party1_mpc_costs"] = results[1]["details"].get("mpc_costs", {})
+    result["party1_rounds"] = results[1]["rounds"]
+    result["party1_links"] = results[1]["links"]
     return result

@@ -27,7 +27,7 @@ import hashlib
 import secrets
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,23 @@ class SharedClients:
         """n_c of a client."""
         return self._clients.num_samples(client_id)
 
+    def exclusive(self, evaluate: Callable[[torch.Tensor], dict] | None) -> Any:
+        """Return ``evaluate`` run under the training lock (None stays None).
+
+        The run's evaluation and its clients share one torch model: evaluation deep-copies
+        it, and vectorised training wraps its tensors (``torch.func``) while it runs, so the
+        two must never overlap (unguarded, party 0's evaluation failed in about 1 run of 3
+        with "Cannot access storage of TensorWrapper" while party 1's thread trained).
+        """
+        if evaluate is None:
+            return None
+
+        def guarded(params: torch.Tensor) -> dict:
+            with self._lock:
+                return evaluate(params)
+
+        return guarded
+
     def train(self, global_params: torch.Tensor, client_ids: Sequence[int], round_: int) -> list:
         """Return the clients' updates at ``global_params``; trained by the first caller."""
         digest = hashlib.sha256(global_params.detach().cpu().numpy().tobytes()).hexdigest()
@@ -112,9 +129,11 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
                     history=history,
                     clients=clients,  # type: ignore[arg-type]
                     meter=meter,
-                    evaluate=context.evaluate if k == 0 else None,
+                    evaluate=clients.exclusive(context.evaluate) if k == 0 else None,
                 )
-                backend = MpcBackend(party, client_seed=client_seed)
+                backend = MpcBackend(
+                    party, client_seed=client_seed, max_aggregate_norm=execution.norm_range[1]
+                )
                 record = SharedStageOneRecord(history, party)
                 gateway = LocalClients(own, backend, scale, torch.float64)
                 return method.replay(request, own, backend, record, gateway)

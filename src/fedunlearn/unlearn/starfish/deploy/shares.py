@@ -12,9 +12,12 @@ opened aggregates, who took part in each round and their sample counts, the run'
 Each store is a :class:`~fedunlearn.history.store.HistoryStore` (one SQLite file, one
 transaction per round, CRC-32 per payload): the share vector is an ``update`` payload of dtype
 uint64 and shape (m + 2,). Layout: ``RUN/starfish/server0/`` and ``RUN/starfish/server1/``.
-The stores' metadata (key ``starfish_shares``) records party, fractional bits, tolerance rate,
+The stores' metadata (key ``starfish_shares``) records the sharing id (random, the same in
+both stores: a deployment binds its sessions to it), party, fractional bits, tolerance rate,
 units and the scale G = scale * delta. ``ensure_shares`` makes both stores of a run directory
-once, with the settings a method needs (``share_settings``), for the process deployment.
+once, with the settings a method needs (``share_settings``), for the process deployment, and
+writes the sharing's public side (id and settings, what the clients know after Stage I) to
+``RUN/starfish/sharing.json``.
 
 ``SharedStageOneRecord`` is the servers' side of :class:`~fedunlearn.unlearn.starfish.steps.
 StageOneRecord`: it wraps the stored uint64 shares as ``SharedTensor``s of one party.
@@ -54,6 +57,7 @@ from fedunlearn.mpc.prg import derive_seed, fresh_seed
 from fedunlearn.runs import HISTORY_DIR, load_run_config
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory, TrainingInfo, UnlearnContext
 from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
+from fedunlearn.unlearn.starfish.deploy.binding import SHARING_FILE, new_sharing_id, write_sharing
 from fedunlearn.unlearn.starfish.steps import StageOneRecord
 from fedunlearn.unlearn.starfish.unlearner import Starfish
 
@@ -110,9 +114,19 @@ def ensure_shares(run_dir: str | Path, method: Starfish, force: bool = False) ->
     for d in dirs:
         for suffix in ("", "-wal", "-shm"):
             (d / f"history.sqlite{suffix}").unlink(missing_ok=True)
+    (run_dir / SHARES_DIR / SHARING_FILE).unlink(missing_ok=True)
     config = load_run_config(run_dir)
+    sharing_id = new_sharing_id()
     with HistoryStore.open(run_dir / HISTORY_DIR) as history:
-        share_history(history, dirs, lr=config.training.lr, **share_settings(method))
+        share_history(
+            history,
+            dirs,
+            lr=config.training.lr,
+            sharing_id=sharing_id,
+            **share_settings(method),
+        )
+    with HistoryStore.open(dirs[0]) as store:
+        write_sharing(run_dir, share_meta(store))
     return True
 
 
@@ -125,6 +139,7 @@ def share_history(
     tolerance_rate: float = 0.4,
     units: str = "gradient",
     seed: int | None = None,
+    sharing_id: str | None = None,
 ) -> None:
     """Secret-share a recorded run's Stage I history into two per-server share stores.
 
@@ -137,6 +152,8 @@ def share_history(
             clients fix it before training.
         units: ``gradient`` (G = -delta / eta_l) or ``delta`` (G = -delta).
         seed: Seed of the clients' masks (reproducible tests); None draws fresh OS randomness.
+        sharing_id: Id of this sharing, stored in both stores (None: a fresh random one); a
+            deployment binds its sessions to it (``binding.sharing_digest``).
 
     Raises:
         UnsupportedHistoryError: A global model or an accepted client's update is missing.
@@ -150,6 +167,7 @@ def share_history(
     if not lr > 0:
         raise ConfigError(f"lr must be > 0; got {lr!r}")
     scale = -1.0 / lr if units == "gradient" else -1.0
+    sharing_id = new_sharing_id() if sharing_id is None else sharing_id
     fixed_point = FixedPoint(frac_bits)
     rounds = history.rounds()
     last = max(rounds) if rounds else 0
@@ -167,6 +185,7 @@ def share_history(
     try:
         for party, out in enumerate(out_dirs):
             info = {
+                "sharing_id": sharing_id,
                 "party": party,
                 "frac_bits": frac_bits,
                 "tolerance_rate": tolerance_rate,
