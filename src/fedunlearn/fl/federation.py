@@ -2,13 +2,15 @@
 
 ``Federation.train(global_params, client_ids, round_)`` is how the training loop *and* every
 unlearning method ask clients for fresh local work. It derives each client's seed from
-(run seed, round, client, salt), runs the chosen executor, and then the update mods (attacks here;
-DP later) in order. Malicious clients stay malicious whoever asks them to train.
+(run seed, round, client, salt), runs the chosen executor (or the ``local_training`` swapped in,
+e.g. ``fedunlearn.privacy``'s DP-SGD), and then the update mods (attacks, client-update DP) in
+order. Malicious clients stay malicious whoever asks them to train.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -24,6 +26,22 @@ from fedunlearn.models.flat import num_params
 UpdateMod = Callable[[int, torch.Tensor, Sequence[ClientUpdate]], list[ClientUpdate]]
 
 
+class LocalTraining(Protocol):
+    """Local training swapped in for the executor's ``local_update`` (e.g. DP-SGD)."""
+
+    name: str
+
+    def run(
+        self,
+        global_params: torch.Tensor,
+        tasks: Sequence[tuple[int, int]],
+        spec: LocalTrainingSpec,
+        round_: int,
+    ) -> list[ClientUpdate]:
+        """Return one update per ``(client_id, seed)`` task, in task order."""
+        ...
+
+
 class Federation:
     """Clients' data, the model template and the local training they run when asked.
 
@@ -37,6 +55,7 @@ class Federation:
         update_mods: Functions ``(round, global_params, updates) -> updates`` applied in order.
         executor: ``auto``, ``serial``, ``vectorized`` or ``pool``.
         num_workers: Worker processes for the pool executor.
+        local_training: Replaces the executor's local training when set (it gets the round).
     """
 
     def __init__(
@@ -50,6 +69,7 @@ class Federation:
         update_mods: Sequence[UpdateMod] = (),
         executor: str = "auto",
         num_workers: int | None = None,
+        local_training: LocalTraining | None = None,
     ) -> None:
         self.model = model
         self.client_data = dict(client_data)
@@ -61,6 +81,7 @@ class Federation:
         self._executor_kind = executor
         self._num_workers = num_workers
         self._executor: Executor | None = None
+        self.local_training = local_training
 
     @property
     def client_ids(self) -> tuple[int, ...]:
@@ -113,7 +134,10 @@ class Federation:
         """
         self.check_clients(client_ids)
         tasks = [(cid, derive_seed(self.seed, "client", round_, cid, salt)) for cid in client_ids]
-        updates = self.executor.run(global_params, tasks, spec or self.spec)
+        if self.local_training is not None:
+            updates = self.local_training.run(global_params, tasks, spec or self.spec, round_)
+        else:
+            updates = self.executor.run(global_params, tasks, spec or self.spec)
         for mod in self.update_mods:
             updates = mod(round_, global_params, updates)
         return updates
