@@ -56,7 +56,7 @@ from fedunlearn.history.policy import (
 )
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.models import build_model, get_flat_params
-from fedunlearn.privacy.calibrate import pilot_clip_norm
+from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.ledger import privacy_summary
 from fedunlearn.privacy.training import PrivateTraining
 
@@ -270,7 +270,7 @@ def make_recording_policy(
     """
     if config.history.policy == "fedadp":
         opts = config.history.fedadp
-        store_only = privacy is not None and not privacy.mod.perturb
+        store_only = privacy is not None and privacy.mod is not None and not privacy.mod.perturb
         return FedADPPolicy(
             beta=opts.beta,
             round_ratio=opts.round_ratio,
@@ -327,14 +327,19 @@ def attach_privacy(config: RunConfig, setup: Setup) -> PrivateTraining | None:
     cfg = config.privacy
     if not cfg.enabled:
         return None
-    if cfg.clip_norm == "auto":
+    # -- privacy.mechanism (dp_sgd: C from per-example gradients; attach sets local_training)
+    if cfg.clip_norm != "auto":
+        clip_norm = float(cfg.clip_norm)
+    elif cfg.mechanism == "dp_sgd":
+        fed = setup.federation
+        clip_norm, _ = gradient_clip_norm(fed.model, setup.initial_params, fed.client_data)
+    else:
         clip_norm, _ = pilot_clip_norm(
             setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
         )
-    else:
-        clip_norm = float(cfg.clip_norm)
     privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm)
-    setup.federation.update_mods = (*setup.federation.update_mods, privacy.mod)
+    privacy.attach(setup.federation)
+    # -- end privacy.mechanism
     return privacy
 
 
