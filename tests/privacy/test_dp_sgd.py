@@ -13,7 +13,7 @@ from torch.nn import functional as F  # noqa: N812
 from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.federation import Federation
-from fedunlearn.fl.records import ClientData
+from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.models import build_model, get_flat_params
 from fedunlearn.models.flat import set_flat_params
 from fedunlearn.privacy.accountant import SampledGaussian, calibrate_sampled_gaussian, rdp_epsilon
@@ -76,6 +76,25 @@ def test_vectorized_dp_sgd_equals_the_per_client_reference():
             assert float(update.delta.norm()) > 0
         else:
             assert float(update.delta.abs().max()) == 0 and math.isnan(update.train_loss)
+
+
+def test_noise_drawn_on_several_threads_equals_noise_drawn_in_turn():
+    model = _mlp(seed=1)
+    clients = make_clients([30, 20, 25])
+    fast = VectorizedDPSGD(model, clients)
+    start, tasks = get_flat_params(model), [(c, 50 + c) for c in clients]
+    one = fast.run(start, tasks, SPEC, clip_norm=0.5, noise_multiplier=1.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        three = fast.run(start, tasks, SPEC, clip_norm=0.5, noise_multiplier=1.0)
+        assert fast._pool is not None
+    finally:
+        torch.set_num_threads(threads)
+        fast.close()
+    for (u1, n1), (u3, n3) in zip(one, three, strict=True):
+        assert torch.equal(n1.noise_delta, n3.noise_delta)  # the same draws, bit for bit
+        assert torch.allclose(u1.delta, u3.delta, atol=1e-6)
 
 
 def test_reference_without_noise_or_clipping_is_sgd_on_the_poisson_batches():
@@ -198,3 +217,32 @@ def test_conv_models_train_client_by_client_and_bad_input_is_refused():
         DPSGDTraining(_mlp(), clients, clip_norm=0.0, delta=1e-5, epsilon_of=lambda r: 3.0)
     with pytest.raises(UnknownClientError, match="client\\(s\\) 9"):
         training.run(get_flat_params(Conv()), [(9, 1)], spec, 2)
+
+
+def test_federation_hands_the_round_to_the_local_training_then_runs_the_mods():
+    calls = []
+
+    class Recording:
+        name = "recording"
+
+        def run(self, global_params, tasks, spec, round_):
+            calls.append((tuple(tasks), spec, round_))
+            return [ClientUpdate(cid, torch.ones_like(global_params), 1, 0.0) for cid, _ in tasks]
+
+        def close(self):
+            calls.append("closed")
+
+    def halve(round_, global_params, updates):
+        return [ClientUpdate(u.client_id, u.delta / 2, 1, 0.0) for u in updates]
+
+    model = _mlp()
+    fed = Federation(
+        model, make_clients([5, 5]), SPEC, seed=1, update_mods=[halve], local_training=Recording()
+    )
+    other = LocalTrainingSpec(epochs=3)
+    out = fed.train(get_flat_params(model), [1, 0], round_=7, spec=other)
+    assert [u.client_id for u in out] == [1, 0] and float(out[0].delta[0]) == 0.5
+    ((tasks, spec, round_),) = calls
+    assert [cid for cid, _ in tasks] == [1, 0] and spec is other and round_ == 7
+    fed.close()
+    assert calls[-1] == "closed"

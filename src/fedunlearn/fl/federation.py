@@ -41,6 +41,10 @@ class LocalTraining(Protocol):
         """Return one update per ``(client_id, seed)`` task, in task order."""
         ...
 
+    def close(self) -> None:
+        """Release threads or workers, if any."""
+        ...
+
 
 class Federation:
     """Clients' data, the model template and the local training they run when asked.
@@ -143,10 +147,12 @@ class Federation:
         return updates
 
     def close(self) -> None:
-        """Stop worker processes, if any."""
+        """Stop worker processes (the executor's and the local training's), if any."""
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+        if self.local_training is not None:
+            self.local_training.close()
 
     def __enter__(self) -> Federation:
         return self

@@ -204,6 +204,11 @@ class DPSGDTraining:
         self.stats[round_] = self._round_stats(round_, plan, results)
         return [update for update, _ in results]
 
+    def close(self) -> None:
+        """Stop the vectorised path's noise threads, if any (it restarts them when needed)."""
+        if self.vectorized is not None:
+            self.vectorized.close()
+
     def _round_stats(
         self, round_: int, plan: _Plan, results: Sequence[tuple[ClientUpdate, ClientNoise]]
     ) -> RoundDPSGD:

@@ -164,6 +164,11 @@ class LinearGhostClipping:
         for index, (_, layer) in enumerate(self._layers):
             layer.register_forward_hook(self._hook(index))
 
+    @property
+    def layers(self) -> list[nn.Linear]:
+        """The model's linear layers, in module order."""
+        return [layer for _, layer in self._layers]
+
     def _hook(self, index: int):  # noqa: ANN202 - a forward hook
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             a = args[0]
