@@ -45,22 +45,25 @@ def _mlp(seed: int = 0) -> nn.Module:
     return build_model("mlp", (1, 8, 8), 10, seed=seed, hidden=(12,))
 
 
-def test_vectorized_dp_sgd_equals_the_per_client_reference():
+@pytest.mark.parametrize(
+    "spec", [SPEC, LocalTrainingSpec(epochs=2, lr=0.2, batch_size=8)], ids=["momentum", "plain"]
+)
+def test_vectorized_dp_sgd_equals_the_per_client_reference(spec):
     model = _mlp()
     clients = make_clients([30, 45, 0, 9, 61])  # unequal sizes, an empty client, n <= B
     start = get_flat_params(model) + 0.01
     tasks = [(cid, 100 + cid) for cid in clients]
     # a small budget forces several chunks of clients
     fast = VectorizedDPSGD(model, clients, max_chunk_bytes=60_000)
-    assert fast._chunk_size(SPEC) < len(tasks)
-    results = fast.run(start, tasks, SPEC, clip_norm=0.4, noise_multiplier=0.8)
-    again = fast.run(start, tasks, SPEC, clip_norm=0.4, noise_multiplier=0.8)
+    assert fast._chunk_size(spec) < len(tasks)
+    results = fast.run(start, tasks, spec, clip_norm=0.4, noise_multiplier=0.8)
+    again = fast.run(start, tasks, spec, clip_norm=0.4, noise_multiplier=0.8)
     for (cid, seed), (update, noise), (update2, _) in zip(tasks, results, again, strict=True):
         ref, ref_noise = dp_sgd_update(
             model,
             start,
             clients[cid],
-            SPEC,
+            spec,
             clip_norm=0.4,
             noise_multiplier=0.8,
             seed=seed,

@@ -5,17 +5,20 @@ for models whose parameters all live in ``nn.Linear`` layers, running one batche
 clients together:
 
 1. Plan: each client's Poisson batches are drawn exactly as the reference draws them
-   (``poisson_batches`` with the task's batch generator); a step's batches are padded to the
-   largest batch of the chunk with weight-0 rows (a fixed shape for ``vmap``), and a client
+   (``poisson_batches`` with the task's batch generator); a step's batches are padded to that
+   step's largest batch with weight-0 rows (one shape per step for ``vmap``), and a client
    whose steps are done is masked (``ceil(E n_c / B)`` differs between clients).
 2. Clipped sums: ``vmap(LinearGhostClipping)`` over the stacked clients' parameters
-   (:mod:`fedunlearn.privacy.per_example`); padding rows carry weight 0.
+   (:mod:`fedunlearn.privacy.per_example`); real rows carry weight 1/(q n_c), so the sums come
+   out divided by the expected batch size, padding rows weight 0.
 3. Noise: each active client draws its d-vector from its own noise generator, as the reference
    does, so the draws are identical; inactive clients draw nothing. The draws of different
    clients are independent, so they run on ``torch.get_num_threads()`` threads (the Gaussian
    draws of one client are single-threaded in torch and cost about as much per sample as the
    non-private step of the MLP).
-4. Step: ``sgd_step_`` on the (K, d) parameters, masked for inactive clients.
+4. Step: without momentum and weight decay, ``p -= lr * grad`` per parameter and
+   ``p -= lr * σ C ξ / (q n_c)`` (one fused pass each; done clients have zero gradients and draws
+   and do not move); otherwise ``sgd_step_`` on the (K, d) parameters, masked for done clients.
 
 Clients are processed in chunks that keep K x (a few d + one padded batch's activations) within
 a memory budget.
@@ -195,65 +198,80 @@ class VectorizedDPSGD:
         noise_multiplier: float,
     ) -> list[tuple[ClientUpdate, ClientNoise]]:
         k = len(tasks)
+        dev = self.device
         sizes = [self._sizes[cid] for cid, _ in tasks]
         plans = [
             poisson_batches(n, spec, batch_generator(seed))
             for n, (_, seed) in zip(sizes, tasks, strict=True)
         ]
         steps = max((len(p) for p in plans), default=0)
-        width = max((len(idx) for p in plans for idx in p), default=0) or 1
-        rows = torch.zeros((steps, k, width), dtype=torch.int64)
-        weights = torch.zeros((steps, k, width), dtype=torch.float32)
-        active = torch.zeros((steps, k), dtype=torch.bool)
-        for i, ((cid, _), plan) in enumerate(zip(tasks, plans, strict=True)):
-            offset = self._offsets[cid]
-            rows[:, i, :] = offset if sizes[i] else 0
-            for s, idx in enumerate(plan):
-                rows[s, i, : len(idx)] = idx + offset
-                weights[s, i, : len(idx)] = 1.0
-                active[s, i] = True
-        dev = self.device
-        rows, weights = rows.to(dev), weights.to(dev)
+        # 1/(q n_c): row weights carry the division by the expected batch size
         expected = torch.tensor(
             [sample_rate(n, spec.batch_size) * n if n else 1.0 for n in sizes],
             dtype=torch.float32,
-            device=dev,
         ).unsqueeze(1)
+        step_rows, step_weights, step_active = [], [], []
+        for s in range(steps):  # each step padded to its own largest batch
+            width = max((len(p[s]) for p in plans if s < len(p)), default=0) or 1
+            rows = torch.zeros((k, width), dtype=torch.int64)
+            weights = torch.zeros((k, width), dtype=torch.float32)
+            for i, ((cid, _), plan) in enumerate(zip(tasks, plans, strict=True)):
+                offset = self._offsets[cid] if sizes[i] else 0
+                rows[i] = offset
+                if s < len(plan):
+                    rows[i, : len(plan[s])] = plan[s] + offset
+                    weights[i, : len(plan[s])] = 1.0
+            step_rows.append(rows.view(-1).to(dev))
+            step_weights.append((weights / expected).to(dev))
+            step_active.append(torch.tensor([s < len(p) for p in plans]))
+        expected = expected.to(dev)
         d = self.layout.num_params
         params = start.unsqueeze(0).repeat(k, 1)
+        views = self.layout.views(params)
         momentum_buffer, noise_buffer = torch.zeros_like(params), torch.zeros_like(params)
         noise_delta = torch.zeros_like(params)
         generators = [noise_generator(seed) for _, seed in tasks]
         draws = torch.zeros((k, d), dtype=torch.float32)
-        scale = noise_multiplier * clip_norm
+        coef = noise_multiplier * clip_norm / expected  # noise std on the averaged gradient
+        plain_sgd = spec.momentum == 0 and spec.weight_decay == 0
         loss_sums = torch.zeros(k, dtype=torch.float64, device=dev)
-        counts = weights.sum(dim=2).sum(dim=0).to(torch.float64)
-        all_norms = torch.zeros((steps, k, width), dtype=torch.float32, device=dev)
+        counts = torch.zeros(k, dtype=torch.float64)
+        norms_seen: list[list[torch.Tensor]] = [[] for _ in range(k)]
         for s in range(steps):
-            flat_rows = rows[s].reshape(-1)
-            x = self._x.index_select(0, flat_rows).view(k, width, *self._example_shape)
-            y = self._y.index_select(0, flat_rows).view(k, width)
-            grads, norms, losses = self._step(
-                self.layout.views(params), x, y, weights[s], clip_norm
-            )
-            now = active[s]
+            width = step_weights[s].shape[1]
+            x = self._x.index_select(0, step_rows[s]).view(k, width, *self._example_shape)
+            y = self._y.index_select(0, step_rows[s]).view(k, width)
+            grads, norms, losses = self._step(views, x, y, step_weights[s], clip_norm)
+            now = step_active[s]
             self._draw_noise(draws, generators, now)
-            noise = draws.to(dev) * (scale / expected)
-            gradient = self.layout.flatten(grads, 1) / expected
-            sgd_step_(
-                params,
-                gradient.detach(),
-                noise,
-                momentum_buffer,
-                noise_buffer,
-                noise_delta,
-                spec,
-                None if bool(now.all()) else now.to(dev),
-            )
-            loss_sums += (losses.detach() * weights[s]).sum(dim=1).to(torch.float64)
-            all_norms[s] = norms.detach()
+            noise = draws.to(dev)
+            if plain_sgd:
+                # p -= lr (Σ w clip(g) + σ C ξ / (q n)); a client whose steps are done has zero
+                # weights and zero draws, so it does not move
+                with torch.no_grad():
+                    for name in self.layout.names:
+                        views[name].sub_(grads[name], alpha=spec.lr)
+                    params.addcmul_(noise, coef, value=-spec.lr)
+                    noise_delta.addcmul_(noise, coef, value=-spec.lr)
+            else:
+                sgd_step_(
+                    params,
+                    self.layout.flatten(grads, 1).detach(),
+                    noise * coef,
+                    momentum_buffer,
+                    noise_buffer,
+                    noise_delta,
+                    spec,
+                    None if bool(now.all()) else now.to(dev),
+                )
+            real = step_weights[s] > 0
+            loss_sums += torch.where(real, losses.detach(), 0.0).sum(dim=1).to(torch.float64)
+            counts += real.sum(dim=1).cpu().to(torch.float64)
+            norms_cpu, real_cpu = norms.detach().cpu(), real.cpu()
+            for i in range(k):
+                if now[i]:
+                    norms_seen[i].append(norms_cpu[i][real_cpu[i]])
         deltas = params - start
-        mask = weights > 0
         out = []
         for i, (cid, _) in enumerate(tasks):
             seen = float(counts[i])
@@ -263,6 +281,6 @@ class VectorizedDPSGD:
                 num_samples=sizes[i],
                 train_loss=float(loss_sums[i]) / seen if seen else float("nan"),
             )
-            norms_i = all_norms[:, i][mask[:, i]].cpu()
+            norms_i = torch.cat(norms_seen[i]) if norms_seen[i] else torch.zeros(0)
             out.append((update, ClientNoise(noise_delta[i].clone(), norms_i)))
         return out
