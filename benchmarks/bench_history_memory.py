@@ -4,7 +4,8 @@ Writes R rounds x C clients x d float32 updates (plus each round's global model 
 with ``HistoryStore.write_round``, then replays the history in a fresh process, round by round
 through ``iter_updates``, keeping a running sum. Reports the reader's peak RSS (its own
 ``ru_maxrss``, cross-checked with ``VmHWM``), read and write throughput, file size, ``verify()``
-throughput and the time ``forget()`` of one client takes (it VACUUMs the whole file). Defaults
+throughput and the time ``forget()`` of one client takes (incremental vacuum; the comparison with
+a whole-file VACUUM is ``bench_history_forget.py``). Defaults
 are the 2 GB case: 40 x 20 x 582,026 float32 (2.33 MB per update, 1.86 GB of updates).
 
 Each phase runs in its own process and this parent never imports torch: on Linux a child's
@@ -119,7 +120,7 @@ def phase_maintain(path: Path, forget: bool) -> dict[str, float]:
     if forget:
         with HistoryStore.open(path, writable=True) as store:
             start = time.perf_counter()
-            out["forget_bytes"] = store.forget([0])
+            out["forget_bytes"] = store.forget([0]).size_bytes
             out["forget_seconds"] = time.perf_counter() - start
             out["file_after_forget"] = store.file_bytes()
     return out
@@ -193,7 +194,7 @@ def main() -> None:
     if "forget_seconds" in kept:
         rows.append(
             (
-                "forget(1 client), incl. VACUUM",
+                "forget(1 client), incremental vacuum",
                 f"{kept['forget_seconds']:,.1f} s, {kept['forget_bytes'] / MB:,.1f} MB reclaimed",
             )
         )

@@ -19,7 +19,7 @@ The same round in the float64 plaintext mirror gives the secure/plaintext time r
     nice -n 10 python benchmarks/bench_starfish_round.py [--size 582026] [--clients 19]
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Table I (spec §10.2): ABY on a Xeon W-2123, LAN; per-round TD^2 0.02 s / 0.01 GB online, RS^1
+Table I: ABY on a Xeon W-2123, LAN; per-round TD^2 0.02 s / 0.01 GB online, RS^1
 21.80 s / 0.56 GB, UE 1.68 s / 0.04 GB, TC 103.76 s / 2.66 GB online, 689.44 s offline.
 """
 
@@ -35,9 +35,9 @@ import torch
 
 from fedunlearn.linalg.lbfgs import GuardCounts
 from fedunlearn.mpc import Dealer, Party, TcpListener, TcpTransport
-from fedunlearn.unlearn.starfish_backend import PlainBackend
-from fedunlearn.unlearn.starfish_mpc import MpcBackend
-from fedunlearn.unlearn.starfish_steps import CurvatureBuffer, check_thresholds
+from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
+from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
+from fedunlearn.unlearn.starfish.steps import CurvatureBuffer, check_thresholds
 
 SEED = 2026
 GB = 1e9

@@ -63,3 +63,67 @@ def test_shipped_configs_are_valid():
     assert configs
     for path in configs:
         load_config(path)
+
+
+# ----- YAML that parses but cannot be meant (issue 16) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("training:\n  lr: .inf\n", "training.lr (inf): numbers must be finite"),
+        ("training:\n  lr: -.inf\n", "training.lr (-inf)"),
+        ("privacy:\n  delta: .nan\n", "privacy.delta (nan)"),
+        ("data:\n  options: {scale: [1.0, .inf]}\n", "data.options.scale.1 (inf)"),
+    ],
+)
+def test_non_finite_numbers_are_refused_with_the_field(tmp_path, text, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="numbers must be finite") as err:
+        load_config(path)
+    assert fragment in str(err.value) and str(path) in str(err.value)
+
+
+def test_non_finite_numbers_are_refused_when_built_in_python():
+    with pytest.raises(ConfigError, match=r"training\.lr \(inf\)"):
+        parse_config({"training": {"lr": float("inf")}})
+    from fedunlearn.config import TrainingConfig
+
+    with pytest.raises(ValueError, match="finite"):
+        TrainingConfig(lr=float("nan"))
+
+
+def test_duplicate_keys_are_refused_naming_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\ntraining:\n  lr: 0.1\n  rounds: 3\n  lr: 0.5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    text = str(err.value)
+    assert str(path) in text and "key 'lr' appears twice" in text and "lines 3 and 5" in text
+
+
+def test_empty_config_is_an_error_pointing_at_the_examples(tmp_path):
+    for content in ("", "# only a comment\n", "---\n"):
+        path = tmp_path / "empty.yaml"
+        path.write_text(content)
+        with pytest.raises(ConfigError, match="is empty") as err:
+            load_config(path)
+        assert "configs" in str(err.value) and "digits_quickstart.yaml" in str(err.value)
+
+
+def test_unreadable_config_files_are_config_errors(tmp_path):
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.\x80")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(binary)
+    with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
+        load_config(tmp_path)
+
+
+def test_config_errors_are_one_line():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"training": {"batch_size": 0, "lr": -1}, "data": {"x": 1}}, "c.yaml")
+    text = str(err.value)
+    assert "\n" not in text
+    assert "training.batch_size" in text and "training.lr" in text and "data.x" in text

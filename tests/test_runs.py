@@ -1,12 +1,14 @@
 import json
+import time
+import warnings
 
 import pytest
 import torch
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, HistoryError
-from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import build_setup, run_info, train_run
+from fedunlearn.history.store import HistoryStore, WriterLock
+from fedunlearn.runs import build_setup, deletion_evidence, forget_clients, run_info, train_run
 
 SMALL = {
     "seed": 1,
@@ -60,6 +62,8 @@ def test_interrupted_run_resumes_to_the_bit_identical_model(tmp_path):
     full = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     cut = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert len(cut) == len(full) == 6
+    assert cut == full  # every field of every round, num_accepted/num_rejected included
+    assert json.loads(cut[0])["num_accepted"] == 6
 
 
 def test_existing_run_dir_and_changed_config_are_refused(tmp_path):
@@ -94,3 +98,110 @@ def test_backdoor_poisons_only_malicious_clients():
         else:
             assert not stamped.any()
     setup.close()
+
+
+class SlowRounds:
+    """Observer making each round take at least ``seconds`` (a measurable wall time)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def on_round_end(self, record):
+        time.sleep(self.seconds)
+
+
+def test_resume_accumulates_wall_time_over_sessions(tmp_path):
+    cfg = parse_config(SMALL)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, tmp_path / "r", observers=[SlowRounds(0.2), StopAt(3)])
+    with HistoryStore.open(tmp_path / "r" / "history") as store:
+        first = store.meta["wall_seconds"]
+    assert first >= 0.4  # rounds 1 and 2 committed their time; round 3 was cut
+
+    summary = train_run(cfg, tmp_path / "r", resume=True, observers=[SlowRounds(0.2)])
+
+    assert summary["session_wall_seconds"] >= 0.6
+    assert summary["wall_seconds"] >= first + summary["session_wall_seconds"] - 1e-6
+    saved = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert saved["wall_seconds"] == summary["wall_seconds"]
+    assert run_info(tmp_path / "r")["wall_seconds"] == pytest.approx(summary["wall_seconds"])
+
+
+def test_resume_runs_with_the_thread_count_the_run_was_trained_with(tmp_path):
+    cfg = parse_config(SMALL)  # trained with 1 thread (conftest), resumed by a 2-thread process
+    train_run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, tmp_path / "cut", observers=[StopAt(3)])
+    torch.set_num_threads(2)
+    try:
+        with pytest.warns(UserWarning, match="trained with 1 torch intra-op threads.*uses 2"):
+            summary = train_run(cfg, tmp_path / "cut", resume=True)
+        assert torch.get_num_threads() == 2  # the caller's count is restored
+    finally:
+        torch.set_num_threads(1)
+
+    assert summary["torch_threads"] == 1  # what the resumed rounds ran with
+    with (
+        HistoryStore.open(tmp_path / "full" / "history") as a,
+        HistoryStore.open(tmp_path / "cut" / "history") as b,
+    ):
+        assert a.meta["torch_threads"] == b.meta["torch_threads"] == 1
+        assert torch.equal(a.read_model(6), b.read_model(6))
+
+
+def test_the_lock_is_taken_before_anything_is_written(tmp_path):
+    cfg = parse_config({**SMALL, "training": {**SMALL["training"], "rounds": 1}})
+    (tmp_path / "r" / "history").mkdir(parents=True)
+    lock = WriterLock.acquire(tmp_path / "r" / "history")
+    try:
+        with pytest.raises(HistoryError, match="another writer holds"):
+            train_run(cfg, tmp_path / "r")
+    finally:
+        lock.release()
+    assert sorted(p.name for p in (tmp_path / "r").rglob("*")) == ["history", "history.lock"]
+
+    train_run(cfg, tmp_path / "r")
+    before = (tmp_path / "r" / "config.yaml").read_bytes()
+    other = parse_config({**SMALL, "seed": 5, "training": {**SMALL["training"], "rounds": 1}})
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_run(other, tmp_path / "r")
+    assert (tmp_path / "r" / "config.yaml").read_bytes() == before
+
+
+def test_resume_rewrites_a_missing_config_yaml_from_the_store(tmp_path):
+    cfg = parse_config(SMALL)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(cfg, tmp_path / "r", observers=[StopAt(2)])
+    expected = (tmp_path / "r" / "config.yaml").read_text()
+    (tmp_path / "r" / "config.yaml").unlink()
+    assert "config.yaml is missing" in run_info(tmp_path / "r")["problems"][0]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_run(cfg, tmp_path / "r", resume=True)
+
+    assert any("rewrote it from the store" in str(w.message) for w in caught)
+    assert (tmp_path / "r" / "config.yaml").read_text() == expected
+    assert run_info(tmp_path / "r")["problems"] == []
+
+
+def test_deletion_evidence_is_json_ready_and_checks_the_files(tmp_path):
+    cfg = parse_config({**SMALL, "model": {"name": "mlp", "hidden": [64]}})
+    train_run(cfg, tmp_path / "r")
+    with HistoryStore.open(tmp_path / "r" / "history") as store:
+        size = store.stored_bytes_by_client()[2]
+
+    record = forget_clients(tmp_path / "r", [2])
+    evidence = json.loads(json.dumps(deletion_evidence(tmp_path / "r", [2, 4])))
+
+    assert record.size_bytes == size
+    assert evidence["ok"] is False  # client 4 was never forgotten
+    assert evidence["forgotten"] == {"2": True, "4": False}
+    (rec,) = evidence["records"]
+    assert rec["client_ids"] == [2] and [p["round"] for p in rec["payloads"]] == list(range(1, 7))
+    assert rec["payloads"][0]["sha256"] == record.payloads[0].sha256
+    check = evidence["check"]
+    assert check["ok"] and check["unreadable"] == 6 and check["fingerprints_found"] == 0
+    assert deletion_evidence(tmp_path / "r", [2])["ok"] is True
+    with pytest.raises(HistoryError, match="not a run directory"):
+        deletion_evidence(tmp_path / "nothing", [2])

@@ -1,25 +1,33 @@
 """Run configuration: the one place YAML becomes validated, frozen objects.
 
 Every model is frozen and forbids unknown keys, so a typo is an error naming the field rather
-than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``.
+than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``, one
+line naming every offending field. YAML that parses but cannot be meant is refused too: a
+duplicated key (YAML keeps the last one silently), a non-finite number anywhere (``.inf``,
+``.nan``), an empty file (it would train a default run nobody asked for).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedunlearn.errors import ConfigError
 
-DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic")
-MODEL_NAMES = ("logreg", "mlp", "cnn", "cnn_fmnist", "textcnn")
-
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class DataConfig(_Frozen):
@@ -92,58 +100,65 @@ class AttackConfig(_Frozen):
         return self
 
 
-class CrabSelectionConfig(_Frozen):
-    """Crab's selective storage (Crab spec §2.2): windows, round and client selection.
-
-    Used live by ``history.policy: crab`` and by the ``crab`` method when it derives the
-    selection from a run recorded with ``all`` (both give the identical selection).
-    """
-
-    alpha: float = Field(0.1, gt=0, lt=1, description="α: a window closes at a loss drop of α")
-    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a window's rounds kept")
-    client_ratio: float = Field(0.7, gt=0, le=1, description="δ: share of a round's clients kept")
-    divergence: Literal["pred_kl", "param_softmax_kl"] = Field(
-        "pred_kl", description="round score: KL of predictions on R, or the code's param proxy"
-    )
-    rounding: Literal["half_up", "floor"] = Field(
-        "half_up", description="P_b = max(1, round_half_up(λ B_b)) (spec A5) or floor (code)"
-    )
-    reference_size: int = Field(
-        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data"
-    )
-    max_window: int | None = Field(
-        None, ge=1, description="close a window after this many rounds (spec A11); None = never"
-    )
-
-
-class FedADPSelectionConfig(_Frozen):
-    """FedADP's dual-layer selective storage (FedADP spec §3.5): loss stages, λ rounds, γ clients.
-
-    Used live by ``history.policy: fedadp`` and by the ``fedadp`` method when it derives the
-    selection from a run recorded with ``all``.
-    """
-
-    beta: float = Field(0.1, gt=0, lt=1, description="β: a stage ends at a loss drop of β")
-    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a stage's rounds kept")
-    client_ratio: float = Field(0.7, gt=0, le=1, description="γ: share of a round's updates kept")
-    model_align: Literal["params", "updates"] = Field(
-        "params", description="Eq. 7 on the global models (paper) or on consecutive aggregates"
-    )
-    selection_mode: Literal["staged", "global"] = Field(
-        "staged", description="select per loss stage, or round(λT) rounds over all of training"
-    )
-    loss_samples: int = Field(
-        512, ge=1, le=1_000_000, description="samples per client of the server loss (spec A3)"
-    )
-
-
 class HistoryConfig(_Frozen):
-    """What the server records during training (global models are always kept)."""
+    """What the server records during training (global models are always kept).
 
-    policy: Literal["all", "every", "none", "crab", "fedadp"] = "all"
+    ``policy`` names a registered recording policy (``fedunlearn.history.policy.POLICIES``:
+    ``all``, ``every``, ``none`` and those the method packages add, e.g. ``crab``, ``fedadp``).
+    A policy with options reads them from the section named after it (``history.crab: {...}``),
+    validated by the policy's own options model; ``options(name)`` returns them (the defaults
+    when the section is absent).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+
+    policy: str = "all"
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
-    crab: CrabSelectionConfig = CrabSelectionConfig()
-    fedadp: FedADPSelectionConfig = FedADPSelectionConfig()
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from fedunlearn.history.policy import POLICIES
+
+        if name not in POLICIES:
+            raise ValueError(f"unknown history policy '{name}'; available: {', '.join(POLICIES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _sections(self) -> HistoryConfig:
+        from fedunlearn.history.policy import POLICIES
+
+        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
+        for name, value in list(extra.items()):
+            if name not in POLICIES or POLICIES.get(name).options_type is None:
+                with_options = [n for n in POLICIES.names() if POLICIES.get(n).options_type]
+                raise ValueError(
+                    f"unknown history section '{name}'; sections are the options of a policy: "
+                    f"{', '.join(with_options)}"
+                )
+            options_type = POLICIES.get(name).options_type
+            if not isinstance(value, options_type):
+                try:
+                    value = options_type.model_validate(value or {})
+                except ValidationError as err:
+                    raise ValueError(_nested_errors(err, f"history.{name}")) from None
+            extra[name] = value
+        active = POLICIES.get(self.policy).options_type
+        if active is not None and self.policy not in extra:
+            extra[self.policy] = active()  # the resolved config names every option in use
+        return self
+
+    def options(self, name: str) -> BaseModel:
+        """Return the options of policy ``name``: its section, else its defaults."""
+        from fedunlearn.history.policy import POLICIES
+
+        extra = self.__pydantic_extra__ or {}
+        if name in extra:
+            return extra[name]
+        options_type = POLICIES.get(name).options_type
+        if options_type is None:
+            raise ConfigError(f"history policy '{name}' has no options")
+        return options_type()
 
 
 class PrivacyConfig(_Frozen):
@@ -242,15 +257,39 @@ class RunConfig(_Frozen):
         return self
 
 
+def _nested_errors(err: ValidationError, prefix: str) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join([prefix, *(str(p) for p in e["loc"])])
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}{shown}")
+    return "; ".join(parts)
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+    parts = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {where}: {msg}{shown}")
-    return "\n".join(lines)
+        if msg.startswith(f"{where}."):  # a nested section's own errors, already located
+            parts.append(msg)
+        else:
+            parts.append(f"{where}: {msg}{shown}")
+    return f"invalid configuration in {source}: " + "; ".join(parts)
+
+
+def _non_finite(data: Any, where: str = "") -> list[str]:
+    """Return the dotted paths of every NaN or infinite float in ``data``."""
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _non_finite(v, f"{where}{k}.")]
+    if isinstance(data, list | tuple):
+        return [p for i, v in enumerate(data) for p in _non_finite(v, f"{where}{i}.")]
+    if isinstance(data, float) and not math.isfinite(data):
+        return [f"{where.rstrip('.')} ({data!r})"]
+    return []
 
 
 def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
@@ -259,21 +298,97 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
     Raises:
         ConfigError: naming every offending field, the value received and what is allowed.
     """
+    bad = _non_finite(data or {})
+    if bad:
+        raise ConfigError(
+            f"invalid configuration in {source}: {', '.join(bad)}: numbers must be finite "
+            "(no .inf or .nan); give a finite value"
+        )
     try:
         return RunConfig.model_validate(data or {})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML file into a ``RunConfig``; ``overrides`` are merged over it (dotted keys ok)."""
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(
+                        f"key {key!r} appears twice in one mapping (lines {seen[key]} and "
+                        f"{line}); YAML would keep the last silently. Keep one"
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """Read a YAML file strictly (no duplicate keys), turning every failure into ConfigError.
+
+    Args:
+        path: The file.
+        what: What the file is, for messages ("config file", "--params-file").
+
+    Raises:
+        ConfigError: The file is missing, a directory, unreadable, not UTF-8 text, not valid
+            YAML, or has a duplicated key; the message names the file and what to do.
+    """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"{what} {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory; give a YAML file") from None
+    except PermissionError:
+        raise ConfigError(f"{what} {path} cannot be read (permission denied)") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x});"
+            " give a YAML file"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as err:
+        raise ConfigError(f"{what} {path}: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{what} {path} is not valid YAML{where}: {problem}") from None
+
+
+def _examples() -> str:
+    shipped = Path(__file__).resolve().parents[2] / "configs"
+    names = sorted(p.name for p in shipped.glob("*.yaml")) if shipped.is_dir() else []
+    if names:
+        return f"start from an example in {shipped}: {', '.join(names)}"
+    return "start from an example in the configs/ directory of the fedunlearn repository"
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML file into a ``RunConfig``; ``overrides`` are merged over it (dotted keys ok).
+
+    Raises:
+        ConfigError: The file cannot be read, is not YAML, is empty, has a duplicated key or a
+            non-finite number, or a field is invalid.
+    """
+    path = Path(path)
+    data = read_yaml(path)
+    if data is None:
+        raise ConfigError(
+            f"config file {path} is empty; a run config names at least data, model and "
+            f"training ({_examples()})"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping; got {type(data).__name__}")
     for key, value in (overrides or {}).items():

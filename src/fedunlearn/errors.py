@@ -14,13 +14,16 @@ __all__ = [
     "HistoryError",
     "ForgottenDataError",
     "MalformedFrameError",
+    "OutputError",
+    "PeerAuthenticationError",
     "PeerDisconnectedError",
     "SecureComputationError",
+    "SessionMismatchError",
     "UnknownClientError",
     "UnknownMethodError",
     "UnknownNameError",
+    "UnknownPolicyError",
     "UnsupportedHistoryError",
-    "UpdateRejectedError",
 ]
 
 
@@ -54,10 +57,6 @@ class DataFormatError(FedUnlearnError, ValueError):
     """A dataset file exists but is not in the expected format (or fails its checksum)."""
 
 
-class UpdateRejectedError(FedUnlearnError, ValueError):
-    """A client update is unusable (NaN/Inf, wrong shape)."""
-
-
 class HistoryError(FedUnlearnError, RuntimeError):
     """The history store cannot do what was asked (missing round, locked, wrong run)."""
 
@@ -70,8 +69,19 @@ class ForgottenDataError(HistoryError, LookupError):
     """The requested payload was removed by ``forget()`` and cannot be read."""
 
 
+class OutputError(FedUnlearnError, OSError):
+    """An output path cannot be written (checked before any work is done)."""
+
+    def __str__(self) -> str:  # OSError formats (errno, strerror) pairs; keep the message
+        return str(self.args[0]) if self.args else ""
+
+
 class UnknownMethodError(UnknownNameError):
     """No unlearning method is registered under that name."""
+
+
+class UnknownPolicyError(UnknownNameError):
+    """No recording policy is registered under that name."""
 
 
 class UnsupportedHistoryError(FedUnlearnError, ValueError):
@@ -88,3 +98,19 @@ class MalformedFrameError(FedUnlearnError, ValueError):
 
 class SecureComputationError(FedUnlearnError, ArithmeticError):
     """A 2PC protocol cannot produce a result (value out of fixed-point range, singular input)."""
+
+
+class PeerAuthenticationError(FedUnlearnError, PermissionError):
+    """A peer failed TLS verification or its certificate's role is not allowed on this link."""
+
+
+class SessionMismatchError(FedUnlearnError, ValueError):
+    """Two authenticated peers run different sessions or jobs (their handshakes differ).
+
+    Attributes:
+        differences: Field name -> (ours, theirs) for every field that differs.
+    """
+
+    def __init__(self, message: str, differences: dict[str, tuple[object, object]] | None = None):
+        super().__init__(message)
+        self.differences = dict(differences or {})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from central_problems import blobs
 
-from fedunlearn.central import SGDSpec, SoftmaxRegression, get_method, train_sgd
-from fedunlearn.central.certified_removal import (
+from fedunlearn.central import SGDSpec, SoftmaxRegression, make_method, train_sgd
+from fedunlearn.central.methods.certified_removal import (
     _objective,
     certificate_constant,
     newton_removal,
@@ -21,7 +21,7 @@ def test_newton_removal_shrinks_the_gradient_residual_and_bound_holds():
     x, y = blobs(n=200, d=5, classes=3)
     objective = SoftmaxRegression(x, y, 3, 0.01)
     record = train_sgd(objective, SGDSpec(lr=0.1, batch_size=20, passes=1))
-    method = get_method("certified_removal", l2=0.01, sigma=0.1, max_iter=1000)
+    method = make_method("certified_removal", dict(l2=0.01, sigma=0.1, max_iter=1000))
     before = method.original(objective, record)
     assert method._state[4]["train_grad_norm"] < 1e-6  # solved to optimality
     forget = torch.tensor([0, 7, 42])

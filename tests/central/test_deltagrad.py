@@ -6,7 +6,7 @@ import pytest
 import torch
 from central_problems import pick_forget
 
-from fedunlearn.central import SGDSpec, get_method, replay_retrain, train_sgd
+from fedunlearn.central import SGDSpec, make_method, replay_retrain, train_sgd
 from fedunlearn.errors import UnsupportedHistoryError
 
 
@@ -31,7 +31,9 @@ def test_burn_in_covering_all_steps_is_replay(logreg):
     objective, record = logreg
     forget = pick_forget(600, 0.10)
     reference, _ = replay_retrain(objective, record, forget)
-    result = get_method("deltagrad", burn_in=record.num_steps).unlearn(objective, record, forget)
+    result = make_method("deltagrad", dict(burn_in=record.num_steps)).unlearn(
+        objective, record, forget
+    )
     assert float((result.params - reference).norm()) <= 1e-12
     assert result.details["exact_steps"] == record.num_steps
 
@@ -42,7 +44,7 @@ def test_isotropic_quadratic_is_replay():
     record = train_sgd(objective, SGDSpec(lr=0.1, batch_size=20, passes=5), cache_batch_grads=True)
     forget = pick_forget(200, 0.10)
     reference, _ = replay_retrain(objective, record, forget)
-    result = get_method("deltagrad", period=5, burn_in=2).unlearn(objective, record, forget)
+    result = make_method("deltagrad", dict(period=5, burn_in=2)).unlearn(objective, record, forget)
     assert result.details["exact_steps"] < record.num_steps / 3
     assert float((result.params - reference).norm()) <= 1e-10 * float(reference.norm())
 
@@ -51,7 +53,7 @@ def test_close_to_replay_on_logreg(logreg):
     objective, record = logreg
     forget = pick_forget(600, 0.05)
     reference, _ = replay_retrain(objective, record, forget)
-    result = get_method("deltagrad", period=5, burn_in=10).unlearn(objective, record, forget)
+    result = make_method("deltagrad", dict(period=5, burn_in=10)).unlearn(objective, record, forget)
     gap = float((record.final - reference).norm())
     assert float((result.params - reference).norm()) < 0.1 * gap
     p, steps = objective.num_params, record.num_steps
@@ -62,4 +64,4 @@ def test_needs_full_cache(logreg):
     objective, record = logreg
     short = train_sgd(objective, record.spec, keep_last=5)
     with pytest.raises(UnsupportedHistoryError):
-        get_method("deltagrad").unlearn(objective, short, pick_forget(600, 0.05))
+        make_method("deltagrad").unlearn(objective, short, pick_forget(600, 0.05))

@@ -13,7 +13,7 @@ from fedunlearn.central import (
     LBFGSOracle,
     SoftmaxRegression,
     forget_mask,
-    get_method,
+    make_method,
     replay_retrain,
     step_view,
 )
@@ -83,11 +83,13 @@ def test_lbfgs_in_recursion_close_to_exact_and_cross_batch_stays_finite():  # V5
     forget = pick_forget(600, 0.10)
     reference, _ = replay_retrain(objective, record, forget)
     for k in (10, 50, 200):
-        exact = get_method("mini_unlearning", k=k).unlearn(objective, record, forget)
-        same = get_method("mini_unlearning", k=k, hvp="lbfgs").unlearn(objective, record, forget)
-        cross = get_method("mini_unlearning", k=k, hvp="lbfgs", secants="cross_batch").unlearn(
+        exact = make_method("mini_unlearning", dict(k=k)).unlearn(objective, record, forget)
+        same = make_method("mini_unlearning", dict(k=k, hvp="lbfgs")).unlearn(
             objective, record, forget
         )
+        cross = make_method(
+            "mini_unlearning", dict(k=k, hvp="lbfgs", secants="cross_batch")
+        ).unlearn(objective, record, forget)
         err_exact = float((exact.params - reference).norm())
         err_same = float((same.params - reference).norm())
         assert err_same <= 2.5 * err_exact

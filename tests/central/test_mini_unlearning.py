@@ -12,7 +12,7 @@ from fedunlearn.central import (
     contraction_diagnostics,
     correction,
     forget_mask,
-    get_method,
+    make_method,
     replay_retrain,
     step_view,
     train_sgd,
@@ -31,7 +31,7 @@ def test_quadratic_full_unroll_equals_replay_and_error_shrinks_with_k(ridge):  #
     reference, _ = replay_retrain(objective, record, forget)
     errors = []
     for k in (1, 10, 50, 200, record.num_steps):
-        result = get_method("mini_unlearning", k=k).unlearn(objective, record, forget)
+        result = make_method("mini_unlearning", dict(k=k)).unlearn(objective, record, forget)
         errors.append(dist(result.params, reference))
     assert errors[-1] <= 1e-10
     assert all(b < a for a, b in zip(errors, errors[1:], strict=False))
@@ -55,7 +55,7 @@ def test_logreg_full_unroll_is_ten_times_closer_than_original(logreg, ratio):  #
     objective, record = logreg
     forget = pick_forget(600, ratio)
     reference, _ = replay_retrain(objective, record, forget)
-    full = get_method("mini_unlearning", k_unit="all").unlearn(objective, record, forget)
+    full = make_method("mini_unlearning", dict(k_unit="all")).unlearn(objective, record, forget)
     assert dist(full.params, reference) * 10 < dist(record.final, reference)
 
 
@@ -66,7 +66,7 @@ def test_logreg_error_non_increasing_in_k_on_average_over_seeds(logreg):  # V3
         forget = pick_forget(600, 0.10, seed)
         reference, _ = replay_retrain(objective, record, forget)
         for i, k in enumerate((10, 50, 200, record.num_steps)):
-            result = get_method("mini_unlearning", k=k).unlearn(objective, record, forget)
+            result = make_method("mini_unlearning", dict(k=k)).unlearn(objective, record, forget)
             errors[i] += dist(result.params, reference) / 3
     assert bool((errors[1:] <= errors[:-1]).all())
 
@@ -76,16 +76,16 @@ def test_engines_agree(logreg, hvp):  # V6
     objective, record = logreg
     forget = pick_forget(600, 0.15)
     common = {"k": 8, "hvp": hvp}
-    horner = get_method("mini_unlearning", engine="horner", **common).unlearn(
+    horner = make_method("mini_unlearning", dict(engine="horner", **common)).unlearn(
         objective, record, forget
     )
-    terms = get_method("mini_unlearning", engine="terms", **common).unlearn(
+    terms = make_method("mini_unlearning", dict(engine="terms", **common)).unlearn(
         objective, record, forget
     )
     workers = 2 if hvp == "exact" else 1  # one process-pool run keeps the suite fast
-    explicit = get_method("mini_unlearning", engine="explicit", workers=workers, **common).unlearn(
-        objective, record, forget
-    )
+    explicit = make_method(
+        "mini_unlearning", dict(engine="explicit", workers=workers, **common)
+    ).unlearn(objective, record, forget)
     delta = horner.params - record.final
     scale = float(delta.norm())
     assert dist(terms.params, horner.params) <= 1e-10 * scale
@@ -95,8 +95,10 @@ def test_engines_agree(logreg, hvp):  # V6
 def test_explicit_basis_oracle_matches_exact(logreg):  # V6 (paper §4.2 basis matrices)
     objective, record = logreg
     forget = pick_forget(600, 0.10)
-    exact = get_method("mini_unlearning", k=6).unlearn(objective, record, forget)
-    basis = get_method("mini_unlearning", k=6, hvp="explicit").unlearn(objective, record, forget)
+    exact = make_method("mini_unlearning", dict(k=6)).unlearn(objective, record, forget)
+    basis = make_method("mini_unlearning", dict(k=6, hvp="explicit")).unlearn(
+        objective, record, forget
+    )
     assert dist(basis.params, exact.params) <= 1e-10 * dist(exact.params, record.final)
 
 
@@ -120,8 +122,8 @@ def test_posthoc_equals_paper_mode(logreg):  # V7
         batch_sum = objective.grad_sum(view.w_prev, view.batch)
         identity = (len(view.batch) / spec.lr) * (view.w_prev - view.w_next)
         assert torch.allclose(identity, batch_sum, rtol=1e-9, atol=1e-9)
-    a = get_method("mini_unlearning", k=20).unlearn(objective, paper, forget)
-    b = get_method("mini_unlearning", k=20).unlearn(objective, posthoc, forget)
+    a = make_method("mini_unlearning", dict(k=20)).unlearn(objective, paper, forget)
+    b = make_method("mini_unlearning", dict(k=20)).unlearn(objective, posthoc, forget)
     assert a.details["paper_mode"] and not b.details["paper_mode"]
     assert dist(a.params, b.params) <= 1e-12
 
@@ -138,7 +140,7 @@ def test_contraction_and_truncation_bound(ridge):  # V8
     assert 0 < diag["r"] < 1  # eta = 0.05 < 2 / L on this problem
     reference, kept = replay_retrain(objective, record, forget, keep_steps=(record.num_steps - k,))
     gap_before = dist(kept[record.num_steps - k], record.iterate(record.num_steps - k))
-    result = get_method("mini_unlearning", k=k).unlearn(objective, record, forget)
+    result = make_method("mini_unlearning", dict(k=k)).unlearn(objective, record, forget)
     # Theorem 1 (corrected): exact for a quadratic up to rounding, error <= r^k ||dw_{T-k}||.
     assert dist(result.params, reference) <= diag["r"] ** k * gap_before * (1 + 1e-6) + 1e-12
 
@@ -163,24 +165,28 @@ def test_short_record_suffices_and_too_short_raises(logreg):
     objective, record = logreg
     forget = pick_forget(600, 0.10)
     short = train_sgd(objective, record.spec, keep_last=12)
-    full = get_method("mini_unlearning", k=10, hvp="lbfgs").unlearn(objective, record, forget)
-    small = get_method("mini_unlearning", k=10, hvp="lbfgs").unlearn(objective, short, forget)
+    full = make_method("mini_unlearning", dict(k=10, hvp="lbfgs")).unlearn(
+        objective, record, forget
+    )
+    small = make_method("mini_unlearning", dict(k=10, hvp="lbfgs")).unlearn(
+        objective, short, forget
+    )
     assert dist(full.params, small.params) <= 1e-12
     p = objective.num_params
     assert small.stored_bytes == (10 + 1 + 2) * p * 8 + 10 * 32 * 8  # O((k + m) p)
     with pytest.raises(UnsupportedHistoryError):
-        get_method("mini_unlearning", k=20).unlearn(objective, short, forget)
+        make_method("mini_unlearning", dict(k=20)).unlearn(objective, short, forget)
     with pytest.raises(ConfigError):
-        get_method("mini_unlearning", k=0)
+        make_method("mini_unlearning", dict(k=0))
 
 
 def test_k_units(logreg):
     objective, record = logreg
     forget = pick_forget(600, 0.05)
-    one_pass = get_method("mini_unlearning", k=1, k_unit="passes").unlearn(
+    one_pass = make_method("mini_unlearning", dict(k=1, k_unit="passes")).unlearn(
         objective, record, forget
     )
-    steps = get_method("mini_unlearning", k=record.steps_per_pass).unlearn(
+    steps = make_method("mini_unlearning", dict(k=record.steps_per_pass)).unlearn(
         objective, record, forget
     )
     assert one_pass.details["k_steps"] == record.steps_per_pass == 18

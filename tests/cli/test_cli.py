@@ -69,7 +69,9 @@ def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_model(tmp_path)
     assert ref.exit_code == 0, ref.output
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "fedunlearn.cli.main", "train", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # same intra-op thread count as this process (conftest: 1): float reductions depend on it
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 120
     metrics = out / "metrics.jsonl"
     while time.monotonic() < deadline:  # wait until a few rounds are committed

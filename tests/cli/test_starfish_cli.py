@@ -1,17 +1,16 @@
-import hashlib
-import json
-import time
+"""``fedunlearn starfish-*`` commands (the processes themselves: tests/unlearn/starfish)."""
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
-from fedunlearn.cli.starfish import _method, ensure_shares, launch, run_local
+from fedunlearn.cli.starfish import starfish_method
 from fedunlearn.config import parse_config
+from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import train_run
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.starfish_shares import share_store_dir
+from fedunlearn.unlearn import make_method
+from fedunlearn.unlearn.starfish.deploy.launcher import option_params
+from fedunlearn.unlearn.starfish.deploy.shares import share_meta, share_store_dir
 
 runner = CliRunner()
 RUN = {
@@ -34,7 +33,6 @@ RUN = {
     },
     "history": {"policy": "all"},
 }
-TIMEOUT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +40,6 @@ def run_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("starfish_cli") / "run"
     train_run(parse_config(RUN), path)
     return path
-
-
-def checksums(run_dir):
-    """sha256 of each share store; a WAL a killed reader leaves behind must be empty."""
-    out = {}
-    for k in (0, 1):
-        store = share_store_dir(run_dir, k)
-        wal = store / "history.sqlite-wal"
-        assert not wal.exists() or wal.stat().st_size == 0
-        out[k] = hashlib.sha256((store / "history.sqlite").read_bytes()).hexdigest()
-    return out
-
-
-def read(path):
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_share_command_writes_both_stores_once(run_dir):
@@ -76,56 +59,31 @@ def test_server_rejects_a_bad_address_before_any_work(run_dir):
     assert "HOST:PORT" in res.output
 
 
-def test_killed_server_stops_its_peer_with_a_disconnect_error_and_a_rerun_succeeds(
-    run_dir, tmp_path
-):
-    ensure_shares(run_dir, _method([]))
-    before = checksums(run_dir)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    outs = (tmp_path / "s0.json", tmp_path / "s1.json")
-    children = launch(run_dir, [0], [f"--timeout={TIMEOUT}"], outs, logs)
-    try:
-        deadline = time.monotonic() + 120
-        while "replayed round" not in read(logs / "server1.log"):  # server 1 is mid-replay
-            assert children[2].poll() is None, read(logs / "server1.log")
-            assert time.monotonic() < deadline, read(logs / "server1.log")
-            time.sleep(0.02)
-        children[2].kill()
-        killed_at = time.monotonic()
-        children[1].wait(timeout=TIMEOUT + 10)
-        assert time.monotonic() - killed_at < TIMEOUT
-        assert children[1].returncode == 2
-        log0 = read(logs / "server0.log")
-        assert "PeerDisconnectedError" in log0, log0
-        children[0].wait(timeout=TIMEOUT + 10)
-        assert children[0].returncode != 0  # the dealer reports the lost server too
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait(timeout=10)
-    assert not outs[0].exists() and not outs[1].exists()
-    assert checksums(run_dir) == before  # the share stores are untouched
+def test_launcher_options_reach_the_server_command_unchanged():
+    # Prepare: options of both kinds, values YAML reads back only when written carefully
+    options = {
+        "selection_rate": 0.75,
+        "round_selection": "method2",
+        "unlearning_rate": 1e-05,
+        "warmup_rounds": None,
+        "frac_bits": 13,
+        "mpc_seed": None,
+        "norm_range": (1e-4, 1e4),
+        "record_models": True,
+    }
+    method = make_method("starfish", options)
 
-    result = run_local(run_dir, [0], timeout_seconds=TIMEOUT, deadline_seconds=180)
-    assert checksums(run_dir) == before
-    with UnlearnSession(run_dir, evaluate=False) as session:
-        plain = session.run(make_method("starfish"), UnlearnRequest.of([0]))
-    details = result["details"]
-    assert result["models_agree"] is True
-    assert details["selected_rounds"] == plain.details["selected_rounds"]
-    assert details["flags"] == {str(r): ids for r, ids in plain.details["flags"].items()}
-    params = torch.tensor(result["params"], dtype=plain.params.dtype)
-    assert float((params - plain.params).norm() / plain.params.norm()) < 1e-2
-    for phase in ("TD", "RS", "UE", "TC", "AGG"):
-        assert details["mpc_costs"][phase]["bytes_sent"] > 0, phase
-        assert result["party1_mpc_costs"][phase]["rounds"] > 0, phase
-    # real bytes: party 0 receives one 16-byte seed per dealer request and nothing else
-    offline0 = sum(details["mpc_costs"][phase]["offline_bytes"] for phase in details["mpc_costs"])
-    offline1 = sum(c["offline_bytes"] for c in result["party1_mpc_costs"].values())
-    assert offline0 > 0 and offline0 % 16 == 0
-    assert offline1 > offline0  # party 1 also receives the correction shares
-    assert result["dealer_link_bytes"] > offline0  # plus the request frames it sent
-    assert result["clients_link_bytes"] > 0
-    json.dumps(result)  # JSON-ready
+    # Execute: what run_local passes as --param, parsed as starfish-server parses it
+    child = starfish_method(option_params(method))
+
+    # Assert: the same algorithm and execution, on the 2PC backend
+    assert child.params == method.params
+    assert child.execution == method.execution.model_copy(update={"backend": "mpc"})
+    assert sorted(item.partition("=")[0] for item in option_params(method)) == sorted(options)
+
+
+def test_share_command_records_the_execution_options_of_its_params(run_dir):
+    res = runner.invoke(app, ["starfish-share", str(run_dir), "--force", "--param", "frac_bits=13"])
+    assert res.exit_code == 0, res.output
+    with HistoryStore.open(share_store_dir(run_dir, 1)) as store:
+        assert share_meta(store)["frac_bits"] == 13

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history import ClientRecord, HistoryStore, RoundEntry
-from fedunlearn.history.crab import (
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn.crab.policy import (
     ReferenceScorer,
     clients_to_keep,
     close_windows,
@@ -28,7 +29,6 @@ from fedunlearn.history.crab import (
     select_rounds,
     window_bound,
 )
-from fedunlearn.runs import train_run
 
 CONFIG = {
     "seed": 3,

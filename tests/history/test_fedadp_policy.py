@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.history import HistoryStore
-from fedunlearn.history.fedadp import (
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+from fedunlearn.unlearn.fedadp.policy import (
     StageSelector,
     count_half_up,
     relu_cosine,
@@ -20,9 +22,7 @@ from fedunlearn.history.fedadp import (
     select_rounds,
     stage_ends,
 )
-from fedunlearn.runs import train_run
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
-from fedunlearn.unlearn.fedadp import FedADP
+from fedunlearn.unlearn.fedadp.unlearner import FedADP
 
 CONFIG = {
     "seed": 4,

@@ -36,16 +36,16 @@ def program(party: Party) -> dict:
 
 
 def record_frames(dealer: RemoteDealer) -> list[tuple[str, tuple, bytes]]:
-    """Log (dtype, shape, payload) of every frame the dealer sends this party."""
+    """Log (dtype, shape, payload) of every seed and correction frame the dealer sends."""
     frames: list[tuple[str, tuple, bytes]] = []
-    receive = dealer.transport.recv
+    on_frame = dealer._on_frame
 
-    def recording_recv() -> np.ndarray:
-        frame = receive()
-        frames.append((frame.dtype.str, frame.shape, frame.tobytes()))
-        return frame
+    def recording(frame: np.ndarray):  # noqa: ANN202
+        if dealer._state in ("seed", "corrections"):
+            frames.append((frame.dtype.str, frame.shape, frame.tobytes()))
+        return on_frame(frame)
 
-    dealer.transport.recv = recording_recv  # type: ignore[method-assign]
+    dealer._on_frame = recording  # type: ignore[method-assign]
     return frames
 
 

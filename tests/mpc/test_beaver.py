@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedunlearn.mpc import (
+    FixedPoint,
     run_two_party,
+    sec_constant,
     sec_ge,
     sec_inner,
     sec_matmul,
@@ -165,3 +167,49 @@ def test_sec_mul_byte_and_round_counters_match_the_expected_counts():
         "rounds": 0,
         "messages": 1,
     }
+
+
+def test_public_constants_are_rerandomised_so_local_truncation_works_for_negatives():
+    # Issue 15: a public constant shared as (c, 0) truncates to a wild value when c < 0
+    c = np.array([-3.0, -0.5, 2.0, -1000.0])
+
+    def program(p):
+        naive_share = p.fixed_point.encode(c) if p.party_id == 0 else np.zeros(4, np.uint64)
+        naive = p.tensor(naive_share).mul_public(0.5).reveal()
+        fresh = sec_constant(p, c)
+        return naive, fresh.mul_public(0.5).reveal(), fresh.share
+
+    (naive, halved, share0), (_, _, share1) = run_two_party(program)
+    assert np.all(np.abs(naive[c < 0] - c[c < 0] / 2) > 1e6)  # the (c, 0) split fails
+    np.testing.assert_allclose(halved, c / 2, atol=2 * LSB)  # the re-randomised one does not
+    assert not np.any(share1 == 0) and not np.any(share0 == FixedPoint().encode(c))
+
+
+def test_integer_constants_are_exact():
+    got, _ = run_two_party(lambda p: sec_constant(p, np.array([-7, 0, 9]), frac_bits=0).reveal())
+    np.testing.assert_array_equal(got, [-7, 0, 9])
+
+
+def test_a_share_of_an_unexpected_shape_is_refused():
+    import pytest
+
+    from fedunlearn.errors import MalformedFrameError
+
+    def program(p):
+        return sec_share(p, np.ones(5) if p.party_id == 0 else None, 0, shape=(4,))
+
+    with pytest.raises((MalformedFrameError, ValueError)):
+        run_two_party(program, timeout_seconds=5)
+
+    def receiver_checks(p):
+        if p.party_id == 0:
+            p.transport.send(np.zeros(6, np.uint64))  # not what party 1 was told to expect
+            return None
+        return sec_share(p, None, 0, shape=(4,))
+
+    with pytest.raises(MalformedFrameError, match="exceed the cap of 32 bytes"):
+        run_two_party(receiver_checks, timeout_seconds=5)
+    got, _ = run_two_party(
+        lambda p: sec_share(p, np.ones(4) if p.party_id == 0 else None, 0, shape=(4,)).reveal()
+    )
+    np.testing.assert_allclose(got, np.ones(4))

@@ -18,6 +18,7 @@ from fedunlearn.errors import (
     MalformedFrameError,
     PeerDisconnectedError,
     SecureComputationError,
+    SessionMismatchError,
 )
 from fedunlearn.mpc import (
     Dealer,
@@ -32,7 +33,7 @@ from fedunlearn.mpc import (
     start_dealer_process,
 )
 from fedunlearn.mpc.dealer import KINDS, Request, expand
-from fedunlearn.mpc.dealer_service import _decode, _encode_request
+from fedunlearn.mpc.dealer_wire import decode, encode_plan, encode_request
 
 SPAWN = multiprocessing.get_context("spawn")
 TIMEOUT = dealer_peers.TIMEOUT
@@ -210,19 +211,25 @@ def test_dealer_dying_mid_protocol_makes_both_parties_raise(dealer):
 
 
 def test_a_silent_dealer_times_out():
-    listener = TcpListener("127.0.0.1", 0)  # accepts, then never answers
+    listener = TcpListener("127.0.0.1", 0)  # accepts, then never answers the hello
     try:
         accepted = []
         thread = threading.Thread(
             target=lambda: accepted.append(listener.accept(timeout_seconds=5))
         )
         thread.start()
-        client = RemoteDealer.connect("127.0.0.1", listener.port, party_id=0, timeout_seconds=0.3)
-        thread.join(5)
         start = time.monotonic()
         with pytest.raises(PeerDisconnectedError, match="sent nothing"):
-            client.triple((3,))
+            RemoteDealer.connect(
+                "127.0.0.1",
+                listener.port,
+                party_id=0,
+                insecure=True,
+                timeout_seconds=5,
+                handshake_timeout_seconds=0.3,
+            )
         assert time.monotonic() - start < 2
+        thread.join(5)
     finally:
         listener.close()
         for t in accepted:
@@ -254,11 +261,10 @@ def test_oversized_requests_and_wrong_mask_settings_are_rejected():
     assert isinstance(outcome[0], MalformedFrameError)
 
     server, thread, outcome = serve_in_thread(mask_scale_bits=3)
-    d0 = RemoteDealer.connect(*server.address, party_id=0, timeout_seconds=5)
-    with pytest.raises(MalformedFrameError, match="mask_scale_bits=2, but this dealer uses 3"):
-        d0.random((2,))
+    with pytest.raises(SessionMismatchError, match="option mask_scale_bits: ours 2, theirs 3"):
+        RemoteDealer.connect(*server.address, party_id=0, timeout_seconds=5)
     thread.join(10)
-    assert isinstance(outcome[0], MalformedFrameError)
+    assert isinstance(outcome[0], SessionMismatchError)
     assert "master" not in repr(server)
 
 
@@ -273,19 +279,37 @@ def test_oversized_requests_and_wrong_mask_settings_are_rejected():
     ],
     ids=str,
 )
-def test_requests_survive_the_wire(request_):
-    index, decoded = _decode(_encode_request(17, request_), party_id=0)
-    assert (index, decoded) == (17, request_)
+def test_requests_and_plans_survive_the_wire(request_):
+    message = decode(encode_request(17, request_), party_id=0)
+    assert (message.kind, message.index, message.request) == ("request", 17, request_)
+    plan = decode(encode_plan(3, 17, [request_, request_]), party_id=0)
+    assert (plan.kind, plan.plan_id, plan.index, plan.plan) == ("plan", 3, 17, (request_,) * 2)
 
 
 @pytest.mark.parametrize(
     "words",
-    [[2, 0, len(KINDS), 0, 1, 1, 4], [2, 0, 0, 0, 1, 3, 4], [2, 0, 1, 0, 1, 1, 4], [9, 0]],
-    ids=["unknown-kind", "short-shape", "matrix-needs-two", "bad-tag"],
+    [
+        [2, 0, len(KINDS), 0, 1, 1, 4],
+        [2, 0, 0, 0, 1, 3, 4],
+        [2, 0, 1, 0, 1, 1, 4],
+        [9, 0],
+        [4, 1, 0, 2, 0, 0, 1, 1, 4],
+        [4, 1, 0, 10**9],
+        [2, 0, 0, 0, 1, 2, 0, 2**64 - 1],
+    ],
+    ids=[
+        "unknown-kind",
+        "short-shape",
+        "matrix-needs-two",
+        "bad-tag",
+        "plan-too-short",
+        "plan-too-long",
+        "huge-dimension",
+    ],
 )
 def test_malformed_requests_are_rejected(words):
     with pytest.raises(MalformedFrameError, match="party 1 sent the dealer"):
-        _decode(np.array(words, dtype=np.uint64), party_id=1)
+        decode(np.array(words, dtype=np.uint64), party_id=1)
 
 
 def test_party_takes_exactly_one_dealer_of_its_own_party_id():
@@ -334,14 +358,23 @@ def test_dealer_runs_from_the_command_line():
     import sys
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "fedunlearn.mpc.dealer_process", "--port", "0", "--seed", "4"],
+        [
+            sys.executable,
+            "-m",
+            "fedunlearn.mpc.dealer_process",
+            "--port",
+            "0",
+            "--seed",
+            "4",
+            "--insecure",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         line = process.stdout.readline()
         host, port = line.rsplit(" ", 1)[1].strip().split(":")
-        d0, d1 = (RemoteDealer.connect(host, int(port), party_id=k) for k in (0, 1))
+        d0, d1 = (RemoteDealer.connect(host, int(port), party_id=k, insecure=True) for k in (0, 1))
         (r0, r1), errors = in_threads(lambda: d0.zero((3,)), lambda: d1.zero((3,)))
         d0.close()
         d1.close()

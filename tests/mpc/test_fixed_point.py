@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedunlearn.errors import ConfigError, SecureComputationError
-from fedunlearn.mpc import FixedPoint, split_shares, truncate_share
+from fedunlearn.mpc import FixedPoint, check_opened, split_shares, truncate_share
 
 FP = FixedPoint()
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -98,3 +98,29 @@ def test_truncation_failure_rate_matches_the_documented_bound():
     s0, s1 = split_shares(small.view(np.uint64), rng)
     t = (truncate_share(s0, 0, 13) + truncate_share(s1, 1, 13)).view(np.int64)
     assert np.all(np.abs(t - (small >> 13)) <= 1)
+
+
+def test_check_opened_passes_sane_values_and_stops_wild_ones():
+    fp = FixedPoint(16)
+    sane = np.array([0.5, -2.0, 3.0])
+    np.testing.assert_array_equal(check_opened(sane, fp, max_norm=10.0), sane)
+    wild = np.array([0.5, 2.0**32, 3.0])  # what a failed truncation at f = 16 looks like
+    with pytest.raises(SecureComputationError, match="failed local truncation"):
+        check_opened(wild, fp, label="the aggregate of round 3")
+    with pytest.raises(SecureComputationError, match="norm 5 above its public bound 4"):
+        check_opened(np.array([3.0, 4.0]), fp, max_norm=4.0)
+    with pytest.raises(SecureComputationError, match="not finite"):
+        check_opened(np.array([np.nan]), fp)
+
+
+def test_a_failed_truncation_is_caught_by_check_opened():
+    # A product -1.0 at scale 2f shared as (x + r, -r) with an unlucky r (party 1's share just
+    # below 2^64): SecureML truncation wraps, the rare event with probability ~2^(l + 1 - 64)
+    fp = FixedPoint(16)
+    x = fp.encode(np.array([-1.0]), 32)
+    r = np.array([np.uint64(5)])
+    share0, share1 = x + r, np.uint64(0) - r
+    product = fp.decode(truncate_share(share0, 0, 16) + truncate_share(share1, 1, 16))
+    assert abs(product[0] + 1.0) > 1e9
+    with pytest.raises(SecureComputationError, match="failed local truncation"):
+        check_opened(product, fp)

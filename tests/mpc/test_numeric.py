@@ -10,13 +10,17 @@ from hypothesis import strategies as st
 from fedunlearn.errors import ConfigError, SecureComputationError
 from fedunlearn.mpc import (
     FixedPoint,
+    SharedTensor,
+    ge_cost,
     run_two_party,
+    sec_check_range,
     sec_div,
     sec_inverse,
     sec_reciprocal,
     sec_share,
     sec_sqrt,
 )
+from fedunlearn.mpc.protocols.secmi import TARGET_RING_BITS, public_bits
 
 
 def shared(party, x, owner=0):
@@ -106,3 +110,74 @@ def test_secmi_of_a_singular_matrix_raises():
     x = np.array([[1.0, 2.0], [2.0, 4.0]])
     with pytest.raises(SecureComputationError, match="condition number"):
         run_two_party(lambda p: sec_inverse(shared(p, x)))
+
+
+def test_an_input_outside_the_declared_range_raises_instead_of_returning_garbage():
+    # Issue 15: Newton division and sqrt returned garbage silently outside the range
+    u, v = np.array([1.0, 2.0, 3.0]), np.array([0.5, 1.0, 50.0])  # 50 is outside (0.5, 2)
+
+    def program(p, check_range):
+        return sec_div(shared(p, u), shared(p, v, 1), (0.5, 2.0), check_range=check_range)
+
+    unchecked, _ = run_two_party(lambda p: program(p, False).reveal())
+    assert abs(unchecked[2] - 3.0 / 50.0) > 0.1  # what the unguarded protocol returns
+    with pytest.raises(SecureComputationError, match=r"outside the declared range \[0.5, 2\]"):
+        run_two_party(lambda p: program(p, True))
+    with pytest.raises(SecureComputationError, match="sec_sqrt"):
+        run_two_party(lambda p: sec_sqrt(shared(p, np.array([0.001, 1.0])), (0.01, 100.0)))
+
+
+def test_the_range_guard_opens_one_bit_and_passes_inputs_in_range():
+    v = np.array([0.5, 1.0, 2.0, 1.5])
+
+    def program(p):
+        x = shared(p, v)
+        before = p.counters.snapshot()["online"]
+        sec_check_range(x, (0.5, 2.0), "test")
+        after = p.counters.snapshot()["online"]
+        return {k: after[k] - before[k] for k in after}
+
+    cost, _ = run_two_party(program)
+    # two SecGE calls (8 rounds each) and one opening of a single ring element (1 round)
+    opened = cost["bytes_sent"] - ge_cost(8, 0)["online"]["bytes_sent"]
+    opened -= ge_cost(1, 0)["online"]["bytes_sent"]
+    assert opened == 8 and cost["rounds"] == 17
+
+
+def test_secmi_keeps_its_truncated_product_near_2_to_the_40():
+    # Issue 15: SecMI scaled its product to ~2^48 before local truncation (failure 2^-15 per
+    # element); the public N^-1 now gets the bits that keep the bound at 2^40 (2^-23)
+    rng = np.random.default_rng(3)
+    x = random_well_conditioned(rng, 4, 20)
+    seen = []
+
+    def program(p):
+        original = SharedTensor.matmul_public
+
+        def spy(self, matrix, *, left=False, public_frac_bits=None):
+            seen.append((np.asarray(matrix), public_frac_bits))
+            return original(self, matrix, left=left, public_frac_bits=public_frac_bits)
+
+        if p.party_id == 0:
+            SharedTensor.matmul_public = spy
+        try:
+            return sec_inverse(shared(p, x)).reveal()
+        finally:
+            SharedTensor.matmul_public = original
+
+    got, _ = run_two_party(program, fixed_point=FixedPoint(13))
+    inverse, bits = seen[0]
+    bound = 4 * 16.0 * np.max(np.abs(inverse)) * 2.0 ** (13 + bits)  # m * max|R| * max|N^-1|
+    assert np.log2(bound) <= TARGET_RING_BITS
+    assert public_bits(inverse, 16.0, 13) == bits
+    truth = np.linalg.inv(x)
+    assert np.max(np.abs(got - truth) / np.abs(truth).max()) < 1e-2
+
+
+def test_run_two_party_draws_a_fresh_dealer_seed_by_default():
+    a, _ = run_two_party(lambda p: p.dealer.triple((4,))[0])
+    b, _ = run_two_party(lambda p: p.dealer.triple((4,))[0])
+    c, _ = run_two_party(lambda p: p.dealer.triple((4,))[0], dealer_seed=1)
+    d, _ = run_two_party(lambda p: p.dealer.triple((4,))[0], dealer_seed=1)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(c, d)

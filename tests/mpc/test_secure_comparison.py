@@ -216,3 +216,26 @@ def test_ge_against_a_public_value_matches_plain_comparison():
     got, _ = run_two_party(lambda p: sec_ge(shared(p, x), 1.5).reveal())
 
     np.testing.assert_array_equal(got, (x >= 1.5).astype(float))
+
+
+def test_ideal_comparisons_are_refused_outside_the_in_process_transport():
+    # Issue 15: comparison=ideal ran in the deployment; each server then saw d = x - y
+    import socket
+
+    from fedunlearn.errors import ConfigError
+    from fedunlearn.mpc import Party, TcpTransport
+
+    a, b = socket.socketpair()
+    t0, t1 = TcpTransport(a, 0, 5.0), TcpTransport(b, 1, 5.0)
+    try:
+        with pytest.raises(ConfigError, match="refused on TcpTransport"):
+            Party(0, t0, dealer_seed=1, comparison="ideal")
+        party = Party(0, t0, dealer_seed=1)  # real comparisons are fine
+        x = party.tensor(np.zeros(3, np.uint64))
+        with pytest.raises(ConfigError, match="comparison='real'"):
+            sec_ge(x, 0.0, mode="ideal")
+        with pytest.raises(ConfigError, match="ideal functionalities"):
+            t1.exchange_uncounted(np.zeros(1, np.uint64))
+    finally:
+        t0.close()
+        t1.close()

@@ -28,14 +28,14 @@ SPAWN = multiprocessing.get_context("spawn")
 def test_in_process_exchange_counts_bytes_and_rounds():
     t0, t1 = InProcessTransport.pair(timeout_seconds=5)
     out = {}
-    peer_array = np.arange(3, dtype=np.uint64)
+    peer_array = np.arange(5, dtype=np.uint64)
     worker = threading.Thread(target=lambda: out.update(b=t1.exchange(peer_array)))
     worker.start()
     got = t0.exchange(np.arange(10, 15, dtype=np.uint64))
     worker.join()
-    np.testing.assert_array_equal(got, [0, 1, 2])
+    np.testing.assert_array_equal(got, [0, 1, 2, 3, 4])
     np.testing.assert_array_equal(out["b"], [10, 11, 12, 13, 14])
-    assert t0.counters.online.bytes_sent == 40 and t0.counters.online.bytes_received == 24
+    assert t0.counters.online.bytes_sent == 40 and t0.counters.online.bytes_received == 40
     assert t0.counters.online.rounds == 1 and t1.counters.online.rounds == 1
     with t0.counters.in_phase("offline"):
         t0.send(np.zeros(2, np.uint64))
@@ -141,7 +141,7 @@ def header(magic=b"FUMP", code=1, ndim=1, nbytes=8):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (header(nbytes=1 << 40) + struct.pack("!Q", 1 << 37), "exceeds max_frame_bytes"),
+        (header(nbytes=1 << 40) + struct.pack("!Q", 1 << 37), "exceeds the cap"),
         (header(magic=b"HTTP") + b"\0" * 16, "bad magic"),
         (header(code=9) + b"\0" * 16, "unknown dtype"),
         (header(ndim=1, nbytes=16) + struct.pack("!Q", 1) + b"\0" * 16, "needs 8 bytes"),
@@ -231,3 +231,156 @@ def test_tls_transport_between_two_processes(tmp_path):
     np.testing.assert_array_equal(mine["sorted"], theirs["sorted"])
     np.testing.assert_array_equal(mine["ge"], expected0["ge"])
     assert mine["counters"] == expected0["counters"]
+
+
+# ---- bounded frames (issue 15: a 1 KiB header made the receiver allocate 1 GiB, a shape
+# (0, 2^64 - 1) crashed the dealer, a byte now and then held a connection open forever) ------
+
+
+def feed(reader, data):
+    """Push bytes through a FrameReader as a socket would, stage by stage."""
+    data, now = memoryview(data), time.monotonic()
+    while data and not reader.done:
+        view = reader.view()
+        n = min(len(view), len(data))
+        view[:n] = data[:n]
+        data = data[n:]
+        reader.advance(n, now)
+
+
+def test_a_small_header_declaring_a_huge_frame_allocates_little():
+    from fedunlearn.mpc.tcp import Expect, FrameReader
+
+    reader = FrameReader(Expect(2 << 30))
+    feed(reader, header(nbytes=1 << 30) + struct.pack("!Q", 1 << 27))
+    assert reader.stage == "payload"
+    assert len(reader.view()) <= 1 << 20  # the first payload buffer, not 1 GiB
+    feed(reader, bytes(3 << 20))  # as bytes arrive, buffers grow with them
+    assert reader.received < (4 << 20) + 64 and not reader.done
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (header(ndim=2, nbytes=0) + struct.pack("!QQ", 0, 2**64 - 1), "has a dimension above"),
+        (header(code=2, ndim=2, nbytes=0) + struct.pack("!QQ", 2**40, 0), "has a dimension above"),
+    ],
+    ids=["zero-by-huge", "huge-by-zero"],
+)
+def test_impossible_shapes_are_rejected_cleanly(data, message):
+    from fedunlearn.mpc.tcp import Expect, FrameReader
+
+    with pytest.raises(MalformedFrameError, match=message):
+        feed(FrameReader(Expect(1 << 20)), data)
+
+
+def test_a_slow_drip_is_dropped_at_the_frame_deadline():
+    import socket
+
+    a, b = socket.socketpair()
+    transport = TcpTransport(a, 0, timeout_seconds=0.5, min_bytes_per_second=1e6)
+    stop = threading.Event()
+
+    def drip():
+        for byte in header(nbytes=64) + struct.pack("!Q", 8) + bytes(64):
+            if stop.wait(0.1):
+                return
+            try:
+                b.send(bytes([byte]))
+            except OSError:
+                return
+
+    thread = threading.Thread(target=drip)
+    thread.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(PeerDisconnectedError, match="too slowly"):
+            transport.recv()
+        assert time.monotonic() - start < 1.5  # the deadline, not a per-byte timeout
+    finally:
+        stop.set()
+        thread.join(5)
+        transport.close()
+        b.close()
+
+
+def quietly(call, *args):
+    """Run the other party's side; its own error is not what the test checks."""
+    try:
+        call(*args)
+    except (MalformedFrameError, PeerDisconnectedError):
+        pass
+
+
+def test_an_exchange_refuses_a_frame_of_another_shape_before_reading_it():
+    import socket
+
+    a, b = socket.socketpair()
+    t0, t1 = TcpTransport(a, 0, 5.0), TcpTransport(b, 1, 5.0)
+    worker = threading.Thread(target=quietly, args=(t1.exchange, np.zeros(1 << 20)))
+    worker.start()
+    with pytest.raises(MalformedFrameError, match="exceeds the cap of 32 bytes"):
+        t0.exchange(np.zeros(4, np.uint64))
+    worker.join(10)
+    t0.close()
+    t1.close()
+
+
+def test_in_process_exchange_of_different_shapes_is_out_of_step():
+    t0, t1 = InProcessTransport.pair(timeout_seconds=5)
+    worker = threading.Thread(target=quietly, args=(t1.exchange, np.zeros(3)))
+    worker.start()
+    with pytest.raises(MalformedFrameError, match="out of step|exceed"):
+        t0.exchange(np.zeros(5))
+    worker.join(5)
+
+
+def test_tls_exchanges_are_full_duplex_for_large_frames(tmp_path):
+    # both parties send 16 MB at once over TLS: one thread per end drives read and write
+    import socket
+
+    from fedunlearn.mpc import create_trial_pki
+
+    ids = create_trial_pki(tmp_path)
+    listener = socket.create_server(("127.0.0.1", 0))
+    out = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        tls, _ = ids["server0"].wrap_server(conn, {"server1"}, timeout_seconds=5, where="s1")
+        transport = TcpTransport(tls, 0, 10.0)
+        out["0"] = transport.exchange(np.full(2 << 20, 3, np.uint64))
+        transport.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    raw = socket.create_connection(listener.getsockname())
+    tls, _ = ids["server1"].wrap_client(raw, {"server0"}, timeout_seconds=5, where="s0")
+    transport = TcpTransport(tls, 1, 10.0)
+    start = time.monotonic()
+    got = transport.exchange(np.full(2 << 20, 5, np.uint64))
+    thread.join(20)
+    transport.close()
+    listener.close()
+    assert np.all(got == 3) and np.all(out["0"] == 5)
+    assert transport.wire_bytes_sent > 16 << 20 and transport.wire_bytes_received > 16 << 20
+    assert time.monotonic() - start < 10
+
+
+def test_tcp_keeps_the_shape_of_scalars_and_empty_arrays():
+    import socket
+
+    a, b = socket.socketpair()
+    t0, t1 = TcpTransport(a, 0, 5.0), TcpTransport(b, 1, 5.0)
+    try:
+        for array in (np.array(7, np.uint64), np.zeros((0, 3), np.uint64), np.ones((2, 1))):
+            out: dict = {}
+            worker = threading.Thread(target=lambda a=array, o=out: o.update(got=t1.exchange(a)))
+            worker.start()
+            mine = t0.exchange(array)
+            worker.join(5)
+            assert mine.shape == array.shape and out["got"].shape == array.shape
+            np.testing.assert_array_equal(mine, array)
+    finally:
+        t0.close()
+        t1.close()

@@ -1,10 +1,5 @@
-from fedunlearn.report.central import (
-    CentralExperiment,
-    MethodSpec,
-    central_markdown,
-    run_central,
-    write_central,
-)
+from fedunlearn.experiments.central import CentralExperiment, MethodSpec, run_central
+from fedunlearn.report.central import central_markdown, write_central
 
 
 def test_run_central_with_mia_and_tables(tmp_path):

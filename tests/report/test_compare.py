@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 from fedunlearn.cli.main import app
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
-from fedunlearn.report import compare_methods, plot_results, write_results
+from fedunlearn.experiments import compare_methods
+from fedunlearn.report import plot_results, write_results
 from fedunlearn.runs import train_run
 
 RUN = {

@@ -9,7 +9,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.crab import influence, rollback_index, weighted_mean
+from fedunlearn.unlearn.crab.unlearner import influence, rollback_index, weighted_mean
 from fedunlearn.unlearn.replay import calibrate, calibrated_replay
 
 BASE = {  # the config of conftest's shared runs (run_all, run_none)
@@ -87,8 +87,8 @@ def test_calibration_keeps_the_stored_norm_and_the_fresh_direction():
 def test_no_selection_no_rollback_equals_calibrated_replay_of_all_rounds_bit_for_bit(run_all):
     params = {"round_ratio": 1.0, "client_ratio": 1.0, "no_rollback": True}
     crab = recover(run_all, params)
-    assert crab.details["rollback_round"] == 0
-    assert crab.details["recovery_rounds"] == [1, 2, 3, 4, 5]
+    assert crab.details.rollback_round == 0
+    assert crab.details.recovery_rounds == (1, 2, 3, 4, 5)
     with UnlearnSession(run_all, evaluate=False) as session:
         request = UnlearnRequest.of(sorted(session.malicious), "recover")
         context = session.context(request)
@@ -106,15 +106,16 @@ def test_live_selection_equals_the_one_derived_from_a_full_history(run_all, run_
     assert {**base_config, "history": {"policy": "all"}} == {**BASE, "history": {"policy": "all"}}
     live, derived = recover(run_crab), recover(run_all)
     for key in ("stored_rounds", "stored_clients", "rollback_index", "recovery_rounds"):
-        assert live.details[key] == derived.details[key]
+        assert getattr(live.details, key) == getattr(derived.details, key)
     assert torch.equal(live.params, derived.params)
-    assert live.details["selection_source"] == "crab" and "windows" in derived.details
+    assert live.details.selection_source == "crab"
+    assert derived.details.windows
     with UnlearnSession(run_crab) as a, UnlearnSession(run_all) as b:
         request = UnlearnRequest.of(sorted(a.malicious), "recover")
         needed = make_method("crab").history_bytes_needed(a.context(request))
         assert needed == make_method("crab").history_bytes_needed(b.context(request))
         d = a.initial_params.numel()
-        stored = live.details["stored_clients"]
+        stored = live.details.stored_clients
         assert needed == (1 + len(stored) + sum(map(len, stored.values()))) * d * 4
 
 
@@ -126,10 +127,10 @@ def test_selection_overrides_are_refused_on_a_live_crab_run(run_crab):
 def test_rollback_is_capped_so_at_least_one_round_is_replayed(run_all):
     result = recover(run_all, {"beta": 1e6})
     d = result.details
-    assert d["rollback_index"] == d["num_stored_rounds"] - 1 and d["rollback_capped"]
-    assert result.costs.rounds == 1 and len(d["recovery_rounds"]) == 1
-    for t, ids in d["participants"].items():
-        assert not set(ids) & set(d["stored_malicious"].get(t, []))
+    assert d.rollback_index == d.num_stored_rounds - 1 and d.rollback_capped
+    assert result.costs.rounds == 1 and len(d.recovery_rounds) == 1
+    for t, ids in d.participants.items():
+        assert not set(ids) & set(d.stored_malicious.get(t, []))
 
 
 # ----- bounds -------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def test_rollback_is_capped_so_at_least_one_round_is_replayed(run_all):
 
 def test_triangle_bound_holds_and_theorem_bounds_are_reported(run_all):
     result = recover(run_all, {"no_rollback": True, "bound_check": True})
-    bounds = result.details["bounds"]
+    bounds = result.details.bounds
     assert bounds["triangle_holds"]
     assert len(bounds["rows"]) == result.costs.rounds
     for row in bounds["rows"]:
@@ -152,9 +153,9 @@ def test_triangle_bound_holds_and_theorem_bounds_are_reported(run_all):
 
 def test_stored_malicious_clients_give_sensitivity_and_never_take_part(run_all):
     d = recover(run_all, {"client_ratio": 1.0}).details
-    malicious_rounds = {int(t) for t in d["stored_malicious"]}
-    assert malicious_rounds == set(d["stored_rounds"])  # δ = 1 keeps everybody
-    assert all(s > 0 for s in d["sensitivity"])
-    assert d["cumulative_sensitivity"] == sorted(d["cumulative_sensitivity"])
-    for ids in d["participants"].values():
-        assert not set(ids) & {int(c) for v in d["stored_malicious"].values() for c in v}
+    malicious_rounds = {int(t) for t in d.stored_malicious}
+    assert malicious_rounds == set(d.stored_rounds)  # δ = 1 keeps everybody
+    assert all(s > 0 for s in d.sensitivity)
+    assert list(d.cumulative_sensitivity) == sorted(d.cumulative_sensitivity)
+    for ids in d.participants.values():
+        assert not set(ids) & {int(c) for v in d.stored_malicious.values() for c in v}

@@ -11,7 +11,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.fedadp import calibrate, project
+from fedunlearn.unlearn.fedadp.unlearner import calibrate, project
 
 DP_RUN = {
     "seed": 6,
@@ -71,15 +71,15 @@ def test_fedadp_on_a_dp_run_replays_the_stored_rounds_without_the_forgotten(dp_r
         again = session.run(make_method("fedadp"), UnlearnRequest.of(forget, "recover"))
     details = result.details
     assert torch.equal(result.params, again.params)
-    assert details["variant"] == "FedADP" and details["trained_with_dp"]
-    assert details["privacy"]["total_epsilon"] > 0
-    assert len(details["privacy"]["epsilon_per_round"]) == 6
-    for round_, ids in details["participants"].items():
+    assert details.variant == "FedADP" and details.trained_with_dp
+    assert details.privacy["total_epsilon"] > 0
+    assert len(details.privacy["epsilon_per_round"]) == 6
+    for round_, ids in details.participants.items():
         assert not set(ids) & set(forget)
-        assert set(ids) <= set(details["stored_clients"][round_])
-    assert result.costs.rounds == len(details["participants"])
-    assert result.costs.client_participations == sum(map(len, details["participants"].values()))
-    assert 0 < details["stored_update_fraction"] <= 1
+        assert set(ids) <= set(details.stored_clients[round_])
+    assert result.costs.rounds == len(details.participants)
+    assert result.costs.client_participations == sum(map(len, details.participants.values()))
+    assert 0 < details.stored_update_fraction <= 1
 
 
 def test_unlearn_dp_and_options_change_the_result_deterministically(dp_run):
@@ -107,8 +107,8 @@ def test_overrides_on_a_live_selection_fail_before_any_work(dp_run):
 def test_a_run_without_dp_gives_fedadp_without_dp(run_all):
     with UnlearnSession(run_all) as session:
         result = session.run(make_method("fedadp"), UnlearnRequest.of([0]))
-        assert result.details["variant"] == "FedADP-without-DP"
-        assert result.details["privacy"]["enabled"] is False
+        assert result.details.variant == "FedADP-without-DP"
+        assert result.details.privacy["enabled"] is False
         context = session.context(UnlearnRequest.of([0]))
         with pytest.raises(UnsupportedHistoryError, match="unlearn_dp=true needs a run trained"):
             make_method("fedadp", {"unlearn_dp": True}).unlearn(UnlearnRequest.of([0]), context)

@@ -12,13 +12,13 @@ from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.runs import HISTORY_DIR, train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.base import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
-from fedunlearn.unlearn.fedrecover import (
+from fedunlearn.unlearn.baselines.fedrecover import (
     FedRecover,
     Schedule,
     kth_largest_abs,
     round_thresholds,
 )
+from fedunlearn.unlearn.context import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
 
 # L2-regularised logistic regression on Gaussian blobs, non-IID: small and convex.
 ROUNDS = 16
@@ -85,7 +85,7 @@ def recovered(session):
 def test_all_exact_schedule_reproduces_retrain_bitwise(session, retrained, params):
     result = session.run(make_method("fedrecover", params), FORGET)
     assert torch.equal(result.params, retrained.params)
-    assert result.details["estimated_updates"] == 0 and result.costs.estimated_updates == 0
+    assert result.details.estimated_updates == 0 and result.costs.estimated_updates == 0
     assert result.costs.client_epochs == retrained.costs.client_epochs
     assert result.costs.history_bytes_read == retrained.costs.history_bytes_read  # M_0 only
 
@@ -100,7 +100,7 @@ def test_default_recovery_lands_much_closer_to_retrain_than_the_original(
     recovery_gap = float((recovered.params - retrained.params).norm())
     assert recovery_gap < 0.5 * original_gap
     assert recovered.costs.client_epochs < retrained.costs.client_epochs
-    assert recovered.details["estimated_updates"] > 0
+    assert recovered.details.estimated_updates > 0
 
 
 # ---- (3) isotropic quadratic clients: exact for any schedule -----------------------------------
@@ -187,7 +187,6 @@ def build_quadratic(tmp_path, corrupt=frozenset()):
             history=MeteredHistory(store, meter),
             clients=RemainingClients(fed, forget, meter),
             aggregator=fedavg,
-            config=parse_config({}),
             num_rounds=rounds,
             initial_params=w0,
             final_params=store.read_model(rounds),
@@ -225,7 +224,7 @@ def test_isotropic_quadratic_clients_are_recovered_exactly(quadratic, params):
     result = FedRecover({**params, "abnormality_fixing": False}).unlearn(
         UnlearnRequest(forget), context()
     )
-    assert result.details["estimated_updates"] >= 4 * 5  # 4 clients, at least 5 rounds estimated
+    assert result.details.estimated_updates >= 4 * 5  # 4 clients, at least 5 rounds estimated
     assert float((original - retrain).abs().max()) > 1e-2  # forgetting matters
     assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
 
@@ -235,15 +234,15 @@ def test_abnormality_fixes_feed_exact_pairs_and_keep_quadratic_recovery_exact(qu
     context, retrain, forget, _, _ = quadratic
     params = {"warmup_rounds": 3, "correction_period": 4, "final_rounds": 2, "tau": 2.0}
     result = FedRecover({**params, "buffer_mode": mode}).unlearn(UnlearnRequest(forget), context())
-    fixes = result.details["abnormality_fixes"]
-    assert sum(fixes.values()) > 0 and result.details["estimated_updates"] > 0
-    assert 0 < fixes[2] < len(result.details["estimated_rounds"])  # fixed in some rounds only
+    fixes = result.details.abnormality_fixes
+    assert sum(fixes.values()) > 0 and result.details.estimated_updates > 0
+    assert 0 < fixes[2] < len(result.details.estimated_rounds)  # fixed in some rounds only
     # a fix pushes (v, g - g_bar): positive curvature; the wrong sign would be skipped here
-    assert result.details["guard_counts"]["nonpositive_curvature"] == 0
+    assert result.details.guard_counts["nonpositive_curvature"] == 0
     # exact rounds 1, 2, 3, 7, 11 precede the last estimated round 12; round 1's pair is
     # degenerate (paired skips it, paper_literal keeps the column); plus one pair per fix
     first = 1 if mode == "paired" else 0
-    assert result.details["pairs_pushed"] == {c: 5 - first + fixes[c] for c in (1, 2, 3, 4)}
+    assert result.details.pairs_pushed == {c: 5 - first + fixes[c] for c in (1, 2, 3, 4)}
     assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
 
 
@@ -257,11 +256,11 @@ def test_client_without_usable_pair_is_asked_for_an_exact_update(quadratic):
     details = result.details
     # round 1's pairs are degenerate (dw = 0), so round 2 has none: A3 asks all 4 clients once,
     # and their round-2 pairs let rounds 3..14 be estimated
-    assert details["no_pair_requests"] == {1: 1, 2: 1, 3: 1, 4: 1}
-    assert details["guard_counts"]["no_pairs"] == 4
-    assert details["guard_counts"]["degenerate_step"] == 4
-    assert details["pairs_pushed"] == {1: 1, 2: 1, 3: 1, 4: 1}
-    assert details["exact_updates_per_client"] == {1: 2, 2: 2, 3: 2, 4: 2}
+    assert details.no_pair_requests == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert details.guard_counts["no_pairs"] == 4
+    assert details.guard_counts["degenerate_step"] == 4
+    assert details.pairs_pushed == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert details.exact_updates_per_client == {1: 2, 2: 2, 3: 2, 4: 2}
     assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
 
 
@@ -274,14 +273,14 @@ def test_non_finite_estimates_and_exact_updates_are_handled(tmp_path):
         result = FedRecover({**params, "abnormality_fixing": False}).unlearn(
             UnlearnRequest(forget), context()
         )
-        assert result.details["abnormality_fixes"] == {1: 0, 2: 1, 3: 0, 4: 0}
+        assert result.details.abnormality_fixes == {1: 0, 2: 1, 3: 0, 4: 0}
         assert torch.allclose(result.params, retrain, rtol=0, atol=1e-10)
         # a NaN exact update (round 2, client 3) is screened out of the aggregate, as in training
         fed.nan_at = frozenset({(2, 3)})
         result = FedRecover(params).unlearn(UnlearnRequest(forget), context())
     finally:
         store.close()
-    rejected = result.details["rejected_updates"]
+    rejected = result.details.rejected_updates
     assert [(x["round"], x["client_id"]) for x in rejected] == [(2, 3)]
     assert "non-finite" in rejected[0]["reason"]
     assert bool(torch.isfinite(result.params).all())
@@ -296,15 +295,13 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
         store.write_round(RoundEntry(1, w0, w0, {0: w0}, records))  # client 1's update lost
         meter = CostMeter()
         context = Float64Context(
-            MeteredHistory(store, meter),
-            RemainingClients(fed, frozenset({0}), meter),
-            fedavg,
-            parse_config({}),
-            1,
-            w0,
-            w0,
-            None,
-            meter,
+            history=MeteredHistory(store, meter),
+            clients=RemainingClients(fed, frozenset({0}), meter),
+            aggregator=fedavg,
+            num_rounds=1,
+            initial_params=w0,
+            final_params=w0,
+            meter=meter,
         )
         with pytest.raises(UnsupportedHistoryError, match="round 1 client 1"):
             FedRecover().unlearn(UnlearnRequest.of([0]), context)
@@ -327,15 +324,15 @@ def test_schedule_and_costs_with_infinite_tau(session):
     per_client = 3 + 2 + (ROUNDS - 3 - 2) // 4
     remaining = [c for c in session.client_ids if c not in FORGET.forget]
     details, costs = result.details, result.costs
-    assert details["exact_rounds"] == exact and per_client == len(exact)
-    assert details["exact_updates_per_client"] == {c: per_client for c in remaining}
+    assert list(details.exact_rounds) == exact and per_client == len(exact)
+    assert details.exact_updates_per_client == {c: per_client for c in remaining}
     assert costs.client_participations == len(remaining) * per_client
     assert costs.client_epochs == len(remaining) * per_client * EPOCHS
     assert costs.estimated_updates == len(remaining) * (ROUNDS - per_client)
     assert costs.rounds == ROUNDS
-    assert sum(details["abnormality_fixes"].values()) == 0
-    assert sum(details["no_pair_requests"].values()) == 0
-    assert details["tau"] == math.inf
+    assert sum(details.abnormality_fixes.values()) == 0
+    assert sum(details.no_pair_requests.values()) == 0
+    assert details.tau == math.inf
 
 
 def test_schedule_is_clamped_for_short_runs():
@@ -387,8 +384,8 @@ def test_round_thresholds_leave_at_most_alpha_of_coordinates_above(session, reco
         assert int((coords > tau_r).sum()) <= alpha * coords.numel()
         assert int((coords >= tau_r).sum()) >= math.floor(alpha * coords.numel()) + 1
     # the method's own tau (default alpha = 1e-6: k = 1, the largest |coordinate|) is the max
-    default = recovered.details["tau_per_round"]
-    assert recovered.details["tau"] == max(default.values())
+    default = recovered.details.tau_per_round
+    assert recovered.details.tau == max(default.values())
     assert default[3] == float(
         torch.cat([session.store.read_update(3, c).abs() for c in remaining]).max()
     )
@@ -408,8 +405,8 @@ def test_streaming_kth_largest_matches_a_full_sort(k):
 
 def test_paired_and_paper_literal_buffers_agree_when_no_fix_fires(session, recovered):
     literal = session.run(make_method("fedrecover", {"buffer_mode": "paper_literal"}), FORGET)
-    assert sum(recovered.details["abnormality_fixes"].values()) == 0
-    assert sum(literal.details["abnormality_fixes"].values()) == 0
+    assert sum(recovered.details.abnormality_fixes.values()) == 0
+    assert sum(literal.details.abnormality_fixes.values()) == 0
     assert torch.equal(literal.params, recovered.params)
 
 
@@ -418,8 +415,8 @@ def test_abnormality_fixing_with_zero_tau_asks_every_client(session, retrained):
     # every estimate is abnormal, so every update is exact, with the round's seed: Retrain
     assert torch.equal(result.params, retrained.params)
     assert result.costs.estimated_updates == 0
-    estimated = len(result.details["estimated_rounds"])
-    assert set(result.details["abnormality_fixes"].values()) == {estimated} and estimated > 0
+    estimated = len(result.details.estimated_rounds)
+    assert set(result.details.abnormality_fixes.values()) == {estimated} and estimated > 0
 
 
 # ---- (7) history the method cannot use ----------------------------------------------------------
@@ -451,10 +448,10 @@ def test_same_inputs_give_bit_identical_results(session, recovered):
 
 def test_details_report_tau_guards_and_history_needs(session, recovered):
     details = recovered.details
-    assert 0 < details["tau"] < math.inf
-    assert details["exact_updates"] + details["estimated_updates"] == 4 * ROUNDS
+    assert 0 < details.tau < math.inf
+    assert details.exact_updates + details.estimated_updates == 4 * ROUNDS
     # round 1 starts from M_0 for both trajectories: its pairs are degenerate (guard a)
-    assert details["guard_counts"]["degenerate_step"] == 4
+    assert details.guard_counts["degenerate_step"] == 4
     method = make_method("fedrecover")
     context = session.context(FORGET)
     p = session.final_params.numel()

@@ -1,15 +1,18 @@
 """Centralised sample unlearning: Mini-Unlearning and its baselines on one recorded SGD run.
 
-Train with ``train_sgd`` (a ``TrainingRecord``), then call ``get_method(name).unlearn(objective,
-record, forget)``. Methods: ``mini_unlearning``, ``deltagrad``, ``certified_removal``,
-``amnesiac``, and the reference rows ``original``, ``replay`` and ``retrain``.
+Train with ``train_sgd`` (a ``TrainingRecord``), then call
+``make_method(name, params).unlearn(objective, record, forget)``. Methods: ``mini_unlearning``,
+``deltagrad``, ``certified_removal``, ``amnesiac``, and the reference rows ``original``,
+``replay`` and ``retrain``.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios" (Mini-Unlearning) and the baselines it compares with (baselines spec §3-5).
-Deviations: listed per module ([FIX]/[REC] tags).
+Ratios" (Mini-Unlearning), §4, and the baselines it compares with in §5.1 (DeltaGrad, Certified
+Data Removal, Amnesiac Unlearning, retraining).
+Deviations: tagged per module; argued in docs/methods/mini_unlearning.md (MU) and
+docs/methods/central_baselines.md (DG, CR, AM, RF).
 """
 
-from fedunlearn.central import amnesiac, certified_removal, deltagrad, mini_unlearning, retrain
+from fedunlearn.central import methods
 from fedunlearn.central.base import CentralResult, CentralUnlearner, Outcome
 from fedunlearn.central.hvp import ExactOracle, ExplicitOracle, HessianOracle, LBFGSOracle
 from fedunlearn.central.objectives import (
@@ -28,7 +31,13 @@ from fedunlearn.central.recursion import (
     unroll_horner,
     unroll_terms,
 )
-from fedunlearn.central.registry import METHODS, available_methods, get_method, register
+from fedunlearn.central.registry import (
+    METHODS,
+    available_methods,
+    get_method,
+    make_method,
+    register,
+)
 from fedunlearn.central.trainer import (
     SGDSpec,
     TrainingRecord,
@@ -39,7 +48,7 @@ from fedunlearn.central.trainer import (
     train_sgd,
 )
 
-del amnesiac, certified_removal, deltagrad, mini_unlearning, retrain
+del methods
 
 __all__ = [
     "METHODS",
@@ -63,6 +72,7 @@ __all__ = [
     "forget_mask",
     "fresh_retrain",
     "get_method",
+    "make_method",
     "register",
     "replay_retrain",
     "sample_batches",

@@ -7,14 +7,16 @@ nobody returns the method's original model unchanged. Methods needing history th
 raise ``UnsupportedHistoryError`` before any work.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", §5 (the methods compared). Deviations: none; the shape follows ``unlearn.base``
-(STYLE §3) for centralised sample removal.
+Ratios", §5.1 (the methods compared). Deviations: none; the shape follows ``unlearn.base`` (a
+frozen hyper-parameter model, the same checks before any work) for centralised sample removal.
+Design notes: docs/methods/central_baselines.md.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -76,8 +78,7 @@ class CentralUnlearner(ABC):
     """Base class; subclasses set ``name`` and ``params_type`` and implement ``_unlearn``.
 
     Args:
-        params: Hyper-parameters; built from ``overrides`` if None.
-        **overrides: Field values of ``params_type``.
+        params: Hyper-parameters: a ``params_type`` instance or a dict of its fields.
 
     Raises:
         ConfigError: on an unknown or out-of-range hyper-parameter.
@@ -86,9 +87,13 @@ class CentralUnlearner(ABC):
     name: ClassVar[str] = ""
     params_type: ClassVar[type[BaseModel]] = NoParams
 
-    def __init__(self, params: BaseModel | None = None, **overrides: Any) -> None:
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
         try:
-            self.params: Any = params if params is not None else self.params_type(**overrides)
+            self.params: Any = (
+                params
+                if isinstance(params, self.params_type)
+                else self.params_type.model_validate(dict(params or {}))
+            )
         except ValidationError as err:
             raise ConfigError(
                 f"invalid parameters for central method '{self.name}': {err}"

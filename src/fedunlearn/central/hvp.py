@@ -1,7 +1,7 @@
 """Hessian-vector oracles ``H(l) v = v - eta/(B - dB) Hbar(l) v`` behind one interface.
 
 ``Hbar(l) = sum_{j in R_l} hess F_j(w_{l-1})`` is the *sum* over the retained samples of batch l
-(spec §3.4). Three oracles:
+(Eq. 8). Three oracles:
 
 - ``ExactOracle``: the objective's own HVP (closed form for the linear objectives, double
   backprop for ``AutogradObjective``); the default.
@@ -12,15 +12,17 @@
 - ``ExplicitOracle``: the p x p matrix ``H(l)`` rebuilt from the action of another oracle on the
   standard basis (paper §4.2), cached per step.
 
-Every oracle also has ``matrix(view)``, the explicit H(l), used by the parallel Algorithm C.
+Every oracle also has ``matrix(view)``, the explicit H(l), used by the parallel Algorithm 3
+(engine ``explicit``, indices fixed: MU3).
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", Eq. 8, §4.2 (basis matrices, Eq. 11), Appendix B / Alg. 4 (L-BFGS, m = 2).
-Deviations:
-    [FIX] Alg. 4's sigma, ``L D L^T`` and block signs are wrong; the compact form of Byrd et al.
-    (shared ``linalg.lbfgs``) is used (spec §3.4c, A7).
-    [REC] Same-sample secants with a curvature guard and exact fallback (spec §3.4c); the paper's
-    cross-batch pairs stay available for verification V5.
+Ratios", Eq. 8, §4.2 (basis matrices, Eq. 11), Appendix B / Algorithm 4 (L-BFGS, m = 2).
+Deviations (docs/methods/mini_unlearning.md):
+    MU5 [FIX] Algorithm 4's sigma, ``L D L^T`` and block signs are wrong; the compact form of
+    Byrd et al. (shared ``linalg.lbfgs``) is used.
+    MU6 same-sample secants with a curvature guard and exact fallback; the paper's cross-batch
+    pairs stay available for verification V5.
+    MU10 the exact HVP is the default.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class ExactOracle(HessianOracle):
 
 
 class LBFGSOracle(HessianOracle):
-    """Compact-BFGS ``Hbar v`` from m secant pairs of stored iterates (spec §3.4c).
+    """Compact-BFGS ``Hbar v`` from m secant pairs of stored iterates (Deviations MU5, MU6).
 
     Args:
         objective: Per-sample objective (gradients for the secants, exact fallback).
@@ -151,7 +153,7 @@ class LBFGSOracle(HessianOracle):
 
 
 class ExplicitOracle(HessianOracle):
-    """``H(l) v`` as an explicit matrix product; matrices built once from a base oracle (§4.2).
+    """``H(l) v`` from an explicit matrix built once per step from a base oracle (paper §4.2).
 
     Args:
         base: The oracle whose action on the standard basis defines ``H(l)``.

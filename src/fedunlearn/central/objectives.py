@@ -1,24 +1,24 @@
 """Per-sample L2-regularised objectives: sums of gradients and Hessian-vector products.
 
 Every centralised method works on an objective whose per-sample term already carries the
-regulariser, ``F_j(w) = loss(w; x_j, y_j) + (lam/2) ||w||^2`` (Mini-Unlearning spec §1.2), and asks
+regulariser, ``F_j(w) = loss(w; x_j, y_j) + (lam/2) ||w||^2`` (Deviation MU11), and asks
 for *sums* over index sets: ``grad_sum(w, idx) = sum_{j in idx} grad F_j(w)`` and
 ``hvp_sum(w, idx, v) = sum_{j in idx} hess F_j(w) v``. Parameters are one float64 vector in the
 order of ``torch.nn.Linear`` (weight ``C x d`` row-major, then bias ``C``), so a vector plugs into
 ``models.LogisticRegression`` with ``set_flat_params``.
 
-- ``SoftmaxRegression``: multinomial logistic regression, closed-form gradients and HVPs
-  (spec §3.4a).
-- ``RidgeRegression``: squared loss (constant Hessian), the quadratic of verification V1.
+- ``SoftmaxRegression``: multinomial logistic regression, closed-form gradients and HVPs.
+- ``RidgeRegression``: squared loss (constant Hessian), the quadratic of verification V1
+  (docs/methods/mini_unlearning.md).
 - ``AutogradObjective``: any torch model, gradients by autograd and exact HVPs by double
   backprop; the generic path, checked against the closed forms in the tests.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", §3 (per-sample objective F_j; L2-regularised logistic regression, lam = 0.005).
-Deviations:
-    [REC] The regulariser sits in every per-sample term and covers the bias too (spec A11), so it
-    cancels in G(l) and shows in H(l) as ``-eta lam I``; no optimiser weight decay.
-    [REC] Binary tasks (HIGGS) use two-class softmax; the L2 term keeps it strongly convex.
+Ratios", §3 (per-sample objective F_j), §5.1 (L2-regularised logistic regression, lam = 0.005).
+Deviations (docs/methods/mini_unlearning.md):
+    MU11 The regulariser sits in every per-sample term and covers the bias too, so it cancels in
+    G(l) and shows in H(l) as ``-eta lam I``; no optimiser weight decay.
+    MU14 Binary tasks (HIGGS) use two-class softmax; the L2 term keeps it strongly convex.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class _Linear:
 
 
 class SoftmaxRegression(_Linear):
-    """Multinomial logistic regression with per-sample L2, closed form (spec §3.4a).
+    """Multinomial logistic regression with per-sample L2, closed-form gradients and HVPs.
 
     Args:
         x: Inputs ``(N, d)`` (flattened; cast to float64).

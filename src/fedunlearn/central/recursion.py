@@ -2,23 +2,32 @@
 
 - ``correction``: ``G(l)`` of Eq. 7 with the sign fix and the special cases ``dB = 0`` and
   ``dB = B``;
-- ``unroll_horner``: ``D <- 0; for l = T-k+1..T: D <- G(l) + H(l) D`` (Algorithm B, k HVPs);
+- ``unroll_horner``: ``D <- 0; for l = T-k+1..T: D <- G(l) + H(l) D`` (Eq. 10 in Horner form,
+  k HVPs);
 - ``unroll_explicit``: builds each ``H(l)`` as a p x p matrix from its action on the standard
-  basis in a process pool, then sums Eq. 10 with explicit products (Algorithm C, Eq. 11);
+  basis in a process pool, then sums Eq. 10 with explicit products (Algorithm 3 with fixed
+  indices, Eq. 11);
 - ``unroll_terms``: the matrix-free Eq. 10: term j is ``H(T)..H(T-j+2) G(T-j+1)``, each computed
   independently (O(k^2) HVPs);
 - ``spectral_norm`` and ``contraction_diagnostics``: ``||H(l)||_2`` by power iteration and the
   truncation bound of Theorem 1 (verification V8).
 
+Listings B (Horner) and C (Algorithm 3, fixed) and the verification experiments V1-V10 are in
+docs/methods/mini_unlearning.md.
+
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", Eq. 6-11, Theorem 1, Alg. 3.
-Deviations:
-    [FIX] The forgotten-sample term of G enters with ``+`` (Eq. 7); the printed Eq. 6 / Eq. 13 has
-    ``-``. ``sign=-1`` reproduces the printed variant for the regression test only.
-    [FIX] ``dB = 0`` gives ``G = 0`` but ``H != I``; ``dB = B`` gives ``G = w_{l-1} - w_l`` and
-    ``H = I``.
-    [FIX] Alg. 3's indices: Eq. 10 uses G(T-k+1..T) and H(T-k+2..T) at ``w_{T-k}..w_{T-1}``.
-    [FIX] Theorem 1's bound is ``O(r^k ||dw_{T-k}||)`` with ``r = max ||H(l)||_2``, not o(r^k).
+Ratios", §4.1 (Eq. 6-10, Theorem 1), §4.2 (Algorithm 3, Eq. 11).
+Deviations (docs/methods/mini_unlearning.md):
+    MU1 [FIX] The forgotten-sample term of G enters with ``+`` (Eq. 7); the printed Eq. 6 and
+    Appendix A's Eq. 13 have ``-``. ``sign=-1`` reproduces the printed variant for the
+    regression test only.
+    MU2 [FIX] ``dB = 0`` gives ``G = 0`` but ``H != I``; ``dB = B`` gives ``G = w_{l-1} - w_l``
+    and ``H = I``.
+    MU3 [FIX] Algorithm 3's indices: Eq. 10 uses G(T-k+1..T) and H(T-k+2..T) at
+    ``w_{T-k}..w_{T-1}``.
+    MU4 [FIX] Algorithm 1 is not implemented verbatim; its intent, Eq. 10, is (three engines).
+    MU7 [FIX] Theorem 1's bound is ``O(r^k ||dw_{T-k}||)`` with ``r = max ||H(l)||_2``, not
+    o(r^k).
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ def correction(
     shortcut: bool = True,
     sign: int = 1,
 ) -> torch.Tensor:
-    """Return ``G(l)`` (Eq. 7, corrected sign; spec §3.3).
+    """Return ``G(l)`` (Eq. 7, corrected sign: Deviations MU1, MU2).
 
     ``G = (eta/B) [ -(dB/(B-dB)) sum_{R} grad F_j + sign * sum_{Bbar} grad F_j ]`` at ``w_{l-1}``.
 
@@ -73,7 +82,7 @@ def correction(
         forgotten: ``Bbar_l = B_l cap D_U``.
         lr: eta.
         batch_grad: ``sum_{B_l} grad F_j(w_{l-1})`` if already known (paper mode).
-        shortcut: Obtain the batch-gradient sum as ``(B/eta)(w_{l-1} - w_l)`` (spec §1.3).
+        shortcut: Obtain the batch-gradient sum as ``(B/eta)(w_{l-1} - w_l)`` (Eq. 3; MU13).
         sign: ``+1`` (Eq. 7, correct) or ``-1`` (the printed Eq. 6; regression tests only).
     """
     size, removed = len(batch), len(forgotten)
@@ -155,7 +164,7 @@ def unroll_horner(
     shortcut: bool = True,
     sign: int = 1,
 ) -> torch.Tensor:
-    """Return ``dw_T`` by Horner over the window (Algorithm B): k HVPs.
+    """Return ``dw_T`` by Horner over the window (Eq. 10; Listing B): k HVPs.
 
     Args:
         objective: Per-sample objective.
@@ -215,7 +224,7 @@ def unroll_explicit(
     shortcut: bool = True,
     sign: int = 1,
 ) -> torch.Tensor:
-    """Return ``dw_T`` from explicit ``H(l)`` matrices built in parallel (Algorithm C, Eq. 10-11).
+    """Return ``dw_T`` from explicit ``H(l)`` matrices built in parallel (Algorithm 3, Eq. 10-11).
 
     Each ``H(l) = sum_q (H(l) e_q) e_q^T`` is built from p HVPs in a worker process (standard
     basis); then ``D = G(T); P = I; for j = 2..k: P <- P H(T-j+2); D += P G(T-j+1)``.
@@ -267,7 +276,7 @@ def spectral_norm(
 def contraction_diagnostics(
     views: Sequence[StepView], oracle: HessianOracle, *, iters: int = 100
 ) -> dict[str, Any]:
-    """Return ``||H(l)||_2`` per step (power iteration) and ``r = max_l ||H(l)||_2`` (V8)."""
+    """Return ``||H(l)||_2`` per step (power iteration) and ``r = max_l ||H(l)||_2`` (Theorem 1)."""
     dim = len(views[0].w_prev)
     norms = [spectral_norm(lambda v, s=s: oracle.apply(s, v), dim, iters=iters) for s in views]
     return {"steps": [v.step for v in views], "norms": norms, "r": max(norms)}

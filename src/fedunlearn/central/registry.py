@@ -1,29 +1,29 @@
-"""Centralised methods by name: ``register``, ``get_method``, ``available_methods``.
+"""Centralised methods by name: ``register``, ``get_method``, ``make_method``, ``available_*``.
 
-Paper: none (plumbing). Deviations: none.
+The same ``fedunlearn.registry.Registry`` type and functions as ``fedunlearn.unlearn.registry``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from fedunlearn.central.base import CentralUnlearner
 from fedunlearn.errors import UnknownMethodError
+from fedunlearn.registry import Registry
 
-__all__ = ["METHODS", "available_methods", "get_method", "register"]
+__all__ = ["METHODS", "available_methods", "get_method", "make_method", "register"]
 
-METHODS: dict[str, type[CentralUnlearner]] = {}
+METHODS: Registry[type[CentralUnlearner]] = Registry("central method", UnknownMethodError)
+T = TypeVar("T", bound=type[CentralUnlearner])
 
 
-def register(name: str) -> Callable[[type[CentralUnlearner]], type[CentralUnlearner]]:
-    """Register a ``CentralUnlearner`` subclass under ``name`` (one word, as its module)."""
+def register(name: str) -> Callable[[T], T]:
+    """Class decorator: register a ``CentralUnlearner`` under ``name`` (one word, as its module)."""
 
-    def decorate(cls: type[CentralUnlearner]) -> type[CentralUnlearner]:
-        if name in METHODS:
-            raise ValueError(f"central method '{name}' is already registered")
+    def decorate(cls: T) -> T:
+        METHODS.add(name, cls)
         cls.name = name
-        METHODS[name] = cls
         return cls
 
     return decorate
@@ -31,18 +31,23 @@ def register(name: str) -> Callable[[type[CentralUnlearner]], type[CentralUnlear
 
 def available_methods() -> list[str]:
     """Return the registered names, sorted."""
-    return sorted(METHODS)
+    return METHODS.names()
 
 
-def get_method(name: str, **params: Any) -> CentralUnlearner:
-    """Build the method ``name`` with the given hyper-parameters.
+def get_method(name: str) -> type[CentralUnlearner]:
+    """Return the class registered as ``name``.
 
     Raises:
         UnknownMethodError: if ``name`` is not registered.
-        ConfigError: on invalid hyper-parameters.
     """
-    if name not in METHODS:
-        raise UnknownMethodError(
-            f"unknown central method '{name}'; available: {', '.join(available_methods())}"
-        )
-    return METHODS[name](**params)
+    return METHODS.get(name)
+
+
+def make_method(name: str, params: Mapping[str, Any] | None = None) -> CentralUnlearner:
+    """Build the method ``name`` with hyperparameters ``params``.
+
+    Raises:
+        UnknownMethodError: if ``name`` is not registered.
+        ConfigError: on invalid hyperparameters.
+    """
+    return get_method(name)(dict(params or {}))

@@ -1,6 +1,6 @@
 """Plain mini-batch SGD with a recorder, and the replay / fresh retraining references.
 
-``train_sgd`` runs ``w_l = w_{l-1} - (eta/B) sum_{j in B_l} grad F_j(w_{l-1})`` (spec Eq. 3) for
+``train_sgd`` runs ``w_l = w_{l-1} - (eta/B) sum_{j in B_l} grad F_j(w_{l-1})`` (Eq. 3) for
 ``T = passes * floor(N/B)`` steps (random reshuffling per pass, drop_last) and returns a
 ``TrainingRecord``: the batch index list of every step (ints), the pre-step iterates of the last
 ``keep_last`` steps (``None`` keeps all: the full-trajectory cache of DeltaGrad and Amnesiac),
@@ -8,16 +8,19 @@ optionally every batch-gradient sum (DeltaGrad), and in *paper mode* (forget set
 training) the corrections ``G(l)`` of the last ``paper_window`` steps. Steps are 1-based; iterate
 0 is ``w_0``.
 
-``replay_retrain`` re-runs the same batches with the forgotten samples dropped (spec Eq. 2), the
+``replay_retrain`` re-runs the same batches with the forgotten samples dropped (Eq. 2), the
 reference of every distance; ``fresh_retrain`` trains anew on ``D_R`` with fresh batches.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", Alg. 2 (init training with recording), Eq. 2-3.
-Deviations:
-    [REC] Post-hoc mode is the default: the recorder keeps full batch index lists and the last
-    ``k (+ m)`` iterates and G is computed at request time (spec §1.5); paper mode stores G.
-    [FIX] A step whose whole batch is forgotten is a no-op in replay retraining (spec Eq. 2).
-    [REC] w_0 = 0, random reshuffling per pass with drop_last, float64 throughout (spec §3.1, A10).
+Ratios", Algorithm 2 (init training with recording), Eq. 2-3, §5.1 ("Traditional Retraining").
+Deviations (docs/methods/mini_unlearning.md, docs/methods/central_baselines.md):
+    MU9 Post-hoc mode is the default: the recorder keeps full batch index lists and the last
+    ``k (+ m)`` iterates and G is computed at request time; paper mode stores G.
+    MU12 w_0 = 0, random reshuffling per pass with drop_last, float64 throughout.
+    RF2 both retrainings: replay (same batches) for distances, fresh (new batches) for accuracy.
+    RF3 [FIX] A step whose whole batch is forgotten is a no-op in replay retraining (Eq. 2
+    divides by B - dB).
+    RF4 fresh retraining draws its batches with sampler seed ``seed + 1``.
 """
 
 from __future__ import annotations
@@ -174,7 +177,7 @@ def train_sgd(
     paper_forget: torch.Tensor | None = None,
     paper_window: int = 0,
 ) -> TrainingRecord:
-    """Train with plain SGD and record (spec Alg. A / paper Alg. 2).
+    """Train with plain SGD and record (Algorithm 2 with Deviations MU9, MU12).
 
     Args:
         objective: Per-sample objective (L2 included).
@@ -212,7 +215,7 @@ def train_sgd(
             grads[step - 1] = grad
         w_next = w - (spec.lr / len(batch)) * grad  # Eq. 3
         if mask is not None and step > num_steps - paper_window:
-            # Paper mode (Alg. 2 lines 8-10): G(l) from g_l and the forgotten-sample gradients.
+            # Paper mode (Algorithm 2 lines 8-13): G(l) from g_l and the forgotten gradients.
             corrections[step] = correction(
                 objective, w, w_next, batch, batch[mask[batch]], spec.lr, batch_grad=grad
             )
@@ -239,7 +242,7 @@ def replay_retrain(
     w0: torch.Tensor | None = None,
     keep_steps: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Replay the recorded batches without ``D_U`` (spec Eq. 2): the reference ``w*_T``.
+    """Replay the recorded batches without ``D_U`` (Eq. 2): the reference ``w*_T``.
 
     Args:
         objective: The training objective.
@@ -262,7 +265,7 @@ def replay_retrain(
     for step in range(1, record.num_steps + 1):
         batch = record.batch(step)
         retained = batch[~mask[batch]]
-        if len(retained):  # [FIX] an emptied batch is a no-op
+        if len(retained):  # RF3 [FIX]: an emptied batch is a no-op
             w = w - (record.spec.lr / len(retained)) * objective.grad_sum(w, retained)
         if step in wanted:
             kept[step] = w.clone()
@@ -272,7 +275,7 @@ def replay_retrain(
 def fresh_retrain(
     objective: Objective, spec: SGDSpec, forget: torch.Tensor, *, seed: int | None = None
 ) -> TrainingRecord:
-    """Train from ``w_0 = 0`` on ``D_R`` with fresh batches and the same passes (spec §4.1).
+    """Train from ``w_0 = 0`` on ``D_R`` with fresh batches and the same passes (RF2, RF4).
 
     Args:
         objective: The training objective.

@@ -16,18 +16,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from fedunlearn.central import available_methods
+from fedunlearn.cli.common import cli_errors, ensure_writable_output
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.report.central import (
-    CentralExperiment,
-    default_methods,
-    run_central,
-    write_central,
-)
 
 __all__ = ["central_command"]
 
-console = Console()
 err_console = Console(stderr=True)
 
 
@@ -38,6 +31,7 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
         raise ConfigError(f"--{what} must be comma-separated numbers; got {text!r}") from None
 
 
+@cli_errors
 def central_command(
     dataset: Annotated[
         str, typer.Option(help="comma-separated: mnist, digits, covtype_like, ...")
@@ -60,6 +54,11 @@ def central_command(
     as_json: Annotated[bool, typer.Option("--json", help="print results.json to stdout")] = False,
 ) -> None:
     """Compare Mini-Unlearning, DeltaGrad, Certified Removal and Amnesiac against retraining."""
+    from fedunlearn.central import available_methods
+    from fedunlearn.experiments.central import CentralExperiment, default_methods, run_central
+    from fedunlearn.report.central import write_central
+
+    ensure_writable_output(out, "directory")
     try:
         rows = default_methods()
         if methods != "all":
@@ -85,14 +84,13 @@ def central_command(
         with err_console.status("running", spinner="dots") as status:
             doc = run_central(cfg, progress=lambda msg: status.update(msg))
         paths = write_central(doc, out)
-    except FedUnlearnError as err:
-        err_console.print(f"[bold red]error:[/] {type(err).__name__}: {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:  # pydantic validation of the options
-        err_console.print(f"[bold red]error:[/] invalid option: {err}")
-        raise typer.Exit(2) from None
+    except FedUnlearnError:
+        raise
+    except ValueError as err:  # pydantic validation of the options, a malformed --seeds
+        raise ConfigError(f"invalid option: {err}") from None
     if as_json:
         typer.echo(json.dumps(doc, default=str))
         return
-    console.print(paths["md"].read_text())
-    console.print(f"Results in {out}/ (results.json, results.csv, tables.md, plots)")
+    # plain text: rich would wrap the Markdown tables at 80 columns when piped
+    typer.echo(paths["md"].read_text())
+    typer.echo(f"Results in {out}/ (results.json, results.csv, tables.md, plots)")

@@ -1,7 +1,11 @@
-"""The ``fedunlearn`` command: train, info, methods, unlearn, compare, demo.
+"""The ``fedunlearn`` command: train, info, verify, forget, methods, unlearn, compare, demo.
 
 Commands only parse arguments, call library functions and print; the library never imports this.
-Errors of the library (``FedUnlearnError``) end the command with exit code 2 and one clear message.
+Every user-facing failure is one line on stderr naming the path or field and what to do, with
+exit code 2 (``cli.common.cli_errors``; ``fedunlearn --debug <command>`` shows the traceback).
+Outputs are checked writable before any work (``cli.common.ensure_writable_output``). torch, the
+methods and the reports are imported inside the commands that use them, so ``fedunlearn --help``
+and ``--version`` answer without loading them.
 """
 
 from __future__ import annotations
@@ -9,27 +13,27 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
-from functools import wraps
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
-import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from fedunlearn.cli.central import central_command
-from fedunlearn.cli.starfish import register as register_starfish
-from fedunlearn.config import RunConfig, load_config, parse_config
-from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.fl.records import RoundRecord
-from fedunlearn.report import compare_methods, plot_results, unlearn_one, write_results
-from fedunlearn.report.tables import table_rows
-from fedunlearn.runs import load_run_config, run_info, train_run
-from fedunlearn.unlearn import available_methods, get_method
+from fedunlearn import __version__
+from fedunlearn.cli.common import (
+    cli_errors,
+    ensure_writable_output,
+    fail,
+    install_warning_format,
+    parse_client_ids,
+    parse_forget,
+)
+from fedunlearn.errors import ConfigError, UnknownMethodError
+
+if TYPE_CHECKING:
+    from fedunlearn.config import RunConfig
+    from fedunlearn.fl.records import RoundRecord
 
 app = typer.Typer(
     help="Federated unlearning and recovery from poisoning.",
@@ -37,10 +41,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = Console(soft_wrap=True)  # piped output: no line breaks at 80 columns
 err_console = Console(stderr=True)
 
-F = TypeVar("F", bound=Callable[..., Any])
+# Every command is wrapped by it (the name other modules of this package decorate with).
+_friendly_errors = cli_errors
 
 DEMO_CONFIG: dict[str, Any] = {
     "seed": 0,
@@ -52,58 +57,132 @@ DEMO_CONFIG: dict[str, Any] = {
 }
 
 
-def _friendly_errors(func: F) -> F:
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except FedUnlearnError as err:
-            err_console.print(f"[bold red]error:[/] {type(err).__name__}: {err}")
-            raise typer.Exit(2) from None
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"fedunlearn {__version__}")
+        raise typer.Exit()
 
-    return wrapper  # type: ignore[return-value]
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_show_version, help="print the version and exit"
+        ),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="on an error, show the full traceback")
+    ] = False,
+) -> None:
+    """Federated unlearning and recovery from poisoning."""
+
+
+# ----- printing --------------------------------------------------------------------------------
+
+
+def _print_table(title: str, header: list[str] | None, rows: list[list[str]]) -> None:
+    """Print a table: boxed on a terminal, Markdown (never wrapped) when piped.
+
+    ``header`` None makes a two-column key-value table.
+    """
+    if console.is_terminal:
+        from rich.table import Table
+
+        table = Table(title=title, show_header=header is not None)
+        for i, col in enumerate(header or ["", ""]):
+            table.add_column(col, justify="right" if header and i else "left")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    cols = header or ["field", "value"]
+    lines = [title, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    print("\n".join(lines))
 
 
 class _ProgressObserver:
-    def __init__(self, progress: Progress, task: Any) -> None:
-        self.progress, self.task = progress, task
+    """Round observer drawing a progress bar on stderr, started at the first finished round.
+
+    Starting late keeps setup errors (config, data, an occupied --out) free of a stray bar.
+    """
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self.progress: Any = None
+        self.task: Any = None
 
     def on_round_end(self, record: RoundRecord) -> None:
+        if self.quiet:
+            return
+        if self.progress is None:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("round"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=err_console,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=self.total, status="")
         m = record.metrics
         text = f"acc {m.get('test_accuracy', float('nan')):.3f}"
         if "backdoor_asr" in m:
             text += f"  asr {m['backdoor_asr']:.3f}"
         self.progress.update(self.task, completed=record.round, status=text)
 
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
-def _train(config: RunConfig, out: Path, resume: bool, quiet: bool) -> dict[str, Any]:
-    columns = (
-        TextColumn("round"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-    )
-    with Progress(*columns, console=err_console, disable=quiet) as progress:
-        task = progress.add_task("train", total=config.training.rounds, status="")
-        return train_run(config, out, resume=resume, observers=[_ProgressObserver(progress, task)])
+
+def _train(
+    config: RunConfig, out: Path, resume: bool, quiet: bool, repair: bool = False
+) -> dict[str, Any]:
+    from fedunlearn.runs import train_run
+
+    progress = _ProgressObserver(config.training.rounds, quiet)
+    try:
+        return train_run(config, out, resume=resume, repair=repair, observers=[progress])
+    finally:
+        progress.close()
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
-    table = Table(title=f"run {out}", show_header=False)
-    for key, value in summary["final_metrics"].items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
-    table.add_row("malicious clients", ", ".join(map(str, summary["malicious_clients"])) or "-")
-    table.add_row("stored bytes", f"{summary['stored_bytes']:,}")
+    rows = [
+        [key, f"{value:.4f}" if isinstance(value, float) else str(value)]
+        for key, value in summary["final_metrics"].items()
+    ]
+    rows.append(["malicious clients", ", ".join(map(str, summary["malicious_clients"])) or "-"])
+    rows.append(["stored bytes", f"{summary['stored_bytes']:,}"])
     if summary.get("privacy"):
         p = summary["privacy"]
-        table.add_row(
-            "privacy",
-            f"{p['dp_scope']}: total eps {p['total_epsilon']:.3f} at delta {p['delta']:g}",
+        rows.append(
+            [
+                "privacy",
+                f"{p['dp_scope']}: total eps {p['total_epsilon']:.3f} at delta {p['delta']:g}",
+            ]
         )
-    table.add_row("wall seconds", f"{summary['wall_seconds']:.1f}")
-    table.add_row("executor", summary["executor"])
-    console.print(table)
+    if summary.get("repaired"):
+        rows.append(
+            ["repaired", f"retrained from round {summary['repaired']['dropped_from_round']}"]
+        )
+    rows.append(["wall seconds", f"{summary['wall_seconds']:.1f}"])
+    rows.append(["executor", summary["executor"]])
+    _print_table(f"run {out}", None, rows)
+
+
+# ----- train, info, verify, forget ------------------------------------------------------------
 
 
 @app.command()
@@ -112,12 +191,27 @@ def train(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="YAML run config")],
     out: Annotated[Path, typer.Option("--out", help="run directory to write")],
     seed: Annotated[int | None, typer.Option(help="override the config's seed")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="override data.data_dir (where dataset files are)")
+    ] = None,
     resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
+    repair: Annotated[
+        bool,
+        typer.Option(help="with --resume: drop the first damaged round and later, retrain them"),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
     """Train a federation with history recording into a run directory."""
-    config = load_config(config_path, {"seed": seed} if seed is not None else None)
-    summary = _train(config, out, resume, quiet=as_json)
+    from fedunlearn.config import load_config
+
+    overrides: dict[str, Any] = {}
+    if seed is not None:
+        overrides["seed"] = seed
+    if data_dir is not None:
+        overrides["data.data_dir"] = str(data_dir)
+    config = load_config(config_path, overrides or None)
+    ensure_writable_output(out, "directory")
+    summary = _train(config, out, resume, quiet=as_json, repair=repair)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -127,77 +221,192 @@ def train(
 @app.command()
 @_friendly_errors
 def info(
-    run_dir: Annotated[Path, typer.Argument(help="run directory")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
     as_json: Annotated[bool, typer.Option("--json", help="print everything as JSON")] = False,
 ) -> None:
-    """Show what a run stored: rounds, bytes, attack, malicious clients, metrics."""
+    """Show what a run stored (rounds, bytes, clients, metrics) and check it; exit 1 if damaged."""
+    from fedunlearn.runs import run_info
+
     data = run_info(run_dir)
     if as_json:
         print(json.dumps(data, indent=2))
-        return
-    table = Table(title=f"run {run_dir}", show_header=False)
-    for key in (
-        "dataset",
-        "model",
-        "num_params",
-        "num_clients",
-        "history_policy",
-        "attack",
-        "malicious_clients",
-    ):
-        table.add_row(key, str(data[key]))
-    table.add_row("rounds", f"{data['rounds_completed']} of {data['rounds_planned']}")
-    table.add_row("stored bytes", f"{data['stored_bytes']:,} ({data['file_bytes']:,} on disk)")
+    else:
+        _print_info(data, run_dir)
+    if data["problems"]:
+        raise typer.Exit(1)
+
+
+def _print_info(data: dict[str, Any], run_dir: Path) -> None:
+    rows = [
+        [key, str(data[key])]
+        for key in (
+            "dataset",
+            "model",
+            "num_params",
+            "num_clients",
+            "history_policy",
+            "attack",
+            "malicious_clients",
+        )
+    ]
+    rows.append(["rounds", f"{data['rounds_completed']} of {data['rounds_planned']}"])
+    rows.append(["forgotten clients", ", ".join(map(str, data["forgotten_clients"])) or "-"])
+    rows.append(["stored bytes", f"{data['stored_bytes']:,} ({data['file_bytes']:,} on disk)"])
     for kind, size in data["stored_bytes_by_kind"].items():
-        table.add_row(f"  {kind}", f"{size:,}")
+        rows.append([f"  {kind}", f"{size:,}"])
     privacy = data.get("privacy") or {}
     if privacy.get("enabled") and privacy.get("rounds"):
         totals = privacy["totals"][str(privacy["sens_factor"])] or {}
-        table.add_row(
-            "privacy",
-            f"DP {privacy['dp_scope']}, {privacy['noise_mode']} noise, "
-            f"S = {privacy['clip_norm']:.4g} ({privacy['clip_norm_source']}), "
-            f"delta = {privacy['delta']:g}",
+        rows.append(
+            [
+                "privacy",
+                f"DP {privacy['dp_scope']}, {privacy['noise_mode']} noise, "
+                f"S = {privacy['clip_norm']:.4g} ({privacy['clip_norm_source']}), "
+                f"delta = {privacy['delta']:g}",
+            ]
         )
         eps = [r["epsilon"] for r in privacy["rounds"]]
-        table.add_row("  eps_t per round", ", ".join(f"{e:.3g}" for e in eps))
-        table.add_row(
-            "  noise multiplier",
-            f"{privacy['noise_multiplier_min']:.4g} .. {privacy['noise_multiplier_max']:.4g} "
-            f"(std / S); noise-to-signal median {privacy['noise_to_signal_median']:.3g}",
+        rows.append(["  eps_t per round", ", ".join(f"{e:.3g}" for e in eps)])
+        rows.append(
+            [
+                "  noise multiplier",
+                f"{privacy['noise_multiplier_min']:.4g} .. {privacy['noise_multiplier_max']:.4g} "
+                f"(std / S); noise-to-signal median {privacy['noise_to_signal_median']:.3g}",
+            ]
         )
-        table.add_row(
-            f"  total eps (delta {privacy['delta']:g})",
-            f"PLD {totals.get('pld_epsilon', 0):.3f}, RDP {totals.get('rdp_epsilon', 0):.3f}, "
-            f"zCDP {totals.get('zcdp_epsilon', 0):.3f}, basic {totals.get('basic_epsilon', 0):.3f}",
+        rows.append(
+            [
+                f"  total eps (delta {privacy['delta']:g})",
+                f"PLD {totals.get('pld_epsilon', 0):.3f}, RDP {totals.get('rdp_epsilon', 0):.3f}, "
+                f"zCDP {totals.get('zcdp_epsilon', 0):.3f}, "
+                f"basic {totals.get('basic_epsilon', 0):.3f}",
+            ]
         )
-    console.print(table)
+    check = data["check"]
+    how = "every payload" if check["full"] else "models and catalog; 'fedunlearn verify' reads all"
+    state = "ok" if not data["problems"] else f"{len(data['problems'])} problem(s)"
+    rows.append(["check", f"{state} ({check['payloads_checked']} payloads read: {how})"])
+    _print_table(f"run {run_dir}", None, rows)
     if data["metrics"]:
         last = data["metrics"][-1]
         console.print(
-            "last round: " + ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k != "round")
+            "last round: "
+            + ", ".join(
+                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in last.items()
+                if k != "round"
+            ),
+            soft_wrap=True,
         )
+    for problem in data["problems"]:
+        sys.stderr.write(f"problem: {problem}\n")
 
 
-def _parse_forget(value: str, run_dir: Path) -> tuple[list[int], str]:
-    """Parse ``--forget``: ``3,7`` or ``malicious`` (the run's attackers: a recovery request)."""
-    if value.strip() == "malicious":
-        malicious = run_info(run_dir)["malicious_clients"]
-        if not malicious:
-            raise ConfigError(f"--forget malicious: {run_dir} has no malicious clients")
-        return list(malicious), "recover"
-    try:
-        ids = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"--forget takes comma-separated client ids or 'malicious'; got {value!r}"
-        ) from None
-    if not ids:
-        raise ConfigError("--forget is empty: name at least one client id (e.g. --forget 3,7)")
-    return ids, "forget"
+@app.command()
+@_friendly_errors
+def verify(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    quick: Annotated[
+        bool, typer.Option(help="check the catalog and models only, not every update")
+    ] = False,
+    restore_config: Annotated[
+        bool, typer.Option(help="first rewrite config.yaml from the store's copy")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Check every payload's checksum and the run's consistency; exit 1 if anything is wrong."""
+    from fedunlearn.runs import check_run
+    from fedunlearn.runs import restore_config as restore
+
+    if restore_config:
+        err_console.print(f"rewrote {restore(run_dir)} from the store's copy")
+    result = check_run(run_dir, full=not quick)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    elif result["ok"]:
+        store = result["store"]
+        console.print(
+            f"ok: {store['payloads_checked']} payloads ({store['bytes_checked']:,} bytes) "
+            f"{'checked' if result['full'] else 'checked (quick: models only)'}; config.yaml "
+            "matches the store"
+        )
+    else:
+        first = result["first_bad_round"]
+        for problem in result["problems"]:
+            sys.stderr.write(f"problem: {problem}\n")
+        if first is not None:
+            sys.stderr.write(
+                f"first bad round: {first}. Retrain from round {max(first - 1, 0)} with: "
+                f"fedunlearn train {run_dir}/config.yaml --out {run_dir} --resume --repair\n"
+            )
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+@_friendly_errors
+def forget(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    clients: Annotated[str, typer.Option(help="client ids to erase, e.g. 3,7")],
+    vacuum: Annotated[
+        str, typer.Option(help="'incremental' (default) or 'full' (rewrite the whole file)")
+    ] = "incremental",
+    as_json: Annotated[bool, typer.Option("--json", help="print the record as JSON")] = False,
+) -> None:
+    """Erase clients' stored updates from a run's history; print the deletion record.
+
+    The global models keep the clients' influence: remove it with 'fedunlearn unlearn'.
+    """
+    from fedunlearn.history.store import HistoryStore
+    from fedunlearn.runs import HISTORY_DIR, forget_clients
+
+    if vacuum not in ("incremental", "full"):
+        raise ConfigError(f"--vacuum must be 'incremental' or 'full'; got {vacuum!r}")
+    ids = parse_client_ids(clients)
+    record = forget_clients(run_dir, ids, vacuum=vacuum)  # type: ignore[arg-type]
+    with HistoryStore.open(run_dir / HISTORY_DIR) as store:
+        check = store.check_deletions(ids)
+    if as_json:
+        print(json.dumps({"record": record.to_dict(), "check": check.to_dict()}, indent=2))
+    else:
+        rounds: dict[int, list[int]] = {}
+        for p in record.payloads:
+            rounds.setdefault(p.client_id, []).append(p.round)
+        for cid in record.client_ids:
+            got = rounds.get(cid, [])
+            console.print(
+                f"client {cid}: {len(got)} stored update(s) deleted"
+                + (f" (rounds {got[0]}..{got[-1]})" if got else " (none left to delete)")
+            )
+        when = datetime.fromtimestamp(record.forgotten_at, tz=UTC).isoformat(timespec="seconds")
+        console.print(
+            f"deleted {record.size_bytes:,} payload bytes; the files shrank by "
+            f"{record.bytes_reclaimed:,} bytes ({record.vacuum} vacuum); record #{record.id} "
+            f"at {when}"
+        )
+        console.print(
+            f"check: {check.unreadable}/{check.payloads_checked} deleted payloads unreadable, "
+            f"{check.fingerprints_found} of {check.fingerprints_checked} page fingerprints found "
+            f"(scan calibrated on {check.control_found}/{check.control_checked} live pages)"
+            + (
+                f"; {check.not_scanned} payload(s) fitted inside a b-tree page: zeroed in "
+                "place, not scannable"
+                if check.not_scanned
+                else ""
+            )
+        )
+    if not check.ok:
+        for problem in check.problems:
+            sys.stderr.write(f"problem: {problem}\n")
+        raise typer.Exit(1)
+
+
+# ----- methods, unlearn, compare, demo --------------------------------------------------------
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:
+    import yaml
+
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -208,30 +417,29 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def _print_results(doc: dict[str, Any]) -> None:
+    from fedunlearn.report.tables import table_rows
+
     header, rows = table_rows(doc, compact=True)
-    table = Table(title=f"{doc['request']['kind']} clients {doc['request']['forget']}")
-    for col in header:
-        table.add_column(col, justify="left" if col == "method" else "right")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    _print_table(f"{doc['request']['kind']} clients {doc['request']['forget']}", list(header), rows)
 
 
 @app.command()
 @_friendly_errors
 def methods() -> None:
     """List the registered unlearning methods and their hyperparameters."""
-    table = Table(title="unlearning methods")
-    table.add_column("method")
-    table.add_column("history policies")
-    table.add_column("parameters (default)")
+    from fedunlearn.unlearn import available_methods, get_method
+
+    rows = []
     for name in available_methods():
         cls = get_method(name)
-        fields = cls.params_type.model_fields
+        fields = dict(cls.params_type.model_fields)
+        execution = getattr(cls, "execution_type", None)  # e.g. Starfish's backend options
+        if execution is not None:
+            fields.update(execution.model_fields)
         params = ", ".join(f"{k}={v.default!r}" for k, v in fields.items()) or "-"
         policies = ", ".join(sorted(cls.required_policies)) if cls.required_policies else "any"
-        table.add_row(name, policies, params)
-    console.print(table)
+        rows.append([name, policies, params])
+    _print_table("unlearning methods", ["method", "history policies", "parameters (default)"], rows)
 
 
 @app.command()
@@ -245,13 +453,21 @@ def unlearn(
     save_model: Annotated[Path | None, typer.Option(help="also save the flat model (.pt)")] = None,
 ) -> None:
     """Remove clients from a trained run with one method; write the result JSON."""
-    ids, kind = _parse_forget(forget, run_dir)
+    ensure_writable_output(out, "file")
+    if save_model is not None:
+        ensure_writable_output(save_model, "file", "--save-model")
+    ids, kind = parse_forget(forget, run_dir)
+    from fedunlearn.experiments import unlearn_one
+
     result, summary = unlearn_one(
         run_dir, ids, method, params=_parse_params(param or []), kind=kind
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     if save_model is not None:
+        import torch
+
+        save_model.parent.mkdir(parents=True, exist_ok=True)
         torch.save(result.params, save_model)
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f}, "
@@ -274,8 +490,12 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print results.json")] = False,
 ) -> None:
     """Run several methods on a run and write results.json/csv/md and PNG plots."""
-    ids, kind = _parse_forget(forget, run_dir)
-    doc = _compare(run_dir, ids, kind, methods_, params_file, seed, quiet=as_json)
+    ensure_writable_output(out, "directory")
+    params = _read_params_file(params_file)
+    ids, kind = parse_forget(forget, run_dir)
+    doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json)
+    from fedunlearn.report import plot_results, write_results
+
     write_results(doc, out)
     plot_results(doc, out)
     if as_json:
@@ -285,16 +505,42 @@ def compare(
         console.print(f"wrote {out}/results.json, results.csv, results.md and plots")
 
 
+def _read_params_file(path: Path | None) -> dict[str, Any]:
+    """Read ``--params-file``: ``{method: {param: value}}``, every method registered."""
+    if path is None:
+        return {}
+    from fedunlearn.config import read_yaml
+    from fedunlearn.unlearn import available_methods
+
+    params = read_yaml(path, "--params-file") or {}
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        raise ConfigError(
+            f"--params-file {path} must map method names to parameter mappings, e.g. "
+            "'federaser: {calibration_ratio: 0.5}'"
+        )
+    unknown = sorted(set(params) - set(available_methods()))
+    if unknown:
+        raise UnknownMethodError(
+            f"--params-file {path} names unknown method(s) {', '.join(map(str, unknown))}; "
+            f"available: {', '.join(available_methods())}"
+        )
+    return params
+
+
 def _compare(
     run_dir: Path,
     ids: list[int],
     kind: str,
     methods_: str,
-    params_file: Path | None,
+    params: dict[str, Any],
     seed: int,
     *,
     quiet: bool,
 ) -> dict[str, Any]:
+    from fedunlearn.experiments import compare_methods
+    from fedunlearn.runs import load_run_config
+    from fedunlearn.unlearn import available_methods, get_method
+
     names = [m.strip() for m in methods_.split(",")]
     if methods_ == "all":  # every method the run's history supports (e.g. fedadp on a fedadp run)
         policy = load_run_config(run_dir).history.policy
@@ -304,11 +550,6 @@ def _compare(
             if get_method(n).required_policies is None
             or policy in (get_method(n).required_policies or ())
         ]
-    params: dict[str, Any] = {}
-    if params_file is not None:
-        params = yaml.safe_load(params_file.read_text()) or {}
-        if not isinstance(params, dict):
-            raise ConfigError(f"{params_file} must map method names to parameter mappings")
     with err_console.status("unlearning", spinner="dots") as status:
 
         def tell(name: str) -> None:
@@ -327,18 +568,24 @@ def demo(
     rounds: Annotated[int | None, typer.Option(help="override the number of rounds")] = None,
 ) -> None:
     """Train on digits with backdoored clients, then compare every unlearning method."""
+    from fedunlearn.config import parse_config
+    from fedunlearn.report import plot_results, write_results
+    from fedunlearn.runs import holds_run
+
     cfg = dict(DEMO_CONFIG)
     if rounds is not None:
         cfg["training"] = {**cfg["training"], "rounds": rounds}
     config = parse_config(cfg, "the built-in demo config")
-    resume = (out / "history").exists()
+    ensure_writable_output(out, "directory")
+    resume = holds_run(out)
     if resume:
-        err_console.print(f"{out} holds an earlier demo run; continuing it (delete it to restart)")
+        _check_earlier_demo(out, config)
+        err_console.print(f"{out} holds an earlier demo run with this config; continuing it")
     summary = _train(config, out, resume, quiet=False)
     _print_summary(summary, out)
     ids = summary["malicious_clients"]
     console.print(f"Removing the backdoored clients {ids} with every registered method ...")
-    doc = _compare(out, ids, "recover", "all", None, 0, quiet=False)
+    doc = _compare(out, ids, "recover", "all", {}, 0, quiet=False)
     results = out / "comparison"
     write_results(doc, results)
     plot_results(doc, results)
@@ -346,13 +593,35 @@ def demo(
     console.print(f"Tables and plots in {results}/ ; inspect the run with: fedunlearn info {out}")
 
 
-app.command(name="central")(central_command)
-register_starfish(app)
+def _check_earlier_demo(out: Path, config: RunConfig) -> None:
+    """Refuse to continue a run in ``out`` that is not this demo."""
+    from fedunlearn.config import dump_config
+    from fedunlearn.runs import load_run_config
+    from fedunlearn.runs.rundir import config_differences
+
+    earlier = load_run_config(out)
+    if dump_config(earlier) != dump_config(config):
+        fail(
+            f"--out {out} holds another run ({config_differences(config, earlier)}; demo vs "
+            f"that run); choose another --out, or remove {out} to start the demo afresh"
+        )
+
+
+def _register_subcommands() -> None:
+    from fedunlearn.cli.central import central_command
+    from fedunlearn.cli.starfish import register as register_starfish
+
+    app.command(name="central")(central_command)
+    register_starfish(app)
+
+
+_register_subcommands()
 
 
 def main() -> None:  # pragma: no cover - console entry point
     """Run the CLI."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    install_warning_format()
     app(prog_name="fedunlearn")
 
 

@@ -1,4 +1,4 @@
-"""``fedunlearn starfish-*``: Starfish's two 2PC servers and the dealer as separate processes.
+"""``fedunlearn starfish-*``: Starfish's two 2PC servers, the dealer and the clients as processes.
 
 - ``starfish-share RUN``: Stage I shares of a recorded run into ``RUN/starfish/server0|1``.
 - ``starfish-dealer``: the trusted dealer (``mpc.DealerServer``: seeds to party 0, seeds and
@@ -10,72 +10,47 @@
 - ``starfish-local RUN --forget 3 --out result.json``: the four processes on 127.0.0.1 with
   ephemeral ports, bounded waits, the result of both servers checked and collected.
 
-A server that loses its peer, the dealer or the clients ends with ``PeerDisconnectedError`` and
-exit code 2; its share store is only read, so the request can simply be run again.
+Each command parses its options and calls one library function of
+``fedunlearn.unlearn.starfish.deploy`` (``shares.ensure_shares``, ``remote.serve_dealer``,
+``remote.serve_clients``, ``remote.run_server``, ``launcher.run_local``). A server that loses
+its peer, the dealer or the clients ends with ``PeerDisconnectedError`` and exit code 2; its
+share store is only read, so the request can simply be run again. User guide:
+docs/starfish.md.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III, Alg. 4; Starfish spec §2.1, §4, §12 item 2.
+Sec. III-A, Alg. 4.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Sequence
-from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
-import yaml
 from rich.console import Console
 
-from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryError
-from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import HISTORY_DIR, load_run_config
-from fedunlearn.unlearn import make_method
-from fedunlearn.unlearn.starfish import Starfish
-from fedunlearn.unlearn.starfish_remote import Tls, run_server, serve_clients, serve_dealer
-from fedunlearn.unlearn.starfish_shares import share_history, share_store_dir
+from fedunlearn.cli.common import cli_errors, parse_forget
+from fedunlearn.errors import ConfigError
 
-__all__ = ["LocalRunError", "launch", "register", "run_local", "spawn"]
+if TYPE_CHECKING:  # imported where used: the CLI lists its commands without loading torch
+    from fedunlearn.unlearn.starfish.deploy.remote import Tls
+    from fedunlearn.unlearn.starfish.unlearner import Starfish
+
+__all__ = ["register", "starfish_method"]
 
 console = Console()
 err_console = Console(stderr=True)
-HOST = "127.0.0.1"
 
 
-class LocalRunError(FedUnlearnError, RuntimeError):
-    """A process of a local Starfish run failed or did not finish in time."""
+_cli_errors = cli_errors
 
 
-def _cli_errors(func: Any) -> Any:
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except FedUnlearnError as err:
-            err_console.print(f"[bold red]error:[/] {type(err).__name__}: {err}", soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"--forget takes comma-separated client ids; got {text!r}") from None
-    if not ids:
-        raise ConfigError("--forget is empty: name at least one client id (e.g. --forget 3)")
-    return ids
+def _ids(text: str, run_dir: Path) -> list[int]:
+    """Parse ``--forget`` as ``fedunlearn unlearn`` does: ``3,7`` or ``malicious``."""
+    return parse_forget(text, run_dir)[0]
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -85,7 +60,13 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _method(params: Sequence[str]) -> Starfish:
+def starfish_method(params: Sequence[str]) -> Starfish:
+    """Return the ``starfish`` method of ``--param key=value`` items (YAML values), on 2PC."""
+    import yaml
+
+    from fedunlearn.unlearn import make_method
+    from fedunlearn.unlearn.starfish.unlearner import Starfish
+
     values: dict[str, Any] = {}
     for item in params:
         key, sep, value = item.partition("=")
@@ -99,35 +80,10 @@ def _method(params: Sequence[str]) -> Starfish:
 
 
 def _server_logging() -> None:
+    import torch
+
     torch.set_num_threads(1)
-    logging.getLogger("fedunlearn.unlearn.starfish").setLevel(logging.INFO)
-
-
-def ensure_shares(run_dir: Path, method: Starfish, force: bool = False) -> bool:
-    """Create ``RUN/starfish/server0|1`` from the run's history unless present; return if made."""
-    dirs = [share_store_dir(run_dir, k) for k in (0, 1)]
-    present = [(d / "history.sqlite").exists() for d in dirs]
-    if all(present) and not force:
-        return False
-    if any(present) and not force:
-        raise HistoryError(
-            f"only one of {dirs[0]} and {dirs[1]} holds a share store; re-share with --force"
-        )
-    for d in dirs:
-        for suffix in ("", "-wal", "-shm"):
-            (d / f"history.sqlite{suffix}").unlink(missing_ok=True)
-    p = method.params
-    config = load_run_config(run_dir)
-    with HistoryStore.open(run_dir / HISTORY_DIR) as history:
-        share_history(
-            history,
-            dirs,
-            lr=config.training.lr,
-            frac_bits=p.frac_bits,
-            tolerance_rate=p.tolerance_rate,
-            units=p.units,
-        )
-    return True
+    logging.getLogger("fedunlearn.unlearn.starfish.unlearner").setLevel(logging.INFO)
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -147,13 +103,9 @@ def _tls(ca: Path | None, cert: Path | None, key: Path | None) -> Tls | None:
         return None
     if not all(given):
         raise ConfigError("TLS needs all of --tls-ca, --tls-cert and --tls-key (or none)")
+    from fedunlearn.unlearn.starfish.deploy.remote import Tls
+
     return Tls(ca, cert, key)  # type: ignore[arg-type]
-
-
-def _tls_args(tls: Tls | None) -> list[str]:
-    if tls is None:
-        return []
-    return [f"--tls-ca={tls.ca}", f"--tls-cert={tls.cert}", f"--tls-key={tls.key}"]
 
 
 ListenFd = Annotated[
@@ -168,7 +120,10 @@ def share_command(
     force: Annotated[bool, typer.Option(help="replace existing share stores")] = False,
 ) -> None:
     """Secret-share a run's Stage I history into RUN/starfish/server0 and server1."""
-    made = ensure_shares(run_dir, _method(param or []), force)
+    from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_store_dir
+
+
+    made = ensure_shares(run_dir, starfish_method(param or []), force)
     where = f"{share_store_dir(run_dir, 0)} and {share_store_dir(run_dir, 1)}"
     console.print(("wrote " if made else "kept existing ") + where)
 
@@ -187,6 +142,9 @@ def dealer_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Serve the two Starfish servers as the trusted dealer (seeds and corrections only)."""
+    from fedunlearn.unlearn.starfish.deploy.remote import serve_dealer
+
+
     served = serve_dealer(
         port=port,
         port_file=port_file,
@@ -212,11 +170,14 @@ def clients_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Serve the two Starfish servers as the simulated remaining clients."""
+    from fedunlearn.unlearn.starfish.deploy.remote import serve_clients
+
+
     _server_logging()
     summary = serve_clients(
         run_dir,
-        _ids(forget),
-        method=_method(param or []),
+        _ids(forget, run_dir),
+        method=starfish_method(param or []),
         port=port,
         port_file=port_file,
         listen_fd=listen_fd,
@@ -244,14 +205,17 @@ def server_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Run one Starfish 2PC server on its share store."""
+    from fedunlearn.unlearn.starfish.deploy.remote import run_server
+
+
     if party not in (0, 1):
         raise ConfigError(f"--party must be 0 or 1; got {party}")
     _server_logging()
     result = run_server(
         party,
         run,
-        _ids(forget),
-        method=_method(param or []),
+        _ids(forget, run),
+        method=starfish_method(param or []),
         peer=_address(peer),
         dealer=_address(dealer),
         clients=_address(clients),
@@ -263,193 +227,6 @@ def server_command(
     if out is not None:
         out.write_text(json.dumps(result))
     err_console.print(f"server {party} done: {len(result['details']['selected_rounds'])} rounds")
-
-
-def spawn(args: Sequence[str], log_file: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
-    """Start ``fedunlearn <args>`` as a child process, stderr and stdout to ``log_file``.
-
-    The child runs ``python -m fedunlearn.cli.starfish`` (only the starfish commands, so it
-    imports less than the full CLI); ``pass_fds`` are inherited (listening sockets).
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    with log_file.open("wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fedunlearn.cli.starfish", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            pass_fds=tuple(pass_fds),
-        )
-
-
-def listening_socket() -> socket.socket:
-    """Return an inheritable listening socket on 127.0.0.1 with an ephemeral port."""
-    sock = socket.create_server((HOST, 0))
-    sock.set_inheritable(True)
-    return sock
-
-
-def launch(
-    run_dir: Path,
-    forget: Sequence[int],
-    extra: Sequence[str],
-    outs: tuple[Path, Path],
-    logs: Path,
-    dealer_idle_seconds: float = 3600.0,
-) -> list[subprocess.Popen]:
-    """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
-
-    The launcher binds the dealer's, server 0's and the clients' listening sockets itself and
-    hands them to the children, so nobody waits for anybody to publish a port.
-
-    Args:
-        run_dir: The run (with its share stores).
-        forget: Target client ids.
-        extra: Options for every child (``--timeout``, TLS); ``--param`` ones go to the
-            servers and the clients only.
-        outs: Result files of server 0 and server 1.
-        logs: Directory of the children's logs (``dealer.log``, ``server0.log``, ...).
-        dealer_idle_seconds: How long the dealer waits for the servers between requests.
-
-    Returns:
-        The four processes (dealer, server 0, server 1, clients); the caller must kill them.
-    """
-    ids = ",".join(map(str, forget))
-    dealer_sock, peer_sock, clients_sock = (listening_socket() for _ in range(3))
-    dealer_port, peer_port, clients_port = (
-        sock.getsockname()[1] for sock in (dealer_sock, peer_sock, clients_sock)
-    )
-    dealer_extra = [arg for arg in extra if not arg.startswith("--param")]
-    dealer_extra.append(f"--idle-timeout={dealer_idle_seconds}")
-    children: list[subprocess.Popen] = []
-    try:
-        common = [
-            f"--run={run_dir}",
-            f"--forget={ids}",
-            f"--dealer={HOST}:{dealer_port}",
-            f"--clients={HOST}:{clients_port}",
-        ]
-        children.append(
-            spawn(
-                ["starfish-dealer", f"--listen-fd={dealer_sock.fileno()}", *dealer_extra],
-                logs / "dealer.log",
-                [dealer_sock.fileno()],
-            )
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=0",
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--listen-fd={peer_sock.fileno()}",
-                    f"--out={outs[0]}",
-                    *extra,
-                ],
-                logs / "server0.log",
-                [peer_sock.fileno()],
-            )  # fmt: skip
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-server",
-                    "--party=1",
-                    *common,
-                    f"--peer={HOST}:{peer_port}",
-                    f"--out={outs[1]}",
-                    *extra,
-                ],
-                logs / "server1.log",
-            )  # fmt: skip
-        )
-        children.append(
-            spawn(
-                [
-                    "starfish-clients",
-                    str(run_dir),
-                    f"--forget={ids}",
-                    f"--listen-fd={clients_sock.fileno()}",
-                    *extra,
-                ],
-                logs / "clients.log",
-                [clients_sock.fileno()],
-            )  # fmt: skip
-        )
-    except BaseException:
-        for child in children:
-            child.kill()
-        raise
-    finally:
-        for sock in (dealer_sock, peer_sock, clients_sock):
-            sock.close()
-    return children
-
-
-def _tail(log_file: Path, lines: int = 3) -> str:
-    text = log_file.read_text(errors="replace").strip().splitlines() if log_file.exists() else []
-    return " | ".join(text[-lines:])
-
-
-def run_local(
-    run_dir: Path,
-    forget: Sequence[int],
-    params: Sequence[str] = (),
-    timeout_seconds: float = 120.0,
-    deadline_seconds: float = 900.0,
-    log_dir: Path | None = None,
-    tls: Tls | None = None,
-) -> dict[str, Any]:
-    """Run dealer, both servers and the clients as processes on 127.0.0.1; return party 0's result.
-
-    Raises:
-        LocalRunError: A process failed (its last log lines are in the message) or the run did
-            not finish within ``deadline_seconds``; every child is killed on the way out.
-    """
-    method = _method(params)
-    ensure_shares(run_dir, method)
-    extra = [f"--param={p}" for p in params] + [f"--timeout={timeout_seconds}", *_tls_args(tls)]
-    with tempfile.TemporaryDirectory(prefix="starfish-local-") as tmp_name:
-        tmp = Path(tmp_name)
-        logs = log_dir or tmp
-        children: list[subprocess.Popen] = []
-        try:
-            outs = (tmp / "server0.json", tmp / "server1.json")
-            children = launch(run_dir, forget, extra, outs, logs, deadline_seconds)
-            names = ("dealer", "server0", "server1", "clients")
-            end = time.monotonic() + deadline_seconds
-            while any(child.poll() is None for child in children):
-                if any(child.poll() not in (None, 0) for child in children):
-                    break  # one failed: stop the others now instead of waiting for timeouts
-                if time.monotonic() > end:
-                    raise LocalRunError(
-                        f"the run did not finish within {deadline_seconds:g} s; all stopped"
-                    )
-                time.sleep(0.05)
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait(timeout=10)
-            failed = [
-                f"{name} exit {child.returncode}: {_tail(logs / f'{name}.log')}"
-                for name, child in zip(names, children, strict=True)
-                if child.returncode != 0
-            ]
-            if failed:
-                raise LocalRunError("; ".join(failed))
-            results = [json.loads((tmp / f"server{k}.json").read_text()) for k in (0, 1)]
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait(timeout=10)
-    if results[0]["params"] != results[1]["params"]:
-        raise LocalRunError("the two servers opened different unlearned models")
-    result = results[0]
-    result["models_agree"] = True
-    result["party1_mpc_costs"] = results[1]["details"].get("mpc_costs", {})
-    return result
 
 
 @_cli_errors
@@ -465,8 +242,16 @@ def local_command(
     tls_key: TlsKey = None,
 ) -> None:
     """Run dealer, both servers and the clients as local processes (127.0.0.1, ephemeral ports)."""
-    tls = _tls(tls_ca, tls_cert, tls_key)
-    result = run_local(run_dir, _ids(forget), param or [], timeout, deadline, tls=tls)
+    from fedunlearn.unlearn.starfish.deploy.launcher import run_local
+
+    result = run_local(
+        run_dir,
+        _ids(forget, run_dir),
+        starfish_method(param or []),
+        timeout_seconds=timeout,
+        deadline_seconds=deadline,
+        tls=_tls(tls_ca, tls_cert, tls_key),
+    )
     out.write_text(json.dumps(result))
     details = result["details"]
     console.print(

@@ -35,7 +35,6 @@ class ClientTrainer(Protocol):
 
     seed: int
     num_params: int
-    malicious: frozenset[int]
 
     @property
     def client_ids(self) -> tuple[int, ...]:
@@ -124,7 +123,6 @@ def run_round(
         aggregate=aggregate,
         updates=tuple(accepted),
         rejected=tuple(rejected),
-        malicious=federation.malicious,
         metrics=metrics,
     )
 

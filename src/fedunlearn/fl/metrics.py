@@ -15,6 +15,10 @@ from torch.nn import functional as F  # noqa: N812
 from fedunlearn.fl.attacks import Trigger
 from fedunlearn.models.flat import set_flat_params
 
+# Round metric: the n_c-weighted mean of the clients' losses on their own data (computed by the
+# server in ``fedunlearn.runs``; FedADP's budget schedule and stage selection read it).
+CLIENTS_LOSS_KEY = "clients_loss"
+
 
 @torch.no_grad()
 def predict_logits(

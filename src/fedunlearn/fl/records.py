@@ -62,7 +62,6 @@ class RoundRecord:
     aggregate: torch.Tensor
     updates: tuple[ClientUpdate, ...]
     rejected: tuple[RejectedUpdate, ...] = ()
-    malicious: frozenset[int] = frozenset()
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -30,7 +30,3 @@ def torch_generator(seed: int) -> torch.Generator:
     g.manual_seed(seed)
     return g
 
-
-def numpy_rng(seed: int) -> np.random.Generator:
-    """Return a numpy ``Generator`` seeded with ``seed``."""
-    return np.random.default_rng(seed)

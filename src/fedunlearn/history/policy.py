@@ -1,13 +1,19 @@
-"""Recording policies (what the server keeps of each round) and the recorder that applies them.
+"""Recording policies (what the server keeps of each round), their registry, and the recorder.
 
 The global model of every round (and the round's aggregate) is always kept: it is 1/C of a
 round's uploads, every method and ``train --resume`` need it. Policies choose which *client
-updates* are stored:
+updates* are stored. Built in:
 
 - ``all``: every accepted update (FedRecover, Cao et al. S&P'23 §4);
 - ``every``: every update of rounds 1, 1+k, 1+2k, ... (FedEraser's Δt, Liu et al. IWQoS'21 §3);
-- ``none``: no client updates (enough for Retrain and the no-unlearning control);
-- ``crab``: Crab's window selection (:mod:`fedunlearn.history.crab`), a *deferred* policy.
+- ``none``: no client updates (enough for Retrain and the no-unlearning control).
+
+A method package adds its own (Crab's window selection in ``fedunlearn.unlearn.crab``, FedADP's
+dual-layer selection in ``fedunlearn.unlearn.fedadp``) by registering a ``PolicySpec`` in
+``POLICIES``: its name (the YAML ``history.policy``), the pydantic model of its options (validated
+from the YAML section ``history.<name>``) and a builder that gets the run's ``HistoryConfig`` and a
+``PolicyEnv`` (the model, a reference-set provider, the last round). ``fedunlearn.runs`` builds
+every policy through this registry and knows none by name.
 
 A per-round policy (``RecordingPolicy``) decides when the round ends. A deferred policy
 (``DeferredPolicy``) buffers rounds and decides later: ``select`` returns, for each finished
@@ -19,14 +25,18 @@ from (rounds after it are dropped and re-run, bit-identically).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+from pydantic import BaseModel
+from torch import nn
 
-from fedunlearn.errors import UnknownNameError
-from fedunlearn.fl.records import RoundRecord, UpdateStatus
+from fedunlearn.errors import UnknownPolicyError
+from fedunlearn.fl.records import ClientData, RoundRecord, UpdateStatus
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.registry import Registry
 
 
 class RecordingPolicy(Protocol):
@@ -92,20 +102,65 @@ class RecordNone:
         return frozenset()
 
 
-def make_policy(name: str, every: int = 5) -> RecordingPolicy:
-    """Return the recording policy called ``name``."""
-    if name == "all":
-        return RecordAll()
-    if name == "every":
-        return RecordEvery(every)
-    if name == "none":
-        return RecordNone()
-    if name == "crab":
-        raise UnknownNameError(
-            "history policy 'crab' needs the run's model and reference set; build it with "
-            "fedunlearn.runs.make_recording_policy(config, setup)"
-        )
-    raise UnknownNameError(f"unknown history policy '{name}'; available: all, every, none, crab")
+if TYPE_CHECKING:
+    from fedunlearn.config import HistoryConfig
+
+
+@dataclass(frozen=True)
+class PolicyEnv:
+    """What a recording policy may ask of the run it records (built by ``fedunlearn.runs``).
+
+    Attributes:
+        model: The run's architecture (evaluate flat parameter vectors with it; do not train it).
+        final_round: T, the run's last round (a deferred policy flushes there).
+        seed: The run's seed.
+        reference_set: ``size -> ClientData``: a seeded clean subsample of the clients' training
+            data (their data before any poisoning), the same for the same size and seed.
+        store_transform: ``(round, client_id, delta) -> delta`` applied to the copies a policy
+            stores, or None (FedADP's ``dp_scope: store_only`` stores noised copies).
+    """
+
+    model: nn.Module
+    final_round: int
+    seed: int
+    reference_set: Callable[[int], ClientData]
+    store_transform: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered recording policy.
+
+    Attributes:
+        name: The YAML ``history.policy`` value.
+        build: ``(history_config, env) -> policy``.
+        options_type: Pydantic model of the YAML section ``history.<name>``, or None.
+        clients_loss_samples: For a policy that reads the round metric ``clients_loss`` (the
+            clients' mean loss on their own data), ``options -> samples per client``; else None.
+    """
+
+    name: str
+    build: Callable[[HistoryConfig, PolicyEnv], RecordingPolicy | DeferredPolicy]
+    options_type: type[BaseModel] | None = None
+    clients_loss_samples: Callable[[BaseModel], int] | None = None
+
+
+POLICIES: Registry[PolicySpec] = Registry("history policy", UnknownPolicyError, plugins=True)
+
+
+def register_policy(spec: PolicySpec) -> PolicySpec:
+    """Register a recording policy (a method package calls this on import)."""
+    return POLICIES.add(spec.name, spec)
+
+
+def build_policy(history: HistoryConfig, env: PolicyEnv) -> RecordingPolicy | DeferredPolicy:
+    """Return the recording policy ``history.policy`` configured for one run."""
+    return POLICIES.get(history.policy).build(history, env)
+
+
+register_policy(PolicySpec("all", lambda history, env: RecordAll()))
+register_policy(PolicySpec("every", lambda history, env: RecordEvery(history.every)))
+register_policy(PolicySpec("none", lambda history, env: RecordNone()))
 
 
 class HistoryRecorder:

@@ -1,4 +1,4 @@
-"""Compact L-BFGS Hessian-vector products from secant pairs, with guards (baselines spec §0.4).
+"""Compact L-BFGS Hessian-vector products from secant pairs, with guards.
 
 FedRecover and DeltaGrad estimate ``H v`` (an integrated Hessian, or the Jacobian of a local
 update map, times the drift ``v`` between a new and an old trajectory) from *secant pairs*
@@ -26,16 +26,17 @@ memory methods", Math. Programming 63 (1994), Thm. 2.3 (compact BFGS form); used
 DeltaGrad (Wu et al., ICML 2020; authors' ``cal_approx_hessian_vec_prod0_3``) and FedRecover
 (Cao et al., IEEE S&P 2023).
 
-Deviations:
-    [REC] Guards (spec §0.4): (a) a pair with ``||s|| <= 1e-12 (1 + ||w||)`` is skipped (round 0 of
-    a recovery, or nothing removed); (b) a pair with ``s^T y <= 1e-10 ||s|| ||y||`` is skipped
+Deviations (tags of docs/methods/baselines.md, "Shared: compact L-BFGS"):
+    LB1 guards: (a) a pair with ``||s|| <= 1e-12 (1 + ||w||)`` is skipped (the first round
+    of a recovery, or nothing removed); (b) a pair with ``s^T y <= 1e-10 ||s|| ||y||`` is skipped
     (curvature not positive); (c) if ``M`` is singular, non-finite or ``cond(M) > 1e12`` the oldest
     pair is dropped and the setup retried; (d) no usable pair raises ``NoCurvaturePairsError`` so
     the caller falls back to exact work. ``GuardCounts`` records how often each fires.
-    [REC] ``SecantBuffer`` screens pairs on entry, so a skipped pair never takes a slot: the buffer
+    LB2 sigma uses the newest pair, as in the DeltaGrad authors' code (inferred: FedRecover's
+    own L-BFGS listing was not read).
+    LB3 ``SecantBuffer`` screens pairs on entry, so a skipped pair never takes a slot: the buffer
     holds the newest ``capacity`` *usable* pairs. Guard (c) is applied per setup and does not
     remove the pair from the buffer (a newer pair may make the set well conditioned again).
-    [I] sigma uses the newest pair (spec §1.9 A2), as in the DeltaGrad code.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ __all__ = [
     "pair_problem",
 ]
 
-# Guard thresholds of spec §0.4.
+# Guard thresholds of Deviation LB1.
 DEGENERATE_STEP_RTOL = 1e-12  # (a) ||s|| <= 1e-12 (1 + ||w||)
 CURVATURE_RTOL = 1e-10  # (b) s^T y <= 1e-10 ||s|| ||y||
 MAX_CONDITION = 1e12  # (c) cond(M) above this drops the oldest pair
@@ -72,7 +73,7 @@ class NoCurvaturePairsError(FedUnlearnError, ArithmeticError):
 
 @dataclass
 class GuardCounts:
-    """How often each guard of spec §0.4 fired.
+    """How often each guard of Deviation LB1 fired.
 
     Attributes:
         degenerate_step: Pairs skipped because ``s`` was (numerically) zero (guard a).
@@ -146,7 +147,7 @@ class CompactBFGS:
             raise NoCurvaturePairsError("no secant pair to build the L-BFGS matrix from")
         newest_s = pairs[-1][0].to(torch.float64)
         newest_y = pairs[-1][1].to(torch.float64)
-        # Step 5 (§0.4): B_0 = sigma I with sigma = y_k^T s_k / s_k^T s_k (newest pair).
+        # LB2: B_0 = sigma I with sigma = y_k^T s_k / s_k^T s_k (newest pair).
         self.sigma = float(newest_y @ newest_s) / float(newest_s @ newest_s)
         full_s = torch.stack([s.to(torch.float64) for s, _ in pairs])  # k x p, float64
         full_y = torch.stack([y.to(torch.float64) for _, y in pairs])
@@ -197,17 +198,17 @@ class CompactBFGS:
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """Return ``B v`` in ``v``'s dtype (float64 small solve, O(k p) work)."""
-        if not bool(v.any()):  # step 0: B 0 = 0
+        if not bool(v.any()):  # B 0 = 0, even with no pair
             return torch.zeros_like(v)
         k = len(self.pairs)
-        # Step 7: q = [Y^T v; sigma S^T v], accumulated in float64.
+        # q = [Y^T v; sigma S^T v], accumulated in float64.
         q = torch.empty(2 * k, dtype=torch.float64)
         for j, (s, y) in enumerate(self.pairs):
             q[j] = float(torch.dot(y.to(v.dtype), v))
             q[k + j] = self.sigma * float(torch.dot(s.to(v.dtype), v))
-        # Step 8: z = M^{-1} q.
+        # z = M^{-1} q.
         z = (self._m_inv @ q).tolist()
-        # Step 9: B v = sigma v - [Y, sigma S] z.
+        # B v = sigma v - [Y, sigma S] z.
         out = v * self.sigma
         for j, (s, y) in enumerate(self.pairs):
             out.sub_(y.to(v.dtype), alpha=z[j])
@@ -216,7 +217,7 @@ class CompactBFGS:
 
 
 def compact_hvp(s_mat: torch.Tensor, y_mat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Return ``B v`` for the pairs in the columns of ``s_mat`` and ``y_mat`` (spec §0.4 listing).
+    """Return ``B v`` for the pairs in the columns of ``s_mat`` and ``y_mat`` (compact form).
 
     Args:
         s_mat: p x k parameter differences, columns oldest -> newest.

@@ -21,8 +21,9 @@ Run both parties in one process (two threads over an in-process transport)::
     (bit, best, costs), _ = run_two_party(program, dealer_seed=7)
 
 Shares that already exist (e.g. a client's upload split with ``split_shares``) are wrapped with
-``party.tensor(share_array)``. For two OS processes, each builds its own ``Party`` on a TCP
-transport and calls the same program::
+``party.tensor(share_array)``. For two OS processes on a trusted loopback (tests), each builds
+its own ``Party`` on a TCP transport and calls the same program (no authentication: the
+listener takes the first connection)::
 
     # party 0                                     # party 1
     listener = TcpListener("127.0.0.1", 0)        transport = TcpTransport.connect(host, port)
@@ -32,24 +33,42 @@ transport and calls the same program::
 
 Both parties must use the same ``dealer_seed`` and ``FixedPoint`` and call protocols in the same
 order. A ``dealer_seed`` selects the *simulated* ``Dealer`` (tests, sweeps): each party computes
-the dealer's side itself, so both sit in one trust domain and it is not secure. The secure
-setting of spec §2.1 runs the dealer as a third process that alone holds the master secret and
-sends party 0 only 16-byte seeds and party 1 its seed plus one correction share per request::
+the dealer's side itself, so both sit in one trust domain and it is not secure.
 
-    dealer = start_dealer_process()           # process 3: 127.0.0.1, ephemeral port
-    # (or by hand: python -m fedunlearn.mpc.dealer_process --port 0; it prints its address)
-    # server k in {0, 1}, each in its own process, transport connected as above:
-    party = Party(k, transport, dealer=RemoteDealer.connect(*dealer.address, party_id=k))
+A deployment runs four roles (``identity.ROLES``: dealer, server0, server1, clients), each
+with a certificate of one CA that binds its role (``create_trial_pki`` makes a trial set), and
+binds every link to one session (``SessionBinding``: session id and named digests of the job).
+The dealer is a third process that alone holds the master secret and sends party 0 only
+16-byte seeds and party 1 its seed plus one correction share per request::
+
+    ids = create_trial_pki("pki")                 # or Identity.load(ca, cert, key) per process
+    binding = SessionBinding("run-42", {"run_config": digest(config_text)})
+    dealer = start_dealer_process(identity=ids["dealer"])       # process 3
+    # server k in {0, 1}, each in its own process:
+    remote = RemoteDealer.connect(*dealer.address, party_id=k, identity=ids[f"server{k}"],
+                                  binding=binding)
+    if k == 0:                                    # server 0 listens, server 1 connects
+        link = accept_peer(TcpListener(host, port), role="server0", peer_role="server1",
+                           identity=ids["server0"], binding=binding)
+    else:
+        link = connect_peer((host, port), role="server1", peer_roles={"server0"},
+                            identity=ids["server1"], binding=binding)
+    party = Party(k, link.transport, dealer=remote)
+    remote.plan(requests)                         # optional: stream the material ahead
     program(party)
-    party.close()                             # says goodbye; the dealer exits after both do
-    dealer.join(timeout_seconds=10)           # exit code 0 (dealer.stop() ends it early)
+    party.close()                                 # says goodbye; the dealer exits after both do
 
-The dealer pairs the two parties' requests by sequence number; mismatching requests raise
-``SecureComputationError`` at both, and a dealer that dies raises ``PeerDisconnectedError``.
+Each service keeps accepting until the authenticated peers of its roles arrive and survives
+junk connections; a peer of another role, a second claim of a role, or a hello of another
+session is refused (``SessionMismatchError`` names the differing fields). Plain TCP needs an
+explicit ``insecure=True``. The dealer pairs the two parties' requests by sequence number;
+mismatching requests raise ``SecureComputationError`` at both, and a dealer that dies raises
+``PeerDisconnectedError``.
 
 ``Party(..., comparison="ideal")`` makes every comparison (and so SecMax, SecSrt) use the fast
 ideal functionality while charging the real protocol's bytes and rounds (cost sweeps; not
-secure). ``party.counters`` holds bytes, rounds and messages, offline (dealer material) and online.
+secure; refused on any transport but the in-process one). ``party.counters`` holds bytes,
+rounds and messages, offline (dealer material) and online.
 
 Paper functionality -> function (all take ``SharedTensor``s; the party comes with them):
 
@@ -65,6 +84,8 @@ Paper functionality -> function (all take ``SharedTensor``s; the party comes wit
     SecDiv    sec_div(u, v, v_range)                    SecMI    sec_inverse(x)
     sqrt      sec_sqrt(x, x_range)                      SecRanGen party.dealer.random(shape)
     secure aggregation: sec_aggregate([...]) (sum of shares, local)
+    public constant: sec_constant(party, c) (re-randomised)   range guard: sec_check_range
+    check an opened value: check_opened(values, fixed_point, max_norm=...)
 
 A comparator for ``sec_max``/``sec_sort`` ranks two batches of entries, e.g. Method 1's ratio
 u / v: ``lambda a, b: sec_ge2(a[0], a[1], b[0], b[1])``. ``sec_ge`` computes only the carry
@@ -79,14 +100,16 @@ below 2^(62 - f) in magnitude (2^49 at f = 13) and products below 2^(62 - 2f) be
 truncated; ``sec_ge2``/``sec_ge4`` compare untruncated products, which must stay below that.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III-IV, Tables IV-VI, Alg. 5, 7. Starfish spec §2 (§2.1: two non-colluding servers and a
-trusted dealer), §3, §6, §7, §11, §12 items 1-3.
+Sec. III-IV, Tables IV-VI, Alg. 5, 7. Threat model and what each party learns:
+docs/security.md.
 """
 
 from fedunlearn.mpc.dealer import Dealer, DealerClient
 from fedunlearn.mpc.dealer_process import DealerProcess, start_dealer_process
-from fedunlearn.mpc.dealer_service import DealerServer, RemoteDealer
-from fedunlearn.mpc.fixed_point import FixedPoint, split_shares, truncate_share
+from fedunlearn.mpc.dealer_service import DealerServer
+from fedunlearn.mpc.fixed_point import FixedPoint, check_opened, split_shares, truncate_share
+from fedunlearn.mpc.identity import ROLES, Identity, create_trial_pki
+from fedunlearn.mpc.link import Link, LinkSecurity, accept_peer, accept_peers, connect_peer
 from fedunlearn.mpc.party import Party, run_two_party
 from fedunlearn.mpc.prg import Prg, expand_seed
 from fedunlearn.mpc.protocols import (
@@ -95,6 +118,8 @@ from fedunlearn.mpc.protocols import (
     ge_cost,
     refresh,
     sec_aggregate,
+    sec_check_range,
+    sec_constant,
     sec_div,
     sec_ge,
     sec_ge2,
@@ -115,6 +140,8 @@ from fedunlearn.mpc.protocols import (
     sec_sqrt,
     sec_square,
 )
+from fedunlearn.mpc.remote_dealer import RemoteDealer
+from fedunlearn.mpc.session import SessionBinding, digest
 from fedunlearn.mpc.shares import SharedTensor, concatenate, stack
 from fedunlearn.mpc.tcp import TcpListener, TcpTransport
 from fedunlearn.mpc.transport import Counters, InProcessTransport, Traffic, Transport
@@ -127,22 +154,35 @@ __all__ = [
     "DealerProcess",
     "DealerServer",
     "FixedPoint",
+    "Identity",
     "InProcessTransport",
+    "Link",
+    "LinkSecurity",
     "Party",
     "Prg",
+    "ROLES",
     "RemoteDealer",
+    "SessionBinding",
     "SharedTensor",
     "TcpListener",
     "TcpTransport",
     "Traffic",
     "Transport",
+    "accept_peer",
+    "accept_peers",
+    "check_opened",
     "compare_first",
     "concatenate",
+    "connect_peer",
+    "create_trial_pki",
+    "digest",
     "expand_seed",
     "ge_cost",
     "refresh",
     "run_two_party",
     "sec_aggregate",
+    "sec_check_range",
+    "sec_constant",
     "sec_div",
     "sec_ge",
     "sec_ge2",
@@ -163,7 +203,7 @@ __all__ = [
     "sec_sqrt",
     "sec_square",
     "split_shares",
-    "start_dealer_process",
     "stack",
+    "start_dealer_process",
     "truncate_share",
 ]

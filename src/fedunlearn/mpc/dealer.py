@@ -15,7 +15,7 @@ Two ``DealerClient``s give a party its material:
   the same master seed, and party 1's object computes the dealer's side of every request in its
   own process. Both parties are then in one trust domain: party 1 could derive party 0's seeds,
   so it is not secure. Use it for tests, ``run_two_party`` and cost sweeps.
-- ``fedunlearn.mpc.dealer_service.RemoteDealer`` asks a ``DealerServer`` running as its own
+- ``fedunlearn.mpc.remote_dealer.RemoteDealer`` asks a ``DealerServer`` running as its own
   process (spec §2.1: the dealer is a third party). Each party then sees only its own seeds
   and, for party 1, corrections. The shares equal those of the simulated dealer with the same
   master seed, and the offline counters are identical.
@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,7 @@ from fedunlearn.mpc.transport import Counters
 __all__ = [
     "KINDS",
     "MASK_ENTRY_BOUND",
+    "MAX_ELEMENTS",
     "Dealer",
     "DealerClient",
     "Request",
@@ -63,6 +65,7 @@ U64 = NDArray[np.uint64]
 Shape = tuple[int, ...]
 MASK_ENTRY_BOUND = 4.0  # |N(0,1)| entries of an invertible mask are clipped here
 _MAX_NDIM = 8
+MAX_ELEMENTS = 1 << 40  # per dimension and per shape: numpy must be able to hold the shape
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,10 @@ class Request:
             raise ValueError(f"a {self.kind!r} request takes {spec.shapes} shape(s); got {shapes}")
         if any(len(s) > _MAX_NDIM or min(s, default=0) < 0 for s in shapes):
             raise ValueError(f"shapes must have <= {_MAX_NDIM} non-negative dims; got {shapes}")
+        if any(max(s, default=0) > MAX_ELEMENTS or math.prod(s) > MAX_ELEMENTS for s in shapes):
+            raise ValueError(
+                f"shapes must have at most 2^40 elements, in all and per dimension; got {shapes}"
+            )
         if self.kind == "inner" and not shapes[0]:
             raise ValueError("an 'inner' request needs at least one axis; got shape ()")
         if self.kind == "mask" and (len(shapes[0]) < 2 or shapes[0][-1] != shapes[0][-2]):
@@ -198,12 +205,18 @@ def master_seed(seed: int | bytes) -> bytes:
     return seed if isinstance(seed, bytes) else derive_seed(b"dealer", int(seed))
 
 
-def request_seeds(master: bytes, index: int, request: Request) -> tuple[bytes, bytes, bytes]:
+def request_seeds(
+    master: bytes, index: int, request: Request, epoch: int = 0
+) -> tuple[bytes, bytes, bytes]:
     """Seeds of request ``index``: party 0's, party 1's, and the dealer's own (never sent).
 
     For ZeroGen both parties must expand the same stream, so party 1's seed is party 0's.
+    ``epoch`` counts abandoned plans (``dealer_wire``): material streamed for a plan that
+    was given up is never derived again, even where a later request has the same index.
     """
     label = (index, request.kind, request.shapes, request.frac_bits)
+    if epoch:
+        label = (*label, ("epoch", epoch))
     s0 = derive_seed(master, *label, 0)
     s1 = s0 if request.kind == "zero" else derive_seed(master, *label, 1)
     return s0, s1, derive_seed(master, *label, "dealer")
@@ -324,6 +337,10 @@ class DealerClient(ABC):
     Attributes:
         requests: Requests made so far (the sequence number of the next one).
         wall_seconds: Time spent obtaining and expanding material (the offline part of a run).
+
+    A run's requests can be recorded (``recording``) and declared ahead as a plan (``plan``):
+    a dealer that supports it (``RemoteDealer``) then streams the material before it is
+    needed, which moves the dealer's work and the transfer into a true offline phase.
     """
 
     def __init__(
@@ -336,21 +353,48 @@ class DealerClient(ABC):
         self.mask_scale_bits = int(mask_scale_bits)
         self.requests = 0
         self.wall_seconds = 0.0
+        self._logs: list[list[Request]] = []
 
     @abstractmethod
     def _fetch(self, index: int, request: Request) -> tuple[bytes, list[U64]]:
         """Return this party's seed and corrections (party 1 only) for request ``index``."""
 
+    def _obtain(self, index: int, request: Request) -> tuple[tuple[U64, ...], int]:
+        """This party's shares for request ``index`` and the bytes received for them."""
+        seed, corrections = self._fetch(index, request)
+        received = SEED_BYTES + sum(c.nbytes for c in corrections)
+        return expand(request, self.party_id, seed, corrections), received
+
     def _material(self, request: Request, charged: bool = True) -> tuple[U64, ...]:
         start = time.perf_counter()
         index, self.requests = self.requests, self.requests + 1
-        seed, corrections = self._fetch(index, request)
-        out = expand(request, self.party_id, seed, corrections)
+        for log in self._logs:
+            log.append(request)
+        out, received = self._obtain(index, request)
         if charged:
-            received = SEED_BYTES + sum(c.nbytes for c in corrections)
             self.counters.charge(received=received, messages=1, phase="offline")
         self.wall_seconds += time.perf_counter() - start
         return out
+
+    @contextmanager
+    def recording(self) -> Iterator[list[Request]]:
+        """Collect the requests made inside the block (e.g. one round's, to plan the next)."""
+        log: list[Request] = []
+        self._logs.append(log)
+        try:
+            yield log
+        finally:
+            self._logs.remove(log)
+
+    def plan(self, requests: Sequence[Request]) -> None:  # noqa: B027 (optional hook)
+        """Declare the next requests, in order, so the dealer can stream them ahead of use.
+
+        Both parties must declare the same plan at the same point (a ``RemoteDealer`` checks
+        this at the dealer). Requests that follow the plan are then served from material that
+        already arrived; the first request that deviates gives the rest of the plan up and
+        continues on demand. The simulated ``Dealer`` computes on demand anyway, so this is a
+        no-op there.
+        """
 
     def close(self) -> None:  # noqa: B027 (optional hook: only a remote dealer holds a resource)
         """Release the connection to the dealer, if any (the simulated dealer holds none)."""
@@ -418,7 +462,7 @@ class Dealer(DealerClient):
     Both parties build one from the same master seed and make the same requests in the same
     order; party 1's object runs ``deal`` in its own process. Not secure (party 1 could derive
     party 0's seeds): for a deployment run a ``DealerServer`` and give each party a
-    ``RemoteDealer`` (``fedunlearn.mpc.dealer_service``).
+    ``RemoteDealer`` (``fedunlearn.mpc.remote_dealer``).
 
     Args:
         seed: Master seed (int or bytes); both parties must use the same.

@@ -9,8 +9,14 @@ to both servers::
         ...  # start the two servers with dealer.address; each uses RemoteDealer.connect
         dealer.join(timeout_seconds=60)             # 0 once both servers said goodbye
 
-By hand: ``python -m fedunlearn.mpc.dealer_process --port 0`` prints
+By hand: ``python -m fedunlearn.mpc.dealer_process --port 0 --tls-dir DIR`` (a directory
+written by ``python -m fedunlearn.mpc.identity DIR``; or ``--insecure`` for plain TCP) prints
 ``fedunlearn dealer listening on HOST:PORT`` and serves one session.
+
+Pass the dealer an ``identity`` (its ``dealer`` certificate) so that only the servers holding
+``server0``/``server1`` certificates of the same CA are served; ``insecure=True`` runs plain
+TCP (``identity.INSECURE_WARNING``). A handle's ``join`` returns the exit code: 0 after both
+servers said goodbye, 1 after a failure (the reason is on the child's stderr).
 
 Paper: Starfish spec §2.1 (the dealer is a trusted third party), §3.2 (offline phase).
 """
@@ -25,8 +31,10 @@ import weakref
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
-from fedunlearn.errors import MalformedFrameError, PeerDisconnectedError, SecureComputationError
+from fedunlearn.errors import ConfigError, FedUnlearnError, PeerDisconnectedError
 from fedunlearn.mpc.dealer_service import DealerServer
+from fedunlearn.mpc.identity import INSECURE_WARNING, Identity
+from fedunlearn.mpc.session import SessionBinding
 
 __all__ = ["DealerProcess", "main", "start_dealer_process"]
 
@@ -83,19 +91,19 @@ def _dealer_child(conn, options: dict) -> None:  # noqa: ANN001 (a multiprocessi
     """Entry point of the dealer process: bind, report the port, serve, exit 0 or 1."""
     certfile, keyfile = options.pop("certfile"), options.pop("keyfile")
     context = None
-    if certfile is not None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(certfile, keyfile)
     try:
+        if certfile is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile, keyfile)
         server = DealerServer(ssl_context=context, **options)
-    except OSError as exc:
+    except (OSError, ssl.SSLError, ConfigError) as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
     conn.send(("ok", server.port))
     conn.close()
     try:
         server.serve()
-    except (PeerDisconnectedError, SecureComputationError, MalformedFrameError) as exc:
+    except FedUnlearnError as exc:
         print(f"fedunlearn dealer: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(1)
 
@@ -106,8 +114,13 @@ def start_dealer_process(
     port: int = 0,
     seed: int | bytes | None = None,
     mask_scale_bits: int = 2,
+    identity: Identity | None = None,
+    insecure: bool | None = None,
+    binding: SessionBinding | None = None,
     timeout_seconds: float = 60.0,
     idle_timeout_seconds: float = 3600.0,
+    accept_timeout_seconds: float | None = None,
+    handshake_timeout_seconds: float = 10.0,
     certfile: str | None = None,
     keyfile: str | None = None,
     start_timeout_seconds: float = 30.0,
@@ -119,10 +132,15 @@ def start_dealer_process(
         port: Port, or 0 for an ephemeral one (read it from the handle's ``address``).
         seed: Master seed for reproducible tests; None: a fresh secret made in the child.
         mask_scale_bits: k of invertible masks.
+        identity: The dealer's TLS identity (mutual TLS with roles): the secure setting.
+        insecure: Plain TCP, explicitly. See ``DealerServer`` for the default.
+        binding: The session binding the servers must present (None: they must agree).
         timeout_seconds: See ``DealerServer``.
         idle_timeout_seconds: See ``DealerServer``.
-        certfile: PEM certificate for TLS (with ``keyfile``); None for plain TCP.
-        keyfile: PEM private key for TLS.
+        accept_timeout_seconds: See ``DealerServer``.
+        handshake_timeout_seconds: See ``DealerServer``.
+        certfile: Legacy: PEM certificate for TLS without role binding (with ``keyfile``).
+        keyfile: Legacy: PEM private key.
         start_timeout_seconds: How long the child may take to start listening.
 
     Returns:
@@ -138,8 +156,13 @@ def start_dealer_process(
         "port": port,
         "seed": seed,
         "mask_scale_bits": mask_scale_bits,
+        "identity": identity,
+        "insecure": insecure,
+        "binding": binding,
         "timeout_seconds": timeout_seconds,
         "idle_timeout_seconds": idle_timeout_seconds,
+        "accept_timeout_seconds": accept_timeout_seconds,
+        "handshake_timeout_seconds": handshake_timeout_seconds,
         "certfile": certfile,
         "keyfile": keyfile,
     }
@@ -173,26 +196,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mask-scale-bits", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--idle-timeout", type=float, default=3600.0)
-    parser.add_argument("--certfile", default=None)
+    parser.add_argument("--tls-dir", default=None, help="trial PKI directory (dealer.pem/.key)")
+    parser.add_argument("--session", default=None, help="session id the servers must present")
+    parser.add_argument("--insecure", action="store_true", help="plain TCP: " + INSECURE_WARNING)
+    parser.add_argument("--certfile", default=None, help="legacy TLS without role binding")
     parser.add_argument("--keyfile", default=None)
     args = parser.parse_args(argv)
-    context = None
-    if args.certfile is not None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(args.certfile, args.keyfile)
-    server = DealerServer(
-        args.host,
-        args.port,
-        seed=args.seed,
-        mask_scale_bits=args.mask_scale_bits,
-        ssl_context=context,
-        timeout_seconds=args.timeout,
-        idle_timeout_seconds=args.idle_timeout,
-    )
+    try:
+        identity = None if args.tls_dir is None else Identity.from_directory(args.tls_dir, "dealer")
+        context = None
+        if args.certfile is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(args.certfile, args.keyfile)
+        if identity is None and context is None and not args.insecure:
+            raise ConfigError("give --tls-dir DIR (mutual TLS with roles) or --insecure")
+        server = DealerServer(
+            args.host,
+            args.port,
+            seed=args.seed,
+            mask_scale_bits=args.mask_scale_bits,
+            identity=identity,
+            insecure=True if args.insecure else None,
+            binding=None if args.session is None else SessionBinding(args.session),
+            ssl_context=context,
+            timeout_seconds=args.timeout,
+            idle_timeout_seconds=args.idle_timeout,
+        )
+    except (ConfigError, OSError, ssl.SSLError, ValueError) as exc:
+        print(f"fedunlearn dealer: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    if args.insecure:
+        print(f"fedunlearn dealer: WARNING {INSECURE_WARNING}", file=sys.stderr)
     print(f"fedunlearn dealer listening on {server.host}:{server.port}", flush=True)
     try:
         served = server.serve()
-    except (PeerDisconnectedError, SecureComputationError, MalformedFrameError) as exc:
+    except FedUnlearnError as exc:
         print(f"fedunlearn dealer: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"fedunlearn dealer: served {served} requests; both parties said goodbye", flush=True)

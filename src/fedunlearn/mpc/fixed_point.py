@@ -12,6 +12,13 @@ share locally reconstructs floor(x / 2^f) or floor(x / 2^f) + 1, i.e. the error 
 least significant bit, except with probability at most 2^(l + 1 - 64) per element, in which case
 the result is off by about 2^(64 - f) (a wild value). With f = 13 and values below 2^20 in
 magnitude the failure probability is below 2^-30 per element. Keep 2f + log2(max |product|) < 62.
+
+A failed truncation is far from any sane value: a product truncated by f bits is off by about
+2^(64 - 2f) in real units (2^32 at f = 16). ``check_opened`` catches such a value (and NaN,
+and anything above a caller's public norm bound) in an opened result before it is used: the
+run stops with ``SecureComputationError`` instead of publishing a wild aggregate. Public
+constants must never be shared as (c, 0) (see ``protocols.beaver.sec_constant``): local
+truncation assumes party 1's share is uniform.
 """
 
 from __future__ import annotations
@@ -23,7 +30,14 @@ from numpy.typing import ArrayLike, NDArray
 
 from fedunlearn.errors import ConfigError, SecureComputationError
 
-__all__ = ["RING_BITS", "FixedPoint", "random_ring", "split_shares", "truncate_share"]
+__all__ = [
+    "RING_BITS",
+    "FixedPoint",
+    "check_opened",
+    "random_ring",
+    "split_shares",
+    "truncate_share",
+]
 
 RING_BITS = 64
 _U64 = np.uint64
@@ -50,6 +64,14 @@ class FixedPoint:
     def max_abs(self) -> float:
         """Largest magnitude that encodes safely: 2^(62 - f), so differences stay below 2^63."""
         return float(2 ** (62 - self.frac_bits))
+
+    @property
+    def wild_magnitude(self) -> float:
+        """Half the error of a failed local truncation of a product, 2^(63 - 2f).
+
+        No sane opened value reaches it (``check_opened``).
+        """
+        return float(2.0 ** (63 - 2 * self.frac_bits))
 
     @property
     def resolution(self) -> float:
@@ -139,3 +161,48 @@ def split_shares(
     v = np.asarray(encoded, dtype=_U64)
     r = random_ring(generator, v.shape)
     return r, v - r
+
+
+def check_opened(
+    values: ArrayLike,
+    fixed_point: FixedPoint,
+    *,
+    max_norm: float | None = None,
+    label: str = "an opened value",
+) -> NDArray[np.float64]:
+    """Sanity-check an opened result before it is used or published.
+
+    Args:
+        values: The opened values (e.g. an aggregate both servers just revealed).
+        fixed_point: The encoding they came from.
+        max_norm: A public bound on their L2 norm (e.g. clip norm times clients), if known.
+        label: How the error names them.
+
+    Returns:
+        The values, as float64.
+
+    Raises:
+        SecureComputationError: A value is not finite, one reaches the magnitude of a failed
+            local truncation (``FixedPoint.wild_magnitude``), or the norm exceeds ``max_norm``.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    problem = None
+    if not np.all(np.isfinite(v)):
+        problem = "is not finite"
+    else:
+        peak = float(np.max(np.abs(v))) if v.size else 0.0
+        norm = float(np.linalg.norm(v))
+        if peak >= fixed_point.wild_magnitude:
+            problem = (
+                f"has an entry of magnitude {peak:.3g} >= {fixed_point.wild_magnitude:.3g}, the "
+                "signature of a failed local truncation (a wild value)"
+            )
+        elif max_norm is not None and norm > max_norm:
+            problem = f"has norm {norm:.6g} above its public bound {max_norm:.6g}"
+    if problem is not None:
+        raise SecureComputationError(
+            f"{label} {problem}; it was not used. Re-run the step (the dealer's fresh "
+            "randomness makes a repeat failure unlikely) or check that the inputs respect the "
+            "fixed-point range."
+        )
+    return v

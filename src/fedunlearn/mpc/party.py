@@ -44,7 +44,9 @@ class Party:
         fixed_point: Fixed-point parameters; both parties must agree.
         comparison: ``"real"`` runs the GMW comparison circuit; ``"ideal"`` computes comparisons
             through a trusted functionality and charges the real protocol's cost (fast sweeps,
-            not secure; see ``protocols.compare``).
+            not secure; see ``protocols.compare``). Ideal is refused on any transport but the
+            in-process test transport (``Transport.supports_ideal``): over a real link each
+            server would see d = x - y.
         local_seed: Seed of this party's own randomness (masks in ``sec_share``); None draws
             a fresh one from the operating system.
         dealer: This party's dealer client, e.g. a ``RemoteDealer`` connected to a dealer
@@ -52,8 +54,9 @@ class Party:
             counters, and ``close()`` closes it too.
 
     Raises:
-        ConfigError: If neither or both of ``dealer_seed`` and ``dealer`` are given, or the
-            dealer serves another party id.
+        ConfigError: If neither or both of ``dealer_seed`` and ``dealer`` are given, the
+            dealer serves another party id, or ``comparison="ideal"`` is asked for on a
+            transport between processes.
     """
 
     def __init__(
@@ -71,6 +74,12 @@ class Party:
             raise ConfigError(f"party_id must be 0 or 1; got {party_id!r}")
         if comparison not in ("real", "ideal"):
             raise ConfigError(f"comparison must be 'real' or 'ideal'; got {comparison!r}")
+        if comparison == "ideal" and not transport.supports_ideal:
+            raise ConfigError(
+                "comparison='ideal' sends each server's share of d = x - y to the other (both "
+                f"then see d); it is refused on {type(transport).__name__} and allowed only on "
+                "the in-process test transport. Use comparison='real' in a deployment."
+            )
         self.party_id = party_id
         self.transport = transport
         self.fixed_point = fixed_point or FixedPoint()
@@ -126,7 +135,7 @@ class Party:
 def run_two_party(
     program: Callable[[Party], R],
     *,
-    dealer_seed: int | bytes = 0,
+    dealer_seed: int | bytes | None = None,
     fixed_point: FixedPoint | None = None,
     comparison: Comparison = "real",
     local_seed: int | None = None,
@@ -136,7 +145,7 @@ def run_two_party(
 
     Args:
         program: The protocol code of one party; it receives that party's ``Party``.
-        dealer_seed: Master seed of the dealer.
+        dealer_seed: Master seed of the (simulated) dealer; None draws a fresh one.
         fixed_point: Fixed-point parameters for both parties.
         comparison: ``"real"`` or ``"ideal"`` comparisons.
         local_seed: Seed for the parties' own randomness (None: fresh).
@@ -150,6 +159,8 @@ def run_two_party(
             all that happened).
     """
     transports = InProcessTransport.pair(timeout_seconds)
+    if dealer_seed is None:
+        dealer_seed = fresh_seed()
     parties = [
         Party(
             k, transports[k], dealer_seed, fixed_point, comparison=comparison, local_seed=local_seed

@@ -9,6 +9,12 @@ one ``exchange`` (both parties send at once), or one one-way ``send``/``recv``.
 ``fedunlearn.mpc.tcp.TcpTransport`` connects two processes. Both raise ``PeerDisconnectedError``
 when the peer is gone or silent past the timeout, never hang.
 
+Every ``exchange`` checks that the peer's array has the dtype and shape of the one sent (both
+parties open arrays of one shape in every protocol step); anything else means the parties are
+out of step and raises ``MalformedFrameError``. Only the in-process transport allows
+``exchange_uncounted``, the channel of ideal functionalities (``comparison="ideal"``): over a
+real connection it would hand the peer a share it must not see.
+
 Paper: Starfish spec §3.2 (offline/online split), §3.7 (round and bit counts), §12 item 2.
 """
 
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedunlearn.errors import PeerDisconnectedError
+from fedunlearn.errors import ConfigError, MalformedFrameError, PeerDisconnectedError
 
 __all__ = ["Counters", "InProcessTransport", "Traffic", "Transport"]
 
@@ -84,7 +90,13 @@ class Transport(ABC):
 
     Args:
         timeout_seconds: How long a receive waits before the peer counts as gone.
+
+    Attributes:
+        supports_ideal: Whether ideal functionalities may run over this transport (only the
+            in-process test transport, where both "parties" are threads of one process).
     """
+
+    supports_ideal = False
 
     def __init__(self, timeout_seconds: float = 60.0) -> None:
         self.timeout_seconds = float(timeout_seconds)
@@ -99,35 +111,67 @@ class Transport(ABC):
         self._send(array)
         self.counters.charge(sent=array.nbytes, rounds=1, messages=1)
 
-    def recv(self) -> np.ndarray:
-        """Receive one array from the peer (one round)."""
-        array = self._recv()
+    def recv(self, max_bytes: int | None = None) -> np.ndarray:
+        """Receive one array from the peer (one round).
+
+        Args:
+            max_bytes: Largest payload this step expects (the protocol knows it, e.g. a seed is
+                16 bytes); a larger frame is rejected before it is read. Default: the
+                transport's own cap.
+        """
+        array = self._recv(max_bytes)
         self.counters.charge(received=array.nbytes, rounds=1)
         return array
 
     def exchange(self, array: np.ndarray) -> np.ndarray:
-        """Send ``array`` and receive the peer's array of the same round (one round)."""
+        """Send ``array`` and receive the peer's array of the same round (one round).
+
+        Raises:
+            MalformedFrameError: The peer's array has another dtype or shape (out of step).
+        """
         peer = self._exchange(array)
+        _check_same(array, peer)
         self.counters.charge(sent=array.nbytes, received=peer.nbytes, rounds=1, messages=1)
         return peer
 
     def exchange_uncounted(self, array: np.ndarray) -> np.ndarray:
-        """Exchange without counting: only for ideal functionalities that charge their own cost."""
-        return self._exchange(array)
+        """Exchange without counting: only for ideal functionalities that charge their own cost.
+
+        Raises:
+            ConfigError: On any transport but the in-process test transport.
+        """
+        if not self.supports_ideal:
+            raise ConfigError(
+                f"ideal functionalities (comparison='ideal') hand the peer this party's share; "
+                f"refused on {type(self).__name__}. Use comparison='real' (the default) outside "
+                "in-process tests and cost sweeps."
+            )
+        peer = self._exchange(array)
+        _check_same(array, peer)
+        return peer
 
     def _exchange(self, array: np.ndarray) -> np.ndarray:
         self._send(array)
-        return self._recv()
+        return self._recv(array.nbytes)
 
     @abstractmethod
     def _send(self, array: np.ndarray) -> None: ...
 
     @abstractmethod
-    def _recv(self) -> np.ndarray: ...
+    def _recv(self, max_bytes: int | None = None) -> np.ndarray: ...
 
     @abstractmethod
     def close(self) -> None:
         """Close the connection; the peer's next receive raises ``PeerDisconnectedError``."""
+
+
+def _check_same(mine: np.ndarray, peer: np.ndarray) -> None:
+    if peer.dtype != mine.dtype or peer.shape != mine.shape:
+        raise MalformedFrameError(
+            f"the peer answered an exchange of a {mine.dtype} array of shape {mine.shape} with a "
+            f"{peer.dtype} array of shape {peer.shape}; the parties are out of step (both must "
+            "run the same protocol on inputs of the same shapes)"
+        )
 
 
 _CLOSED = object()
@@ -138,6 +182,8 @@ class InProcessTransport(Transport):
 
     Arrays are copied on send, so neither party sees the other's later in-place changes.
     """
+
+    supports_ideal = True
 
     def __init__(
         self, inbox: queue.Queue, outbox: queue.Queue, timeout_seconds: float = 60.0
@@ -158,7 +204,7 @@ class InProcessTransport(Transport):
             raise PeerDisconnectedError("this transport is closed; cannot send to the peer")
         self._outbox.put(np.array(array, copy=True))
 
-    def _recv(self) -> np.ndarray:
+    def _recv(self, max_bytes: int | None = None) -> np.ndarray:
         if self._closed:
             raise PeerDisconnectedError("this transport is closed; cannot receive from the peer")
         try:
@@ -171,6 +217,11 @@ class InProcessTransport(Transport):
         if item is _CLOSED:
             self._closed = True
             raise PeerDisconnectedError("the peer closed the connection mid-protocol")
+        if max_bytes is not None and item.nbytes > max_bytes:
+            raise MalformedFrameError(
+                f"rejected a frame from the peer: {item.nbytes} bytes exceed the cap of "
+                f"{max_bytes} bytes for this message"
+            )
         return item
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedunlearn.config import PrivacyConfig
-from fedunlearn.history.fedadp import LOSS_KEY
+from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY as LOSS_KEY
 from fedunlearn.privacy.accountant import (
     SampledGaussian,
     analytic_gaussian_epsilon,

@@ -1,14 +1,9 @@
-"""Comparisons of unlearning methods on one run: results.json/csv/md and plots."""
+"""Rendering of results documents: tables (results.csv/md), plots, the centralised tables.
 
-from fedunlearn.report.compare import RESULTS_SCHEMA_VERSION, compare_methods, unlearn_one
+The documents come from ``fedunlearn.experiments``; nothing here runs a method.
+"""
+
 from fedunlearn.report.plots import plot_results
 from fedunlearn.report.tables import results_markdown, write_results
 
-__all__ = [
-    "RESULTS_SCHEMA_VERSION",
-    "compare_methods",
-    "plot_results",
-    "results_markdown",
-    "unlearn_one",
-    "write_results",
-]
+__all__ = ["plot_results", "results_markdown", "write_results"]

@@ -1,17 +1,10 @@
-"""The one interface every unlearning or recovery method implements, and its cost ledger.
+"""The one interface every unlearning or recovery method implements, and what it returns.
 
 A method (an ``Unlearner``) is built from validated hyperparameters, never data (scikit-learn
-style). ``unlearn(request, context)`` takes a finished run, seen through an ``UnlearnContext``:
-
-- ``context.history``: the run's history store, read-only, counting every payload byte read;
-- ``context.clients``: the federation restricted to the *remaining* clients, counting every
-  local training request (participations, local epochs, bytes sent and received); asking a
-  forgotten client to train is an error;
-- the run's aggregator, config, evaluation function and its initial and final models;
-- ``context.reference``: the run's clean reference set R (Crab's F and KL scores).
-
-It returns an ``UnlearnResult``: the unlearned model, the cost ledger (``Costs``), the metrics of
-every unlearning round, and method-specific details. Forgetting nobody returns the run's final
+style). ``unlearn(request, context)`` takes a finished run, seen through an ``UnlearnContext``
+(:mod:`fedunlearn.unlearn.context`), and returns an ``UnlearnResult``: the unlearned model, the
+cost ledger (``Costs``), the metrics of every unlearning round, and the method's ``Details`` (a
+frozen dataclass per method, ``to_dict()`` for JSON). Forgetting nobody returns the run's final
 model unchanged, at zero cost. History a method needs but the run did not record raises
 ``UnsupportedHistoryError`` before any work.
 
@@ -23,22 +16,28 @@ clients would have used, and replays are comparable round for round.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fedunlearn.config import RunConfig
-from fedunlearn.errors import ConfigError, FedUnlearnError, UnsupportedHistoryError
-from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.fl.federation import Federation
-from fedunlearn.fl.records import ClientData, ClientUpdate
-from fedunlearn.history.store import ClientRecord, HistoryStore
+from fedunlearn.errors import ConfigError, UnsupportedHistoryError
+from fedunlearn.unlearn.context import UnlearnContext
 
-Evaluator = Callable[[torch.Tensor], dict[str, float]]
+__all__ = [
+    "Costs",
+    "Details",
+    "MethodParams",
+    "NoDetails",
+    "RunOutput",
+    "UnlearnRequest",
+    "UnlearnResult",
+    "Unlearner",
+    "jsonable",
+]
 
 
 class MethodParams(BaseModel):
@@ -86,20 +85,49 @@ class Costs:
         return asdict(self)
 
 
-@dataclass
-class CostMeter:
-    """Mutable counters behind ``Costs``; the context's wrappers feed it."""
+@dataclass(frozen=True)
+class Details:
+    """Base of every method's details: a frozen dataclass whose fields the method documents.
 
-    rounds: int = 0
-    client_participations: int = 0
-    client_epochs: int = 0
-    estimated_updates: int = 0
-    history_bytes_read: int = 0
-    bytes_communicated: int = 0
+    ``to_dict()`` returns JSON-ready values (tensors become lists, tuples and sets lists,
+    nested ``Details`` dicts).
+    """
 
-    def freeze(self, wall_seconds: float) -> Costs:
-        """Return the frozen ledger."""
-        return Costs(wall_seconds=wall_seconds, **asdict(self))
+    def to_dict(self) -> dict[str, Any]:
+        """Return the details as a JSON-ready dict."""
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class NoDetails(Details):
+    """A method with nothing to report beyond its model, costs and round metrics."""
+
+
+def jsonable(value: Any) -> Any:
+    """Return ``value`` with tensors, tuples, sets and dataclasses turned into JSON types."""
+    if isinstance(value, Details):
+        return value.to_dict()
+    if is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return jsonable(to_dict() if callable(to_dict) else asdict(value))
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(jsonable(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """What a method's ``_run`` computes: the model, per-round metrics and its details."""
+
+    params: torch.Tensor
+    round_metrics: Sequence[dict[str, float]] = ()
+    details: Details = field(default_factory=NoDetails)
 
 
 @dataclass(frozen=True)
@@ -110,161 +138,15 @@ class UnlearnResult:
     params: torch.Tensor
     costs: Costs
     round_metrics: tuple[dict[str, float], ...] = ()
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Details = field(default_factory=NoDetails)
 
 
-class MeteredHistory:
-    """Read-only view of a ``HistoryStore`` that counts the payload bytes read."""
-
-    def __init__(self, store: HistoryStore, meter: CostMeter) -> None:
-        self._store = store
-        self._meter = meter
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        """The run's metadata (config, malicious ids, client sizes, policy)."""
-        return self._store.meta
-
-    @property
-    def policy(self) -> str:
-        """The recording policy the run used."""
-        return str(self._store.meta.get("history_policy", "unknown"))
-
-    def rounds(self) -> list[int]:
-        """Committed rounds (0 = M_0)."""
-        return self._store.rounds()
-
-    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._meter.history_bytes_read += tensor.numel() * tensor.element_size()
-        return tensor
-
-    def read_model(self, round_: int, kind: str = "global") -> torch.Tensor:
-        """Return the stored global model after ``round_`` (or the round's aggregate)."""
-        return self._count(self._store.read_model(round_, kind))
-
-    def read_update(self, round_: int, client_id: int) -> torch.Tensor:
-        """Return a stored client delta."""
-        return self._count(self._store.read_update(round_, client_id))
-
-    def has_update(self, round_: int, client_id: int) -> bool:
-        """Return whether a client's delta of ``round_`` is stored."""
-        return self._store.has_update(round_, client_id)
-
-    def iter_updates(self, round_: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """Stream the stored deltas of a round."""
-        for cid, delta in self._store.iter_updates(round_):
-            yield cid, self._count(delta)
-
-    def client_records(self, round_: int) -> list[ClientRecord]:
-        """Every client's outcome in ``round_`` (status, n_c, norm, loss)."""
-        return self._store.client_records(round_)
-
-    def round_scalars(self, round_: int) -> dict[str, Any]:
-        """The metrics recorded for ``round_``."""
-        return self._store.round_scalars(round_)
-
-    def stored_bytes(self) -> int:
-        """Payload bytes the run keeps."""
-        return self._store.stored_bytes()
-
-
-class RemainingClients:
-    """The federation as an unlearning method may use it: remaining clients only, metered."""
-
-    def __init__(self, federation: Federation, forget: frozenset[int], meter: CostMeter) -> None:
-        self._federation = federation
-        self.forget = forget
-        self._meter = meter
-        self.ids: tuple[int, ...] = tuple(c for c in federation.client_ids if c not in forget)
-        self.seed = federation.seed
-        self.malicious = federation.malicious - forget
-
-    @property
-    def client_ids(self) -> tuple[int, ...]:
-        """The remaining clients (what the training loop may sample from)."""
-        return self.ids
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The run's architecture (to evaluate flat parameter vectors; do not train it)."""
-        return self._federation.model
-
-    @property
-    def layer_sizes(self) -> tuple[int, ...]:
-        """Number of scalars of each parameter tensor, in flat-vector order."""
-        return tuple(p.numel() for p in self._federation.model.parameters())
-
-    @property
-    def spec(self) -> LocalTrainingSpec:
-        """The run's local training hyperparameters."""
-        return self._federation.spec
-
-    @property
-    def num_params(self) -> int:
-        """Model size d."""
-        return self._federation.num_params
-
-    def num_samples(self, client_id: int) -> int:
-        """n_c of a client (remaining or forgotten: the server knows every size)."""
-        return self._federation.num_samples(client_id)
-
-    def train(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[ClientUpdate]:
-        """Ask remaining clients for fresh local training from ``global_params``.
-
-        Raises:
-            FedUnlearnError: if a client being forgotten is asked.
-        """
-        asked = sorted(set(client_ids) & self.forget)
-        if asked:
-            raise FedUnlearnError(
-                f"client(s) {asked} are being forgotten and cannot be asked to train"
-            )
-        if not client_ids:
-            return []
-        spec = spec or self.spec
-        updates = self._federation.train(global_params, client_ids, round_, spec=spec, salt=salt)
-        n = len(client_ids)
-        self._meter.client_participations += n
-        self._meter.client_epochs += n * spec.epochs
-        self._meter.bytes_communicated += 2 * n * self.num_params * 4  # model down, delta up
-        return updates
-
-
-@dataclass
-class UnlearnContext:
-    """A finished run as an unlearning method sees it."""
-
-    history: MeteredHistory
-    clients: RemainingClients
-    aggregator: Aggregator
-    config: RunConfig
-    num_rounds: int
-    initial_params: torch.Tensor
-    final_params: torch.Tensor
-    evaluate: Evaluator | None
-    meter: CostMeter
-    reference: ClientData | None = None  # Crab's clean reference set R (runs.reference_set)
-
-    def aggregate(self, updates: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
-        """Aggregate ``(client_id, delta)`` pairs with the run's rule, weighted by n_c."""
-        deltas = torch.stack([d.to(torch.float32) for _, d in updates])
-        weights = torch.tensor([float(self.clients.num_samples(c)) for c, _ in updates])
-        return self.aggregator(deltas, weights)
-
-
-class Unlearner:
+class Unlearner(ABC):
     """Base class of every method: validated hyperparameters and the ``unlearn`` contract.
 
-    Subclasses set ``name``, ``params_type`` and ``required_policies`` (history policies that
-    hold what they need; ``None`` = any) and implement ``_run``.
+    Subclasses set ``params_type`` and ``required_policies`` (history policies that hold what
+    they need; ``None`` = any), implement ``_run`` and are registered with
+    ``@register("name")`` (which sets ``name``).
     """
 
     name: ClassVar[str]
@@ -311,18 +193,18 @@ class Unlearner:
         if not request.forget:
             return UnlearnResult(self.name, context.final_params.clone(), Costs())
         started = time.perf_counter()
-        params, round_metrics, details = self._run(request, context)
+        out = self._run(request, context)
+        if not isinstance(out, RunOutput):
+            raise TypeError(f"{type(self).__name__}._run must return a RunOutput")
         wall = time.perf_counter() - started
         return UnlearnResult(
             method=self.name,
-            params=params,
-            costs=context.meter.freeze(wall),
-            round_metrics=tuple(round_metrics),
-            details=details,
+            params=out.params,
+            costs=Costs(wall_seconds=wall, **context.meter.counts()),
+            round_metrics=tuple(out.round_metrics),
+            details=out.details,
         )
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> tuple[torch.Tensor, list[dict[str, float]], dict[str, Any]]:
-        """Compute the unlearned model; return (params, per-round metrics, details)."""
-        raise NotImplementedError
+    @abstractmethod
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
+        """Compute the unlearned model, its per-round metrics and details."""

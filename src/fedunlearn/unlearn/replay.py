@@ -1,29 +1,29 @@
 """Calibrated replay: rebuild a model from stored rounds with fresh directions and stored norms.
 
-Shared by FedEraser (and later Crab and FedADP). For each replayed round t, the remaining clients
-that took part in t train from the current unlearned model; each fresh delta keeps its direction
-and takes the norm of the client's stored delta of round t (whole vector or per parameter tensor);
-the calibrated deltas are aggregated with the run's rule and applied.
+Shared by FedEraser, the random-rounds baseline and Crab. For each replayed round t, the
+remaining clients that took part in t train from the current unlearned model; each fresh delta
+keeps its direction and takes the norm of the client's stored delta of round t (whole vector or
+per parameter tensor); the calibrated deltas are aggregated with the run's rule and applied.
 
 Paper: Liu et al., "FedEraser: Enabling Efficient Client-Level Data Removal from Federated
-Learning Models", IWQoS 2021, §4 (calibration training, update calibrating, calibrated update
-aggregating, unlearned model updating); baselines spec §2.3 with the [FIX]ed aggregation
-normalisation. A fresh delta with norm < 1e-12 is calibrated to zero (spec §2.7).
+Learning Models", IWQoS 2021, the design section's four steps (calibration training, update
+calibrating, calibrated update aggregating, unlearned model updating).
+Deviations (docs/methods/baselines.md): FE1 [FIX] the aggregate has no extra 1/(K-1) factor;
+FE3 norm scope ``model`` or ``layer``; FE4 ``first_uncalibrated``; FE7 participants are the
+remaining clients with a stored accepted update, a fresh delta with norm < 1e-12 is calibrated
+to zero, and a round with no participant is skipped.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 
-from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.unlearn.base import MethodParams, UnlearnContext
+from fedunlearn.unlearn.context import UnlearnContext
 
 log = logging.getLogger(__name__)
 
@@ -142,42 +142,3 @@ def calibrated_replay(
             row.update(context.evaluate(params))
         rows.append(row)
     return params, rows
-
-
-@dataclass(frozen=True)
-class StoredRound:
-    """One stored round (FL round ``round``) and the clients whose updates were kept of it."""
-
-    round: int
-    clients: tuple[int, ...]
-
-
-def selection_options(
-    params: MethodParams, run_selection: BaseModel, names: Sequence[str]
-) -> dict[str, Any]:
-    """Return the selection options: each method override, else the run's recorded value."""
-    out = {}
-    for name in names:
-        override = getattr(params, name)
-        out[name] = override if override is not None else getattr(run_selection, name)
-    return out
-
-
-def refuse_overrides_of_live_selection(
-    method: str, section: str, wanted: Mapping[str, Any], run_selection: BaseModel
-) -> None:
-    """Refuse selection options that differ from what a live-selection run stored.
-
-    A run recorded with a selective policy (Crab's, FedADP's) stored only its own selection; a
-    different one can be derived only from a run recorded with ``history.policy: all``.
-
-    Raises:
-        UnsupportedHistoryError: naming the differing options and the way out.
-    """
-    differ = {k: v for k, v in wanted.items() if v != getattr(run_selection, k)}
-    if differ:
-        raise UnsupportedHistoryError(
-            f"{method} with {differ} needs a different selection than this run stored "
-            f"(history.{section} {run_selection.model_dump()}); drop the overrides, or use a "
-            "run recorded with history.policy=all to derive any selection."
-        )

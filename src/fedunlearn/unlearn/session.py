@@ -9,19 +9,20 @@ clear error, and nothing on disk changes (the store is opened read-only).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
+from fedunlearn.fl.records import ClientData
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import HISTORY_DIR, Setup, build_setup, load_run_config, reference_set
-from fedunlearn.unlearn.base import (
+from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
+from fedunlearn.unlearn.context import (
     CostMeter,
     MeteredHistory,
     RemainingClients,
+    TrainingInfo,
     UnlearnContext,
-    Unlearner,
-    UnlearnRequest,
-    UnlearnResult,
 )
 
 
@@ -53,7 +54,14 @@ class UnlearnSession:
         self.evaluate = evaluate
         self.final_params = self.store.read_model(planned)
         self.initial_params = self.store.read_model(0)
-        self.reference = reference_set(self.setup)
+        self._references: dict[int, ClientData] = {}
+        self.fingerprint = hashlib.sha256(self.config.model_dump_json().encode()).hexdigest()
+
+    def reference_set(self, size: int) -> ClientData:
+        """Return the run's seeded clean reference subsample of ``size`` samples (cached)."""
+        if size not in self._references:
+            self._references[size] = reference_set(self.setup, size)
+        return self._references[size]
 
     @property
     def client_ids(self) -> tuple[int, ...]:
@@ -84,17 +92,21 @@ class UnlearnSession:
         """Return a fresh metered context for one method run."""
         self.check_request(request)
         meter = CostMeter()
+        training = self.config.training
         return UnlearnContext(
             history=MeteredHistory(self.store, meter),
             clients=RemainingClients(self.setup.federation, request.forget, meter),
             aggregator=self.setup.aggregator,
-            config=self.config,
-            num_rounds=self.config.training.rounds,
+            num_rounds=training.rounds,
             initial_params=self.initial_params,
             final_params=self.final_params,
-            evaluate=self.setup.evaluate if self.evaluate else None,
             meter=meter,
-            reference=self.reference,
+            evaluate=self.setup.evaluate if self.evaluate else None,
+            training=TrainingInfo(training.participation, training.aggregator.name),
+            recording=self.config.history,
+            privacy=self.config.privacy,
+            fingerprint=self.fingerprint,
+            reference_provider=self.reference_set,
         )
 
     def run(self, method: Unlearner, request: UnlearnRequest) -> UnlearnResult:

@@ -53,7 +53,7 @@ from fedunlearn.runs import (
     make_recording_policy,
 )
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.base import RemainingClients
+from fedunlearn.unlearn.context import RemainingClients
 
 MODES = ("train", "unlearn")
 
@@ -269,7 +269,7 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
             **quality,
             "costs": result.costs.to_dict(),
             "round_metrics": [dict(r) for r in result.round_metrics],
-            "details": result.details,
+            "details": result.details.to_dict(),
             "missing": {
                 str(r): {str(c): why for c, why in sorted(m.items())}
                 for r, m in sorted(clients.missing.items())

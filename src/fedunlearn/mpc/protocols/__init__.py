@@ -6,6 +6,7 @@ Paper: Liu et al., Starfish, Tables IV-VI, Alg. 5 and 7; Starfish spec §3.3-§3
 from fedunlearn.mpc.protocols.beaver import (
     refresh,
     sec_aggregate,
+    sec_constant,
     sec_inner,
     sec_matmul,
     sec_mul,
@@ -17,7 +18,7 @@ from fedunlearn.mpc.protocols.beaver import (
     sec_square,
 )
 from fedunlearn.mpc.protocols.compare import ge_cost, sec_ge, sec_ge2, sec_ge3, sec_ge4
-from fedunlearn.mpc.protocols.numeric import sec_div, sec_reciprocal, sec_sqrt
+from fedunlearn.mpc.protocols.numeric import sec_check_range, sec_div, sec_reciprocal, sec_sqrt
 from fedunlearn.mpc.protocols.ordering import Comparator, compare_first, sec_max, sec_sort
 from fedunlearn.mpc.protocols.secmi import sec_inverse
 
@@ -27,6 +28,8 @@ __all__ = [
     "ge_cost",
     "refresh",
     "sec_aggregate",
+    "sec_check_range",
+    "sec_constant",
     "sec_div",
     "sec_ge",
     "sec_ge2",

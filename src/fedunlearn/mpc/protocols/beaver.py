@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from fedunlearn.errors import MalformedFrameError
 from fedunlearn.mpc.fixed_point import truncate_share
 from fedunlearn.mpc.party import Party
 from fedunlearn.mpc.shares import SharedTensor
@@ -24,6 +25,7 @@ from fedunlearn.mpc.shares import SharedTensor
 __all__ = [
     "refresh",
     "sec_aggregate",
+    "sec_constant",
     "sec_inner",
     "sec_matmul",
     "sec_mul",
@@ -40,7 +42,11 @@ U64 = NDArray[np.uint64]
 
 
 def sec_share(
-    party: Party, values: ArrayLike | None, owner: int, frac_bits: int | None = None
+    party: Party,
+    values: ArrayLike | None,
+    owner: int,
+    frac_bits: int | None = None,
+    shape: tuple[int, ...] | None = None,
 ) -> SharedTensor:
     """SecShare: the owner secret-shares its plaintext with the other party (one message).
 
@@ -49,16 +55,32 @@ def sec_share(
         values: The plaintext (owner only; the other party passes None).
         owner: Party id of the owner.
         frac_bits: Scale (default f; 0 shares integers exactly).
+        shape: The shape both parties know the secret has; the receiving party then refuses
+            anything else before reading it (default: any uint64 array within the frame cap).
 
     Returns:
         This party's share.
+
+    Raises:
+        MalformedFrameError: The receiving party got something other than a uint64 array (of
+            ``shape``, if given).
     """
     bits = party.fixed_point.frac_bits if frac_bits is None else frac_bits
     if party.party_id != owner:
-        return SharedTensor(party.transport.recv(), party, bits)
+        cap = None if shape is None else 8 * math.prod(shape)
+        mask = party.transport.recv(cap)
+        if mask.dtype != np.uint64 or (shape is not None and mask.shape != tuple(shape)):
+            expected = f"shape {tuple(shape)}" if shape is not None else "any shape"
+            raise MalformedFrameError(
+                f"party {owner} shared a {mask.dtype} array of shape {mask.shape}; expected "
+                f"uint64 of {expected} (the parties are out of step)"
+            )
+        return SharedTensor(mask, party, bits)
     if values is None:
         raise ValueError(f"party {owner} owns the secret and must pass its values")
     encoded = party.fixed_point.encode(values, bits)
+    if shape is not None and encoded.shape != tuple(shape):
+        raise ValueError(f"values have shape {encoded.shape}; the declared shape is {shape}")
     mask = party.prg.ring(encoded.shape)
     party.transport.send(mask)
     return SharedTensor(encoded - mask, party, bits)
@@ -85,6 +107,34 @@ def sec_aggregate(tensors: Sequence[SharedTensor]) -> SharedTensor:
 def refresh(x: SharedTensor) -> SharedTensor:
     """Re-randomise the shares of ``x`` with a ZeroGen pair (local after the dealer's seed)."""
     return SharedTensor(x.share + x.party.dealer.zero(x.shape), x.party, x.frac_bits)
+
+
+def sec_constant(party: Party, values: ArrayLike, frac_bits: int | None = None) -> SharedTensor:
+    """Shares of a public constant, re-randomised: (c + r, -r) for a dealer ZeroGen r.
+
+    The obvious split (c, 0) is a valid sharing but a bad one: SecureML local truncation
+    (``fixed_point.truncate_share``) assumes party 1's share is uniform, and with (c, 0) a
+    negative c truncates to a wild value (about 2^(64 - bits) ring units). Any constant that
+    may later be multiplied and truncated locally must come from here.
+
+    Args:
+        party: The calling party (both call it with the same values).
+        values: The public values (floats are encoded at ``frac_bits``; ints exactly).
+        frac_bits: Scale (default f; 0 for integers and bits).
+
+    Returns:
+        This party's share of the constant.
+    """
+    bits = party.fixed_point.frac_bits if frac_bits is None else frac_bits
+    v = np.asarray(values)
+    if v.dtype.kind in "iub":
+        encoded = (v.astype(np.int64) << np.int64(bits)).view(np.uint64)
+    else:
+        encoded = party.fixed_point.encode(v, bits)
+    encoded = np.asarray(encoded, dtype=np.uint64)
+    zero = party.dealer.zero(encoded.shape)  # party 0: r, party 1: -r
+    share = encoded + zero if party.party_id == 0 else zero
+    return SharedTensor(np.asarray(share, dtype=np.uint64), party, bits)
 
 
 def _finish(z: U64, x: SharedTensor, y: SharedTensor, truncate: bool) -> SharedTensor:

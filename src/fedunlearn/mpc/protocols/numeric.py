@@ -12,8 +12,13 @@ nothing about the secret is revealed.
   sqrt(x) = x y (spec §3.5 [R]); used only for the 2PC-FedRecover comparison (Fig. 7).
 
 Accuracy is that of f-bit fixed point: relative error of a few 2^-f times rho in the worst
-case (tests assert the bounds for their ranges). Inputs outside the declared range give wrong
-results (a reciprocal can diverge), so the range must be a true bound, e.g. from norms.
+case (tests assert the bounds for their ranges). Inputs outside the declared range would give
+wrong results (a reciprocal diverges), so by default each call first checks the range securely
+(``sec_check_range``): 2n comparisons x >= lo and hi >= x, their count, one more comparison
+[count = 2n], and only that bit is opened (one bit per call, "every input is in range"; the
+comparison bits and the count stay shared). A 0 raises ``SecureComputationError`` at both
+parties instead of returning garbage. ``check_range=False`` skips it where the range is proven
+from public data (e.g. bounds on norms that are public anyway).
 
 Paper: Liu et al., Starfish, Sec. IV-B (SecDiv), Fig. 7 (secure sqrt); Starfish spec §3.5, A19.
 Deviations: [REC] SecDiv is Newton-Raphson with a public range instead of a Yao division
@@ -25,11 +30,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from fedunlearn.errors import ConfigError
-from fedunlearn.mpc.protocols.beaver import sec_mul
-from fedunlearn.mpc.shares import SharedTensor
+import numpy as np
 
-__all__ = ["newton_iterations", "sec_div", "sec_reciprocal", "sec_sqrt"]
+from fedunlearn.errors import ConfigError, SecureComputationError
+from fedunlearn.mpc.protocols.beaver import open_ring, sec_mul
+from fedunlearn.mpc.protocols.compare import sec_ge
+from fedunlearn.mpc.shares import SharedTensor, concatenate
+
+__all__ = ["newton_iterations", "sec_check_range", "sec_div", "sec_reciprocal", "sec_sqrt"]
 
 
 def _check_range(name: str, value_range: tuple[float, float]) -> tuple[float, float]:
@@ -41,6 +49,37 @@ def _check_range(name: str, value_range: tuple[float, float]) -> tuple[float, fl
     return lo, hi
 
 
+def sec_check_range(x: SharedTensor, value_range: tuple[float, float], what: str) -> None:
+    """Check securely that every entry of ``x`` lies in ``value_range``; open only that bit.
+
+    Compares x >= lo and hi >= x for all entries (one SecGE call, 2n comparisons), sums the
+    bits (local), compares the sum with 2n (one more SecGE) and opens that single bit.
+
+    Args:
+        x: The secret input.
+        value_range: The public range (lo, hi) it must lie in (bounds inclusive up to one LSB).
+        what: How the error names the caller (``sec_div``, ``sec_sqrt``).
+
+    Raises:
+        SecureComputationError: Some entry is out of range (which one stays secret).
+    """
+    lo, hi = value_range
+    if x.size == 0:
+        return
+    flat = x.flatten()
+    both = sec_ge(concatenate([flat - lo, -flat + hi]), 0.0)  # 0/1 at integer scale
+    count = both.sum()
+    all_in = sec_ge(count, np.int64(2 * x.size))
+    bit = int(open_ring(all_in)) & 1
+    if bit != 1:
+        raise SecureComputationError(
+            f"{what}: at least one of {x.size} secret inputs lies outside the declared range "
+            f"[{lo:g}, {hi:g}] (checked securely; only this one bit was opened). Newton's method "
+            "would return garbage there. Declare a range that holds (e.g. from public bounds "
+            "on norms), or scale the inputs."
+        )
+
+
 def newton_iterations(step: Callable[[float], float], start: float, frac_bits: int) -> int:
     """Count the iterations of ``t <- step(t)`` from ``start`` until |1 - t| < 2^-(f + 2)."""
     t, count = start, 0
@@ -49,9 +88,17 @@ def newton_iterations(step: Callable[[float], float], start: float, frac_bits: i
     return count
 
 
-def sec_reciprocal(v: SharedTensor, v_range: tuple[float, float]) -> SharedTensor:
-    """Shares of 1 / v for a secret v known to lie in the public range ``v_range``."""
+def sec_reciprocal(
+    v: SharedTensor, v_range: tuple[float, float], *, check_range: bool = True
+) -> SharedTensor:
+    """Shares of 1 / v for a secret v in the public range ``v_range``.
+
+    Raises:
+        SecureComputationError: With ``check_range``, if some v lies outside ``v_range``.
+    """
     lo, hi = _check_range("v_range", v_range)
+    if check_range:
+        sec_check_range(v, (lo, hi), "sec_reciprocal")
     scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
     f = v.party.fixed_point.frac_bits
     scaled = v.mul_public(1.0 / scale)  # in [1/rho, rho]
@@ -64,17 +111,35 @@ def sec_reciprocal(v: SharedTensor, v_range: tuple[float, float]) -> SharedTenso
     return y.mul_public(1.0 / scale)
 
 
-def sec_div(u: SharedTensor, v: SharedTensor, v_range: tuple[float, float]) -> SharedTensor:
-    """SecDiv: shares of u / v (fixed point) for v in the public range ``v_range`` (v > 0)."""
+def sec_div(
+    u: SharedTensor, v: SharedTensor, v_range: tuple[float, float], *, check_range: bool = True
+) -> SharedTensor:
+    """SecDiv: shares of u / v (fixed point) for v in the public range ``v_range`` (v > 0).
+
+    Raises:
+        SecureComputationError: With ``check_range``, if some v lies outside ``v_range``.
+    """
     lo, hi = _check_range("v_range", v_range)
+    if check_range:
+        sec_check_range(v, (lo, hi), "sec_div")
     scale = math.sqrt(lo * hi)
-    inverse_scaled = sec_reciprocal(v.mul_public(1.0 / scale), (lo / scale, hi / scale))
+    inverse_scaled = sec_reciprocal(
+        v.mul_public(1.0 / scale), (lo / scale, hi / scale), check_range=False
+    )
     return sec_mul(u, inverse_scaled).mul_public(1.0 / scale)
 
 
-def sec_sqrt(x: SharedTensor, x_range: tuple[float, float]) -> SharedTensor:
-    """Shares of sqrt(x) for x in the public range ``x_range`` (lo > 0), by Newton iteration."""
+def sec_sqrt(
+    x: SharedTensor, x_range: tuple[float, float], *, check_range: bool = True
+) -> SharedTensor:
+    """Shares of sqrt(x) for x in the public range ``x_range`` (lo > 0), by Newton iteration.
+
+    Raises:
+        SecureComputationError: With ``check_range``, if some x lies outside ``x_range``.
+    """
     lo, hi = _check_range("x_range", x_range)
+    if check_range:
+        sec_check_range(x, (lo, hi), "sec_sqrt")
     scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
     f = x.party.fixed_point.frac_bits
     scaled = x.mul_public(1.0 / scale)  # in [1/rho, rho]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedunlearn.mpc.protocols.beaver import sec_mul_many
+from fedunlearn.mpc.protocols.beaver import sec_constant, sec_mul_many
 from fedunlearn.mpc.protocols.compare import sec_ge
 from fedunlearn.mpc.shares import SharedTensor, concatenate
 
@@ -76,11 +76,10 @@ def sec_max(entries: Sequence[SharedTensor], comparator: Comparator = compare_fi
 
 
 def _constant(like: SharedTensor, ring_value: int, count: int) -> SharedTensor:
-    """A public constant as shares: party 0 holds the value, party 1 holds zero."""
-    share = np.zeros((count, *like.shape[1:]), dtype=np.uint64)
-    if like.party.party_id == 0:
-        share[...] = np.uint64(ring_value % (1 << 64))
-    return SharedTensor(share, like.party, like.frac_bits)
+    """Sentinel entries: a public ring value, re-randomised (``sec_constant``), never (c, 0)."""
+    values = np.full((count, *like.shape[1:]), ring_value, dtype=np.int64)
+    raw = sec_constant(like.party, values, frac_bits=0)  # integers at scale 0: raw ring units
+    return SharedTensor(raw.share, like.party, like.frac_bits)
 
 
 def _stages(size: int, descending: bool) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -1,0 +1,210 @@
+"""What every ``fedunlearn`` command shares: one-line errors, output checks, client-id parsing.
+
+- ``cli_errors`` wraps a command: a ``FedUnlearnError`` or an ``OSError`` ends it with one line
+  on stderr (what is wrong, the path or field, what to do) and exit code 2; ``fedunlearn
+  --debug <command>`` re-raises instead, to show the traceback.
+- ``ensure_writable_output`` checks, before any work, that an output file or directory can be
+  written, without creating anything.
+- ``parse_forget`` reads ``--forget 3,7`` or ``--forget malicious`` the same way for every
+  command that takes it.
+
+This module imports no torch, so the commands stay quick to list (``fedunlearn --help``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import click
+import typer
+
+from fedunlearn.errors import ConfigError, FedUnlearnError, OutputError
+
+__all__ = [
+    "cli_errors",
+    "debug_enabled",
+    "ensure_writable_output",
+    "fail",
+    "install_warning_format",
+    "one_line",
+    "parse_client_ids",
+    "parse_forget",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What to do about an OSError, by errno.
+_ADVICE = {
+    errno.EACCES: "permission denied; choose a location you can write, or fix its permissions",
+    errno.EPERM: "operation not permitted there; choose another location",
+    errno.EROFS: "the file system is read-only; choose another location",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+    errno.EISDIR: "it is a directory; give a file path",
+    errno.ENOSPC: "no space left on the device; free some space or choose another disk",
+    errno.EDQUOT: "disk quota exceeded; free some space or choose another disk",
+    errno.ENOENT: "no such file or directory; check the path",
+    errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
+}
+
+
+def one_line(text: str) -> str:
+    """Return ``text`` with every run of whitespace (newlines included) as one space."""
+    return " ".join(str(text).split())
+
+
+def debug_enabled() -> bool:
+    """Whether ``fedunlearn --debug`` was given (the root command's parameter)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``error: <message>`` as one line on stderr and end the command with ``code``."""
+    sys.stderr.write(f"error: {one_line(message)}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
+
+def describe_os_error(err: OSError) -> str:
+    """Return one line naming the path of an OSError and what to do about it."""
+    where = err.filename if err.filename is not None else "a file"
+    if err.filename2 is not None:
+        where = f"{where} -> {err.filename2}"
+    advice = _ADVICE.get(err.errno or -1, err.strerror or type(err).__name__)
+    return f"{where}: {advice} ({err.strerror or err})"
+
+
+def cli_errors(func: F) -> F:
+    """Wrap a command so that a library or file-system error is one line and exit code 2."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except BrokenPipeError:  # the reader went away (``fedunlearn info RUN | head``)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+            raise typer.Exit(141) from None  # 128 + SIGPIPE, as a shell reports it
+        except FedUnlearnError as err:
+            if debug_enabled():
+                raise
+            fail(f"{type(err).__name__}: {err}")
+        except OSError as err:
+            if debug_enabled():
+                raise
+            fail(describe_os_error(err))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
+    return f"warning: {one_line(str(message))}\n"
+
+
+def install_warning_format() -> None:
+    """Print warnings as one ``warning: ...`` line (no source location, no code line)."""
+    warnings.formatwarning = _warning_line  # type: ignore[assignment]
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return candidate
+    return Path(".")
+
+
+def ensure_writable_output(
+    path: Path, kind: Literal["file", "directory"], option: str = "--out"
+) -> Path:
+    """Check that ``path`` can be written as a ``kind``, before any work; create nothing.
+
+    Missing directories on the way are fine (the command creates them); the nearest existing
+    one must be a directory this process can create files in (checked by creating and
+    removing a temporary file there, which catches permissions, read-only file systems and
+    pseudo-file systems such as /sys alike).
+
+    Args:
+        path: The output path.
+        kind: ``"file"`` (a result file, a model) or ``"directory"`` (a run or report dir).
+        option: The option that named it, for the message.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OutputError: Naming the option, the path, what is wrong and what to do.
+    """
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        raise OutputError(
+            f"{option} {path} is a directory; give a file path (e.g. {path / 'result.json'})"
+        )
+    if kind == "directory" and path.exists() and not path.is_dir():
+        raise OutputError(f"{option} {path} is a file, not a directory; give a directory path")
+    target = path.parent if kind == "file" else path
+    existing = _nearest_existing(target)
+    if not existing.is_dir():
+        raise OutputError(
+            f"{option} {path}: {existing} is a file, so nothing can be created below it; "
+            "choose another path"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".fedunlearn-write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        advice = _ADVICE.get(err.errno or -1, err.strerror or str(err))
+        raise OutputError(f"{option} {path}: cannot write in {existing}: {advice}") from None
+    if kind == "file" and path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"{option} {path} exists and is not writable; choose another path")
+    return path
+
+
+def parse_client_ids(value: str, option: str = "--clients") -> list[int]:
+    """Parse ``3,7`` into sorted unique client ids.
+
+    Raises:
+        ConfigError: Not comma-separated non-negative integers, or empty.
+    """
+    try:
+        ids = sorted({int(v) for v in value.split(",") if v.strip()})
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated client ids; got {value!r}") from None
+    if not ids:
+        raise ConfigError(f"{option} is empty: name at least one client id (e.g. {option} 3,7)")
+    if ids[0] < 0:
+        raise ConfigError(f"{option}: client ids are >= 0; got {ids[0]}")
+    return ids
+
+
+def parse_forget(value: str, run_dir: Path, option: str = "--forget") -> tuple[list[int], str]:
+    """Parse ``--forget``: ``3,7`` (a deletion request) or ``malicious`` (a recovery request).
+
+    Returns:
+        The client ids, and ``"forget"`` or ``"recover"``.
+
+    Raises:
+        ConfigError: Bad ids, or ``malicious`` for a run without malicious clients.
+        HistoryError: ``malicious`` and ``run_dir`` is not a run directory.
+    """
+    if value.strip() == "malicious":
+        from fedunlearn.history.store import HistoryStore
+        from fedunlearn.runs import HISTORY_DIR
+
+        run_dir = Path(run_dir)
+        with HistoryStore.open(run_dir / HISTORY_DIR) as store:
+            malicious = sorted(store.meta.get("malicious", []))
+        if not malicious:
+            raise ConfigError(f"{option} malicious: {run_dir} has no malicious clients")
+        return malicious, "recover"
+    return parse_client_ids(value, option), "forget"

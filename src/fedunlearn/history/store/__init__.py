@@ -1,0 +1,40 @@
+"""The on-disk history of a run.
+
+Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
+methods in ``erasure`` and its checks in ``integrity``), the evidence of deletions (``deletion``)
+and the read-only protocol unlearning methods use (``reader``).
+"""
+
+from fedunlearn.history.store.deletion import DeletedPayload, DeletionCheck, DeletionRecord
+from fedunlearn.history.store.reader import HistoryReader
+from fedunlearn.history.store.records import (
+    ClientRecord,
+    ForgetRecord,
+    RoundEntry,
+    Scalar,
+    StoreCheck,
+)
+from fedunlearn.history.store.sqlite import (
+    FILE_NAME,
+    LOCK_NAME,
+    SCHEMA_VERSION,
+    HistoryStore,
+    WriterLock,
+)
+
+__all__ = [
+    "FILE_NAME",
+    "LOCK_NAME",
+    "SCHEMA_VERSION",
+    "ClientRecord",
+    "DeletedPayload",
+    "DeletionCheck",
+    "DeletionRecord",
+    "ForgetRecord",
+    "HistoryReader",
+    "HistoryStore",
+    "RoundEntry",
+    "Scalar",
+    "StoreCheck",
+    "WriterLock",
+]

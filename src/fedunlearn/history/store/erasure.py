@@ -1,0 +1,333 @@
+"""Forgetting clients' stored updates, and the record and check of each deletion.
+
+``Erasure`` holds the ``HistoryStore`` methods that delete: ``forget()`` (secure delete, the
+deletion record, the space given back by ``incremental_vacuum`` or a full ``VACUUM``),
+``deletion_records()`` and ``check_deletions()``. It is mixed into ``HistoryStore`` (``sqlite``)
+and uses that class's connection and helpers; the evidence itself (record values, page
+fingerprints, the page scan) is in ``deletion``. Why each step: the ``sqlite`` module docstring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterable
+from typing import Literal
+
+from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError, UnknownClientError
+from fedunlearn.history.store.deletion import (
+    FINGERPRINT_BYTES,
+    DeletedPayload,
+    DeletionCheck,
+    DeletionRecord,
+    fingerprints,
+    scan_pages,
+    split_fingerprints,
+)
+from fedunlearn.history.store.records import check_int, format_ids
+
+__all__ = ["Erasure"]
+
+_AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum value
+
+
+class Erasure:
+    """``HistoryStore``'s deleting methods (a mixin: see the module docstring)."""
+
+    def forget(
+        self, client_ids: Iterable[int], *, vacuum: Literal["incremental", "full"] = "incremental"
+    ) -> DeletionRecord:
+        """Delete every stored update of ``client_ids`` from the file, and record it.
+
+        Steps, in order: check the ids (nothing changes if one is unknown); make sure no reader
+        pins old WAL frames; read each payload once for its SHA-256 and page fingerprints; in one
+        transaction delete the payloads (``secure_delete`` zeroes the freed pages), mark the
+        clients' records, append to the forget log and the deletion record, and give the freed
+        pages back (``incremental_vacuum``); truncate the WAL to zero bytes. Global models and
+        aggregates are kept: removing the clients' influence from them is the unlearning
+        method's job.
+
+        Args:
+            client_ids: Clients to forget; ids forgotten before are accepted (0 bytes).
+            vacuum: ``"incremental"`` (default: time and extra disk proportional to the
+                forgotten bytes) or ``"full"`` (``VACUUM``: rebuilds the whole file, needs its
+                size again in free disk). A store written before auto_vacuum was enabled always
+                gets ``"full"`` once, which converts it.
+
+        Returns:
+            The deletion record of this call (also kept in the store; see
+            ``deletion_records()``). Forgetting nobody returns an empty record that is not kept.
+
+        Raises:
+            ConfigError: ``vacuum`` is not one of the two modes.
+            UnknownClientError: An id never appears in the store; nothing was changed.
+            HistoryError: The store is read-only, or another process is reading and keeps the
+                WAL from being truncated (the message says what was done).
+        """
+        self._require_writable("forget clients")
+        if vacuum not in ("incremental", "full"):
+            raise ConfigError(f"vacuum must be 'incremental' or 'full'; got {vacuum!r}.")
+        ids = sorted({check_int(c, "forget client id") for c in client_ids})
+        before = self.file_bytes()
+        if not ids:
+            return DeletionRecord(0, time.time(), (), (), 0, before, before, vacuum)
+        with self._sqlite("forgetting clients"):
+            known = {
+                row[0]
+                for row in self._db.execute(
+                    "SELECT DISTINCT client_id FROM clients UNION SELECT client_id FROM forget_log"
+                )
+            }
+            unknown = [c for c in ids if c not in known]
+            if unknown:
+                raise UnknownClientError(
+                    f"{self._file}: client(s) {format_ids(unknown)} never appear in this history "
+                    f"(known client ids: {format_ids(known)}); nothing was forgotten."
+                )
+            self._checkpoint_truncate("nothing was changed; close the other readers and retry")
+            before = self.file_bytes()
+            incremental = (
+                vacuum == "incremental"
+                and self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == _AUTO_VACUUM_INCREMENTAL
+            )
+            mode = "incremental" if incremental else "full"
+            usable = self._usable_page_size()
+            with self._transaction("forgetting clients"):
+                evidence = [self._evidence(pid, usable) for pid in self._payload_ids(ids)]
+                now = time.time()
+                total = sum(e[2] for e in evidence)
+                call = self._db.execute(
+                    "INSERT INTO forget_calls (forgotten_at, client_ids, size_bytes, "
+                    "file_bytes_before, vacuum, page_size) VALUES (?, ?, ?, ?, ?, ?)",
+                    (now, json.dumps(ids), total, before, mode, usable),
+                ).lastrowid
+                self._db.executemany(
+                    "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)",
+                    [(call, *e) for e in evidence],
+                )
+                for cid in ids:
+                    mine = [e for e in evidence if e[1] == cid]
+                    self._db.execute(
+                        "UPDATE clients SET forgotten_at=? WHERE client_id=? AND round IN "
+                        "(SELECT round FROM payloads WHERE kind='update' AND client_id=?)",
+                        (now, cid, cid),
+                    )
+                    self._db.execute(
+                        "DELETE FROM payloads WHERE kind='update' AND client_id=?", (cid,)
+                    )
+                    self._db.execute(
+                        "INSERT INTO forget_log (client_id, forgotten_at, size_bytes, num_payloads)"
+                        " VALUES (?, ?, ?, ?)",
+                        (cid, now, sum(e[2] for e in mine), len(mine)),
+                    )
+                if incremental:
+                    self._incremental_vacuum()
+            if not incremental:
+                self._full_vacuum(ids)
+            self._checkpoint_truncate(
+                f"the updates of clients {format_ids(ids)} are deleted and their pages given "
+                "back, but old WAL frames may still hold copies; call forget() with the same ids "
+                "again once the other readers have closed"
+            )
+            after = self.file_bytes()
+            with self._transaction("recording the file size after forgetting"):
+                self._db.execute(
+                    "UPDATE forget_calls SET file_bytes_after=? WHERE id=?", (after, call)
+                )
+            self._checkpoint_truncate("the deletion is complete; only its record is in the WAL")
+        return self._deletion_record(call)
+
+    def _payload_ids(self, client_ids: list[int]) -> list[int]:
+        marks = ",".join("?" * len(client_ids))
+        rows = self._db.execute(
+            f"SELECT id FROM payloads WHERE kind='update' AND client_id IN ({marks}) "
+            "ORDER BY client_id, round",
+            tuple(client_ids),
+        )
+        return [pid for (pid,) in rows]
+
+    def _evidence(self, payload_id: int, usable: int) -> tuple[int, int, int, str, bytes]:
+        """Return (round, client, size, SHA-256, fingerprints) of a payload about to go."""
+        row = self._db.execute(
+            "SELECT NULL, round, kind, client_id, dtype, shape, size_bytes, crc32, data "
+            "FROM payloads WHERE id=?",
+            (payload_id,),
+        ).fetchone()
+        data = row[-1] if isinstance(row[-1], bytes) else b""
+        return row[1], row[3], row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
+
+    def _usable_page_size(self) -> int:
+        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        with self._file.open("rb") as fh:
+            fh.seek(20)
+            reserved = fh.read(1)
+        return page_size - (reserved[0] if reserved else 0)
+
+    def _incremental_vacuum(self) -> None:
+        """Give every free page back to the file system (inside the current transaction)."""
+        # Each step of the pragma frees one page, and sqlite3's execute() steps once.
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        while free:
+            for _ in range(free):
+                self._db.execute("PRAGMA incremental_vacuum")
+            free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+
+    def _full_vacuum(self, ids: list[int]) -> None:
+        try:
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # VACUUM converts the file
+            self._db.execute("VACUUM")
+        except sqlite3.DatabaseError as exc:
+            raise HistoryError(
+                f"{self._file}: the updates of clients {format_ids(ids)} are deleted, their "
+                f"pages zeroed, but VACUUM failed ({exc}), so the file did not shrink. Free "
+                "disk space (VACUUM needs about twice the file size) and call forget() with "
+                "the same ids again."
+            ) from exc
+
+    def deletion_records(self, client_ids: Iterable[int] | None = None) -> list[DeletionRecord]:
+        """Return the deletion record of every ``forget()`` call, oldest first.
+
+        Args:
+            client_ids: Only calls that forgot one of these clients, each with only these
+                clients' payloads; None for all.
+        """
+        if not self._has_deletion_tables():
+            return []
+        with self._sqlite("reading the deletion records"):
+            calls = [cid for (cid,) in self._db.execute("SELECT id FROM forget_calls ORDER BY id")]
+        records = [self._deletion_record(c) for c in calls]
+        if client_ids is None:
+            return records
+        wanted = {check_int(c, "client id") for c in client_ids}
+        return [
+            DeletionRecord(
+                r.id,
+                r.forgotten_at,
+                r.client_ids,
+                tuple(p for p in r.payloads if p.client_id in wanted),
+                r.size_bytes,
+                r.file_bytes_before,
+                r.file_bytes_after,
+                r.vacuum,
+            )
+            for r in records
+            if wanted & set(r.client_ids)
+        ]
+
+    def _deletion_record(self, call: int) -> DeletionRecord:
+        with self._sqlite("reading a deletion record"):
+            row = self._db.execute(
+                "SELECT id, forgotten_at, client_ids, size_bytes, file_bytes_before, "
+                "file_bytes_after, vacuum FROM forget_calls WHERE id=?",
+                (call,),
+            ).fetchone()
+            payloads = self._db.execute(
+                "SELECT round, client_id, size_bytes, sha256, length(fingerprints) "
+                "FROM forget_payloads WHERE call_id=? ORDER BY client_id, round",
+                (call,),
+            ).fetchall()
+        return DeletionRecord(
+            id=row[0],
+            forgotten_at=row[1],
+            client_ids=tuple(json.loads(row[2])),
+            payloads=tuple(
+                DeletedPayload(r, c, size, sha, n // FINGERPRINT_BYTES)
+                for r, c, size, sha, n in payloads
+            ),
+            size_bytes=row[3],
+            file_bytes_before=row[4],
+            file_bytes_after=row[5],
+            vacuum=row[6],
+        )
+
+    def check_deletions(self, client_ids: Iterable[int] | None = None) -> DeletionCheck:
+        """Check that every recorded deleted payload is unreadable and its pages are gone.
+
+        Reads each recorded payload through ``read_update`` (which must refuse it), then scans
+        every page of the database file and every WAL frame once for the payloads' overflow-page
+        fingerprints (``deletion.py``). The scan is calibrated on up to three live payloads: it
+        must find their pages, or the check reports that the scan is inconclusive.
+
+        Args:
+            client_ids: Check only these clients' deleted payloads; None for all.
+
+        Returns:
+            What was checked and found; ``ok`` is False if anything was readable or found, or
+            the calibration failed.
+        """
+        wanted = None if client_ids is None else {check_int(c, "client id") for c in client_ids}
+        problems: list[str] = []
+        usable = self._usable_page_size()
+        deleted: dict[bytes, str] = {}
+        checked = unreadable = not_scanned = 0
+        with self._sqlite("reading the deletion records"):
+            rows = (
+                self._db.execute(
+                    "SELECT round, client_id, fingerprints FROM forget_payloads "
+                    "ORDER BY client_id, round"
+                ).fetchall()
+                if self._has_deletion_tables()
+                else []
+            )
+        for round, cid, prints in rows:
+            if wanted is not None and cid not in wanted:
+                continue
+            checked += 1
+            try:
+                self.read_update(round, cid)
+                problems.append(f"round {round} client {cid}: still readable")
+            except HistoryCorruptError:
+                problems.append(f"round {round} client {cid}: a damaged copy is still stored")
+            except HistoryError:  # ForgottenDataError, or the round itself was dropped since
+                unreadable += 1
+            if not prints:
+                not_scanned += 1
+            for fp in split_fingerprints(prints):
+                deleted.setdefault(fp, f"round {round} client {cid}")
+        control = self._control_fingerprints(usable)
+        found, pages = scan_pages(self._file, usable, set(deleted) | control)
+        hits = sorted({deleted[fp] for fp in found if fp in deleted})
+        problems += [f"{what}: a page of it is still in the files" for what in hits]
+        control_found = len(found & control)
+        if control and control_found < len(control):
+            problems.append(
+                f"the page scan found {control_found} of {len(control)} pages of live payloads, "
+                "so it is inconclusive for deleted ones (page layout not as expected)"
+            )
+        return DeletionCheck(
+            ok=not problems,
+            payloads_checked=checked,
+            unreadable=unreadable,
+            fingerprints_checked=len(deleted),
+            fingerprints_found=len(found & set(deleted)),
+            not_scanned=not_scanned,
+            control_checked=len(control),
+            control_found=control_found,
+            pages_scanned=pages,
+            problems=tuple(problems),
+        )
+
+    def _control_fingerprints(self, usable: int) -> set[bytes]:
+        """Fingerprints of up to three live payloads that have overflow pages."""
+        with self._sqlite("choosing live payloads for the scan's calibration"):
+            ids = self._db.execute(
+                "SELECT id FROM payloads WHERE size_bytes > ? ORDER BY round DESC, kind, "
+                "client_id LIMIT 3",
+                (usable,),
+            ).fetchall()
+            out: set[bytes] = set()
+            for (pid,) in ids:
+                out.update(split_fingerprints(self._evidence(pid, usable)[4]))
+        return out
+
+    def _has_deletion_tables(self) -> bool:
+        with self._sqlite("reading the schema"):
+            return (
+                self._db.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
+                    "('forget_calls', 'forget_payloads')"
+                ).fetchone()[0]
+                == 2
+            )

@@ -1,0 +1,266 @@
+"""A framed connection driven by its own I/O thread: queued sends, buffered receives.
+
+The dealer streams material ahead of use, so its links must read and write at the same time
+(the dealer pushes material while a server sends requests or gives up a plan). One SSL object
+must not be used by two threads at once, so a ``Channel`` gives the connection to a single I/O
+thread that does both, in non-blocking mode (``TcpTransport.step``): ``send`` queues a frame
+and wakes the thread; frames that arrive are turned into items by ``on_frame`` (e.g. dealer
+material expanded into shares, in the I/O thread, ahead of use) and queued for ``receive``.
+
+Backpressure: at most ``max_buffered_bytes`` of received items wait in the queue; beyond that
+the thread stops reading, the peer's sends block in TCP, and a dealer producing ahead pauses.
+An error on the connection (the peer gone, a bad frame) is delivered to the next ``receive``
+as the exception it was; ``receive`` with a timeout raises ``PeerDisconnectedError`` on silence.
+
+Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
+Sec. III (trusted offline material, streamed ahead of the online phase).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fedunlearn.errors import FedUnlearnError, PeerDisconnectedError
+from fedunlearn.mpc.tcp import Expect, FrameReader, FrameWriter, TcpTransport
+
+__all__ = ["Channel"]
+
+_STOP = object()
+
+
+class Channel:
+    """A ``TcpTransport`` owned by one I/O thread.
+
+    Args:
+        transport: The connected transport (the channel takes it over; do not use it directly).
+        expect: Called before each incoming frame: its cap (and dtype/shape if known).
+        on_frame: Turns a received array into (item for ``receive``, its size in bytes for
+            the buffer limit), or None to queue nothing (a frame that is only part of an
+            item). Without it the array itself is queued. Runs in the I/O thread and may
+            raise (the error reaches ``receive``).
+        max_buffered_bytes: Received bytes that may wait for ``receive`` before reading pauses.
+        write_timeout_seconds: How long one outgoing frame may wait for the peer to read it.
+        name: Thread name.
+    """
+
+    def __init__(
+        self,
+        transport: TcpTransport,
+        *,
+        expect: Callable[[], Expect],
+        on_frame: Callable[[np.ndarray], tuple[Any, int] | None] | None = None,
+        max_buffered_bytes: int = 1 << 30,
+        write_timeout_seconds: float = 3600.0,
+        name: str = "channel",
+    ) -> None:
+        self.transport = transport
+        self._expect = expect
+        self._on_frame = on_frame
+        self.max_buffered_bytes = int(max_buffered_bytes)
+        self.write_timeout_seconds = float(write_timeout_seconds)
+        self._out: collections.deque[np.ndarray] = collections.deque()
+        self._out_lock = threading.Lock()
+        self._out_bytes = 0
+        self._in: queue.Queue = queue.Queue()
+        self._buffered = 0
+        self._buffer_lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- caller side ---------------------------------------------------------------------------
+
+    def send(self, array: np.ndarray) -> None:
+        """Queue ``array`` for sending (returns at once).
+
+        Raises:
+            PeerDisconnectedError: The channel failed or was closed.
+        """
+        if self._error is not None:
+            raise self._error  # the reason the channel stopped, as receive reports it
+        if self._closing:
+            raise PeerDisconnectedError(f"the channel to {self.transport.peer_name} is closed")
+        with self._out_lock:
+            self._out.append(array)
+            self._out_bytes += array.nbytes
+        self._wake()
+
+    def receive(self, timeout_seconds: float | None) -> Any:
+        """Return the next item (``on_frame``'s result), in arrival order.
+
+        Raises:
+            PeerDisconnectedError: Nothing arrived within ``timeout_seconds``, or the peer left.
+            FedUnlearnError: What ``on_frame`` or the connection raised.
+        """
+        try:
+            item, size = self._in.get(timeout=timeout_seconds)
+        except queue.Empty:
+            raise PeerDisconnectedError(
+                f"{self.transport.peer_name} sent nothing for {timeout_seconds:g} s; it is stuck "
+                "or gone"
+            ) from None
+        if item is _STOP:
+            self._in.put((_STOP, 0))  # every later receive fails the same way
+            raise self._error or PeerDisconnectedError("the channel is closed")
+        with self._buffer_lock:
+            self._buffered -= size
+        self._wake()  # reading may resume
+        return item
+
+    def queued_bytes(self) -> int:
+        """Payload bytes queued for sending and not yet written."""
+        with self._out_lock:
+            return self._out_bytes
+
+    def buffered_bytes(self) -> int:
+        """Bytes of received items waiting for ``receive``."""
+        with self._buffer_lock:
+            return self._buffered
+
+    def flush(self, timeout_seconds: float) -> bool:
+        """Wait until every queued frame was written; return False on timeout or failure."""
+        end = time.monotonic() + timeout_seconds
+        while time.monotonic() < end:
+            with self._out_lock:
+                empty = not self._out and not self._writing
+            if empty or self._error is not None:
+                return self._error is None
+            time.sleep(0.005)
+        return False
+
+    def close(self, flush_seconds: float = 0.0, *, background: bool = False) -> None:
+        """Stop the I/O thread and close the connection.
+
+        Args:
+            flush_seconds: Write what is queued first (at most this long), then linger as long
+                for the peer to close (``TcpTransport.close``), so the last message arrives.
+            background: Linger in a daemon thread and return at once.
+        """
+        if flush_seconds > 0 and not self._closing:
+            self.flush(flush_seconds)
+        self._closing = True
+        self._wake()
+        self._thread.join(5.0)
+        self.transport.close(flush_seconds, background=background)
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that stopped the channel, if any."""
+        return self._error
+
+    # ---- the I/O thread ------------------------------------------------------------------------
+
+    _writing = False
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending, or the channel is closed
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _run(self) -> None:
+        transport = self.transport
+        writer: FrameWriter | None = None
+        reader: FrameReader | None = None
+        written_at = 0.0
+        try:
+            while not self._closing:
+                if writer is None:
+                    with self._out_lock:
+                        if self._out:
+                            array = self._out.popleft()
+                            writer = FrameWriter(array)
+                            self._writing = True
+                            written_at = time.monotonic()
+                            transport.counters.charge(sent=array.nbytes, messages=1, rounds=1)
+                with self._buffer_lock:
+                    room = self._buffered < self.max_buffered_bytes
+                if reader is None and room:
+                    reader = FrameReader(self._expect(), transport.peer_name)
+                progress, want_read, want_write = transport.step(writer, reader, "streaming")
+                if writer is not None and writer.done:
+                    with self._out_lock:
+                        self._out_bytes -= writer.payload_bytes
+                        self._writing = bool(self._out)
+                    writer = None
+                if reader is not None and reader.done:
+                    array = reader.result()
+                    reader = None
+                    transport.counters.charge(received=array.nbytes, rounds=1)
+                    if self._on_frame is None:
+                        made: tuple[Any, int] | None = (array, array.nbytes)
+                    else:
+                        made = self._on_frame(array)
+                    if made is not None:
+                        with self._buffer_lock:
+                            self._buffered += made[1]
+                        self._in.put(made)
+                if progress:
+                    continue
+                now = time.monotonic()
+                if writer is not None:
+                    due = (
+                        written_at
+                        + self.write_timeout_seconds
+                        + writer.total / transport.min_bytes_per_second
+                    )
+                    if now >= due:
+                        raise PeerDisconnectedError(
+                            f"{transport.peer_name} did not read a frame of {writer.total} bytes "
+                            f"within {due - written_at:.3g} s; it is stuck or gone"
+                        )
+                    deadline = min(now + 1.0, due)
+                else:
+                    deadline = now + 1.0
+                if reader is not None and (due := transport.frame_deadline(reader)) is not None:
+                    if now >= due:
+                        raise PeerDisconnectedError(
+                            f"{transport.peer_name} sent a frame too slowly: {reader.received} "
+                            f"bytes of a frame of {reader.declared} payload bytes by its deadline"
+                        )
+                    deadline = min(deadline, due)
+                if reader is not None and transport.pending():
+                    continue
+                ready = transport.wait(
+                    want_read and reader is not None,
+                    want_write,
+                    deadline - now,
+                    [self._wake_r],
+                )
+                if self._wake_r in ready:
+                    self._drain_wake()
+        except FedUnlearnError as exc:
+            self._error = exc
+        except Exception as exc:  # delivered to the caller, never lost in a thread
+            self._error = PeerDisconnectedError(f"channel to {transport.peer_name} failed: {exc}")
+            self._error.__cause__ = exc
+        finally:
+            if self._error is None:
+                self._error = PeerDisconnectedError(
+                    f"the channel to {transport.peer_name} is closed"
+                )
+            self._writing = False
+            if not self._closing:  # failed: nothing more will be said on this connection
+                transport.close()
+            self._in.put((_STOP, 0))

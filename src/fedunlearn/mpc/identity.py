@@ -1,0 +1,434 @@
+"""Who is who in a deployment: a local CA, per-role certificates, mutual TLS with role checks.
+
+A two-server deployment has four roles (``ROLES``): ``dealer``, ``server0``, ``server1`` and
+``clients``. Each process holds a certificate signed by the deployment's CA that names its role
+in a subject-alternative-name URI, ``urn:fedunlearn:role:<role>`` (``role_uri``), next to the
+DNS names and IP addresses it serves on. Every TLS link is mutual: each end presents its
+certificate, requires the peer's to chain to the CA, and then checks the *role* in the peer's
+certificate against the role(s) it expects on that link (``Identity.wrap_client`` and
+``Identity.wrap_server``; ``PeerAuthenticationError`` otherwise). The role check replaces host
+name checking (``check_hostname`` is off because a server may be reached under any address;
+what must hold is "this peer is server 1 of this deployment", which the CA certifies). The
+contexts are never handed out without that check.
+
+For trials, ``create_trial_pki(directory)`` (or ``python -m fedunlearn.mpc.identity DIR``)
+writes a fresh CA and one certificate per role, valid for ``days`` days, for the given hosts
+(default 127.0.0.1 and localhost). A real deployment issues the certificates from a CA the two
+organisations agree on; nothing here depends on how they were made, only on the role URI.
+
+Plain TCP exists only behind an explicit ``insecure=True`` (``require_security``), which gives
+up, on every link: authentication of the peer's role (anyone who can reach a port can claim to
+be a server and receive its dealer seeds or client shares), confidentiality of the traffic
+(shares, openings, dealer seeds) and its integrity.
+
+Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
+Sec. III (two non-colluding servers and a trusted dealer: their separation is what keeps the
+history private); docs/security.md (threat model per role).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+import socket
+import ssl
+import sys
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedunlearn.errors import ConfigError, PeerAuthenticationError
+
+__all__ = [
+    "INSECURE_WARNING",
+    "ROLES",
+    "ROLE_URI_PREFIX",
+    "Identity",
+    "create_trial_pki",
+    "main",
+    "party_role",
+    "peer_role",
+    "require_security",
+    "role_uri",
+]
+
+ROLES = ("dealer", "server0", "server1", "clients")
+ROLE_URI_PREFIX = "urn:fedunlearn:role:"
+DEFAULT_HOSTS = ("127.0.0.1", "localhost")
+INSECURE_WARNING = (
+    "plain TCP (insecure): no peer proves its role (anyone who can reach a port can claim to be a "
+    "server and receive its dealer seeds or client shares), and shares, openings and dealer "
+    "seeds cross the network unencrypted and unauthenticated. Use only on a trusted loopback."
+)
+
+
+def role_uri(role: str) -> str:
+    """The SAN URI that binds ``role`` into a certificate."""
+    _check_role(role)
+    return ROLE_URI_PREFIX + role
+
+
+def party_role(party_id: int) -> str:
+    """The role of 2PC party ``party_id``: ``server0`` or ``server1``."""
+    if party_id not in (0, 1):
+        raise ConfigError(f"party_id must be 0 or 1; got {party_id!r}")
+    return f"server{party_id}"
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+
+
+def peer_role(certificate: dict | None, where: str = "the peer") -> str:
+    """Return the role bound in a verified peer certificate (``SSLSocket.getpeercert()``).
+
+    Raises:
+        PeerAuthenticationError: No certificate, no role URI, several, or an unknown role.
+    """
+    if not certificate:
+        raise PeerAuthenticationError(f"{where} presented no certificate; a role is required")
+    uris = [v for k, v in certificate.get("subjectAltName", ()) if k == "URI"]
+    roles = [u[len(ROLE_URI_PREFIX) :] for u in uris if u.startswith(ROLE_URI_PREFIX)]
+    if len(roles) != 1 or roles[0] not in ROLES:
+        raise PeerAuthenticationError(
+            f"{where}'s certificate binds roles {roles or 'none'}; exactly one of "
+            f"{', '.join(ROLES)} is required as a SAN URI {ROLE_URI_PREFIX}<role>"
+        )
+    return roles[0]
+
+
+def _role_of_file(cert_path: Path) -> str:
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        san = x509.SubjectAlternativeName([])
+    uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    return peer_role({"subjectAltName": [("URI", u) for u in uris]}, f"certificate {cert_path}")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One process's credentials: CA, its certificate and key, and the role the certificate binds.
+
+    Build with ``Identity.load(ca, cert, key)`` (reads the role from the certificate) or from a
+    trial directory with ``Identity.from_directory(dir, role)``. The TLS contexts exist only
+    inside ``wrap_client``/``wrap_server``, which always check the peer's role.
+
+    Args:
+        ca: PEM certificate of the deployment's CA (the only trust anchor).
+        cert: PEM certificate of this process (its role in a SAN URI).
+        key: PEM private key of ``cert``.
+        role: The role ``cert`` binds (checked by ``load``).
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    role: str
+
+    @classmethod
+    def load(cls, ca: str | Path, cert: str | Path, key: str | Path) -> Identity:
+        """Read the role from ``cert`` and check that the three files make usable contexts.
+
+        Raises:
+            ConfigError: A file is missing or unreadable, or the certificate binds no role.
+        """
+        ca, cert, key = Path(ca), Path(cert), Path(key)
+        try:
+            role = _role_of_file(cert)
+            identity = cls(ca, cert, key, role)
+            identity._context(server_side=True)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise ConfigError(
+                f"cannot load the TLS identity (ca {ca}, cert {cert}, key {key}): {exc}. "
+                "Create trial certificates with `python -m fedunlearn.mpc.identity DIR`."
+            ) from exc
+        except PeerAuthenticationError as exc:
+            raise ConfigError(str(exc)) from exc
+        return identity
+
+    @classmethod
+    def from_directory(cls, directory: str | Path, role: str) -> Identity:
+        """The identity of ``role`` in a directory written by ``create_trial_pki``."""
+        _check_role(role)
+        d = Path(directory)
+        return cls.load(d / "ca.pem", d / f"{role}.pem", d / f"{role}.key")
+
+    def _context(self, server_side: bool) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_verify_locations(cafile=str(self.ca))
+        ctx.load_cert_chain(str(self.cert), str(self.key))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if not server_side:
+            ctx.check_hostname = False  # replaced by the role check of wrap_client
+        return ctx
+
+    def wrap_client(
+        self,
+        sock: socket.socket,
+        expected_roles: Collection[str],
+        *,
+        timeout_seconds: float,
+        where: str,
+    ) -> tuple[ssl.SSLSocket, str]:
+        """TLS-handshake a connected socket as the client and check the server's role.
+
+        Args:
+            sock: A connected TCP socket (closed on failure).
+            expected_roles: Roles the peer may have on this link (e.g. ``{"dealer"}``).
+            timeout_seconds: Bound on the whole handshake.
+            where: How messages name the peer (``dealer at host:port``).
+
+        Returns:
+            The TLS socket and the peer's role.
+
+        Raises:
+            PeerAuthenticationError: The handshake failed (e.g. the peer's certificate is not
+                from this deployment's CA) or the peer's role is not expected here.
+        """
+        sock.settimeout(timeout_seconds)
+        try:
+            tls = self._context(server_side=False).wrap_socket(sock)
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
+        return tls, _check_peer(tls, expected_roles, where)
+
+    def wrap_server(
+        self,
+        sock: socket.socket,
+        allowed_roles: Collection[str],
+        *,
+        timeout_seconds: float,
+        where: str,
+    ) -> tuple[ssl.SSLSocket, str]:
+        """TLS-handshake an accepted socket as the server and check the client's role.
+
+        Raises:
+            PeerAuthenticationError: As ``wrap_client``; the socket is closed.
+        """
+        sock.settimeout(timeout_seconds)
+        try:
+            tls = self._context(server_side=True).wrap_socket(sock, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
+        return tls, _check_peer(tls, allowed_roles, where)
+
+
+def _check_peer(tls: ssl.SSLSocket, roles: Collection[str], where: str) -> str:
+    try:
+        role = peer_role(tls.getpeercert(), where)
+        if role not in roles:
+            raise PeerAuthenticationError(
+                f"{where} presented a certificate for role {role!r}; this link accepts only "
+                f"{', '.join(sorted(roles))}"
+            )
+    except PeerAuthenticationError:
+        tls.close()
+        raise
+    return role
+
+
+def require_security(identity: Identity | None, insecure: bool, what: str) -> None:
+    """Refuse to run ``what`` without TLS identities unless plain TCP was asked for explicitly.
+
+    Raises:
+        ConfigError: Neither an identity nor ``insecure=True`` was given, or both were.
+    """
+    if identity is None and not insecure:
+        raise ConfigError(
+            f"{what} needs a TLS identity (mutual TLS with roles; for a trial create one with "
+            "`python -m fedunlearn.mpc.identity DIR`), or insecure=True for " + INSECURE_WARNING
+        )
+    if identity is not None and insecure:
+        raise ConfigError(f"{what}: give a TLS identity or insecure=True, not both")
+
+
+# ---- a trial PKI ------------------------------------------------------------------------------
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a key readable by its owner only (0600), atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    tmp.replace(path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _alt_names(role: str, hosts: Sequence[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role_uri(role))]
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def create_trial_pki(
+    directory: str | Path,
+    *,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    roles: Sequence[str] = ROLES,
+    days: int = 30,
+    overwrite: bool = False,
+) -> dict[str, Identity]:
+    """Create a fresh CA and one certificate per role in ``directory`` (for trials).
+
+    Writes ``ca.pem``, ``ca.key`` and, per role, ``<role>.pem`` and ``<role>.key`` (keys 0600,
+    ECDSA P-256, SHA-256). Each certificate binds its role as ``urn:fedunlearn:role:<role>``
+    and lists ``hosts`` as DNS names or IP addresses; it allows client and server use.
+
+    Args:
+        directory: Where to write (created if missing).
+        hosts: Host names and addresses the processes are reached at.
+        roles: Roles to certify (default all four).
+        days: Validity.
+        overwrite: Replace an existing CA in ``directory``.
+
+    Returns:
+        Role -> ``Identity``.
+
+    Raises:
+        ConfigError: ``directory`` already holds a CA and ``overwrite`` is False, or a role is
+            unknown, or ``days`` is not positive.
+    """
+    for role in roles:
+        _check_role(role)
+    if days < 1:
+        raise ConfigError(f"days must be >= 1; got {days}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "ca.pem").exists() and not overwrite:
+        raise ConfigError(f"{out} already holds a CA (ca.pem); pass overwrite=True to replace it")
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedunlearn trial deployment"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"fedunlearn trial CA {os.urandom(4).hex()}"),
+        ]
+    )
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(out / "ca.key", _key_pem(ca_key))
+    (out / "ca.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    identities = {}
+    for role in roles:
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedunlearn trial deployment"),
+                x509.NameAttribute(NameOID.COMMON_NAME, f"fedunlearn {role}"),
+            ]
+        )
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName(_alt_names(role, hosts)), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=True,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        _write_private(out / f"{role}.key", _key_pem(key))
+        (out / f"{role}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        identities[role] = Identity(out / "ca.pem", out / f"{role}.pem", out / f"{role}.key", role)
+    return identities
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fedunlearn.mpc.identity DIR``: a trial CA and one certificate per role."""
+    parser = argparse.ArgumentParser(
+        description="Create a local CA and per-role TLS certificates for a trial deployment."
+    )
+    parser.add_argument("directory")
+    parser.add_argument("--hosts", default=",".join(DEFAULT_HOSTS), help="comma-separated")
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    try:
+        made = create_trial_pki(
+            args.directory, hosts=hosts, days=args.days, overwrite=args.overwrite
+        )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for role, identity in made.items():
+        print(f"{role}: {identity.cert} (key {identity.key}), CA {identity.ca}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

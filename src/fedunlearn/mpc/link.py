@@ -1,0 +1,629 @@
+"""Authenticated links: accept until the expected peers arrive, connect with roles and a hello.
+
+``accept_peers`` is how every service of a deployment (server 0 for server 1, the dealer for
+both servers, the clients service for both servers) takes its connections:
+
+1. It keeps accepting on the listening socket until every expected role has arrived or
+   ``accept_timeout_seconds`` have passed. Each connection is handshaken in its own thread,
+   bounded by ``handshake_timeout_seconds`` (TLS handshake, then one hello frame of at most
+   16 KiB), at most ``MAX_PENDING`` at a time; junk (garbage bytes, a failed TLS handshake, a
+   slow drip, an oversized or malformed hello, a certificate of another CA) is closed and
+   logged, and never ends the session.
+2. With an ``Identity`` (mutual TLS) the peer's role is the one its certificate binds; a
+   certificate of an unexpected role (say ``clients`` at the dealer), or a hello claiming
+   another role than the certificate, is refused with a message saying so. Each role is
+   served once: a second peer of a role that already arrived is refused. Without TLS
+   (``insecure=True``) the role is what the hello claims, and nothing stops a third party from
+   claiming it first (``identity.INSECURE_WARNING``).
+3. The acceptor answers an accepted peer with its own hello; both sides compare session id,
+   digests and protocol options (``session.Hello.differences``). A difference with an
+   authenticated peer is fatal on both sides: ``SessionMismatchError`` naming the fields.
+4. Once all roles are in, each peer receives ``{"ready": true}``; if the session fails first
+   (a mismatch, the deadline), the peers already accepted receive the reason instead.
+
+``connect_peer`` is the other end: connect (retrying refused connects), TLS with the expected
+role(s) of the peer, send the hello, compare the answer, wait for ``ready``.
+
+Both return ``Link``s whose ``transport`` is a ``TcpTransport`` with the caller's timeouts and
+frame cap (the handshake itself runs under a 16 KiB cap).
+
+Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
+Sec. III (two non-colluding servers, a trusted dealer: the guarantee holds only if each link
+reaches the party it is meant for); docs/security.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from fedunlearn.errors import (
+    ConfigError,
+    FedUnlearnError,
+    MalformedFrameError,
+    PeerAuthenticationError,
+    PeerDisconnectedError,
+    SessionMismatchError,
+)
+from fedunlearn.mpc.identity import ROLES, Identity, require_security
+from fedunlearn.mpc.session import (
+    MAX_HELLO_BYTES,
+    Hello,
+    Option,
+    SessionBinding,
+    decode_message,
+    encode_message,
+    mismatch_error,
+)
+from fedunlearn.mpc.tcp import (
+    DEFAULT_MAX_FRAME_BYTES,
+    TcpListener,
+    TcpTransport,
+    connect_socket,
+)
+
+__all__ = [
+    "MAX_PENDING",
+    "Link",
+    "LinkSecurity",
+    "accept_peer",
+    "accept_peers",
+    "check_ready",
+    "connect_peer",
+]
+
+logger = logging.getLogger("fedunlearn.mpc.link")
+MAX_PENDING = 32  # connections handshaking at once; more are closed at once
+_LINGER_SECONDS = 2.0  # after a refusal or abort, let the message reach the peer
+_MAX_REFUSALS_KEPT = 20
+_HINT = (
+    "Start every process of a session with the same session id, run, configuration, forget "
+    "set and share stores (and the same protocol options)."
+)
+
+
+@dataclass(frozen=True)
+class LinkSecurity:
+    """How a process secures its links: mutual TLS with roles, or explicitly plain TCP.
+
+    Args:
+        identity: This process's TLS identity (the secure setting).
+        insecure: Plain TCP, chosen explicitly (``identity.INSECURE_WARNING``).
+        legacy_context: An ``ssl.SSLContext`` of an older caller: TLS against the CA, but the
+            peer's role is what its hello claims (no role binding). Kept for compatibility.
+    """
+
+    identity: Identity | None = None
+    insecure: bool = False
+    legacy_context: ssl.SSLContext | None = None
+
+    @classmethod
+    def of(
+        cls,
+        identity: Identity | None = None,
+        insecure: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        what: str = "this link",
+    ) -> LinkSecurity:
+        """Validate the choice: exactly one of an identity, a legacy context or ``insecure``.
+
+        Raises:
+            ConfigError: None or several were given.
+        """
+        if ssl_context is not None:
+            if identity is not None or insecure:
+                raise ConfigError(f"{what}: give an identity, an ssl_context or insecure=True")
+            return cls(legacy_context=ssl_context)
+        require_security(identity, insecure, what)
+        return cls(identity=identity, insecure=insecure)
+
+    @property
+    def authenticates_roles(self) -> bool:
+        """True if a peer's role comes from its certificate (not from its claim)."""
+        return self.identity is not None
+
+    def describe(self) -> str:
+        """One line for logs and results."""
+        if self.identity is not None:
+            return f"mutual TLS, roles from certificates (this process: {self.identity.role})"
+        if self.legacy_context is not None:
+            return "TLS against the CA; roles claimed, not certified (legacy ssl_context)"
+        return "plain TCP (insecure=True): roles claimed, traffic unencrypted"
+
+
+@dataclass
+class Link:
+    """An accepted or connected link after the handshake.
+
+    Attributes:
+        transport: The framed connection (caller's timeouts and frame cap).
+        role: The peer's role: from its certificate, or (plain TCP) from its hello.
+        hello: The peer's hello (binding and options).
+        authenticated: True if ``role`` was proven by a certificate.
+    """
+
+    transport: TcpTransport
+    role: str
+    hello: Hello
+    authenticated: bool
+    where: str = "the peer"
+
+    def wait_ready(self, timeout_seconds: float) -> None:
+        """Wait for the service's ready message (``connect_peer(wait_ready=False)``)."""
+        previous = self.transport.timeout_seconds
+        self.transport.set_timeout(timeout_seconds)
+        try:
+            check_ready(_receive_doc(self.transport, self.where), self.where)
+        except BaseException:
+            self.transport.close()
+            raise
+        self.transport.set_timeout(previous)
+
+    def close(self) -> None:
+        """Close the transport."""
+        self.transport.close()
+
+
+def _send_doc(transport: TcpTransport, doc: Mapping[str, object]) -> None:
+    transport.send(encode_message(doc))
+
+
+def _try_send_doc(transport: TcpTransport, doc: Mapping[str, object]) -> None:
+    try:
+        _send_doc(transport, doc)
+    except FedUnlearnError:
+        pass
+
+
+def _refusal(kind: str, reason: str) -> dict[str, str]:
+    return {"refused": kind, "reason": reason}
+
+
+@dataclass
+class _Candidate:
+    transport: TcpTransport
+    role: str
+    hello: Hello
+    authenticated: bool
+    where: str
+
+
+class _Refused(Exception):
+    """A connection was refused during its handshake (reason for the log)."""
+
+
+def _handshake_incoming(
+    conn: socket.socket,
+    address: tuple,
+    security: LinkSecurity,
+    peer_roles: Collection[str],
+    party_id: int,
+    handshake_timeout_seconds: float,
+) -> _Candidate:
+    """TLS (if any), the peer's role, its hello: everything but the session comparison."""
+    where = f"{address[0]}:{address[1]}"
+    cert_role: str | None = None
+    try:
+        if security.identity is not None:
+            conn, cert_role = security.identity.wrap_server(
+                conn, ROLES, timeout_seconds=handshake_timeout_seconds, where=where
+            )
+        elif security.legacy_context is not None:
+            conn.settimeout(handshake_timeout_seconds)
+            conn = security.legacy_context.wrap_socket(conn, server_side=True)
+    except (PeerAuthenticationError, ssl.SSLError, OSError) as exc:
+        conn.close()
+        raise _Refused(f"TLS handshake failed: {exc}") from None
+    transport = TcpTransport(
+        conn,
+        party_id,
+        handshake_timeout_seconds,
+        MAX_HELLO_BYTES,
+        peer_name=f"{cert_role or 'an unauthenticated peer'} at {where}",
+    )
+    try:  # read the hello first: a refusal then reaches the peer instead of a reset
+        hello = Hello.parse(decode_message(transport.recv(MAX_HELLO_BYTES), where), where)
+        problem = None
+        if cert_role is not None and cert_role not in peer_roles:
+            problem = (
+                f"this link accepts only {', '.join(sorted(peer_roles))}; your certificate is "
+                f"for role {cert_role!r}"
+            )
+        elif cert_role is not None and hello.role != cert_role:
+            problem = (
+                f"your hello claims role {hello.role!r} but your certificate is for {cert_role!r}"
+            )
+        elif cert_role is None and hello.role not in peer_roles:
+            problem = (
+                f"this link accepts only {', '.join(sorted(peer_roles))}; you claim {hello.role!r}"
+            )
+        if problem is not None:
+            _try_send_doc(transport, _refusal("role", problem))
+            transport.close(_LINGER_SECONDS)  # this is the handshake thread: linger here
+            raise _Refused(f"{problem} (refused)")
+    except _Refused:
+        raise
+    except FedUnlearnError as exc:  # silent, slow, malformed: junk
+        transport.close()
+        raise _Refused(f"{type(exc).__name__}: {exc}") from None
+    return _Candidate(transport, hello.role, hello, cert_role is not None, where)
+
+
+def accept_peers(
+    listener: TcpListener | socket.socket,
+    *,
+    role: str,
+    peer_roles: Collection[str],
+    binding: SessionBinding | None = None,
+    options: Mapping[str, Option] | None = None,
+    identity: Identity | None = None,
+    insecure: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+    party_id: int = 0,
+    timeout_seconds: float = 60.0,
+    accept_timeout_seconds: float = 600.0,
+    handshake_timeout_seconds: float = 10.0,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    adopt_binding: bool = False,
+) -> dict[str, Link]:
+    """Accept until one authenticated peer of each role in ``peer_roles`` has joined.
+
+    Args:
+        listener: The listening socket (left open; close it when no one else may join).
+        role: This process's role (sent in its hello; must match its certificate).
+        peer_roles: Roles to wait for, one peer each.
+        binding: This session's binding (default ``SessionBinding.unbound()``).
+        options: Protocol options both sides must agree on (e.g. ``mask_scale_bits``).
+        identity: Mutual TLS with roles (the secure setting).
+        insecure: Plain TCP, explicitly.
+        ssl_context: Legacy server-side TLS context (roles claimed, not certified).
+        party_id: Passed to the transports.
+        timeout_seconds: Receive timeout of the returned transports.
+        accept_timeout_seconds: How long to wait for all roles.
+        handshake_timeout_seconds: Bound on one connection's TLS handshake and hello.
+        max_frame_bytes: Frame cap of the returned transports.
+        adopt_binding: Take the first accepted peer's binding as this session's (a dealer that
+            only checks that both servers agree); ``binding`` must then be None.
+
+    Returns:
+        Role -> ``Link``.
+
+    Raises:
+        SessionMismatchError: An authenticated peer runs another session or job.
+        PeerDisconnectedError: Not all roles arrived in time (the message lists refusals).
+        ConfigError: No security was chosen (``identity`` or ``insecure=True``).
+    """
+    security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s listener")
+    if security.identity is not None and security.identity.role != role:
+        raise ConfigError(
+            f"this process speaks as {role!r} but its certificate is for {security.identity.role!r}"
+        )
+    wanted = set(peer_roles)
+    if not wanted or not wanted <= set(ROLES):
+        raise ConfigError(f"peer_roles must be a non-empty subset of {ROLES}; got {peer_roles!r}")
+    if adopt_binding and binding is not None:
+        raise ConfigError("adopt_binding takes the first peer's binding: pass binding=None")
+    current = binding if binding is not None or adopt_binding else SessionBinding.unbound()
+    own_options = dict(options or {})
+    sock = listener.sock if isinstance(listener, TcpListener) else listener
+    host, port = sock.getsockname()[:2]
+    results: queue.Queue = queue.Queue()
+    pending = [0]
+    lock = threading.Lock()
+    accepted: dict[str, Link] = {}
+    refusals: list[str] = []
+    refused_count = 0
+    done = threading.Event()
+
+    def work(conn: socket.socket, address: tuple) -> None:
+        try:
+            results.put(
+                _handshake_incoming(
+                    conn, address, security, wanted, party_id, handshake_timeout_seconds
+                )
+            )
+        except _Refused as exc:
+            results.put((f"{address[0]}:{address[1]}", str(exc)))
+        except Exception as exc:  # a bug must not hang the accept loop
+            conn.close()
+            results.put(
+                (f"{address[0]}:{address[1]}", f"internal error {type(exc).__name__}: {exc}")
+            )
+        finally:
+            with lock:
+                pending[0] -= 1
+
+    def refuse(where: str, reason: str) -> None:
+        nonlocal refused_count
+        refused_count += 1
+        text = f"{where}: {reason}"
+        refusals.append(text)
+        del refusals[:-_MAX_REFUSALS_KEPT]
+        logger.warning("%s on %s:%s refused a connection from %s", role, host, port, text)
+
+    def abort(reason: str) -> None:
+        done.set()
+        for link in accepted.values():
+            _try_send_doc(link.transport, {"abort": reason})
+            link.transport.close(_LINGER_SECONDS, background=True)
+
+    deadline = time.monotonic() + accept_timeout_seconds
+    try:
+        while set(accepted) != wanted:
+            now = time.monotonic()
+            if now >= deadline:
+                missing = ", ".join(sorted(wanted - set(accepted)))
+                last = "; ".join(refusals[-3:]) or "none"
+                reason = (
+                    f"no authenticated {missing} joined {role} on {host}:{port} within "
+                    f"{accept_timeout_seconds:g} s ({refused_count} connections refused; last: "
+                    f"{last})"
+                )
+                abort(reason)
+                raise PeerDisconnectedError(reason)
+            while True:  # handshakes that finished
+                try:
+                    item = results.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, tuple):
+                    refuse(*item)
+                    continue
+                if item.role in accepted:
+                    _try_send_doc(
+                        item.transport,
+                        _refusal("taken", f"role {item.role} has already joined this session"),
+                    )
+                    item.transport.close(_LINGER_SECONDS, background=True)
+                    refuse(item.where, f"second peer for role {item.role}")
+                    continue
+                if current is None:  # adopt_binding: the first peer's session is ours
+                    current = item.hello.binding
+                ours = Hello(role, current, own_options)
+                _try_send_doc(item.transport, ours.to_json())
+                differences = ours.differences(item.hello)
+                if differences:
+                    error = mismatch_error(f"{item.role} at {item.where}", differences, _HINT)
+                    item.transport.close(_LINGER_SECONDS, background=True)
+                    abort(f"the session was refused: {error}")
+                    raise error
+                item.transport.set_timeout(timeout_seconds)
+                item.transport.max_frame_bytes = int(max_frame_bytes)
+                accepted[item.role] = Link(
+                    item.transport, item.role, item.hello, item.authenticated, item.where
+                )
+            if set(accepted) == wanted:
+                break
+            sock.settimeout(min(0.05, max(deadline - now, 0.001)))
+            try:
+                conn, address = sock.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                abort(f"{role} stopped listening: {exc}")
+                raise PeerDisconnectedError(
+                    f"{role}'s listener on {host}:{port} failed: {exc}"
+                ) from exc
+            with lock:
+                full = pending[0] >= MAX_PENDING
+                if not full:
+                    pending[0] += 1
+            if full:
+                conn.close()
+                refuse(
+                    f"{address[0]}:{address[1]}",
+                    f"more than {MAX_PENDING} connections handshaking at once",
+                )
+                continue
+            threading.Thread(
+                target=work, args=(conn, address), name=f"{role}-handshake", daemon=True
+            ).start()
+    except BaseException as exc:
+        if not done.is_set():
+            abort(f"{role} failed: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        done.set()
+        _drain_late(results)
+    for link in accepted.values():
+        _try_send_doc(link.transport, {"ready": True})
+    return accepted
+
+
+def _drain_late(results: queue.Queue) -> None:
+    """Close handshakes that finished after the session was complete or failed."""
+
+    def drain() -> None:
+        end = time.monotonic() + 30.0
+        while time.monotonic() < end:
+            try:
+                item = results.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if not isinstance(item, tuple):
+                _try_send_doc(item.transport, _refusal("taken", "the session is complete"))
+                item.transport.close(_LINGER_SECONDS)
+
+    threading.Thread(target=drain, name="late-handshakes", daemon=True).start()
+
+
+def accept_peer(
+    listener: TcpListener | socket.socket,
+    *,
+    role: str,
+    peer_role: str,
+    binding: SessionBinding | None = None,
+    options: Mapping[str, Option] | None = None,
+    identity: Identity | None = None,
+    insecure: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+    party_id: int = 0,
+    timeout_seconds: float = 60.0,
+    accept_timeout_seconds: float = 600.0,
+    handshake_timeout_seconds: float = 10.0,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> Link:
+    """``accept_peers`` for one role (e.g. server 0 waiting for server 1); see there."""
+    links = accept_peers(
+        listener,
+        role=role,
+        peer_roles={peer_role},
+        binding=binding,
+        options=options,
+        identity=identity,
+        insecure=insecure,
+        ssl_context=ssl_context,
+        party_id=party_id,
+        timeout_seconds=timeout_seconds,
+        accept_timeout_seconds=accept_timeout_seconds,
+        handshake_timeout_seconds=handshake_timeout_seconds,
+        max_frame_bytes=max_frame_bytes,
+    )
+    return links[peer_role]
+
+
+def connect_peer(
+    address: tuple[str, int],
+    *,
+    role: str,
+    peer_roles: Collection[str],
+    binding: SessionBinding | None = None,
+    options: Mapping[str, Option] | None = None,
+    identity: Identity | None = None,
+    insecure: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+    party_id: int = 1,
+    timeout_seconds: float = 60.0,
+    handshake_timeout_seconds: float = 10.0,
+    ready_timeout_seconds: float | None = None,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    wait_ready: bool = True,
+) -> Link:
+    """Connect to a service, authenticate its role, exchange hellos, wait until it is ready.
+
+    Args:
+        address: (host, port) of the listening peer.
+        role: This process's role.
+        peer_roles: Roles the peer may have (e.g. ``{"dealer"}``).
+        binding: This session's binding (default ``SessionBinding.unbound()``).
+        options: Protocol options both sides must agree on.
+        identity: Mutual TLS with roles (the secure setting).
+        insecure: Plain TCP, explicitly.
+        ssl_context: Legacy client-side TLS context (no role check).
+        server_hostname: Host name for a legacy context's check (default: the host).
+        party_id: Passed to the transport.
+        timeout_seconds: Connect retry window, and receive timeout of the returned transport.
+        handshake_timeout_seconds: Bound on the TLS handshake and the hello answer.
+        ready_timeout_seconds: How long to wait for the service's other peers (default:
+            ``timeout_seconds``).
+        max_frame_bytes: Frame cap of the returned transport.
+        wait_ready: Wait here until the service is ready (all its peers joined). With False
+            the caller must call ``link.wait_ready()`` (or read the ready message itself)
+            before anything else.
+
+    Returns:
+        The link.
+
+    Raises:
+        PeerAuthenticationError: TLS failed, the peer's role is not in ``peer_roles``, or the
+            service refused this process's role.
+        SessionMismatchError: The service runs another session or job (fields named).
+        PeerDisconnectedError: Nobody listens, or the service went away before it was ready.
+    """
+    security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s connection")
+    if security.identity is not None and security.identity.role != role:
+        raise ConfigError(
+            f"this process speaks as {role!r} but its certificate is for {security.identity.role!r}"
+        )
+    host, port = address
+    where = f"{'/'.join(sorted(peer_roles))} at {host}:{port}"
+    sock = connect_socket(host, port, timeout_seconds)
+    cert_role: str | None = None
+    if security.identity is not None:
+        sock, cert_role = security.identity.wrap_client(
+            sock, set(peer_roles), timeout_seconds=handshake_timeout_seconds, where=where
+        )
+    elif security.legacy_context is not None:
+        sock.settimeout(handshake_timeout_seconds)
+        try:
+            sock = security.legacy_context.wrap_socket(
+                sock, server_hostname=server_hostname or host
+            )
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
+    transport = TcpTransport(
+        sock, party_id, handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
+    )
+    ours = Hello(role, binding or SessionBinding.unbound(), dict(options or {}))
+    try:
+        _send_doc(transport, ours.to_json())
+        reply = _receive_doc(transport, where)
+        _raise_refusal(reply, where)
+        theirs = Hello.parse(reply, where)
+        claimed_ok = (
+            theirs.role == cert_role if cert_role is not None else theirs.role in peer_roles
+        )
+        if not claimed_ok:
+            raise PeerAuthenticationError(
+                f"{where} says it is {theirs.role!r}; expected {', '.join(sorted(peer_roles))}"
+                + (f" (its certificate: {cert_role!r})" if cert_role else "")
+            )
+        differences = ours.differences(theirs)
+        if differences:
+            raise mismatch_error(where, differences, _HINT)
+        link = Link(transport, theirs.role, theirs, cert_role is not None, where)
+        if wait_ready:
+            wait = timeout_seconds if ready_timeout_seconds is None else ready_timeout_seconds
+            link.wait_ready(wait)
+    except BaseException:
+        transport.close()
+        raise
+    transport.set_timeout(timeout_seconds)
+    transport.max_frame_bytes = int(max_frame_bytes)
+    return link
+
+
+def check_ready(doc: Mapping[str, object], where: str) -> None:
+    """Accept a service's ready message; raise what it says otherwise.
+
+    Raises:
+        SessionMismatchError: The service refused the session (another peer's job differs).
+        PeerDisconnectedError: The service gave up (e.g. a peer never came).
+        MalformedFrameError: Anything else.
+    """
+    if "abort" in doc:
+        reason = str(doc["abort"])
+        kind = SessionMismatchError if "session was refused" in reason else PeerDisconnectedError
+        raise kind(f"{where} gave up the session: {reason}")
+    if doc.get("ready") is not True:
+        raise MalformedFrameError(f"{where} sent {dict(doc)!r} where its 'ready' belongs")
+
+
+def _receive_doc(transport: TcpTransport, where: str) -> dict:
+    try:
+        return decode_message(transport.recv(MAX_HELLO_BYTES), where)
+    except PeerDisconnectedError as exc:
+        if isinstance(exc.__cause__, ssl.SSLError):
+            raise PeerAuthenticationError(
+                f"{where} refused this process's certificate during the TLS handshake: "
+                f"{exc.__cause__}"
+            ) from exc
+        raise
+
+
+def _raise_refusal(reply: Mapping[str, object], where: str) -> None:
+    if "refused" not in reply:
+        return
+    kind, reason = reply.get("refused"), str(reply.get("reason", ""))
+    if kind == "session":
+        raise SessionMismatchError(f"{where} refused the session: {reason}")
+    raise PeerAuthenticationError(f"{where} refused this connection ({kind}): {reason}")

@@ -1,0 +1,55 @@
+"""Run directories: build a federation from a config, train it with history recording, resume.
+
+``setup`` (what a config determines: data, poisoning, model, federation), ``train`` (training
+with recording, resume and repair), ``rundir`` (the directory's files, ``run_info`` and
+``check_run``), ``forget`` (erasing clients' stored updates and the evidence of it).
+"""
+
+from fedunlearn.runs.forget import deletion_evidence, forget_clients
+from fedunlearn.runs.rundir import (
+    CONFIG_FILE,
+    HISTORY_DIR,
+    METRICS_FILE,
+    PRIVACY_FILE,
+    SUMMARY_FILE,
+    MetricsWriter,
+    check_run,
+    holds_run,
+    load_run_config,
+    metrics_line,
+    restore_config,
+    run_info,
+    run_privacy,
+    stored_metrics_line,
+    write_text_atomic,
+)
+from fedunlearn.runs.setup import Setup, build_setup, clients_loss, reference_set
+from fedunlearn.runs.train import attach_privacy, make_recording_policy, policy_env, train_run
+
+__all__ = [
+    "CONFIG_FILE",
+    "HISTORY_DIR",
+    "METRICS_FILE",
+    "PRIVACY_FILE",
+    "SUMMARY_FILE",
+    "MetricsWriter",
+    "Setup",
+    "attach_privacy",
+    "build_setup",
+    "check_run",
+    "clients_loss",
+    "deletion_evidence",
+    "forget_clients",
+    "holds_run",
+    "load_run_config",
+    "make_recording_policy",
+    "metrics_line",
+    "policy_env",
+    "reference_set",
+    "restore_config",
+    "run_info",
+    "run_privacy",
+    "stored_metrics_line",
+    "train_run",
+    "write_text_atomic",
+]

@@ -1,0 +1,108 @@
+"""Forgetting clients' stored updates from a run directory, and the evidence that they are gone.
+
+``forget_clients`` deletes the clients' payloads from the run's history (``HistoryStore.forget``:
+secure delete, space given back, a deletion record kept in the store). ``deletion_evidence``
+gathers, for a run and a set of clients, what a receipt needs as one JSON-ready dict: the
+deletion records (rounds, sizes, SHA-256 of each deleted payload, time, bytes reclaimed) and a
+fresh check that every deleted payload is unreadable and none of its pages is left in the files
+(``HistoryStore.check_deletions``).
+
+Removing the clients' influence from the models is an unlearning method's job (``fedunlearn
+unlearn``); this module only erases the stored updates, as a deletion request requires
+(e.g. GDPR Art. 17).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
+from fedunlearn.runs.rundir import HISTORY_DIR
+
+__all__ = ["deletion_evidence", "forget_clients"]
+
+
+def _store_dir(run_dir: Path) -> Path:
+    if not (run_dir / HISTORY_DIR / FILE_NAME).exists():
+        raise HistoryError(
+            f"{run_dir} is not a run directory (no {HISTORY_DIR}/{FILE_NAME}). Name the directory "
+            "given to 'fedunlearn train --out'."
+        )
+    return run_dir / HISTORY_DIR
+
+
+def _client_ids(client_ids: Iterable[int]) -> list[int]:
+    ids = sorted(set(client_ids))
+    if not ids:
+        raise ConfigError("name at least one client id to forget (e.g. 3,7)")
+    return ids
+
+
+def forget_clients(
+    run_dir: str | Path,
+    client_ids: Iterable[int],
+    *,
+    vacuum: Literal["incremental", "full"] = "incremental",
+) -> DeletionRecord:
+    """Delete every stored update of ``client_ids`` from a run's history.
+
+    Takes the run's writer lock (refused while a training or another forget writes the run).
+
+    Args:
+        run_dir: The run directory.
+        client_ids: Clients to forget.
+        vacuum: How to give the space back (``HistoryStore.forget``).
+
+    Returns:
+        The call's deletion record (also kept in the store).
+
+    Raises:
+        HistoryError: Not a run directory, or another process writes it.
+        UnknownClientError: A client never appears in the run; nothing was changed.
+    """
+    ids = _client_ids(client_ids)
+    with HistoryStore.open(_store_dir(Path(run_dir)), writable=True) as store:
+        return store.forget(ids, vacuum=vacuum)
+
+
+def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[str, Any]:
+    """Return the evidence that ``client_ids``' stored updates were deleted, JSON-ready.
+
+    Opens the run read-only and checks it now: every deleted payload recorded for these
+    clients must be unreadable and no page of it left in the store's files.
+
+    Args:
+        run_dir: The run directory.
+        client_ids: The clients a receipt is about.
+
+    Returns:
+        ``{"run_dir", "store", "checked_at", "client_ids", "forgotten": {client: bool},
+        "records": [DeletionRecord dicts, these clients' payloads only], "check":
+        DeletionCheck dict, "ok"}``; ``ok`` is True when every client was forgotten and the
+        check passed.
+
+    Raises:
+        HistoryError: Not a run directory.
+    """
+    run_dir = Path(run_dir)
+    ids = _client_ids(client_ids)
+    with HistoryStore.open(_store_dir(run_dir)) as store:
+        records = store.deletion_records(ids)
+        logged = {entry.client_id for entry in store.forget_records()}
+        check = store.check_deletions(ids)
+        file = str(store.file)
+    forgotten = {str(c): c in logged for c in ids}
+    return {
+        "run_dir": str(run_dir),
+        "store": file,
+        "checked_at": time.time(),
+        "client_ids": ids,
+        "forgotten": forgotten,
+        "records": [r.to_dict() for r in records],
+        "check": check.to_dict(),
+        "ok": all(forgotten.values()) and check.ok,
+    }

@@ -1,0 +1,300 @@
+"""A run directory's files, what can be read back from them, and their consistency checks.
+
+A run directory holds ``history/`` (the store: M_0, every round's global model and aggregate,
+the client updates the policy keeps, every client's outcome, the round metrics and, in its
+metadata, the resolved config the run was trained with), ``config.yaml`` (that config, for
+people and for ``train --resume``), ``metrics.jsonl`` (one line per round, regenerated from the
+store on resume), ``summary.json`` (written when training finishes) and, with DP,
+``privacy.json``. The store is authoritative: ``config.yaml`` must equal its copy, and every
+reader here checks that (``load_run_config``, ``run_info``, ``check_run``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fedunlearn.config import RunConfig, dump_config, load_config, parse_config
+from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.fl.records import RoundRecord, UpdateStatus
+from fedunlearn.history.store import FILE_NAME, HistoryStore
+from fedunlearn.privacy.ledger import privacy_summary
+
+__all__ = [
+    "CONFIG_FILE",
+    "HISTORY_DIR",
+    "METRICS_FILE",
+    "PRIVACY_FILE",
+    "QUICK_CHECK_ABOVE_BYTES",
+    "SUMMARY_FILE",
+    "MetricsWriter",
+    "check_run",
+    "config_differences",
+    "holds_run",
+    "load_run_config",
+    "metrics_line",
+    "restore_config",
+    "run_info",
+    "run_privacy",
+    "stored_config",
+    "stored_metrics_line",
+    "write_json",
+    "write_text_atomic",
+]
+
+HISTORY_DIR = "history"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PRIVACY_FILE = "privacy.json"
+CONFIG_FILE = "config.yaml"
+# run_info reads every payload's checksum up to this store size, only the models above it
+# (a full check reads the whole file: ~1-2 s per GB from the page cache, more from disk).
+QUICK_CHECK_ABOVE_BYTES = 512 * 2**20
+
+
+def run_privacy(config: RunConfig, store: HistoryStore) -> dict[str, Any]:
+    """Return the run's privacy ledger summary from its stored round scalars."""
+    last = store.last_round() or 0
+    scalars = [store.round_scalars(r) for r in range(1, last + 1)]
+    return privacy_summary(config.privacy, scalars, store.meta.get("num_params"))
+
+
+class MetricsWriter:
+    """Round observer appending one JSON line of metrics per round."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        """Append the round's metrics."""
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(metrics_line(record.round, record.metrics, record)) + "\n")
+
+
+def metrics_line(round_: int, metrics: dict[str, Any], record: RoundRecord | None = None) -> dict:
+    """Return the JSON-lines row of a round."""
+    row: dict[str, Any] = {"round": round_, **metrics}
+    if record is not None:
+        row["num_accepted"] = len(record.updates)
+        row["num_rejected"] = len(record.rejected)
+    return row
+
+
+def stored_metrics_line(store: HistoryStore, round_: int) -> dict[str, Any]:
+    """Return the JSON-lines row of a committed round, as ``MetricsWriter`` wrote it."""
+    statuses = [c.status for c in store.client_records(round_)]
+    row = metrics_line(round_, store.round_scalars(round_))
+    row["num_accepted"] = statuses.count(UpdateStatus.ACCEPTED.value)
+    row["num_rejected"] = statuses.count(UpdateStatus.REJECTED.value)
+    return row
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically.
+
+    A temporary file in the same directory, fsync'd, then renamed over ``path``: a reader sees
+    the old file or the new one, never a part.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON atomically (``write_text_atomic``)."""
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def holds_run(run_dir: str | Path) -> bool:
+    """Return whether ``run_dir`` holds a run (a config.yaml or a history store)."""
+    run_dir = Path(run_dir)
+    return (run_dir / CONFIG_FILE).exists() or (run_dir / HISTORY_DIR / FILE_NAME).exists()
+
+
+def stored_config(store: HistoryStore) -> RunConfig | None:
+    """Return the config kept in the store's metadata, or None if it holds none."""
+    data = store.meta.get("config")
+    if data is None:
+        return None
+    return parse_config(data, f"the config stored in {store.file}")
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def config_differences(a: RunConfig, b: RunConfig, limit: int = 4) -> str:
+    """Return the fields where two configs differ, as ``field: a vs b`` (empty if equal)."""
+    fa, fb = _flatten(a.model_dump(mode="json")), _flatten(b.model_dump(mode="json"))
+    keys = [k for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)]
+    shown = [f"{k}: {fa.get(k)!r} vs {fb.get(k)!r}" for k in keys[:limit]]
+    return "; ".join(shown) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _config_problem(run_dir: Path, store: HistoryStore) -> tuple[RunConfig | None, str | None]:
+    """Return the store's config and what is wrong with config.yaml (None if nothing)."""
+    stored = stored_config(store)
+    path = run_dir / CONFIG_FILE
+    if stored is None:
+        return None, None
+    if not path.exists():
+        return stored, (
+            f"{path} is missing; the store keeps the config the run was trained with. Restore "
+            f"the file with: fedunlearn verify {run_dir} --restore-config"
+        )
+    try:
+        on_disk = load_config(path)
+    except ConfigError as err:
+        return stored, f"{err}. Restore it with: fedunlearn verify {run_dir} --restore-config"
+    if dump_config(on_disk) != dump_config(stored):
+        return stored, (
+            f"{path} does not match the config stored in {store.file} with the run "
+            f"({config_differences(on_disk, stored)}; config.yaml vs store), so it was changed "
+            f"after training. Restore it with: fedunlearn verify {run_dir} --restore-config"
+        )
+    return stored, None
+
+
+def _open_run(run_dir: Path) -> HistoryStore:
+    if not (run_dir / HISTORY_DIR / FILE_NAME).exists():
+        what = "no such directory" if not run_dir.exists() else f"no {HISTORY_DIR}/{FILE_NAME}"
+        raise HistoryError(
+            f"{run_dir} is not a run directory ({what}). Train one with "
+            f"'fedunlearn train CONFIG --out {run_dir}'."
+        )
+    return HistoryStore.open(run_dir / HISTORY_DIR)
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """Return the config a run directory was trained with.
+
+    Raises:
+        HistoryError: ``run_dir`` holds no run.
+        ConfigError: ``config.yaml`` is missing or differs from the store's copy (the message
+            names the fields and how to restore it).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_FILE
+    if not (run_dir / HISTORY_DIR / FILE_NAME).exists() and path.exists():
+        return load_config(path)  # a run that failed before its store existed
+    with _open_run(run_dir) as store:
+        stored, problem = _config_problem(run_dir, store)
+    if problem is not None:
+        raise ConfigError(problem)
+    return stored if stored is not None else load_config(path)
+
+
+def restore_config(run_dir: str | Path) -> Path:
+    """Rewrite ``config.yaml`` from the store's copy (atomically) and return its path.
+
+    Raises:
+        HistoryError: ``run_dir`` holds no run, or its store keeps no config.
+    """
+    run_dir = Path(run_dir)
+    with _open_run(run_dir) as store:
+        stored = stored_config(store)
+    if stored is None:
+        raise HistoryError(f"{run_dir}: the store keeps no config to restore config.yaml from.")
+    write_text_atomic(run_dir / CONFIG_FILE, dump_config(stored))
+    return run_dir / CONFIG_FILE
+
+
+def check_run(run_dir: str | Path, *, full: bool = True) -> dict[str, Any]:
+    """Check a run directory: the store (``HistoryStore.check``) and config.yaml against it.
+
+    Args:
+        run_dir: The run directory.
+        full: Read every payload's checksum; False reads the catalog and the models only.
+
+    Returns:
+        ``{"ok", "store": StoreCheck dict, "config": problem or None, "problems": [...],
+        "first_bad_round"}``; ``problems`` lists the config problem first, then the store's.
+    """
+    run_dir = Path(run_dir)
+    with _open_run(run_dir) as store:
+        _, config_problem = _config_problem(run_dir, store)
+        result = store.check(full=full)
+    problems = ([config_problem] if config_problem else []) + list(result.problems)
+    return {
+        "ok": not problems,
+        "full": full,
+        "store": result.to_dict(),
+        "config": config_problem,
+        "problems": problems,
+        "first_bad_round": result.first_bad_round,
+    }
+
+
+def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str, Any]:
+    """Describe a run and check it.
+
+    What it reports: config, rounds, stored bytes (total, per kind, per client), forgotten
+    clients, metrics, and a check of the store and of config.yaml against the store's copy.
+
+    Args:
+        run_dir: The run directory.
+        full_check: Read every payload's checksum (True), the models only (False), or decide
+            by size (None: full up to ``QUICK_CHECK_ABOVE_BYTES``).
+
+    Raises:
+        HistoryError: ``run_dir`` holds no run.
+    """
+    run_dir = Path(run_dir)
+    with _open_run(run_dir) as store:
+        stored, config_problem = _config_problem(run_dir, store)
+        config = stored if stored is not None else load_config(run_dir / CONFIG_FILE)
+        full = store.file_bytes() <= QUICK_CHECK_ABOVE_BYTES if full_check is None else full_check
+        check = store.check(full=full)
+        rounds = store.rounds()
+        last = rounds[-1] if rounds else None
+        forgotten: dict[int, dict[str, Any]] = {}
+        for entry in store.forget_records():
+            seen = forgotten.setdefault(
+                entry.client_id, {"forgotten_at": entry.forgotten_at, "size_bytes": 0}
+            )
+            seen["size_bytes"] += entry.size_bytes
+        problems = ([config_problem] if config_problem else []) + list(check.problems)
+        info: dict[str, Any] = {
+            "run_dir": str(run_dir),
+            "dataset": config.data.dataset,
+            "model": config.model.name,
+            "num_params": store.meta.get("num_params"),
+            "num_clients": config.data.num_clients,
+            "rounds_planned": config.training.rounds,
+            "rounds_completed": last or 0,
+            "complete": last == config.training.rounds,
+            "history_policy": store.meta.get("history_policy", config.history.policy),
+            "attack": config.attack.kind,
+            "malicious_clients": store.meta.get("malicious", []),
+            "forgotten_clients": sorted(forgotten),
+            "forgotten": {str(c): v for c, v in sorted(forgotten.items())},
+            "stored_bytes": store.stored_bytes(),
+            "stored_bytes_by_kind": store.stored_bytes_by_kind(),
+            "stored_bytes_by_client": {
+                str(k): v for k, v in sorted(store.stored_bytes_by_client().items())
+            },
+            "file_bytes": store.file_bytes(),
+            "wall_seconds": store.meta.get("wall_seconds"),
+            "torch_threads": store.meta.get("torch_threads"),
+            "metrics": [stored_metrics_line(store, r) for r in rounds],
+            "privacy": run_privacy(config, store),
+            "check": check.to_dict(),
+            "problems": problems,
+        }
+    return info

@@ -1,0 +1,425 @@
+"""Train a run directory with history recording, resume it, and repair a damaged one.
+
+Order of a run directory's writes: the writer lock (``history/history.lock``) is taken before
+anything is written, so a second ``train`` into the same directory is refused without touching
+it; then the store (whose metadata keeps the resolved config) and round 0; then ``config.yaml``,
+atomically. Until round 0 is committed nothing but the empty directories and the lock file
+exists, so a run that fails early (missing data) leaves no half-written run behind.
+
+Determinism: every random choice derives from (seed, purpose, round, client), so the same config
+gives bit-identical models on the same machine, and a resumed run equals an uninterrupted one.
+Float reductions also depend on torch's intra-op thread count, so the store records the count a
+run was trained with and a resume runs with that count (restoring the caller's afterwards, with
+a warning when they differ). A deferred recording policy (Crab's windows, FedADP's stages) holds
+its open window in memory only, so a resume drops the rounds after the last closed window and
+re-runs them (bit-identically). A resume first checks every stored payload (one read of the
+store: about 5 s for the 2 GB paper-scale history, docs/performance.md); with ``repair`` it
+drops the first damaged round and everything after it and retrains them, reaching the model of
+an uninterrupted run. With ``privacy.enabled`` the clip-and-noise mod is attached to the
+federation for training only (``attach_privacy``); the DP ledger is committed in each round's
+scalars and summarised in ``privacy.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedunlearn.config import RunConfig, dump_config
+from fedunlearn.errors import ConfigError, HistoryCorruptError
+from fedunlearn.fl.engine import RoundObserver, run_rounds
+from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
+from fedunlearn.fl.records import RoundRecord
+from fedunlearn.history.policy import (
+    POLICIES,
+    DeferredPolicy,
+    HistoryRecorder,
+    PolicyEnv,
+    RecordingPolicy,
+    build_policy,
+)
+from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry, WriterLock
+from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
+from fedunlearn.privacy.training import PrivateTraining
+from fedunlearn.runs.rundir import (
+    CONFIG_FILE,
+    HISTORY_DIR,
+    METRICS_FILE,
+    PRIVACY_FILE,
+    SUMMARY_FILE,
+    MetricsWriter,
+    config_differences,
+    holds_run,
+    run_privacy,
+    stored_config,
+    stored_metrics_line,
+    write_json,
+    write_text_atomic,
+)
+from fedunlearn.runs.setup import (
+    DEFAULT_LOSS_SAMPLES,
+    Setup,
+    build_setup,
+    clients_loss,
+    reference_set,
+)
+
+__all__ = ["attach_privacy", "make_recording_policy", "policy_env", "train_run"]
+
+
+def policy_env(setup: Setup, privacy: PrivateTraining | None = None) -> PolicyEnv:
+    """Return what the run's recording policy may ask for (model, reference set, last round).
+
+    With ``privacy.dp_scope: store_only`` the stored copies are the seeded noisy ones made by
+    ``privacy``'s mod.
+    """
+    mod = privacy.mod if privacy is not None else None
+    store_only = mod is not None and not mod.perturb
+    return PolicyEnv(
+        model=setup.model,
+        final_round=setup.config.training.rounds,
+        seed=setup.config.seed,
+        reference_set=lambda size: reference_set(setup, size),
+        store_transform=(lambda r, c, d: mod.privatize(r, c, d)[0])
+        if store_only and mod is not None
+        else None,
+    )
+
+
+def make_recording_policy(
+    config: RunConfig, setup: Setup, privacy: PrivateTraining | None = None
+) -> RecordingPolicy | DeferredPolicy:
+    """Return the run's recording policy, built by its registered ``PolicySpec``."""
+    return build_policy(config.history, policy_env(setup, privacy))
+
+
+def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) -> int | None:
+    """Samples per client of the ``clients_loss`` round metric, or None if nobody reads it."""
+    spec = POLICIES.get(config.history.policy)
+    if spec.clients_loss_samples is not None:
+        return spec.clients_loss_samples(config.history.options(spec.name))
+    return DEFAULT_LOSS_SAMPLES if privacy is not None else None
+
+
+def attach_privacy(config: RunConfig, setup: Setup) -> PrivateTraining | None:
+    """Resolve the clip norm and attach the run's DP mechanism to the federation, for training.
+
+    ``privacy.mechanism: dp_sgd`` swaps DP-SGD in as the federation's local training (C: the
+    median per-example gradient norm at M_0 if ``auto``); ``client_update`` appends the
+    clip-and-noise update mod (S: the pilot's median update norm if ``auto``). Unlearning
+    sessions build the federation without either (fresh updates are not noised unless a method
+    asks), so call this only to train.
+    """
+    cfg = config.privacy
+    if not cfg.enabled:
+        return None
+    if cfg.clip_norm != "auto":
+        clip_norm = float(cfg.clip_norm)
+    elif cfg.mechanism == "dp_sgd":
+        fed = setup.federation
+        clip_norm, _ = gradient_clip_norm(fed.model, setup.initial_params, fed.client_data)
+    else:
+        clip_norm, _ = pilot_clip_norm(
+            setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
+        )
+    privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm)
+    privacy.attach(setup.federation)
+    return privacy
+
+
+def training_evaluator(
+    config: RunConfig, setup: Setup, privacy: PrivateTraining | None
+) -> Callable[[torch.Tensor], dict[str, Any]]:
+    """Return the round evaluation of training: test metrics, server loss, the DP ledger."""
+    loss_samples = _clients_loss_samples(config, privacy)
+
+    def evaluate(params: torch.Tensor) -> dict[str, Any]:
+        out: dict[str, Any] = dict(setup.evaluate(params))
+        if loss_samples is not None:
+            out[CLIENTS_LOSS_KEY] = clients_loss(setup, params, loss_samples)
+        if privacy is not None:
+            out.update(privacy.latest_scalars())
+        return out
+
+    return evaluate
+
+
+class _WallClock:
+    """Round observer adding this session's training time to the store's ``wall_seconds``."""
+
+    def __init__(self, store: HistoryStore, started: float) -> None:
+        self.store = store
+        self.before = float(store.meta.get("wall_seconds", 0.0))
+        self.started = started  # time.perf_counter() when this session began
+
+    @property
+    def total(self) -> float:
+        """Seconds of every session so far, this one up to now."""
+        return self.before + time.perf_counter() - self.started
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        """Commit the running total (a kill -9 loses at most the round in flight)."""
+        self.store.update_meta({"wall_seconds": self.total})
+
+
+@contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """Run with ``count`` intra-op threads (the run's own), restoring the caller's after."""
+    current = torch.get_num_threads()
+    if count is None or count == current:
+        yield
+        return
+    warnings.warn(
+        f"this run was trained with {count} torch intra-op threads and this process uses "
+        f"{current}; float reductions differ between thread counts, so the resume runs with "
+        f"{count} to stay bit-identical (set OMP_NUM_THREADS={count} to silence this)",
+        stacklevel=3,
+    )
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(current)
+
+
+def _check_resumable(
+    config: RunConfig, run_dir: Path, store: HistoryStore, repair: bool
+) -> dict[str, Any] | None:
+    """Refuse a resume that would not continue this run; drop damaged rounds with ``repair``.
+
+    Returns:
+        What ``repair`` dropped (None if nothing).
+    """
+    stored = stored_config(store)
+    if stored is not None and dump_config(stored) != dump_config(config):
+        raise ConfigError(
+            f"the config differs from the one {run_dir} was trained with "
+            f"({config_differences(config, stored)}; given vs stored); resume with "
+            f"'fedunlearn train {run_dir / CONFIG_FILE} --out {run_dir} --resume'"
+        )
+    result = store.check(full=True)
+    if result.ok:
+        return None
+    first = result.first_bad_round
+    where = f"{store.file}: {'; '.join(result.problems[:3])}"
+    if not repair:
+        how = (
+            f"rerun with --repair to drop round {first} and later and retrain them"
+            if first is not None
+            else "restore it from a backup"
+        )
+        raise HistoryCorruptError(f"{where}; nothing was changed; {how}.")
+    if first is None:
+        raise HistoryCorruptError(
+            f"{where}; --repair cannot fix damage that is not tied to a round; nothing was "
+            "changed. Restore the file from a backup, or start a new run."
+        )
+    forgotten = sorted({e.client_id for e in store.forget_records()})
+    if forgotten:
+        raise HistoryCorruptError(
+            f"{where}; --repair would retrain rounds {first}.. and store the updates of the "
+            f"forgotten client(s) {', '.join(map(str, forgotten))} again, so it is refused; "
+            "nothing was changed. Restore the file from a backup."
+        )
+    store.truncate_after(first - 1)
+    return {"dropped_from_round": first, "problems": list(result.problems)}
+
+
+def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
+    fed = setup.federation
+    return {
+        "config": config.model_dump(mode="json"),
+        "malicious": sorted(fed.malicious),
+        "num_params": fed.num_params,
+        "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
+        "history_policy": config.history.policy,
+        "history_every": config.history.every,
+        "torch_threads": torch.get_num_threads(),
+        "wall_seconds": 0.0,
+    }
+
+
+def _discard_unstarted(store: HistoryStore) -> None:
+    """Delete a store that has no committed round (a fresh run that failed before round 0)."""
+    if store.last_round() is None:
+        for suffix in ("", "-wal", "-shm"):
+            store.file.with_name(store.file.name + suffix).unlink(missing_ok=True)
+
+
+def train_run(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    repair: bool = False,
+    observers: Sequence[RoundObserver] = (),
+) -> dict[str, Any]:
+    """Train a run into ``run_dir`` with history recording and return its summary.
+
+    Args:
+        config: The run configuration.
+        run_dir: Output directory (created).
+        resume: Continue a run that was interrupted; its stored config must equal ``config``.
+        repair: With ``resume``: if a stored payload is damaged, drop its round and every later
+            one and retrain them (without it, a damaged store is refused).
+        observers: Extra round observers (e.g. a progress bar).
+
+    Raises:
+        ConfigError: ``run_dir`` already holds a run and ``resume`` is False, holds none and
+            ``resume`` is True, the stored config differs from ``config``, or ``repair`` is
+            given without ``resume``.
+        HistoryError: Another process writes ``run_dir``.
+        HistoryCorruptError: The store is damaged (resume without ``repair``), or damaged in a
+            way ``repair`` cannot fix.
+        OSError: ``run_dir`` cannot be created or written.
+    """
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    history_dir = run_dir / HISTORY_DIR
+    if repair and not resume:
+        raise ConfigError("--repair works on an existing run: pass --resume --repair")
+    if resume and not (history_dir / FILE_NAME).exists():
+        raise ConfigError(f"{run_dir} holds no run to resume; drop --resume to start one")
+    already = (
+        f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out"
+    )
+    if not resume and holds_run(run_dir):
+        raise ConfigError(already)
+    history_dir.mkdir(parents=True, exist_ok=True)
+    lock: WriterLock | None = WriterLock.acquire(history_dir)  # before anything is written
+    store: HistoryStore | None = None
+    setup: Setup | None = None
+    try:
+        repaired = None
+        if resume:
+            store, lock = HistoryStore.open(history_dir, lock=lock), None
+            repaired = _check_resumable(config, run_dir, store, repair)
+        elif holds_run(run_dir):  # written between the first look and the lock
+            raise ConfigError(already)
+        threads = None if store is None else store.meta.get("torch_threads")
+        with _torch_threads(threads):
+            setup = build_setup(config)
+            if store is None:
+                store, lock = (
+                    HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),
+                    None,
+                )
+            summary = _train(config, run_dir, setup, store, resume, observers, started)
+        if repaired is not None:
+            summary["repaired"] = repaired
+        write_json(run_dir / SUMMARY_FILE, summary)
+        return summary
+    except BaseException:
+        if store is not None and not resume:
+            _discard_unstarted(store)
+        raise
+    finally:
+        if setup is not None:
+            setup.close()
+        if store is not None:
+            store.close()
+        if lock is not None:
+            lock.release()
+
+
+def _train(
+    config: RunConfig,
+    run_dir: Path,
+    setup: Setup,
+    store: HistoryStore,
+    resume: bool,
+    observers: Sequence[RoundObserver],
+    started: float,
+) -> dict[str, Any]:
+    """Train from the store's last round to the end; return the summary."""
+    privacy = attach_privacy(config, setup)
+    evaluate = training_evaluator(config, setup, privacy)
+    clock = _WallClock(store, started)
+    last = store.last_round()
+    if last is None:
+        store.write_round(
+            RoundEntry(
+                round=0,
+                global_model=setup.initial_params,
+                aggregate=None,
+                updates={},
+                clients=[],
+                scalars=evaluate(setup.initial_params),
+            )
+        )
+        last = 0
+    # config.yaml after round 0, atomically: the store's copy is the reference (resume rewrites
+    # a config.yaml that is missing or was changed, since the config equals the store's copy)
+    config_text = dump_config(config)
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.exists() or config_path.read_text() != config_text:
+        if resume:
+            warnings.warn(
+                f"{config_path} was missing or did not match the run's stored config; "
+                "rewrote it from the store",
+                stacklevel=3,
+            )
+        write_text_atomic(config_path, config_text)
+    policy = make_recording_policy(config, setup, privacy)
+    if isinstance(policy, DeferredPolicy):
+        # a deferred policy's open window is in memory only: restart where it can be
+        # rebuilt from the store (Crab: after the last closed window) and re-run the rest
+        start = policy.resume_round(store)
+        if start < last:
+            store.truncate_after(start)
+            last = start
+    if privacy is not None:
+        privacy.resume([store.round_scalars(r) for r in range(last + 1)])
+    params = store.read_model(last)
+    # metrics.jsonl is derived from the store, so a crash between the two never disagrees
+    with (run_dir / METRICS_FILE).open("w") as fh:
+        for r in range(1, last + 1):
+            fh.write(json.dumps(stored_metrics_line(store, r)) + "\n")
+    recorder = HistoryRecorder(store, policy)
+    params = run_rounds(
+        setup.federation,
+        setup.aggregator,
+        params,
+        num_rounds=config.training.rounds,
+        start_round=last + 1,
+        participation=config.training.participation,
+        evaluate=evaluate,
+        observers=[
+            recorder,
+            clock,
+            MetricsWriter(run_dir / METRICS_FILE),
+            *([privacy] if privacy is not None else []),
+            *observers,
+        ],
+    )
+    session_seconds = time.perf_counter() - started
+    wall_seconds = clock.before + session_seconds
+    store.update_meta({"wall_seconds": wall_seconds})
+    summary: dict[str, Any] = {
+        "rounds": config.training.rounds,
+        "resumed_from_round": last if resume else None,
+        "final_metrics": store.round_scalars(config.training.rounds),
+        "malicious_clients": sorted(setup.federation.malicious),
+        "num_params": setup.federation.num_params,
+        "stored_bytes": store.stored_bytes(),
+        "file_bytes": store.file_bytes(),
+        "wall_seconds": wall_seconds,
+        "session_wall_seconds": session_seconds,
+        "torch_threads": torch.get_num_threads(),
+        "executor": setup.federation.executor.name,
+    }
+    if privacy is not None:
+        ledger = run_privacy(config, store)
+        write_json(run_dir / PRIVACY_FILE, ledger)
+        summary["privacy"] = {
+            k: ledger[k]
+            for k in ("mechanism", "guarantee", "dp_scope", "clip_norm", "total_epsilon", "delta")
+        }
+    return summary

@@ -1,0 +1,26 @@
+"""No unlearning: the original final model, the control row of every comparison.
+
+Design notes: docs/methods/baselines.md (no parameters, no deviations).
+"""
+
+from __future__ import annotations
+
+from fedunlearn.unlearn.base import MethodParams, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.registry import register
+
+
+@register("none")
+class NoUnlearning(Unlearner):
+    """Return the run's final model as it is."""
+
+    params_type = MethodParams
+
+    def history_bytes_needed(self, context: UnlearnContext) -> int:
+        """Only the final model is kept."""
+        return context.final_params.numel() * 4
+
+    def _run(
+        self, request: UnlearnRequest, context: UnlearnContext
+    ) -> RunOutput:
+        return RunOutput(context.history.read_model(context.num_rounds))

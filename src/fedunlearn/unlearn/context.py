@@ -1,0 +1,244 @@
+"""A finished run as an unlearning method sees it: metered history, remaining clients, settings.
+
+``UnlearnContext`` gives a method what it uses and nothing else:
+
+- ``history``: a ``HistoryReader`` over the run's store, read-only, counting every payload byte
+  read (``MeteredHistory``); its metadata holds no attack ground truth;
+- ``clients``: the federation restricted to the *remaining* clients, counting every local
+  training request (participations, local epochs, bytes sent and received); asking a forgotten
+  client to train is an error;
+- ``training``: the run's round count, participation rate and aggregation rule name, and
+  ``aggregate`` to apply that rule;
+- ``recording`` (the run's ``history`` section: policy and its options) and ``privacy`` (the
+  run's DP settings), for methods whose algorithm depends on how the run was recorded;
+- ``evaluate``: the evaluation hook (test accuracy, loss, backdoor ASR) or None;
+- ``reference_set(size)``: a seeded clean subsample of the clients' data, for the methods that
+  ask for one (Crab's R).
+
+Which clients attacked is *not* in the context: a recovery request names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from fedunlearn.config import HistoryConfig, PrivacyConfig
+from fedunlearn.errors import FedUnlearnError, UnsupportedHistoryError
+from fedunlearn.fl.aggregators import Aggregator
+from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.federation import Federation
+from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
+
+__all__ = [
+    "CostMeter",
+    "Evaluator",
+    "MeteredHistory",
+    "RemainingClients",
+    "TrainingInfo",
+    "UnlearnContext",
+]
+
+Evaluator = Callable[[torch.Tensor], dict[str, float]]
+# metadata keys a method must not see: the attack's ground truth (and the config that holds it)
+_HIDDEN_META = frozenset({"malicious", "config"})
+
+
+@dataclass
+class CostMeter:
+    """Mutable counters behind ``Costs``; the context's wrappers feed it."""
+
+    rounds: int = 0
+    client_participations: int = 0
+    client_epochs: int = 0
+    estimated_updates: int = 0
+    history_bytes_read: int = 0
+    bytes_communicated: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """Return the counters as a dict."""
+        return asdict(self)
+
+
+class MeteredHistory:
+    """A ``HistoryReader`` over another reader that counts the payload bytes read."""
+
+    def __init__(self, store: HistoryReader, meter: CostMeter) -> None:
+        self._store = store
+        self._meter = meter
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The run's metadata (client sizes, policy, ...), without the attack's ground truth."""
+        return {k: v for k, v in self._store.meta.items() if k not in _HIDDEN_META}
+
+    @property
+    def policy(self) -> str:
+        """The recording policy the run used."""
+        return self._store.policy
+
+    def rounds(self) -> list[int]:
+        """Committed rounds (0 = M_0)."""
+        return self._store.rounds()
+
+    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._meter.history_bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def read_model(self, round: int, kind: str = "global") -> torch.Tensor:
+        """Return the stored global model after ``round`` (or the round's aggregate)."""
+        return self._count(self._store.read_model(round, kind))
+
+    def read_update(self, round: int, client_id: int) -> torch.Tensor:
+        """Return a stored client delta."""
+        return self._count(self._store.read_update(round, client_id))
+
+    def has_update(self, round: int, client_id: int) -> bool:
+        """Return whether a client's delta of ``round`` is stored."""
+        return self._store.has_update(round, client_id)
+
+    def iter_updates(self, round: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """Stream the stored deltas of a round."""
+        for cid, delta in self._store.iter_updates(round):
+            yield cid, self._count(delta)
+
+    def client_records(self, round: int) -> list[ClientRecord]:
+        """Every client's outcome in ``round`` (status, n_c, norm, loss)."""
+        return self._store.client_records(round)
+
+    def round_scalars(self, round: int) -> dict[str, Scalar]:
+        """The metrics recorded for ``round``."""
+        return self._store.round_scalars(round)
+
+    def stored_bytes(self) -> int:
+        """Payload bytes the run keeps."""
+        return self._store.stored_bytes()
+
+
+class RemainingClients:
+    """The federation as an unlearning method may use it: remaining clients only, metered."""
+
+    def __init__(self, federation: Federation, forget: frozenset[int], meter: CostMeter) -> None:
+        self._federation = federation
+        self.forget = forget
+        self._meter = meter
+        self.ids: tuple[int, ...] = tuple(c for c in federation.client_ids if c not in forget)
+        self.seed = federation.seed
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """The remaining clients (what the training loop may sample from)."""
+        return self.ids
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The run's architecture (to evaluate flat parameter vectors; do not train it)."""
+        return self._federation.model
+
+    @property
+    def layer_sizes(self) -> tuple[int, ...]:
+        """Number of scalars of each parameter tensor, in flat-vector order."""
+        return tuple(p.numel() for p in self._federation.model.parameters())
+
+    @property
+    def spec(self) -> LocalTrainingSpec:
+        """The run's local training hyperparameters."""
+        return self._federation.spec
+
+    @property
+    def num_params(self) -> int:
+        """Model size d."""
+        return self._federation.num_params
+
+    def num_samples(self, client_id: int) -> int:
+        """n_c of a client (remaining or forgotten: the server knows every size)."""
+        return self._federation.num_samples(client_id)
+
+    def train(
+        self,
+        global_params: torch.Tensor,
+        client_ids: Sequence[int],
+        round_: int,
+        *,
+        spec: LocalTrainingSpec | None = None,
+        salt: int = 0,
+    ) -> list[ClientUpdate]:
+        """Ask remaining clients for fresh local training from ``global_params``.
+
+        Raises:
+            FedUnlearnError: if a client being forgotten is asked.
+        """
+        asked = sorted(set(client_ids) & self.forget)
+        if asked:
+            raise FedUnlearnError(
+                f"client(s) {asked} are being forgotten and cannot be asked to train"
+            )
+        if not client_ids:
+            return []
+        spec = spec or self.spec
+        updates = self._federation.train(global_params, client_ids, round_, spec=spec, salt=salt)
+        n = len(client_ids)
+        self._meter.client_participations += n
+        self._meter.client_epochs += n * spec.epochs
+        self._meter.bytes_communicated += 2 * n * self.num_params * 4  # model down, delta up
+        return updates
+
+
+@dataclass(frozen=True)
+class TrainingInfo:
+    """The run's training settings a method may need besides local training (``clients.spec``).
+
+    Attributes:
+        participation: Share of clients sampled per round.
+        aggregator: Name of the run's aggregation rule (``context.aggregate`` applies it).
+    """
+
+    participation: float = 1.0
+    aggregator: str = "fedavg"
+
+
+@dataclass
+class UnlearnContext:
+    """A finished run as an unlearning method sees it (see the module docstring)."""
+
+    history: HistoryReader
+    clients: RemainingClients
+    aggregator: Aggregator
+    num_rounds: int
+    initial_params: torch.Tensor
+    final_params: torch.Tensor
+    meter: CostMeter
+    evaluate: Evaluator | None = None
+    training: TrainingInfo = field(default_factory=TrainingInfo)
+    recording: HistoryConfig = field(default_factory=HistoryConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    fingerprint: str = ""  # identifies the run (cache keys); empty: do not cache
+    reference_provider: Callable[[int], ClientData] | None = None
+
+    @property
+    def has_reference_set(self) -> bool:
+        """Whether ``reference_set`` can be asked for."""
+        return self.reference_provider is not None
+
+    def reference_set(self, size: int) -> ClientData:
+        """Return a seeded clean subsample of the clients' data of ``size`` samples.
+
+        Raises:
+            UnsupportedHistoryError: if this context was built without the run's data.
+        """
+        if self.reference_provider is None:
+            raise UnsupportedHistoryError(
+                "this method needs a reference set of the clients' data and this context has "
+                "none; open the run with UnlearnSession."
+            )
+        return self.reference_provider(size)
+
+    def aggregate(self, updates: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """Aggregate ``(client_id, delta)`` pairs with the run's rule, weighted by n_c."""
+        deltas = torch.stack([d.to(torch.float32) for _, d in updates])
+        weights = torch.tensor([float(self.clients.num_samples(c)) for c, _ in updates])
+        return self.aggregator(deltas, weights)

@@ -1,0 +1,59 @@
+"""Crab's options: what training records (``history.crab``) and how recovery runs (``CrabParams``).
+
+Paper: Jiang, Shen, Liu, Tan, Lam, "Towards Efficient and Certified Recovery from Poisoning
+Attacks in Federated Learning", arXiv:2401.08216v2, Alg. 1-2. Design notes and every deviation:
+docs/methods/crab.md.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedunlearn.unlearn.base import MethodParams
+
+__all__ = ["CrabParams", "CrabSelectionConfig"]
+
+
+class CrabSelectionConfig(BaseModel):
+    """Crab's selective storage (paper Alg. 1, Eqs. 1-2): windows, round and client selection.
+
+    The YAML section ``history.crab``. Used live by ``history.policy: crab`` and by the
+    ``crab`` method when it derives the selection from a run recorded with ``all`` (both give
+    the identical selection).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alpha: float = Field(0.1, gt=0, lt=1, description="α: a window closes at a loss drop of α")
+    round_ratio: float = Field(0.6, gt=0, le=1, description="λ: share of a window's rounds kept")
+    client_ratio: float = Field(0.7, gt=0, le=1, description="δ: share of a round's clients kept")
+    divergence: Literal["pred_kl", "param_softmax_kl"] = Field(
+        "pred_kl", description="round score: KL of predictions on R, or the code's param proxy"
+    )
+    rounding: Literal["half_up", "floor"] = Field(
+        "half_up", description="P_b = max(1, round_half_up(λ B_b)) (spec A5) or floor (code)"
+    )
+    reference_size: int = Field(
+        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data"
+    )
+    max_window: int | None = Field(
+        None, ge=1, description="close a window after this many rounds (spec A11); None = never"
+    )
+
+
+class CrabParams(MethodParams):
+    """Crab hyperparameters (selection overrides apply only to runs recorded with ``all``)."""
+
+    beta: float = Field(0.3, gt=0, description="β: sensitivity threshold ratio (Eq. 5)")
+    rule: Literal["literal", "prefix"] = Field("literal", description="j* rule (Eq. 6)")
+    influence_weights: Literal["benign", "all"] = Field(
+        "benign", description="normalise I(K^-) by n_{K^-} (paper) or n_K (spec A7)"
+    )
+    no_rollback: bool = Field(False, description="ablation: j* = 0 (replay from M_0)")
+    norm_scope: Literal["model", "layer"] = "model"
+    alpha: float | None = Field(None, gt=0, lt=1, description="override history.crab.alpha")
+    round_ratio: float | None = Field(None, gt=0, le=1, description="override λ")
+    client_ratio: float | None = Field(None, gt=0, le=1, description="override δ")
+    bound_check: bool = Field(False, description="retrain from Mtilde_0 and report the bounds")

@@ -1,0 +1,343 @@
+"""FedADP unlearning: replay the stored rounds from M_0 with projection-calibrated fresh updates.
+
+Steps, in the order ``FedADP._run`` calls them:
+
+1. ``selection``: the stored rounds τ_1 < ... < τ_T' and their stored clients C_τ. On a run
+   recorded with ``history.policy: fedadp`` they are what the store holds; on a run recorded
+   with ``all`` they are derived with the same ``StageSelector`` the live policy uses (the
+   run's ``history.fedadp`` options or the overrides given here).
+2. Replay (Alg. 2): from M_0, for each τ, the remaining stored clients C_τ minus C_u train
+   from the current model (the run's E, η, B and its seeds of round τ) and return ĝ; each is
+   calibrated against the stored (noisy) update ḡ by Eq. 10-11, in its projection form
+   ``U = (<ḡ, ĝ> / ||ĝ||²) ĝ`` (= cos θ · ||ḡ|| / ||ĝ|| · ĝ); the run's aggregation rule combines
+   them with weights n_c over the round's participants (Eq. 12) and the model steps.
+3. Reporting: the variant (``FedADP``, or ``FedADP-without-DP`` on a run trained without
+   ``privacy.enabled``), the privacy ledger of the run, the stored update fraction.
+
+Paper: Jiang, Tong, Liu, Ye, Tan, Lam, "Efficient Federated Unlearning with Adaptive Differential
+Privacy Preservation" (FedADP), Alg. 2, Eq. 10-12; FedADP spec §4.
+
+Deviations:
+    [REC] Start from the stored initial model M_0 (``init="initial"``, spec A8);
+        ``"first_selected"`` starts from the global model after the first stored round.
+    [REC] ||ĝ|| = 0 or ||ḡ|| = 0 gives U = 0; cos θ < 0 is kept (literal) unless
+        ``clamp_negative_cos`` (spec A11). Inner products in float64.
+    [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, spec A9); ``unlearn_dp``
+        applies the training mechanism with the round's stored ε_τ and S and its own seeds
+        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``. Fresh updates are never stored.
+    [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, spec A10).
+        A round whose stored clients are all forgotten is skipped.
+    [REC] Server step η_s = 1 (the toolkit's M_{t+1} = M_t + A(deltas)); deltas throughout, so
+        U is a delta and the paper's M - η U is M + U here.
+    [REC] On an ``all`` run without the ``clients_loss`` round metric (trained without privacy
+        and without the fedadp policy), the stage trigger uses the loss on the clean reference
+        set R (spec A3's server-held validation option).
+    [REC] ``calibration="fresh"`` (ĝ as is) and ``"norm"`` (FedEraser's ||ḡ|| ĝ / ||ĝ||) are the
+        spec's §9.10 ablations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.fl.metrics import predict_logits
+from fedunlearn.fl.seeding import derive_seed, torch_generator
+from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
+from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
+from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
+from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.fedadp.params import FedADPParams
+from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
+from fedunlearn.unlearn.registry import register
+from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
+
+log = logging.getLogger(__name__)
+
+# Samples of the clean reference set that stands in for the server loss on an 'all' run trained
+# without it (the same seeded subsample as Crab's R at its default size).
+REFERENCE_SIZE = 2000
+
+
+def project(
+    stored: torch.Tensor, fresh: torch.Tensor, *, clamp_negative_cos: bool = False
+) -> tuple[torch.Tensor, float]:
+    """Return (U, cos θ) with U = (<ḡ, ĝ> / ||ĝ||²) ĝ, the projection form of Eq. 11.
+
+    U = 0 when ||ĝ|| = 0 or ||ḡ|| = 0, or when cos θ < 0 and ``clamp_negative_cos``.
+    """
+    g = fresh.to(torch.float64)
+    gb = stored.to(torch.float64)
+    gg = float(g @ g)
+    gb_norm = float(gb.norm())
+    if gg == 0.0 or gb_norm == 0.0:
+        return torch.zeros_like(fresh, dtype=torch.float32), 0.0
+    inner = float(gb @ g)
+    cos = inner / (gb_norm * gg**0.5)  # Eq. 10
+    if clamp_negative_cos and cos < 0:
+        return torch.zeros_like(fresh, dtype=torch.float32), cos
+    # Eq. 11: U = cos(theta) ||g_bar|| / ||g_hat|| g_hat = (<g_bar, g_hat> / ||g_hat||^2) g_hat
+    return ((inner / gg) * g).to(torch.float32), cos
+
+
+def calibrate(
+    stored: torch.Tensor, fresh: torch.Tensor, mode: str, clamp_negative_cos: bool
+) -> tuple[torch.Tensor, float]:
+    """Return the calibrated update of ``mode`` (projection, fresh, norm) and cos θ."""
+    if mode == "projection":
+        return project(stored, fresh, clamp_negative_cos=clamp_negative_cos)
+    _, cos = project(stored, fresh)
+    if mode == "fresh":
+        return fresh.to(torch.float32).clone(), cos
+    norm = float(fresh.to(torch.float64).norm())
+    if norm == 0.0:
+        return torch.zeros_like(fresh, dtype=torch.float32), cos
+    return (fresh.to(torch.float64) * (float(stored.to(torch.float64).norm()) / norm)).to(
+        torch.float32
+    ), cos
+
+
+@dataclass(frozen=True)
+class FedADPDetails(Details):
+    """What ``fedadp`` did (JSON keys of round-indexed maps are strings).
+
+    Attributes:
+        variant: ``FedADP`` (trained with DP) or ``FedADP-without-DP``.
+        trained_with_dp: Whether the run was trained with ``privacy.enabled``.
+        privacy: The run's privacy ledger summary and ε_t per round.
+        selection_source: ``fedadp`` (stored live) or ``all`` (derived).
+        selection_options: The effective β, λ, γ.
+        stored_rounds: The replayed stored rounds.
+        stored_clients: Round -> stored clients.
+        num_stored_rounds: How many rounds store updates.
+        stored_round_fraction: Stored rounds / T.
+        stored_update_fraction: Stored updates / (T C).
+        participants: Round -> replayed clients (stored minus the forgotten).
+        skipped_rounds: Stored rounds with no remaining client.
+        negative_cos_fraction: Share of calibrations with cos θ < 0 (Eq. 10).
+        calibration: ``projection`` (Eq. 11) or an ablation.
+        local_epochs: Local epochs of the fresh updates.
+        timing: Seconds of selection and replay.
+        stages: The loss stages (rounds, closed, kept) when derived from an ``all`` run.
+    """
+
+    variant: str
+    trained_with_dp: bool
+    privacy: dict[str, Any]
+    selection_source: str
+    selection_options: dict[str, Any]
+    stored_rounds: tuple[int, ...]
+    stored_clients: dict[str, list[int]]
+    num_stored_rounds: int
+    stored_round_fraction: float
+    stored_update_fraction: float
+    participants: dict[str, list[int]]
+    skipped_rounds: tuple[int, ...]
+    negative_cos_fraction: float
+    calibration: str
+    local_epochs: int
+    timing: dict[str, float] = field(compare=False)  # wall seconds: not part of the result
+    stages: tuple[dict[str, Any], ...] = ()
+
+
+@register("fedadp")
+class FedADP(SelectiveReplay):
+    """Calibrated replay of FedADP's stored rounds from M_0 (projection of the stored updates)."""
+
+    params_type = FedADPParams
+    required_policies = frozenset({"all", "fedadp"})
+
+    policy = "fedadp"
+    overrides = ("beta", "round_ratio", "client_ratio")
+
+    # ----- step 1: the selection ----------------------------------------------------------
+
+    def check_history(self, context: UnlearnContext) -> None:
+        """Also refuse unlearn_dp without a stored S (and what ``SelectiveReplay`` refuses)."""
+        super().check_history(context)
+        if self.params.unlearn_dp and not context.privacy.enabled:
+            raise UnsupportedHistoryError(
+                "fedadp with unlearn_dp=true needs a run trained with privacy.enabled (its "
+                "per-round ε_t and S); drop unlearn_dp or train with a privacy section."
+            )
+
+    def check_derivable(self, context: UnlearnContext) -> None:
+        """Deriving the stages of an ``all`` run needs the server loss or a reference set."""
+        if not context.has_reference_set and LOSS_KEY not in context.history.round_scalars(0):
+            raise UnsupportedHistoryError(
+                "fedadp derives its selection from an 'all' run with a server loss; this run "
+                f"has no '{LOSS_KEY}' metric and the context no reference set R; open the run "
+                "with UnlearnSession."
+            )
+
+    def _losses(self, context: UnlearnContext) -> list[float]:
+        history = context.history
+        rounds = range(context.num_rounds + 1)
+        scalars = [history.round_scalars(t) for t in rounds]
+        if all(LOSS_KEY in sc for sc in scalars):
+            return [float(sc[LOSS_KEY]) for sc in scalars]
+        if not context.has_reference_set:
+            raise UnsupportedHistoryError(f"fedadp needs '{LOSS_KEY}' or a reference set R")
+        ref = context.reference_set(REFERENCE_SIZE)
+        model = context.clients.model
+        return [
+            float(F.cross_entropy(predict_logits(model, history.read_model(t), ref.x), ref.y))
+            for t in rounds
+        ]
+
+    def derive_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """Run the live policy's ``StageSelector`` over an ``all`` run (log: its stages)."""
+        history = context.history
+        total = context.num_rounds
+
+        def stored_clients(t: int) -> tuple[int, ...]:
+            records = history.client_records(t)
+            return tuple(r.client_id for r in records if r.status == "accepted" and r.stored)
+
+        opts = self.selection_options(context)
+        run = context.recording.options("fedadp")
+        selector = StageSelector(
+            opts["beta"],
+            opts["round_ratio"],
+            opts["client_ratio"],
+            run.model_align,
+            run.selection_mode,
+            total,
+        )
+        losses = self._losses(context)
+        selector.start(losses[0])
+        out = []
+        before = history.read_model(0)
+        for t in range(1, total + 1):
+            after = history.read_model(t)
+            updates = {c: history.read_update(t, c) for c in stored_clients(t)}
+            kept = selector.observe(
+                t,
+                before,
+                after,
+                history.read_model(t, "aggregate"),
+                losses[t],
+                updates,
+                final=t == total,
+            )
+            out += [StoredRound(r, ids) for r, ids in sorted((kept or {}).items()) if ids]
+            before = after
+        log.extend(selector.stages)
+        return out
+
+    # ----- step 2: replay -------------------------------------------------------------------
+
+    def _noise_std(self, context: UnlearnContext, round_: int) -> tuple[float, float]:
+        """Return (S, std) of round ``round_``'s training mechanism, from the stored ledger."""
+        sc = context.history.round_scalars(round_)
+        clip_norm = float(sc[SCALAR_KEYS["clip_norm"]])
+        cfg = context.privacy
+        z = noise_multiplier(float(sc[SCALAR_KEYS["epsilon"]]), cfg.delta)
+        return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
+
+    def _run(
+        self, request: UnlearnRequest, context: UnlearnContext
+    ) -> RunOutput:
+        clock = time.perf_counter()
+        p = self.params
+        stages: list[Stage] = []
+        stored = self.selection(context, stages)
+        selection_seconds = time.perf_counter() - clock
+        if not stored:
+            raise UnsupportedHistoryError(
+                "fedadp found no stored round with client updates in this run; record it with "
+                "history.policy=fedadp or all."
+            )
+        forget = request.forget
+        history = context.history
+        start_round = 0 if p.init == "initial" else stored[0].round
+        params = history.read_model(start_round).clone()
+        spec = context.clients.spec
+        if p.local_epochs is not None:
+            spec = replace(spec, epochs=p.local_epochs)
+        rows: list[dict[str, float]] = []
+        participants: dict[str, list[int]] = {}
+        skipped: list[int] = []
+        negative = total_cos = 0
+        for sr in stored:
+            ids = [c for c in sr.clients if c not in forget]
+            if not ids:
+                skipped.append(sr.round)
+                log.info("fedadp: round %d has no remaining stored client; skipped", sr.round)
+                continue
+            participants[str(sr.round)] = ids
+            fresh = context.clients.train(params, ids, sr.round, spec=spec)
+            if p.unlearn_dp:
+                clip_norm, std = self._noise_std(context, sr.round)
+                seed = context.clients.seed
+                fresh = [
+                    replace(
+                        u,
+                        delta=privatize(
+                            u.delta,
+                            clip_norm,
+                            std,
+                            torch_generator(
+                                derive_seed(seed, "fedadp_unlearn_noise", sr.round, u.client_id)
+                            ),
+                        )[0],
+                    )
+                    for u in fresh
+                ]
+            steps = []
+            for u in fresh:
+                update, cos = calibrate(
+                    history.read_update(sr.round, u.client_id),
+                    u.delta,
+                    p.calibration,
+                    p.clamp_negative_cos,
+                )
+                negative += cos < 0
+                total_cos += 1
+                steps.append((u.client_id, update))
+            params = params + context.aggregate(steps)  # Eq. 12, then M^ <- M^ - eta_s U
+            context.meter.rounds += 1
+            row: dict[str, float] = {"round": sr.round}
+            if context.evaluate is not None:
+                row.update(context.evaluate(params))
+            rows.append(row)
+        num_clients = len(history.meta.get("client_sizes", {})) or len(context.clients.ids)
+        num_updates = sum(len(s.clients) for s in stored)
+        ledger = privacy_summary(
+            context.privacy,
+            [history.round_scalars(r) for r in range(1, context.num_rounds + 1)],
+            context.clients.num_params,
+        )
+        details = FedADPDetails(
+            variant="FedADP" if context.privacy.enabled else "FedADP-without-DP",
+            trained_with_dp=context.privacy.enabled,
+            privacy={k: v for k, v in ledger.items() if k != "rounds"}
+            | {"epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]},
+            selection_source=history.policy,
+            selection_options=self.selection_options(context),
+            stored_rounds=tuple(s.round for s in stored),
+            stored_clients={str(s.round): list(s.clients) for s in stored},
+            num_stored_rounds=len(stored),
+            stored_round_fraction=len(stored) / context.num_rounds,
+            stored_update_fraction=num_updates / (context.num_rounds * num_clients),
+            participants=participants,
+            skipped_rounds=tuple(skipped),
+            negative_cos_fraction=negative / total_cos if total_cos else 0.0,
+            calibration=p.calibration,
+            local_epochs=spec.epochs,
+            timing={
+                "selection_seconds": selection_seconds,
+                "replay_seconds": time.perf_counter() - clock - selection_seconds,
+            },
+            stages=tuple(
+                {"rounds": list(s.rounds), "closed": s.closed, "kept": sorted(s.kept)}
+                for s in stages
+            ),
+        )
+        return RunOutput(params, rows, details)

@@ -1,0 +1,197 @@
+"""Selective storage shared by Crab and FedADP: which stored rounds and clients a method replays.
+
+Both papers keep a share of each round's clients ranked by the cosine of their update with the
+round's aggregate (Crab Eq. 2, FedADP Eq. 9) and a share of each window's (stage's) rounds. What
+the two methods then do with a run is the same: on a run recorded live with their own policy the
+selection is what the store holds (``stored_selection``); on a run recorded with ``all`` they
+derive it with the live policy's own selector; the selection options a method may override are
+resolved against the run's recorded ones (``selection_options``), and overriding a live
+selection is refused (``refuse_overrides_of_live_selection``); the history kept is
+``selection_bytes``. ``SelectiveReplay`` is the base class of both methods that does all of this
+once; a subclass names its policy and the options it may override, and derives a selection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel
+
+from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.history.store import HistoryReader
+from fedunlearn.unlearn.base import MethodParams, Unlearner
+from fedunlearn.unlearn.context import UnlearnContext
+
+__all__ = [
+    "SelectiveReplay",
+    "StoredRound",
+    "cosine_scores",
+    "count_floor",
+    "count_half_up",
+    "refuse_overrides_of_live_selection",
+    "selection_bytes",
+    "selection_options",
+    "stored_selection",
+    "top_clients",
+]
+
+_GUARD = 1e-9  # so that 0.7 * 20 counts 14, not 13
+
+
+def count_half_up(n: int, ratio: float) -> int:
+    """Return max(1, floor(ratio n + 0.5)), at most n."""
+    return max(1, min(n, math.floor(ratio * n + 0.5 + _GUARD)))
+
+
+def count_floor(n: int, ratio: float) -> int:
+    """Return max(1, floor(ratio n)), at most n."""
+    return max(1, min(n, math.floor(ratio * n + _GUARD)))
+
+
+def cosine_scores(
+    updates: Mapping[int, torch.Tensor], aggregate: torch.Tensor
+) -> dict[int, float]:
+    """Return each client's cosine of its delta with the round's aggregate (float64; 0 if zero).
+
+    Crab's contribution score (Eq. 2) and FedADP's layer-2 score (Eq. 9).
+    """
+    agg = aggregate.to(torch.float64)
+    agg_norm = float(agg.norm())
+    out = {}
+    for cid, delta in updates.items():
+        d = delta.to(torch.float64)
+        denom = float(d.norm()) * agg_norm
+        out[cid] = float(d @ agg) / denom if denom > 0 else 0.0
+    return out
+
+
+def top_clients(
+    updates: Mapping[int, torch.Tensor], aggregate: torch.Tensor, count: int
+) -> list[int]:
+    """Return the ``count`` clients most aligned with the aggregate, ascending (ties: lower id)."""
+    if not updates:
+        return []
+    scores = cosine_scores(updates, aggregate)
+    ranked = sorted(scores, key=lambda c: (-scores[c], c))
+    return sorted(ranked[:count])
+
+
+@dataclass(frozen=True)
+class StoredRound:
+    """One stored round (FL round ``round``) and the clients whose updates were kept of it."""
+
+    round: int
+    clients: tuple[int, ...]
+
+
+def selection_options(
+    params: BaseModel, run_selection: BaseModel, names: Sequence[str]
+) -> dict[str, Any]:
+    """Return the selection options: each method override, else the run's recorded value."""
+    out = {}
+    for name in names:
+        override = getattr(params, name)
+        out[name] = override if override is not None else getattr(run_selection, name)
+    return out
+
+
+def refuse_overrides_of_live_selection(
+    method: str, section: str, wanted: Mapping[str, Any], run_selection: BaseModel
+) -> None:
+    """Refuse selection options that differ from what a live-selection run stored.
+
+    A run recorded with a selective policy (Crab's, FedADP's) stored only its own selection; a
+    different one can be derived only from a run recorded with ``history.policy: all``.
+
+    Raises:
+        UnsupportedHistoryError: naming the differing options and the way out.
+    """
+    differ = {k: v for k, v in wanted.items() if v != getattr(run_selection, k)}
+    if differ:
+        raise UnsupportedHistoryError(
+            f"{method} with {differ} needs a different selection than this run stored "
+            f"(history.{section} {run_selection.model_dump()}); drop the overrides, or use a "
+            "run recorded with history.policy=all to derive any selection."
+        )
+
+
+def stored_selection(history: HistoryReader, num_rounds: int) -> list[StoredRound]:
+    """Return the rounds of a live-selection run that store updates, with the stored clients."""
+    out = []
+    for t in range(1, num_rounds + 1):
+        kept = tuple(
+            r.client_id for r in history.client_records(t) if r.status == "accepted" and r.stored
+        )
+        if kept:
+            out.append(StoredRound(t, kept))
+    return out
+
+
+def selection_bytes(stored: Sequence[StoredRound], num_params: int) -> int:
+    """Bytes a selection keeps: M_0, the global model of each stored round and its updates."""
+    return (1 + len(stored) + sum(len(s.clients) for s in stored)) * num_params * 4
+
+
+class SelectiveReplay(Unlearner):
+    """Base of the methods that replay a selective storage (Crab, FedADP).
+
+    A subclass sets ``policy`` (the name of its recording policy, whose options are the run's
+    ``history.<policy>`` section), ``overrides`` (the selection options its params may override on
+    an ``all`` run) and implements ``derive_selection`` (the live policy's selector run over the
+    stored rounds of an ``all`` run). ``selection`` returns the stored selection of a live run or
+    the derived one; ``check_history`` refuses overrides of a live selection; the selection is
+    cached per run for ``history_bytes_needed``.
+    """
+
+    policy: ClassVar[str]
+    overrides: ClassVar[tuple[str, ...]]
+
+    def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
+        super().__init__(params)
+        self._cache: dict[str, list[StoredRound]] = {}
+
+    def selection_options(self, context: UnlearnContext) -> dict[str, Any]:
+        """The effective selection options: each override, else the run's recorded value."""
+        recorded = context.recording.options(self.policy)
+        return selection_options(self.params, recorded, self.overrides)
+
+    def check_history(self, context: UnlearnContext) -> None:
+        """Also refuse selection overrides on a run whose selection was made live."""
+        super().check_history(context)
+        if context.history.policy == self.policy:
+            refuse_overrides_of_live_selection(
+                self.name,
+                self.policy,
+                self.selection_options(context),
+                context.recording.options(self.policy),
+            )
+        else:
+            self.check_derivable(context)
+
+    def check_derivable(self, context: UnlearnContext) -> None:  # noqa: B027 - optional hook
+        """Raise ``UnsupportedHistoryError`` if the selection cannot be derived from this run."""
+
+    def derive_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """Return the selection of an ``all`` run; append the selector's windows/stages to log."""
+        raise NotImplementedError
+
+    def selection(self, context: UnlearnContext, log: list[Any] | None = None) -> list[StoredRound]:
+        """Return the stored rounds with their kept clients (stored live, or derived)."""
+        if context.history.policy == self.policy:
+            stored = stored_selection(context.history, context.num_rounds)
+        else:
+            stored = self.derive_selection(context, log if log is not None else [])
+        if context.fingerprint:
+            self._cache[context.fingerprint + context.history.policy] = stored
+        return stored
+
+    def history_bytes_needed(self, context: UnlearnContext) -> int:
+        """M_0, the global model of each stored round and the stored updates."""
+        stored = self._cache.get(context.fingerprint + context.history.policy)
+        if stored is None or not context.fingerprint:
+            stored = self.selection(context)
+        return selection_bytes(stored, context.clients.num_params)

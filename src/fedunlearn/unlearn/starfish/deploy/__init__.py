@@ -1,0 +1,1 @@
+"""Starfish deployment: Stage I shares, the two servers, the clients service, the launcher."""

@@ -1,0 +1,130 @@
+"""The dealer's offline phase: planned material streamed ahead, deviations, backpressure.
+
+Issue 15: the real path waited on a dealer round trip per request (2.19 s against 1.36 s with
+the material at hand, at m = 60k); a declared plan lets the dealer stream ahead of use.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from fedunlearn.errors import SecureComputationError
+from fedunlearn.mpc import Dealer, RemoteDealer, start_dealer_process
+from fedunlearn.mpc.dealer import Request
+
+TIMEOUT = 20.0
+SEED = 5
+TRIPLE = Request("triple", ((64,),))
+AND = Request("and", ((32,),))
+
+
+@pytest.fixture
+def dealer():
+    handle = start_dealer_process(seed=SEED, insecure=True, timeout_seconds=TIMEOUT)
+    yield handle
+    handle.stop()
+
+
+def both(program, handle, **connect):
+    """Run ``program(client)`` for party 0 and 1 in threads; return (results, errors)."""
+    results, errors = [None, None], [None, None]
+
+    def run(k):
+        client = RemoteDealer.connect(
+            *handle.address, party_id=k, insecure=True, timeout_seconds=TIMEOUT, **connect
+        )
+        try:
+            results[k] = program(client)
+        except Exception as exc:  # checked by the test
+            errors[k] = exc
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(2 * TIMEOUT)
+    assert not any(t.is_alive() for t in threads), "a dealer client hung"
+    return results, errors
+
+
+def test_a_plan_streams_the_same_material_without_a_request_per_step(dealer):
+    def program(client):
+        client.plan([TRIPLE, AND, TRIPLE])
+        arrived = client.wait_prefetched(10)
+        out = [client.triple((64,)), client.and_triple((32,)), client.triple((64,))]
+        return arrived, out, client.transport.counters.online.messages
+
+    (r0, r1), errors = both(program, dealer)
+    assert errors == [None, None]
+    assert r0[0] and r1[0]  # all of it arrived before use: the offline phase
+    assert r0[2] == r1[2] == 2  # hello and plan: no request messages during use
+    # the same shares as the simulated dealer with the same master seed
+    for k, result in enumerate((r0, r1)):
+        simulated = Dealer(SEED, k)
+        expected = [simulated.triple((64,)), simulated.and_triple((32,)), simulated.triple((64,))]
+        for got, want in zip(result[1], expected, strict=True):
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
+    assert dealer.join(TIMEOUT) == 0
+
+
+def test_a_deviation_gives_the_plan_up_and_never_reuses_its_material(dealer):
+    def program(client):
+        client.plan([TRIPLE, TRIPLE, TRIPLE])
+        client.wait_prefetched(10)
+        return [client.triple((64,)), client.and_triple((32,)), client.triple((64,))]
+
+    (r0, r1), errors = both(program, dealer)
+    assert errors == [None, None]
+    (a0, b0, c0), (a1, b1, c1) = r0[2], r1[2]
+    np.testing.assert_array_equal(c0 + c1, (a0 + a1) * (b0 + b1))  # on demand, still valid
+    x0, y0, z0 = r0[1]
+    x1, y1, z1 = r1[1]
+    np.testing.assert_array_equal(z0 ^ z1, (x0 ^ x1) & (y0 ^ y1))
+    planned = Dealer(SEED, 0)
+    planned_triples = [planned.triple((64,)) for _ in range(3)]
+    np.testing.assert_array_equal(r0[0][0], planned_triples[0][0])  # used as planned
+    assert not np.array_equal(r0[2][0], planned_triples[2][0])  # index 2: a new epoch
+    assert dealer.join(TIMEOUT) == 0
+
+
+def test_parties_declaring_different_plans_stop_with_a_mismatch(dealer):
+    def program(client):
+        client.plan([TRIPLE] if client.party_id == 0 else [AND])
+        return client.triple((64,))
+
+    _, errors = both(program, dealer)
+    assert all(isinstance(e, SecureComputationError) for e in errors), errors
+    assert "declared plan" in str(errors[0])
+    assert dealer.join(TIMEOUT) == 1
+
+
+def test_a_small_prefetch_budget_applies_backpressure_and_loses_nothing(dealer):
+    count = 24
+
+    def program(client):
+        client.plan([TRIPLE] * count)
+        full = client.wait_prefetched(10)
+        return full, [client.triple((64,)) for _ in range(count)]
+
+    (r0, r1), errors = both(program, dealer, prefetch_bytes=4096)
+    assert errors == [None, None]
+    assert not r0[0] and not r1[0]  # the buffer filled before the plan was through
+    for (a0, b0, c0), (a1, b1, c1) in zip(r0[1], r1[1], strict=True):
+        np.testing.assert_array_equal(c0 + c1, (a0 + a1) * (b0 + b1))
+    assert dealer.join(TIMEOUT) == 0
+
+
+def test_a_plan_may_end_unused(dealer):
+    def program(client):
+        client.plan([TRIPLE] * 4)
+        return client.triple((64,))
+
+    _, errors = both(program, dealer)
+    assert errors == [None, None]
+    assert dealer.join(TIMEOUT) == 0

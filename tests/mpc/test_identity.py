@@ -1,0 +1,171 @@
+"""Trial PKI and role-checked mutual TLS (issue 15: roles bound in certificates)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import stat
+import threading
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from fedunlearn.errors import ConfigError, PeerAuthenticationError
+from fedunlearn.mpc.identity import (
+    ROLES,
+    Identity,
+    create_trial_pki,
+    main,
+    peer_role,
+    require_security,
+    role_uri,
+)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return create_trial_pki(tmp_path_factory.mktemp("pki"))
+
+
+def handshake(server_identity, server_roles, client_identity, client_roles):
+    """TLS between two threads; return (server outcome, client outcome): a role or an error."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    out = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        try:
+            tls, role = server_identity.wrap_server(
+                conn, server_roles, timeout_seconds=5, where="client"
+            )
+            out["server"] = role
+            tls.recv(1)  # let the client finish reading our answer
+            tls.close()
+        except Exception as exc:  # reported to the test
+            out["server"] = exc
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    sock = socket.create_connection(listener.getsockname())
+    try:
+        tls, role = client_identity.wrap_client(
+            sock, client_roles, timeout_seconds=5, where="server"
+        )
+        out["client"] = role
+        tls.sendall(b"x")
+        tls.close()
+    except Exception as exc:  # reported to the test
+        out["client"] = exc
+    thread.join(10)
+    listener.close()
+    return out["server"], out["client"]
+
+
+def test_each_certificate_binds_its_role_and_keys_are_private(pki):
+    for role in ROLES:
+        identity = pki[role]
+        assert Identity.load(identity.ca, identity.cert, identity.key).role == role
+        cert = x509.load_pem_x509_certificate(identity.cert.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.UniformResourceIdentifier) == [role_uri(role)]
+        assert stat.S_IMODE(identity.key.stat().st_mode) == 0o600
+    assert stat.S_IMODE((pki["dealer"].ca.parent / "ca.key").stat().st_mode) == 0o600
+
+
+def test_mutual_tls_reports_each_peers_certified_role(pki):
+    server, client = handshake(pki["dealer"], {"server0"}, pki["server0"], {"dealer"})
+    assert (server, client) == ("server0", "dealer")
+
+
+def test_a_client_certificate_is_refused_where_a_server_is_expected(pki):
+    server, _ = handshake(pki["dealer"], {"server0", "server1"}, pki["clients"], {"dealer"})
+    assert isinstance(server, PeerAuthenticationError)
+    assert "role 'clients'" in str(server) and "server0, server1" in str(server)
+
+
+def test_a_server_refuses_a_dealer_that_is_not_the_dealer(pki):
+    _, client = handshake(pki["server1"], {"server0"}, pki["server0"], {"dealer"})
+    assert isinstance(client, PeerAuthenticationError)
+    assert "role 'server1'" in str(client)
+
+
+def test_a_certificate_of_another_ca_is_refused(pki, tmp_path):
+    rogue = create_trial_pki(tmp_path / "rogue")
+    server, client = handshake(pki["dealer"], {"server0"}, rogue["server0"], {"dealer"})
+    assert isinstance(client, PeerAuthenticationError) or isinstance(
+        server, PeerAuthenticationError
+    )
+    assert isinstance(server, PeerAuthenticationError)  # the dealer never accepts it
+
+
+def write_leaf_without_role(pki, directory):
+    """A certificate signed by the deployment's CA but with no role URI."""
+    ca_dir = pki["dealer"].ca.parent
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate((ca_dir / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "no role")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir()
+    (directory / "leaf.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "leaf.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return directory / "leaf.pem", directory / "leaf.key"
+
+
+def test_a_certificate_without_a_role_cannot_be_loaded_or_accepted(pki, tmp_path):
+    cert, key = write_leaf_without_role(pki, tmp_path / "leaf")
+    with pytest.raises(ConfigError, match="exactly one of"):
+        Identity.load(pki["dealer"].ca, cert, key)
+    sneaky = Identity(pki["dealer"].ca, cert, key, "server0")  # bypasses load's check
+    server, _ = handshake(pki["dealer"], {"server0"}, sneaky, {"dealer"})
+    assert isinstance(server, PeerAuthenticationError)
+    assert "roles none" in str(server)
+
+
+def test_peer_role_rejects_missing_and_ambiguous_roles():
+    with pytest.raises(PeerAuthenticationError, match="no certificate"):
+        peer_role(None)
+    two = {"subjectAltName": [("URI", role_uri("server0")), ("URI", role_uri("server1"))]}
+    with pytest.raises(PeerAuthenticationError, match="exactly one"):
+        peer_role(two)
+    assert peer_role({"subjectAltName": [("URI", role_uri("clients"))]}) == "clients"
+
+
+def test_plain_tcp_needs_an_explicit_flag(pki):
+    with pytest.raises(ConfigError, match="insecure=True"):
+        require_security(None, False, "the dealer")
+    with pytest.raises(ConfigError, match="not both"):
+        require_security(pki["dealer"], True, "the dealer")
+    require_security(None, True, "the dealer")  # explicit: allowed
+
+
+def test_trial_pki_command_writes_all_roles_and_refuses_to_overwrite(tmp_path, capsys):
+    assert main([str(tmp_path / "p"), "--hosts", "10.0.0.7,server.example"]) == 0
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == sorted(
+        ["ca.pem", "ca.key"] + [f"{r}.{e}" for r in ROLES for e in ("pem", "key")]
+    )
+    cert = x509.load_pem_x509_certificate((tmp_path / "p" / "server1.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["server.example"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert main([str(tmp_path / "p")]) == 2
+    assert "already holds a CA" in capsys.readouterr().err

@@ -1,0 +1,184 @@
+"""MpcBackend against numpy, and the whole 2PC pipeline against its plaintext mirror."""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from starfish_support import FORGET, two_party
+
+from fedunlearn.mpc import FixedPoint
+from fedunlearn.unlearn import UnlearnSession, make_method
+from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
+from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
+from fedunlearn.unlearn.starfish.backend.protocol import StarfishBackend
+
+PHASES = ("TD", "RS", "UE", "TC", "AGG")
+
+
+@pytest.fixture(scope="module")
+def run_dir(convex_run):
+    return convex_run
+
+
+@pytest.fixture(scope="module")
+def both(run_dir):
+    with UnlearnSession(run_dir, evaluate=False) as session:
+        plain = session.run(make_method("starfish"), FORGET)
+        secure = session.run(make_method("starfish", {"backend": "mpc"}), FORGET)
+    return plain, secure
+
+
+# ---- the backend against numpy -------------------------------------------------------------
+
+
+def test_mpc_backend_implements_the_protocol_with_the_same_signatures():
+    ops = [n for n, f in vars(StarfishBackend).items() if callable(f) and not n.startswith("_")]
+    for name in ops:
+        wanted = list(inspect.signature(getattr(StarfishBackend, name)).parameters)
+        assert list(inspect.signature(getattr(MpcBackend, name)).parameters) == wanted, name
+
+
+def test_mpc_backend_ops_match_numpy_within_fixed_point_error():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    sq = rng.normal(size=(3, 3)) + 3 * np.eye(3)
+    unit = rng.normal(size=5000)
+    unit /= np.linalg.norm(unit)
+    long = rng.normal(size=5000)
+
+    def program(party):
+        be = MpcBackend(party, client_seed=1)
+        sa, sb = be.share(torch.tensor(a)), be.share(torch.tensor(b))
+
+        def open_(x):
+            return be.reveal(x, "test").numpy()
+
+        w = torch.tensor([0.2, 0.3, 0.1, 0.4], dtype=torch.float64)
+        return {
+            "add": open_(be.add(sa, sb)),
+            "mul_public": open_(be.mul_public(sa, 2.5)),
+            "matmul_public": open_(be.matmul_public(torch.tensor(b.T), sa)),
+            "unit_dot": open_(be.matmul_public(torch.tensor(unit), be.share(torch.tensor(long)))),
+            "weighted": open_(be.weighted_sum([be.index(sa, i) for i in range(4)], w)),
+            "mul": open_(be.mul(sa, sb)),
+            "square": open_(be.mul(sa, sa)),
+            "matmul": open_(be.matmul(sa, be.transpose(sb))),
+            "dot": open_(be.dot(sa, sb)),
+            "ge": open_(be.ge(sa, sb)),
+            "ge0": open_(be.ge(sa, 0.0)),
+            "max": open_(be.max(be.index(sa, 0))),
+            "kth": open_(be.kth_largest(sa, 3)),
+            "div": open_(be.div(sa, be.add_public(be.mul(sb, sb), 1.0), (1.0, 20.0))),
+            "inverse": open_(be.inverse(be.share(torch.tensor(sq)))),
+            "share": sa.share,
+        }
+
+    first, second = two_party(program)
+    tol = 1e-3
+    np.testing.assert_allclose(first["add"], a + b, atol=tol)
+    np.testing.assert_allclose(first["mul_public"], 2.5 * a, atol=tol)
+    np.testing.assert_allclose(first["matmul_public"], b.T @ a, atol=tol * 10)
+    np.testing.assert_allclose(first["unit_dot"], unit @ long, atol=tol * 10)  # 5000 tiny entries
+    np.testing.assert_allclose(first["weighted"], np.array([0.2, 0.3, 0.1, 0.4]) @ a, atol=tol)
+    np.testing.assert_allclose(first["mul"], a * b, atol=tol)
+    np.testing.assert_allclose(first["square"], a * a, atol=tol)
+    np.testing.assert_allclose(first["matmul"], a @ b.T, atol=tol * 10)
+    np.testing.assert_allclose(first["dot"], (a * b).sum(-1), atol=tol * 10)
+    np.testing.assert_array_equal(first["ge"], (a >= b).astype(float))
+    np.testing.assert_array_equal(first["ge0"], (a >= 0).astype(float))
+    np.testing.assert_allclose(first["max"], a[0].max(), atol=tol)
+    np.testing.assert_allclose(first["kth"], np.sort(a.ravel())[::-1][2], atol=tol)
+    np.testing.assert_allclose(first["div"], a / (b * b + 1), atol=1e-2)
+    np.testing.assert_allclose(first["inverse"], np.linalg.inv(sq), atol=1e-2)
+    # the two shares of a client upload are each uniform; only together do they open
+    fp = FixedPoint()
+    np.testing.assert_array_equal(first["share"] + second["share"], fp.encode(a))
+    assert not np.array_equal(first["share"], fp.encode(a))
+
+
+@pytest.mark.parametrize("order", ["ratio", "value", "signed_ratio", "signed_value"])
+def test_top_k_opens_the_plain_ranking_for_every_order(order):
+    rng = np.random.default_rng(1)
+    n, k = 9, 5
+    g = rng.normal(size=(n, 30))
+    y = rng.normal(size=(n, 30)) + 0.7 * g
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    u = (g * y).sum(1)
+    norm = np.linalg.norm(g, axis=1)
+    cols = {
+        "ratio": {"u": u, "v": norm},
+        "value": {"tau": u / norm},
+        "signed_ratio": {"w": (u >= 0).astype(float), "a": u * u, "v": norm**2},
+        "signed_value": {"w": (u >= 0).astype(float), "b": (u / norm) ** 2},
+    }[order]
+    plain = PlainBackend()
+    expected = plain.top_k(
+        {c: plain.share(torch.tensor(v)) for c, v in cols.items()}, order, k, "t"
+    )
+
+    def program(party):
+        be = MpcBackend(party, client_seed=2)
+        chosen = be.top_k({c: be.share(torch.tensor(v)) for c, v in cols.items()}, order, k, "t")
+        return chosen, [o.to_dict() for o in be.opened]
+
+    (chosen, opened), (other, _) = two_party(program)
+    assert chosen == other == expected
+    assert opened == [
+        {"phase": "setup", "label": "t", "shape": [k], "value": list(map(float, chosen))}
+    ]
+
+
+# ---- plaintext vs 2PC on the whole pipeline ---------------------------------------------
+
+
+def test_two_party_run_selects_the_same_rounds_and_flags_as_plaintext(both):
+    plain, secure = both
+    assert secure.details.selection_ranking == plain.details.selection_ranking
+    assert secure.details.selected_rounds == plain.details.selected_rounds
+    assert secure.details.flags == plain.details.flags
+    assert secure.details.flags  # some correction round ran SecTC
+    assert secure.details.models_agree is True
+    error = (secure.params - plain.params).norm() / plain.params.norm()
+    assert float(error) < 1e-2
+
+
+def test_two_party_run_opens_what_the_plaintext_mirror_opens(both):
+    plain, secure = both
+
+    def labels(result):
+        return [(o["phase"], o["label"], tuple(o["shape"])) for o in result.details.opened]
+
+    assert labels(secure) == labels(plain)
+
+
+def test_two_party_run_reports_bytes_rounds_and_seconds_per_phase(both):
+    _, secure = both
+    for costs in (secure.details.mpc_costs, secure.details.mpc_costs_party1):
+        for phase in PHASES:
+            book = costs[phase]
+            assert book["bytes_sent"] > 0 and book["rounds"] > 0 and book["seconds"] > 0, phase
+            assert 0 <= book["offline_seconds"] <= book["seconds"]
+        assert costs["EXACT"]["bytes_sent"] == 0  # clients upload shares; servers do not talk
+    # client work is counted once although both servers receive every exact upload
+    assert secure.costs.client_participations == sum(
+        secure.details.exact_requests_per_client.values()
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"round_selection": "method2"},  # secure sqrt of ||g_0 + g_1||, SecDiv with range hints
+        {"estimator": "two_loop"},  # scalar SecMI per pair
+        {"comparison": "ideal"},  # ideal SecGE (cost sweeps)
+    ],
+    ids=["method2", "two_loop", "ideal"],
+)
+def test_other_variants_agree_with_their_plaintext_mirror(run_dir, params):
+    with UnlearnSession(run_dir, evaluate=False) as session:
+        plain = session.run(make_method("starfish", params), FORGET)
+        secure = session.run(make_method("starfish", {**params, "backend": "mpc"}), FORGET)
+    assert secure.details.selection_ranking == plain.details.selection_ranking
+    assert secure.details.flags == plain.details.flags
+    assert float((secure.params - plain.params).norm() / plain.params.norm()) < 1e-2
