@@ -116,6 +116,8 @@ def test_info_shows_the_privacy_ledger(runs):
     result = CliRunner().invoke(app, ["info", str(runs["dp"])], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "eps_t per round" in result.output and "PLD" in result.output
+    assert "mechanism client_update (eps per client and round)" in result.output
+    assert "add/remove one client's whole update" in result.output and "zCDP" in result.output
     clean = CliRunner().invoke(app, ["info", str(runs["clean"]), "--json"])
     assert json.loads(clean.output)["privacy"] == {"enabled": False, "variant": "no DP"}
 

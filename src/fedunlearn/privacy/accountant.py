@@ -22,7 +22,7 @@ T rounds compose. Reported, at a target δ:
 Paper: FedADP (Jiang et al.) gives per-round (ε_t, δ) only (Eq. 6, Theorem 1); there is no
 composition in the paper. FedADP spec §3.7 and A14.
 
-RDP uses the orders ``RDP_ORDERS`` (dp-accounting's default grid from order 2 up): the default's
+RDP uses the orders ``RDP_ORDERS`` (dp-accounting's default grid from order 2 to 512): the default's
 orders 1.1-1.9 fail to converge for subsampled events (dp-accounting logs a warning per order and
 drops them) and only matter at per-event ε far above any budget used here.
 

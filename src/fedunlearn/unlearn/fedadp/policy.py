@@ -78,12 +78,21 @@ def select_clients(updates: Updates, aggregate: torch.Tensor, ratio: float) -> l
     return top_clients(updates, aggregate, count_half_up(len(updates), ratio))
 
 
+def stage_closes(loss: float, prev_loss: float, beta: float) -> bool:
+    """Return whether a round with server loss ``loss`` ends the open stage (Alg. 1's trigger).
+
+    ``prev_loss`` is L(M_0) for the first stage and the loss at the previous stage end after
+    it: the caller resets it at every flush (docs/methods/fedadp.md, [REC] stage trigger).
+    """
+    return loss <= (1 - beta) * prev_loss
+
+
 def stage_ends(losses: list[float], beta: float) -> list[int]:
     """Return the rounds that end a stage, given ``losses[t] = L(M_t)`` for t = 0..T."""
     ends: list[int] = []
     prev = losses[0] if losses else 0.0
     for t in range(1, len(losses)):
-        if losses[t] <= (1 - beta) * prev:
+        if stage_closes(losses[t], prev, beta):
             ends.append(t)
             prev = losses[t]
     return ends
@@ -182,7 +191,7 @@ class StageSelector:
         self._buffer.append(
             _Buffered(round_, score, kept_clients, {c: updates[c] for c in kept_clients})
         )
-        closed = self.selection_mode == "staged" and loss <= (1 - self.beta) * self._prev_loss
+        closed = self.selection_mode == "staged" and stage_closes(loss, self._prev_loss, self.beta)
         if not (closed or final):
             return None
         scores = {b.round: b.score for b in self._buffer}
