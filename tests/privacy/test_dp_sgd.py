@@ -196,30 +196,62 @@ def fed_tasks(fed: Federation, ids: list[int], round_: int) -> list[tuple[int, i
     return [(cid, derive_seed(fed.seed, "client", round_, cid, 0)) for cid in ids]
 
 
-def test_conv_models_train_client_by_client_and_bad_input_is_refused():
-    class Conv(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = nn.Conv2d(1, 2, 3)
-            self.head = nn.Linear(2 * 6 * 6, 10)
+class Conv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.head = nn.Linear(2 * 3 * 3, 10)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(torch.relu(self.conv(x)).flatten(1))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
 
-    clients = make_clients([20, 25])
+
+class Scaled(nn.Module):
+    """A parameter outside Linear/Conv2d layers: only the reference path can train it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.scale * x.flatten(1))
+
+
+def test_conv_models_train_vectorized_like_the_per_client_reference():
+    # the paper's CNN takes this path: conv layers by per-example unfolded gradients
+    clients = make_clients([30, 11, 0])
+    start = get_flat_params(Conv()) + 0.01
+    tasks = [(cid, 10 + cid) for cid in clients]
+    fast = VectorizedDPSGD(Conv(), clients, max_chunk_bytes=50_000)
+    assert fast._chunk_size(SPEC) < len(tasks)  # several chunks
+    results = fast.run(start, tasks, SPEC, clip_norm=0.7, noise_multiplier=0.9)
+    for (cid, seed), (update, noise) in zip(tasks, results, strict=True):
+        ref, ref_noise = dp_sgd_update(
+            Conv(), start, clients[cid], SPEC, clip_norm=0.7, noise_multiplier=0.9, seed=seed
+        )
+        assert torch.allclose(update.delta, ref.delta, atol=1e-6), cid
+        assert torch.allclose(noise.norms, ref_noise.norms, rtol=1e-5)
     training = DPSGDTraining(Conv(), clients, clip_norm=1.0, delta=1e-5, epsilon_of=lambda r: 3.0)
+    assert training.vectorized is not None
+
+
+def test_other_models_train_client_by_client_and_bad_input_is_refused():
+    clients = make_clients([20, 25])
+    training = DPSGDTraining(Scaled(), clients, clip_norm=1.0, delta=1e-5, epsilon_of=lambda r: 3.0)
     assert training.vectorized is None
     spec = LocalTrainingSpec(epochs=1, lr=0.1, batch_size=10)
-    out = training.run(get_flat_params(Conv()), [(0, 1), (1, 2)], spec, 1)
+    out = training.run(get_flat_params(Scaled()), [(0, 1), (1, 2)], spec, 1)
     assert [u.client_id for u in out] == [0, 1] and all(torch.isfinite(u.delta).all() for u in out)
-    with pytest.raises(ConfigError, match="cannot|every parameter"):
+    with pytest.raises(ConfigError, match="every parameter inside an nn.Linear or nn.Conv2d"):
         DPSGDTraining(
-            Conv(), clients, clip_norm=1.0, delta=1e-5, epsilon_of=lambda r: 3.0, vectorize=True
+            Scaled(), clients, clip_norm=1.0, delta=1e-5, epsilon_of=lambda r: 3.0, vectorize=True
         )
     with pytest.raises(ConfigError, match="clip norm C must be a finite number > 0; got 0.0"):
         DPSGDTraining(_mlp(), clients, clip_norm=0.0, delta=1e-5, epsilon_of=lambda r: 3.0)
     with pytest.raises(UnknownClientError, match="client\\(s\\) 9"):
-        training.run(get_flat_params(Conv()), [(9, 1)], spec, 2)
+        training.run(get_flat_params(Scaled()), [(9, 1)], spec, 2)
 
 
 def test_federation_hands_the_round_to_the_local_training_then_runs_the_mods():

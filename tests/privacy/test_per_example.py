@@ -15,22 +15,39 @@ from torch.nn import functional as F  # noqa: N812
 from fedunlearn.errors import ConfigError
 from fedunlearn.models import build_model
 from fedunlearn.privacy.per_example import (
-    LinearGhostClipping,
+    GhostClipping,
     check_per_example_model,
     per_example_clipped_sum,
 )
 
 
 class SmallConv(nn.Module):
-    """A conv + linear model: the general (materialising) path, not ghost clipping."""
+    """Conv (stride, padding, dilation, pooling) + linear, like the paper's CNN but tiny."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(1, 3, 3)
-        self.head = nn.Linear(3 * 6 * 6, 10)
+        self.conv2 = nn.Conv2d(3, 4, 3, stride=2, padding=1, dilation=1, bias=False)
+        self.conv3 = nn.Conv2d(4, 2, (2, 1), padding=(1, 0), dilation=(1, 1))
+        self.head = nn.Linear(2 * 2 * 1, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.conv(x)).flatten(1))
+        h = torch.relu(self.conv(x))  # (3, 6, 6)
+        h = torch.relu(self.conv2(h))  # (4, 3, 3)
+        h = F.max_pool2d(self.conv3(h), 2)  # (2, 4, 3) -> (2, 2, 1)
+        return self.head(h.flatten(1))
+
+
+class Embedded(nn.Module):
+    """A parameter outside Linear/Conv2d layers: ghost clipping cannot cover it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.scale * x.flatten(1))
 
 
 def _batch(m: int, seed: int = 0):
@@ -78,13 +95,15 @@ def _opacus_clipped_sum(model: nn.Module, x, y, clip_norm: float) -> dict[str, t
 
 
 @pytest.mark.parametrize("clip_norm", [0.05, 1.0, 1e6])
-def test_reference_and_ghost_clipping_equal_a_per_example_backward_loop(clip_norm):
-    model = build_model("mlp", (1, 8, 8), 10, seed=3, hidden=(16, 12))
+@pytest.mark.parametrize("conv", [False, True], ids=["mlp", "conv"])
+def test_reference_and_ghost_clipping_equal_a_per_example_backward_loop(clip_norm, conv):
+    torch.manual_seed(3)
+    model = SmallConv() if conv else build_model("mlp", (1, 8, 8), 10, seed=3, hidden=(16, 12))
     x, y = _batch(9)
     expected, expected_norms = _loop_reference(model, x, y, clip_norm)
     params = _params(model)
     ref, ref_norms, _ = per_example_clipped_sum(model, params, x, y, clip_norm)
-    ghost, ghost_norms, _ = LinearGhostClipping(model)(params, x, y, torch.ones(9), clip_norm)
+    ghost, ghost_norms, _ = GhostClipping(model)(params, x, y, torch.ones(9), clip_norm)
     for name in expected:
         assert torch.allclose(ref[name].double(), expected[name], atol=1e-6, rtol=1e-5)
         assert torch.allclose(ghost[name].double(), expected[name], atol=1e-6, rtol=1e-5)
@@ -97,7 +116,7 @@ def test_reference_and_ghost_clipping_equal_a_per_example_backward_loop(clip_nor
     [
         (build_model("mlp", (1, 8, 8), 10, seed=1, hidden=(16,)), True),
         (build_model("logreg", (1, 8, 8), 10, seed=2), True),
-        (SmallConv(), False),
+        (SmallConv(), True),
     ],
 )
 def test_clipped_sums_equal_opacus_on_the_same_batch(model, ghost):
@@ -109,14 +128,16 @@ def test_clipped_sums_equal_opacus_on_the_same_batch(model, ghost):
     for name, value in expected.items():
         assert torch.allclose(ours[name], value, atol=1e-6, rtol=1e-5), name
     if ghost:
-        fast, _, _ = LinearGhostClipping(model)(params, x, y, torch.ones(12), clip_norm)
+        fast, _, _ = GhostClipping(model)(params, x, y, torch.ones(12), clip_norm)
         for name, value in expected.items():
             assert torch.allclose(fast[name], value, atol=1e-6, rtol=1e-5), name
 
 
-def test_ghost_clipping_vmapped_over_clients_ignores_padding_rows():
-    model = build_model("mlp", (1, 8, 8), 10, seed=4, hidden=(8,))
-    ghost = LinearGhostClipping(model)
+@pytest.mark.parametrize("conv", [False, True], ids=["mlp", "conv"])
+def test_ghost_clipping_vmapped_over_clients_ignores_padding_rows(conv):
+    torch.manual_seed(4)
+    model = SmallConv() if conv else build_model("mlp", (1, 8, 8), 10, seed=4, hidden=(8,))
+    ghost = GhostClipping(model)
     k, width = 3, 6
     x, y = _batch(k * width, seed=9)
     x, y = x.view(k, width, 1, 8, 8), y.view(k, width)
@@ -140,13 +161,21 @@ def test_models_without_per_example_gradients_are_refused_with_the_reason():
         check_per_example_model(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
     with pytest.raises(ConfigError, match="Dropout"):
         check_per_example_model(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)))
-    with pytest.raises(ConfigError, match="every parameter inside an nn.Linear"):
-        LinearGhostClipping(SmallConv())
+    with pytest.raises(
+        ConfigError, match="every parameter inside an nn.Linear or nn.Conv2d.*scale"
+    ):
+        GhostClipping(Embedded())
+    with pytest.raises(
+        ConfigError, match="groups=1 and numeric zero padding; layer '0' has groups=2"
+    ):
+        GhostClipping(nn.Sequential(nn.Conv2d(2, 2, 3, groups=2), nn.Flatten()))
+    with pytest.raises(ConfigError, match="padding_mode='reflect'"):
+        GhostClipping(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect")))
 
 
 def test_ghost_clipping_refuses_a_linear_layer_on_sequences():
     model = nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.Linear(15, 2))
-    ghost = LinearGhostClipping(model)
+    ghost = GhostClipping(model)
     x, y = torch.rand(2, 5, 4), torch.tensor([0, 1])
     with pytest.raises(ConfigError, match="shape \\(batch, features\\)"):
         ghost(_params(model), x, y, torch.ones(2), 1.0)

@@ -36,7 +36,11 @@ from fedunlearn.privacy.mechanisms import (
     noise_std,
     privatize,
 )
-from fedunlearn.privacy.per_example import LinearGhostClipping, per_example_clipped_sum
+from fedunlearn.privacy.per_example import (
+    GhostClipping,
+    LinearGhostClipping,
+    per_example_clipped_sum,
+)
 from fedunlearn.privacy.schedule import BudgetSchedule, epsilon_sequence, next_epsilon
 from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.privacy.uploads import ClipAndNoise, RoundNoise
@@ -45,6 +49,7 @@ __all__ = [
     "BudgetSchedule",
     "ClipAndNoise",
     "DPSGDTraining",
+    "GhostClipping",
     "LinearGhostClipping",
     "PrivacyAccountant",
     "PrivacyTotals",

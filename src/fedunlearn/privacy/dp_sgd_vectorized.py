@@ -1,14 +1,14 @@
 """DP-SGD for all clients of a round at once: ``vmap`` over clients of the ghost-clipped step.
 
 ``VectorizedDPSGD`` reproduces ``dp_sgd_update`` (the per-client reference) to float tolerance
-for models whose parameters all live in ``nn.Linear`` layers, running one batched step for K
-clients together:
+for models whose parameters all live in ``nn.Linear`` and ``nn.Conv2d`` layers, running one
+batched step for K clients together:
 
 1. Plan: each client's Poisson batches are drawn exactly as the reference draws them
    (``poisson_batches`` with the task's batch generator); a step's batches are padded to that
    step's largest batch with weight-0 rows (one shape per step for ``vmap``), and a client
    whose steps are done is masked (``ceil(E n_c / B)`` differs between clients).
-2. Clipped sums: ``vmap(LinearGhostClipping)`` over the stacked clients' parameters
+2. Clipped sums: ``vmap(GhostClipping)`` over the stacked clients' parameters
    (:mod:`fedunlearn.privacy.per_example`); real rows carry weight 1/(q n_c), so the sums come
    out divided by the expected batch size, padding rows weight 0.
 3. Noise: each active client draws its d-vector from its own noise generator, as the reference
@@ -50,7 +50,7 @@ from fedunlearn.privacy.dp_sgd import (
     sample_rate,
     sgd_step_,
 )
-from fedunlearn.privacy.per_example import LinearGhostClipping
+from fedunlearn.privacy.per_example import GhostClipping
 
 __all__ = ["VectorizedDPSGD"]
 
@@ -62,7 +62,8 @@ class VectorizedDPSGD:
     """DP-SGD of many clients in lock-step (see module doc).
 
     Args:
-        model: Template module (all parameters in ``nn.Linear`` layers); not modified.
+        model: Template module (all parameters in ``nn.Linear``/``nn.Conv2d`` layers); not
+            modified.
         client_data: Every client's training set; inputs share one example shape and dtype.
         device: Where training runs (default: CPU); data is moved there once.
         max_chunk_bytes: Working-set budget of one chunk of clients trained together.
@@ -79,7 +80,7 @@ class VectorizedDPSGD:
         device: torch.device | str | None = None,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        self.ghost = LinearGhostClipping(model)
+        self.ghost = GhostClipping(model)
         self.layout = ParamLayout(model)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if max_chunk_bytes < 1:
@@ -110,6 +111,7 @@ class VectorizedDPSGD:
         self._x = x.to(self.device).contiguous()
         self._y = y.to(self.device)
         self._example_shape = tuple(self._x.shape[1:])
+        self._example_floats = self._floats_per_example()
         self._step = vmap(self.ghost, in_dims=(0, 0, 0, 0, None))
         self._pool: ThreadPoolExecutor | None = None
         self._pool_threads = 0
@@ -154,12 +156,30 @@ class VectorizedDPSGD:
 
     def _chunk_size(self, spec: LocalTrainingSpec) -> int:
         """Clients per chunk: 8 d-vectors and two padded batches' inputs and activations."""
-        widths = sum(layer.in_features + layer.out_features for layer in self.ghost.layers)
         rows = 2 * spec.batch_size + 16
         per_client = 4 * (
-            8 * self.layout.num_params + rows * (math.prod(self._example_shape) + 3 * widths)
+            8 * self.layout.num_params
+            + rows * (math.prod(self._example_shape) + self._example_floats)
         )
         return max(1, self.max_chunk_bytes // per_client)
+
+    def _floats_per_example(self) -> int:
+        """Floats one example keeps alive in a step (outputs, probes, their gradients, inputs).
+
+        A conv layer also keeps its unfolded input and its per-example weight gradient.
+        """
+        total = 0
+        for layer, shape in zip(
+            self.ghost.layers, self.ghost.layer_shapes(self._example_shape), strict=True
+        ):
+            out = math.prod(shape)
+            total += 3 * out
+            if isinstance(layer, nn.Conv2d):
+                fan_in = layer.weight.numel() // layer.out_channels
+                total += fan_in * math.prod(shape[1:]) + layer.weight.numel()
+            else:
+                total += layer.in_features
+        return total
 
     def _draw_noise(
         self, draws: torch.Tensor, generators: list[torch.Generator], active: torch.Tensor
