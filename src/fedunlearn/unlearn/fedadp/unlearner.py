@@ -166,6 +166,13 @@ class FedADP(SelectiveReplay):
                 "fedadp with unlearn_dp=true needs a run trained with privacy.enabled (its "
                 "per-round ε_t and S); drop unlearn_dp or train with a privacy section."
             )
+        if self.params.unlearn_dp and context.privacy.mechanism != "client_update":
+            raise UnsupportedHistoryError(
+                "fedadp with unlearn_dp=true re-applies the client_update mechanism (clip each "
+                "fresh update to S, Eq. 5-6); this run was trained with privacy.mechanism "
+                f"'{context.privacy.mechanism}', whose stored clip norm is a per-example C, "
+                "not an S. Drop unlearn_dp (docs/methods/fedadp.md, AD9)."
+            )
 
     def check_derivable(self, context: UnlearnContext) -> None:
         """Deriving the stages of an ``all`` run needs the server loss or a reference set."""
@@ -241,9 +248,7 @@ class FedADP(SelectiveReplay):
         z = noise_multiplier(float(sc[SCALAR_KEYS["epsilon"]]), cfg.delta)
         return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         clock = time.perf_counter()
         p = self.params
         stages: list[Stage] = []
