@@ -165,7 +165,7 @@ class PrivacyConfig(_Frozen):
     """DP of training at FedADP's adaptive per-round budget ε_t (Eq. 4): the mechanism and budget.
 
     ``mechanism``: ``client_update`` clips each client's whole update to S and adds Gaussian
-    noise (Eq. 5-6; client-level, FedADP spec §3.2-§3.3, A1-A5); ``dp_sgd`` trains each client
+    noise (Eq. 5-6; client-level; docs/methods/fedadp.md AD1-AD5); ``dp_sgd`` trains each client
     by DP-SGD, per-example clipping to C and Gaussian noise on every batch's sum, the round
     costing ε_t (per-example guarantee; docs/privacy.md).
     """

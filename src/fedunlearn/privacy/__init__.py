@@ -11,7 +11,8 @@ and the two mechanisms of ``privacy.mechanism``:
   ``dp_sgd`` (one client's DP-SGD, the reference), ``dp_sgd_vectorized`` (all clients at once)
   and ``local_training`` (the ``Federation.local_training`` hook); per-example guarantee.
 
-Paper: FedADP (Jiang et al.); FedADP spec §3; DP-SGD (Abadi et al. 2016). docs/privacy.md.
+Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4-6 and Alg. 1; DP-SGD (Abadi et al., CCS 2016,
+Alg. 1). User guide: docs/privacy.md; deviations (AD1-AD23): docs/methods/fedadp.md.
 """
 
 from fedunlearn.privacy.accountant import (

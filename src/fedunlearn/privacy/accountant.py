@@ -17,10 +17,10 @@ T rounds compose. Reported, at a target δ:
   2018, ``dp_accounting.get_epsilon_gaussian``);
 - the total ε by RDP (``dp_accounting.rdp.RdpAccountant``) and PLD
   (``dp_accounting.pld.PLDAccountant``) composition of the per-round events;
-- zCDP for comparison with the spec's table: ρ = Σ 1/(2ζ_t²), ε = ρ + 2 sqrt(ρ ln(1/δ)).
+- zCDP, a closed form to compare with: ρ = Σ 1/(2ζ_t²), ε = ρ + 2 sqrt(ρ ln(1/δ)).
 
 Paper: FedADP (Jiang et al.) gives per-round (ε_t, δ) only (Eq. 6, Theorem 1); there is no
-composition in the paper. FedADP spec §3.7 and A14.
+composition in the paper. Deviation AD14 of docs/methods/fedadp.md.
 
 RDP uses the orders ``RDP_ORDERS`` (dp-accounting's default grid from order 2 to 512): the default's
 orders 1.1-1.9 fail to converge for subsampled events (dp-accounting logs a warning per order and
@@ -33,7 +33,7 @@ Deviations:
     [REC] Sensitivity S (``sens_factor=1``, add/remove a client's contribution, the paper's
         calibration) is the headline; ``sens_factor=2`` (replace adjacency) is reported too.
     [REC] The loss values that drive the budget and the stage triggers are computed on client
-        data without noise: a small leak the ledger does not account (spec §3.7).
+        data without noise: a small leak the ledger does not account (AD3).
 """
 
 from __future__ import annotations

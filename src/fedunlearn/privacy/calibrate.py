@@ -7,13 +7,14 @@
   median is the usual rule of thumb (Andrew et al., "Differentially Private Learning with
   Adaptive Clipping", NeurIPS 2021, target the median).
 
-Paper: FedADP (Jiang et al.) does not give S; FedADP spec A4 recommends the median L2 norm of
-the unclipped client updates of a 1-2 round no-DP pilot, fallback S = 1 (parameter-delta units).
+Paper: FedADP (Jiang et al.), Sec. IV-B1, does not give S (nor ε_0, ε_min, δ); the median L2
+norm of the unclipped client updates of a 1-2 round no-DP pilot is our choice (deviation AD4,
+docs/methods/fedadp.md).
 
 Deviations:
     [REC] The pilot runs rounds 1..p with the run's own seeds (salt 0), so its first round's
         uploads are exactly the raw uploads of the real round 1. Neither rule is private: its
-        only output, the clip norm, is data-dependent and not accounted (spec A4); set a number
+        only output, the clip norm, is data-dependent and not accounted (AD4); set a number
         to avoid it.
 """
 

@@ -13,7 +13,8 @@ mechanism). Totals: ``client_update`` composes one Gaussian event per round (RDP
 basic, at sensitivity S and 2S); ``dp_sgd`` composes each round's ``steps``-fold
 Poisson-sampled Gaussian (RDP, PLD, basic; add/remove one example only).
 
-Paper: FedADP (Jiang et al.) Eq. 4-6; FedADP spec §3.7 (accountant and reporting).
+Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4-6 (per-round budgets only; the totals are
+deviation AD14 of docs/methods/fedadp.md). Fields: docs/privacy.md.
 """
 
 from __future__ import annotations

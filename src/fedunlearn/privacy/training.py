@@ -3,8 +3,8 @@
 ``PrivateTraining`` ties together, for ``train_run``:
 
 1. the mechanism of ``privacy.mechanism``, attached to the federation for training only by
-   ``attach`` (unlearning's fresh updates are not noised unless a method asks, spec A9, and
-   Retrain runs without DP, spec §6.3): ``client_update`` appends the ``ClipAndNoise`` update
+   ``attach`` (unlearning's fresh updates are not noised unless a method asks, AD9, and
+   Retrain runs without DP): ``client_update`` appends the ``ClipAndNoise`` update
    mod (``mod``); ``dp_sgd`` sets the federation's ``local_training`` to ``DPSGDTraining``
    (``local_training``);
 2. ``round_scalars``: the ledger entries of the round just trained, merged into its metrics so
@@ -14,7 +14,8 @@
    Gaussian steps);
 4. ``resume``: rebuilds the schedule and the accountant from the stored round scalars.
 
-Paper: FedADP (Jiang et al.), Alg. 1; FedADP spec §3; DP-SGD: docs/privacy.md.
+Paper: FedADP (Jiang et al.), Sec. IV-B1 and Alg. 1; the mechanisms: deviation AD1 of
+docs/methods/fedadp.md; DP-SGD: docs/privacy.md.
 """
 
 from __future__ import annotations
