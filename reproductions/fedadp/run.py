@@ -165,7 +165,7 @@ def row_of(
         q = session.setup.evaluate(result.params)
         row = {"test_accuracy": q["test_accuracy"], "backdoor_asr": q.get("backdoor_asr")}
         row |= {"rounds": result.costs.rounds, "client_epochs": result.costs.client_epochs}
-    details = result.details
+    details = result.details.to_dict()
     privacy = details.get("privacy", {})
     row |= {
         "label": label,
@@ -467,7 +467,7 @@ def dp_retrain(cfg: RunConfig, forget: Sequence[int]) -> dict[str, Any]:
 def _unlearn_row(session: UnlearnSession, result: UnlearnResult) -> dict[str, Any]:
     """TA, ASR and costs of one unlearning result (and FedADP's selection figures)."""
     q = session.setup.evaluate(result.params)
-    details = result.details
+    details = result.details.to_dict()
     return {
         "test_accuracy": q["test_accuracy"],
         "backdoor_asr": q.get("backdoor_asr"),
