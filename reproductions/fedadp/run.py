@@ -1,6 +1,6 @@
 """FedADP on real MNIST: unlearning 5 of 20 clients with and without DP, against the baselines.
 
-Two experiments (FedADP spec §6.4, §9), each on three trained runs:
+Two experiments (the paper's Sec. VI-A3 metrics, at a small scale), each on three trained runs:
 
 - ``backdoor``: the 5 targets plant a backdoor (4x4 patch, 50% of their samples, target 0);
   ASR is measured on the targets' own triggered data and on the triggered test set.
@@ -52,7 +52,7 @@ from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, ma
 TARGETS = [0, 1, 2, 3, 4]  # MIA experiment: the clean clients to forget
 RATIOS = [0.5, 0.9]  # plus the defaults (λ 0.6, γ 0.7) of the main table
 EPS_MAX = [2.0, 4.5]  # plus 3.0 of the main table
-PAPER = {  # FedADP spec §6.5 R1 (MNIST, 5 of 20, FedAvg, eps_max 3, lambda 0.6, gamma 0.7)
+PAPER = {  # Sec. VI-B2/VI-B3, Fig. 3-4 (MNIST, 5 of 20, FedAvg, eps_max 3, lambda 0.6, gamma 0.7)
     "retrain": ">87 / <50 / <10",
     "fedrecover": ">87, <88.02 / <50 / <10",
     "fedadp_nodp": "95.71 / 47.8 / <10",
@@ -120,7 +120,7 @@ def train(args: argparse.Namespace, name: str, cfg: RunConfig) -> tuple[Path, di
 
 
 class PaperMIA:
-    """The paper's MISR protocol (spec §6.4): an attack fit on the FL model's logits.
+    """The paper's MISR protocol (Sec. VI-A3): an attack fit on the FL model's logits.
 
     Logistic regression on the logit vector, fit on the targets' training samples (member) and
     half of the test set (non-member) through the FL model; MISR_target is the share of the
