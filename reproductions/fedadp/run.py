@@ -344,7 +344,7 @@ CNN = {
     "local_epochs": 1,  # paper: 5
     "batch_size": 64,  # expected Poisson batch B: q = 64 / 1000
     "attackers": 5,
-    "poison_fraction": 0.5,
+    "poison_fraction": 1.0,  # the toolkit default, as in the Crab reproduction (README)
     "epsilon_max": 3.0,
     "delta": 1e-5,
 }
@@ -740,7 +740,7 @@ def main() -> None:
     )
     parser.add_argument("--cnn-train-samples", type=int, default=CNN["train_samples"])
     parser.add_argument("--dpsgd-rounds", type=int, default=CNN["rounds"], help="T (smoke tests)")
-    parser.add_argument("--dpsgd-lr", type=float, default=0.2)
+    parser.add_argument("--dpsgd-lr", type=float, default=1.0, help="SGD lr of the DP-SGD CNN")
     parser.add_argument("--dpsgd-clip", type=float, default=1.0, help="C per example")
     parser.add_argument("--fresh", action="store_true", help="retrain runs that exist")
     parser.add_argument("--tables", action="store_true", help="only print the Markdown tables")
