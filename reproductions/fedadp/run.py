@@ -480,19 +480,31 @@ def _unlearn_row(session: UnlearnSession, result: UnlearnResult) -> dict[str, An
     }
 
 
+def _fl_rounds(run_dir: Path) -> list[list[float]]:
+    """Return [round, TA, ASR] of every round of a training run (from its metrics.jsonl)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return [[m["round"], m["test_accuracy"], m.get("backdoor_asr")] for m in rows]
+
+
 def dpsgd_seed(args: argparse.Namespace) -> dict[str, Any]:
     """Train the DP-SGD CNN run of ``args.seed``; FedADP, its clamped ablation, Retrain, DP Retrain.
 
-    Writes ``OUT/dpsgd/seed{S}.json`` (re-running reuses a finished training run).
+    Also trains the same config without DP (is the backdoor learnable in this setting?). Writes
+    ``OUT/dpsgd/seed{S}.json`` after every part; a re-run reuses the finished training runs and
+    computes only the parts that are missing.
     """
     seed = args.seed
     root = args.out / "dpsgd"
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"seed{seed}.json"
     cfg = dpsgd_config(args, seed)
     run_dir, summary = train(args, f"dpsgd/seed{seed}", cfg)
     ledger = json.loads((run_dir / "privacy.json").read_text())
     forget = summary["malicious_clients"]
     request = UnlearnRequest.of(forget, "recover")
-    doc: dict[str, Any] = {
+    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    doc |= {
         "seed": seed,
         "setting": CNN
         | {
@@ -501,42 +513,66 @@ def dpsgd_seed(args: argparse.Namespace) -> dict[str, Any]:
             "lr": args.dpsgd_lr,
             "clip_norm": args.dpsgd_clip,
         },
-        "machine": f"{platform.machine()}, {platform.processor() or '?'}, "
+        "machine": doc.get("machine")
+        or f"{platform.machine()}, {platform.processor() or '?'}, "
         f"{torch.get_num_threads()} torch threads",
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": doc.get("date") or datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "forget": forget,
         "fl": {
             "test_accuracy": summary["final_metrics"]["test_accuracy"],
             "backdoor_asr": summary["final_metrics"].get("backdoor_asr"),
             "train_seconds": summary["wall_seconds"],
+            "rounds": _fl_rounds(run_dir),
         },
         "privacy": {k: v for k, v in ledger.items() if k != "rounds"},
         "ledger_rounds": ledger["rounds"],
     }
-    with UnlearnSession(run_dir) as session:
-        for key, method, params in (
-            ("fedadp", "fedadp", None),
-            ("fedadp_clamp", "fedadp", {"clamp_negative_cos": True}),
-            ("retrain_nodp", "retrain", None),
-        ):
-            result = session.run(make_method(method, params), request)
-            doc[key] = _unlearn_row(session, result)
-            row = doc[key]
-            print(
-                f"[dpsgd seed {seed}] {key}: TA {row['test_accuracy']:.4f} "
-                f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']}",
-                flush=True,
-            )
-    doc["retrain_dp"] = dp_retrain(cfg, forget)
-    row = doc["retrain_dp"]
-    print(
-        f"[dpsgd seed {seed}] DP retrain: TA {row['test_accuracy']:.4f} "
-        f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']} "
-        f"eps PLD {row['privacy']['total_epsilon']:.2f}",
-        flush=True,
+
+    def save() -> None:
+        path.write_text(json.dumps(doc, indent=2, default=str))
+
+    save()
+    parts = (
+        ("fedadp", "fedadp", None),
+        ("fedadp_clamp", "fedadp", {"clamp_negative_cos": True}),
+        ("retrain_nodp", "retrain", None),
     )
-    root.mkdir(parents=True, exist_ok=True)
-    (root / f"seed{seed}.json").write_text(json.dumps(doc, indent=2, default=str))
+    if any(key not in doc for key, _, _ in parts):
+        with UnlearnSession(run_dir) as session:
+            for key, method, params in parts:
+                if key in doc:
+                    continue
+                result = session.run(make_method(method, params), request)
+                doc[key] = row = _unlearn_row(session, result)
+                save()
+                print(
+                    f"[dpsgd seed {seed}] {key}: TA {row['test_accuracy']:.4f} "
+                    f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']}",
+                    flush=True,
+                )
+    if "retrain_dp" not in doc:
+        doc["retrain_dp"] = row = dp_retrain(cfg, forget)
+        save()
+        print(
+            f"[dpsgd seed {seed}] DP retrain: TA {row['test_accuracy']:.4f} "
+            f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']} "
+            f"eps PLD {row['privacy']['total_epsilon']:.2f}",
+            flush=True,
+        )
+    if "fl_nodp" not in doc:
+        nodp = parse_config(
+            {**cfg.model_dump(), "privacy": {"enabled": False}, "history": {"policy": "none"}},
+            f"fedadp_cnn_dpsgd/seed{seed}_nodp",
+        )
+        nodp_dir, nodp_summary = train(args, f"dpsgd/seed{seed}_nodp", nodp)
+        final = nodp_summary["final_metrics"]
+        doc["fl_nodp"] = {
+            "test_accuracy": final["test_accuracy"],
+            "backdoor_asr": final.get("backdoor_asr"),
+            "train_seconds": nodp_summary["wall_seconds"],
+            "rounds": _fl_rounds(nodp_dir),
+        }
+        save()
     print("\n".join(dpsgd_tables([doc])), flush=True)
     return doc
 
@@ -577,6 +613,7 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
         eps = d["privacy"]["totals"]["1"]
         dp_eps = dp["privacy"]["totals"]["1"]
         rows = [
+            ("FL model without DP (same config)", d.get("fl_nodp"), None, None),
             ("FL model (DP-SGD)", d["fl"], None, eps),
             ("**FedADP**", d["fedadp"], dp["client_epochs"], eps),
             ("FedADP, clamped cos θ (ablation)", d["fedadp_clamp"], dp["client_epochs"], eps),
@@ -584,6 +621,8 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
             ("DP Retrain", dp, dp["client_epochs"], dp_eps),
         ]
         for label, r, base, e in rows:
+            if r is None:
+                continue
             epochs = r.get("client_epochs") or 0
             lines.append(
                 f"| {d['seed']} | {label} | {pct(r['test_accuracy'])} | {pct(r['backdoor_asr'])} "
@@ -601,15 +640,19 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
     ]
     lines += ["| model | TA % | ASR % |", "|---|---|---|"]
     for label, key in (
+        ("FL model without DP", "fl_nodp"),
         ("FL model (DP-SGD)", "fl"),
         ("FedADP", "fedadp"),
         ("FedADP, clamped cos θ", "fedadp_clamp"),
         ("Retrain without DP", "retrain_nodp"),
         ("DP Retrain", "retrain_dp"),
     ):
+        have = [d[key] for d in docs if d.get(key)]
+        if not have:
+            continue
         lines.append(
-            f"| {label} | {_med([d[key]['test_accuracy'] for d in docs])} "
-            f"| {_med([d[key]['backdoor_asr'] for d in docs])} |"
+            f"| {label} | {_med([r['test_accuracy'] for r in have])} "
+            f"| {_med([r['backdoor_asr'] for r in have])} |"
         )
     lines += ["", "| target | " + " | ".join(f"seed {d['seed']}" for d in docs) + " |"]
     lines.append("|---|" + "---|" * len(docs))
