@@ -216,14 +216,15 @@ def dp_sgd_update(
     noises = noise_generator(seed)
     scale = noise_multiplier * clip_norm
     expected = sample_rate(n, spec.batch_size) * n if n else 1.0
-    draw = torch.empty(layout.num_params, dtype=torch.float32)
+    draw = torch.zeros(layout.num_params, dtype=torch.float32)
     norms, loss_sum, seen = [], 0.0, 0
     for idx in batches:
         x, y = data.x[idx].to(device), data.y[idx].to(device)
         summed, norm, losses = per_example_clipped_sum(
             model, layout.views(params[0]), x, y, clip_norm
         )
-        draw.normal_(generator=noises)
+        if noise_multiplier > 0:  # σ = 0 (clipping only): no draws, the noise stays zero
+            draw.normal_(generator=noises)
         noise = (draw.to(device) * (scale / expected)).unsqueeze(0)
         gradient = layout.flatten(summed, 0).unsqueeze(0) / expected
         sgd_step_(params, gradient, noise, momentum_buffer, noise_buffer, noise_delta, spec)

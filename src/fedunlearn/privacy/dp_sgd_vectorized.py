@@ -263,7 +263,8 @@ class VectorizedDPSGD:
             y = self._y.index_select(0, step_rows[s]).view(k, width)
             grads, norms, losses = self._step(views, x, y, step_weights[s], clip_norm)
             now = step_active[s]
-            self._draw_noise(draws, generators, now)
+            if noise_multiplier > 0:  # σ = 0 (clipping only): no draws, the noise stays zero
+                self._draw_noise(draws, generators, now)
             noise = draws.to(dev)
             if plain_sgd:
                 # p -= lr (Σ w clip(g) + σ C ξ / (q n)); a client whose steps are done has zero

@@ -15,6 +15,10 @@ Per round, in the order ``run`` does them:
 4. the round's ``RoundDPSGD``: the above, the share of clipped per-example gradients, their
    median norm and the measured noise-to-signal ratio of the FedAvg-weighted aggregate.
 
+``ClippedTraining`` is the same optimiser without the noise (Poisson batches, per-example
+clipping to C, no accounting): the local training of unlearning on a ``dp_sgd`` run, whose
+learning rate was chosen for clipped steps (docs/methods/fedadp.md, AD22).
+
 Paper: FedADP (Jiang et al.), Alg. 1 and Eq. 4 (the per-round budget ε_t); DP-SGD as Abadi et
 al. 2016. Deviation from the paper's Eq. 5-6 and why: docs/privacy.md.
 """
@@ -48,7 +52,7 @@ from fedunlearn.privacy.dp_sgd import (
 from fedunlearn.privacy.dp_sgd_vectorized import VectorizedDPSGD
 from fedunlearn.privacy.per_example import check_per_example_model
 
-__all__ = ["DPSGDTraining", "RoundDPSGD"]
+__all__ = ["ClippedTraining", "DPSGDTraining", "RoundDPSGD"]
 
 
 @dataclass(frozen=True)
@@ -241,3 +245,79 @@ class DPSGDTraining:
             raw_norm_median=float(norms.median()) if norms.numel() else 0.0,
             noise_to_signal=noise_norm / signal_norm if signal_norm > 0 else math.inf,
         )
+
+
+class ClippedTraining:
+    """DP-SGD's optimiser without its noise, for ``Federation.local_training`` (see module doc).
+
+    Each client takes ceil(E n_c / B) steps on Poisson batches of rate min(1, B / n_c), every
+    example's gradient clipped to C, the clipped sum divided by the expected batch size: the
+    steps of ``DPSGDTraining`` with σ = 0. Nothing is accounted (it releases no private output
+    by itself; unlearning methods train their fresh updates without DP, AD9).
+
+    Args:
+        model: Template module; must have per-example gradients.
+        client_data: Every client's training set.
+        clip_norm: C, the per-example clipping norm (the run's).
+        device: Where the vectorised path trains (default CPU).
+
+    Raises:
+        ConfigError: if the model has no per-example gradients or C is not a finite number > 0.
+    """
+
+    name = "clipped_sgd"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        client_data: Mapping[int, ClientData],
+        *,
+        clip_norm: float,
+        device: torch.device | str | None = None,
+    ) -> None:
+        check_per_example_model(model)
+        if not clip_norm > 0 or not math.isfinite(clip_norm):
+            raise ConfigError(f"the clip norm C must be a finite number > 0; got {clip_norm}")
+        self.model = model
+        self.client_data = client_data
+        self.clip_norm = float(clip_norm)
+        try:
+            self.vectorized: VectorizedDPSGD | None = VectorizedDPSGD(
+                model, client_data, device=device
+            )
+        except ConfigError:
+            self.vectorized = None
+
+    def run(
+        self,
+        global_params: torch.Tensor,
+        tasks: Sequence[tuple[int, int]],
+        spec: LocalTrainingSpec,
+        round_: int,
+    ) -> list[ClientUpdate]:
+        """Train every ``(client_id, seed)`` task by clipped SGD (``round_`` is not used)."""
+        check_tasks(self.client_data, tasks)
+        if self.vectorized is not None:
+            results = self.vectorized.run(
+                global_params, tasks, spec, clip_norm=self.clip_norm, noise_multiplier=0.0
+            )
+        else:
+            results = [
+                dp_sgd_update(
+                    self.model,
+                    global_params,
+                    self.client_data[cid],
+                    spec,
+                    clip_norm=self.clip_norm,
+                    noise_multiplier=0.0,
+                    seed=seed,
+                    client_id=cid,
+                )
+                for cid, seed in tasks
+            ]
+        return [update for update, _ in results]
+
+    def close(self) -> None:
+        """Nothing to stop (no noise threads are started)."""
+        if self.vectorized is not None:
+            self.vectorized.close()
