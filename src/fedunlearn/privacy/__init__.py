@@ -12,7 +12,7 @@ and the two mechanisms of ``privacy.mechanism``:
   and ``local_training`` (the ``Federation.local_training`` hook); per-example guarantee.
 
 Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4-6 and Alg. 1; DP-SGD (Abadi et al., CCS 2016,
-Alg. 1). User guide: docs/privacy.md; deviations (AD1-AD21): docs/methods/fedadp.md.
+Alg. 1). User guide: docs/privacy.md; deviations (AD1-AD22): docs/methods/fedadp.md.
 """
 
 from fedunlearn.privacy.accountant import (
