@@ -193,11 +193,23 @@ class HistoryConfig(_Frozen):
 
 
 class PrivacyConfig(_Frozen):
-    """Client-level DP of the uploads (FedADP spec §3.2-§3.3, A1-A5): clip, noise, budget."""
+    """DP of training at FedADP's adaptive per-round budget ε_t (Eq. 4): the mechanism and budget.
 
-    enabled: bool = Field(False, description="clip and noise every client upload")
+    ``mechanism``: ``client_update`` clips each client's whole update to S and adds Gaussian
+    noise (Eq. 5-6; client-level; docs/methods/fedadp.md AD1-AD5); ``dp_sgd`` trains each client
+    by DP-SGD, per-example clipping to C and Gaussian noise on every batch's sum, the round
+    costing ε_t (per-example guarantee; docs/privacy.md).
+    """
+
+    enabled: bool = Field(False, description="train with differential privacy")
+    mechanism: Literal["client_update", "dp_sgd"] = Field(
+        "client_update",
+        description="clip+noise each client's update (Eq. 5-6) or DP-SGD in local training",
+    )
     clip_norm: float | Literal["auto"] = Field(
-        "auto", description="S in parameter-delta units, or 'auto' (median norm of a pilot)"
+        "auto",
+        description="S (client_update, parameter-delta units) or C (dp_sgd, per-example "
+        "gradient norm), or 'auto' (median norm of a no-DP pilot / of the gradients at M_0)",
     )
     pilot_rounds: int = Field(1, ge=1, le=10, description="no-DP pilot rounds of S='auto'")
     noise_mode: Literal["standard", "paper_literal"] = Field(
@@ -227,6 +239,18 @@ class PrivacyConfig(_Frozen):
                 f"privacy.epsilon_min ({self.epsilon_min}) must not exceed privacy.epsilon_max "
                 f"({self.epsilon_max})"
             )
+        if self.mechanism == "dp_sgd":
+            for name, value, allowed in (
+                ("dp_scope", self.dp_scope, "train_and_store"),
+                ("noise_mode", self.noise_mode, "standard"),
+                ("sens_factor", self.sens_factor, 1),
+            ):
+                if value != allowed:
+                    raise ValueError(
+                        f"privacy.{name} {value!r} applies to mechanism 'client_update' only; "
+                        f"dp_sgd needs {allowed!r} (per-example add/remove accounting, noise in "
+                        "training). Drop the setting or use mechanism 'client_update'."
+                    )
         return self
 
 

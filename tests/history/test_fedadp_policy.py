@@ -76,6 +76,35 @@ def test_stage_trigger_updates_prev_loss_at_every_flush():
     assert stage_ends([10.0, 9.5, 9.0, 8.5, 8.1, 8.0], 0.1) == [2, 4]
 
 
+def _feed(selector, losses, seed=0):
+    """Feed rounds 1..T with ``losses[t] = L(M_t)`` to a started selector; return its stages."""
+    g = torch.Generator().manual_seed(seed)
+    models = [torch.randn(8, generator=g) for _ in losses]
+    for t in range(1, len(losses)):
+        ups = {c: torch.randn(8, generator=g) for c in range(5)}
+        selector.observe(
+            t,
+            models[t - 1],
+            models[t],
+            sum(ups.values()),
+            losses[t],
+            ups,
+            final=t == len(losses) - 1,
+        )
+    return selector.stages
+
+
+def test_live_selector_resets_prev_loss_at_every_stage_end():
+    # Issue 13: the reset in StageSelector.observe was untested (only stage_ends, the resume
+    # path's copy, was). Without it the bar stays (1 - beta) L(M_0) = 9 and rounds 3, 4 and 5
+    # each close a stage of their own; with it, round 2 (9.0) moves the bar to 8.1.
+    selector = StageSelector(0.1, 0.6, 0.7)
+    selector.start(10.0)
+    stages = _feed(selector, [10.0, 9.5, 9.0, 8.5, 8.1, 8.0])
+    assert [s.rounds for s in stages] == [(1, 2), (3, 4), (5,)]
+    assert [s.closed for s in stages] == [True, True, False]  # round 5 is the final flush
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(0.1, 10), min_size=2, max_size=15), st.integers(0, 1000))
 def test_selector_counts_per_stage_and_flushes_the_end(losses, seed):
@@ -98,6 +127,8 @@ def test_selector_counts_per_stage_and_flushes_the_end(losses, seed):
         kept_all.update(kept or {})
     rounds = [r for s in selector.stages for r in s.rounds]
     assert rounds == list(range(1, len(losses)))  # every round in exactly one stage
+    # the live selector closes exactly the stages that resume_round rebuilds from the losses
+    assert [s.rounds[-1] for s in selector.stages if s.closed] == stage_ends(losses, 0.1)
     assert [s.closed for s in selector.stages[:-1]] == [True] * (len(selector.stages) - 1)
     for s in selector.stages:
         assert len(s.kept) == count_half_up(len(s.rounds), 0.6)

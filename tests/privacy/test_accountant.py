@@ -6,9 +6,15 @@ import math
 
 import pytest
 
+from fedunlearn.errors import ConfigError
 from fedunlearn.privacy.accountant import (
+    RDP_ORDERS,
     PrivacyAccountant,
+    SampledGaussian,
     analytic_gaussian_epsilon,
+    calibrate_sampled_gaussian,
+    rdp_epsilon,
+    sampled_totals,
     totals,
     zcdp_epsilon,
 )
@@ -91,3 +97,95 @@ def test_every_public_name_imports_and_dp_accounting_loads_lazily():
         "assert 'dp_accounting' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----- dp_sgd: sampled Gaussian events ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sample_rate", "sigma", "steps"),
+    [(64 / 3000, 0.93, 235), (0.24, 1.57, 9), (0.01, 1.1, 1000), (0.1, 0.8, 50), (1.0, 3.0, 5)],
+)
+def test_sampled_gaussian_epsilon_equals_opacus_rdp_accountant(sample_rate, sigma, steps):
+    from opacus.accountants import RDPAccountant
+
+    opacus = RDPAccountant()
+    opacus.history = [(sigma, sample_rate, steps)]
+    expected = opacus.get_epsilon(1e-5)
+    ours = rdp_epsilon(SampledGaussian(sigma, sample_rate, steps).event(), 1e-5)
+    assert ours == pytest.approx(expected, rel=0.01)
+    assert ours >= expected * 0.999  # both are upper bounds; Opacus has more orders below 2
+
+
+@pytest.mark.parametrize(
+    ("sample_rate", "steps", "epsilon"), [(64 / 3000, 235, 3.0), (0.24, 9, 1.0), (1.0, 5, 3.0)]
+)
+def test_calibrated_sigma_spends_the_budget_and_equals_a_full_order_search(
+    sample_rate, steps, epsilon
+):
+    import dp_accounting
+    from dp_accounting import rdp
+
+    sigma = calibrate_sampled_gaussian(sample_rate, steps, epsilon, 1e-5)
+    achieved = rdp_epsilon(SampledGaussian(sigma, sample_rate, steps).event(), 1e-5)
+    assert achieved <= epsilon and achieved == pytest.approx(epsilon, rel=1e-4)
+    slow = dp_accounting.calibrate_dp_mechanism(
+        lambda: rdp.RdpAccountant(list(RDP_ORDERS)),
+        lambda s: SampledGaussian(s, sample_rate, steps).event(),
+        epsilon,
+        1e-5,
+        dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),
+    )
+    assert sigma == pytest.approx(slow, rel=1e-4)
+    less = calibrate_sampled_gaussian(sample_rate, steps, epsilon / 2, 1e-5)
+    assert less > sigma  # a smaller budget needs more noise
+
+
+def test_the_papers_setting_gives_a_noise_multiplier_near_one():
+    # q = 64/3000 (B = 64, 3000 samples per client), E = 5 -> 235 steps, eps_t = 3, delta = 1e-5
+    assert calibrate_sampled_gaussian(64 / 3000, 235, 3.0, 1e-5) == pytest.approx(0.93, abs=0.01)
+
+
+def test_sampled_totals_compose_the_rounds_as_dp_accounting_does_directly():
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    events = [SampledGaussian(1.2, 0.1, 20)] + [SampledGaussian(0.9, 0.12, 17)] * 3
+    round_eps = [rdp_epsilon(e.event(), 1e-5) for e in events]
+    t = sampled_totals(events, round_eps, 1e-5)
+    steps = [
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                e.sample_rate, dp_accounting.GaussianDpEvent(e.noise_multiplier)
+            ),
+            e.steps,
+        )
+        for e in events
+    ]
+    composed = dp_accounting.ComposedDpEvent(steps)
+    r = rdp.RdpAccountant(list(RDP_ORDERS)).compose(composed)
+    p = pld.PLDAccountant(value_discretization_interval=1e-3).compose(composed)
+    assert t.rdp_epsilon == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
+    assert t.pld_epsilon == pytest.approx(p.get_epsilon(1e-5), rel=1e-6)
+    assert t.pld_epsilon < t.rdp_epsilon < t.basic_epsilon == pytest.approx(sum(round_eps))
+    assert t.to_dict().get("zcdp_epsilon") is None and t.basic_delta == pytest.approx(4e-5)
+    acc, previous = PrivacyAccountant(), 0.0
+    for e in events:  # more rounds never lower epsilon
+        acc.compose(e.noise_multiplier, e.sample_rate, e.steps)
+        assert acc.pld_epsilon(1e-5) >= previous
+        previous = acc.pld_epsilon(1e-5)
+    with pytest.raises(ConfigError, match="zCDP closed form covers unsampled"):
+        acc.zcdp_epsilon(1e-5)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0.0, 0.1, 3), "noise multiplier must be > 0"),
+        ((1.0, 1.5, 3), "sample rate q must be in"),
+        ((1.0, 0.1, 0), "steps must be >= 1"),
+    ],
+)
+def test_bad_sampled_events_name_the_value(args, message):
+    with pytest.raises(ConfigError, match=message):
+        SampledGaussian(*args)

@@ -107,6 +107,26 @@ def test_overrides_on_a_live_selection_fail_before_any_work(dp_run):
         assert context.meter.history_bytes_read == 0
 
 
+def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_refuses_unlearn_dp(tmp_path):
+    cfg = {
+        **DP_RUN,
+        "training": {**DP_RUN["training"], "rounds": 3},
+        "privacy": {"enabled": True, "mechanism": "dp_sgd", "clip_norm": 1.0},
+    }
+    train_run(parse_config(cfg), tmp_path / "run")
+    request = UnlearnRequest.of([0])
+    with UnlearnSession(tmp_path / "run") as session:
+        result = session.run(make_method("fedadp"), request)
+        assert result.details.variant == "FedADP"
+        assert result.details.privacy["mechanism"] == "dp_sgd"
+        assert result.details.privacy["guarantee"].startswith("per example")
+        context = session.context(request)
+        # the stored clip norm is a per-example C; Eq. 5-6 on whole fresh updates would misuse it
+        with pytest.raises(UnsupportedHistoryError, match="mechanism 'dp_sgd', whose stored clip"):
+            make_method("fedadp", {"unlearn_dp": True}).unlearn(request, context)
+        assert context.meter.client_epochs == 0
+
+
 def test_a_run_without_dp_gives_fedadp_without_dp(run_all):
     with UnlearnSession(run_all) as session:
         result = session.run(make_method("fedadp"), UnlearnRequest.of([0]))

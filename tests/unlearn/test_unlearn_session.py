@@ -48,3 +48,49 @@ def test_retrain_excludes_the_forgotten_clients_and_removes_the_backdoor(run_all
     assert result.costs.client_epochs == 4 * 5 * 2
     assert original["backdoor_asr"] > 0.3
     assert retrained["backdoor_asr"] < 0.1
+
+
+def test_fresh_training_on_a_dp_sgd_run_clips_per_example_like_training(tmp_path, base_config):
+    # Issue 13: a dp_sgd run's lr is chosen for clipped steps; plain SGD at that lr diverged on
+    # the paper's CNN (FedADP and Retrain at 10%). Fresh updates clip at the run's C, no noise.
+    import math
+
+    import torch
+
+    from fedunlearn.privacy.local_training import ClippedTraining
+    from fedunlearn.runs import build_setup
+
+    cfg = {
+        **base_config,
+        "training": {**base_config["training"], "rounds": 1, "local_epochs": 1},
+        "privacy": {"enabled": True, "mechanism": "dp_sgd", "clip_norm": 0.01},
+    }
+    train_run(parse_config(cfg), tmp_path / "dp")
+    with UnlearnSession(tmp_path / "dp") as session:
+        fed = session.setup.federation
+        assert isinstance(fed.local_training, ClippedTraining)
+        assert fed.local_training.clip_norm == 0.01
+        spec = fed.spec
+        fresh = session.context(UnlearnRequest.of([0])).clients.train(
+            session.initial_params, [1, 2], 1
+        )
+        plain = build_setup(session.config).federation.train(session.initial_params, [1, 2], 1)
+        for update, unclipped in zip(fresh, plain, strict=True):
+            steps = math.ceil(spec.epochs * update.num_samples / spec.batch_size)
+            bound = spec.lr * 0.01 * steps  # each step: lr x a mean of vectors of norm <= C
+            assert float(update.delta.norm()) <= bound * (1 + 1e-5)
+            assert float(unclipped.delta.norm()) > 10 * bound  # what plain SGD would have sent
+        again = session.context(UnlearnRequest.of([0])).clients.train(
+            session.initial_params, [1, 2], 1
+        )
+        assert all(torch.equal(a.delta, b.delta) for a, b in zip(fresh, again, strict=True))
+    with UnlearnSession(tmp_path / "dp") as session:  # no noise: equal across sessions too
+        other = session.context(UnlearnRequest.of([0])).clients.train(
+            session.initial_params, [1, 2], 1
+        )
+        assert all(torch.equal(a.delta, b.delta) for a, b in zip(fresh, other, strict=True))
+
+
+def test_a_run_without_dp_sgd_trains_fresh_updates_with_its_executor(run_all):
+    with UnlearnSession(run_all) as session:
+        assert session.setup.federation.local_training is None

@@ -177,10 +177,12 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
     rows.append(["stored bytes", f"{summary['stored_bytes']:,}"])
     if summary.get("privacy"):
         p = summary["privacy"]
+        mechanism = p.get("mechanism", "client_update")
         rows.append(
             [
                 "privacy",
-                f"{p['dp_scope']}: total eps {p['total_epsilon']:.3f} at delta {p['delta']:g}",
+                f"{mechanism} ({_GUARANTEE_SHORT.get(mechanism, '')}), {p['dp_scope']}: "
+                f"total eps {p['total_epsilon']:.3f} at delta {p['delta']:g}",
             ]
         )
     if summary.get("repaired"):
@@ -260,6 +262,68 @@ def info(
         raise typer.Exit(1)
 
 
+#: What one unit of ε protects, per ``privacy.mechanism`` (the ledger's ``guarantee`` says more).
+_GUARANTEE_SHORT = {
+    "dp_sgd": "eps per training example, not per client",
+    "client_update": "eps per client and round",
+}
+
+
+def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
+    """Rows of ``info`` for a run's privacy ledger: mechanism, guarantee, budget, totals."""
+    mechanism = privacy.get("mechanism", "client_update")
+    totals = privacy["totals"][str(privacy["sens_factor"])] or {}
+    delta = privacy["delta"]
+    rows = [
+        [
+            "privacy",
+            f"mechanism {mechanism} ({_GUARANTEE_SHORT.get(mechanism, '')}), delta = {delta:g}",
+        ],
+        ["  guarantee", str(privacy["guarantee"])],
+    ]
+    if mechanism == "dp_sgd":
+        rows.append(
+            [
+                "  DP-SGD",
+                f"C = {privacy['clip_norm']:.4g} per example ({privacy['clip_norm_source']}), "
+                f"sample rate q <= {privacy['sample_rate_max']:.4g}, "
+                f"<= {privacy['steps_max']} steps per round",
+            ]
+        )
+        unit = "sigma_t = std / C"
+    else:
+        rows.append(
+            [
+                "  client update",
+                f"{privacy['dp_scope']}, {privacy['noise_mode']} noise, "
+                f"S = {privacy['clip_norm']:.4g} ({privacy['clip_norm_source']})",
+            ]
+        )
+        unit = "std / S"
+    eps = [r["epsilon"] for r in privacy["rounds"]]
+    rows.append(["  eps_t per round", ", ".join(f"{e:.3g}" for e in eps)])
+    nsr = privacy["noise_to_signal_median"]
+    rows.append(
+        [
+            "  noise multiplier",
+            f"{privacy['noise_multiplier_min']:.4g} .. {privacy['noise_multiplier_max']:.4g} "
+            f"({unit}); noise-to-signal median " + (f"{nsr:.3g}" if nsr is not None else "-"),
+        ]
+    )
+    parts = [
+        f"{label} {totals[key]:.3f}"
+        for key, label in (
+            ("pld_epsilon", "PLD"),
+            ("rdp_epsilon", "RDP"),
+            ("zcdp_epsilon", "zCDP"),
+            ("basic_epsilon", "basic"),
+        )
+        if totals.get(key) is not None
+    ]
+    rows.append([f"  total eps (delta {delta:g})", ", ".join(parts) or "-"])
+    return rows
+
+
 def _print_info(data: dict[str, Any], run_dir: Path) -> None:
     rows = [
         [key, str(data[key])]
@@ -280,32 +344,7 @@ def _print_info(data: dict[str, Any], run_dir: Path) -> None:
         rows.append([f"  {kind}", f"{size:,}"])
     privacy = data.get("privacy") or {}
     if privacy.get("enabled") and privacy.get("rounds"):
-        totals = privacy["totals"][str(privacy["sens_factor"])] or {}
-        rows.append(
-            [
-                "privacy",
-                f"DP {privacy['dp_scope']}, {privacy['noise_mode']} noise, "
-                f"S = {privacy['clip_norm']:.4g} ({privacy['clip_norm_source']}), "
-                f"delta = {privacy['delta']:g}",
-            ]
-        )
-        eps = [r["epsilon"] for r in privacy["rounds"]]
-        rows.append(["  eps_t per round", ", ".join(f"{e:.3g}" for e in eps)])
-        rows.append(
-            [
-                "  noise multiplier",
-                f"{privacy['noise_multiplier_min']:.4g} .. {privacy['noise_multiplier_max']:.4g} "
-                f"(std / S); noise-to-signal median {privacy['noise_to_signal_median']:.3g}",
-            ]
-        )
-        rows.append(
-            [
-                f"  total eps (delta {privacy['delta']:g})",
-                f"PLD {totals.get('pld_epsilon', 0):.3f}, RDP {totals.get('rdp_epsilon', 0):.3f}, "
-                f"zCDP {totals.get('zcdp_epsilon', 0):.3f}, "
-                f"basic {totals.get('basic_epsilon', 0):.3f}",
-            ]
-        )
+        rows.extend(_privacy_rows(privacy))
     check = data["check"]
     how = "every payload" if check["full"] else "models and catalog; 'fedunlearn verify' reads all"
     state = "ok" if not data["problems"] else f"{len(data['problems'])} problem(s)"

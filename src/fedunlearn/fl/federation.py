@@ -2,15 +2,17 @@
 
 ``Federation.train(global_params, client_ids, round_)`` is how the training loop *and* every
 unlearning method ask clients for fresh local work. It derives each client's seed from
-(run seed, round, client, salt), runs the chosen executor, and then the update mods (attacks here;
-DP later) in order. Malicious clients stay malicious whoever asks them to train; before the
-attack's start round they train on their clean data (``honest_data``), whoever asks.
+(run seed, round, client, salt), runs the chosen executor (or the ``local_training`` swapped in,
+e.g. ``fedunlearn.privacy``'s DP-SGD), and then the update mods (attacks, client-update DP) in
+order. Malicious clients stay malicious whoever asks them to train; before the attack's start
+round they train on their clean data (``honest_data``), whoever asks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -24,6 +26,26 @@ from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.models.flat import num_params
 
 UpdateMod = Callable[[int, torch.Tensor, Sequence[ClientUpdate]], list[ClientUpdate]]
+
+
+class LocalTraining(Protocol):
+    """Local training swapped in for the executor's ``local_update`` (e.g. DP-SGD)."""
+
+    name: str
+
+    def run(
+        self,
+        global_params: torch.Tensor,
+        tasks: Sequence[tuple[int, int]],
+        spec: LocalTrainingSpec,
+        round_: int,
+    ) -> list[ClientUpdate]:
+        """Return one update per ``(client_id, seed)`` task, in task order."""
+        ...
+
+    def close(self) -> None:
+        """Release threads or workers, if any."""
+        ...
 
 
 class Federation:
@@ -46,6 +68,7 @@ class Federation:
         device: Where local training runs (``auto``, ``cpu``, ``cuda[:i]``, ``mps``; see
             ``fl.device``); resolved here (``executors.executor_device``), so ``self.device``
             is the ``torch.device`` clients train on.
+        local_training: Replaces the executor's local training when set (it gets the round).
     """
 
     def __init__(
@@ -62,6 +85,7 @@ class Federation:
         executor: str = "auto",
         num_workers: int | None = None,
         device: str | torch.device = "cpu",
+        local_training: LocalTraining | None = None,
     ) -> None:
         self.model = model
         self.device = executors.executor_device(executor, device)
@@ -76,6 +100,7 @@ class Federation:
         self._executor_kind = executor
         self._num_workers = num_workers
         self._executor: Executor | None = None
+        self.local_training = local_training
 
     @property
     def client_ids(self) -> tuple[int, ...]:
@@ -83,13 +108,16 @@ class Federation:
         return tuple(sorted(self.client_data))
 
     @property
+    def training_data(self) -> dict[int, ClientData]:
+        """Client id -> data local training reads; an honest attacker's clean copy is -1 - id."""
+        return {**self.client_data, **{-1 - c: d for c, d in self.honest_data.items()}}
+
+    @property
     def executor(self) -> Executor:
         """The executor, started on first use."""
         if self._executor is None:
-            # an honest attacker's clean copy trains under the key -1 - client_id
-            data = {**self.client_data, **{-1 - c: d for c, d in self.honest_data.items()}}
             self._executor = executors.make_executor(
-                self.model, data, self._executor_kind, self._num_workers, self.device
+                self.model, self.training_data, self._executor_kind, self._num_workers, self.device
             )
         return self._executor
 
@@ -135,7 +163,10 @@ class Federation:
              derive_seed(self.seed, "client", round_, cid, salt))
             for cid in client_ids
         ]
-        updates = self.executor.run(global_params, tasks, spec or self.spec)
+        if self.local_training is not None:
+            updates = self.local_training.run(global_params, tasks, spec or self.spec, round_)
+        else:
+            updates = self.executor.run(global_params, tasks, spec or self.spec)
         updates = [
             u if u.client_id == cid else replace(u, client_id=cid)
             for u, cid in zip(updates, client_ids, strict=True)
@@ -145,10 +176,12 @@ class Federation:
         return updates
 
     def close(self) -> None:
-        """Stop worker processes, if any."""
+        """Stop worker processes (the executor's and the local training's), if any."""
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+        if self.local_training is not None:
+            self.local_training.close()
 
     def __enter__(self) -> Federation:
         return self

@@ -1,18 +1,30 @@
-"""Privacy accounting of the per-round Gaussian releases with Google's ``dp-accounting``.
+"""Privacy accounting of the per-round releases with Google's ``dp-accounting``.
 
-Each client release of round t is a Gaussian mechanism with noise multiplier (std over L2
-sensitivity) ζ_t = std_t / (sens_factor · S). One round is one ``GaussianDpEvent(ζ_t)``
-(full participation, no subsampling); T rounds compose. Reported, at a target δ:
+Two kinds of round event, one per ``privacy.mechanism``:
+
+- ``client_update``: each client release of round t is a Gaussian mechanism with noise
+  multiplier (std over L2 sensitivity) ζ_t = std_t / (sens_factor · S). One round is one
+  ``GaussianDpEvent(ζ_t)`` (full participation, no subsampling).
+- ``dp_sgd``: a round is ``steps`` sampled Gaussian steps on one client's data, i.e.
+  ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_t)), steps)`` (Abadi et al.
+  2016; Mironov, Talwar, Zhang 2019), at the add/remove-one-example relation. σ_t is calibrated
+  so that the round costs ε_t at δ by RDP (``calibrate_sampled_gaussian``).
+
+T rounds compose. Reported, at a target δ:
 
 - nominal ε_t per round and basic composition Σ ε_t (with δ_total = T δ);
 - the exact per-round ε of each Gaussian release (analytic Gaussian mechanism, Balle & Wang
   2018, ``dp_accounting.get_epsilon_gaussian``);
 - the total ε by RDP (``dp_accounting.rdp.RdpAccountant``) and PLD
   (``dp_accounting.pld.PLDAccountant``) composition of the per-round events;
-- zCDP for comparison with the spec's table: ρ = Σ 1/(2ζ_t²), ε = ρ + 2 sqrt(ρ ln(1/δ)).
+- zCDP, a closed form to compare with: ρ = Σ 1/(2ζ_t²), ε = ρ + 2 sqrt(ρ ln(1/δ)).
 
 Paper: FedADP (Jiang et al.) gives per-round (ε_t, δ) only (Eq. 6, Theorem 1); there is no
-composition in the paper. FedADP spec §3.7 and A14.
+composition in the paper. Deviation AD14 of docs/methods/fedadp.md.
+
+RDP uses the orders ``RDP_ORDERS`` (dp-accounting's default grid from order 2 to 512): the default's
+orders 1.1-1.9 fail to converge for subsampled events (dp-accounting logs a warning per order and
+drops them) and only matter at per-event ε far above any budget used here.
 
 ``dp_accounting`` is imported on first use: importing it (and scipy) takes seconds, and every
 ``fedunlearn`` command imports this module.
@@ -21,11 +33,12 @@ Deviations:
     [REC] Sensitivity S (``sens_factor=1``, add/remove a client's contribution, the paper's
         calibration) is the headline; ``sens_factor=2`` (replace adjacency) is reported too.
     [REC] The loss values that drive the budget and the stage triggers are computed on client
-        data without noise: a small leak the ledger does not account (spec §3.7).
+        data without noise: a small leak the ledger does not account (AD3).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +51,8 @@ if TYPE_CHECKING:
     import dp_accounting
 
 PLD_DISCRETIZATION = 1e-3
+#: RDP orders: dp-accounting's default grid without the orders below 2 (see module doc).
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(10, 100)] + list(range(11, 64)) + [128, 256, 512])
 
 
 def analytic_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
@@ -63,56 +78,164 @@ def _check(noise_multiplier: float, delta: float) -> None:
         raise ConfigError(f"delta must be in (0, 1); got {delta}")
 
 
-class PrivacyAccountant:
-    """Composes one Gaussian event per round; answers total ε by RDP, PLD and zCDP.
+@dataclass(frozen=True, order=True)
+class SampledGaussian:
+    """``steps`` Gaussian releases, each on a Poisson sample of rate ``sample_rate``.
 
-    Equal noise multipliers are composed as one self-composed event (most rounds run at ε_max),
-    which keeps PLD composition fast.
+    ``sample_rate = 1`` is the plain Gaussian mechanism (``client_update``'s round event).
+
+    Attributes:
+        noise_multiplier: σ, noise std over L2 sensitivity.
+        sample_rate: q, each record's inclusion probability (Poisson sampling), in (0, 1].
+        steps: Number of releases composed.
+    """
+
+    noise_multiplier: float
+    sample_rate: float = 1.0
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.noise_multiplier, 0.5)
+        if not 0 < self.sample_rate <= 1:
+            raise ConfigError(f"sample rate q must be in (0, 1]; got {self.sample_rate}")
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1; got {self.steps}")
+
+    def event(self, count: int = 1) -> dp_accounting.DpEvent:
+        """Return this release composed ``count`` times as a ``DpEvent``."""
+        import dp_accounting
+
+        one: dp_accounting.DpEvent = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        if self.sample_rate < 1:
+            one = dp_accounting.PoissonSampledDpEvent(self.sample_rate, one)
+        return dp_accounting.SelfComposedDpEvent(one, self.steps * count)
+
+
+def rdp_epsilon(event: dp_accounting.DpEvent, delta: float, *, sampled: bool = True) -> float:
+    """Return ε at δ of ``event`` by RDP (orders ``RDP_ORDERS`` if ``sampled``, else the default).
+
+    Unsampled Gaussian events keep dp-accounting's default orders: their ε is exact in closed
+    form at every order, and the orders below 2 matter for totals above ~40.
+    """
+    from dp_accounting import rdp
+
+    acc = rdp.RdpAccountant(list(RDP_ORDERS) if sampled else None)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def pld_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
+    """Return ε at δ of ``event`` by PLD (discretisation ``PLD_DISCRETIZATION``)."""
+    from dp_accounting import pld
+
+    acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+#: Integer orders: the first, coarse pass of ``calibrate_sampled_gaussian`` (fast to evaluate).
+COARSE_ORDERS = tuple(range(2, 64)) + (128, 256, 512)
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate_sampled_gaussian(
+    sample_rate: float, steps: int, epsilon: float, delta: float
+) -> float:
+    """Return the smallest σ for which ``steps`` sampled Gaussian steps cost at most ε at δ (RDP).
+
+    Bisection (Brent's method, then a check that the gap is not positive, to 1e-6 in σ) by
+    ``dp_accounting.calibrate_dp_mechanism``, in two passes that keep it fast: over the integer
+    orders ``COARSE_ORDERS`` first, then over the orders of ``RDP_ORDERS`` within a factor 1.5
+    of the optimal order at that σ. Every RDP order gives a valid bound, so the answer meets ε
+    by ``RDP_ORDERS`` too; it equals a search over all of them to ~1e-4 (tested). Cached by its
+    arguments, since ε_t of the Eq. 4 schedule repeats across rounds.
+
+    Raises:
+        ConfigError: unless ε > 0, 0 < δ < 1, 0 < q <= 1 and steps >= 1.
+    """
+    if not epsilon > 0:
+        raise ConfigError(f"epsilon must be > 0; got {epsilon}")
+    SampledGaussian(1.0, sample_rate, steps)  # validates q and steps
+    _check(1.0, delta)
+    from dp_accounting import rdp
+
+    coarse = _calibrate(sample_rate, steps, epsilon, delta, COARSE_ORDERS)
+    acc = rdp.RdpAccountant(list(RDP_ORDERS))
+    acc.compose(SampledGaussian(coarse, sample_rate, steps).event())
+    _, best = acc.get_epsilon_and_optimal_order(delta)
+    window = tuple(a for a in RDP_ORDERS if best / 1.5 <= a <= best * 1.5)
+    return _calibrate(sample_rate, steps, epsilon, delta, window)
+
+
+def _calibrate(
+    sample_rate: float, steps: int, epsilon: float, delta: float, orders: Sequence[float]
+) -> float:
+    """Return σ from ``dp_accounting.calibrate_dp_mechanism`` with RDP over ``orders``."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            lambda: rdp.RdpAccountant(list(orders)),
+            lambda sigma: SampledGaussian(sigma, sample_rate, steps).event(),
+            epsilon,
+            delta,
+            dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),
+            tol=1e-6,
+        )
+    )
+
+
+class PrivacyAccountant:
+    """Composes one event per round; answers total ε by RDP, PLD and (Gaussian only) zCDP.
+
+    Equal events are composed as one self-composed event (most rounds run at ε_max), which keeps
+    PLD composition fast.
     """
 
     def __init__(self) -> None:
-        self.noise_multipliers: list[float] = []
+        self.events: list[SampledGaussian] = []
 
-    def compose(self, noise_multiplier: float) -> None:
-        """Add one round's Gaussian release with std/sensitivity ``noise_multiplier``."""
-        _check(noise_multiplier, 0.5)
-        self.noise_multipliers.append(float(noise_multiplier))
+    @property
+    def sampled(self) -> bool:
+        """Whether a round is a subsampled or multi-step event (``dp_sgd``)."""
+        return any(e.sample_rate < 1 or e.steps != 1 for e in self.events)
+
+    @property
+    def noise_multipliers(self) -> list[float]:
+        """σ (or ζ) of every round so far."""
+        return [e.noise_multiplier for e in self.events]
+
+    def compose(self, noise_multiplier: float, sample_rate: float = 1.0, steps: int = 1) -> None:
+        """Add one round: ``steps`` releases with σ ``noise_multiplier`` on rate-q samples."""
+        self.events.append(SampledGaussian(float(noise_multiplier), float(sample_rate), steps))
 
     def event(self) -> dp_accounting.DpEvent:
         """Return the composed ``DpEvent`` of every round so far."""
         import dp_accounting
 
-        counts = Counter(self.noise_multipliers)
-        return dp_accounting.ComposedDpEvent(
-            [
-                dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
-                for z, n in sorted(counts.items())
-            ]
-        )
+        counts = Counter(self.events)
+        return dp_accounting.ComposedDpEvent([e.event(n) for e, n in sorted(counts.items())])
 
     def rdp_epsilon(self, delta: float) -> float:
         """Return the total ε at δ by RDP composition."""
-        if not self.noise_multipliers:
+        if not self.events:
             return 0.0
-        from dp_accounting import rdp
-
-        acc = rdp.RdpAccountant()
-        acc.compose(self.event())
-        return float(acc.get_epsilon(delta))
+        return rdp_epsilon(self.event(), delta, sampled=self.sampled)
 
     def pld_epsilon(self, delta: float) -> float:
         """Return the total ε at δ by PLD composition (discretisation 1e-3)."""
-        if not self.noise_multipliers:
-            return 0.0
-        from dp_accounting import pld
-
-        acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-        acc.compose(self.event())
-        return float(acc.get_epsilon(delta))
+        return pld_epsilon(self.event(), delta) if self.events else 0.0
 
     def zcdp_epsilon(self, delta: float) -> float:
-        """Return the total ε at δ by the zCDP closed form."""
-        return zcdp_epsilon(self.noise_multipliers, delta) if self.noise_multipliers else 0.0
+        """Return the total ε at δ by the zCDP closed form (unsampled single releases only).
+
+        Raises:
+            ConfigError: if a round is a sampled or multi-step event (no closed form).
+        """
+        if self.sampled:
+            raise ConfigError("the zCDP closed form covers unsampled Gaussian rounds only")
+        return zcdp_epsilon(self.noise_multipliers, delta) if self.events else 0.0
 
 
 @dataclass(frozen=True)
@@ -126,12 +249,12 @@ class PrivacyTotals:
     basic_delta: float
     rdp_epsilon: float
     pld_epsilon: float
-    zcdp_epsilon: float
-    max_round_epsilon: float  # exact (analytic Gaussian) ε of the noisiest round
+    zcdp_epsilon: float | None  # None for dp_sgd: no closed form for sampled events
+    max_round_epsilon: float  # tightest ε of the costliest round (analytic Gaussian or PLD)
 
     def to_dict(self) -> dict[str, float | int]:
-        """Return the totals as a JSON-ready dict."""
-        return dict(self.__dict__)
+        """Return the totals as a JSON-ready dict (fields that do not apply are left out)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def totals(noise_multipliers: Sequence[float], delta: float, sens_factor: int = 1) -> PrivacyTotals:
@@ -154,4 +277,31 @@ def totals(noise_multipliers: Sequence[float], delta: float, sens_factor: int = 
         pld_epsilon=acc.pld_epsilon(delta),
         zcdp_epsilon=acc.zcdp_epsilon(delta),
         max_round_epsilon=analytic_gaussian_epsilon(smallest, delta) if smallest else 0.0,
+    )
+
+
+def sampled_totals(
+    events: Sequence[SampledGaussian], round_epsilons: Sequence[float], delta: float
+) -> PrivacyTotals:
+    """Return the totals of ``dp_sgd`` rounds (add/remove one example, sensitivity C).
+
+    Args:
+        events: One ``SampledGaussian`` per round (σ_t, q, steps).
+        round_epsilons: Each round's own ε at δ (RDP, what σ_t was calibrated to); basic
+            composition sums them.
+        delta: δ of the totals.
+    """
+    acc = PrivacyAccountant()
+    for e in events:
+        acc.compose(e.noise_multiplier, e.sample_rate, e.steps)
+    return PrivacyTotals(
+        delta=delta,
+        sens_factor=1,
+        rounds=len(events),
+        basic_epsilon=float(sum(round_epsilons)),
+        basic_delta=len(events) * delta,
+        rdp_epsilon=acc.rdp_epsilon(delta),
+        pld_epsilon=acc.pld_epsilon(delta),
+        zcdp_epsilon=None,
+        max_round_epsilon=max((pld_epsilon(e.event(), delta) for e in set(events)), default=0.0),
     )

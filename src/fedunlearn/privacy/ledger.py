@@ -1,11 +1,20 @@
-"""The privacy ledger of a run: per-round ε_t, σ, S and noise-to-signal, and its totals.
+"""The privacy ledger of a run: per-round ε_t, σ, clip norm and noise-to-signal, and its totals.
 
 The ledger lives in the run's round scalars (written atomically with each round, keys below)
 and is summarised into ``privacy.json`` at the end of training, by ``fedunlearn info`` and in
 the ``fedadp`` results. ``privacy_summary`` rebuilds everything from the stored scalars, so a
 resumed run reports exactly what an uninterrupted one does.
 
-Paper: FedADP (Jiang et al.) Eq. 4-6; FedADP spec §3.7 (accountant and reporting).
+Keys per ``privacy.mechanism``: ``SCALAR_KEYS`` (``client_update``: ε_t, ζ_t, std, S, clipped
+share, median raw norm, noise-to-signal) and ``DP_SGD_SCALAR_KEYS`` (``dp_sgd``: ε_t target and
+achieved by RDP and PLD, σ_t, σ_t C, C, q, steps, clipped share of the per-example gradients,
+their median norm, noise-to-signal); all values are numbers (the run's config names the
+mechanism). Totals: ``client_update`` composes one Gaussian event per round (RDP, PLD, zCDP,
+basic, at sensitivity S and 2S); ``dp_sgd`` composes each round's ``steps``-fold
+Poisson-sampled Gaussian (RDP, PLD, basic; add/remove one example only).
+
+Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4-6 (per-round budgets only; the totals are
+deviation AD14 of docs/methods/fedadp.md). Fields: docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -17,10 +26,24 @@ from typing import Any
 
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY as LOSS_KEY
-from fedunlearn.privacy.accountant import analytic_gaussian_epsilon, totals
+from fedunlearn.privacy.accountant import (
+    SampledGaussian,
+    analytic_gaussian_epsilon,
+    sampled_totals,
+    totals,
+)
+from fedunlearn.privacy.local_training import RoundDPSGD
 from fedunlearn.privacy.uploads import RoundNoise
 
-__all__ = ["LOSS_KEY", "SCALAR_KEYS", "privacy_summary", "round_scalars"]
+__all__ = [
+    "DP_SGD_SCALAR_KEYS",
+    "GUARANTEES",
+    "LOSS_KEY",
+    "SCALAR_KEYS",
+    "privacy_summary",
+    "round_scalars",
+]
+
 
 SCALAR_KEYS = {
     "epsilon": "dp_epsilon",
@@ -31,13 +54,40 @@ SCALAR_KEYS = {
     "raw_norm_median": "dp_raw_norm_median",
     "noise_to_signal": "dp_noise_to_signal",
 }
+DP_SGD_SCALAR_KEYS = {
+    "epsilon": "dp_epsilon",
+    "epsilon_achieved": "dp_epsilon_achieved",
+    "round_epsilon_pld": "dp_round_epsilon_pld",
+    "noise_multiplier": "dp_noise_multiplier",
+    "noise_std": "dp_noise_std",
+    "clip_norm": "dp_clip_norm",
+    "sample_rate": "dp_sample_rate",
+    "steps": "dp_steps",
+    "clipped_fraction": "dp_clipped_fraction",
+    "raw_norm_median": "dp_raw_norm_median",
+    "noise_to_signal": "dp_noise_to_signal",
+}
+#: What each mechanism's ε protects (shown by ``fedunlearn info`` and in ``privacy.json``).
+GUARANTEES = {
+    "client_update": "per client and round: add/remove one client's whole update (L2 "
+    "sensitivity S)",
+    "dp_sgd": "per example: add/remove one training example of one client (sensitivity C); a "
+    "client's whole dataset is covered only by group privacy",
+}
 
 
-def round_scalars(noise: RoundNoise, delta: float) -> dict[str, float]:
+def round_scalars(noise: RoundNoise | RoundDPSGD, delta: float) -> dict[str, Any]:
     """Return the round's ledger entries as round scalars (``dp_*`` keys)."""
-    out = {key: float(getattr(noise, name)) for name, key in SCALAR_KEYS.items()}
-    out["dp_round_epsilon_exact"] = analytic_gaussian_epsilon(noise.noise_multiplier, delta)
-    return {k: (v if math.isfinite(v) else None) for k, v in out.items()}  # type: ignore[misc]
+    out: dict[str, Any]
+    if isinstance(noise, RoundDPSGD):
+        out = {key: float(getattr(noise, name)) for name, key in DP_SGD_SCALAR_KEYS.items()}
+        out[DP_SGD_SCALAR_KEYS["steps"]] = int(noise.steps)
+    else:
+        out = {key: float(getattr(noise, name)) for name, key in SCALAR_KEYS.items()}
+        out["dp_round_epsilon_exact"] = analytic_gaussian_epsilon(noise.noise_multiplier, delta)
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()
+    }
 
 
 def privacy_summary(
@@ -46,30 +96,51 @@ def privacy_summary(
     """Summarise a run's ledger from its round scalars (``scalars[r]`` of round r, r >= 1).
 
     Returns:
-        ``enabled``, the settings, ``rounds`` (one row per round), the effective noise
-        multiplier and noise-to-signal ranges, and ``totals`` at δ for sensitivity S and 2S
-        (basic, RDP, PLD, zCDP, the noisiest round's exact ε).
+        ``enabled``, the mechanism and its ``guarantee``, the settings, ``rounds`` (one row per
+        round), the noise multiplier and noise-to-signal ranges, and ``totals`` at δ:
+        ``client_update`` for sensitivity S and 2S (basic, RDP, PLD, zCDP, the noisiest round's
+        exact ε); ``dp_sgd`` for add/remove one example (basic, RDP, PLD, the costliest round's
+        PLD ε; ``"2"`` is None: dp-accounting's sampled events need add/remove adjacency).
     """
     if not config.enabled:
         return {"enabled": False, "variant": "no DP"}
+    dp_sgd = config.mechanism == "dp_sgd"
+    keys = DP_SGD_SCALAR_KEYS if dp_sgd else SCALAR_KEYS
     rows = []
     for r, sc in enumerate(scalars, start=1):
-        if SCALAR_KEYS["epsilon"] not in sc:
+        if keys["epsilon"] not in sc:
             continue
-        rows.append({"round": r, **{name: sc.get(key) for name, key in SCALAR_KEYS.items()}})
-        rows[-1]["round_epsilon_exact"] = sc.get("dp_round_epsilon_exact")
+        rows.append({"round": r, **{name: sc.get(key) for name, key in keys.items()}})
+        if not dp_sgd:
+            rows[-1]["round_epsilon_exact"] = sc.get("dp_round_epsilon_exact")
     zs = [float(row["noise_multiplier"]) for row in rows]
     nsr = [row["noise_to_signal"] for row in rows if row["noise_to_signal"] is not None]
     delta = config.delta
-    by_factor = {
-        str(f): totals([z / f for z in zs], delta, f).to_dict() if zs else None for f in (1, 2)
-    }
+    by_factor: dict[str, Any]
+    if dp_sgd:
+        events = [
+            SampledGaussian(
+                float(row["noise_multiplier"]), float(row["sample_rate"]), int(row["steps"])
+            )
+            for row in rows
+        ]
+        achieved = [float(row["epsilon_achieved"]) for row in rows]
+        by_factor = {
+            "1": sampled_totals(events, achieved, delta).to_dict() if rows else None,
+            "2": None,
+        }
+    else:
+        by_factor = {
+            str(f): totals([z / f for z in zs], delta, f).to_dict() if zs else None for f in (1, 2)
+        }
     headline = by_factor[str(config.sens_factor)]
     clip = rows[0]["clip_norm"] if rows else None
     std = statistics.median(float(row["noise_std"]) for row in rows) if rows else None
-    return {
+    summary: dict[str, Any] = {
         "enabled": True,
         "variant": "DP",
+        "mechanism": config.mechanism,
+        "guarantee": GUARANTEES[config.mechanism],
         "dp_scope": config.dp_scope,
         "protects": "uploads, model and stored history"
         if config.dp_scope == "train_and_store"
@@ -78,15 +149,33 @@ def privacy_summary(
         "delta": delta,
         "sens_factor": config.sens_factor,
         "clip_norm": clip,
-        "clip_norm_source": "auto (pilot)" if config.clip_norm == "auto" else "config",
+        "clip_norm_source": _clip_source(config),
         "epsilon_bounds": [config.epsilon_min, config.epsilon_max],
         "num_rounds": len(rows),
         "noise_multiplier_min": min(zs) if zs else None,
         "noise_multiplier_max": max(zs) if zs else None,
         "noise_to_signal_median": statistics.median(nsr) if nsr else None,
-        "noise_norm_per_client": std * math.sqrt(num_params) if std and num_params else None,
+        "noise_norm_per_client": std * math.sqrt(num_params)
+        if std and num_params and not dp_sgd
+        else None,
         "total_epsilon": headline["pld_epsilon"] if headline else None,
         "totals": by_factor,
         "rounds": rows,
-        "unaccounted": "the server loss driving ε_t and the stages is not privatised",
+        "unaccounted": "the server loss driving ε_t and the stages is not privatised"
+        + ("; nor is the pilot that chose the clip norm" if config.clip_norm == "auto" else ""),
     }
+    if dp_sgd:
+        summary["sample_rate_max"] = max((row["sample_rate"] for row in rows), default=None)
+        summary["steps_max"] = max((row["steps"] for row in rows), default=None)
+        summary["epsilon_achieved_max"] = max(
+            (row["epsilon_achieved"] for row in rows), default=None
+        )
+    return summary
+
+
+def _clip_source(config: PrivacyConfig) -> str:
+    if config.clip_norm != "auto":
+        return "config"
+    if config.mechanism == "dp_sgd":
+        return "auto (median per-example gradient norm at M_0)"
+    return "auto (pilot)"

@@ -4,13 +4,14 @@ Pure functions; the update mod (:mod:`fedunlearn.privacy.uploads`) and the ``fed
 unlearning method (``unlearn_dp``) call them.
 
 Paper: Jiang, Tong, Liu, Ye, Tan, Lam, "Efficient Federated Unlearning with Adaptive Differential
-Privacy Preservation" (FedADP), Eq. 5 (clip and perturb) and Eq. 6 (σ); FedADP spec §3.3.
+Privacy Preservation" (FedADP), Sec. IV-B1, Eq. 5 (clip and perturb) and Eq. 6 (σ);
+deviation AD2 of docs/methods/fedadp.md.
 
 Deviations:
     [REC] ``noise_mode="standard"`` (default): per-coordinate std = S·z with noise multiplier
         z = sqrt(2 ln(1.25/δ))/ε (the textbook Gaussian mechanism for L2 sensitivity S).
         ``"paper_literal"``: std = S²·z, Eq. 5 with Eq. 6 as printed (S counted twice; the
-        guarantee is then ε/S at sensitivity S, spec A2). S is in parameter-delta units.
+        guarantee is then ε/S at sensitivity S, AD2). S is in parameter-delta units.
 """
 
 from __future__ import annotations

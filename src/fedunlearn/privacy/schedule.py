@@ -1,6 +1,7 @@
 """The adaptive privacy budget: ε_{t+1} = clip(ε_t · exp(|Δloss|), ε_min, ε_max).
 
-Paper: FedADP (Jiang et al.), Eq. 4; FedADP spec §3.2, A5.
+Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4 and Alg. 1 lines 25-26; deviations AD3, AD5
+(docs/methods/fedadp.md).
 
 Index convention (toolkit rounds, 1-based): round r runs with ε_r and turns M_{r-1} into M_r;
 ε_1 = ε_0 (the configured initial budget) and, after round r,
@@ -8,7 +9,7 @@ Index convention (toolkit rounds, 1-based): round r runs with ε_r and turns M_{
 
 Deviations:
     [REC] ``signed_delta=True`` uses Δ_r = L(M_{r-1}) - L(M_r), so the budget falls when the
-        loss rises (spec A5); the literal absolute change is the default (ε never decreases).
+        loss rises (AD5); the literal absolute change is the default (ε never decreases).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class BudgetSchedule:
         epsilon_initial: ε_0, the budget of round 1 (clamped to the bounds).
         epsilon_min: ε_min.
         epsilon_max: ε_max.
-        signed_delta: Use the signed loss change (spec A5 option).
+        signed_delta: Use the signed loss change (AD5 option).
     """
 
     epsilon_initial: float = 1.0

@@ -1,17 +1,21 @@
-"""Client-level DP of one training run: the upload mod, the budget schedule and the ledger.
+"""DP of one training run: the mechanism, the budget schedule and the ledger.
 
 ``PrivateTraining`` ties together, for ``train_run``:
 
-1. ``mod``: the ``ClipAndNoise`` update mod (attached to the federation for training only:
-   unlearning's fresh updates are not noised unless a method asks, spec A9, and Retrain runs
-   without DP, spec §6.3);
+1. the mechanism of ``privacy.mechanism``, attached to the federation for training only by
+   ``attach`` (unlearning's fresh updates are not noised unless a method asks, AD9, and
+   Retrain runs without DP): ``client_update`` appends the ``ClipAndNoise`` update
+   mod (``mod``); ``dp_sgd`` sets the federation's ``local_training`` to ``DPSGDTraining``
+   (``local_training``);
 2. ``round_scalars``: the ledger entries of the round just trained, merged into its metrics so
    they are committed with the round;
 3. ``on_round_end``: a round observer that feeds L(M_t) to the budget schedule (Eq. 4) and
-   composes the round's Gaussian event in the accountant;
+   composes the round's event in the accountant (one Gaussian release, or ``steps`` sampled
+   Gaussian steps);
 4. ``resume``: rebuilds the schedule and the accountant from the stored round scalars.
 
-Paper: FedADP (Jiang et al.), Alg. 1; FedADP spec §3.
+Paper: FedADP (Jiang et al.), Sec. IV-B1 and Alg. 1; the mechanisms: deviation AD1 of
+docs/methods/fedadp.md; DP-SGD: docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from typing import Any
 
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import HistoryError
+from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.privacy.accountant import PrivacyAccountant
-from fedunlearn.privacy.ledger import LOSS_KEY, SCALAR_KEYS, round_scalars
+from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS, LOSS_KEY, SCALAR_KEYS, round_scalars
+from fedunlearn.privacy.local_training import DPSGDTraining
 from fedunlearn.privacy.schedule import BudgetSchedule
 from fedunlearn.privacy.uploads import ClipAndNoise
 
@@ -34,46 +40,77 @@ class PrivateTraining:
     Args:
         config: The run's ``privacy`` section (enabled).
         seed: Run seed.
-        clip_norm: S (resolved: a number, not ``"auto"``).
+        clip_norm: S (``client_update``) or C (``dp_sgd``), resolved: a number, not ``"auto"``.
     """
 
     def __init__(self, config: PrivacyConfig, *, seed: int, clip_norm: float) -> None:
         self.config = config
+        self.seed = seed
+        self._clip_norm = float(clip_norm)
         self.schedule = BudgetSchedule(
             config.epsilon_initial, config.epsilon_min, config.epsilon_max, config.signed_delta
         )
-        self.mod = ClipAndNoise(
-            clip_norm=clip_norm,
-            delta=config.delta,
-            noise_mode=config.noise_mode,
-            seed=seed,
-            epsilon_of=self.schedule.epsilon,
-            perturb=config.dp_scope == "train_and_store",
-        )
+        self.mod: ClipAndNoise | None = None
+        self.local_training: DPSGDTraining | None = None
+        if config.mechanism == "client_update":
+            self.mod = ClipAndNoise(
+                clip_norm=clip_norm,
+                delta=config.delta,
+                noise_mode=config.noise_mode,
+                seed=seed,
+                epsilon_of=self.schedule.epsilon,
+                perturb=config.dp_scope == "train_and_store",
+            )
         self.accountant = PrivacyAccountant()
 
     @property
     def clip_norm(self) -> float:
-        """S."""
-        return self.mod.clip_norm
+        """S (``client_update``) or C (``dp_sgd``)."""
+        return self._clip_norm
+
+    def attach(self, federation: Federation) -> None:
+        """Attach the mechanism to ``federation`` (for training only; see module doc)."""
+        if self.mod is not None:
+            federation.update_mods = (*federation.update_mods, self.mod)
+            return
+        self.local_training = DPSGDTraining(
+            federation.model,
+            federation.training_data,  # with attackers' clean copies before attack.start_round
+            clip_norm=self._clip_norm,
+            delta=self.config.delta,
+            epsilon_of=self.schedule.epsilon,
+            device=getattr(federation, "device", None),
+        )
+        federation.local_training = self.local_training
+
+    @property
+    def _stats(self) -> dict[int, Any]:
+        if self.mod is not None:
+            return self.mod.stats
+        return self.local_training.stats if self.local_training is not None else {}
 
     def round_scalars(self, round_: int) -> dict[str, Any]:
-        """Return the ledger entries of ``round_`` (empty if the mod did not run in it)."""
-        noise = self.mod.stats.get(round_)
+        """Return the ledger entries of ``round_`` (empty if the mechanism did not run in it)."""
+        noise = self._stats.get(round_)
         return round_scalars(noise, self.config.delta) if noise is not None else {}
 
     def latest_scalars(self) -> dict[str, Any]:
-        """Return the ledger entries of the most recent round the mod ran in (``{}`` if none)."""
-        return self.round_scalars(max(self.mod.stats)) if self.mod.stats else {}
+        """Return the ledger entries of the most recent round the mechanism ran in (or ``{}``)."""
+        stats = self._stats
+        return self.round_scalars(max(stats)) if stats else {}
 
     def on_round_end(self, record: RoundRecord) -> None:
-        """Feed L(M_round) to the schedule; compose the round's Gaussian event."""
+        """Feed L(M_round) to the schedule; compose the round's event in the accountant."""
         if LOSS_KEY not in record.metrics:
             raise HistoryError(f"round {record.round} has no '{LOSS_KEY}' metric for the budget")
         self.schedule.observe(record.round, float(record.metrics[LOSS_KEY]))
-        noise = self.mod.stats.get(record.round)
-        if noise is not None:
+        noise = self._stats.get(record.round)
+        if noise is None:
+            return
+        if self.mod is not None:
             self.accountant.compose(noise.noise_multiplier / self.config.sens_factor)
+        else:
+            self.accountant.compose(noise.noise_multiplier, noise.sample_rate, noise.steps)
 
     def resume(self, scalars: Sequence[Mapping[str, Any]]) -> None:
         """Rebuild the schedule and accountant from the scalars of rounds 0..last."""
@@ -87,5 +124,13 @@ class PrivateTraining:
         self.accountant = PrivacyAccountant()
         key = SCALAR_KEYS["noise_multiplier"]
         for sc in scalars[1:]:
-            if sc.get(key) is not None:
+            if sc.get(key) is None:
+                continue
+            if self.mod is not None:
                 self.accountant.compose(float(sc[key]) / self.config.sens_factor)
+            else:
+                self.accountant.compose(
+                    float(sc[key]),
+                    float(sc[DP_SGD_SCALAR_KEYS["sample_rate"]]),
+                    int(sc[DP_SGD_SCALAR_KEYS["steps"]]),
+                )

@@ -9,7 +9,8 @@ bit-identical and ``privatize`` reproduces the exact noisy copy of any (round, c
 one ``RoundNoise`` per round: ε_t, z_t, std, S, clipped share and the measured noise-to-signal
 ratio of the FedAvg-weighted aggregate.
 
-Paper: FedADP (Jiang et al.), Alg. 1 lines 9-11, Eq. 5-6; FedADP spec §3.3, A1.
+Paper: FedADP (Jiang et al.), Sec. IV-B1, Alg. 1 lines 9-12, Eq. 5-6; deviations AD1 (the
+noise-to-signal this mechanism gives), AD2 (noise mode) of docs/methods/fedadp.md.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from fedunlearn.history.policy import (
     build_policy,
 )
 from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry, WriterLock
-from fedunlearn.privacy.calibrate import pilot_clip_norm
+from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
@@ -80,14 +80,15 @@ def policy_env(setup: Setup, privacy: PrivateTraining | None = None) -> PolicyEn
     With ``privacy.dp_scope: store_only`` the stored copies are the seeded noisy ones made by
     ``privacy``'s mod.
     """
-    store_only = privacy is not None and not privacy.mod.perturb
+    mod = privacy.mod if privacy is not None else None
+    store_only = mod is not None and not mod.perturb
     return PolicyEnv(
         model=setup.model,
         final_round=setup.config.training.rounds,
         seed=setup.config.seed,
         reference_set=lambda size: reference_set(setup, size),
-        store_transform=(lambda r, c, d: privacy.mod.privatize(r, c, d)[0])
-        if store_only and privacy is not None
+        store_transform=(lambda r, c, d: mod.privatize(r, c, d)[0])
+        if store_only and mod is not None
         else None,
     )
 
@@ -108,22 +109,28 @@ def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) ->
 
 
 def attach_privacy(config: RunConfig, setup: Setup) -> PrivateTraining | None:
-    """Resolve S (pilot if ``auto``) and attach the DP mod to the federation, for training.
+    """Resolve the clip norm and attach the run's DP mechanism to the federation, for training.
 
-    Unlearning sessions build the federation without it (fresh updates are not noised unless
-    a method asks), so call this only to train.
+    ``privacy.mechanism: dp_sgd`` swaps DP-SGD in as the federation's local training (C: the
+    median per-example gradient norm at M_0 if ``auto``); ``client_update`` appends the
+    clip-and-noise update mod (S: the pilot's median update norm if ``auto``). Unlearning
+    sessions build the federation without either (fresh updates are not noised unless a method
+    asks), so call this only to train.
     """
     cfg = config.privacy
     if not cfg.enabled:
         return None
-    if cfg.clip_norm == "auto":
+    if cfg.clip_norm != "auto":
+        clip_norm = float(cfg.clip_norm)
+    elif cfg.mechanism == "dp_sgd":
+        fed = setup.federation
+        clip_norm, _ = gradient_clip_norm(fed.model, setup.initial_params, fed.client_data)
+    else:
         clip_norm, _ = pilot_clip_norm(
             setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
         )
-    else:
-        clip_norm = float(cfg.clip_norm)
     privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm)
-    setup.federation.update_mods = (*setup.federation.update_mods, privacy.mod)
+    privacy.attach(setup.federation)
     return privacy
 
 
@@ -414,6 +421,7 @@ def _train(
         ledger = run_privacy(config, store)
         write_json(run_dir / PRIVACY_FILE, ledger)
         summary["privacy"] = {
-            k: ledger[k] for k in ("dp_scope", "clip_norm", "total_epsilon", "delta")
+            k: ledger[k]
+            for k in ("mechanism", "guarantee", "dp_scope", "clip_norm", "total_epsilon", "delta")
         }
     return summary

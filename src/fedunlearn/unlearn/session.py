@@ -58,6 +58,7 @@ class UnlearnSession:
                     "--resume' before unlearning"
                 )
             self.setup: Setup = build_setup(self.config)
+            self._clip_like_training()
         except BaseException:
             self.store.close()
             raise
@@ -66,6 +67,31 @@ class UnlearnSession:
         self.initial_params = self.store.read_model(0)
         self._references: dict[int, ClientData] = {}
         self.fingerprint = hashlib.sha256(self.config.model_dump_json().encode()).hexdigest()
+
+    def _clip_like_training(self) -> None:
+        """On a ``dp_sgd`` run, fresh local training clips per example like training did.
+
+        The run's learning rate was chosen for steps of clipped per-example gradients; plain SGD
+        at that rate can diverge (the DP-SGD CNN of reproductions/fedadp: lr 1.0). Fresh updates
+        therefore use the run's optimiser without its noise (``ClippedTraining`` at the run's
+        C): no DP on fresh updates, as before (docs/methods/fedadp.md, AD9 and AD22).
+        """
+        privacy = self.config.privacy
+        if not (privacy.enabled and privacy.mechanism == "dp_sgd"):
+            return
+        from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS
+        from fedunlearn.privacy.local_training import ClippedTraining
+
+        clip = self.store.round_scalars(1).get(DP_SGD_SCALAR_KEYS["clip_norm"])
+        if clip is None:
+            raise HistoryError(
+                f"{self.run_dir} was trained with privacy.mechanism 'dp_sgd' but round 1 has no "
+                f"'{DP_SGD_SCALAR_KEYS['clip_norm']}' scalar; its ledger is incomplete"
+            )
+        fed = self.setup.federation
+        fed.local_training = ClippedTraining(
+            fed.model, fed.training_data, clip_norm=float(clip), device=getattr(fed, "device", None)
+        )
 
     def reference_set(self, size: int) -> ClientData:
         """Return the run's seeded clean reference subsample of ``size`` samples (cached)."""

@@ -34,20 +34,20 @@ class FedADPSelectionConfig(BaseModel):
         "staged", description="select per loss stage, or round(λT) rounds over all of training"
     )
     loss_samples: int = Field(
-        512, ge=1, le=1_000_000, description="samples per client of the server loss (spec A3)"
+        512, ge=1, le=1_000_000, description="samples per client of the server loss (AD3)"
     )
 
 
 class FedADPParams(MethodParams):
     """FedADP unlearning hyperparameters (selection overrides apply only to ``all`` runs)."""
 
-    clamp_negative_cos: bool = Field(False, description="U = 0 when cos θ < 0 (spec A11)")
-    unlearn_dp: bool = Field(False, description="clip and noise the fresh updates (spec A9)")
+    clamp_negative_cos: bool = Field(False, description="U = 0 when cos θ < 0 (AD11)")
+    unlearn_dp: bool = Field(False, description="clip and noise the fresh updates (AD9)")
     local_epochs: int | None = Field(
         None, ge=1, le=1000, description="local epochs of the fresh updates; default: the run's E"
     )
     init: Literal["initial", "first_selected"] = Field(
-        "initial", description="start from M_0 (spec A8) or the first stored round's model"
+        "initial", description="start from M_0 (AD8) or the first stored round's model"
     )
     calibration: Literal["projection", "fresh", "norm"] = Field(
         "projection", description="Eq. 11 (projection); ablations: fresh ĝ, FedEraser norm"

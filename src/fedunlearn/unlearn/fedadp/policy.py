@@ -11,26 +11,27 @@ aggregate, cos(g~_t^c, G_t) (Eq. 9). The last, partial stage is flushed at the e
 it the stored rounds of a run recorded with ``all`` (same tensors, same selection).
 
 Paper: Jiang, Tong, Liu, Ye, Tan, Lam, "Efficient Federated Unlearning with Adaptive Differential
-Privacy Preservation" (FedADP), Alg. 1 and Eq. 7-9; FedADP spec §3.5-§3.6.
+Privacy Preservation" (FedADP), Sec. IV-B2, Alg. 1 lines 14-24 and Eq. 7-9. Design note and
+the deviation tags below: docs/methods/fedadp.md.
 
 Deviations:
     [REC] The trigger is L(M_t) <= (1 - β) prev_loss with prev_loss = L(M_0), updated at every
-        flush (spec A6). The loss is the round metric ``clients_loss`` (spec A3), given by the
+        flush (AD6). The loss is the round metric ``clients_loss`` (AD3), given by the
         caller.
     [REC] Counts: k = max(1, floor(λ n + 0.5)) rounds per stage of n rounds and
-        C' = max(1, floor(γ C + 0.5)) updates per kept round (spec A7; a 1e-9 guard makes
+        C' = max(1, floor(γ C + 0.5)) updates per kept round (AD7; a 1e-9 guard makes
         0.7 * 20 = 14). Ties: earlier round first, lower client id first.
     [REC] Round r (M_{r-1} -> M_r) is scored by d_r = ReLU(cos(M_r, M_{r-1})) and pairs with its
-        own updates (spec §3.5). ``model_align="updates"`` scores ReLU(cos(G_r, G_{r-1}));
+        own updates (AD13). ``model_align="updates"`` scores ReLU(cos(G_r, G_{r-1}));
         round 1 (no G_0) scores 0 there.
     [REC] Layer 2 does not depend on layer 1, so each round's top-γ updates are chosen when the
-        round ends and only those are buffered (γ of the memory of buffering all).
+        round ends and only those are buffered (γ of the memory of buffering all; AD17).
     [REC] ``selection_mode="global"`` never triggers a stage: one flush at the end of training
-        keeps max(1, round_half_up(λ T)) rounds (memory: T γ C updates until then).
+        keeps max(1, round_half_up(λ T)) rounds (memory: T γ C updates until then; AD7).
     [REC] Every round's global model is kept by the store anyway (all methods and ``train
-        --resume`` need it); the stored *update* fraction is what the selection controls.
+        --resume`` need it); the stored *update* fraction is what the selection controls (AD18).
     [REC] The similarity scores d and s are not stored (they are in the policy's ``stages``
-        log); ε_t and n_c are (round scalars and client records).
+        log); ε_t and n_c are (round scalars and client records; AD18).
 """
 
 from __future__ import annotations
@@ -78,12 +79,21 @@ def select_clients(updates: Updates, aggregate: torch.Tensor, ratio: float) -> l
     return top_clients(updates, aggregate, count_half_up(len(updates), ratio))
 
 
+def stage_closes(loss: float, prev_loss: float, beta: float) -> bool:
+    """Return whether a round with server loss ``loss`` ends the open stage (Alg. 1's trigger).
+
+    ``prev_loss`` is L(M_0) for the first stage and the loss at the previous stage end after
+    it: the caller resets it at every flush (docs/methods/fedadp.md, [REC] stage trigger).
+    """
+    return loss <= (1 - beta) * prev_loss
+
+
 def stage_ends(losses: list[float], beta: float) -> list[int]:
     """Return the rounds that end a stage, given ``losses[t] = L(M_t)`` for t = 0..T."""
     ends: list[int] = []
     prev = losses[0] if losses else 0.0
     for t in range(1, len(losses)):
-        if losses[t] <= (1 - beta) * prev:
+        if stage_closes(losses[t], prev, beta):
             ends.append(t)
             prev = losses[t]
     return ends
@@ -182,7 +192,7 @@ class StageSelector:
         self._buffer.append(
             _Buffered(round_, score, kept_clients, {c: updates[c] for c in kept_clients})
         )
-        closed = self.selection_mode == "staged" and loss <= (1 - self.beta) * self._prev_loss
+        closed = self.selection_mode == "staged" and stage_closes(loss, self._prev_loss, self.beta)
         if not (closed or final):
             return None
         scores = {b.round: b.score for b in self._buffer}

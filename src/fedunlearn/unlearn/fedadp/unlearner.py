@@ -5,7 +5,7 @@ Steps, in the order ``FedADP._run`` calls them:
 1. ``selection``: the stored rounds τ_1 < ... < τ_T' and their stored clients C_τ. On a run
    recorded with ``history.policy: fedadp`` they are what the store holds; on a run recorded
    with ``all`` they are derived with the same ``StageSelector`` the live policy uses (the
-   run's ``history.fedadp`` options or the overrides given here).
+   run's ``history.fedadp`` options or the overrides given here; AD16).
 2. Replay (Alg. 2): from M_0, for each τ, the remaining stored clients C_τ minus C_u train
    from the current model (the run's E, η, B and its seeds of round τ) and return ĝ; each is
    calibrated against the stored (noisy) update ḡ by Eq. 10-11, in its projection form
@@ -15,25 +15,26 @@ Steps, in the order ``FedADP._run`` calls them:
    ``privacy.enabled``), the privacy ledger of the run, the stored update fraction.
 
 Paper: Jiang, Tong, Liu, Ye, Tan, Lam, "Efficient Federated Unlearning with Adaptive Differential
-Privacy Preservation" (FedADP), Alg. 2, Eq. 10-12; FedADP spec §4.
+Privacy Preservation" (FedADP), Sec. IV-C, Alg. 2, Eq. 10-12. Design note and the deviation
+tags below: docs/methods/fedadp.md.
 
 Deviations:
-    [REC] Start from the stored initial model M_0 (``init="initial"``, spec A8);
+    [REC] Start from the stored initial model M_0 (``init="initial"``, AD8);
         ``"first_selected"`` starts from the global model after the first stored round.
     [REC] ||ĝ|| = 0 or ||ḡ|| = 0 gives U = 0; cos θ < 0 is kept (literal) unless
-        ``clamp_negative_cos`` (spec A11). Inner products in float64.
-    [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, spec A9); ``unlearn_dp``
+        ``clamp_negative_cos`` (AD11). Inner products in float64.
+    [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, AD9); ``unlearn_dp``
         applies the training mechanism with the round's stored ε_τ and S and its own seeds
         ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``. Fresh updates are never stored.
-    [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, spec A10).
+    [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, AD10).
         A round whose stored clients are all forgotten is skipped.
     [REC] Server step η_s = 1 (the toolkit's M_{t+1} = M_t + A(deltas)); deltas throughout, so
-        U is a delta and the paper's M - η U is M + U here.
+        U is a delta and the paper's M - η U is M + U here (AD15).
     [REC] On an ``all`` run without the ``clients_loss`` round metric (trained without privacy
         and without the fedadp policy), the stage trigger uses the loss on the clean reference
-        set R (spec A3's server-held validation option).
-    [REC] ``calibration="fresh"`` (ĝ as is) and ``"norm"`` (FedEraser's ||ḡ|| ĝ / ||ĝ||) are the
-        spec's §9.10 ablations.
+        set R (AD3's server-held validation option).
+    [REC] ``calibration="fresh"`` (ĝ as is) and ``"norm"`` (FedEraser's ||ḡ|| ĝ / ||ĝ||) are
+        ablations that isolate Eq. 11's cos θ factor (AD19).
 """
 
 from __future__ import annotations
@@ -166,6 +167,13 @@ class FedADP(SelectiveReplay):
                 "fedadp with unlearn_dp=true needs a run trained with privacy.enabled (its "
                 "per-round ε_t and S); drop unlearn_dp or train with a privacy section."
             )
+        if self.params.unlearn_dp and context.privacy.mechanism != "client_update":
+            raise UnsupportedHistoryError(
+                "fedadp with unlearn_dp=true re-applies the client_update mechanism (clip each "
+                "fresh update to S, Eq. 5-6); this run was trained with privacy.mechanism "
+                f"'{context.privacy.mechanism}', whose stored clip norm is a per-example C, "
+                "not an S. Drop unlearn_dp (docs/methods/fedadp.md, AD9)."
+            )
 
     def check_derivable(self, context: UnlearnContext) -> None:
         """Deriving the stages of an ``all`` run needs the server loss or a reference set."""
@@ -241,9 +249,7 @@ class FedADP(SelectiveReplay):
         z = noise_multiplier(float(sc[SCALAR_KEYS["epsilon"]]), cfg.delta)
         return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         clock = time.perf_counter()
         p = self.params
         stages: list[Stage] = []
