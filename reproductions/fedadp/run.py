@@ -617,7 +617,7 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
             ("FL model (DP-SGD)", d["fl"], None, eps),
             ("**FedADP**", d["fedadp"], dp["client_epochs"], eps),
             ("FedADP, clamped cos θ (ablation)", d["fedadp_clamp"], dp["client_epochs"], eps),
-            ("Retrain without DP", d["retrain_nodp"], dp["client_epochs"], None),
+            ("Retrain, no noise (clipped SGD, AD22)", d["retrain_nodp"], dp["client_epochs"], None),
             ("DP Retrain", dp, dp["client_epochs"], dp_eps),
         ]
         for label, r, base, e in rows:
@@ -644,7 +644,7 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
         ("FL model (DP-SGD)", "fl"),
         ("FedADP", "fedadp"),
         ("FedADP, clamped cos θ", "fedadp_clamp"),
-        ("Retrain without DP", "retrain_nodp"),
+        ("Retrain, no noise (clipped SGD)", "retrain_nodp"),
         ("DP Retrain", "retrain_dp"),
     ):
         have = [d[key] for d in docs if d.get(key)]
