@@ -1,7 +1,9 @@
 """Benchmark DP-SGD local training against non-private local training, samples/s side by side.
 
 Target (issue 13): DP-SGD local training of the MLP 784-128-10 costs at most 3x the non-DP time
-per sample. Setting: 20 clients x 3,000 MNIST images (random data of MNIST's shape if the file is
+per sample. ``--model cnn`` times the paper's CNN (582,026 parameters; two conv layers, whose
+per-example gradients are formed from the unfolded inputs) the same way, for information.
+Setting: 20 clients x 3,000 MNIST images (random data of MNIST's shape if the file is
 missing), expected batch 64, one local epoch, lr 0.01. Timed, one whole round per repeat,
 interleaved:
 
@@ -57,11 +59,17 @@ def main() -> None:
     parser.add_argument("--max-attempts", type=int, default=30)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="4 clients x 500, 2 repeats")
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
     args = parser.parse_args()
     if args.quick:
         args.clients, args.per_client, args.repeats = 4, 500, 2
     clients, source = load_clients(args.mnist, args.clients, args.per_client)
-    model = build_model("mlp", (1, 28, 28), 10, seed=0, hidden=(128,))
+    if args.model == "mlp":
+        model = build_model("mlp", (1, 28, 28), 10, seed=0, hidden=(128,))
+        model_name = "MLP 784-128-10"
+    else:
+        model = build_model("cnn", (1, 28, 28), 10, seed=0)
+        model_name = "the paper's CNN (582,026 parameters)"
     spec = LocalTrainingSpec(epochs=1, lr=0.01, batch_size=args.batch_size)
     params = get_flat_params(model).to(args.device)
     tasks = [(cid, 1000 + cid) for cid in clients]
@@ -121,7 +129,7 @@ def main() -> None:
         f"torch {torch.__version__}, device {args.device}"
     )
     print(
-        f"data: {source}; {args.clients} clients x {args.per_client}, MLP 784-128-10, "
+        f"data: {source}; {args.clients} clients x {args.per_client}, {model_name}, "
         f"B = {args.batch_size}, E = 1; C = {clip_norm}, sigma = {sigma}"
     )
     print(
@@ -139,10 +147,8 @@ def main() -> None:
     print(f"| non-DP, vectorized executor | {plain_rate:,.0f} | 1.00x |")
     ratio = statistics.median(ratios)
     verdict = "MET" if ratio <= TARGET_RATIO else "NOT MET"
-    print(
-        f"| DP-SGD, vectorized (ghost clipping) | {dp_rate:,.0f} | **{ratio:.2f}x** "
-        f"(target <= {TARGET_RATIO:.0f}x: {verdict}) |"
-    )
+    target = f" (target <= {TARGET_RATIO:.0f}x: {verdict})" if args.model == "mlp" else ""
+    print(f"| DP-SGD, vectorized (ghost clipping) | {dp_rate:,.0f} | **{ratio:.2f}x**{target} |")
     if times["reference"]:
         ref_rate = reference_samples / statistics.median(times["reference"])
         print(

@@ -135,3 +135,32 @@ def test_config_errors_are_one_line():
     assert "training.batch_size" in text
     assert "training.lr" in text
     assert "data.x" in text
+
+
+def test_the_budget_lives_in_privacy_budget_and_the_flat_keys_still_work(tmp_path):
+    # issue 12: FedADP's ε schedule left the general privacy section for privacy.budget
+    flat = parse_config({"privacy": {"enabled": True, "epsilon_max": 2.5, "signed_delta": True}})
+    nested = parse_config(
+        {"privacy": {"enabled": True, "budget": {"epsilon_max": 2.5, "signed_delta": True}}}
+    )
+    assert flat == nested
+    assert flat.privacy.budget.epsilon_max == 2.5
+    assert flat.privacy.budget.schedule == "fedadp"
+    assert flat.privacy.budget.signed_delta
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(flat))
+    assert "budget:" in path.read_text()
+    assert load_config(path) == flat  # dumps nested
+    # a flat override applies to a nested file, a nested override to a flat one
+    assert load_config(path, {"privacy.epsilon_max": 4.0}).privacy.budget.epsilon_max == 4.0
+    path.write_text("privacy:\n  enabled: true\n  epsilon_max: 2.0\n")
+    assert load_config(path, {"privacy.budget.epsilon_max": 5.0}).privacy.budget.epsilon_max == 5
+    path.write_text("privacy:\n  epsilon_max: 2.0\n  budget: {epsilon_max: 3.0}\n")
+    with pytest.raises(ConfigError, match="privacy.epsilon_max and privacy.budget.epsilon_max"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="privacy.epsilon_min and privacy.budget.epsilon_min"):
+        parse_config({"privacy": {"epsilon_min": 1.0, "budget": {"epsilon_min": 2.0}}})
+    with pytest.raises(ConfigError, match="privacy.budget.epsilon_min \\(4.0\\) must not exceed"):
+        parse_config({"privacy": {"epsilon_min": 4.0}})
+    with pytest.raises(ConfigError, match="privacy.budget.schedule"):
+        parse_config({"privacy": {"budget": {"schedule": "constant"}}})

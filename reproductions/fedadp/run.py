@@ -46,6 +46,7 @@ from fedunlearn.fl.engine import run_rounds
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY, predict_logits
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.privacy.ledger import privacy_summary
+from fedunlearn.privacy.local_training import ClippedTraining
 from fedunlearn.runs import attach_privacy, build_setup, train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
@@ -348,6 +349,8 @@ CNN = {
     "epsilon_max": 3.0,
     "delta": 1e-5,
 }
+#: SGD lr of the no-DP control (the Crab reproduction's, on the same data and CNN).
+NODP_LR = 0.1
 #: Targets of issue 13 for the DP-SGD CNN run.
 DPSGD_TARGETS = {
     "fl_asr_min": 0.80,
@@ -464,6 +467,43 @@ def dp_retrain(cfg: RunConfig, forget: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def clipped_training(cfg: RunConfig) -> dict[str, Any]:
+    """Train ``cfg``'s federation, all clients, with DP-SGD's optimiser but no noise.
+
+    Per-example clipping at C, Poisson batches, the run's lr (``ClippedTraining``, as unlearning
+    trains on a dp_sgd run): it separates what the noise costs from what clipping costs.
+    """
+    started = time.perf_counter()
+    setup = build_setup(cfg)
+    try:
+        fed = setup.federation
+        fed.local_training = ClippedTraining(
+            fed.model, fed.client_data, clip_norm=float(cfg.privacy.clip_norm)
+        )
+        rows: list[list[float]] = []
+
+        class _Log:
+            def on_round_end(self, record: RoundRecord) -> None:
+                q = setup.evaluate(record.global_after)
+                rows.append([record.round, q["test_accuracy"], q.get("backdoor_asr")])
+
+        run_rounds(
+            fed,
+            setup.aggregator,
+            setup.initial_params,
+            num_rounds=cfg.training.rounds,
+            observers=[_Log()],
+        )
+    finally:
+        setup.close()
+    return {
+        "test_accuracy": rows[-1][1],
+        "backdoor_asr": rows[-1][2],
+        "train_seconds": time.perf_counter() - started,
+        "per_round": rows,
+    }
+
+
 def _unlearn_row(session: UnlearnSession, result: UnlearnResult) -> dict[str, Any]:
     """TA, ASR and costs of one unlearning result (and FedADP's selection figures)."""
     q = session.setup.evaluate(result.params)
@@ -522,7 +562,7 @@ def dpsgd_seed(args: argparse.Namespace) -> dict[str, Any]:
             "test_accuracy": summary["final_metrics"]["test_accuracy"],
             "backdoor_asr": summary["final_metrics"].get("backdoor_asr"),
             "train_seconds": summary["wall_seconds"],
-            "rounds": _fl_rounds(run_dir),
+            "per_round": _fl_rounds(run_dir),
         },
         "privacy": {k: v for k, v in ledger.items() if k != "rounds"},
         "ledger_rounds": ledger["rounds"],
@@ -559,19 +599,28 @@ def dpsgd_seed(args: argparse.Namespace) -> dict[str, Any]:
             f"eps PLD {row['privacy']['total_epsilon']:.2f}",
             flush=True,
         )
-    if "fl_nodp" not in doc:
+    if "fl_nodp" not in doc:  # the backdoor without DP, at the non-private lr of this setting
         nodp = parse_config(
-            {**cfg.model_dump(), "privacy": {"enabled": False}, "history": {"policy": "none"}},
+            {
+                **cfg.model_dump(),
+                "training": {**cfg.training.model_dump(), "lr": NODP_LR},
+                "privacy": {"enabled": False},
+                "history": {"policy": "none"},
+            },
             f"fedadp_cnn_dpsgd/seed{seed}_nodp",
         )
-        nodp_dir, nodp_summary = train(args, f"dpsgd/seed{seed}_nodp", nodp)
+        nodp_dir, nodp_summary = train(args, f"dpsgd/seed{seed}_nodp_lr{NODP_LR}", nodp)
         final = nodp_summary["final_metrics"]
         doc["fl_nodp"] = {
+            "lr": NODP_LR,
             "test_accuracy": final["test_accuracy"],
             "backdoor_asr": final.get("backdoor_asr"),
             "train_seconds": nodp_summary["wall_seconds"],
-            "rounds": _fl_rounds(nodp_dir),
+            "per_round": _fl_rounds(nodp_dir),
         }
+        save()
+    if "fl_clipped" not in doc:  # the DP run's optimiser without its noise: what the noise costs
+        doc["fl_clipped"] = clipped_training(cfg)
         save()
     print("\n".join(dpsgd_tables([doc])), flush=True)
     return doc
@@ -613,20 +662,23 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
         eps = d["privacy"]["totals"]["1"]
         dp_eps = dp["privacy"]["totals"]["1"]
         rows = [
-            ("FL model without DP (same config)", d.get("fl_nodp"), None, None),
+            (f"FL model without DP (lr {NODP_LR})", d.get("fl_nodp"), None, None),
+            ("FL model, clipped SGD without noise", d.get("fl_clipped"), None, None),
             ("FL model (DP-SGD)", d["fl"], None, eps),
             ("**FedADP**", d["fedadp"], dp["client_epochs"], eps),
             ("FedADP, clamped cos θ (ablation)", d["fedadp_clamp"], dp["client_epochs"], eps),
-            ("Retrain without DP", d["retrain_nodp"], dp["client_epochs"], None),
+            ("Retrain, no noise (clipped SGD, AD22)", d["retrain_nodp"], dp["client_epochs"], None),
             ("DP Retrain", dp, dp["client_epochs"], dp_eps),
         ]
         for label, r, base, e in rows:
             if r is None:
                 continue
             epochs = r.get("client_epochs") or 0
+            rounds = r.get("rounds")  # an int for unlearning rows (older files: FL trajectories)
+            rounds = rounds if isinstance(rounds, int) else d["setting"]["rounds"]
             lines.append(
                 f"| {d['seed']} | {label} | {pct(r['test_accuracy'])} | {pct(r['backdoor_asr'])} "
-                f"| {r.get('rounds', d['setting']['rounds'])} | {epochs} "
+                f"| {rounds} | {epochs} "
                 f"| {num(epochs / base, '.2f') if base and epochs else '–'} "
                 f"| {num(r.get('stored_update_fraction'), '.3f')} "
                 f"| {num(r.get('negative_cos_fraction'), '.2f')} "
@@ -641,10 +693,11 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
     lines += ["| model | TA % | ASR % |", "|---|---|---|"]
     for label, key in (
         ("FL model without DP", "fl_nodp"),
+        ("FL model, clipped SGD without noise", "fl_clipped"),
         ("FL model (DP-SGD)", "fl"),
         ("FedADP", "fedadp"),
         ("FedADP, clamped cos θ", "fedadp_clamp"),
-        ("Retrain without DP", "retrain_nodp"),
+        ("Retrain, no noise (clipped SGD)", "retrain_nodp"),
         ("DP Retrain", "retrain_dp"),
     ):
         have = [d[key] for d in docs if d.get(key)]

@@ -192,6 +192,66 @@ class HistoryConfig(_Frozen):
         return options_type()
 
 
+#: The budget options that used to sit flat in ``privacy`` (still accepted there, moved into
+#: ``privacy.budget`` on parsing).
+BUDGET_KEYS = ("epsilon_initial", "epsilon_min", "epsilon_max", "signed_delta")
+
+
+def _nest_budget(privacy: dict[str, Any]) -> dict[str, Any]:
+    """Return a ``privacy`` mapping with its flat budget keys moved into ``budget``.
+
+    Raises:
+        ValueError: a key is given both flat and in ``budget``.
+    """
+    if not any(k in privacy for k in BUDGET_KEYS):
+        return privacy
+    data = dict(privacy)
+    budget = data.get("budget") or {}
+    if isinstance(budget, BaseModel):
+        budget = budget.model_dump()
+    if not isinstance(budget, dict):
+        return data  # the field validator reports the bad type
+    budget = dict(budget)
+    for key in BUDGET_KEYS:
+        if key not in data:
+            continue
+        if key in budget:
+            raise ValueError(
+                f"privacy.{key} and privacy.budget.{key} are both given; keep "
+                f"privacy.budget.{key} only"
+            )
+        budget[key] = data.pop(key)
+    data["budget"] = budget
+    return data
+
+
+class BudgetConfig(_Frozen):
+    """The per-round budget ε_t of DP training (the YAML section ``privacy.budget``).
+
+    ``schedule: fedadp`` is FedADP's adaptive budget (Eq. 4): ε_1 = ε_0 and
+    ε_{t+1} = min(max(ε_t · e^{|Δloss|}, ε_min), ε_max); it is the only schedule so far, and its
+    options are FedADP's, not the privacy layer's (docs/methods/fedadp.md, AD4-AD5). The same
+    keys given flat in ``privacy`` (the pre-issue-13 layout) are accepted and moved here.
+    """
+
+    schedule: Literal["fedadp"] = Field(
+        "fedadp", description="FedADP's Eq. 4: ε grows with the server loss change"
+    )
+    epsilon_initial: float = Field(1.0, gt=0, le=1000, description="ε_0")
+    epsilon_min: float = Field(1.0, gt=0, le=1000, description="ε_min")
+    epsilon_max: float = Field(3.0, gt=0, le=1000, description="ε_max")
+    signed_delta: bool = Field(False, description="Eq. 4 with the signed loss change")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BudgetConfig:
+        if self.epsilon_min > self.epsilon_max:
+            raise ValueError(
+                f"privacy.budget.epsilon_min ({self.epsilon_min}) must not exceed "
+                f"privacy.budget.epsilon_max ({self.epsilon_max})"
+            )
+        return self
+
+
 class PrivacyConfig(_Frozen):
     """DP of training at FedADP's adaptive per-round budget ε_t (Eq. 4): the mechanism and budget.
 
@@ -220,24 +280,24 @@ class PrivacyConfig(_Frozen):
         description="noisy uploads drive training (faithful) or only the stored copies are noisy",
     )
     delta: float = Field(1e-5, gt=0, lt=1, description="δ of each release")
-    epsilon_initial: float = Field(1.0, gt=0, le=1000, description="ε_0")
-    epsilon_min: float = Field(1.0, gt=0, le=1000, description="ε_min")
-    epsilon_max: float = Field(3.0, gt=0, le=1000, description="ε_max")
-    signed_delta: bool = Field(False, description="Eq. 4 with the signed loss change")
     sens_factor: Literal[1, 2] = Field(
         1, description="L2 sensitivity S (add/remove) or 2S (replace) for the headline ε"
     )
+    budget: BudgetConfig = Field(
+        default_factory=BudgetConfig, description="the per-round ε_t schedule (FedADP Eq. 4)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_budget_keys(cls, data: Any) -> Any:
+        """Accept ``privacy.epsilon_max`` etc. (the flat layout) as ``privacy.budget.*``."""
+        return _nest_budget(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _consistent(self) -> PrivacyConfig:
         if isinstance(self.clip_norm, float) and not 0 < self.clip_norm <= 1e6:
             raise ValueError(
                 f"privacy.clip_norm must be in (0, 1e6] or 'auto'; got {self.clip_norm}"
-            )
-        if self.epsilon_min > self.epsilon_max:
-            raise ValueError(
-                f"privacy.epsilon_min ({self.epsilon_min}) must not exceed privacy.epsilon_max "
-                f"({self.epsilon_max})"
             )
         if self.mechanism == "dp_sgd":
             for name, value, allowed in (
@@ -429,9 +489,16 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping; got {type(data).__name__}")
+    if isinstance(data.get("privacy"), dict):  # the flat budget keys, nested before overriding
+        try:
+            data["privacy"] = _nest_budget(data["privacy"])
+        except ValueError as err:
+            raise ConfigError(f"invalid configuration in {path}: {err}") from None
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = key.split(".")
+        if parents == ["privacy"] and leaf in BUDGET_KEYS:  # privacy.epsilon_max=... still works
+            parents = ["privacy", "budget"]
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value

@@ -128,7 +128,8 @@ def test_calibrated_sigma_spends_the_budget_and_equals_a_full_order_search(
 
     sigma = calibrate_sampled_gaussian(sample_rate, steps, epsilon, 1e-5)
     achieved = rdp_epsilon(SampledGaussian(sigma, sample_rate, steps).event(), 1e-5)
-    assert achieved <= epsilon and achieved == pytest.approx(epsilon, rel=1e-4)
+    assert achieved <= epsilon
+    assert achieved == pytest.approx(epsilon, rel=1e-4)
     slow = dp_accounting.calibrate_dp_mechanism(
         lambda: rdp.RdpAccountant(list(RDP_ORDERS)),
         lambda s: SampledGaussian(s, sample_rate, steps).event(),
@@ -168,7 +169,8 @@ def test_sampled_totals_compose_the_rounds_as_dp_accounting_does_directly():
     assert t.rdp_epsilon == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
     assert t.pld_epsilon == pytest.approx(p.get_epsilon(1e-5), rel=1e-6)
     assert t.pld_epsilon < t.rdp_epsilon < t.basic_epsilon == pytest.approx(sum(round_eps))
-    assert t.to_dict().get("zcdp_epsilon") is None and t.basic_delta == pytest.approx(4e-5)
+    assert t.to_dict().get("zcdp_epsilon") is None
+    assert t.basic_delta == pytest.approx(4e-5)
     acc, previous = PrivacyAccountant(), 0.0
     for e in events:  # more rounds never lower epsilon
         acc.compose(e.noise_multiplier, e.sample_rate, e.steps)

@@ -69,7 +69,8 @@ def test_vectorized_dp_sgd_equals_the_per_client_reference(spec):
             seed=seed,
             client_id=cid,
         )
-        assert update.client_id == cid and update.num_samples == len(clients[cid])
+        assert update.client_id == cid
+        assert update.num_samples == len(clients[cid])
         assert torch.allclose(update.delta, ref.delta, atol=1e-6), cid
         assert torch.equal(update.delta, update2.delta)  # bit-identical rerun
         assert torch.allclose(noise.noise_delta, ref_noise.noise_delta, atol=1e-6)
@@ -78,7 +79,8 @@ def test_vectorized_dp_sgd_equals_the_per_client_reference(spec):
             assert update.train_loss == pytest.approx(ref.train_loss, rel=1e-5)
             assert float(update.delta.norm()) > 0
         else:
-            assert float(update.delta.abs().max()) == 0 and math.isnan(update.train_loss)
+            assert float(update.delta.abs().max()) == 0
+            assert math.isnan(update.train_loss)
 
 
 def test_noise_drawn_on_several_threads_equals_noise_drawn_in_turn():
@@ -135,7 +137,8 @@ def test_poisson_batches_have_the_expected_size_and_count_and_follow_the_seed():
     again = poisson_batches(3000, spec, batch_generator(1))
     assert all(torch.equal(a, b) for a, b in zip(batches, again, strict=True))
     assert not torch.equal(batches[0], poisson_batches(3000, spec, batch_generator(2))[0])
-    assert num_steps(40, spec) == 3 and sample_rate(40, 64) == 1.0  # n <= B: full batches
+    assert num_steps(40, spec) == 3
+    assert sample_rate(40, 64) == 1.0  # n <= B: full batches
     assert all(len(b) == 40 for b in poisson_batches(40, spec, batch_generator(3)))
 
 
@@ -172,15 +175,19 @@ def test_round_hook_calibrates_sigma_records_the_ledger_and_plugs_into_the_feder
     updates = fed.train(get_flat_params(model), [0, 1, 2], round_=1)
     stats = training.stats[1]
     # accounted event: the largest q (smallest client) and the most steps (largest client)
-    assert stats.sample_rate == pytest.approx(10 / 40) and stats.steps == math.ceil(60 / 10)
+    assert stats.sample_rate == pytest.approx(10 / 40)
+    assert stats.steps == math.ceil(60 / 10)
     assert stats.noise_multiplier == calibrate_sampled_gaussian(0.25, 6, 2.0, 1e-5)
     assert stats.epsilon_achieved == pytest.approx(
         rdp_epsilon(SampledGaussian(stats.noise_multiplier, 0.25, 6).event(), 1e-5)
     )
-    assert stats.epsilon_achieved <= 2.0 and stats.epsilon_achieved == pytest.approx(2.0, rel=1e-3)
+    assert stats.epsilon_achieved <= 2.0
+    assert stats.epsilon_achieved == pytest.approx(2.0, rel=1e-3)
     assert stats.round_epsilon_pld < stats.epsilon_achieved
-    assert 0 <= stats.clipped_fraction <= 1 and stats.raw_norm_median > 0
-    assert stats.noise_to_signal > 0 and stats.noise_std == stats.noise_multiplier * 0.5
+    assert 0 <= stats.clipped_fraction <= 1
+    assert stats.raw_norm_median > 0
+    assert stats.noise_to_signal > 0
+    assert stats.noise_std == stats.noise_multiplier * 0.5
     serial = DPSGDTraining(
         model, clients, clip_norm=0.5, delta=1e-5, epsilon_of=lambda r: 2.0, vectorize=False
     )
@@ -243,7 +250,8 @@ def test_other_models_train_client_by_client_and_bad_input_is_refused():
     assert training.vectorized is None
     spec = LocalTrainingSpec(epochs=1, lr=0.1, batch_size=10)
     out = training.run(get_flat_params(Scaled()), [(0, 1), (1, 2)], spec, 1)
-    assert [u.client_id for u in out] == [0, 1] and all(torch.isfinite(u.delta).all() for u in out)
+    assert [u.client_id for u in out] == [0, 1]
+    assert all(torch.isfinite(u.delta).all() for u in out)
     with pytest.raises(ConfigError, match="every parameter inside an nn.Linear or nn.Conv2d"):
         DPSGDTraining(
             Scaled(), clients, clip_norm=1.0, delta=1e-5, epsilon_of=lambda r: 3.0, vectorize=True
@@ -276,8 +284,11 @@ def test_federation_hands_the_round_to_the_local_training_then_runs_the_mods():
     )
     other = LocalTrainingSpec(epochs=3)
     out = fed.train(get_flat_params(model), [1, 0], round_=7, spec=other)
-    assert [u.client_id for u in out] == [1, 0] and float(out[0].delta[0]) == 0.5
+    assert [u.client_id for u in out] == [1, 0]
+    assert float(out[0].delta[0]) == 0.5
     ((tasks, spec, round_),) = calls
-    assert [cid for cid, _ in tasks] == [1, 0] and spec is other and round_ == 7
+    assert [cid for cid, _ in tasks] == [1, 0]
+    assert spec is other
+    assert round_ == 7
     fed.close()
     assert calls[-1] == "closed"

@@ -72,7 +72,8 @@ def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(ru
     info = run_info(runs / "dp_sgd")
     ledger = info["privacy"]
     assert ledger == json.loads((runs / "dp_sgd" / "privacy.json").read_text())
-    assert ledger["mechanism"] == "dp_sgd" and ledger["guarantee"].startswith("per example")
+    assert ledger["mechanism"] == "dp_sgd"
+    assert ledger["guarantee"].startswith("per example")
     losses = [m["clients_loss"] for m in info["metrics"]]
     eps = epsilon_sequence(losses[:-1], 1.0, 1.0, 3.0)
     rows = ledger["rounds"]
@@ -83,7 +84,8 @@ def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(ru
     steps = math.ceil(max(sizes) / 32)
     events = []
     for row, e in zip(rows, eps, strict=True):
-        assert row["sample_rate"] == pytest.approx(q) and row["steps"] == steps
+        assert row["sample_rate"] == pytest.approx(q)
+        assert row["steps"] == steps
         assert row["noise_multiplier"] == calibrate_sampled_gaussian(q, steps, e, 1e-5)
         assert row["noise_std"] == pytest.approx(row["noise_multiplier"] * 1.0)
         event = dp_accounting.SelfComposedDpEvent(
@@ -94,7 +96,8 @@ def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(ru
         )
         achieved = rdp.RdpAccountant(ORDERS).compose(event).get_epsilon(1e-5)
         assert row["epsilon_achieved"] == pytest.approx(achieved, rel=1e-9)
-        assert achieved <= e and achieved == pytest.approx(e, rel=1e-3)
+        assert achieved <= e
+        assert achieved == pytest.approx(e, rel=1e-3)
         assert row["round_epsilon_pld"] < achieved
         events.append(event)
     composed = dp_accounting.ComposedDpEvent(events)
@@ -104,18 +107,22 @@ def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(ru
     assert totals["pld_epsilon"] == pytest.approx(direct_pld.get_epsilon(1e-5), rel=1e-3)
     assert totals["rdp_epsilon"] == pytest.approx(direct_rdp.get_epsilon(1e-5), rel=1e-9)
     assert ledger["total_epsilon"] == totals["pld_epsilon"] < sum(eps)
-    assert ledger["totals"]["2"] is None and "zcdp_epsilon" not in totals
-    assert ledger["clip_norm"] == 1.0 and ledger["clip_norm_source"] == "config"
+    assert ledger["totals"]["2"] is None
+    assert "zcdp_epsilon" not in totals
+    assert ledger["clip_norm"] == 1.0
+    assert ledger["clip_norm_source"] == "config"
     assert all(0 <= r["clipped_fraction"] <= 1 and r["noise_to_signal"] > 0 for r in rows)
 
 
 def test_info_shows_a_dp_sgd_ledger(runs):
     result = CliRunner().invoke(app, ["info", str(runs / "dp_sgd")], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "eps_t per round" in result.output and "PLD" in result.output
+    assert "eps_t per round" in result.output
+    assert "PLD" in result.output
     # issue 13: info names the mechanism and says what its epsilon protects
     assert "mechanism dp_sgd (eps per training example, not per client)" in result.output
-    assert "group privacy" in result.output and "zCDP" not in result.output
+    assert "group privacy" in result.output
+    assert "zCDP" not in result.output
     assert "C = 1 per example (config), sample rate q <= " in result.output
 
 
@@ -152,7 +159,8 @@ def test_fedadp_example_config_trains_a_usable_model_under_dp(tmp_path):
     # Issue 13: with the client-update mechanism the example config's model ended at 26-40%
     # (8 rounds: dp_sgd 79%, client_update 27% on this machine).
     cfg = load_config(EXAMPLE, {"training.rounds": 8})
-    assert cfg.privacy.enabled and cfg.privacy.mechanism == "dp_sgd"
+    assert cfg.privacy.enabled
+    assert cfg.privacy.mechanism == "dp_sgd"
     dp_sgd = train_run(cfg, tmp_path / "dp_sgd")["final_metrics"]["test_accuracy"]
     old = load_config(
         EXAMPLE,

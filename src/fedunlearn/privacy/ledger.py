@@ -150,7 +150,7 @@ def privacy_summary(
         "sens_factor": config.sens_factor,
         "clip_norm": clip,
         "clip_norm_source": _clip_source(config),
-        "epsilon_bounds": [config.epsilon_min, config.epsilon_max],
+        "epsilon_bounds": [config.budget.epsilon_min, config.budget.epsilon_max],
         "num_rounds": len(rows),
         "noise_multiplier_min": min(zs) if zs else None,
         "noise_multiplier_max": max(zs) if zs else None,

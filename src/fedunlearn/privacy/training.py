@@ -48,7 +48,10 @@ class PrivateTraining:
         self.seed = seed
         self._clip_norm = float(clip_norm)
         self.schedule = BudgetSchedule(
-            config.epsilon_initial, config.epsilon_min, config.epsilon_max, config.signed_delta
+            config.budget.epsilon_initial,
+            config.budget.epsilon_min,
+            config.budget.epsilon_max,
+            config.budget.signed_delta,
         )
         self.mod: ClipAndNoise | None = None
         self.local_training: DPSGDTraining | None = None
