@@ -754,7 +754,7 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 def _register_subcommands() -> None:
     from fedunlearn.cli import receipt
     from fedunlearn.cli.central import central_command
-    from fedunlearn.cli.starfish import register as register_starfish
+    from fedunlearn.unlearn.starfish.cli import register as register_starfish
 
     receipt.register(app)  # audit
     app.command(name="central")(central_command)

@@ -6,7 +6,7 @@ temporary directory (``mpc.create_trial_pki``; or uses the given ``pki`` directo
 only with ``insecure=True``), draws a session id, binds three ephemeral listening sockets on
 127.0.0.1, starts the dealer, server 0, server 1 and the simulated clients at once
 (:func:`launch`; each child is one ``fedunlearn starfish-*`` command of
-:mod:`fedunlearn.cli.starfish`, started by module name, so this module imports nothing above
+:mod:`fedunlearn.unlearn.starfish.cli`, started by module name, so this module imports nothing above
 it), waits for them with a deadline, stops the others as soon as one fails, and checks that
 both servers opened the same model. Bounded waits everywhere: ``timeout_seconds`` per receive
 in every child, ``deadline_seconds`` for the whole run (also the dealer's and the clients'
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-CHILD_MODULE = "fedunlearn.cli.starfish"  # ``python -m`` entry of the starfish-* commands
+CHILD_MODULE = "fedunlearn.unlearn.starfish.cli"  # ``python -m`` entry of the starfish-* commands
 CHILDREN = ("dealer", "server0", "server1", "clients")
 
 
@@ -85,7 +85,7 @@ def _security_args(pki: Path | None) -> list[str]:
 def spawn(args: Sequence[str], log_file: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """Start ``fedunlearn <args>`` as a child process, stderr and stdout to ``log_file``.
 
-    The child runs ``python -m fedunlearn.cli.starfish`` (only the starfish commands, so it
+    The child runs ``python -m fedunlearn.unlearn.starfish.cli`` (only the starfish commands, so it
     imports less than the full CLI); ``pass_fds`` are inherited (listening sockets).
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -30,12 +30,12 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from fedunlearn.cli.common import cli_errors, parse_forget
+from fedunlearn.cli.common import cli_errors, parse_forget, parse_params
 from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: the CLI lists its commands without loading torch
@@ -66,21 +66,9 @@ def _address(text: str) -> tuple[str, int]:
 
 def starfish_method(params: Sequence[str]) -> Starfish:
     """Return the ``starfish`` method of ``--param key=value`` items (YAML values), on 2PC."""
-    import yaml
-
-    from fedunlearn.unlearn import make_method
     from fedunlearn.unlearn.starfish.unlearner import Starfish
 
-    values: dict[str, Any] = {}
-    for item in params:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--param takes key=value; got {item!r}")
-        values[key.strip()] = yaml.safe_load(value)
-    method = make_method("starfish", {**values, "backend": "mpc"})
-    if not isinstance(method, Starfish):
-        raise ConfigError(f"'starfish' is registered as {type(method).__name__}, not Starfish")
-    return method
+    return Starfish({**parse_params(params), "backend": "mpc"})
 
 
 def _server_logging() -> None:
@@ -412,7 +400,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main() -> None:  # pragma: no cover - entry point of the spawned processes
-    """Run only the starfish commands (``python -m fedunlearn.cli.starfish``)."""
+    """Run only the starfish commands (``python -m fedunlearn.unlearn.starfish.cli``)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     register(app)
