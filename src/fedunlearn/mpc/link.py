@@ -13,7 +13,7 @@ both servers, the clients service for both servers) takes its connections:
    certificate of an unexpected role (say ``clients`` at the dealer), or a hello claiming
    another role than the certificate, is refused with a message saying so. Each role is
    served once: a second peer of a role that already arrived is refused. Without TLS
-   (``insecure=True``) the role is what the hello claims, and nothing stops a third party from
+   (``Security.plain()``) the role is what the hello claims, and nothing stops a third party from
    claiming it first (``identity.INSECURE_WARNING``).
 3. The acceptor answers an accepted peer with its own hello; both sides compare session id,
    digests and protocol options (``session.Hello.differences``). A difference with an
@@ -27,9 +27,8 @@ role(s) of the peer, send the hello, compare the answer, wait for ``ready``.
 Both return ``Link``s whose ``transport`` is a ``TcpTransport`` with the caller's timeouts and
 frame cap (the handshake itself runs under a 16 KiB cap).
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers, a trusted dealer: the guarantee holds only if each link
-reaches the party it is meant for); docs/security.md.
+Why each link must reach the party it is meant for (two non-colluding servers and a trusted
+dealer): docs/security.md.
 """
 
 from __future__ import annotations
@@ -51,7 +50,8 @@ from fedunlearn.errors import (
     PeerDisconnectedError,
     SessionMismatchError,
 )
-from fedunlearn.mpc.identity import ROLES, Identity, require_security
+from fedunlearn.mpc.identity import ROLES
+from fedunlearn.mpc.security import DEFAULT_LIMITS, LinkLimits, Security
 from fedunlearn.mpc.session import (
     MAX_HELLO_BYTES,
     Hello,
@@ -61,17 +61,11 @@ from fedunlearn.mpc.session import (
     encode_message,
     mismatch_error,
 )
-from fedunlearn.mpc.tcp import (
-    DEFAULT_MAX_FRAME_BYTES,
-    TcpListener,
-    TcpTransport,
-    connect_socket,
-)
+from fedunlearn.mpc.tcp import TcpListener, TcpTransport, connect_socket
 
 __all__ = [
     "MAX_PENDING",
     "Link",
-    "LinkSecurity",
     "accept_peer",
     "accept_peers",
     "check_ready",
@@ -86,56 +80,6 @@ _HINT = (
     "Start every process of a session with the same session id, run, configuration, forget "
     "set and share stores (and the same protocol options)."
 )
-
-
-@dataclass(frozen=True)
-class LinkSecurity:
-    """How a process secures its links: mutual TLS with roles, or explicitly plain TCP.
-
-    Args:
-        identity: This process's TLS identity (the secure setting).
-        insecure: Plain TCP, chosen explicitly (``identity.INSECURE_WARNING``).
-        legacy_context: An ``ssl.SSLContext`` of an older caller: TLS against the CA, but the
-            peer's role is what its hello claims (no role binding). Kept for compatibility.
-    """
-
-    identity: Identity | None = None
-    insecure: bool = False
-    legacy_context: ssl.SSLContext | None = None
-
-    @classmethod
-    def of(
-        cls,
-        identity: Identity | None = None,
-        insecure: bool = False,
-        ssl_context: ssl.SSLContext | None = None,
-        *,
-        what: str = "this link",
-    ) -> LinkSecurity:
-        """Validate the choice: exactly one of an identity, a legacy context or ``insecure``.
-
-        Raises:
-            ConfigError: None or several were given.
-        """
-        if ssl_context is not None:
-            if identity is not None or insecure:
-                raise ConfigError(f"{what}: give an identity, an ssl_context or insecure=True")
-            return cls(legacy_context=ssl_context)
-        require_security(identity, insecure, what)
-        return cls(identity=identity, insecure=insecure)
-
-    @property
-    def authenticates_roles(self) -> bool:
-        """True if a peer's role comes from its certificate (not from its claim)."""
-        return self.identity is not None
-
-    def describe(self) -> str:
-        """One line for logs and results."""
-        if self.identity is not None:
-            return f"mutual TLS, roles from certificates (this process: {self.identity.role})"
-        if self.legacy_context is not None:
-            return "TLS against the CA; roles claimed, not certified (legacy ssl_context)"
-        return "plain TCP (insecure=True): roles claimed, traffic unencrypted"
 
 
 @dataclass
@@ -202,7 +146,7 @@ class _Refused(Exception):
 def _handshake_incoming(
     conn: socket.socket,
     address: tuple,
-    security: LinkSecurity,
+    security: Security,
     peer_roles: Collection[str],
     party_id: int,
     handshake_timeout_seconds: float,
@@ -215,9 +159,6 @@ def _handshake_incoming(
             conn, cert_role = security.identity.wrap_server(
                 conn, ROLES, timeout_seconds=handshake_timeout_seconds, where=where
             )
-        elif security.legacy_context is not None:
-            conn.settimeout(handshake_timeout_seconds)
-            conn = security.legacy_context.wrap_socket(conn, server_side=True)
     except (PeerAuthenticationError, ssl.SSLError, OSError) as exc:
         conn.close()
         raise _Refused(f"TLS handshake failed: {exc}") from None
@@ -261,16 +202,11 @@ def accept_peers(
     *,
     role: str,
     peer_roles: Collection[str],
+    security: Security,
     binding: SessionBinding | None = None,
     options: Mapping[str, Option] | None = None,
-    identity: Identity | None = None,
-    insecure: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
     party_id: int = 0,
-    timeout_seconds: float = 60.0,
-    accept_timeout_seconds: float = 600.0,
-    handshake_timeout_seconds: float = 10.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    limits: LinkLimits = DEFAULT_LIMITS,
     adopt_binding: bool = False,
 ) -> dict[str, Link]:
     """Accept until one authenticated peer of each role in ``peer_roles`` has joined.
@@ -279,16 +215,13 @@ def accept_peers(
         listener: The listening socket (left open; close it when no one else may join).
         role: This process's role (sent in its hello; must match its certificate).
         peer_roles: Roles to wait for, one peer each.
+        security: Mutual TLS with roles (the secure setting), or explicitly plain TCP.
         binding: This session's binding (default ``SessionBinding.unbound()``).
         options: Protocol options both sides must agree on (e.g. ``mask_scale_bits``).
-        identity: Mutual TLS with roles (the secure setting).
-        insecure: Plain TCP, explicitly.
-        ssl_context: Legacy server-side TLS context (roles claimed, not certified).
         party_id: Passed to the transports.
-        timeout_seconds: Receive timeout of the returned transports.
-        accept_timeout_seconds: How long to wait for all roles.
-        handshake_timeout_seconds: Bound on one connection's TLS handshake and hello.
-        max_frame_bytes: Frame cap of the returned transports.
+        limits: Receive timeout and frame cap of the returned transports
+            (``timeout_seconds``, ``max_frame_bytes``), how long to wait for all roles
+            (``accept_timeout_seconds``), the bound on one handshake.
         adopt_binding: Take the first accepted peer's binding as this session's (a dealer that
             only checks that both servers agree); ``binding`` must then be None.
 
@@ -298,9 +231,8 @@ def accept_peers(
     Raises:
         SessionMismatchError: An authenticated peer runs another session or job.
         PeerDisconnectedError: Not all roles arrived in time (the message lists refusals).
-        ConfigError: No security was chosen (``identity`` or ``insecure=True``).
+        ConfigError: The certificate binds another role than ``role``.
     """
-    security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s listener")
     if security.identity is not None and security.identity.role != role:
         raise ConfigError(
             f"this process speaks as {role!r} but its certificate is for {security.identity.role!r}"
@@ -326,7 +258,7 @@ def accept_peers(
         try:
             results.put(
                 _handshake_incoming(
-                    conn, address, security, wanted, party_id, handshake_timeout_seconds
+                    conn, address, security, wanted, party_id, limits.handshake_timeout_seconds
                 )
             )
         except _Refused as exc:
@@ -354,6 +286,7 @@ def accept_peers(
             _try_send_doc(link.transport, {"abort": reason})
             link.transport.close(_LINGER_SECONDS, background=True)
 
+    accept_timeout_seconds = limits.accept_timeout_seconds
     deadline = time.monotonic() + accept_timeout_seconds
     try:
         while set(accepted) != wanted:
@@ -394,8 +327,8 @@ def accept_peers(
                     item.transport.close(_LINGER_SECONDS, background=True)
                     abort(f"the session was refused: {error}")
                     raise error
-                item.transport.set_timeout(timeout_seconds)
-                item.transport.max_frame_bytes = int(max_frame_bytes)
+                item.transport.set_timeout(limits.timeout_seconds)
+                item.transport.max_frame_bytes = int(limits.max_frame_bytes)
                 accepted[item.role] = Link(
                     item.transport, item.role, item.hello, item.authenticated, item.where
                 )
@@ -459,32 +392,22 @@ def accept_peer(
     *,
     role: str,
     peer_role: str,
+    security: Security,
     binding: SessionBinding | None = None,
     options: Mapping[str, Option] | None = None,
-    identity: Identity | None = None,
-    insecure: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
     party_id: int = 0,
-    timeout_seconds: float = 60.0,
-    accept_timeout_seconds: float = 600.0,
-    handshake_timeout_seconds: float = 10.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    limits: LinkLimits = DEFAULT_LIMITS,
 ) -> Link:
     """``accept_peers`` for one role (e.g. server 0 waiting for server 1); see there."""
     links = accept_peers(
         listener,
         role=role,
         peer_roles={peer_role},
+        security=security,
         binding=binding,
         options=options,
-        identity=identity,
-        insecure=insecure,
-        ssl_context=ssl_context,
         party_id=party_id,
-        timeout_seconds=timeout_seconds,
-        accept_timeout_seconds=accept_timeout_seconds,
-        handshake_timeout_seconds=handshake_timeout_seconds,
-        max_frame_bytes=max_frame_bytes,
+        limits=limits,
     )
     return links[peer_role]
 
@@ -494,17 +417,11 @@ def connect_peer(
     *,
     role: str,
     peer_roles: Collection[str],
+    security: Security,
     binding: SessionBinding | None = None,
     options: Mapping[str, Option] | None = None,
-    identity: Identity | None = None,
-    insecure: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
-    server_hostname: str | None = None,
     party_id: int = 1,
-    timeout_seconds: float = 60.0,
-    handshake_timeout_seconds: float = 10.0,
-    ready_timeout_seconds: float | None = None,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    limits: LinkLimits = DEFAULT_LIMITS,
     wait_ready: bool = True,
 ) -> Link:
     """Connect to a service, authenticate its role, exchange hellos, wait until it is ready.
@@ -513,18 +430,14 @@ def connect_peer(
         address: (host, port) of the listening peer.
         role: This process's role.
         peer_roles: Roles the peer may have (e.g. ``{"dealer"}``).
+        security: Mutual TLS with roles (the secure setting), or explicitly plain TCP.
         binding: This session's binding (default ``SessionBinding.unbound()``).
         options: Protocol options both sides must agree on.
-        identity: Mutual TLS with roles (the secure setting).
-        insecure: Plain TCP, explicitly.
-        ssl_context: Legacy client-side TLS context (no role check).
-        server_hostname: Host name for a legacy context's check (default: the host).
         party_id: Passed to the transport.
-        timeout_seconds: Connect retry window, and receive timeout of the returned transport.
-        handshake_timeout_seconds: Bound on the TLS handshake and the hello answer.
-        ready_timeout_seconds: How long to wait for the service's other peers (default:
-            ``timeout_seconds``).
-        max_frame_bytes: Frame cap of the returned transport.
+        limits: Connect retry window and receive timeout of the returned transport
+            (``timeout_seconds``), the bound on the TLS handshake and the hello answer, how
+            long to wait for the service's other peers (``ready_timeout_seconds``), the
+            frame cap of the returned transport.
         wait_ready: Wait here until the service is ready (all its peers joined). With False
             the caller must call ``link.wait_ready()`` (or read the ready message itself)
             before anything else.
@@ -538,30 +451,20 @@ def connect_peer(
         SessionMismatchError: The service runs another session or job (fields named).
         PeerDisconnectedError: Nobody listens, or the service went away before it was ready.
     """
-    security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s connection")
     if security.identity is not None and security.identity.role != role:
         raise ConfigError(
             f"this process speaks as {role!r} but its certificate is for {security.identity.role!r}"
         )
     host, port = address
     where = f"{'/'.join(sorted(peer_roles))} at {host}:{port}"
-    sock = connect_socket(host, port, timeout_seconds)
+    sock = connect_socket(host, port, limits.timeout_seconds)
     cert_role: str | None = None
     if security.identity is not None:
         sock, cert_role = security.identity.wrap_client(
-            sock, set(peer_roles), timeout_seconds=handshake_timeout_seconds, where=where
+            sock, set(peer_roles), timeout_seconds=limits.handshake_timeout_seconds, where=where
         )
-    elif security.legacy_context is not None:
-        sock.settimeout(handshake_timeout_seconds)
-        try:
-            sock = security.legacy_context.wrap_socket(
-                sock, server_hostname=server_hostname or host
-            )
-        except (ssl.SSLError, OSError) as exc:
-            sock.close()
-            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
     transport = TcpTransport(
-        sock, party_id, handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
+        sock, party_id, limits.handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
     )
     ours = Hello(role, binding or SessionBinding.unbound(), dict(options or {}))
     try:
@@ -582,13 +485,12 @@ def connect_peer(
             raise mismatch_error(where, differences, _HINT)
         link = Link(transport, theirs.role, theirs, cert_role is not None, where)
         if wait_ready:
-            wait = timeout_seconds if ready_timeout_seconds is None else ready_timeout_seconds
-            link.wait_ready(wait)
+            link.wait_ready(limits.ready_seconds)
     except BaseException:
         transport.close()
         raise
-    transport.set_timeout(timeout_seconds)
-    transport.max_frame_bytes = int(max_frame_bytes)
+    transport.set_timeout(limits.timeout_seconds)
+    transport.max_frame_bytes = int(limits.max_frame_bytes)
     return link
 
 

@@ -26,11 +26,20 @@ from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
 from fedunlearn.config import parse_config
-from fedunlearn.errors import PeerAuthenticationError, PeerDisconnectedError
-from fedunlearn.mpc import Identity, SessionBinding, TcpTransport, connect_peer, create_trial_pki
+from fedunlearn.errors import ConfigError, PeerAuthenticationError, PeerDisconnectedError
+from fedunlearn.mpc import (
+    Identity,
+    LinkLimits,
+    Security,
+    SessionBinding,
+    TcpTransport,
+    connect_peer,
+    create_trial_pki,
+)
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.starfish.deploy.binding import JOB_FIELDS
+from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.launcher import (
     CHILDREN,
     child_commands,
@@ -113,15 +122,12 @@ def test_killing_any_process_stops_its_peers_with_a_clear_error_and_changes_no_s
         zip(
             CHILDREN,
             launch(
-                run_dir,
-                [0],
+                StarfishJob(run_dir, (0,), METHOD, f"kill-{victim}"),
                 outs,
                 tmp_path,
-                pki=pki,
-                session_id=f"kill-{victim}",
-                timeout_seconds=KILL_TIMEOUT,
-                idle_seconds=KILL_TIMEOUT,
-            ),  # fmt: skip
+                pki,
+                DeployOptions(timeout_seconds=KILL_TIMEOUT, idle_timeout_seconds=KILL_TIMEOUT),
+            ),
             strict=True,
         )
     )
@@ -170,12 +176,11 @@ def attempt(port, identity, service_role):
     try:
         link = connect_peer(
             (HOST, port),
+            security=Security(identity=identity),
             role=identity.role,
             peer_roles={service_role},
-            identity=identity,
             binding=SessionBinding("attacker"),
-            timeout_seconds=5.0,
-            handshake_timeout_seconds=5.0,
+            limits=LinkLimits(timeout_seconds=5.0, handshake_timeout_seconds=5.0),
         )
     except (PeerAuthenticationError, PeerDisconnectedError) as exc:
         return exc
@@ -209,8 +214,9 @@ def test_impostors_junk_and_oversized_frames_are_refused_and_the_session_still_r
     outs = (tmp_path / "s0.json", tmp_path / "s1.json")
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
     ports = {name: sock.getsockname()[1] for name, sock in sockets.items()}
-    commands = child_commands(run_dir, [0], outs, sockets, pki=pki, session_id="attacked",
-                              timeout_seconds=TIMEOUT, idle_seconds=120.0)  # fmt: skip
+    job = StarfishJob(run_dir, (0,), METHOD, "attacked")
+    options = DeployOptions(timeout_seconds=TIMEOUT, idle_timeout_seconds=120.0)
+    commands = child_commands(job, outs, sockets, pki, options)
     processes = {}
     try:
         for name in ("dealer", "server0", "clients"):
@@ -291,11 +297,12 @@ def test_mismatched_runs_are_refused_at_the_handshake_naming_every_differing_fie
     # differ), forgets another client and selects another share of the rounds
     outs = (tmp_path / "s0.json", tmp_path / "s1.json")
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
-    ours = child_commands(run_dir, [0], outs, sockets, pki=pki, session_id="mismatch",
-                          timeout_seconds=TIMEOUT)  # fmt: skip
-    theirs = child_commands(other_run, [1], outs, sockets, pki=pki, session_id="mismatch",
-                            method=make_method("starfish", {"selection_rate": 0.8}),
-                            timeout_seconds=TIMEOUT)  # fmt: skip
+    options = DeployOptions(timeout_seconds=TIMEOUT)
+    ours = child_commands(StarfishJob(run_dir, (0,), METHOD, "mismatch"), outs, sockets, pki,
+                          options)  # fmt: skip
+    other = make_method("starfish", {"backend": "mpc", "selection_rate": 0.8})
+    theirs = child_commands(StarfishJob(other_run, (1,), other, "mismatch"), outs, sockets, pki,
+                            options)  # fmt: skip
     processes = []
     try:
         processes.append(spawn(ours["server0"][0], tmp_path / "server0.log", ours["server0"][1]))
@@ -332,11 +339,14 @@ def test_ideal_comparisons_are_refused_before_any_link_is_made(run_dir, pki, tmp
     outs = (tmp_path / "s0.json", tmp_path / "s1.json")
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
     ideal = make_method("starfish", {"backend": "mpc", "comparison": "ideal"})
-    commands = child_commands(run_dir, [0], outs, sockets, pki=pki, session_id="ideal",
-                              method=ideal, timeout_seconds=TIMEOUT)  # fmt: skip
+    with pytest.raises(ConfigError, match="comparison=ideal is refused"):
+        StarfishJob(run_dir, (0,), ideal, "ideal")  # the launcher cannot even describe it
+    job = StarfishJob(run_dir, (0,), METHOD, "ideal")
+    commands = child_commands(job, outs, sockets, pki, DeployOptions(timeout_seconds=TIMEOUT))
     try:
         # Execute: a real server process, and the clients and starfish-local commands
-        server = spawn(commands["server1"][0], tmp_path / "server1.log")
+        server_args = [*commands["server1"][0], "--param=comparison=ideal"]
+        server = spawn(server_args, tmp_path / "server1.log")
         try:
             server.wait(timeout=TIMEOUT + 30)
         finally:

@@ -15,13 +15,13 @@
 Every process but ``starfish-local`` needs its security: ``--tls-dir DIR`` (a directory made by
 ``starfish-certs``; the process uses its role's certificate), or ``--tls-ca/--tls-cert/
 --tls-key`` (the certificate must bind the process's role), or ``--insecure`` (plain TCP: no
-peer proves its role and nothing is encrypted; a warning says so). Each command parses its
-options and calls one library function of ``fedunlearn.unlearn.starfish.deploy``. A server that
+peer proves its role and nothing is encrypted; a warning says so). The TLS options, the
+timeouts and (servers, clients) ``--forget/--session/--param`` are declared once and shared by
+the process commands (``_ServiceCommand``). Each command turns its options into the three
+values of ``deploy.job`` (``StarfishJob``, ``DeployOptions``) and ``mpc.Security`` and calls one
+library function of ``fedunlearn.unlearn.starfish.deploy``. A server that
 loses a peer ends with ``PeerDisconnectedError`` and exit code 2; its share store is only read,
 so the request can simply be run again. User guide: docs/starfish.md.
-
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III-A, Alg. 4.
 """
 
 from __future__ import annotations
@@ -30,17 +30,19 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperOption
 
 from fedunlearn.cli.common import cli_errors, parse_forget, parse_params
 from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: the CLI lists its commands without loading torch
-    from fedunlearn.mpc import Identity
-    from fedunlearn.unlearn.starfish.deploy.remote import Security
+    from fedunlearn.mpc import Identity, Security
+    from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
     from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = ["register", "starfish_method"]
@@ -78,39 +80,113 @@ def _server_logging() -> None:
     logging.getLogger("fedunlearn.unlearn.starfish.unlearner").setLevel(logging.INFO)
 
 
-# ---- commands ---------------------------------------------------------------------------------
+# ---- options several commands share ------------------------------------------------------------
 
-
-Forget = Annotated[str, typer.Option(help="comma-separated client ids to forget")]
-Params = Annotated[list[str] | None, typer.Option("--param", help="starfish parameter key=value")]
-Timeout = Annotated[float, typer.Option(help="seconds a receive waits before the peer is gone")]
-TlsDir = Annotated[
-    Path | None,
-    typer.Option(help="directory made by starfish-certs: this process uses its role's files"),
-]
-TlsCa = Annotated[Path | None, typer.Option(help="TLS: the deployment's CA certificate (PEM)")]
-TlsCert = Annotated[Path | None, typer.Option(help="TLS: this process's certificate (PEM)")]
-TlsKey = Annotated[Path | None, typer.Option(help="TLS: this process's private key (PEM)")]
 INSECURE_HELP = (
     "plain TCP instead of mutual TLS. Gives up: peer authentication (anyone who reaches a "
     "port can claim any role and receive a server's dealer seeds or client shares) and "
     "encryption (shares, openings and seeds cross the network readable). Trusted loopback "
     "or tests only"
 )
-Insecure = Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)]
-Session = Annotated[str, typer.Option(help="session id: the same for every process of this job")]
-IdleTimeout = Annotated[float, typer.Option(help="seconds to wait for the servers' next request")]
+_PATH = click.Path(path_type=Path)
+_META = "fedunlearn.starfish"  # ctx.meta key of the shared options' values
+
+TLS_OPTIONS = (
+    TyperOption(
+        param_decls=["--tls-dir", "tls_dir"],
+        type=_PATH,
+        help="directory made by starfish-certs: this process uses its role's files",
+    ),
+    TyperOption(
+        param_decls=["--tls-ca", "tls_ca"],
+        type=_PATH,
+        help="TLS: the deployment's CA certificate (PEM)",
+    ),
+    TyperOption(
+        param_decls=["--tls-cert", "tls_cert"],
+        type=_PATH,
+        help="TLS: this process's certificate (PEM)",
+    ),
+    TyperOption(
+        param_decls=["--tls-key", "tls_key"],
+        type=_PATH,
+        help="TLS: this process's private key (PEM)",
+    ),
+    TyperOption(
+        param_decls=["--insecure", "insecure"], is_flag=True, default=False, help=INSECURE_HELP
+    ),
+)
+TIMEOUT_OPTIONS = (
+    TyperOption(
+        param_decls=["--timeout", "timeout"],
+        type=float,
+        default=120.0,
+        show_default=True,
+        help="seconds a receive waits before the peer is gone",
+    ),
+    TyperOption(
+        param_decls=["--idle-timeout", "idle_timeout"],
+        type=float,
+        default=3600.0,
+        show_default=True,
+        help="seconds to wait for a peer that computes in between (the servers' next "
+        "request; at a server: the clients' answer, they train)",
+    ),
+)
+JOB_OPTIONS = (
+    TyperOption(
+        param_decls=["--forget", "forget"],
+        type=str,
+        required=True,
+        help="comma-separated client ids to forget",
+    ),
+    TyperOption(
+        param_decls=["--session", "session"],
+        type=str,
+        required=True,
+        help="session id: the same for every process of this job",
+    ),
+    TyperOption(
+        param_decls=["--param", "param"],
+        type=str,
+        multiple=True,
+        help="starfish parameter key=value",
+    ),
+)
 
 
-def _identity(
-    role: str,
-    tls_dir: Path | None,
-    ca: Path | None,
-    cert: Path | None,
-    key: Path | None,
-    insecure: bool,
-) -> Identity | None:
-    """The process's TLS identity from its options, or None with ``--insecure``.
+class _ServiceCommand(TyperCommand):
+    """A process command: its own options, plus the shared TLS and timeout options.
+
+    The shared options are declared once (``TLS_OPTIONS``, ``TIMEOUT_OPTIONS``); their values
+    go to ``ctx.meta`` instead of the command function, which reads them with ``_shared``.
+    """
+
+    shared: tuple[TyperOption, ...] = TLS_OPTIONS + TIMEOUT_OPTIONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(self.shared)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Move the shared options' values from the function's arguments to ``ctx.meta``."""
+        ctx.meta[_META] = {option.name: ctx.params.pop(option.name) for option in self.shared}
+        return super().invoke(ctx)
+
+
+class _JobCommand(_ServiceCommand):
+    """A process command of one job: also ``--forget``, ``--session`` and ``--param``."""
+
+    shared = JOB_OPTIONS + TLS_OPTIONS + TIMEOUT_OPTIONS
+
+
+def _shared(name: str) -> Any:
+    """The value of a shared option of the running command (``_ServiceCommand``)."""
+    return click.get_current_context().meta[_META][name]
+
+
+def _identity(role: str) -> Identity | None:
+    """The process's TLS identity from the shared TLS options, or None with ``--insecure``.
 
     Imports only ``fedunlearn.mpc`` (no torch): the dealer starts in a fraction of a second.
 
@@ -120,6 +196,8 @@ def _identity(
     from fedunlearn.mpc import Identity
     from fedunlearn.mpc.identity import INSECURE_WARNING
 
+    tls_dir, insecure = _shared("tls_dir"), _shared("insecure")
+    ca, cert, key = (_shared(name) for name in ("tls_ca", "tls_cert", "tls_key"))
     files = [p is not None for p in (ca, cert, key)]
     chosen = [tls_dir is not None, any(files), insecure]
     if sum(chosen) != 1:
@@ -136,7 +214,7 @@ def _identity(
     else:
         if not all(files):
             raise ConfigError("TLS needs all of --tls-ca, --tls-cert and --tls-key")
-        identity = Identity.load(ca, cert, key)  # type: ignore[arg-type]
+        identity = Identity.load(ca, cert, key)
     if identity.role != role:
         raise ConfigError(
             f"the {role} process was given a certificate ({identity.cert}) that binds role "
@@ -145,25 +223,53 @@ def _identity(
     return identity
 
 
-def _security(
-    role: str,
-    tls_dir: Path | None,
-    ca: Path | None,
-    cert: Path | None,
-    key: Path | None,
-    insecure: bool,
-) -> Security:
-    """``deploy.remote.Security`` of a server or the clients (see ``_identity``)."""
-    from fedunlearn.unlearn.starfish.deploy.remote import Security
+def _security(role: str) -> Security:
+    """``mpc.Security`` of a process from the shared TLS options (see ``_identity``)."""
+    from fedunlearn.mpc import Security
 
-    identity = _identity(role, tls_dir, ca, cert, key, insecure)
-    return Security(identity=identity, insecure=identity is None)
+    identity = _identity(role)
+    return Security.plain() if identity is None else Security(identity=identity)
 
 
+def _job(run_dir: Path) -> StarfishJob:
+    """``StarfishJob`` of the shared job options (``--forget``, ``--session``, ``--param``)."""
+    from fedunlearn.unlearn.starfish.deploy.job import StarfishJob
+
+    forget = _ids(_shared("forget"), run_dir)
+    method = starfish_method(list(_shared("param")))
+    return StarfishJob(run_dir, tuple(forget), method, _shared("session"))
+
+
+def _options(
+    listen: tuple[str, int],
+    port_file: Path | None,
+    listen_fd: int | None,
+    peers: dict[str, tuple[str, int]] | None = None,
+    stream_rounds: bool = True,
+) -> DeployOptions:
+    """``DeployOptions`` of the shared timeouts, where to listen and (a server) its peers."""
+    from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, Listen
+
+    return DeployOptions(
+        timeout_seconds=_shared("timeout"),
+        idle_timeout_seconds=_shared("idle_timeout"),
+        listen=Listen(listen[0], listen[1], port_file, listen_fd),
+        peers=peers or {},
+        stream_rounds=stream_rounds,
+    )
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+Params = Annotated[list[str] | None, typer.Option("--param", help="starfish parameter key=value")]
+Timeout = Annotated[float, typer.Option(help="seconds a receive waits before the peer is gone")]
+Insecure = Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)]
 Host = Annotated[
     str, typer.Option(help="address to listen on (0.0.0.0: every interface, for other hosts)")
 ]
 Port = Annotated[int, typer.Option(help="port to listen on; 0 = ephemeral (see --port-file)")]
+PortFile = Annotated[Path | None, typer.Option(help="write the bound port here")]
 ListenFd = Annotated[
     int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
 ]
@@ -211,15 +317,8 @@ def share_command(
 def dealer_command(
     host: Host = "127.0.0.1",
     port: Port = 0,
-    port_file: Annotated[Path | None, typer.Option(help="write the bound port here")] = None,
+    port_file: PortFile = None,
     listen_fd: ListenFd = None,
-    timeout: Timeout = 120.0,
-    idle_timeout: IdleTimeout = 3600.0,
-    tls_dir: TlsDir = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    insecure: Insecure = False,
 ) -> None:
     """Serve the two Starfish servers as the trusted dealer (seeds and corrections only).
 
@@ -228,28 +327,16 @@ def dealer_command(
     both run the same session and job, serves their paired requests and plans until both say
     goodbye. It sees request shapes only, no data. Imports no torch (starts fast).
     """
-    import socket
+    from fedunlearn.mpc import DealerOptions, DealerServer
 
-    from fedunlearn.mpc import DealerServer
-
-    identity = _identity("dealer", tls_dir, tls_ca, tls_cert, tls_key, insecure)
-    if listen_fd is not None:
-        sock = socket.socket(fileno=listen_fd)
-    else:
-        sock = socket.create_server((host, port))
-    if port_file is not None:
-        tmp = port_file.with_name(port_file.name + ".tmp")
-        tmp.write_text(str(sock.getsockname()[1]))
-        tmp.replace(port_file)
-    server = DealerServer(
-        seed=None,
-        identity=identity,
-        insecure=identity is None,
-        timeout_seconds=timeout,
-        idle_timeout_seconds=idle_timeout,
-        accept_timeout_seconds=timeout,
-        listen_socket=sock,
+    security = _security("dealer")
+    sock = _options((host, port), port_file, listen_fd).listen.open()
+    options = DealerOptions(
+        timeout_seconds=_shared("timeout"),
+        idle_timeout_seconds=_shared("idle_timeout"),
+        accept_timeout_seconds=_shared("timeout"),
     )
+    server = DealerServer(security, listen_socket=sock, options=options)
     served = server.serve()
     err_console.print(f"dealer done: {served} requests")
 
@@ -257,39 +344,18 @@ def dealer_command(
 @_cli_errors
 def clients_command(
     run_dir: Annotated[Path, typer.Argument(help="the run (the simulated clients' data)")],
-    forget: Forget,
-    session: Session,
     host: Host = "127.0.0.1",
     port: Port = 0,
-    port_file: Annotated[Path | None, typer.Option(help="write the bound port here")] = None,
+    port_file: PortFile = None,
     listen_fd: ListenFd = None,
-    param: Params = None,
-    timeout: Timeout = 120.0,
-    idle_timeout: IdleTimeout = 3600.0,
-    tls_dir: TlsDir = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    insecure: Insecure = False,
 ) -> None:
     """Serve the two Starfish servers as the simulated remaining clients."""
     from fedunlearn.unlearn.starfish.deploy.remote import serve_clients
 
-    security = _security("clients", tls_dir, tls_ca, tls_cert, tls_key, insecure)
+    security = _security("clients")
+    job, options = _job(run_dir), _options((host, port), port_file, listen_fd)
     _server_logging()
-    summary = serve_clients(
-        run_dir,
-        _ids(forget, run_dir),
-        method=starfish_method(param or []),
-        session_id=session,
-        security=security,
-        host=host,
-        port=port,
-        port_file=port_file,
-        listen_fd=listen_fd,
-        timeout_seconds=timeout,
-        idle_timeout_seconds=idle_timeout,
-    )
+    summary = serve_clients(job, security, options)
     err_console.print(f"clients done: {summary}")
 
 
@@ -297,52 +363,27 @@ def clients_command(
 def server_command(
     party: Annotated[int, typer.Option(help="0 (S1, listens) or 1 (S2, connects)")],
     run: Annotated[Path, typer.Option(help="run directory with RUN/starfish/server<party>")],
-    forget: Forget,
-    session: Session,
     peer: Annotated[str, typer.Option(help="party 0: HOST:PORT to listen on; 1: to connect")],
     dealer: Annotated[str, typer.Option(help="dealer HOST:PORT")],
     clients: Annotated[str, typer.Option(help="clients service HOST:PORT")],
     out: Annotated[Path | None, typer.Option(help="write this server's result JSON")] = None,
     port_file: Annotated[Path | None, typer.Option(help="party 0: write the bound port")] = None,
     listen_fd: ListenFd = None,
-    param: Params = None,
-    timeout: Timeout = 120.0,
-    idle_timeout: Annotated[
-        float, typer.Option(help="seconds to wait for the clients' answer (they train)")
-    ] = 3600.0,
     stream: Annotated[
         bool, typer.Option(help="plan each round with the dealer (streamed offline phase)")
     ] = True,
-    tls_dir: TlsDir = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    insecure: Insecure = False,
 ) -> None:
     """Run one Starfish 2PC server on its share store."""
     from fedunlearn.unlearn.starfish.deploy.remote import run_server
 
     if party not in (0, 1):
         raise ConfigError(f"--party must be 0 or 1; got {party}")
-    addresses = _address(peer), _address(dealer), _address(clients)
-    security = _security(f"server{party}", tls_dir, tls_ca, tls_cert, tls_key, insecure)
+    addresses = {"peer": _address(peer), "dealer": _address(dealer), "clients": _address(clients)}
+    security = _security(f"server{party}")
+    job = _job(run)
+    options = _options(addresses["peer"], port_file, listen_fd, addresses, stream)
     _server_logging()
-    result = run_server(
-        party,
-        run,
-        _ids(forget, run),
-        method=starfish_method(param or []),
-        session_id=session,
-        security=security,
-        peer=addresses[0],
-        dealer=addresses[1],
-        clients=addresses[2],
-        port_file=port_file,
-        listen_fd=listen_fd,
-        timeout_seconds=timeout,
-        idle_timeout_seconds=idle_timeout,
-        stream_rounds=stream,
-    )
+    result = run_server(party, job, security, options)
     if out is not None:
         out.write_text(json.dumps(result))
     err_console.print(f"server {party} done: {len(result['details']['selected_rounds'])} rounds")
@@ -351,7 +392,7 @@ def server_command(
 @_cli_errors
 def local_command(
     run_dir: Annotated[Path, typer.Argument(help="finished run (history.policy: all)")],
-    forget: Forget,
+    forget: Annotated[str, typer.Option(help="comma-separated client ids to forget")],
     out: Annotated[Path, typer.Option(help="result JSON")] = Path("starfish_result.json"),
     param: Params = None,
     timeout: Timeout = 120.0,
@@ -393,9 +434,9 @@ def register(app: typer.Typer) -> None:
     """Add the starfish-* commands to the ``fedunlearn`` app."""
     app.command(name="starfish-certs")(certs_command)
     app.command(name="starfish-share")(share_command)
-    app.command(name="starfish-dealer")(dealer_command)
-    app.command(name="starfish-clients")(clients_command)
-    app.command(name="starfish-server")(server_command)
+    app.command(name="starfish-dealer", cls=_ServiceCommand)(dealer_command)
+    app.command(name="starfish-clients", cls=_JobCommand)(clients_command)
+    app.command(name="starfish-server", cls=_JobCommand)(server_command)
     app.command(name="starfish-local")(local_command)
 
 

@@ -21,8 +21,7 @@ Stage I: they made the shares). The dealer sees only ``binding.for_dealer()`` (s
 one digest over the five). ``check_deployable`` refuses options no deployment may run
 (``comparison: ideal``).
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers running one job on consistent shares); docs/security.md.
+What a binding reveals, and to whom: docs/security.md.
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ A child's options are the method's explicitly set options (:func:`option_params`
 receive timeout and its security (``--tls-dir`` with its role's certificate, or
 ``--insecure``); the dealer gets no method options.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III-A (two non-colluding servers and the clients), Alg. 4.
-Deviations: docs/methods/starfish.md, D24 (a trusted dealer process; simulated clients).
+What a local run departs from a deployment of the paper (a trusted dealer process,
+simulated clients): D24 in docs/methods/starfish.md.
 """
 
 from __future__ import annotations
@@ -39,7 +38,8 @@ import yaml
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.mpc import create_trial_pki
-from fedunlearn.unlearn.starfish.deploy.binding import check_deployable, new_session_id
+from fedunlearn.unlearn.starfish.deploy.binding import new_session_id
+from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares
 from fedunlearn.unlearn.starfish.params import StarfishExecution
 from fedunlearn.unlearn.starfish.unlearner import Starfish
@@ -107,89 +107,65 @@ def listening_socket() -> socket.socket:
 
 
 def child_commands(
-    run_dir: Path,
-    forget: Sequence[int],
+    job: StarfishJob,
     outs: tuple[Path, Path],
     sockets: dict[str, socket.socket],
-    *,
     pki: Path | None,
-    session_id: str,
-    method: Starfish | None = None,
-    timeout_seconds: float = 120.0,
-    idle_seconds: float = 3600.0,
+    options: DeployOptions,
 ) -> dict[str, tuple[list[str], list[int]]]:
     """Return each child's ``fedunlearn`` arguments and inherited descriptors, by name.
 
     Args:
-        run_dir: The run (with its share stores).
-        forget: Target client ids.
+        job: The run (with its share stores), targets, method and session id; the method's
+            explicitly set options go to the servers and the clients.
         outs: Result files of server 0 and server 1.
         sockets: Listening sockets of ``dealer``, ``server0`` (for server 1) and ``clients``.
         pki: Directory of the trial PKI (``ca.pem``, ``<role>.pem``/``.key``); None runs
             plain TCP (``--insecure``).
-        session_id: The session every child is started with.
-        method: Its explicitly set options go to the servers and the clients (default: none).
-        timeout_seconds: How long a child's receive waits before its peer counts as gone.
-        idle_seconds: How long the dealer and the clients wait for the servers' next request.
+        options: ``timeout_seconds``: how long a child's receive waits before its peer counts
+            as gone; ``idle_timeout_seconds``: how long the dealer and the clients wait for
+            the servers' next request (and the servers for the clients).
 
     Returns:
         ``{name: (args, pass_fds)}`` for dealer, server0, server1 and clients.
     """
-    ids = ",".join(map(str, forget))
-    params = [] if method is None else [f"--param={item}" for item in option_params(method)]
-    shared = [f"--timeout={timeout_seconds}", *_security_args(pki)]
-    session = f"--session={session_id}"
+    ids = ",".join(map(str, job.forget))
+    params = [f"--param={item}" for item in option_params(job.method)]
+    shared = [f"--timeout={options.timeout_seconds}", *_security_args(pki)]
+    idle = f"--idle-timeout={options.idle_timeout_seconds}"
+    session = f"--session={job.session_id}"
     port = {name: sock.getsockname()[1] for name, sock in sockets.items()}
     fd = {name: sock.fileno() for name, sock in sockets.items()}
-    common = [
-        f"--run={run_dir}",
+    server = [
+        "starfish-server",
+        f"--run={job.run_dir}",
         f"--forget={ids}",
         session,
         f"--dealer={HOST}:{port['dealer']}",
         f"--clients={HOST}:{port['clients']}",
         f"--peer={HOST}:{port['server0']}",
+        idle,
         *params,
         *shared,
     ]
     return {
         "dealer": (
-            [
-                "starfish-dealer",
-                f"--listen-fd={fd['dealer']}",
-                f"--idle-timeout={idle_seconds}",
-                *shared,
-            ],
+            ["starfish-dealer", f"--listen-fd={fd['dealer']}", idle, *shared],
             [fd["dealer"]],
         ),
         "server0": (
-            [
-                "starfish-server",
-                "--party=0",
-                f"--listen-fd={fd['server0']}",
-                f"--out={outs[0]}",
-                f"--idle-timeout={idle_seconds}",
-                *common,
-            ],
+            [*server, "--party=0", f"--listen-fd={fd['server0']}", f"--out={outs[0]}"],
             [fd["server0"]],
         ),
-        "server1": (
-            [
-                "starfish-server",
-                "--party=1",
-                f"--out={outs[1]}",
-                f"--idle-timeout={idle_seconds}",
-                *common,
-            ],
-            [],
-        ),
+        "server1": ([*server, "--party=1", f"--out={outs[1]}"], []),
         "clients": (
             [
                 "starfish-clients",
-                str(run_dir),
+                str(job.run_dir),
                 f"--forget={ids}",
                 session,
                 f"--listen-fd={fd['clients']}",
-                f"--idle-timeout={idle_seconds}",
+                idle,
                 *params,
                 *shared,
             ],
@@ -199,16 +175,7 @@ def child_commands(
 
 
 def launch(
-    run_dir: Path,
-    forget: Sequence[int],
-    outs: tuple[Path, Path],
-    logs: Path,
-    *,
-    pki: Path | None,
-    session_id: str,
-    method: Starfish | None = None,
-    timeout_seconds: float = 120.0,
-    idle_seconds: float = 3600.0,
+    job: StarfishJob, outs: tuple[Path, Path], logs: Path, pki: Path | None, options: DeployOptions
 ) -> list[subprocess.Popen]:
     """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
 
@@ -221,17 +188,7 @@ def launch(
         The four processes (dealer, server 0, server 1, clients); the caller must kill them.
     """
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
-    commands = child_commands(
-        run_dir,
-        forget,
-        outs,
-        sockets,
-        pki=pki,
-        session_id=session_id,
-        method=method,
-        timeout_seconds=timeout_seconds,
-        idle_seconds=idle_seconds,
-    )
+    commands = child_commands(job, outs, sockets, pki, options)
     children: list[subprocess.Popen] = []
     try:
         for name in CHILDREN:
@@ -295,7 +252,8 @@ def run_local(
     """
     if method is None:
         method = Starfish(execution=StarfishExecution(backend="mpc"))
-    check_deployable(method)
+    job = StarfishJob(Path(run_dir), tuple(forget), method, new_session_id("local"))
+    options = DeployOptions(timeout_seconds=timeout_seconds, idle_timeout_seconds=deadline_seconds)
     if insecure and pki is not None:
         raise ConfigError("give a PKI directory or insecure=True, not both")
     ensure_shares(run_dir, method)
@@ -308,17 +266,7 @@ def run_local(
         children: list[subprocess.Popen] = []
         try:
             outs = (tmp / "server0.json", tmp / "server1.json")
-            children = launch(
-                run_dir,
-                forget,
-                outs,
-                logs,
-                pki=None if insecure else pki,
-                session_id=new_session_id("local"),
-                method=method,
-                timeout_seconds=timeout_seconds,
-                idle_seconds=deadline_seconds,
-            )
+            children = launch(job, outs, logs, None if insecure else pki, options)
             end = time.monotonic() + deadline_seconds
             while any(child.poll() is None for child in children):
                 if any(child.poll() not in (None, 0) for child in children):
