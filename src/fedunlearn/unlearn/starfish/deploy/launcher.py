@@ -6,18 +6,19 @@ temporary directory (``mpc.create_trial_pki``; or uses the given ``pki`` directo
 only with ``insecure=True``), draws a session id, binds three ephemeral listening sockets on
 127.0.0.1, starts the dealer, server 0, server 1 and the simulated clients at once
 (:func:`launch`; each child is one ``fedunlearn starfish-*`` command of
-:mod:`fedunlearn.unlearn.starfish.cli`, started by module name, so this module imports nothing above
-it), waits for them with a deadline, stops the others as soon as one fails, and checks that
-both servers opened the same model. Bounded waits everywhere: ``timeout_seconds`` per receive
-in every child, ``deadline_seconds`` for the whole run (also the dealer's and the clients'
+:mod:`fedunlearn.unlearn.starfish.cli`, started by module name), waits for them with a
+deadline, stops the others as soon as one fails, and checks that both servers opened the same
+model. Bounded waits everywhere: ``timeout_seconds`` per receive in every child,
+``deadline_seconds`` for the whole run (also the dealer's and the clients'
 idle wait); every child is killed on the way out.
 
 A child's options are the method's explicitly set options (:func:`option_params`: one
 ``key=value`` per option, the value in YAML, as ``--param`` takes it), the session id, its
-receive timeout and its security (``--tls-dir`` with its role's certificate, or
-``--insecure``); the dealer gets no method options.
+receive timeout and its security: ``--tls-dir`` of a directory holding only the CA
+certificate and that role's certificate and key (:func:`role_directories`; no child holds
+another role's key or the CA key), or ``--insecure``; the dealer gets no method options.
 
-What a local run departs from a deployment of the paper (a trusted dealer process,
+Where a local run departs from a deployment of the paper (a trusted dealer process,
 simulated clients): D24 in docs/methods/starfish.md.
 """
 
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,7 @@ __all__ = [
     "launch",
     "listening_socket",
     "option_params",
+    "role_directories",
     "run_local",
     "spawn",
 ]
@@ -77,9 +80,41 @@ def option_params(method: Starfish) -> list[str]:
     return [f"{key}={_yaml_value(value)}" for key, value in method.options().items()]
 
 
-def _security_args(pki: Path | None) -> list[str]:
-    """``--tls-dir=PKI`` (each child picks its role's certificate), or ``--insecure``."""
-    return ["--insecure"] if pki is None else [f"--tls-dir={pki}"]
+def role_directories(pki: Path, into: Path) -> dict[str, Path]:
+    """Give each role a directory of its own: the CA certificate, its certificate, its key.
+
+    ``pki`` holds every role's files and the CA key (``fedunlearn starfish-certs``); a child
+    is started with its role's directory only, so no process holds another role's key or the
+    CA key. Directories are 0700 and keys 0600, whatever the umask.
+
+    Returns:
+        Role -> directory, for every child (``CHILDREN``).
+
+    Raises:
+        ConfigError: A role's certificate or key is missing from ``pki``.
+    """
+    into.mkdir(parents=True, exist_ok=True)
+    os.chmod(into, 0o700)
+    out: dict[str, Path] = {}
+    for role in CHILDREN:
+        directory = into / role
+        directory.mkdir(exist_ok=True)
+        os.chmod(directory, 0o700)
+        for name, mode in (("ca.pem", 0o644), (f"{role}.pem", 0o644), (f"{role}.key", 0o600)):
+            source = pki / name
+            if not source.is_file():
+                raise ConfigError(
+                    f"{source} is missing; make the PKI directory with `fedunlearn starfish-certs`"
+                )
+            shutil.copyfile(source, directory / name)
+            os.chmod(directory / name, mode)
+        out[role] = directory
+    return out
+
+
+def _security_args(tls: Mapping[str, Path] | None, role: str) -> list[str]:
+    """``--tls-dir=DIR`` with only ``role``'s files, or ``--insecure``."""
+    return ["--insecure"] if tls is None else [f"--tls-dir={tls[role]}"]
 
 
 def spawn(args: Sequence[str], log_file: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
@@ -110,7 +145,7 @@ def child_commands(
     job: StarfishJob,
     outs: tuple[Path, Path],
     sockets: dict[str, socket.socket],
-    pki: Path | None,
+    tls: Mapping[str, Path] | None,
     options: DeployOptions,
 ) -> dict[str, tuple[list[str], list[int]]]:
     """Return each child's ``fedunlearn`` arguments and inherited descriptors, by name.
@@ -120,8 +155,8 @@ def child_commands(
             explicitly set options go to the servers and the clients.
         outs: Result files of server 0 and server 1.
         sockets: Listening sockets of ``dealer``, ``server0`` (for server 1) and ``clients``.
-        pki: Directory of the trial PKI (``ca.pem``, ``<role>.pem``/``.key``); None runs
-            plain TCP (``--insecure``).
+        tls: Each role's own TLS directory (``role_directories``: the CA certificate, the
+            role's certificate and key, nothing else); None runs plain TCP (``--insecure``).
         options: ``timeout_seconds``: how long a child's receive waits before its peer counts
             as gone; ``idle_timeout_seconds``: how long the dealer and the clients wait for
             the servers' next request (and the servers for the clients).
@@ -131,7 +166,7 @@ def child_commands(
     """
     ids = ",".join(map(str, job.forget))
     params = [f"--param={item}" for item in option_params(job.method)]
-    shared = [f"--timeout={options.timeout_seconds}", *_security_args(pki)]
+    timeout = f"--timeout={options.timeout_seconds}"
     idle = f"--idle-timeout={options.idle_timeout_seconds}"
     session = f"--session={job.session_id}"
     port = {name: sock.getsockname()[1] for name, sock in sockets.items()}
@@ -145,19 +180,34 @@ def child_commands(
         f"--clients={HOST}:{port['clients']}",
         f"--peer={HOST}:{port['server0']}",
         idle,
+        timeout,
         *params,
-        *shared,
     ]
     return {
         "dealer": (
-            ["starfish-dealer", f"--listen-fd={fd['dealer']}", idle, *shared],
+            [
+                "starfish-dealer",
+                f"--listen-fd={fd['dealer']}",
+                idle,
+                timeout,
+                *_security_args(tls, "dealer"),
+            ],
             [fd["dealer"]],
         ),
         "server0": (
-            [*server, "--party=0", f"--listen-fd={fd['server0']}", f"--out={outs[0]}"],
+            [
+                *server,
+                "--party=0",
+                f"--listen-fd={fd['server0']}",
+                f"--out={outs[0]}",
+                *_security_args(tls, "server0"),
+            ],
             [fd["server0"]],
         ),
-        "server1": ([*server, "--party=1", f"--out={outs[1]}"], []),
+        "server1": (
+            [*server, "--party=1", f"--out={outs[1]}", *_security_args(tls, "server1")],
+            [],
+        ),
         "clients": (
             [
                 "starfish-clients",
@@ -166,8 +216,9 @@ def child_commands(
                 session,
                 f"--listen-fd={fd['clients']}",
                 idle,
+                timeout,
                 *params,
-                *shared,
+                *_security_args(tls, "clients"),
             ],
             [fd["clients"]],
         ),
@@ -175,7 +226,11 @@ def child_commands(
 
 
 def launch(
-    job: StarfishJob, outs: tuple[Path, Path], logs: Path, pki: Path | None, options: DeployOptions
+    job: StarfishJob,
+    outs: tuple[Path, Path],
+    logs: Path,
+    tls: Mapping[str, Path] | None,
+    options: DeployOptions,
 ) -> list[subprocess.Popen]:
     """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
 
@@ -188,7 +243,7 @@ def launch(
         The four processes (dealer, server 0, server 1, clients); the caller must kill them.
     """
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
-    commands = child_commands(job, outs, sockets, pki, options)
+    commands = child_commands(job, outs, sockets, tls, options)
     children: list[subprocess.Popen] = []
     try:
         for name in CHILDREN:
@@ -266,7 +321,8 @@ def run_local(
         children: list[subprocess.Popen] = []
         try:
             outs = (tmp / "server0.json", tmp / "server1.json")
-            children = launch(job, outs, logs, None if insecure else pki, options)
+            tls = None if pki is None else role_directories(pki, tmp / "roles")
+            children = launch(job, outs, logs, tls, options)
             end = time.monotonic() + deadline_seconds
             while any(child.poll() is None for child in children):
                 if any(child.poll() not in (None, 0) for child in children):

@@ -259,7 +259,7 @@ def run_server(
             max_aggregate_norm=execution.norm_range[1],
             stream_rounds=options.stream_rounds,
         )
-        record = SharedStageOneRecord(history, party)
+        record = SharedStageOneRecord(history, party, info)  # the sharing bound above
         out = method.replay(request, context, backend, record, gateway)
         finished = True
         online = link.transport.counters.online
