@@ -82,7 +82,7 @@ def fedunlearn_main(mib: float, rounds: int) -> dict[str, Any]:
 
 
 async def _exchange(reader: Any, writer: Any, mine: np.ndarray) -> np.ndarray:
-    writer.write(len(mine.data).to_bytes(8, "big"))
+    writer.write(mine.nbytes.to_bytes(8, "big"))
     writer.write(memoryview(mine).cast("B"))
     size = int.from_bytes(await reader.readexactly(8), "big")
     data = await reader.readexactly(size)
