@@ -8,7 +8,9 @@
 - ``parse_forget`` reads ``--forget 3,7`` or ``--forget malicious`` the same way for every
   command that takes it.
 
-This module imports no torch, so the commands stay quick to list (``fedunlearn --help``).
+This module imports no torch, so the commands stay quick to list (``fedunlearn --help``), and no
+click: typer >= 0.26 carries its own copy of click and does not install it, so the CLI uses only
+typer's public names (``typer.Context``, ``typer.Exit``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable
-from functools import wraps
+from contextvars import ContextVar
+from functools import partial, wraps
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import click
 import typer
 
 from fedunlearn.errors import ConfigError, FedUnlearnError, OutputError
@@ -37,6 +39,7 @@ __all__ = [
     "one_line",
     "parse_client_ids",
     "parse_forget",
+    "set_debug",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,10 +63,22 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+# ``--debug`` of the command line being run: set by the root callback, reset when it ends.
+_DEBUG: ContextVar[bool] = ContextVar("fedunlearn_cli_debug", default=False)
+
+
+def set_debug(ctx: typer.Context, debug: bool) -> None:
+    """Record ``fedunlearn --debug`` for the command ``ctx`` runs; undone when ``ctx`` closes.
+
+    The root callback calls it. A context variable rather than ``ctx.find_root().params``: the
+    click context is not reachable through ``click`` on typer versions that carry their own copy.
+    """
+    ctx.call_on_close(partial(_DEBUG.reset, _DEBUG.set(debug)))
+
+
 def debug_enabled() -> bool:
-    """Whether ``fedunlearn --debug`` was given (the root command's parameter)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+    """Whether ``fedunlearn --debug`` was given to the command line being run."""
+    return _DEBUG.get()
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -89,8 +104,6 @@ def cli_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-            raise
         except BrokenPipeError:  # the reader went away (``fedunlearn info RUN | head``)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout

@@ -28,6 +28,7 @@ from fedunlearn.cli.common import (
     install_warning_format,
     parse_client_ids,
     parse_forget,
+    set_debug,
 )
 from fedunlearn.errors import ConfigError, UnknownMethodError
 
@@ -65,6 +66,7 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
@@ -76,6 +78,7 @@ def _root(
     ] = False,
 ) -> None:
     """Federated unlearning and recovery from poisoning."""
+    set_debug(ctx, debug)
 
 
 # ----- printing --------------------------------------------------------------------------------
