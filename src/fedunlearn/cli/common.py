@@ -7,6 +7,9 @@
   written, without creating anything.
 - ``parse_forget`` reads ``--forget 3,7`` or ``--forget malicious`` the same way for every
   command that takes it.
+- ``RunArg``, ``FinishedRunArg``, ``ForgetOption``, ``ReferenceOption``, ``ThresholdsFileOption``
+  and ``ThresholdOption`` are the arguments and options several commands take, defined once so
+  their names and help read the same everywhere (``run_dir: RunArg``).
 
 This module imports no torch, so the commands stay quick to list (``fedunlearn --help``), and no
 click: typer >= 0.26 carries its own copy of click and does not install it, so the CLI uses only
@@ -24,13 +27,19 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from functools import partial, wraps
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
 from fedunlearn.errors import ConfigError, FedUnlearnError, OutputError
 
 __all__ = [
+    "FinishedRunArg",
+    "ForgetOption",
+    "ReferenceOption",
+    "RunArg",
+    "ThresholdOption",
+    "ThresholdsFileOption",
     "cli_errors",
     "debug_enabled",
     "ensure_writable_output",
@@ -43,6 +52,20 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Arguments and options shared by several commands (typer copies each one per command).
+RunArg = Annotated[Path, typer.Argument(metavar="RUN", help="run directory")]
+FinishedRunArg = Annotated[Path, typer.Argument(help="finished run directory")]
+ForgetOption = Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")]
+ReferenceOption = Annotated[
+    str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (also runs Retrain)")
+]
+ThresholdsFileOption = Annotated[
+    Path | None, typer.Option(help="YAML file of verification thresholds")
+]
+ThresholdOption = Annotated[
+    list[str] | None, typer.Option(help="one verification threshold key=value (repeatable)")
+]
 
 # What to do about an OSError, by errno.
 _ADVICE = {
