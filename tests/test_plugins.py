@@ -162,3 +162,24 @@ def test_a_plugin_named_like_the_name_is_read_alone(fake_entry_points):
     # a name no plugin is named after reads every declaration, the broken one too
     with pytest.raises(PluginError, match="entry point fedunlearn.plugins: broken = "):
         plugins.provider("methods", "elsewhere")
+
+
+MODULES = Plugin(
+    name="mods",
+    methods={"m": "fedunlearn.unlearn.baselines.none:NoUnlearning"},
+    modules=("fedunlearn.no_such_module",),
+)
+
+
+def test_a_plugins_modules_are_imported_before_its_contributions(fake_entry_points):
+    fake_entry_points({"mods": f"{__name__}:MODULES"})
+    with pytest.raises(PluginError, match="module fedunlearn.no_such_module of plugin 'mods'"):
+        plugins.provider("methods", "m")
+
+
+def test_a_lazy_registry_entry_is_resolved_on_first_lookup():
+    registry: Registry = Registry("codec", lazy={"json": "json:dumps"})
+    assert registry.names() == ["json"] and "json" in registry
+    import json
+
+    assert registry.get("json") is json.dumps

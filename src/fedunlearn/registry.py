@@ -32,6 +32,8 @@ class Registry(Generic[T]):
         error: The ``UnknownNameError`` subclass raised by ``get``.
         plugin_kind: The ``fedunlearn.plugins.Plugin`` field whose names this registry also
             serves (resolved on first lookup), or None.
+        lazy: ``name -> "module:attr"`` values resolved on first lookup (a package's own
+            optional pieces, e.g. a backend whose module is heavy).
     """
 
     def __init__(
@@ -39,10 +41,12 @@ class Registry(Generic[T]):
         kind: str,
         error: type[UnknownNameError] = UnknownNameError,
         plugin_kind: plugins.Kind | None = None,
+        lazy: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
         self._error = error
         self._plugin_kind: plugins.Kind | None = plugin_kind
+        self._lazy = dict(lazy or {})
         self._values: dict[str, T] = {}
 
     def add(self, name: str, value: T) -> T:
@@ -78,7 +82,7 @@ class Registry(Generic[T]):
         Raises:
             UnknownNameError: (the registry's subclass) naming the available names.
         """
-        if name not in self._values and self._plugin_kind is not None:
+        if name not in self._values:
             self._load(name)
         if name not in self._values:
             raise self._error(
@@ -87,18 +91,22 @@ class Registry(Generic[T]):
         return self._values[name]
 
     def _load(self, name: str) -> None:
-        """Register ``name`` from the installed plugin that declares it (if one does)."""
-        kind = self._plugin_kind
-        found = plugins.provider(kind, name) if kind is not None else None
-        if found is None:
-            return
-        plugin, path = found
-        value = plugins.resolve(path, f"{self.kind} '{name}' of plugin '{plugin.name}'")
+        """Register ``name`` from its lazy path, or the installed plugin that declares it."""
+        if name in self._lazy:
+            path, what = self._lazy[name], f"{self.kind} '{name}'"
+        else:
+            kind = self._plugin_kind
+            found = plugins.provider(kind, name) if kind is not None else None
+            if found is None:
+                return
+            path, what = found[1], f"{self.kind} '{name}' of plugin '{found[0].name}'"
+        value = plugins.resolve(path, what)
         if self._values.get(name) is not value:  # importing it may have registered it already
             self.add(name, value)
 
     def _declared(self) -> set[str]:
-        return plugins.declared(self._plugin_kind) if self._plugin_kind is not None else set()
+        kind = self._plugin_kind
+        return set(self._lazy) | (plugins.declared(kind) if kind is not None else set())
 
     def names(self) -> list[str]:
         """Return the registered names and those installed plugins declare, sorted."""

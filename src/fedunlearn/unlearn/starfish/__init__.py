@@ -5,10 +5,9 @@
 SecRS, SecUE, SecTC), ``replay`` (the replay of the selected rounds), ``bound`` (Theorem 1),
 ``backend/`` (the arithmetic: ``protocol``, the ``plain`` mirror, ``mpc``), ``deploy/``
 (Stage I ``shares``, the two ``servers`` in threads, the ``clients`` service, the ``remote``
-processes and their ``launcher``) and ``plugin`` (the declaration: entry point ``starfish``;
-loading the method imports ``deploy.servers``, which registers the ``mpc`` runner). Names are
-imported on first use (``Starfish`` through ``deploy.servers``, so both runners are
-registered), and reading the declaration loads neither the MPC nor the deployment code.
+processes and their ``launcher``) and ``plugin`` (the declaration: entry point ``starfish``).
+Names are imported on first use and the ``mpc`` runner when a run first asks for it, so reading
+the declaration loads neither the MPC nor the deployment code.
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal".
 Design notes and every deviation: docs/methods/starfish.md; user guide: docs/starfish.md.
 """
@@ -19,7 +18,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Starfish": "fedunlearn.unlearn.starfish.deploy.servers",
+    "Starfish": "fedunlearn.unlearn.starfish.unlearner",
     "StarfishDetails": "fedunlearn.unlearn.starfish.unlearner",
     "StarfishExecution": "fedunlearn.unlearn.starfish.params",
     "StarfishParams": "fedunlearn.unlearn.starfish.params",

@@ -1,7 +1,7 @@
-"""The ``starfish`` plugin's declaration: the method, its two-server runner and CLI commands.
+"""The ``starfish`` plugin's declaration: the method and its CLI commands.
 
-Entry point ``starfish`` of the group ``fedunlearn.plugins`` (pyproject.toml). Loading the method
-first imports ``deploy.servers``, which registers the ``mpc`` runner beside the ``plain`` one.
+Entry point ``starfish`` of the group ``fedunlearn.plugins`` (pyproject.toml). The method's
+``mpc`` runner (``deploy.servers``) is imported when a run first asks for that backend.
 """
 
 from fedunlearn.plugins import Plugin
@@ -9,6 +9,5 @@ from fedunlearn.plugins import Plugin
 PLUGIN = Plugin(
     name="starfish",
     methods={"starfish": "fedunlearn.unlearn.starfish.unlearner:Starfish"},
-    modules=("fedunlearn.unlearn.starfish.deploy.servers",),
     cli="fedunlearn.cli.starfish:register",
 )
