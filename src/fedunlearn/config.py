@@ -139,9 +139,7 @@ class HistoryConfig(_Frozen):
 
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
-    policy: str = Field(
-        "all", pattern=r"^[a-z0-9_]+$", description="recording policy, by registered name"
-    )
+    policy: str = Field("all", description="recording policy, by registered name")
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
 
     # set by ``resolve_history``: name -> the policy's options model (its defaults, when the
@@ -216,7 +214,6 @@ class BudgetConfig(_Frozen):
 
     schedule: str = Field(
         "fedadp",
-        pattern=r"^[a-z0-9_]+$",
         description="budget schedule by name; fedadp: FedADP's Eq. 4 (ε follows the loss change)",
     )
     epsilon_initial: float = Field(1.0, gt=0, le=1000, description="ε_0")
