@@ -183,3 +183,9 @@ def test_a_lazy_registry_entry_is_resolved_on_first_lookup():
     import json
 
     assert registry.get("json") is json.dumps
+
+
+def test_with_no_plugin_installed_the_error_says_how_to_install(fake_entry_points):
+    fake_entry_points({})
+    with pytest.raises(UnknownPolicyError, match="no fedunlearn.plugins entry points are instal"):
+        Registry("history policy", UnknownPolicyError, plugin_kind="policies").get("crab")

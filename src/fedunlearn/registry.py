@@ -85,8 +85,15 @@ class Registry(Generic[T]):
         if name not in self._values:
             self._load(name)
         if name not in self._values:
+            hint = ""
+            if self._plugin_kind is not None and not plugins.installed():
+                hint = (
+                    f" (no {plugins.ENTRY_POINT_GROUP} entry points are installed: install "
+                    "fedunlearn, e.g. pip install -e . in its repository, so its method "
+                    "packages are found)"
+                )
             raise self._error(
-                f"unknown {self.kind} '{name}'; available: {', '.join(self.names())}"
+                f"unknown {self.kind} '{name}'; available: {', '.join(self.names())}{hint}"
             )
         return self._values[name]
 
