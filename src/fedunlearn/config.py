@@ -4,7 +4,10 @@ Every model is frozen and forbids unknown keys, so a typo is an error naming the
 than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``, one
 line naming every offending field. YAML that parses but cannot be meant is refused too: a
 duplicated key (YAML keeps the last one silently), a non-finite number anywhere (``.inf``,
-``.nan``), an empty file (it would train a default run nobody asked for).
+``.nan``), an empty file (it would train a default run nobody asked for). What a plugin provides
+(``history.policy`` with its section ``history.<policy>``, ``privacy.budget.schedule``) is stored
+by name and imports nothing here; ``fedunlearn.runs.resolve_config`` looks the names up and
+validates the section where the run is assembled (docs/architecture.md, "The plugin seam").
 """
 
 from __future__ import annotations
