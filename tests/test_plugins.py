@@ -130,7 +130,7 @@ MISSING = Plugin(name="missing", methods={"gone": "fedunlearn.no_such_module:Thi
 def test_two_plugins_declaring_one_name_is_an_error_naming_both(fake_entry_points):
     fake_entry_points({"one": f"{__name__}:ONE", "two": f"{__name__}:TWO"})
     registry: ClassRegistry = ClassRegistry("unlearning method", UnknownMethodError, "methods")
-    with pytest.raises(PluginError, match="methods 'dup' is declared by plugins one, two"):
+    with pytest.raises(PluginError, match=r"'dup' \(methods\) is declared by plugins one, two"):
         registry.get("dup")
 
 

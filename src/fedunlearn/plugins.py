@@ -185,7 +185,7 @@ def provider(kind: Kind, name: str) -> tuple[Plugin, str] | None:
         providers = [p for p in installed().values() if name in p.provides(kind)]
         if len(providers) > 1:
             raise PluginError(
-                f"{kind} '{name}' is declared by plugins "
+                f"'{name}' ({kind}) is declared by plugins "
                 f"{', '.join(p.name for p in providers)}; uninstall one"
             )
         plugin = providers[0] if providers else None
