@@ -753,11 +753,12 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 def _register_subcommands() -> None:
     from fedunlearn.cli import receipt
     from fedunlearn.cli.central import central_command
-    from fedunlearn.cli.starfish import register as register_starfish
+    from fedunlearn.plugins import cli_hooks
 
     receipt.register(app)  # audit
     app.command(name="central")(central_command)
-    register_starfish(app)
+    for register in cli_hooks():  # each installed plugin's commands (Plugin.cli)
+        register(app)
 
 
 _register_subcommands()
