@@ -4,24 +4,21 @@ Every model is frozen and forbids unknown keys, so a typo is an error naming the
 than a silently ignored setting. ``load_config`` wraps pydantic's errors in ``ConfigError``, one
 line naming every offending field. YAML that parses but cannot be meant is refused too: a
 duplicated key (YAML keeps the last one silently), a non-finite number anywhere (``.inf``,
-``.nan``), an empty file (it would train a default run nobody asked for).
+``.nan``), an empty file (it would train a default run nobody asked for). What a plugin provides
+(``history.policy`` with its section ``history.<policy>``, ``privacy.budget.schedule``) is stored
+by name and imports nothing here; ``fedunlearn.runs.resolve_config`` looks the names up and
+validates the section where the run is assembled (docs/architecture.md, "The plugin seam").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from fedunlearn.errors import ConfigError
 
@@ -134,62 +131,44 @@ class AttackConfig(_Frozen):
 class HistoryConfig(_Frozen):
     """What the server records during training (global models are always kept).
 
-    ``policy`` names a registered recording policy (``fedunlearn.history.policy.POLICIES``:
-    ``all``, ``every``, ``none`` and those the method packages add, e.g. ``crab``, ``fedadp``).
-    A policy with options reads them from the section named after it (``history.crab: {...}``),
-    validated by the policy's own options model; ``options(name)`` returns them (the defaults
-    when the section is absent).
+    ``policy`` names a recording policy (``fedunlearn.history.policy.POLICIES``: ``all``,
+    ``every``, ``none`` and those installed plugins declare, e.g. ``crab``, ``fedadp``). A
+    policy with options reads them from the section named after it (``history.crab: {...}``).
+    This model stores the name and the sections as given; they are validated by the policy's
+    own options model where the run is assembled (``fedunlearn.history.policy.resolve_history``,
+    called by ``fedunlearn.runs``), which also fills the active policy's defaults.
+    ``options(name)`` returns a validated section.
     """
 
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
-    policy: str = "all"
+    policy: str = Field("all", description="recording policy, by registered name")
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
 
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, name: str) -> str:
-        from fedunlearn.history.policy import POLICIES
-
-        if name not in POLICIES:
-            raise ValueError(f"unknown history policy '{name}'; available: {', '.join(POLICIES)}")
-        return name
-
-    @model_validator(mode="after")
-    def _sections(self) -> HistoryConfig:
-        from fedunlearn.history.policy import POLICIES
-
-        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
-        for name, value in list(extra.items()):
-            if name not in POLICIES or POLICIES.get(name).options_type is None:
-                with_options = [n for n in POLICIES.names() if POLICIES.get(n).options_type]
-                raise ValueError(
-                    f"unknown history section '{name}'; sections are the options of a policy: "
-                    f"{', '.join(with_options)}"
-                )
-            options_type = POLICIES.get(name).options_type
-            if not isinstance(value, options_type):
-                try:
-                    value = options_type.model_validate(value or {})
-                except ValidationError as err:
-                    raise ValueError(_nested_errors(err, f"history.{name}")) from None
-            extra[name] = value
-        active = POLICIES.get(self.policy).options_type
-        if active is not None and self.policy not in extra:
-            extra[self.policy] = active()  # the resolved config names every option in use
-        return self
+    # set by ``resolve_history``: name -> the policy's options model (its defaults, when the
+    # section is absent); None until the config is assembled
+    _options_type: Callable[[str], type[BaseModel] | None] | None = PrivateAttr(None)
 
     def options(self, name: str) -> BaseModel:
-        """Return the options of policy ``name``: its section, else its defaults."""
-        from fedunlearn.history.policy import POLICIES
+        """Return the options of policy ``name``: its validated section, else its defaults.
 
-        extra = self.__pydantic_extra__ or {}
-        if name in extra:
-            return extra[name]
-        options_type = POLICIES.get(name).options_type
-        if options_type is None:
-            raise ConfigError(f"history policy '{name}' has no options")
-        return options_type()
+        Raises:
+            ConfigError: Policy ``name`` has no options, or the config was not assembled by
+                ``fedunlearn.history.policy.resolve_history`` (``fedunlearn.runs`` does).
+        """
+        value = (self.__pydantic_extra__ or {}).get(name)
+        if isinstance(value, BaseModel):
+            return value
+        if value is None and self._options_type is not None:
+            options_type = self._options_type(name)
+            if options_type is None:
+                raise ConfigError(f"history policy '{name}' has no options")
+            return options_type()
+        raise ConfigError(
+            f"history.{name} has not been validated; assemble the config with "
+            "fedunlearn.history.policy.resolve_history (fedunlearn.runs does) before reading "
+            "a policy's options"
+        )
 
 
 #: The budget options that used to sit flat in ``privacy`` (still accepted there, moved into
@@ -228,14 +207,17 @@ def _nest_budget(privacy: dict[str, Any]) -> dict[str, Any]:
 class BudgetConfig(_Frozen):
     """The per-round budget ε_t of DP training (the YAML section ``privacy.budget``).
 
-    ``schedule: fedadp`` is FedADP's adaptive budget (Eq. 4): ε_1 = ε_0 and
+    ``schedule`` names a budget schedule that an installed plugin declares
+    (``fedunlearn.privacy.training.BUDGET_SCHEDULES``; checked where the run is assembled).
+    ``fedadp`` is FedADP's adaptive budget (Eq. 4): ε_1 = ε_0 and
     ε_{t+1} = min(max(ε_t · e^{|Δloss|}, ε_min), ε_max); it is the only schedule so far, and its
     options are FedADP's, not the privacy layer's (docs/methods/fedadp.md, AD4-AD5). The same
     keys given flat in ``privacy`` (the pre-issue-13 layout) are accepted and moved here.
     """
 
-    schedule: Literal["fedadp"] = Field(
-        "fedadp", description="FedADP's Eq. 4: ε grows with the server loss change"
+    schedule: str = Field(
+        "fedadp",
+        description="budget schedule by name; fedadp: FedADP's Eq. 4 (ε follows the loss change)",
     )
     epsilon_initial: float = Field(1.0, gt=0, le=1000, description="ε_0")
     epsilon_min: float = Field(1.0, gt=0, le=1000, description="ε_min")
@@ -328,12 +310,6 @@ class RunConfig(_Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         n = self.data.num_clients
-        if self.privacy.dp_scope == "store_only" and self.privacy.enabled:
-            if self.history.policy != "fedadp":
-                raise ValueError(
-                    "privacy.dp_scope 'store_only' noises only the stored copies, which needs "
-                    f"history.policy 'fedadp'; got '{self.history.policy}'"
-                )
         if self.attack.num_malicious >= n:
             raise ValueError(
                 f"attack.num_malicious ({self.attack.num_malicious}) must be smaller than "
@@ -353,16 +329,6 @@ class RunConfig(_Frozen):
                     f"{self.training.rounds}); use a round in 1..{self.training.rounds}"
                 )
         return self
-
-
-def _nested_errors(err: ValidationError, prefix: str) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join([prefix, *(str(p) for p in e["loc"])])
-        got = e.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}{shown}")
-    return "; ".join(parts)
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

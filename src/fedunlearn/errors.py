@@ -17,6 +17,7 @@ __all__ = [
     "OutputError",
     "PeerAuthenticationError",
     "PeerDisconnectedError",
+    "PluginError",
     "SecureComputationError",
     "SessionMismatchError",
     "UnknownClientError",
@@ -82,6 +83,10 @@ class UnknownMethodError(UnknownNameError):
 
 class UnknownPolicyError(UnknownNameError):
     """No recording policy is registered under that name."""
+
+
+class PluginError(FedUnlearnError, ImportError):
+    """An installed plugin's declaration or one of its ``module:attr`` paths cannot be loaded."""
 
 
 class UnsupportedHistoryError(FedUnlearnError, ValueError):

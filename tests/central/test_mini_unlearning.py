@@ -71,7 +71,7 @@ def test_logreg_error_non_increasing_in_k_on_average_over_seeds(logreg):  # V3
     assert bool((errors[1:] <= errors[:-1]).all())
 
 
-@pytest.mark.parametrize("hvp", ["exact", "lbfgs"])
+@pytest.mark.parametrize("hvp", [pytest.param("exact", marks=pytest.mark.slow), "lbfgs"])
 def test_engines_agree(logreg, hvp):  # V6
     objective, record = logreg
     forget = pick_forget(600, 0.15)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 import yaml
 from typer.testing import CliRunner
@@ -64,6 +65,7 @@ def test_seed_override_changes_the_run(tmp_path):
         assert not torch.equal(a.read_model(4), b.read_model(4))
 
 
+@pytest.mark.slow
 def test_kill_9_mid_training_then_resume_gives_the_uninterrupted_model(tmp_path):
     """A real `fedunlearn train` process is SIGKILLed mid-run, then resumed."""
     cfg_dict = {**CONFIG, "training": {**CONFIG["training"], "rounds": 20}}

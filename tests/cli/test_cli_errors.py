@@ -232,3 +232,34 @@ def test_occupied_out_is_one_line_without_a_progress_bar(tmp_path):
     res = runner.invoke(app, ["train", str(cfg), "--out", str(out)])
 
     one_line_error(res, "already holds a run", "--resume", "another --out")
+
+
+def test_debug_ends_with_its_command_line(tmp_path):
+    from fedunlearn.cli.common import debug_enabled
+
+    res = runner.invoke(app, ["--debug", "train", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert isinstance(res.exception, ConfigError)
+    assert not debug_enabled()  # a command function called directly afterwards gets one line
+
+    res = runner.invoke(app, ["train", str(tmp_path), "--out", str(tmp_path / "r")])
+    one_line_error(res, "is a directory; give a YAML file")
+
+
+def test_the_cli_imports_no_click():
+    """typer >= 0.26 carries its own click and does not install it (issue 20): the context and
+    exceptions of ``import click`` are not the ones typer uses, and click may be absent."""
+    import ast
+
+    import fedunlearn.cli
+
+    imports = {}
+    for path in Path(fedunlearn.cli.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imports[path.name] = imports.get(path.name, []) + [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imports[path.name] = imports.get(path.name, []) + [node.module]
+    assert "main.py" in imports and "typer" in imports["main.py"]
+    uses_click = {name: mods for name, mods in imports.items()
+                  if any(m == "click" or m.startswith("click.") for m in mods)}  # fmt: skip
+    assert uses_click == {}

@@ -81,6 +81,9 @@ def test_audit_refuses_bad_input_with_one_clear_line(run, tmp_path):
         (["--model", str(tmp_path / "none.pt"), "--forget", "1"], "does not exist"),
         (["--model", str(files / "flat.pt")], "name the clients the model should have forgotten"),
         (["--model", str(files / "flat.pt"), "--forget", "9"], "client(s) 9 not in this run"),
+        # --forget is read as every other command reads it (cli.common.parse_forget)
+        (["--model", str(files / "flat.pt"), "--forget", "-1"], "client ids are >= 0; got -1"),
+        (["--model", str(files / "flat.pt"), "--forget", ","], "--forget is empty"),
         (
             ["--model", str(files / "flat.pt"), "--forget", "1", "--threshold", "utility_fail=2"],
             "invalid verification thresholds: utility_fail",

@@ -133,6 +133,7 @@ def _spawn_train(cfg: Path, out: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_two_train_processes_into_one_out_one_wins_and_config_matches(tmp_path):
     cfg_all = write_config(tmp_path / "all.yaml")
     cfg_every = write_config(
@@ -156,6 +157,7 @@ def test_two_train_processes_into_one_out_one_wins_and_config_matches(tmp_path):
     assert len(loser_err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_train_process_into_a_run_being_trained_is_refused_untouched(tmp_path):
     out = tmp_path / "run"
     reached, release = threading.Event(), threading.Event()

@@ -119,6 +119,7 @@ def test_third_parties_and_client_certificates_get_nothing(pki, dealer):
     assert dealer.join(TIMEOUT) == 0
 
 
+@pytest.mark.slow
 def test_a_client_certificate_cannot_take_a_server_seat_even_first(pki, dealer):
     # a client-role connection arrives first and stays; the real servers still join
     hold = threading.Thread(
@@ -138,6 +139,7 @@ def test_a_client_certificate_cannot_take_a_server_seat_even_first(pki, dealer):
     assert dealer.join(TIMEOUT) == 0
 
 
+@pytest.mark.slow
 def test_junk_and_oversized_frames_leave_the_dealer_running(pki, dealer):
     address = dealer.address
     junk = [

@@ -67,6 +67,7 @@ def accept_server1(listener, pki, binding=None, **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_server0_waits_through_junk_for_the_authenticated_server1(pki, caplog):
     # Prepare: junk connections first (garbage, an oversized header, a slow drip, a silent
     # socket, TLS without a certificate), then the real server 1 in its own process

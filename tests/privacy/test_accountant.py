@@ -85,6 +85,7 @@ def test_totals_of_a_mixed_schedule_and_more_rounds_never_lower_epsilon():
     assert double.pld_epsilon > t.pld_epsilon
 
 
+@pytest.mark.slow
 def test_every_public_name_imports_and_dp_accounting_loads_lazily():
     import subprocess
     import sys
@@ -147,6 +148,7 @@ def test_the_papers_setting_gives_a_noise_multiplier_near_one():
     assert calibrate_sampled_gaussian(64 / 3000, 235, 3.0, 1e-5) == pytest.approx(0.93, abs=0.01)
 
 
+@pytest.mark.slow
 def test_sampled_totals_compose_the_rounds_as_dp_accounting_does_directly():
     import dp_accounting
     from dp_accounting import pld, rdp

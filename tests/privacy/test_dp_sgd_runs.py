@@ -61,6 +61,7 @@ def _models(run_dir):
         return [store.read_model(r) for r in store.rounds()]
 
 
+@pytest.mark.slow
 def test_dp_sgd_runs_are_bit_identical_and_resume_to_the_same_model(runs):
     full = _models(runs / "dp_sgd")
     assert all(torch.equal(a, b) for a, b in zip(full, _models(runs / "again"), strict=True))
@@ -155,6 +156,7 @@ def test_settings_dp_sgd_cannot_honour_are_refused(privacy, message):
         parse_config({"privacy": {**DP_SGD, **privacy}, "history": {"policy": "fedadp"}})
 
 
+@pytest.mark.slow
 def test_fedadp_example_config_trains_a_usable_model_under_dp(tmp_path):
     # Issue 13: with the client-update mechanism the example config's model ended at 26-40%
     # (8 rounds: dp_sgd 79%, client_update 27% on this machine).

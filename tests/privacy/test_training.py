@@ -17,7 +17,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.history import HistoryStore
 from fedunlearn.privacy.mechanisms import noise_multiplier
 from fedunlearn.privacy.schedule import epsilon_sequence
-from fedunlearn.runs import run_info, train_run
+from fedunlearn.runs import resolve_config, run_info, train_run
 
 BASE = {
     "seed": 5,
@@ -137,5 +137,6 @@ def test_info_shows_the_privacy_ledger(runs):
     ],
 )
 def test_bad_privacy_config_names_the_field(privacy, history, message):
+    # parsed by config.py, or assembled (policy options, store_only's policy) by resolve_config
     with pytest.raises(ConfigError, match=message):
-        parse_config({"privacy": privacy, "history": history})
+        resolve_config(parse_config({"privacy": privacy, "history": history}))

@@ -8,8 +8,13 @@
 - ``parse_params`` reads ``--param key=value`` items (YAML values) into a dict.
 - ``parse_forget`` reads ``--forget 3,7`` or ``--forget malicious`` the same way for every
   command that takes it.
+- ``RunArg``, ``FinishedRunArg``, ``ForgetOption``, ``ReferenceOption``, ``ThresholdsFileOption``
+  and ``ThresholdOption`` are the arguments and options several commands take, defined once so
+  their names and help read the same everywhere (``run_dir: RunArg``).
 
-This module imports no torch, so the commands stay quick to list (``fedunlearn --help``).
+This module imports no torch, so the commands stay quick to list (``fedunlearn --help``), and no
+click: typer >= 0.26 carries its own copy of click and does not install it, so the CLI uses only
+typer's public names (``typer.Context``, ``typer.Exit``).
 """
 
 from __future__ import annotations
@@ -20,16 +25,22 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
-from functools import wraps
+from contextvars import ContextVar
+from functools import partial, wraps
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-import click
 import typer
 
 from fedunlearn.errors import ConfigError, FedUnlearnError, OutputError
 
 __all__ = [
+    "FinishedRunArg",
+    "ForgetOption",
+    "ReferenceOption",
+    "RunArg",
+    "ThresholdOption",
+    "ThresholdsFileOption",
     "cli_errors",
     "debug_enabled",
     "ensure_writable_output",
@@ -39,9 +50,24 @@ __all__ = [
     "parse_client_ids",
     "parse_forget",
     "parse_params",
+    "set_debug",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Arguments and options shared by several commands (typer copies each one per command).
+RunArg = Annotated[Path, typer.Argument(metavar="RUN", help="run directory")]
+FinishedRunArg = Annotated[Path, typer.Argument(help="finished run directory")]
+ForgetOption = Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")]
+ReferenceOption = Annotated[
+    str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (also runs Retrain)")
+]
+ThresholdsFileOption = Annotated[
+    Path | None, typer.Option(help="YAML file of verification thresholds")
+]
+ThresholdOption = Annotated[
+    list[str] | None, typer.Option(help="one verification threshold key=value (repeatable)")
+]
 
 # What to do about an OSError, by errno.
 _ADVICE = {
@@ -62,10 +88,22 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+# ``--debug`` of the command line being run: set by the root callback, reset when it ends.
+_DEBUG: ContextVar[bool] = ContextVar("fedunlearn_cli_debug", default=False)
+
+
+def set_debug(ctx: typer.Context, debug: bool) -> None:
+    """Record ``fedunlearn --debug`` for the command ``ctx`` runs; undone when ``ctx`` closes.
+
+    The root callback calls it. A context variable rather than ``ctx.find_root().params``: the
+    click context is not reachable through ``click`` on typer versions that carry their own copy.
+    """
+    ctx.call_on_close(partial(_DEBUG.reset, _DEBUG.set(debug)))
+
+
 def debug_enabled() -> bool:
-    """Whether ``fedunlearn --debug`` was given (the root command's parameter)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+    """Whether ``fedunlearn --debug`` was given to the command line being run."""
+    return _DEBUG.get()
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -91,8 +129,6 @@ def cli_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-            raise
         except BrokenPipeError:  # the reader went away (``fedunlearn info RUN | head``)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout

@@ -22,12 +22,20 @@ from rich.console import Console
 
 from fedunlearn import __version__
 from fedunlearn.cli.common import (
+    FinishedRunArg,
+    ForgetOption,
+    ReferenceOption,
+    RunArg,
+    ThresholdOption,
+    ThresholdsFileOption,
     cli_errors,
     ensure_writable_output,
     fail,
     install_warning_format,
     parse_client_ids,
     parse_forget,
+    parse_params,
+    set_debug,
 )
 from fedunlearn.errors import ConfigError, UnknownMethodError
 
@@ -65,6 +73,7 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
@@ -76,6 +85,7 @@ def _root(
     ] = False,
 ) -> None:
     """Federated unlearning and recovery from poisoning."""
+    set_debug(ctx, debug)
 
 
 # ----- printing --------------------------------------------------------------------------------
@@ -247,7 +257,7 @@ def train(
 @app.command()
 @_friendly_errors
 def info(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    run_dir: RunArg,
     as_json: Annotated[bool, typer.Option("--json", help="print everything as JSON")] = False,
 ) -> None:
     """Show what a run stored (rounds, bytes, clients, metrics) and check it; exit 1 if damaged."""
@@ -368,7 +378,7 @@ def _print_info(data: dict[str, Any], run_dir: Path) -> None:
 @app.command()
 @_friendly_errors
 def verify(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    run_dir: RunArg,
     quick: Annotated[
         bool, typer.Option(help="check the catalog and models only, not every update")
     ] = False,
@@ -409,7 +419,7 @@ def verify(
 @app.command()
 @_friendly_errors
 def forget(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    run_dir: RunArg,
     clients: Annotated[str, typer.Option(help="client ids to erase, e.g. 3,7")],
     vacuum: Annotated[
         str, typer.Option(help="'incremental' (default) or 'full' (rewrite the whole file)")
@@ -467,18 +477,6 @@ def forget(
 # ----- methods, unlearn, compare, demo --------------------------------------------------------
 
 
-def _parse_params(items: list[str]) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--param takes key=value; got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def _print_results(doc: dict[str, Any]) -> None:
     from fedunlearn.report.tables import table_rows
 
@@ -508,8 +506,8 @@ def methods() -> None:
 @app.command()
 @_friendly_errors
 def unlearn(
-    run_dir: Annotated[Path, typer.Argument(help="finished run directory")],
-    forget: Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")],
+    run_dir: FinishedRunArg,
+    forget: ForgetOption,
     method: Annotated[str, typer.Option(help="registered method (see 'fedunlearn methods')")],
     out: Annotated[Path, typer.Option(help="result JSON to write")],
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
@@ -517,15 +515,9 @@ def unlearn(
         Path | None,
         typer.Option(help="also save the model: a .safetensors file (load_model reads it)"),
     ] = None,
-    reference: Annotated[
-        str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (runs Retrain)")
-    ] = "original",
-    thresholds: Annotated[
-        Path | None, typer.Option(help="YAML file of verification thresholds")
-    ] = None,
-    threshold: Annotated[
-        list[str] | None, typer.Option(help="one verification threshold key=value")
-    ] = None,
+    reference: ReferenceOption = "original",
+    thresholds: ThresholdsFileOption = None,
+    threshold: ThresholdOption = None,
 ) -> None:
     """Remove clients from a trained run with one method; verify it; write the result JSON."""
     from fedunlearn.cli.export import check_model_path
@@ -538,13 +530,13 @@ def unlearn(
     from fedunlearn.cli import receipt
     from fedunlearn.experiments import unlearn_one
 
-    limits = receipt.load_thresholds(thresholds, threshold or [])
+    limits = receipt.load_thresholds(thresholds, threshold)
     with receipt.RoundProgress() as progress:
         result, summary = unlearn_one(
             run_dir,
             ids,
             method,
-            params=_parse_params(param or []),
+            params=parse_params(param or []),
             kind=kind,
             reference=reference,
             thresholds=limits,
@@ -568,8 +560,8 @@ def unlearn(
 @app.command()
 @_friendly_errors
 def compare(
-    run_dir: Annotated[Path, typer.Argument(help="finished run directory")],
-    forget: Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")],
+    run_dir: FinishedRunArg,
+    forget: ForgetOption,
     out: Annotated[Path, typer.Option(help="directory for results.* and plots")],
     methods_: Annotated[
         str, typer.Option("--methods", help="comma-separated methods, or 'all' (all it supports)")
@@ -577,12 +569,8 @@ def compare(
     params_file: Annotated[Path | None, typer.Option(help="YAML {method: {param: value}}")] = None,
     seed: Annotated[int, typer.Option(help="seed of the evaluation attacks")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print results.json")] = False,
-    thresholds: Annotated[
-        Path | None, typer.Option(help="YAML file of verification thresholds")
-    ] = None,
-    threshold: Annotated[
-        list[str] | None, typer.Option(help="one verification threshold key=value")
-    ] = None,
+    thresholds: ThresholdsFileOption = None,
+    threshold: ThresholdOption = None,
 ) -> None:
     """Run several methods on a run, verify each, write results.json/csv/md and PNG plots."""
     ensure_writable_output(out, "directory")
@@ -590,7 +578,7 @@ def compare(
     ids, kind = parse_forget(forget, run_dir)
     from fedunlearn.cli import receipt
 
-    limits = receipt.load_thresholds(thresholds, threshold or [])
+    limits = receipt.load_thresholds(thresholds, threshold)
     doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json, limits=limits)
     from fedunlearn.report import plot_results, write_results
 
@@ -668,7 +656,7 @@ def _compare(
 @app.command()
 @_friendly_errors
 def export(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN", help="run directory")],
+    run_dir: RunArg,
     out: Annotated[Path, typer.Option("--out", help="model file to write (*.safetensors)")],
     round_: Annotated[
         int | None,
@@ -754,11 +742,12 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 def _register_subcommands() -> None:
     from fedunlearn.cli import receipt
     from fedunlearn.cli.central import central_command
-    from fedunlearn.unlearn.starfish.cli import register as register_starfish
+    from fedunlearn.plugins import cli_hooks
 
     receipt.register(app)  # audit
     app.command(name="central")(central_command)
-    register_starfish(app)
+    for register in cli_hooks():  # each installed plugin's commands (Plugin.cli)
+        register(app)
 
 
 _register_subcommands()

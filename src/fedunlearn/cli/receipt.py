@@ -22,7 +22,15 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedunlearn.cli.common import cli_errors, ensure_writable_output
+from fedunlearn.cli.common import (
+    FinishedRunArg,
+    ReferenceOption,
+    ThresholdOption,
+    ThresholdsFileOption,
+    cli_errors,
+    ensure_writable_output,
+    parse_forget,
+)
 from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:  # torch-heavy modules: imported in the functions, so --help stays fast
@@ -175,8 +183,11 @@ class RoundProgress:
         self._progress.update(self._task, status=text)
 
 
-def load_thresholds(path: Path | None, items: Sequence[str] = ()) -> VerificationThresholds:
+def load_thresholds(path: Path | None, items: Sequence[str] | None = ()) -> VerificationThresholds:
     """Return the thresholds from a YAML file and ``key=value`` overrides (defaults otherwise).
+
+    ``path`` and ``items`` are ``--thresholds`` and ``--threshold`` as typer passes them (None
+    when not given).
 
     Raises:
         ConfigError: if the file is missing or not a mapping, an item is not ``key=value``, or
@@ -195,7 +206,7 @@ def load_thresholds(path: Path | None, items: Sequence[str] = ()) -> Verificatio
                 "e.g. 'backdoor_fail: 0.1'"
             )
         values.update(loaded)
-    for item in items:
+    for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--threshold takes key=value (e.g. backdoor_fail=0.1); got {item!r}")
@@ -211,26 +222,8 @@ def load_thresholds(path: Path | None, items: Sequence[str] = ()) -> Verificatio
         raise ConfigError(f"invalid verification thresholds: {problems}. Known: {known}") from None
 
 
-def _parse_ids(value: str | None, malicious: Sequence[int]) -> tuple[list[int] | None, str]:
-    if value is None:
-        return None, "forget"
-    if value.strip() == "malicious":
-        if not malicious:
-            raise ConfigError("--forget malicious: the run has no malicious clients")
-        return list(malicious), "recover"
-    try:
-        ids = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"--forget takes comma-separated client ids or 'malicious'; got {value!r}"
-        ) from None
-    if not ids:
-        raise ConfigError("--forget is empty: name at least one client id (e.g. --forget 3,7)")
-    return ids, "forget"
-
-
 def audit_command(
-    run_dir: Annotated[Path, typer.Argument(help="finished run directory")],
+    run_dir: FinishedRunArg,
     model: Annotated[
         Path,
         typer.Option(help="model to audit: .safetensors (state dict) or .pt (flat or state dict)"),
@@ -242,15 +235,9 @@ def audit_command(
             "those the run's store deleted)"
         ),
     ] = None,
-    reference: Annotated[
-        str, typer.Option(help="'original' (cheap) or 'retrain' (also run Retrain)")
-    ] = "original",
-    thresholds: Annotated[
-        Path | None, typer.Option(help="YAML file of verification thresholds")
-    ] = None,
-    threshold: Annotated[
-        list[str] | None, typer.Option(help="one threshold key=value (repeatable)")
-    ] = None,
+    reference: ReferenceOption = "original",
+    thresholds: ThresholdsFileOption = None,
+    threshold: ThresholdOption = None,
     out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the receipt as JSON")] = False,
 ) -> None:
@@ -259,14 +246,12 @@ def audit_command(
     Exit code 0 when the verdict is pass or warn, 1 when a check fails, 2 on bad input.
     """
     from fedunlearn.experiments import audit_model
-    from fedunlearn.runs import run_info
     from fedunlearn.runs.rundir import write_text_atomic
 
     if out is not None:
         ensure_writable_output(out, "file")
-    limits = load_thresholds(thresholds, threshold or [])
-    malicious = run_info(run_dir)["malicious_clients"] if forget == "malicious" else []
-    ids, kind = _parse_ids(forget, malicious)
+    limits = load_thresholds(thresholds, threshold)
+    ids, kind = (None, "forget") if forget is None else parse_forget(forget, run_dir)
     with RoundProgress(enabled=not as_json) as progress:
         doc = audit_model(
             run_dir,

@@ -8,11 +8,13 @@ updates* are stored. Built in:
 - ``every``: every update of rounds 1, 1+k, 1+2k, ... (FedEraser's Δt, Liu et al. IWQoS'21 §3);
 - ``none``: no client updates (enough for Retrain and the no-unlearning control).
 
-A method package adds its own (Crab's window selection in ``fedunlearn.unlearn.crab``, FedADP's
-dual-layer selection in ``fedunlearn.unlearn.fedadp``) by registering a ``PolicySpec`` in
-``POLICIES``: its name (the YAML ``history.policy``), the pydantic model of its options (validated
-from the YAML section ``history.<name>``) and a builder that gets the run's ``HistoryConfig`` and a
-``PolicyEnv`` (the model, a reference-set provider, the last round). ``fedunlearn.runs`` builds
+A plugin adds its own (Crab's window selection, FedADP's dual-layer selection) by declaring a
+``PolicySpec`` in its ``fedunlearn.plugins.Plugin`` (``policies``): its name (the YAML
+``history.policy``), the pydantic model of its options (the YAML section ``history.<name>``) and
+a builder that gets the run's ``HistoryConfig`` and a ``PolicyEnv`` (the model, a reference-set
+provider, the last round). ``POLICIES`` resolves a declared name on first lookup, importing only
+that plugin's module. ``resolve_history`` validates the sections by the options models where a
+run is assembled (``fedunlearn.runs``; ``config.py`` stores them raw); ``fedunlearn.runs`` builds
 every policy through this registry and knows none by name.
 
 A per-round policy (``RecordingPolicy``) decides when the round ends. A deferred policy
@@ -36,10 +38,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from torch import nn
 
-from fedunlearn.errors import UnknownPolicyError
+from fedunlearn.errors import ConfigError, UnknownPolicyError
 from fedunlearn.fl.records import ClientData, RoundRecord, UpdateStatus
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.registry import Registry
@@ -145,15 +147,20 @@ class PolicySpec:
         options_type: Pydantic model of the YAML section ``history.<name>``, or None.
         clients_loss_samples: For a policy that reads the round metric ``clients_loss`` (the
             clients' mean loss on their own data), ``options -> samples per client``; else None.
+        applies_store_transform: Whether the policy stores ``env.store_transform`` of each
+            update it keeps (``privacy.dp_scope: store_only`` needs such a policy).
     """
 
     name: str
     build: Callable[[HistoryConfig, PolicyEnv], RecordingPolicy | DeferredPolicy]
     options_type: type[BaseModel] | None = None
     clients_loss_samples: Callable[[BaseModel], int] | None = None
+    applies_store_transform: bool = False
 
 
-POLICIES: Registry[PolicySpec] = Registry("history policy", UnknownPolicyError, plugins=True)
+POLICIES: Registry[PolicySpec] = Registry(
+    "history policy", UnknownPolicyError, plugin_kind="policies"
+)
 
 
 def register_policy(spec: PolicySpec) -> PolicySpec:
@@ -161,8 +168,70 @@ def register_policy(spec: PolicySpec) -> PolicySpec:
     return POLICIES.add(spec.name, spec)
 
 
+def _section_errors(err: ValidationError, name: str) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(["history", name, *(str(p) for p in e["loc"])])
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}{shown}")
+    return "; ".join(parts)
+
+
+def resolve_history(history: HistoryConfig) -> HistoryConfig:
+    """Validate the policy and its sections; return the config with every option in use.
+
+    ``config.py`` keeps ``history.<policy>`` sections as given; this validates each by its
+    policy's options model (where a run is assembled: ``fedunlearn.runs``) and adds the active
+    policy's defaults when its section is absent, so the stored config names every option.
+    A resolved config resolves to itself.
+
+    Raises:
+        UnknownPolicyError: ``history.policy`` names no installed policy (lists them).
+        ConfigError: A section names no policy with options, or an option is invalid (one
+            line naming ``history.<policy>.<field>``, the value and what is allowed).
+    """
+    try:
+        active = POLICIES.get(history.policy)
+    except UnknownPolicyError as err:
+        raise UnknownPolicyError(f"history.policy: {err}") from None
+    sections: dict[str, BaseModel] = {}
+    for name, value in (history.model_extra or {}).items():
+        spec = POLICIES.get(name) if name in POLICIES else None
+        if spec is None or spec.options_type is None:
+            with_options = [n for n in POLICIES.names() if POLICIES.get(n).options_type]
+            raise ConfigError(
+                f"invalid configuration: history: unknown history section '{name}'; sections "
+                f"are the options of a policy: {', '.join(with_options)}"
+            )
+        if isinstance(value, spec.options_type):
+            sections[name] = value
+            continue
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(
+                f"invalid configuration: history.{name}: must be a mapping of the policy's "
+                f"options (got {value!r})"
+            )
+        try:
+            sections[name] = spec.options_type.model_validate(value or {})
+        except ValidationError as err:
+            raise ConfigError(f"invalid configuration: {_section_errors(err, name)}") from None
+    if active.options_type is not None and history.policy not in sections:
+        sections[history.policy] = active.options_type()
+    fields = history.model_dump(exclude=set(history.model_extra or {}))
+    resolved = type(history).model_validate({**fields, **sections})
+    resolved._options_type = options_type  # the defaults of a policy whose section is absent
+    return resolved
+
+
+def options_type(name: str) -> type[BaseModel] | None:
+    """Return the options model of policy ``name`` (None if it has no options)."""
+    return POLICIES.get(name).options_type
+
+
 def build_policy(history: HistoryConfig, env: PolicyEnv) -> RecordingPolicy | DeferredPolicy:
     """Return the recording policy ``history.policy`` configured for one run."""
+    history = resolve_history(history)
     return POLICIES.get(history.policy).build(history, env)
 
 

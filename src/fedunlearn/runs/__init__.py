@@ -1,10 +1,13 @@
 """Run directories: build a federation from a config, train it with history recording, resume.
 
-``setup`` (what a config determines: data, poisoning, model, federation), ``train`` (training
+``assembly`` (``resolve_config``: the policy, its options and the budget schedule a config
+names, looked up in the plugins and checked together), ``setup`` (what a config determines:
+data, poisoning, model, federation), ``train`` (training
 with recording, resume and repair), ``rundir`` (the directory's files, ``run_info`` and
 ``check_run``), ``forget`` (erasing clients' stored updates and the evidence of it).
 """
 
+from fedunlearn.runs.assembly import resolve_config
 from fedunlearn.runs.forget import deletion_evidence, forget_clients
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
@@ -46,6 +49,7 @@ __all__ = [
     "metrics_line",
     "policy_env",
     "reference_set",
+    "resolve_config",
     "restore_config",
     "run_info",
     "run_privacy",

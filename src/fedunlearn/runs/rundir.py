@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.config import RunConfig, dump_config, load_config, parse_config
-from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.errors import ConfigError, HistoryError, UnknownNameError
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
 from fedunlearn.history.store import FILE_NAME, HistoryStore
 from fedunlearn.privacy.ledger import privacy_summary
+from fedunlearn.runs.assembly import resolve_config
 
 __all__ = [
     "CONFIG_FILE",
@@ -127,7 +128,7 @@ def stored_config(store: HistoryStore) -> RunConfig | None:
     data = store.meta.get("config")
     if data is None:
         return None
-    return parse_config(data, f"the config stored in {store.file}")
+    return resolve_config(parse_config(data, f"the config stored in {store.file}"))
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -159,8 +160,8 @@ def _config_problem(run_dir: Path, store: HistoryStore) -> tuple[RunConfig | Non
             f"the file with: fedunlearn verify {run_dir} --restore-config"
         )
     try:
-        on_disk = load_config(path)
-    except ConfigError as err:
+        on_disk = resolve_config(load_config(path))
+    except (ConfigError, UnknownNameError) as err:
         return stored, f"{err}. Restore it with: fedunlearn verify {run_dir} --restore-config"
     if dump_config(on_disk) != dump_config(stored):
         return stored, (
@@ -192,12 +193,12 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not (run_dir / HISTORY_DIR / FILE_NAME).exists() and path.exists():
-        return load_config(path)  # a run that failed before its store existed
+        return resolve_config(load_config(path))  # a run that failed before its store existed
     with _open_run(run_dir) as store:
         stored, problem = _config_problem(run_dir, store)
     if problem is not None:
         raise ConfigError(problem)
-    return stored if stored is not None else load_config(path)
+    return stored if stored is not None else resolve_config(load_config(path))
 
 
 def restore_config(run_dir: str | Path) -> Path:

@@ -44,10 +44,12 @@ from fedunlearn.history.policy import (
     PolicyEnv,
     RecordingPolicy,
     build_policy,
+    resolve_history,
 )
 from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry, WriterLock
 from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.training import PrivateTraining
+from fedunlearn.runs.assembly import resolve_config
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
     HISTORY_DIR,
@@ -78,7 +80,8 @@ def policy_env(setup: Setup, privacy: PrivateTraining | None = None) -> PolicyEn
     """Return what the run's recording policy may ask for (model, reference set, last round).
 
     With ``privacy.dp_scope: store_only`` the stored copies are the seeded noisy ones made by
-    ``privacy``'s mod.
+    ``privacy``'s mod (a policy whose spec ``applies_store_transform`` stores them;
+    ``resolve_config`` refuses the others).
     """
     mod = privacy.mod if privacy is not None else None
     store_only = mod is not None and not mod.perturb
@@ -102,9 +105,10 @@ def make_recording_policy(
 
 def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) -> int | None:
     """Samples per client of the ``clients_loss`` round metric, or None if nobody reads it."""
-    spec = POLICIES.get(config.history.policy)
+    history = resolve_history(config.history)
+    spec = POLICIES.get(history.policy)
     if spec.clients_loss_samples is not None:
-        return spec.clients_loss_samples(config.history.options(spec.name))
+        return spec.clients_loss_samples(history.options(spec.name))
     return DEFAULT_LOSS_SAMPLES if privacy is not None else None
 
 
@@ -264,7 +268,7 @@ def train_run(
     """Train a run into ``run_dir`` with history recording and return its summary.
 
     Args:
-        config: The run configuration.
+        config: The run configuration (assembled here: ``resolve_config``).
         run_dir: Output directory (created).
         resume: Continue a run that was interrupted; its stored config must equal ``config``.
         repair: With ``resume``: if a stored payload is damaged, drop its round and every later
@@ -273,14 +277,16 @@ def train_run(
 
     Raises:
         ConfigError: ``run_dir`` already holds a run and ``resume`` is False, holds none and
-            ``resume`` is True, the stored config differs from ``config``, or ``repair`` is
-            given without ``resume``.
+            ``resume`` is True, the stored config differs from ``config``, ``repair`` is
+            given without ``resume``, or a policy's options are invalid (``resolve_config``).
+        UnknownNameError: The config names a policy or schedule no plugin provides.
         HistoryError: Another process writes ``run_dir``.
         HistoryCorruptError: The store is damaged (resume without ``repair``), or damaged in a
             way ``repair`` cannot fix.
         OSError: ``run_dir`` cannot be created or written.
     """
     started = time.perf_counter()
+    config = resolve_config(config)  # before anything is written
     run_dir = Path(run_dir)
     history_dir = run_dir / HISTORY_DIR
     if repair and not resume:

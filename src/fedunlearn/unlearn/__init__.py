@@ -1,42 +1,42 @@
-"""Unlearning and recovery methods behind one interface, registered by name.
+"""Unlearning and recovery methods behind one interface, looked up by name.
 
 One package per paper (``crab``, ``fedadp``, ``starfish``) and one module per baseline
-(``baselines``); importing this package registers every method and the recording policies the
-method packages define. See ``available_methods()`` and CONTRIBUTING.md ("Add a method").
+(``baselines``), each an installed plugin (``fedunlearn.plugins``: its ``plugin`` module declares
+what it contributes); this package names none of them. ``get_method``/``available_methods``
+read the plugins' declarations and import a method's module on first lookup. Names are imported
+on first use, so importing a plugin's declaration does not load the unlearning machinery. See
+CONTRIBUTING.md ("Add a method").
 """
 
-from fedunlearn.unlearn import baselines, crab, fedadp, starfish  # noqa: F401  (registration)
-from fedunlearn.unlearn.base import (
-    Costs,
-    Details,
-    MethodParams,
-    NoDetails,
-    RunOutput,
-    Unlearner,
-    UnlearnRequest,
-    UnlearnResult,
-)
-from fedunlearn.unlearn.context import UnlearnContext
-from fedunlearn.unlearn.receipt import BoundReport, Check, Verification
-from fedunlearn.unlearn.registry import available_methods, get_method, make_method, register
-from fedunlearn.unlearn.session import UnlearnSession
+from __future__ import annotations
 
-__all__ = [
-    "BoundReport",
-    "Check",
-    "Costs",
-    "Details",
-    "MethodParams",
-    "NoDetails",
-    "RunOutput",
-    "UnlearnContext",
-    "UnlearnRequest",
-    "UnlearnResult",
-    "UnlearnSession",
-    "Unlearner",
-    "Verification",
-    "available_methods",
-    "get_method",
-    "make_method",
-    "register",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BoundReport": "fedunlearn.unlearn.receipt",
+    "Check": "fedunlearn.unlearn.receipt",
+    "Costs": "fedunlearn.unlearn.base",
+    "Details": "fedunlearn.unlearn.base",
+    "MethodParams": "fedunlearn.unlearn.base",
+    "NoDetails": "fedunlearn.unlearn.base",
+    "RunOutput": "fedunlearn.unlearn.base",
+    "UnlearnContext": "fedunlearn.unlearn.context",
+    "UnlearnRequest": "fedunlearn.unlearn.base",
+    "UnlearnResult": "fedunlearn.unlearn.base",
+    "UnlearnSession": "fedunlearn.unlearn.session",
+    "Unlearner": "fedunlearn.unlearn.base",
+    "Verification": "fedunlearn.unlearn.receipt",
+    "available_methods": "fedunlearn.unlearn.registry",
+    "get_method": "fedunlearn.unlearn.registry",
+    "make_method": "fedunlearn.unlearn.registry",
+    "register": "fedunlearn.unlearn.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

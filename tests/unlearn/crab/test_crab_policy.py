@@ -199,6 +199,7 @@ def test_interrupted_crab_run_restarts_at_the_window_and_is_bit_identical(crab_r
     assert len(lines) == 8
 
 
+@pytest.mark.slow
 def test_kill_9_mid_window_then_resume_gives_the_uninterrupted_store(crab_run, tmp_path):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(yaml.safe_dump(CONFIG))

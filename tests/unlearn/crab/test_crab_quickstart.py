@@ -72,6 +72,7 @@ def test_default_crab_removes_the_backdoor_like_retrain(
     assert d.warnings == ()
 
 
+@pytest.mark.slow
 def test_quickstart_config_default_removes_the_backdoor_and_the_paper_rule_is_flagged(tmp_path):
     # Prepare: configs/digits_crab.yaml as shipped (30 rounds, 2 of 10 clients backdoored)
     run_dir = tmp_path / "run"

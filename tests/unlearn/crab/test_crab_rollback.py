@@ -67,6 +67,7 @@ def test_participation_index_is_the_last_stored_round_before_the_first_participa
     assert participation_index(stored, first=None) == 5  # never aggregated: every round
 
 
+@pytest.mark.slow
 def test_late_attackers_let_participation_roll_back_past_m0_to_a_model_free_of_them(late_run):
     # Execute: the default (participation) and a forced rollback to M_0, same run
     default, q = recover(late_run)

@@ -107,6 +107,7 @@ def test_overrides_on_a_live_selection_fail_before_any_work(dp_run):
         assert context.meter.history_bytes_read == 0
 
 
+@pytest.mark.slow
 def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_refuses_unlearn_dp(tmp_path):
     cfg = {
         **DP_RUN,

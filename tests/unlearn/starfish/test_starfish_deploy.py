@@ -57,6 +57,8 @@ from fedunlearn.unlearn.starfish.deploy.launcher import (
 )
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_store_dir
 
+pytestmark = pytest.mark.slow  # every test here starts real processes
+
 TIMEOUT = 30.0
 KILL_TIMEOUT = 60.0  # a lost peer is noticed at once, not after this
 HOST = "127.0.0.1"

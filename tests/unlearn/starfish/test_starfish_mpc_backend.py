@@ -208,6 +208,7 @@ VECTORISED_RUN = {
 }
 
 
+@pytest.mark.slow
 def test_in_process_2pc_with_evaluation_succeeds_20_times_in_a_row(tmp_path):
     # Prepare: every round replayed with exact updates, so the threads train and evaluate
     # side by side (unguarded, about 1 run in 3 failed with "Cannot access storage of

@@ -59,6 +59,7 @@ from fedunlearn.runs import (
     MetricsWriter,
     build_setup,
     make_recording_policy,
+    resolve_config,
 )
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.context import RemainingClients
@@ -211,6 +212,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
     Raises:
         ConfigError: if ``run_dir`` already holds a run (resume is not supported over Flower).
     """
+    config = resolve_config(config)  # as train_run: the stored config names every option
     run_dir = job.run_dir
     history_dir = run_dir / HISTORY_DIR
     if history_dir.exists():

@@ -1,21 +1,32 @@
 """Crab: certified recovery from poisoning (selective storage, rollback, replay, final tuning).
 
 ``params`` (recording options ``history.crab`` and method options), ``policy`` (the live
-recording policy ``history.policy: crab``, registered on import), ``rollback`` (Stage II: the
-``participation``, ``bounded`` and ``paper`` rules), ``unlearner`` (the ``crab`` method),
-``bound`` (Theorem 1). Paper: Jiang et al., arXiv:2401.08216v2. Design notes and every
-deviation from the paper: docs/methods/crab.md.
+recording policy ``history.policy: crab``), ``rollback`` (Stage II: the ``participation``,
+``bounded`` and ``paper`` rules), ``unlearner`` (the ``crab`` method), ``bound`` (Theorem 1),
+``plugin`` (the declaration of what the package contributes: entry point ``crab``). Names are
+imported on first use, so reading the declaration does not load the package.
+Paper: Jiang et al., arXiv:2401.08216v2. Design notes and every deviation from the paper:
+docs/methods/crab.md.
 """
 
-from fedunlearn.unlearn.crab.params import CrabParams, CrabSelectionConfig
-from fedunlearn.unlearn.crab.policy import CrabPolicy, WindowSelector
-from fedunlearn.unlearn.crab.unlearner import Crab, CrabDetails
+from __future__ import annotations
 
-__all__ = [
-    "Crab",
-    "CrabDetails",
-    "CrabParams",
-    "CrabPolicy",
-    "CrabSelectionConfig",
-    "WindowSelector",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Crab": "fedunlearn.unlearn.crab.unlearner",
+    "CrabDetails": "fedunlearn.unlearn.crab.unlearner",
+    "CrabParams": "fedunlearn.unlearn.crab.params",
+    "CrabPolicy": "fedunlearn.unlearn.crab.policy",
+    "CrabSelectionConfig": "fedunlearn.unlearn.crab.params",
+    "WindowSelector": "fedunlearn.unlearn.crab.policy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -385,4 +385,5 @@ def build_crab_policy(history: HistoryConfig, env: PolicyEnv) -> CrabPolicy:
     )
 
 
-register_policy(PolicySpec("crab", build_crab_policy, CrabSelectionConfig))
+#: ``history.policy: crab``, declared by the ``crab`` plugin (``fedunlearn.unlearn.crab.plugin``).
+POLICY = register_policy(PolicySpec("crab", build_crab_policy, CrabSelectionConfig))

@@ -1,13 +1,31 @@
 """FedADP: unlearning with adaptive differential privacy and dual-layer selective storage.
 
 ``params`` (recording options ``history.fedadp`` and method options), ``policy`` (the live
-recording policy ``history.policy: fedadp``, registered on import), ``unlearner`` (the ``fedadp``
-method). Paper: Jiang, Tong, Liu, Ye, Tan, Lam, "Efficient Federated Unlearning with Adaptive
-Differential Privacy Preservation". Design notes and every deviation: docs/methods/fedadp.md.
+recording policy ``history.policy: fedadp``), ``unlearner`` (the ``fedadp`` method), ``budget``
+(the training hook ``privacy.budget.schedule: fedadp``, Eq. 4), ``plugin`` (the declaration of
+what the package contributes: entry point ``fedadp``). Names are imported on first use, so
+reading the declaration does not load the package. Paper: Jiang, Tong, Liu, Ye, Tan, Lam,
+"Efficient Federated Unlearning with Adaptive Differential Privacy Preservation". Design notes
+and every deviation: docs/methods/fedadp.md.
 """
 
-from fedunlearn.unlearn.fedadp.params import FedADPParams, FedADPSelectionConfig
-from fedunlearn.unlearn.fedadp.policy import FedADPPolicy, StageSelector
-from fedunlearn.unlearn.fedadp.unlearner import FedADP
+from __future__ import annotations
 
-__all__ = ["FedADP", "FedADPParams", "FedADPPolicy", "FedADPSelectionConfig", "StageSelector"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FedADP": "fedunlearn.unlearn.fedadp.unlearner",
+    "FedADPParams": "fedunlearn.unlearn.fedadp.params",
+    "FedADPPolicy": "fedunlearn.unlearn.fedadp.policy",
+    "FedADPSelectionConfig": "fedunlearn.unlearn.fedadp.params",
+    "StageSelector": "fedunlearn.unlearn.fedadp.policy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

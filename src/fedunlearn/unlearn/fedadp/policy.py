@@ -318,11 +318,14 @@ def build_fedadp_policy(history: HistoryConfig, env: PolicyEnv) -> FedADPPolicy:
     )
 
 
-register_policy(
+#: ``history.policy: fedadp``, declared by the ``fedadp`` plugin; it stores
+#: ``env.store_transform`` of what it keeps (``privacy.dp_scope: store_only``).
+POLICY = register_policy(
     PolicySpec(
         "fedadp",
         build_fedadp_policy,
         FedADPSelectionConfig,
         clients_loss_samples=lambda options: options.loss_samples,
+        applies_store_transform=True,
     )
 )

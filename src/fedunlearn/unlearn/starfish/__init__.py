@@ -3,16 +3,31 @@
 ``params`` (the algorithm's ``StarfishParams`` and the run's ``StarfishExecution``),
 ``unlearner`` (the ``starfish`` method: Stage II, its details and runners), ``steps`` (TD,
 SecRS, SecUE, SecTC), ``replay`` (the replay of the selected rounds), ``bound`` (Theorem 1),
-``backend/`` (the arithmetic: ``protocol``, the ``plain`` mirror, ``mpc``) and ``deploy/``
+``backend/`` (the arithmetic: ``protocol``, the ``plain`` mirror, ``mpc``), ``deploy/``
 (Stage I ``shares``, the two ``servers`` in threads, the ``clients`` service, the ``remote``
-processes and their ``launcher``). Importing the package registers the method and both
-runners (``deploy.servers`` registers ``mpc``).
+processes and their ``launcher``) and ``plugin`` (the declaration: entry point ``starfish``).
+Names are imported on first use and the ``mpc`` runner when a run first asks for it, so reading
+the declaration loads neither the MPC nor the deployment code.
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal".
 Design notes and every deviation: docs/methods/starfish.md; user guide: docs/starfish.md.
 """
 
-from fedunlearn.unlearn.starfish.deploy import servers as _servers  # noqa: F401 (registration)
-from fedunlearn.unlearn.starfish.params import StarfishExecution, StarfishParams
-from fedunlearn.unlearn.starfish.unlearner import Starfish, StarfishDetails
+from __future__ import annotations
 
-__all__ = ["Starfish", "StarfishDetails", "StarfishExecution", "StarfishParams"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Starfish": "fedunlearn.unlearn.starfish.unlearner",
+    "StarfishDetails": "fedunlearn.unlearn.starfish.unlearner",
+    "StarfishExecution": "fedunlearn.unlearn.starfish.params",
+    "StarfishParams": "fedunlearn.unlearn.starfish.params",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

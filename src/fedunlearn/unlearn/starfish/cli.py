@@ -17,7 +17,7 @@ Every process but ``starfish-local`` needs its security: ``--tls-dir DIR`` (a di
 --tls-key`` (the certificate must bind the process's role), or ``--insecure`` (plain TCP: no
 peer proves its role and nothing is encrypted; a warning says so). The TLS options, the
 timeouts and (servers, clients) ``--forget/--session/--param`` are declared once and shared by
-the process commands (``_ServiceCommand``). Each command turns its options into the three
+the process commands (``_SharedOptionsCommand``). Each command turns its options into the three
 values of ``deploy.job`` (``StarfishJob``, ``DeployOptions``) and ``mpc.Security`` and calls one
 library function of ``fedunlearn.unlearn.starfish.deploy``. A server that
 loses a peer ends with ``PeerDisconnectedError`` and exit code 2; its share store is only read,
@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
+import typer.main
 from rich.console import Console
-from typer.core import TyperCommand, TyperOption
+from typer.core import TyperCommand
 
 from fedunlearn.cli.common import cli_errors, parse_forget, parse_params
 from fedunlearn.errors import ConfigError
@@ -88,104 +88,126 @@ INSECURE_HELP = (
     "encryption (shares, openings and seeds cross the network readable). Trusted loopback "
     "or tests only"
 )
-_PATH = click.Path(path_type=Path)
-_META = "fedunlearn.starfish"  # ctx.meta key of the shared options' values
-
-TLS_OPTIONS = (
-    TyperOption(
-        param_decls=["--tls-dir", "tls_dir"],
-        type=_PATH,
-        help="directory made by starfish-certs: this process uses its role's files",
-    ),
-    TyperOption(
-        param_decls=["--tls-ca", "tls_ca"],
-        type=_PATH,
-        help="TLS: the deployment's CA certificate (PEM)",
-    ),
-    TyperOption(
-        param_decls=["--tls-cert", "tls_cert"],
-        type=_PATH,
-        help="TLS: this process's certificate (PEM)",
-    ),
-    TyperOption(
-        param_decls=["--tls-key", "tls_key"],
-        type=_PATH,
-        help="TLS: this process's private key (PEM)",
-    ),
-    TyperOption(
-        param_decls=["--insecure", "insecure"], is_flag=True, default=False, help=INSECURE_HELP
-    ),
-)
-TIMEOUT_OPTIONS = (
-    TyperOption(
-        param_decls=["--timeout", "timeout"],
-        type=float,
-        default=120.0,
-        show_default=True,
-        help="seconds a receive waits before the peer is gone",
-    ),
-    TyperOption(
-        param_decls=["--idle-timeout", "idle_timeout"],
-        type=float,
-        default=3600.0,
-        show_default=True,
-        help="seconds to wait for a peer that computes in between (the servers' next "
-        "request; at a server: the clients' answer, they train)",
-    ),
-)
-JOB_OPTIONS = (
-    TyperOption(
-        param_decls=["--forget", "forget"],
-        type=str,
-        required=True,
-        help="comma-separated client ids to forget",
-    ),
-    TyperOption(
-        param_decls=["--session", "session"],
-        type=str,
-        required=True,
-        help="session id: the same for every process of this job",
-    ),
-    TyperOption(
-        param_decls=["--param", "param"],
-        type=str,
-        multiple=True,
-        help="starfish parameter key=value",
-    ),
-)
+Forget = Annotated[str, typer.Option(help="comma-separated client ids to forget")]
+Params = Annotated[list[str] | None, typer.Option("--param", help="starfish parameter key=value")]
+Timeout = Annotated[float, typer.Option(help="seconds a receive waits before the peer is gone")]
+Insecure = Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)]
+Host = Annotated[
+    str, typer.Option(help="address to listen on (0.0.0.0: every interface, for other hosts)")
+]
+Port = Annotated[int, typer.Option(help="port to listen on; 0 = ephemeral (see --port-file)")]
+PortFile = Annotated[Path | None, typer.Option(help="write the bound port here")]
+ListenFd = Annotated[
+    int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
+]
 
 
-class _ServiceCommand(TyperCommand):
-    """A process command: its own options, plus the shared TLS and timeout options.
+def _tls_options(
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(help="directory made by starfish-certs: this process uses its role's files"),
+    ] = None,
+    tls_ca: Annotated[
+        Path | None, typer.Option(help="TLS: the deployment's CA certificate")
+    ] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="TLS: this process's certificate")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="TLS: this process's private key")] = None,
+    insecure: Insecure = False,
+) -> None:
+    """Declare how a process secures its links (``--tls-dir``, ``--tls-*``, ``--insecure``)."""
 
-    The shared options are declared once (``TLS_OPTIONS``, ``TIMEOUT_OPTIONS``); their values
-    go to ``ctx.meta`` instead of the command function, which reads them with ``_shared``.
+
+def _timeout_options(
+    timeout: Timeout = 120.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            help="seconds to wait for a peer that computes in between (the servers' next "
+            "request; at a server: the clients' answer, they train)"
+        ),
+    ] = 3600.0,
+) -> None:
+    """Declare a process's bounds (``--timeout``, ``--idle-timeout``)."""
+
+
+def _job_options(
+    forget: Forget,
+    session: Annotated[
+        str, typer.Option(help="session id: the same for every process of this job")
+    ],
+    param: Params = None,
+) -> None:
+    """Declare the job of a server or the clients (``--forget``, ``--session``, ``--param``)."""
+
+
+def _peer_options(
+    peer: Annotated[str, typer.Option(help="party 0: HOST:PORT to listen on; 1: to connect")],
+    dealer: Annotated[str, typer.Option(help="dealer HOST:PORT")],
+    clients: Annotated[str, typer.Option(help="clients service HOST:PORT")],
+) -> None:
+    """Declare where a server finds its peers (``--peer``, ``--dealer``, ``--clients``)."""
+
+
+def _options_of(*declarations: Callable[..., None]) -> list[Any]:
+    """The options typer makes of ``declarations``' parameters (fresh objects on every call).
+
+    Typer builds them, so they are right for whichever typer (and click) is installed.
+    """
+    params: list[Any] = []
+    for declaration in declarations:
+        app = typer.Typer(add_completion=False)
+        app.command()(declaration)
+        params.extend(typer.main.get_command(app).params)
+    return params
+
+
+class _SharedOptionsCommand(TyperCommand):
+    """A command with option groups declared once (``_tls_options`` ...), shared by several.
+
+    The groups' values do not reach the command function as arguments: ``invoke`` moves them to
+    ``ctx.meta``, where ``_shared`` reads them. So each group is declared once and no command
+    function takes ten parameters.
     """
 
-    shared: tuple[TyperOption, ...] = TLS_OPTIONS + TIMEOUT_OPTIONS
+    groups: tuple[Callable[..., None], ...] = ()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.params.extend(self.shared)
+        self._shared = _options_of(*self.groups)
+        self.params.extend(self._shared)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         """Move the shared options' values from the function's arguments to ``ctx.meta``."""
-        ctx.meta[_META] = {option.name: ctx.params.pop(option.name) for option in self.shared}
+        ctx.meta[_META] = {option.name: ctx.params.pop(option.name) for option in self._shared}
         return super().invoke(ctx)
 
 
-class _JobCommand(_ServiceCommand):
-    """A process command of one job: also ``--forget``, ``--session`` and ``--param``."""
-
-    shared = JOB_OPTIONS + TLS_OPTIONS + TIMEOUT_OPTIONS
+class _DealerCommand(_SharedOptionsCommand):
+    groups = (_timeout_options, _tls_options)
 
 
-def _shared(name: str) -> Any:
-    """The value of a shared option of the running command (``_ServiceCommand``)."""
-    return click.get_current_context().meta[_META][name]
+class _ClientsCommand(_SharedOptionsCommand):
+    groups = (_job_options, _timeout_options, _tls_options)
 
 
-def _identity(role: str) -> Identity | None:
+class _ServerCommand(_SharedOptionsCommand):
+    groups = (_peer_options, _job_options, _timeout_options, _tls_options)
+
+
+_META = "fedunlearn.starfish"  # ctx.meta key of the shared options' values
+
+
+def _shared(ctx: typer.Context, name: str) -> Any:
+    """The value of a shared option of the running command (``_SharedOptionsCommand``)."""
+    return ctx.meta[_META][name]
+
+
+def _path(ctx: typer.Context, name: str) -> Path | None:
+    value = _shared(ctx, name)
+    return None if value is None else Path(value)
+
+
+def _identity(ctx: typer.Context, role: str) -> Identity | None:
     """The process's TLS identity from the shared TLS options, or None with ``--insecure``.
 
     Imports only ``fedunlearn.mpc`` (no torch): the dealer starts in a fraction of a second.
@@ -196,8 +218,8 @@ def _identity(role: str) -> Identity | None:
     from fedunlearn.mpc import Identity
     from fedunlearn.mpc.identity import INSECURE_WARNING
 
-    tls_dir, insecure = _shared("tls_dir"), _shared("insecure")
-    ca, cert, key = (_shared(name) for name in ("tls_ca", "tls_cert", "tls_key"))
+    tls_dir, insecure = _path(ctx, "tls_dir"), bool(_shared(ctx, "insecure"))
+    ca, cert, key = (_path(ctx, name) for name in ("tls_ca", "tls_cert", "tls_key"))
     files = [p is not None for p in (ca, cert, key)]
     chosen = [tls_dir is not None, any(files), insecure]
     if sum(chosen) != 1:
@@ -212,7 +234,7 @@ def _identity(role: str) -> Identity | None:
     if tls_dir is not None:
         identity = Identity.from_directory(tls_dir, role)
     else:
-        if not all(files):
+        if ca is None or cert is None or key is None:
             raise ConfigError("TLS needs all of --tls-ca, --tls-cert and --tls-key")
         identity = Identity.load(ca, cert, key)
     if identity.role != role:
@@ -223,56 +245,44 @@ def _identity(role: str) -> Identity | None:
     return identity
 
 
-def _security(role: str) -> Security:
+def _security(ctx: typer.Context, role: str) -> Security:
     """``mpc.Security`` of a process from the shared TLS options (see ``_identity``)."""
     from fedunlearn.mpc import Security
 
-    identity = _identity(role)
+    identity = _identity(ctx, role)
     return Security.plain() if identity is None else Security(identity=identity)
 
 
-def _job(run_dir: Path) -> StarfishJob:
+def _job(ctx: typer.Context, run_dir: Path) -> StarfishJob:
     """``StarfishJob`` of the shared job options (``--forget``, ``--session``, ``--param``)."""
     from fedunlearn.unlearn.starfish.deploy.job import StarfishJob
 
-    forget = _ids(_shared("forget"), run_dir)
-    method = starfish_method(list(_shared("param")))
-    return StarfishJob(run_dir, tuple(forget), method, _shared("session"))
+    forget = _ids(_shared(ctx, "forget"), run_dir)
+    method = starfish_method(list(_shared(ctx, "param") or []))
+    return StarfishJob(run_dir, tuple(forget), method, _shared(ctx, "session"))
 
 
 def _options(
+    ctx: typer.Context,
     listen: tuple[str, int],
     port_file: Path | None,
     listen_fd: int | None,
-    peers: dict[str, tuple[str, int]] | None = None,
     stream_rounds: bool = True,
 ) -> DeployOptions:
-    """``DeployOptions`` of the shared timeouts, where to listen and (a server) its peers."""
+    """``DeployOptions`` of the shared timeouts and peers, and where this process listens."""
     from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, Listen
 
+    names = [name for name in ("peer", "dealer", "clients") if name in ctx.meta[_META]]
     return DeployOptions(
-        timeout_seconds=_shared("timeout"),
-        idle_timeout_seconds=_shared("idle_timeout"),
+        timeout_seconds=_shared(ctx, "timeout"),
+        idle_timeout_seconds=_shared(ctx, "idle_timeout"),
         listen=Listen(listen[0], listen[1], port_file, listen_fd),
-        peers=peers or {},
+        peers={name: _address(_shared(ctx, name)) for name in names},
         stream_rounds=stream_rounds,
     )
 
 
 # ---- commands ---------------------------------------------------------------------------------
-
-
-Params = Annotated[list[str] | None, typer.Option("--param", help="starfish parameter key=value")]
-Timeout = Annotated[float, typer.Option(help="seconds a receive waits before the peer is gone")]
-Insecure = Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)]
-Host = Annotated[
-    str, typer.Option(help="address to listen on (0.0.0.0: every interface, for other hosts)")
-]
-Port = Annotated[int, typer.Option(help="port to listen on; 0 = ephemeral (see --port-file)")]
-PortFile = Annotated[Path | None, typer.Option(help="write the bound port here")]
-ListenFd = Annotated[
-    int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
-]
 
 
 @_cli_errors
@@ -315,6 +325,7 @@ def share_command(
 
 @_cli_errors
 def dealer_command(
+    ctx: typer.Context,
     host: Host = "127.0.0.1",
     port: Port = 0,
     port_file: PortFile = None,
@@ -329,20 +340,24 @@ def dealer_command(
     """
     from fedunlearn.mpc import DealerOptions, DealerServer
 
-    security = _security("dealer")
-    sock = _options((host, port), port_file, listen_fd).listen.open()
-    options = DealerOptions(
-        timeout_seconds=_shared("timeout"),
-        idle_timeout_seconds=_shared("idle_timeout"),
-        accept_timeout_seconds=_shared("timeout"),
+    security = _security(ctx, "dealer")
+    options = _options(ctx, (host, port), port_file, listen_fd)
+    server = DealerServer(
+        security,
+        listen_socket=options.listen.open(),
+        options=DealerOptions(
+            timeout_seconds=options.timeout_seconds,
+            idle_timeout_seconds=options.idle_timeout_seconds,
+            accept_timeout_seconds=options.timeout_seconds,
+        ),
     )
-    server = DealerServer(security, listen_socket=sock, options=options)
     served = server.serve()
     err_console.print(f"dealer done: {served} requests")
 
 
 @_cli_errors
 def clients_command(
+    ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="the run (the simulated clients' data)")],
     host: Host = "127.0.0.1",
     port: Port = 0,
@@ -352,8 +367,8 @@ def clients_command(
     """Serve the two Starfish servers as the simulated remaining clients."""
     from fedunlearn.unlearn.starfish.deploy.remote import serve_clients
 
-    security = _security("clients")
-    job, options = _job(run_dir), _options((host, port), port_file, listen_fd)
+    security = _security(ctx, "clients")
+    job, options = _job(ctx, run_dir), _options(ctx, (host, port), port_file, listen_fd)
     _server_logging()
     summary = serve_clients(job, security, options)
     err_console.print(f"clients done: {summary}")
@@ -361,11 +376,9 @@ def clients_command(
 
 @_cli_errors
 def server_command(
+    ctx: typer.Context,
     party: Annotated[int, typer.Option(help="0 (S1, listens) or 1 (S2, connects)")],
     run: Annotated[Path, typer.Option(help="run directory with RUN/starfish/server<party>")],
-    peer: Annotated[str, typer.Option(help="party 0: HOST:PORT to listen on; 1: to connect")],
-    dealer: Annotated[str, typer.Option(help="dealer HOST:PORT")],
-    clients: Annotated[str, typer.Option(help="clients service HOST:PORT")],
     out: Annotated[Path | None, typer.Option(help="write this server's result JSON")] = None,
     port_file: Annotated[Path | None, typer.Option(help="party 0: write the bound port")] = None,
     listen_fd: ListenFd = None,
@@ -378,10 +391,9 @@ def server_command(
 
     if party not in (0, 1):
         raise ConfigError(f"--party must be 0 or 1; got {party}")
-    addresses = {"peer": _address(peer), "dealer": _address(dealer), "clients": _address(clients)}
-    security = _security(f"server{party}")
-    job = _job(run)
-    options = _options(addresses["peer"], port_file, listen_fd, addresses, stream)
+    security = _security(ctx, f"server{party}")
+    job = _job(ctx, run)
+    options = _options(ctx, _address(_shared(ctx, "peer")), port_file, listen_fd, stream)
     _server_logging()
     result = run_server(party, job, security, options)
     if out is not None:
@@ -434,9 +446,9 @@ def register(app: typer.Typer) -> None:
     """Add the starfish-* commands to the ``fedunlearn`` app."""
     app.command(name="starfish-certs")(certs_command)
     app.command(name="starfish-share")(share_command)
-    app.command(name="starfish-dealer", cls=_ServiceCommand)(dealer_command)
-    app.command(name="starfish-clients", cls=_JobCommand)(clients_command)
-    app.command(name="starfish-server", cls=_JobCommand)(server_command)
+    app.command(name="starfish-dealer", cls=_DealerCommand)(dealer_command)
+    app.command(name="starfish-clients", cls=_ClientsCommand)(clients_command)
+    app.command(name="starfish-server", cls=_ServerCommand)(server_command)
     app.command(name="starfish-local")(local_command)
 
 

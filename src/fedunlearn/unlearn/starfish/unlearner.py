@@ -431,8 +431,12 @@ def _validated_execution(
 Runner = Callable[[Starfish, UnlearnRequest, UnlearnContext], RunOutput]
 """Runs Stage II for a method on one backend: builds backend, record, gateway; calls replay."""
 
-RUNNERS: Registry[Runner] = Registry("starfish backend", UnknownNameError)
-"""``execution.backend`` -> its runner; ``deploy.servers`` registers ``mpc`` on import."""
+RUNNERS: Registry[Runner] = Registry(
+    "starfish backend",
+    UnknownNameError,
+    lazy={"mpc": "fedunlearn.unlearn.starfish.deploy.servers:run_in_process"},
+)
+"""``execution.backend`` -> its runner; ``mpc`` (``deploy.servers``) is imported when first used."""
 
 
 @RUNNERS.register("plain")
