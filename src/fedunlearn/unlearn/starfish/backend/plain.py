@@ -36,6 +36,7 @@ from fedunlearn.unlearn.starfish.backend.protocol import (
     bitonic_comparators,
     check_order,
 )
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = ["PlainBackend", "PlainSecret"]
 
@@ -86,6 +87,8 @@ class PlainBackend(BackendLog):
         dtype: Working dtype of secret values (float64: the default mirror; float32 reproduces
             the run's FedAvg bit for bit).
         max_condition: ``inverse`` raises ``SingularMatrixError`` above this condition number.
+        ranges: The 2PC ring ranges to check client values against (the Stage I sharing
+            computes its clients' values here); None: the mirror checks nothing.
 
     Attributes:
         opened: Every opening, in order (``OpenedValue``).
@@ -93,11 +96,15 @@ class PlainBackend(BackendLog):
     """
 
     def __init__(
-        self, dtype: torch.dtype = torch.float64, max_condition: float = MAX_CONDITION
+        self,
+        dtype: torch.dtype = torch.float64,
+        max_condition: float = MAX_CONDITION,
+        ranges: StepRanges | None = None,
     ) -> None:
         super().__init__()
         self.dtype = dtype
         self.max_condition = max_condition
+        self.ranges = ranges
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
@@ -123,8 +130,10 @@ class PlainBackend(BackendLog):
     # ---- sharing and opening -----------------------------------------------------------------
 
     def share(self, x: torch.Tensor) -> PlainSecret:
-        """Secret-share ``x`` (a copy in the working dtype)."""
+        """Secret-share ``x`` (a copy in the working dtype), checked against ``ranges``."""
         self._count("share", x.numel())
+        if self.ranges is not None:
+            self.ranges.check_client_values(x.detach().cpu().to(torch.float64).numpy())
         return self._wrap(x.detach().to(self.dtype).clone())
 
     def reveal(self, x: PlainSecret, label: str) -> torch.Tensor:
@@ -259,6 +268,16 @@ class PlainBackend(BackendLog):
         self._count("sqrt", a.value.numel())
         self._log_range(a.value, a_range)
         return self._wrap(a.value.clamp_min(0).sqrt())
+
+    def check_range(
+        self,
+        a: PlainSecret,
+        value_range: tuple[float, float] | None = None,
+        step: str = "range check",
+    ) -> None:
+        """Log the range bit the 2PC servers would open (and stop on, when 0)."""
+        self._count("check_range", a.value.numel())
+        self._log_range(a.value, value_range)
 
     def _log_range(self, x: torch.Tensor, value_range: tuple[float, float] | None) -> None:
         """Log ``range_check``: 1 if every entry is in the range (the 2PC guard's one bit).

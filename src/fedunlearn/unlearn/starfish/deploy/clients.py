@@ -58,6 +58,7 @@ from fedunlearn.errors import (
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
 from fedunlearn.unlearn.context import RemainingClients
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -308,6 +309,7 @@ class ClientSimulator:
                 rejected[str(update.client_id)] = reason
                 continue
             gradient = update.delta.to(torch.float64).numpy() * self.scale
+            StepRanges(self.fixed_point.frac_bits).check_client_values(gradient, "an exact update")
             encoded = self.fixed_point.encode(gradient)
             mask = self.prg.ring(encoded.shape)  # the client's SecShare
             accepted.append(update.client_id)
