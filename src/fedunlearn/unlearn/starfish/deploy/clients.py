@@ -57,6 +57,7 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
+from fedunlearn.mpc.wire import parse_object
 from fedunlearn.unlearn.context import RemainingClients
 from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
@@ -91,13 +92,7 @@ def recv_doc(transport: TcpTransport, peer: str) -> dict[str, Any]:
         raise MalformedFrameError(
             f"{peer} sent a {frame.dtype} frame of shape {frame.shape} where a JSON message belongs"
         )
-    try:
-        doc = json.loads(frame.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedFrameError(f"{peer} sent a message that is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise MalformedFrameError(f"{peer} sent a JSON message that is not an object")
-    return doc
+    return parse_object(frame.tobytes(), peer, max_bytes=MAX_MESSAGE_BYTES)  # bounded (mpc.wire)
 
 
 def recv_array(
