@@ -6,10 +6,12 @@ import torch
 from starfish_support import two_party
 
 from fedunlearn.errors import ConfigError, SecureComputationError
+from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc import FixedPoint
 from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
 from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
 from fedunlearn.unlearn.starfish.backend.ranges import RingRangeError, StepRanges
+from fedunlearn.unlearn.starfish.deploy.shares import share_history
 from fedunlearn.unlearn.starfish.steps import (
     StageOneRecord,
     check_thresholds,
@@ -146,3 +148,13 @@ def test_an_encoding_error_never_carries_the_value():
     text = str(caught.value)
     assert "1.9997" not in text and "199970000000000" not in text
     assert "1 of 2 values" in text
+
+
+def test_the_stage_one_sharing_refuses_updates_outside_the_ring_range(convex_run, tmp_path):
+    # the deployment's clients side: gradients G = -delta / lr at lr = 1e-9 are ~1e7, far past
+    # 2^15 at f = 16 (before: shared, then squared and compared past the ring's end)
+    with HistoryStore.open(convex_run / "history") as plain:
+        with pytest.raises(RingRangeError, match=r"TD\^2 and SecTC") as caught:
+            share_history(plain, [tmp_path / "s0", tmp_path / "s1"], lr=1e-9, frac_bits=16)
+        assert "e+0" not in str(caught.value).split("2^15")[0]
+        share_history(plain, [tmp_path / "t0", tmp_path / "t1"], lr=0.05, frac_bits=16)

@@ -91,7 +91,7 @@ class StepRanges:
                 f"{what} does not fit the 2PC ring at f = {self.frac_bits}: {bad} of {x.size} "
                 f"values are not finite or reach |x| >= 2^{31 - self.frac_bits} = "
                 f"{self.coordinate_bound:g}, the range of {_COORDINATE_STEPS} (products at "
-                f"scale 2f below 2^{HEADROOM_BITS}). Nothing was shared. Lower frac_bits (each "
+                f"scale 2f below 2^{HEADROOM_BITS}). It was not shared. Lower frac_bits (each "
                 "bit doubles the range) or scale the updates down (e.g. units=delta)."
             )
 
@@ -107,7 +107,7 @@ class StepRanges:
             raise RingRangeError(
                 f"{step}: a target's update norm lies outside the declared norm_range "
                 f"[{lo:g}, {hi:g}] (capped by the ring range 2^{31 - self.frac_bits} at "
-                f"f = {self.frac_bits}). Nothing was shared. Declare a norm_range that holds."
+                f"f = {self.frac_bits}). It was not shared. Declare a norm_range that holds."
             )
 
     def check_selection(self, method: str) -> None:
