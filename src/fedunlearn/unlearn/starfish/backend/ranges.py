@@ -26,7 +26,7 @@ Stage I sharing and the clients service), so an out-of-range update stops the ru
 many entries exceed it, never a value (it reaches both servers). The declared ``norm_range`` is
 checked where a norm is used in the clear (``check_norm``: Method 1/2's client norm) and, per
 method, against the headroom above (``check_selection``: a declared range whose products
-cannot fit is refused before any work, naming the method).
+cannot fit is refused when SecRS starts, naming the method).
 
 Not covered by a plaintext check: SecUE's products after SecMI and SecTC's *estimates*
 G_hat = G_r + B v are computed in 2PC, so their bound is an assumption on the estimator (an
