@@ -87,24 +87,20 @@ class PlainBackend(BackendLog):
         dtype: Working dtype of secret values (float64: the default mirror; float32 reproduces
             the run's FedAvg bit for bit).
         max_condition: ``inverse`` raises ``SingularMatrixError`` above this condition number.
-        ranges: The 2PC ring ranges to check client values against (the Stage I sharing
-            computes its clients' values here); None: the mirror checks nothing.
 
     Attributes:
         opened: Every opening, in order (``OpenedValue``).
         op_counts: Phase -> op -> ``{"calls", "elements", "comparisons"}``.
+        ranges: None: float64 has no ring range to check client values against.
     """
 
     def __init__(
-        self,
-        dtype: torch.dtype = torch.float64,
-        max_condition: float = MAX_CONDITION,
-        ranges: StepRanges | None = None,
+        self, dtype: torch.dtype = torch.float64, max_condition: float = MAX_CONDITION
     ) -> None:
         super().__init__()
         self.dtype = dtype
         self.max_condition = max_condition
-        self.ranges = ranges
+        self.ranges: StepRanges | None = None  # float64 has no ring: nothing to check
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
@@ -130,10 +126,8 @@ class PlainBackend(BackendLog):
     # ---- sharing and opening -----------------------------------------------------------------
 
     def share(self, x: torch.Tensor) -> PlainSecret:
-        """Secret-share ``x`` (a copy in the working dtype), checked against ``ranges``."""
+        """Secret-share ``x`` (a copy in the working dtype)."""
         self._count("share", x.numel())
-        if self.ranges is not None:
-            self.ranges.check_client_values(x.detach().cpu().to(torch.float64).numpy())
         return self._wrap(x.detach().to(self.dtype).clone())
 
     def reveal(self, x: PlainSecret, label: str) -> torch.Tensor:
