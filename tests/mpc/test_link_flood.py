@@ -115,7 +115,7 @@ def connect_server1(port, pki, results, **kwargs):
         results.append((type(exc).__name__, str(exc)))
 
 
-def accept_server1(listener, pki, **kwargs):
+def accept_server1(listener, pki, accept_timeout_seconds=25):
     return accept_peer(
         listener,
         role="server0",
@@ -123,10 +123,9 @@ def accept_server1(listener, pki, **kwargs):
         identity=Identity.from_directory(pki, "server0"),
         binding=BINDING,
         timeout_seconds=10,
-        accept_timeout_seconds=25,
+        accept_timeout_seconds=accept_timeout_seconds,
         handshake_timeout_seconds=1.0,
         first_byte_seconds=0.5,
-        **kwargs,
     )
 
 
@@ -244,3 +243,32 @@ def test_a_peer_gives_up_at_its_join_deadline_when_nobody_listens():
             join_timeout_seconds=1.0,
         )
     assert time.monotonic() - start < 5
+
+
+def test_a_refusal_with_a_reason_is_final_not_retried(pki, tmp_path):
+    # a listener of another deployment's CA: TLS fails for a reason, so the peer stops at once
+    # instead of retrying until its join deadline
+    other = tmp_path / "other-pki"
+    create_trial_pki(other)
+    listener = TcpListener("127.0.0.1", 0)
+    served: list = []
+
+    def server0():
+        try:
+            accept_server1(listener, other, accept_timeout_seconds=3)
+        except Exception as exc:  # expected: nobody authenticated joins
+            served.append(type(exc).__name__)
+
+    acceptor = threading.Thread(target=server0)
+    acceptor.start()
+    results: list = []
+    start = time.monotonic()
+    try:
+        connect_server1(listener.port, str(pki), results, join_timeout_seconds=15)
+        elapsed = time.monotonic() - start
+    finally:
+        acceptor.join(10)
+        listener.close()
+    assert results and results[0][0] == "PeerAuthenticationError", results
+    assert elapsed < 4
+    assert served == ["PeerDisconnectedError"]
