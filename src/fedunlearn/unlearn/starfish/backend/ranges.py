@@ -14,8 +14,9 @@ The largest product of each step (real units) and when it fits:
   c = sqrt(lo hi): c < 2^(62 - 2f);
 - SecRS^alt Method 1: a_i v_j (SecGE4), a = u^2 <= v = ||g||^2 <= hi^2: hi < 2^((62 - 2f) / 4);
 - SecRS^alt Method 2: a (c / v) inside SecDiv, c = lo hi: lo hi < 2^(62 - 2f);
-- SecUE: S^T Y, Y^T v, Mid^-1 p, Y q (truncated SecMul at scale 2f): y = G_bar - G_r from two
-  client values; the products after SecMI are an assumption (below);
+- SecUE: S^T Y, Y^T v, Mid^-1 p, Y q (truncated SecMul at scale 2f): each y = G_bar - G_r is
+  a difference of two checked client values, but the inner products sum m terms and the
+  products after SecMI depend on the curvature: an assumption (below);
 
 so one bound, ``coordinate_bound = 2^(31 - f)`` (32,768 at f = 16, 262,144 at f = 13), covers
 every value a client shares: each update coordinate (TD, SecTC's exact updates, SecUE's y =
@@ -28,10 +29,13 @@ checked where a norm is used in the clear (``check_norm``: Method 1/2's client n
 method, against the headroom above (``check_selection``: a declared range whose products
 cannot fit is refused when SecRS starts, naming the method).
 
-Not covered by a plaintext check: SecUE's products after SecMI and SecTC's *estimates*
+Not covered by a plaintext check: SecUE's inner products (fit while ||s|| ||y|| 2^(f + p) <
+2^62, p the public operand's bits), its products after SecMI, and SecTC's *estimates*
 G_hat = G_r + B v are computed in 2PC, so their bound is an assumption on the estimator (an
-estimate of an update has the update's scale); an estimate beyond it is not flagged
-reliably. The opened aggregate is checked (``MpcBackend.reveal``: norm above ``norm_range[1]``
+estimate of an update has the update's scale); an estimate beyond 2^(31.5 - f) is not
+flagged reliably. (A check per coordinate would double SecTC's comparisons; the public
+bounds available on the curvature pairs are too loose to bound B v from a few secret
+scalars.) The opened aggregate is checked (``MpcBackend.reveal``: norm above ``norm_range[1]``
 or a wild value stops the run), which catches such an estimate of an unflagged client once it
 is aggregated, not before. SecRS Method 1's client-supplied norms are also checked in 2PC
 against ``norm_range`` (``check_range``: 2T + 1 comparisons, one opened bit), since in the
