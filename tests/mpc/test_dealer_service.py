@@ -229,10 +229,10 @@ def test_a_silent_dealer_times_out():
                 listener.port,
                 party_id=0,
                 insecure=True,
-                timeout_seconds=5,
+                timeout_seconds=1.5,  # also the join window: a silent listener may be a late one
                 handshake_timeout_seconds=0.3,
             )
-        assert time.monotonic() - start < 2
+        assert time.monotonic() - start < 4
         thread.join(5)
     finally:
         listener.close()

@@ -4,11 +4,14 @@
 both servers, the clients service for both servers) takes its connections:
 
 1. It keeps accepting on the listening socket until every expected role has arrived or
-   ``accept_timeout_seconds`` have passed. Each connection is handshaken in its own thread,
-   bounded by ``handshake_timeout_seconds`` (TLS handshake, then one hello frame of at most
-   16 KiB), at most ``MAX_PENDING`` at a time; junk (garbage bytes, a failed TLS handshake, a
-   slow drip, an oversized or malformed hello, a certificate of another CA) is closed and
-   logged, and never ends the session.
+   ``accept_timeout_seconds`` have passed. Each connection is handshaken in its own thread:
+   its first byte must arrive within ``first_byte_seconds`` (an idle connection frees its slot
+   quickly), and the whole handshake (TLS, then one hello frame of at most 16 KiB) ends within
+   ``handshake_timeout_seconds`` (a watchdog shuts a slow drip down). At most ``MAX_PENDING``
+   connections handshake at once, at most ``MAX_PENDING_PER_ADDRESS`` from one address; more
+   are closed at once. Junk (garbage bytes, a failed TLS handshake, a slow drip, an oversized
+   or malformed hello, a certificate of another CA) is closed and logged, and never ends the
+   session.
 2. With an ``Identity`` (mutual TLS) the peer's role is the one its certificate binds; a
    certificate of an unexpected role (say ``clients`` at the dealer), or a hello claiming
    another role than the certificate, is refused with a message saying so. Each role is
@@ -21,8 +24,12 @@ both servers, the clients service for both servers) takes its connections:
 4. Once all roles are in, each peer receives ``{"ready": true}``; if the session fails first
    (a mismatch, the deadline), the peers already accepted receive the reason instead.
 
-``connect_peer`` is the other end: connect (retrying refused connects), TLS with the expected
-role(s) of the peer, send the hello, compare the answer, wait for ``ready``.
+``connect_peer`` is the other end: connect, TLS with the expected role(s) of the peer, send the
+hello, compare the answer, wait for ``ready``. Until ``join_timeout_seconds`` have passed it
+retries every attempt that failed for want of a listener (refused, closed at once because the
+listener's handshake slots were full of a flood, reset, or a handshake that timed out because
+the listener had not started accepting yet), with a backoff of at most 1 s; a refusal with a
+reason (wrong role, other session, wrong CA) is final.
 
 Both return ``Link``s whose ``transport`` is a ``TcpTransport`` with the caller's timeouts and
 frame cap (the handshake itself runs under a 16 KiB cap).
@@ -69,7 +76,9 @@ from fedunlearn.mpc.tcp import (
 )
 
 __all__ = [
+    "FIRST_BYTE_SECONDS",
     "MAX_PENDING",
+    "MAX_PENDING_PER_ADDRESS",
     "Link",
     "LinkSecurity",
     "accept_peer",
@@ -80,6 +89,9 @@ __all__ = [
 
 logger = logging.getLogger("fedunlearn.mpc.link")
 MAX_PENDING = 32  # connections handshaking at once; more are closed at once
+MAX_PENDING_PER_ADDRESS = 8  # of them from one IP address, so one host cannot take every slot
+FIRST_BYTE_SECONDS = 2.0  # a connection that sends nothing for this long is closed
+_RETRY_BACKOFF_SECONDS = (0.05, 1.0)  # connect_peer's first and largest pause between attempts
 _LINGER_SECONDS = 2.0  # after a refusal or abort, let the message reach the peer
 _MAX_REFUSALS_KEPT = 20
 _HINT = (
@@ -206,9 +218,51 @@ def _handshake_incoming(
     peer_roles: Collection[str],
     party_id: int,
     handshake_timeout_seconds: float,
+    first_byte_seconds: float = FIRST_BYTE_SECONDS,
 ) -> _Candidate:
-    """TLS (if any), the peer's role, its hello: everything but the session comparison."""
+    """TLS (if any), the peer's role, its hello: everything but the session comparison.
+
+    The first byte must come within ``first_byte_seconds``; a watchdog shuts the connection
+    down when ``handshake_timeout_seconds`` have passed in all (socket timeouts bound each
+    read only, so a drip of one byte per second would otherwise last).
+    """
     where = f"{address[0]}:{address[1]}"
+    conn.settimeout(min(first_byte_seconds, handshake_timeout_seconds))
+    try:
+        first = conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        first = b""
+    if not first:
+        conn.close()
+        raise _Refused(f"sent nothing within {first_byte_seconds:g} s (idle connection)")
+    watch = conn.dup()  # shutting a duplicate down ends the blocked handshake on ``conn``
+    watchdog = threading.Timer(handshake_timeout_seconds, _shut_down, (watch,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return _handshake_after_first_byte(
+            conn, where, security, peer_roles, party_id, handshake_timeout_seconds
+        )
+    finally:
+        watchdog.cancel()
+        watch.close()
+
+
+def _shut_down(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _handshake_after_first_byte(
+    conn: socket.socket,
+    where: str,
+    security: LinkSecurity,
+    peer_roles: Collection[str],
+    party_id: int,
+    handshake_timeout_seconds: float,
+) -> _Candidate:
     cert_role: str | None = None
     try:
         if security.identity is not None:
@@ -272,6 +326,7 @@ def accept_peers(
     handshake_timeout_seconds: float = 10.0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     adopt_binding: bool = False,
+    first_byte_seconds: float = FIRST_BYTE_SECONDS,
 ) -> dict[str, Link]:
     """Accept until one authenticated peer of each role in ``peer_roles`` has joined.
 
@@ -291,6 +346,7 @@ def accept_peers(
         max_frame_bytes: Frame cap of the returned transports.
         adopt_binding: Take the first accepted peer's binding as this session's (a dealer that
             only checks that both servers agree); ``binding`` must then be None.
+        first_byte_seconds: A connection that sends nothing for this long is closed.
 
     Returns:
         Role -> ``Link``.
@@ -316,6 +372,7 @@ def accept_peers(
     host, port = sock.getsockname()[:2]
     results: queue.Queue = queue.Queue()
     pending = [0]
+    per_address: dict[str, int] = {}
     lock = threading.Lock()
     accepted: dict[str, Link] = {}
     refusals: list[str] = []
@@ -326,7 +383,13 @@ def accept_peers(
         try:
             results.put(
                 _handshake_incoming(
-                    conn, address, security, wanted, party_id, handshake_timeout_seconds
+                    conn,
+                    address,
+                    security,
+                    wanted,
+                    party_id,
+                    handshake_timeout_seconds,
+                    first_byte_seconds,
                 )
             )
         except _Refused as exc:
@@ -339,6 +402,9 @@ def accept_peers(
         finally:
             with lock:
                 pending[0] -= 1
+                per_address[address[0]] -= 1
+                if not per_address[address[0]]:
+                    del per_address[address[0]]
 
     def refuse(where: str, reason: str) -> None:
         nonlocal refused_count
@@ -413,13 +479,18 @@ def accept_peers(
                 ) from exc
             with lock:
                 full = pending[0] >= MAX_PENDING
-                if not full:
+                crowded = per_address.get(address[0], 0) >= MAX_PENDING_PER_ADDRESS
+                if not (full or crowded):
                     pending[0] += 1
-            if full:
-                conn.close()
+                    per_address[address[0]] = per_address.get(address[0], 0) + 1
+            if full or crowded:
+                conn.close()  # a real peer retries (connect_peer) until its join deadline
                 refuse(
                     f"{address[0]}:{address[1]}",
-                    f"more than {MAX_PENDING} connections handshaking at once",
+                    f"more than {MAX_PENDING} connections handshaking at once"
+                    if full
+                    else f"more than {MAX_PENDING_PER_ADDRESS} connections handshaking from "
+                    f"{address[0]}",
                 )
                 continue
             threading.Thread(
@@ -469,6 +540,7 @@ def accept_peer(
     accept_timeout_seconds: float = 600.0,
     handshake_timeout_seconds: float = 10.0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    first_byte_seconds: float = FIRST_BYTE_SECONDS,
 ) -> Link:
     """``accept_peers`` for one role (e.g. server 0 waiting for server 1); see there."""
     links = accept_peers(
@@ -485,6 +557,7 @@ def accept_peer(
         accept_timeout_seconds=accept_timeout_seconds,
         handshake_timeout_seconds=handshake_timeout_seconds,
         max_frame_bytes=max_frame_bytes,
+        first_byte_seconds=first_byte_seconds,
     )
     return links[peer_role]
 
@@ -506,6 +579,7 @@ def connect_peer(
     ready_timeout_seconds: float | None = None,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     wait_ready: bool = True,
+    join_timeout_seconds: float | None = None,
 ) -> Link:
     """Connect to a service, authenticate its role, exchange hellos, wait until it is ready.
 
@@ -520,7 +594,8 @@ def connect_peer(
         ssl_context: Legacy client-side TLS context (no role check).
         server_hostname: Host name for a legacy context's check (default: the host).
         party_id: Passed to the transport.
-        timeout_seconds: Connect retry window, and receive timeout of the returned transport.
+        timeout_seconds: Receive timeout of the returned transport (and the default join
+            window).
         handshake_timeout_seconds: Bound on the TLS handshake and the hello answer.
         ready_timeout_seconds: How long to wait for the service's other peers (default:
             ``timeout_seconds``).
@@ -528,6 +603,9 @@ def connect_peer(
         wait_ready: Wait here until the service is ready (all its peers joined). With False
             the caller must call ``link.wait_ready()`` (or read the ready message itself)
             before anything else.
+        join_timeout_seconds: How long to keep retrying attempts that found no listener
+            ready (refused, closed at once, reset, stalled handshake); default
+            ``timeout_seconds``.
 
     Returns:
         The link.
@@ -536,7 +614,8 @@ def connect_peer(
         PeerAuthenticationError: TLS failed, the peer's role is not in ``peer_roles``, or the
             service refused this process's role.
         SessionMismatchError: The service runs another session or job (fields named).
-        PeerDisconnectedError: Nobody listens, or the service went away before it was ready.
+        PeerDisconnectedError: No listener answered within the join window, or the service
+            went away before it was ready.
     """
     security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s connection")
     if security.identity is not None and security.identity.role != role:
@@ -545,28 +624,35 @@ def connect_peer(
         )
     host, port = address
     where = f"{'/'.join(sorted(peer_roles))} at {host}:{port}"
-    sock = connect_socket(host, port, timeout_seconds)
-    cert_role: str | None = None
-    if security.identity is not None:
-        sock, cert_role = security.identity.wrap_client(
-            sock, set(peer_roles), timeout_seconds=handshake_timeout_seconds, where=where
-        )
-    elif security.legacy_context is not None:
-        sock.settimeout(handshake_timeout_seconds)
-        try:
-            sock = security.legacy_context.wrap_socket(
-                sock, server_hostname=server_hostname or host
-            )
-        except (ssl.SSLError, OSError) as exc:
-            sock.close()
-            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
-    transport = TcpTransport(
-        sock, party_id, handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
-    )
+    join_seconds = timeout_seconds if join_timeout_seconds is None else join_timeout_seconds
+    deadline = time.monotonic() + join_seconds
     ours = Hello(role, binding or SessionBinding.unbound(), dict(options or {}))
+    pause, attempts = _RETRY_BACKOFF_SECONDS[0], 0
+    while True:
+        attempts += 1
+        try:
+            transport, cert_role, reply = _hello_attempt(
+                security,
+                address,
+                where,
+                peer_roles,
+                ours,
+                server_hostname,
+                party_id,
+                max(deadline - time.monotonic(), 0.05),
+                handshake_timeout_seconds,
+            )
+            break
+        except _Retry as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerDisconnectedError(
+                    f"could not join {where} within {join_seconds:g} s ({attempts} attempts; "
+                    f"last: {exc}); start the listening party first"
+                ) from exc.__cause__
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, _RETRY_BACKOFF_SECONDS[1])
     try:
-        _send_doc(transport, ours.to_json())
-        reply = _receive_doc(transport, where)
         _raise_refusal(reply, where)
         theirs = Hello.parse(reply, where)
         claimed_ok = (
@@ -590,6 +676,73 @@ def connect_peer(
     transport.set_timeout(timeout_seconds)
     transport.max_frame_bytes = int(max_frame_bytes)
     return link
+
+
+class _Retry(Exception):
+    """An attempt to join failed for want of a listener; ``connect_peer`` tries again."""
+
+
+# failures that say "nobody (ready) listens here", not "you are refused"
+_TRANSIENT = (ConnectionError, TimeoutError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+def _hello_attempt(
+    security: LinkSecurity,
+    address: tuple[str, int],
+    where: str,
+    peer_roles: Collection[str],
+    ours: Hello,
+    server_hostname: str | None,
+    party_id: int,
+    connect_seconds: float,
+    handshake_timeout_seconds: float,
+) -> tuple[TcpTransport, str | None, dict]:
+    """One attempt: connect, TLS, send our hello, read the answer (not yet judged).
+
+    Raises:
+        _Retry: The listener is not there (yet), was full and closed us, or stalled.
+        PeerAuthenticationError: TLS refused for a reason (certificate, role).
+    """
+    host, port = address
+    try:
+        sock = connect_socket(host, port, connect_seconds)
+    except PeerDisconnectedError as exc:
+        raise _Retry(str(exc)) from exc
+    except OSError as exc:
+        raise _Retry(f"connect failed: {exc}") from exc
+    cert_role: str | None = None
+    if security.identity is not None:
+        try:
+            sock, cert_role = security.identity.wrap_client(
+                sock, set(peer_roles), timeout_seconds=handshake_timeout_seconds, where=where
+            )
+        except PeerAuthenticationError as exc:
+            if isinstance(exc.__cause__, _TRANSIENT):
+                raise _Retry(f"TLS handshake: {exc.__cause__}") from exc
+            raise
+    elif security.legacy_context is not None:
+        sock.settimeout(handshake_timeout_seconds)
+        try:
+            sock = security.legacy_context.wrap_socket(
+                sock, server_hostname=server_hostname or host
+            )
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            if isinstance(exc, _TRANSIENT):
+                raise _Retry(f"TLS handshake: {exc}") from exc
+            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
+    transport = TcpTransport(
+        sock, party_id, handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
+    )
+    try:
+        _send_doc(transport, ours.to_json())
+        return transport, cert_role, _receive_doc(transport, where)
+    except PeerDisconnectedError as exc:  # closed or silent before any answer: no listener
+        transport.close()
+        raise _Retry(f"no answer to the hello: {exc}") from exc
+    except BaseException:
+        transport.close()
+        raise
 
 
 def check_ready(doc: Mapping[str, object], where: str) -> None:

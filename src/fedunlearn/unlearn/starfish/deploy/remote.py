@@ -384,7 +384,10 @@ def run_server(
         clients_link.transport.set_timeout(idle_timeout_seconds)
         gateway = RemoteClients(clients_link, party, int(info["num_params"]))
         backend = MpcBackend(
-            party, max_aggregate_norm=execution.norm_range[1], stream_rounds=stream_rounds
+            party,
+            max_aggregate_norm=execution.norm_range[1],
+            norm_range=execution.norm_range,
+            stream_rounds=stream_rounds,
         )
         record = SharedStageOneRecord(history, party)
         out = method.replay(request, context, backend, record, gateway)

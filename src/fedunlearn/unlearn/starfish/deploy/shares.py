@@ -57,6 +57,7 @@ from fedunlearn.mpc.prg import derive_seed, fresh_seed
 from fedunlearn.runs import HISTORY_DIR, load_run_config
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory, TrainingInfo, UnlearnContext
 from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 from fedunlearn.unlearn.starfish.deploy.binding import SHARING_FILE, new_sharing_id, write_sharing
 from fedunlearn.unlearn.starfish.steps import StageOneRecord
 from fedunlearn.unlearn.starfish.unlearner import Starfish
@@ -211,6 +212,7 @@ def share_history(
                 gradient = record.plain_update(r, rec.client_id).to(torch.float64)
                 norm, threshold = record.assistive(r, rec.client_id)
                 vector = np.concatenate([gradient.numpy(), [norm, threshold]])
+                StepRanges(frac_bits).check_client_values(vector, f"a round-{r} update")
                 encoded = fixed_point.encode(vector)
                 mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, Table IV)
                 shares[0][rec.client_id] = torch.from_numpy(mask.copy())
