@@ -130,14 +130,15 @@ class PaperMIA:
     """
 
     def __init__(self, session: UnlearnSession, forget: list[int], seed: int = 0) -> None:
-        setup = session.setup
-        self.model = setup.model
-        data = [setup.federation.client_data[c] for c in forget]
+        evaluation = session.evaluation
+        self.model = evaluation.model
+        data = [session.federation.client_data[c] for c in forget]
         self.members = torch.cat([d.x for d in data])
-        perm = torch.randperm(len(setup.y_test), generator=torch.Generator().manual_seed(seed))
+        perm = torch.randperm(len(evaluation.y_test), generator=torch.Generator().manual_seed(seed))
         half = len(perm) // 2
-        self.fit_out, self.held_out = setup.x_test[perm[:half]], setup.x_test[perm[half:]]
-        fl = session.final_params
+        x_test = evaluation.x_test
+        self.fit_out, self.held_out = x_test[perm[:half]], x_test[perm[half:]]
+        fl = session.run_view.final_params
         x = np.concatenate([self._logits(fl, self.members), self._logits(fl, self.fit_out)])
         y = np.r_[np.ones(len(self.members)), np.zeros(len(self.fit_out))]
         self.attack = LogisticRegression(max_iter=2000, class_weight="balanced").fit(x, y)
@@ -163,7 +164,7 @@ def row_of(
     if judge is not None:
         row = judge.judge(result)
     else:
-        q = session.setup.evaluate(result.params)
+        q = session.evaluation.evaluate(result.params)
         row = {"test_accuracy": q["test_accuracy"], "backdoor_asr": q.get("backdoor_asr")}
         row |= {"rounds": result.costs.rounds, "client_epochs": result.costs.client_epochs}
     details = result.details.to_dict()
@@ -506,7 +507,7 @@ def clipped_training(cfg: RunConfig) -> dict[str, Any]:
 
 def _unlearn_row(session: UnlearnSession, result: UnlearnResult) -> dict[str, Any]:
     """TA, ASR and costs of one unlearning result (and FedADP's selection figures)."""
-    q = session.setup.evaluate(result.params)
+    q = session.evaluation.evaluate(result.params)
     details = result.details.to_dict()
     return {
         "test_accuracy": q["test_accuracy"],

@@ -141,8 +141,8 @@ def main() -> None:
 
 def arp(participations: int, session: UnlearnSession, forget: list[int]) -> float:
     """ARP for a method without per-client counts: mean_j (T - T_r^j) / T over remaining clients."""
-    rounds = session.config.training.rounds
-    remaining = len(session.client_ids) - len(forget)
+    rounds = session.run_view.config.training.rounds
+    remaining = len(session.run_view.client_ids) - len(forget)
     return 100.0 * (1 - participations / (rounds * remaining))
 
 

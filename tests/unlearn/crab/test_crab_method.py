@@ -35,7 +35,7 @@ def run_crab(tmp_path_factory):
 
 def recover(run_dir, params=None):
     with UnlearnSession(run_dir, evaluate=False) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         return session.run(make_method("crab", params), request)
 
 
@@ -95,12 +95,12 @@ def test_no_selection_no_rollback_equals_calibrated_replay_of_all_rounds_bit_for
     assert crab.details.rollback_round == 0
     assert crab.details.recovery_rounds == (1, 2, 3, 4, 5)
     with UnlearnSession(run_all, evaluate=False) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         context = session.context(request)
         replayed, _ = calibrated_replay(
             context,
             range(1, context.num_rounds + 1),
-            start_params=session.initial_params,
+            start_params=session.run_view.initial_params,
             spec=context.clients.spec,
         )
     assert torch.equal(crab.params, replayed)

@@ -67,7 +67,7 @@ def dp_run(tmp_path_factory):
 
 def test_fedadp_on_a_dp_run_replays_the_stored_rounds_without_the_forgotten(dp_run):
     with UnlearnSession(dp_run) as session:
-        forget = sorted(session.malicious)
+        forget = sorted(session.run_view.malicious)
         result = session.run(make_method("fedadp"), UnlearnRequest.of(forget, "recover"))
         again = session.run(make_method("fedadp"), UnlearnRequest.of(forget, "recover"))
     details = result.details
