@@ -162,7 +162,7 @@ def row_of(
 ) -> dict[str, Any]:
     """Return one table row: quality, attacks, costs, storage, privacy."""
     if judge is not None:
-        row = judge.judge(result)
+        row = judge.judge(result, retrain.params if retrain is not None else None)
     else:
         q = session.evaluation.evaluate(result.params)
         row = {"test_accuracy": q["test_accuracy"], "backdoor_asr": q.get("backdoor_asr")}
@@ -232,13 +232,12 @@ def experiment(args: argparse.Namespace, backdoor: bool) -> dict[str, Any]:
     for run, items in plan.items():
         run_dir, summary = runs[run]
         with UnlearnSession(run_dir) as session:
-            judge = Judge(session, request, seed=0)
+            judge = Judge(session.run_view, session.evaluation, request, seed=0)
             paper_mia = PaperMIA(session, forget)
             for label, method, params in items:
                 result = session.run(make_method(method, params), request)
                 if method == "retrain":
                     retrain = result
-                judge.retrain_params = retrain.params if retrain is not None else None
                 row = row_of(judge, session, label, result, retrain)
                 row |= paper_mia(result.params)
                 row["run"] = run

@@ -11,7 +11,7 @@ from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.runs import HISTORY_DIR, train_run
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn import Costs, UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.baselines.fedrecover import (
     FedRecover,
     Schedule,
@@ -308,7 +308,7 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
         with pytest.raises(UnsupportedHistoryError, match="round 1 client 1"):
             FedRecover().unlearn(UnlearnRequest.of([0]), context)
     assert fed.calls == 0
-    assert meter.history_bytes_read == 0
+    assert meter.costs.history_bytes_read == 0
 
 
 # ---- (4) schedule and cost accounting with tau = inf -------------------------------------------
@@ -380,8 +380,8 @@ def test_round_thresholds_leave_at_most_alpha_of_coordinates_above(session, reco
     context = session.context(FORGET)
     remaining = [c for c in session.run_view.client_ids if c not in FORGET.forget]
     per_round = round_thresholds(context, {r: remaining for r in range(1, ROUNDS + 1)}, alpha)
-    assert context.meter.client_epochs == 0
-    assert context.meter.history_bytes_read == ROUNDS * len(remaining) * 39 * 4
+    assert context.meter.costs.client_epochs == 0
+    assert context.meter.costs.history_bytes_read == ROUNDS * len(remaining) * 39 * 4
     assert sorted(per_round) == list(range(1, ROUNDS + 1))
     for r, tau_r in per_round.items():
         coords = torch.cat([session.run_view.store.read_update(r, c).abs() for c in remaining])
@@ -438,7 +438,7 @@ def test_run_recorded_with_policy_every_is_refused_before_any_work(tmp_path):
         context = opened.context(FORGET)
         with pytest.raises(UnsupportedHistoryError, match="fedrecover needs history policy all"):
             make_method("fedrecover").unlearn(FORGET, context)
-    assert context.meter == CostMeter()
+    assert context.meter.costs == Costs()
 
 
 # ---- (8) determinism, reporting -----------------------------------------------------------------

@@ -229,7 +229,7 @@ def test_bounded_refuses_other_aggregators_and_runs_without_the_scalars(run_all)
         stripped.client_records = no_scalars  # a run recorded by an older fedunlearn
         with pytest.raises(UnsupportedHistoryError, match="dot_aggregate"):
             crab.unlearn(request, context)
-        assert context.meter.client_epochs == 0  # refused before any work
+        assert context.meter.costs.client_epochs == 0  # refused before any work
 
 
 # ----- final tuning [D13] ----------------------------------------------------------------------

@@ -306,7 +306,7 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
     finally:
         store.close()
     assert fed.calls == 0
-    assert opened.meter.history_bytes_read == 0
+    assert opened.meter.costs.history_bytes_read == 0
 
 
 # ---- (6) algorithm and execution ---------------------------------------------------------------
