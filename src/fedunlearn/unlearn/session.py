@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -84,7 +85,7 @@ class UnlearnSession:
         except BaseException:
             store.close()
             raise
-        self.evaluate = evaluate
+        self._evaluate_rounds = evaluate
         self._aggregator = self._setup.aggregator
         self.run_view = RunView(
             run_dir=run_dir,
@@ -95,14 +96,16 @@ class UnlearnSession:
             fingerprint=hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
             model=federation.model,
             spec=federation.spec,
-            client_sizes={c: federation.num_samples(c) for c in federation.client_ids},
+            client_sizes=MappingProxyType(
+                {c: federation.num_samples(c) for c in federation.client_ids}
+            ),
             malicious=federation.malicious,
         )
         self.evaluation = EvaluationView(self._setup)
         self.federation: Federation = federation
 
     def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
-        if not self.evaluate:
+        if not self._evaluate_rounds:
             return None
         if progress is None:
             return self.evaluation.evaluate

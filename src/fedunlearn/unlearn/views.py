@@ -15,6 +15,7 @@ verifier (``fedunlearn.eval``) read them and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ class RunView:
         fingerprint: SHA-256 of the config (cache keys).
         model: The model template (its structure; evaluate flat vectors with it).
         spec: The run's local training hyperparameters.
-        client_sizes: Client id -> n_c, for every client of the run.
+        client_sizes: Client id -> n_c, for every client of the run (read-only mapping).
         malicious: The attacking clients (the ground truth a detector would name).
     """
 
@@ -58,7 +59,7 @@ class RunView:
     fingerprint: str
     model: nn.Module
     spec: LocalTrainingSpec
-    client_sizes: dict[int, int]
+    client_sizes: Mapping[int, int]
     malicious: frozenset[int]
 
     @property
