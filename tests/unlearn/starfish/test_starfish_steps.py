@@ -107,7 +107,7 @@ def test_td2_is_each_clients_max_quantile_and_td1_a_global_rank(session):
     rounds = {c: list(range(1, ROUNDS + 1)) for c in REMAINING}
     td2 = thresholds_td2(be, record, rounds)
     grads = {
-        (r, c): session.store.read_update(r, c).double().numpy() / -LR
+        (r, c): session.run_view.store.read_update(r, c).double().numpy() / -LR
         for r in range(1, ROUNDS + 1)
         for c in REMAINING
     }

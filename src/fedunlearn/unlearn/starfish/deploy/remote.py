@@ -190,17 +190,17 @@ def serve_clients(
         context = session.context(request)
         binding = starfish_binding(
             session_id,
-            config=session.config,
+            config=session.run_view.config,
             forget=request.forget,
             method=method,
-            history=session.store,
+            history=session.run_view.store,
             sharing=read_sharing(run_dir),
         )
         remaining = set(context.clients.ids)
         participants = {
             r: sorted(
                 rec.client_id
-                for rec in session.store.client_records(r)
+                for rec in session.run_view.store.client_records(r)
                 if rec.status == "accepted" and rec.client_id in remaining
             )
             for r in range(1, context.num_rounds + 1)
@@ -236,7 +236,7 @@ def serve_clients(
     return {
         "requests": served,
         "models": len(simulator.trajectory),
-        "participations": context.meter.client_participations,
+        "participations": context.meter.costs.client_participations,
     }
 
 

@@ -51,6 +51,7 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.mpc import FixedPoint, Prg, SharedTensor
 from fedunlearn.mpc.prg import derive_seed, fresh_seed
@@ -305,8 +306,8 @@ class SharedStageOneRecord:
 class PublicClients:
     """The remaining clients as a server knows them: ids, sample counts, training settings.
 
-    Stands in for ``RemainingClients`` in a server process; it cannot train (exact updates come
-    through a client gateway as shares).
+    Implements ``fedunlearn.fl.clients.Clients`` in a server process (the context's clients);
+    it cannot train (exact updates come through a client gateway as shares).
     """
 
     def __init__(
@@ -317,11 +318,24 @@ class PublicClients:
         self.spec = spec
         self.num_params = num_params
 
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """The remaining clients."""
+        return self.ids
+
     def num_samples(self, client_id: int) -> int:
         """n_c of a client (public: FedAvg weights)."""
         return self._sizes[client_id]
 
-    def train(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def train(
+        self,
+        global_params: torch.Tensor,
+        client_ids: Sequence[int],
+        round_: int,
+        *,
+        spec: LocalTrainingSpec | None = None,
+        salt: int = 0,
+    ) -> list[ClientUpdate]:
         """Refuse: a server never trains on client data."""
         raise ConfigError("a Starfish server cannot train clients; use the client gateway")
 
@@ -360,7 +374,7 @@ def server_context(
         )
     return UnlearnContext(
         history=history,
-        clients=PublicClients(remaining, sizes, spec, int(info["num_params"])),  # type: ignore
+        clients=PublicClients(remaining, sizes, spec, int(info["num_params"])),
         aggregator=fedavg,
         num_rounds=num_rounds,
         initial_params=history.read_model(0),
