@@ -63,10 +63,10 @@ def main() -> None:
             summary = train_run(scenario_config(seed, changes), run_dir)
             poisoned = summary["final_metrics"]
             with UnlearnSession(run_dir, evaluate=False) as session:
-                request = UnlearnRequest.of(sorted(session.malicious), "recover")
+                request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
                 retrain = session.run(make_method("retrain"), request)
                 base = retrain.costs.client_epochs
-                q = session.setup.evaluate(retrain.params)
+                q = session.evaluation.evaluate(retrain.params)
                 print(
                     f"| {name} | {seed} | poisoned | {100 * poisoned['test_accuracy']:.1f} | "
                     f"{100 * poisoned['backdoor_asr']:.1f} | – | – | – | – |"
@@ -77,7 +77,7 @@ def main() -> None:
                 )
                 for label, params in VARIANTS:
                     result = session.run(make_method("crab", params), request)
-                    q = session.setup.evaluate(result.params)
+                    q = session.evaluation.evaluate(result.params)
                     d = result.details
                     codes = ", ".join(sorted({w.split(":")[0] for w in d.warnings})) or "–"
                     epochs = result.costs.client_epochs

@@ -113,11 +113,11 @@ def config(mnist: Path, setting: str, seed: int, rounds: int = ROUNDS) -> Any:
 
 def asr_all(session: UnlearnSession, params: torch.Tensor) -> float | None:
     """Return ASR_all: the share of *all* triggered test inputs classified as the target."""
-    setup = session.setup
-    if setup.trigger is None:
+    evaluation = session.evaluation
+    if evaluation.trigger is None:
         return None
-    logits = predict_logits(setup.model, params, setup.trigger.apply(setup.x_test))
-    return float((logits.argmax(1) == setup.config.attack.target_label).double().mean())
+    logits = predict_logits(evaluation.model, params, evaluation.trigger.apply(evaluation.x_test))
+    return float((logits.argmax(1) == evaluation.target_label).double().mean())
 
 
 def run_configuration(
@@ -135,11 +135,11 @@ def run_configuration(
     print(f"[{setting} seed {seed}] trained: {summary['final_metrics']}", flush=True)
     rows = []
     with UnlearnSession(run_dir, evaluate=False) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         for label, method, params in VARIANTS:
             unlearner = make_method(method, params)
             result = session.run(unlearner, request)
-            quality = session.setup.evaluate(result.params)
+            quality = session.evaluation.evaluate(result.params)
             details = result.details.to_dict()
             rows.append(
                 {
@@ -162,8 +162,8 @@ def run_configuration(
     doc = {
         "setting": setting,
         "seed": seed,
-        "config": session.config.model_dump(mode="json"),
-        "malicious_clients": sorted(session.malicious),
+        "config": session.run_view.config.model_dump(mode="json"),
+        "malicious_clients": sorted(session.run_view.malicious),
         "train_summary": summary,
         "rows": rows,
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}",

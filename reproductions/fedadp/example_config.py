@@ -64,7 +64,7 @@ def measure(out: Path, seed: int, variant: str) -> dict[str, Any]:
     with UnlearnSession(run_dir) as session:
         for name in ("fedadp", "retrain"):
             result = session.run(make_method(name), request)
-            q = session.setup.evaluate(result.params)
+            q = session.evaluation.evaluate(result.params)
             row[f"{name}_ta"] = q["test_accuracy"]
             row[f"{name}_asr"] = q["backdoor_asr"]
             row[f"{name}_epochs"] = result.costs.client_epochs

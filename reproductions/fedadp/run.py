@@ -130,14 +130,15 @@ class PaperMIA:
     """
 
     def __init__(self, session: UnlearnSession, forget: list[int], seed: int = 0) -> None:
-        setup = session.setup
-        self.model = setup.model
-        data = [setup.federation.client_data[c] for c in forget]
+        evaluation = session.evaluation
+        self.model = evaluation.model
+        data = [session.federation.client_data[c] for c in forget]
         self.members = torch.cat([d.x for d in data])
-        perm = torch.randperm(len(setup.y_test), generator=torch.Generator().manual_seed(seed))
+        perm = torch.randperm(len(evaluation.y_test), generator=torch.Generator().manual_seed(seed))
         half = len(perm) // 2
-        self.fit_out, self.held_out = setup.x_test[perm[:half]], setup.x_test[perm[half:]]
-        fl = session.final_params
+        x_test = evaluation.x_test
+        self.fit_out, self.held_out = x_test[perm[:half]], x_test[perm[half:]]
+        fl = session.run_view.final_params
         x = np.concatenate([self._logits(fl, self.members), self._logits(fl, self.fit_out)])
         y = np.r_[np.ones(len(self.members)), np.zeros(len(self.fit_out))]
         self.attack = LogisticRegression(max_iter=2000, class_weight="balanced").fit(x, y)
@@ -161,9 +162,9 @@ def row_of(
 ) -> dict[str, Any]:
     """Return one table row: quality, attacks, costs, storage, privacy."""
     if judge is not None:
-        row = judge.judge(result)
+        row = judge.judge(result, retrain.params if retrain is not None else None)
     else:
-        q = session.setup.evaluate(result.params)
+        q = session.evaluation.evaluate(result.params)
         row = {"test_accuracy": q["test_accuracy"], "backdoor_asr": q.get("backdoor_asr")}
         row |= {"rounds": result.costs.rounds, "client_epochs": result.costs.client_epochs}
     details = result.details.to_dict()
@@ -231,13 +232,12 @@ def experiment(args: argparse.Namespace, backdoor: bool) -> dict[str, Any]:
     for run, items in plan.items():
         run_dir, summary = runs[run]
         with UnlearnSession(run_dir) as session:
-            judge = Judge(session, request, seed=0)
+            judge = Judge(session.run_view, session.evaluation, request, seed=0)
             paper_mia = PaperMIA(session, forget)
             for label, method, params in items:
                 result = session.run(make_method(method, params), request)
                 if method == "retrain":
                     retrain = result
-                judge.retrain_params = retrain.params if retrain is not None else None
                 row = row_of(judge, session, label, result, retrain)
                 row |= paper_mia(result.params)
                 row["run"] = run
@@ -507,7 +507,7 @@ def clipped_training(cfg: RunConfig) -> dict[str, Any]:
 
 def _unlearn_row(session: UnlearnSession, result: UnlearnResult) -> dict[str, Any]:
     """TA, ASR and costs of one unlearning result (and FedADP's selection figures)."""
-    q = session.setup.evaluate(result.params)
+    q = session.evaluation.evaluate(result.params)
     details = result.details.to_dict()
     return {
         "test_accuracy": q["test_accuracy"],

@@ -72,14 +72,14 @@ def pct(x: float | None) -> str:
 
 def judge(session: UnlearnSession, result: UnlearnResult, forget: list[int]) -> dict[str, Any]:
     """TER, backdoor ASR (test set and target's own data) and costs of one result."""
-    setup = session.setup
-    quality = setup.evaluate(result.params)
-    clean = [setup.clean_data(c) for c in forget]
+    evaluation = session.evaluation
+    quality = evaluation.evaluate(result.params)
+    clean = [evaluation.clean_data(c) for c in forget]
     return {
         "test_error": 1 - quality["test_accuracy"],
         "backdoor_asr": quality.get("backdoor_asr"),
         "backdoor_asr_forgotten": client_backdoor_success_rate(
-            setup.model, result.params, clean, setup.trigger, setup.config.attack.target_label
+            evaluation.model, result.params, clean, evaluation.trigger, evaluation.target_label
         ),
         "client_epochs": result.costs.client_epochs,
     }
@@ -110,7 +110,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     results: dict[str, UnlearnResult] = {}
     with UnlearnSession(run_dir) as session:
-        num_params = int(session.initial_params.numel())
+        num_params = int(session.run_view.initial_params.numel())
         for label, name, params in METHODS:
             started = time.perf_counter()
             result = session.run(make_method(name, params), request)

@@ -95,14 +95,15 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     sweep_rows: list[dict[str, Any]] = []
     with UnlearnSession(run_dir) as session:
-        judge = Judge(session, request, seed=0)
+        judge = Judge(session.run_view, session.evaluation, request, seed=0)
         results = {}
+        retrain_params = None
         for label, name, params in METHODS:
             started = time.perf_counter()
             result = session.run(make_method(name, params), request)
             if name == "retrain":
-                judge.retrain_params = result.params
-            row = judge.judge(result)
+                retrain_params = result.params
+            row = judge.judge(result, retrain_params)
             row.update(label=label, seconds=time.perf_counter() - started)
             row["arp"] = arp(result.costs.client_participations, session, forget)
             if name == "starfish":
@@ -125,7 +126,7 @@ def main() -> None:
         if not args.no_sweeps:
             for label, params in SWEEPS:
                 result = session.run(make_method("starfish", params), request)
-                row = judge.judge(result)
+                row = judge.judge(result, retrain_params)
                 row.update(label=label, arp=result.details.arp)
                 sweep_rows.append(row)
                 print(f"{label}: TER {pct(row['test_error'])}", flush=True)
@@ -141,8 +142,8 @@ def main() -> None:
 
 def arp(participations: int, session: UnlearnSession, forget: list[int]) -> float:
     """ARP for a method without per-client counts: mean_j (T - T_r^j) / T over remaining clients."""
-    rounds = session.config.training.rounds
-    remaining = len(session.client_ids) - len(forget)
+    rounds = session.run_view.config.training.rounds
+    remaining = len(session.run_view.client_ids) - len(forget)
     return 100.0 * (1 - participations / (rounds * remaining))
 
 

@@ -106,7 +106,7 @@ def main() -> None:
         train_run(parse_config(RUN), run_dir)
     with UnlearnSession(run_dir, evaluate=False) as session:
         retrain = session.run(make_method("retrain"), FORGET)
-        original = float((session.final_params - retrain.params).norm())
+        original = float((session.run_view.final_params - retrain.params).norm())
         print("| method | relative distance to Retrain | client epochs |")
         print("|---|---|---|")
         print(f"| Retrain | 0.00 | {retrain.costs.client_epochs} |")

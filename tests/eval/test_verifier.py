@@ -8,7 +8,8 @@ import torch
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, ForgottenDataError
-from fedunlearn.eval import Verifier, deletion_evidence
+from fedunlearn.eval import Verifier, deletion_evidence, reference_retrain
+from fedunlearn.eval.judge import Judge
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import (
@@ -73,7 +74,7 @@ def test_the_bound_and_warnings_hooks_of_a_methods_details_are_read(run_dir):
     request = UnlearnRequest.of([2])
     with UnlearnSession(run_dir) as session:
         verifier = Verifier(session, request)
-        final = session.final_params.clone()
+        final = session.run_view.final_params.clone()
 
         def result(details):
             return UnlearnResult("custom", final, Costs(), details=details)
@@ -91,7 +92,7 @@ def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
     request = UnlearnRequest.of([1])
     with UnlearnSession(run_dir) as session:
         verifier = Verifier(session, request)
-        row, receipt = verifier.audit(session.final_params, "original.pt")
+        row, receipt = verifier.audit(session.run_view.final_params, "original.pt")
         assert receipt.verdict == "fail"
         assert receipt.subject == "original.pt"
         assert "the model is the original model, unchanged" in receipt.check("distance").reason
@@ -99,7 +100,7 @@ def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
         with pytest.raises(ConfigError, match="this run's mlp has"):
             verifier.audit(torch.zeros(10), "tiny")
         with pytest.raises(ConfigError, match="reference must be one of original, retrain"):
-            Verifier(session, request, reference="best")
+            reference_retrain(session, request, "best")
 
 
 def test_deletion_records_list_exactly_the_deleted_payloads_and_later_reads_fail(run_dir, tmp_path):
@@ -145,3 +146,26 @@ def test_deletion_records_list_exactly_the_deleted_payloads_and_later_reads_fail
     assert check.verdict == "pass"
     assert f"3 payload(s), {held_bytes:,} bytes" in check.reason
     assert "3 read(s)" in check.reason
+
+
+def test_a_shared_judge_keeps_no_retrain_reference_between_verifiers(run_dir):
+    # Issue 20: the verifier set the judge's retrain reference in its constructor, so a later
+    # verifier without Retrain sharing the judge still measured distances to that Retrain
+    request = UnlearnRequest.of([2])
+    with UnlearnSession(run_dir) as session:
+        judge = Judge(session.run_view, session.evaluation, request)
+        retrain = reference_retrain(session, request, "retrain")
+        with_retrain = Verifier(session, request, retrain=retrain, judge=judge)
+        alone = Verifier(session, request, judge=judge)
+        final = session.run_view.final_params
+        row_alone = alone.audit(final, "original")[0]
+        row_with = with_retrain.audit(final, "original")[0]
+        assert reference_retrain(session, request, "original") is None
+    assert row_alone["distance_to_retrain"] is None
+    assert row_alone["cosine_to_retrain"] is None
+    assert row_with["distance_to_retrain"] == pytest.approx(
+        float((final - retrain.params).norm()), rel=1e-6
+    )
+    assert alone.references == ("original",)
+    assert with_retrain.references == ("original", "retrain")
+    assert judge.measure(final) == judge.measure(final)  # the same call, the same row

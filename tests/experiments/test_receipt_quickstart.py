@@ -28,7 +28,7 @@ def receipts(tmp_path_factory):
     run = tmp_path_factory.mktemp("quickstart") / "run"
     train_run(load_config(QUICKSTART), run)
     with UnlearnSession(run) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         retrain = session.run(make_method("retrain"), request)
         verifier = Verifier(session, request, retrain=retrain)
         crab = session.run(make_method("crab", crab_keeping_the_backdoor()), request)
@@ -42,7 +42,7 @@ def receipts(tmp_path_factory):
             "crab_default": verifier.verify(
                 session.run(make_method("crab"), request)
             ).verification,
-            "original": verifier.audit(session.final_params, "original")[1],
+            "original": verifier.audit(session.run_view.final_params, "original")[1],
         }
 
 

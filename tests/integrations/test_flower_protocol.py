@@ -101,7 +101,7 @@ def test_client_that_never_replies_is_missing_with_the_reason(tmp_path):
     # Prepare
     config = small_config(num_clients=3, rounds=2)
     setup = build_setup(config)
-    clients = FlowerClients(LocalGrid(NODES, drop={1}), setup, dump_config(config))
+    clients = FlowerClients(LocalGrid(NODES, drop={1}), setup.federation, dump_config(config))
 
     # Execute
     updates = clients.train(setup.initial_params, [0, 1, 2], 1)
@@ -116,7 +116,7 @@ def test_fresh_training_reproduces_the_in_process_federation(tmp_path):
     # Prepare
     config = small_config(num_clients=3, rounds=2)
     setup = build_setup(config)
-    clients = FlowerClients(LocalGrid(NODES), setup, dump_config(config))
+    clients = FlowerClients(LocalGrid(NODES), setup.federation, dump_config(config))
     spec = setup.federation.spec
 
     # Execute: a calibration-style request (other epochs, salted seeds) to two clients
@@ -134,7 +134,7 @@ def test_fresh_training_reproduces_the_in_process_federation(tmp_path):
 def test_two_nodes_claiming_one_client_stop_the_run(tmp_path):
     config = small_config(num_clients=3, rounds=1)
     setup = build_setup(config)
-    clients = FlowerClients(LocalGrid({1: 0, 2: 0, 3: 1}), setup, dump_config(config))
+    clients = FlowerClients(LocalGrid({1: 0, 2: 0, 3: 1}), setup.federation, dump_config(config))
 
     with pytest.raises(FlowerProtocolError, match="both host client 0"):
         clients.train(setup.initial_params, [0, 1, 2], 1)
@@ -169,7 +169,7 @@ def test_model_reaches_only_the_clients_asked(tmp_path):
     grid = LocalGrid({5: 0})
     config = small_config(num_clients=2, rounds=1)
     setup = build_setup(config)
-    clients = FlowerClients(grid, setup, dump_config(config), node_timeout=0.0)
+    clients = FlowerClients(grid, setup.federation, dump_config(config), node_timeout=0.0)
 
     # Execute
     updates = clients.train(setup.initial_params, [1], 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import stat
 import threading
@@ -170,3 +171,64 @@ def test_trial_pki_command_writes_all_roles_and_refuses_to_overwrite(tmp_path, c
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
     assert main([str(tmp_path / "p")]) == 2
     assert "already holds a CA" in capsys.readouterr().err
+
+
+# ---- key-file hygiene (issue 25) --------------------------------------------------------------
+
+
+@pytest.fixture
+def umask_000():
+    before = os.umask(0)
+    yield
+    os.umask(before)
+
+
+def test_keys_are_0600_under_umask_000_with_a_leftover_tmp_and_a_planted_symlink(
+    tmp_path, umask_000
+):
+    # Prepare: a leftover world-readable ca.key.tmp and a server0.key.tmp symlink planted by
+    # someone else, pointing at a file they can read (the old writer reused and followed both)
+    out = tmp_path / "pki"
+    out.mkdir(mode=0o755)
+    leftover = out / "ca.key.tmp"
+    leftover.write_bytes(b"old")
+    os.chmod(leftover, 0o644)
+    trap = tmp_path / "attacker-readable"
+    trap.write_bytes(b"")
+    os.chmod(trap, 0o666)
+    (out / "server0.key.tmp").symlink_to(trap)
+    # Execute
+    create_trial_pki(out)
+    # Assert: keys owner-only, certificates not writable by others, nothing went through the link
+    for role in ("ca", *ROLES):
+        assert stat.S_IMODE((out / f"{role}.key").stat().st_mode) == 0o600, role
+        assert stat.S_IMODE((out / f"{role}.pem").stat().st_mode) == 0o644, role
+        assert not (out / f"{role}.key").is_symlink()
+    assert trap.read_bytes() == b""
+    assert b"PRIVATE KEY" not in leftover.read_bytes()
+    assert not list(out.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_a_created_directory_is_private_and_existing_files_are_not_replaced(tmp_path, umask_000):
+    out = tmp_path / "fresh" / "pki"
+    create_trial_pki(out, roles=["dealer"])
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    # a role key alone (no ca.pem) is not overwritten silently either
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    (other / "server1.key").write_bytes(b"keep me")
+    with pytest.raises(ConfigError, match="server1.key"):
+        create_trial_pki(other)
+    assert (other / "server1.key").read_bytes() == b"keep me"
+    assert not (other / "ca.key").exists()
+    create_trial_pki(other, overwrite=True)
+    assert b"PRIVATE KEY" in (other / "server1.key").read_bytes()
+
+
+def test_a_directory_writable_by_others_is_refused(tmp_path, umask_000):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(ConfigError, match="writable by others"):
+        create_trial_pki(shared)
+    assert not list(shared.iterdir())

@@ -17,7 +17,6 @@ from fedunlearn.mpc import (
     split_shares,
     stack,
 )
-from fedunlearn.mpc.protocols.beaver import refresh
 
 LSB = 2.0**-13
 values = st.lists(
@@ -140,17 +139,13 @@ def test_secure_aggregation_of_client_shares_is_the_sum():
     np.testing.assert_allclose(got, updates.sum(axis=0), atol=5 * LSB)
 
 
-def test_refresh_changes_shares_not_the_secret():
-    x = np.array([1.0, -2.0])
+def test_mpc_has_no_refresh_that_would_only_pretend_to_re_randomise():
+    # issue 25: refresh() added a ZeroGen pair whose r both servers know (party 1 holds -r), so
+    # it hid nothing from either server or from a later corruption of the other; removed
+    import fedunlearn.mpc as mpc
+    import fedunlearn.mpc.protocols as protocols
 
-    def program(p):
-        a = shared(p, x)
-        b = refresh(a)
-        return a.share.copy(), b.share.copy(), b.reveal()
-
-    (a0, b0, v), _ = run_two_party(program)
-    assert not np.array_equal(a0, b0)
-    np.testing.assert_array_equal(v, x)
+    assert not hasattr(mpc, "refresh") and not hasattr(protocols, "refresh")
 
 
 def test_repr_and_conversions_never_show_values():

@@ -71,7 +71,7 @@ def test_same_inputs_same_result_and_run_dir_untouched(name, run_all):
 def test_forgetting_nobody_returns_the_original_model_at_no_cost(name, run_all):
     with UnlearnSession(run_all) as session:
         result = session.run(make_method(name), UnlearnRequest.of([]))
-        assert torch.equal(result.params, session.final_params)
+        assert torch.equal(result.params, session.run_view.final_params)
     assert result.costs.client_epochs == 0
     assert result.costs.history_bytes_read == 0
 
@@ -105,13 +105,13 @@ def test_unusable_history_fails_before_any_work(name, run_none):
         context = session.context(request)
         if method.required_policies is None:
             result = method.unlearn(request, context)
-            assert result.params.shape == session.final_params.shape
+            assert result.params.shape == session.run_view.final_params.shape
             assert torch.isfinite(result.params).all()
         else:
             with pytest.raises(UnsupportedHistoryError, match="needs history policy"):
                 method.unlearn(request, context)
-            assert context.meter.client_epochs == 0
-            assert context.meter.history_bytes_read == 0
+            assert context.meter.costs.client_epochs == 0
+            assert context.meter.costs.history_bytes_read == 0
 
 
 def test_invalid_hyperparameters_are_rejected_at_construction():

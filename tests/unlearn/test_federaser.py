@@ -17,7 +17,7 @@ def test_forget_nobody_without_shortcut_reconstructs_the_original_model(run_all)
     with UnlearnSession(run_all, evaluate=False) as session:
         request = UnlearnRequest.of([])
         params = method._run(request, session.context(request)).params
-        final = session.final_params
+        final = session.run_view.final_params
     assert float((params - final).norm()) <= 1e-5 * float(final.norm())
 
 
@@ -27,7 +27,7 @@ def test_federaser_equals_a_plain_calibrated_replay_loop(run_all):
         request = UnlearnRequest.of([3])
         result = session.run(method, request)
         # reference: the algorithm written out with the raw federation and store
-        fed, store = session.setup.federation, session.store
+        fed, store = session.federation, session.run_view.store
         keep = [c for c in fed.client_ids if c != 3]
         w = store.read_model(0)
         for t in range(1, 6):

@@ -11,7 +11,7 @@ from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.runs import HISTORY_DIR, train_run
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn import Costs, UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.baselines.fedrecover import (
     FedRecover,
     Schedule,
@@ -97,7 +97,7 @@ def test_all_exact_schedule_reproduces_retrain_bitwise(session, retrained, param
 def test_default_recovery_lands_much_closer_to_retrain_than_the_original(
     session, retrained, recovered
 ):
-    original_gap = float((session.final_params - retrained.params).norm())
+    original_gap = float((session.run_view.final_params - retrained.params).norm())
     recovery_gap = float((recovered.params - retrained.params).norm())
     assert recovery_gap < 0.5 * original_gap
     assert recovered.costs.client_epochs < retrained.costs.client_epochs
@@ -308,7 +308,7 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
         with pytest.raises(UnsupportedHistoryError, match="round 1 client 1"):
             FedRecover().unlearn(UnlearnRequest.of([0]), context)
     assert fed.calls == 0
-    assert meter.history_bytes_read == 0
+    assert meter.costs.history_bytes_read == 0
 
 
 # ---- (4) schedule and cost accounting with tau = inf -------------------------------------------
@@ -325,7 +325,7 @@ def test_schedule_and_costs_with_infinite_tau(session):
     # middle rounds 4..14; (r - 3) % 4 == 0 at r = 7, 11
     exact = [1, 2, 3, 7, 11, 15, 16]
     per_client = 3 + 2 + (ROUNDS - 3 - 2) // 4
-    remaining = [c for c in session.client_ids if c not in FORGET.forget]
+    remaining = [c for c in session.run_view.client_ids if c not in FORGET.forget]
     details, costs = result.details, result.costs
     assert list(details.exact_rounds) == exact
     assert per_client == len(exact)
@@ -378,20 +378,20 @@ def test_invalid_parameters_are_rejected(bad):
 def test_round_thresholds_leave_at_most_alpha_of_coordinates_above(session, recovered):
     alpha = 0.02  # with p = 39 and 4 remaining clients, k = floor(alpha N_t) + 1 = 4
     context = session.context(FORGET)
-    remaining = [c for c in session.client_ids if c not in FORGET.forget]
+    remaining = [c for c in session.run_view.client_ids if c not in FORGET.forget]
     per_round = round_thresholds(context, {r: remaining for r in range(1, ROUNDS + 1)}, alpha)
-    assert context.meter.client_epochs == 0
-    assert context.meter.history_bytes_read == ROUNDS * len(remaining) * 39 * 4
+    assert context.meter.costs.client_epochs == 0
+    assert context.meter.costs.history_bytes_read == ROUNDS * len(remaining) * 39 * 4
     assert sorted(per_round) == list(range(1, ROUNDS + 1))
     for r, tau_r in per_round.items():
-        coords = torch.cat([session.store.read_update(r, c).abs() for c in remaining])
+        coords = torch.cat([session.run_view.store.read_update(r, c).abs() for c in remaining])
         assert int((coords > tau_r).sum()) <= alpha * coords.numel()
         assert int((coords >= tau_r).sum()) >= math.floor(alpha * coords.numel()) + 1
     # the method's own tau (default alpha = 1e-6: k = 1, the largest |coordinate|) is the max
     default = recovered.details.tau_per_round
     assert recovered.details.tau == max(default.values())
     assert default[3] == float(
-        torch.cat([session.store.read_update(3, c).abs() for c in remaining]).max()
+        torch.cat([session.run_view.store.read_update(3, c).abs() for c in remaining]).max()
     )
 
 
@@ -438,7 +438,7 @@ def test_run_recorded_with_policy_every_is_refused_before_any_work(tmp_path):
         context = opened.context(FORGET)
         with pytest.raises(UnsupportedHistoryError, match="fedrecover needs history policy all"):
             make_method("fedrecover").unlearn(FORGET, context)
-    assert context.meter == CostMeter()
+    assert context.meter.costs == Costs()
 
 
 # ---- (8) determinism, reporting -----------------------------------------------------------------
@@ -459,7 +459,7 @@ def test_details_report_tau_guards_and_history_needs(session, recovered):
     assert details.guard_counts["degenerate_step"] == 4
     method = make_method("fedrecover")
     context = session.context(FORGET)
-    p = session.final_params.numel()
+    p = session.run_view.final_params.numel()
     assert method.history_bytes_needed(context) == (ROUNDS + 6 * ROUNDS) * p * 4
-    with HistoryStore.open(session.run_dir / HISTORY_DIR) as store:
+    with HistoryStore.open(session.run_view.run_dir / HISTORY_DIR) as store:
         assert method.history_bytes_needed(context) < store.stored_bytes()

@@ -23,7 +23,7 @@ def test_forgotten_clients_cannot_be_asked_to_train(run_all):
         context = session.context(UnlearnRequest.of([2]))
         assert 2 not in context.clients.ids
         with pytest.raises(FedUnlearnError, match="being forgotten"):
-            context.clients.train(session.initial_params, [1, 2], 1)
+            context.clients.train(session.run_view.initial_params, [1, 2], 1)
 
 
 def test_incomplete_run_must_be_resumed_first(tmp_path, base_config):
@@ -40,10 +40,10 @@ def test_incomplete_run_must_be_resumed_first(tmp_path, base_config):
 
 def test_retrain_excludes_the_forgotten_clients_and_removes_the_backdoor(run_all):
     with UnlearnSession(run_all) as session:
-        (bad,) = session.malicious
+        (bad,) = session.run_view.malicious
         result = session.run(make_method("retrain"), UnlearnRequest.of([bad], "recover"))
-        original = session.setup.evaluate(session.final_params)
-        retrained = session.setup.evaluate(result.params)
+        original = session.evaluation.evaluate(session.run_view.final_params)
+        retrained = session.evaluation.evaluate(result.params)
     assert result.costs.client_participations == 4 * 5  # 4 remaining clients x 5 rounds
     assert result.costs.client_epochs == 4 * 5 * 2
     assert original["backdoor_asr"] > 0.3
@@ -57,7 +57,6 @@ def test_fresh_training_on_a_dp_sgd_run_clips_per_example_like_training(tmp_path
 
     import torch
 
-    from fedunlearn.privacy.local_training import ClippedTraining
     from fedunlearn.runs import build_setup
 
     cfg = {
@@ -67,30 +66,32 @@ def test_fresh_training_on_a_dp_sgd_run_clips_per_example_like_training(tmp_path
     }
     train_run(parse_config(cfg), tmp_path / "dp")
     with UnlearnSession(tmp_path / "dp") as session:
-        fed = session.setup.federation
-        assert isinstance(fed.local_training, ClippedTraining)
-        assert fed.local_training.clip_norm == 0.01
+        fed = session.federation
+        # Issue 20: the session wraps the federation's local training for fresh updates; the
+        # federation itself is not changed in place (it trained with the executor)
+        assert fed.local_training is None
         spec = fed.spec
         fresh = session.context(UnlearnRequest.of([0])).clients.train(
-            session.initial_params, [1, 2], 1
+            session.run_view.initial_params, [1, 2], 1
         )
-        plain = build_setup(session.config).federation.train(session.initial_params, [1, 2], 1)
+        m0 = session.run_view.initial_params
+        plain = build_setup(session.run_view.config).federation.train(m0, [1, 2], 1)
         for update, unclipped in zip(fresh, plain, strict=True):
             steps = math.ceil(spec.epochs * update.num_samples / spec.batch_size)
             bound = spec.lr * 0.01 * steps  # each step: lr x a mean of vectors of norm <= C
             assert float(update.delta.norm()) <= bound * (1 + 1e-5)
             assert float(unclipped.delta.norm()) > 10 * bound  # what plain SGD would have sent
         again = session.context(UnlearnRequest.of([0])).clients.train(
-            session.initial_params, [1, 2], 1
+            session.run_view.initial_params, [1, 2], 1
         )
         assert all(torch.equal(a.delta, b.delta) for a, b in zip(fresh, again, strict=True))
     with UnlearnSession(tmp_path / "dp") as session:  # no noise: equal across sessions too
         other = session.context(UnlearnRequest.of([0])).clients.train(
-            session.initial_params, [1, 2], 1
+            session.run_view.initial_params, [1, 2], 1
         )
         assert all(torch.equal(a.delta, b.delta) for a, b in zip(fresh, other, strict=True))
 
 
 def test_a_run_without_dp_sgd_trains_fresh_updates_with_its_executor(run_all):
     with UnlearnSession(run_all) as session:
-        assert session.setup.federation.local_training is None
+        assert session.federation.local_training is None

@@ -135,8 +135,8 @@ def export_result(run_dir: Path, result_path: Path, out: Path) -> dict[str, Any]
     unlearner = make_method(method, summary.get("params") or {})
     with UnlearnSession(run_dir) as session:
         result = session.run(unlearner, UnlearnRequest.of(forget, kind))
-        quality = session.setup.evaluate(result.params)
-        model = session.setup.model
+        quality = session.evaluation.evaluate(result.params)
+        model = session.run_view.model
     recorded = summary.get("test_accuracy")
     if recorded is not None and quality["test_accuracy"] != recorded:
         raise ConfigError(

@@ -23,7 +23,7 @@ from fedunlearn.eval.mia import (
     calibrate_loss_threshold,
     loss_threshold_attack,
 )
-from fedunlearn.eval.verifier import Verifier, deletion_evidence
+from fedunlearn.eval.verifier import Verifier, deletion_evidence, reference_retrain
 
 __all__ = [
     "AttackSpec",
@@ -43,5 +43,6 @@ __all__ = [
     "l2_distance",
     "loss_threshold_attack",
     "prediction_agreement",
+    "reference_retrain",
     "relative_distance",
 ]

@@ -1,18 +1,20 @@
 """Judge unlearned models of one run on the same measures: quality, backdoor, membership, distance.
 
-``Judge(session, request)`` fits the membership attack once (shadow models on half of the test
-set, the other half as non-members) and then scores any model of the run: test accuracy and loss;
+``Judge(run, evaluation, request)`` reads a session's two views (``session.run_view``,
+``session.evaluation``), fits the membership attack once (shadow models on half of the test set,
+the other half as non-members) and then scores any model of the run: test accuracy and loss;
 backdoor ASR on triggered non-target test inputs and on the forgotten clients' own triggered
 data; membership inference on the forgotten clients' *clean* training data against unseen test
 data (shadow-model attack: member rate, AUC, precision, recall; loss-threshold attack AUC and
-member rate); the L2 distance to the original model and, once ``retrain_params`` is set, L2 and
-cosine distance to the retrained model; the cost ledger. Fractions are in [0, 1]; a figure that
-does not apply is ``None``. Row format: docs/results_format.md.
+member rate); the L2 distance to the original model and, given the retrained model
+(``retrain=``, computed by the caller), L2 and cosine distance to it; the cost ledger. The judge
+keeps no reference between calls: the same call gives the same row. Fractions are in [0, 1]; a
+figure that does not apply is ``None``. Row format: docs/results_format.md.
 
 Membership protocol: members are the forgotten clients' training samples with their true labels
-and no trigger (``Setup.clean_data``). Attacking the poisoned copies a backdoored client trained
-on would measure the fit to the poison labels, not membership (a model that forgot them finds
-the relabelled samples unlikely, and the AUC fell far below 0.5). The triggered samples serve
+and no trigger (``EvaluationView.clean_data``). Attacking the poisoned copies a backdoored client
+trained on would measure the fit to the poison labels, not membership (a model that forgot them
+finds the relabelled samples unlikely, and the AUC fell far below 0.5). The triggered samples serve
 the backdoor ASR only. The shadow models train for as many epochs as each sample of the target
 saw: local epochs x rounds x participation (capped at ``max_shadow_epochs``).
 """
@@ -30,7 +32,8 @@ from fedunlearn.eval.distance import cosine_similarity, l2_distance
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec, loss_threshold_attack
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData
-from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession
+from fedunlearn.unlearn import UnlearnRequest, UnlearnResult
+from fedunlearn.unlearn.views import EvaluationView, RunView
 
 __all__ = ["Judge", "finite_or_none"]
 
@@ -58,34 +61,43 @@ def _concat(parts: Sequence[ClientData]) -> ClientData:
 
 
 class Judge:
-    """Evaluates unlearned models of one session against the same attacks and references."""
+    """Evaluates models of one run against the same attacks and references.
+
+    Args:
+        run: What the run is (``session.run_view``).
+        evaluation: How its models are judged (``session.evaluation``).
+        request: The clients removed (their clean data are the membership attack's members).
+        seed: Seed of the attack's split and shadow models.
+        max_shadow_epochs: Cap on the shadow models' local epochs.
+    """
 
     def __init__(
         self,
-        session: UnlearnSession,
+        run: RunView,
+        evaluation: EvaluationView,
         request: UnlearnRequest,
         seed: int = 0,
         *,
         max_shadow_epochs: int = 100,
     ) -> None:
-        self.session = session
-        self.setup = session.setup
+        self.run = run
+        self.evaluation = evaluation
         self.request = request
         forgotten = sorted(request.forget)
-        self.forgotten_clean = [self.setup.clean_data(c) for c in forgotten]
-        x_test, y_test = self.setup.x_test, self.setup.y_test
+        self.forgotten_clean = [evaluation.clean_data(c) for c in forgotten]
+        x_test, y_test = evaluation.x_test, evaluation.y_test
         half = len(y_test) // 2
         g = torch.Generator().manual_seed(seed)
         perm = torch.randperm(len(y_test), generator=g)
         shadow_idx, nonmember_idx = perm[:half], perm[half:]
         self.nonmembers = ClientData(x_test[nonmember_idx], y_test[nonmember_idx])
-        spec = self.setup.federation.spec
-        training = session.config.training
+        spec = run.spec
+        training = run.config.training
         # each sample of the target took part in E local epochs per round it was sampled in
         exposures = math.ceil(spec.epochs * training.rounds * training.participation)
         self.shadow_epochs = max(1, min(max_shadow_epochs, exposures))
         self.attack = ShadowAttack.fit(
-            self.setup.model,
+            run.model,
             x_test[shadow_idx],
             y_test[shadow_idx],
             ShadowSpec(
@@ -101,11 +113,17 @@ class Judge:
             seed=seed,
         )
         self.members = _concat(self.forgotten_clean) if self.forgotten_clean else None
-        self.retrain_params: torch.Tensor | None = None
 
-    def judge(self, result: UnlearnResult) -> dict[str, Any]:
-        """Return the result row of one method: the model's measures and the cost ledger."""
-        row = self.measure(result.params, result.method)
+    def judge(
+        self, result: UnlearnResult, retrain: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        """Return the result row of one method: the model's measures and the cost ledger.
+
+        Args:
+            result: The method's result.
+            retrain: The retrained model's parameters (distance columns), if computed.
+        """
+        row = self.measure(result.params, result.method, retrain)
         costs = result.costs
         row.update(
             {
@@ -120,10 +138,19 @@ class Judge:
         )
         return {k: finite_or_none(v) for k, v in row.items()}
 
-    def measure(self, params: torch.Tensor, label: str = "model") -> dict[str, Any]:
-        """Return the measures of any model of the run's architecture (no costs)."""
-        setup = self.setup
-        quality = setup.evaluate(params)
+    def measure(
+        self, params: torch.Tensor, label: str = "model", retrain: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        """Return the measures of any model of the run's architecture (no costs).
+
+        Args:
+            params: The model's flat parameters.
+            label: The row's ``method``.
+            retrain: The retrained model's parameters; without them the distance-to-retrain
+                columns are None.
+        """
+        evaluation = self.evaluation
+        quality = evaluation.evaluate(params)
         row: dict[str, Any] = {
             "method": label,
             "test_accuracy": quality["test_accuracy"],
@@ -132,13 +159,13 @@ class Judge:
             "backdoor_asr": quality.get("backdoor_asr"),
             "backdoor_asr_forgotten": None,
         }
-        if setup.trigger is not None and self.forgotten_clean:
+        if evaluation.trigger is not None and self.forgotten_clean:
             row["backdoor_asr_forgotten"] = client_backdoor_success_rate(
-                setup.model,
+                evaluation.model,
                 params,
                 self.forgotten_clean,
-                setup.trigger,
-                setup.config.attack.target_label,
+                evaluation.trigger,
+                evaluation.target_label,
             )
         row.update(dict.fromkeys(_MIA_KEYS))
         if self.members is not None:
@@ -146,7 +173,7 @@ class Judge:
                 params, self.members.x, self.members.y, self.nonmembers.x, self.nonmembers.y
             )
             loss_mia = loss_threshold_attack(
-                setup.model,
+                evaluation.model,
                 params,
                 self.members.x,
                 self.members.y,
@@ -166,11 +193,11 @@ class Judge:
                     "mia_loss_samples": [loss_mia.num_members, loss_mia.num_nonmembers],
                 }
             )
-        row["distance_to_original"] = l2_distance(params, self.session.final_params)
-        if self.retrain_params is not None:
-            m0 = self.session.initial_params
-            row["distance_to_retrain"] = l2_distance(params, self.retrain_params)
-            row["cosine_to_retrain"] = cosine_similarity(params - m0, self.retrain_params - m0)
+        row["distance_to_original"] = l2_distance(params, self.run.final_params)
+        if retrain is not None:
+            m0 = self.run.initial_params
+            row["distance_to_retrain"] = l2_distance(params, retrain)
+            row["cosine_to_retrain"] = cosine_similarity(params - m0, retrain - m0)
         else:
             row["distance_to_retrain"] = row["cosine_to_retrain"] = None
         return {k: finite_or_none(v) for k, v in row.items()}

@@ -1,18 +1,20 @@
 """Issue receipts: verify unlearned models of one run against one request.
 
-``Verifier(session, request)`` measures once what every receipt of the request shares: the
-membership attack (``Judge``), the original model's row, Retrain's row when a Retrain reference
-is given or asked for (``reference="retrain"``), and the store's deletion evidence. Then
-``verify(result)`` returns the result with its ``verification`` attached, and ``audit(params)``
-gives the receipt of any model of the run's architecture, including one trained or edited outside
-the toolkit. The checks and their thresholds: ``fedunlearn.eval.checks`` and
-docs/verification.md.
+``Verifier(session, request, retrain=...)`` measures once what every receipt of the request
+shares: the membership attack (``Judge``), the original model's row, Retrain's row when a Retrain
+result is given, and the store's deletion evidence. Retrain is never run here: compute it first
+(``reference_retrain(session, request, "retrain")`` or ``session.run(make_method("retrain"),
+request)``) and pass it in. Then ``verify(result)`` returns the result with its ``verification``
+attached, and ``audit(params)`` gives the receipt of any model of the run's architecture,
+including one trained or edited outside the toolkit. The checks and their thresholds:
+``fedunlearn.eval.checks`` and docs/verification.md.
 
 Example::
 
     with UnlearnSession("runs/demo") as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
-        verifier = Verifier(session, request, reference="retrain")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
+        retrain = reference_retrain(session, request, "retrain")
+        verifier = Verifier(session, request, retrain=retrain)
         result = verifier.verify(session.run(make_method("crab"), request))
         print(result.verification.verdict)
         for reason in result.verification.reasons:
@@ -42,9 +44,35 @@ from fedunlearn.unlearn import (
     make_method,
 )
 
-__all__ = ["REFERENCES", "Verifier", "deletion_evidence"]
+__all__ = ["REFERENCES", "Verifier", "deletion_evidence", "reference_retrain"]
 
 REFERENCES = ("original", "retrain")
+
+
+def reference_retrain(
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    reference: str,
+    *,
+    progress: Callable[[dict[str, float]], None] | None = None,
+) -> UnlearnResult | None:
+    """Return the Retrain result a ``reference`` asks for: run it for ``retrain``, else None.
+
+    Args:
+        session: The opened run.
+        request: The clients to remove.
+        reference: ``"original"`` (judge against the original model only: the distance check is
+            n/a) or ``"retrain"`` (run Retrain now, to judge against it too).
+        progress: Passed to ``session.run`` while Retrain runs.
+
+    Raises:
+        ConfigError: for an unknown ``reference``.
+    """
+    if reference not in REFERENCES:
+        raise ConfigError(f"reference must be one of {', '.join(REFERENCES)}; got {reference!r}")
+    if reference == "original":
+        return None
+    return session.run(make_method("retrain"), request, progress=progress)
 
 
 def _record_dict(record: Any) -> dict[str, Any]:
@@ -132,16 +160,15 @@ class Verifier:
         session: The opened run.
         request: The clients removed (and why: ``forget`` or ``recover``).
         thresholds: The checks' thresholds (defaults if None).
-        reference: ``"original"`` (judge against the original model and fixed fallbacks: the
-            distance check is n/a) or ``"retrain"`` (run Retrain once, now, unless ``retrain``
-            is given, and judge against it too).
-        retrain: A Retrain result for this request already computed (e.g. by a comparison).
+        retrain: Retrain's result for this request (``reference_retrain``), to judge against
+            it too; None judges against the original model and fixed fallbacks (the distance
+            check is n/a).
         seed: Seed of the membership attacks.
-        judge: A ``Judge`` of this session and request to reuse (its attack is fitted once).
-        progress: Passed to ``session.run`` when Retrain is computed here.
+        judge: A ``Judge`` of this session and request to reuse (its attack is fitted once);
+            it keeps no state of this verifier.
 
     Raises:
-        ConfigError: for an unknown ``reference``, or a ``retrain`` result of another method.
+        ConfigError: for a ``retrain`` result of another method.
     """
 
     def __init__(
@@ -150,37 +177,30 @@ class Verifier:
         request: UnlearnRequest,
         *,
         thresholds: VerificationThresholds | None = None,
-        reference: str = "original",
         retrain: UnlearnResult | None = None,
         seed: int = 0,
         judge: Judge | None = None,
-        progress: Callable[[dict[str, float]], None] | None = None,
     ) -> None:
-        if reference not in REFERENCES:
-            raise ConfigError(
-                f"reference must be one of {', '.join(REFERENCES)}; got {reference!r}"
-            )
         if retrain is not None and retrain.method != "retrain":
             raise ConfigError(f"retrain must be a result of 'retrain'; got '{retrain.method}'")
-        session.check_request(request)
-        self.session = session
+        run = session.run_view
+        run.check_request(request)
+        self.run = run
         self.request = request
         self.thresholds = thresholds or VerificationThresholds()
-        self.judge = judge or Judge(session, request, seed)
-        if retrain is None and reference == "retrain":
-            retrain = session.run(make_method("retrain"), request, progress=progress)
+        self.judge = judge or Judge(run, session.evaluation, request, seed)
         self.retrain = retrain
+        self.retrain_params = retrain.params if retrain is not None else None
         self.retrain_row: dict[str, Any] | None = None
         self.retrain_gap: float | None = None
         if retrain is not None:
-            self.judge.retrain_params = retrain.params
-            self.retrain_row = self.judge.judge(retrain)
-            self.retrain_gap = l2_distance(session.final_params, retrain.params)
-        self.original_row = self.judge.measure(session.final_params, "original")
-        self.deletion = deletion_evidence(session.store, request.forget)
-        malicious = session.malicious
+            self.retrain_row = self.judge.judge(retrain, self.retrain_params)
+            self.retrain_gap = l2_distance(run.final_params, retrain.params)
+        self.original_row = self.judge.measure(run.final_params, "original", self.retrain_params)
+        self.deletion = deletion_evidence(run.store, request.forget)
+        malicious = run.malicious
         self._attack = {
-            "backdoor": session.setup.trigger is not None,
+            "backdoor": session.evaluation.trigger is not None,
             "attackers_forgotten": len(malicious & request.forget),
             "attackers_total": len(malicious),
         }
@@ -212,7 +232,7 @@ class Verifier:
 
     def verify(self, result: UnlearnResult) -> UnlearnResult:
         """Return ``result`` with its receipt attached (``result.verification``)."""
-        row = self.judge.judge(result)
+        row = self.judge.judge(result, self.retrain_params)
         return replace(result, verification=self.verification(row, result.details, result.method))
 
     def audit(
@@ -227,12 +247,12 @@ class Verifier:
         Raises:
             ConfigError: if ``params`` is not a flat vector of the run's model size.
         """
-        expected = self.session.final_params.numel()
+        expected = self.run.final_params.numel()
         if params.ndim != 1 or params.numel() != expected:
             raise ConfigError(
                 f"the model has {params.numel()} parameters in shape {tuple(params.shape)}; this "
-                f"run's {self.session.config.model.name} has {expected} (a flat vector). Audit a "
+                f"run's {self.run.config.model.name} has {expected} (a flat vector). Audit a "
                 "model of the run's architecture."
             )
-        row = self.judge.measure(params.detach().to(torch.float32), subject)
+        row = self.judge.measure(params.detach().to(torch.float32), subject, self.retrain_params)
         return row, self.verification(row, None, subject)

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval import VerificationThresholds, Verifier
+from fedunlearn.eval import VerificationThresholds, Verifier, reference_retrain
 from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
 from fedunlearn.models.flat import get_flat_params
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
 __all__ = ["audit_model", "forgotten_clients", "read_model_file"]
 
@@ -110,7 +110,7 @@ def read_model_file(path: str | Path, model: nn.Module) -> torch.Tensor:
 def forgotten_clients(session: UnlearnSession) -> list[int]:
     """Return the clients the run's store has deleted (its forget log), sorted."""
     ids: set[int] = set()
-    for record in session.store.forget_records():
+    for record in session.run_view.store.forget_records():
         if hasattr(record, "client_ids"):
             ids.update(int(c) for c in record.client_ids)
         else:
@@ -153,7 +153,7 @@ def audit_model(
         if isinstance(model, torch.Tensor):
             params, subject = model, "model"
         else:
-            params = read_model_file(model, session.setup.model)
+            params = read_model_file(model, session.run_view.model)
             subject = Path(model).name
         if forget is None:
             forget = forgotten_clients(session)
@@ -163,21 +163,18 @@ def audit_model(
                     f"'malicious'); the store of {run_dir} has deleted none"
                 )
         request = UnlearnRequest.of(forget, kind)
-        session.check_request(request)
-        retrain = None
-        if reference == "retrain":
-            if progress is not None:
-                progress.on_method("retrain", 1, 1)
-            retrain = session.run(
-                make_method("retrain"),
-                request,
-                progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
-            )
+        session.run_view.check_request(request)
+        if progress is not None and reference == "retrain":
+            progress.on_method("retrain", 1, 1)
+        retrain = reference_retrain(
+            session,
+            request,
+            reference,
+            progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
+        )
         if progress is not None:
             progress.on_step("verifying")
-        verifier = Verifier(
-            session, request, thresholds=thresholds, reference=reference, retrain=retrain, seed=seed
-        )
+        verifier = Verifier(session, request, thresholds=thresholds, retrain=retrain, seed=seed)
         row, verification = verifier.audit(params, subject)
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import fedunlearn
-from fedunlearn.eval import VerificationThresholds, Verifier
+from fedunlearn.eval import VerificationThresholds, Verifier, reference_retrain
 from fedunlearn.eval.judge import Judge, finite_or_none
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
@@ -65,7 +65,16 @@ def _run(
     if progress is None:
         return session.run(method, request)
     progress.on_method(method.name, index, total)
-    return session.run(method, request, progress=lambda m: progress.on_round(method.name, m))
+    return session.run(method, request, progress=_round_progress(progress, method.name))
+
+
+def _round_progress(
+    progress: Progress | None, name: str
+) -> Callable[[dict[str, float]], None] | None:
+    """Return the per-round callback that tells ``progress`` about method ``name``'s rounds."""
+    if progress is None:
+        return None
+    return lambda metrics: progress.on_round(name, metrics)
 
 
 def _jsonable_rounds(result: UnlearnResult) -> list[dict[str, Any]]:
@@ -105,12 +114,13 @@ def compare_methods(
     request = UnlearnRequest.of(forget, kind)
     started = time.perf_counter()
     with UnlearnSession(run_dir) as session:
-        session.check_request(request)
+        run = session.run_view
+        run.check_request(request)
         for method in unlearners.values():  # unsupported history fails before any work
             method.check_history(session.context(request))
         if progress is not None:
             progress.on_step("fitting the membership attacks")
-        judge = Judge(session, request, seed)
+        judge = Judge(run, session.evaluation, request, seed)
         results: dict[str, UnlearnResult] = {}
         order = ["retrain", *[n for n in names if n != "retrain"]]
         for index, name in enumerate(order, start=1):
@@ -124,7 +134,7 @@ def compare_methods(
         retrain_epochs = results["retrain"].costs.client_epochs
         for name in names:
             result = results[name]
-            row = judge.judge(result)
+            row = judge.judge(result, verifier.retrain_params)
             row["stored_bytes"] = unlearners[name].history_bytes_needed(session.context(request))
             row["epoch_saving_vs_retrain"] = (
                 retrain_epochs / row["client_epochs"] if row["client_epochs"] else None
@@ -137,9 +147,9 @@ def compare_methods(
                 row["label"] = f"{name} ({variant})"
             row["verification"] = verifier.verification(row, result.details, name).to_dict()
             rows.append(row)
-        config = session.config.model_dump(mode="json")
-        malicious = sorted(session.malicious)
-        privacy = run_privacy(session.config, session.store)
+        config = run.config.model_dump(mode="json")
+        malicious = sorted(run.malicious)
+        privacy = run_privacy(run.config, run.store)
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "fedunlearn_version": fedunlearn.__version__,
@@ -186,11 +196,12 @@ def unlearn_one(
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run_dir) as session:
-        session.check_request(request)
+        run = session.run_view
+        run.check_request(request)
         unlearner.check_history(session.context(request))
         total = 2 if verify and reference == "retrain" else 1
         result = _run(session, unlearner, request, progress, 1, total)
-        quality = session.setup.evaluate(result.params)
+        quality = session.evaluation.evaluate(result.params)
         summary: dict[str, Any] = {
             "schema_version": RESULTS_SCHEMA_VERSION,
             "method": method,
@@ -202,23 +213,18 @@ def unlearn_one(
             "round_metrics": _jsonable_rounds(result),
             "details": result.details.to_dict(),
             "privacy": {
-                k: v for k, v in run_privacy(session.config, session.store).items() if k != "rounds"
+                k: v for k, v in run_privacy(run.config, run.store).items() if k != "rounds"
             },
         }
         if verify:
-            retrain = None
-            if reference == "retrain":
-                retrain = _run(session, make_method("retrain"), request, progress, 2, 2)
+            if progress is not None and reference == "retrain":
+                progress.on_method("retrain", 2, 2)
+            retrain = reference_retrain(
+                session, request, reference, progress=_round_progress(progress, "retrain")
+            )
             if progress is not None:
                 progress.on_step("verifying")
-            verifier = Verifier(
-                session,
-                request,
-                thresholds=thresholds,
-                reference=reference,
-                retrain=retrain,
-                seed=seed,
-            )
+            verifier = Verifier(session, request, thresholds=thresholds, retrain=retrain, seed=seed)
             result = verifier.verify(result)
             if result.verification is not None:
                 summary["verification"] = result.verification.to_dict()

@@ -3,6 +3,7 @@
 from fedunlearn.fl.aggregators import AGGREGATORS, make_aggregator
 from fedunlearn.fl.attacks import Trigger, UpdateAttack, choose_malicious
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
+from fedunlearn.fl.clients import Clients, RunClients
 from fedunlearn.fl.engine import RoundObserver, run_round, run_rounds, sample_clients
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientData, ClientUpdate, RejectedUpdate, RoundRecord
@@ -11,11 +12,13 @@ __all__ = [
     "AGGREGATORS",
     "ClientData",
     "ClientUpdate",
+    "Clients",
     "Federation",
     "LocalTrainingSpec",
     "RejectedUpdate",
     "RoundObserver",
     "RoundRecord",
+    "RunClients",
     "Trigger",
     "UpdateAttack",
     "choose_malicious",

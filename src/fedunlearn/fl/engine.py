@@ -3,7 +3,8 @@
 One round (``run_round``):
 1. sample the participants among the clients present (seeded by run seed and round; full
    participation by default; a client with a join round is absent before it);
-2. ask them to train (``Federation.train``: executor, then update mods such as attacks);
+2. ask them to train (``fl.clients.Clients.train``; in-process ``Federation.train``: executor,
+   then update mods such as attacks);
 3. screen the uploads: a delta with NaN/Inf or of the wrong shape is rejected, logged and kept
    out of the aggregate (and recorded as rejected by the history recorder);
 4. aggregate the accepted deltas and apply ``M_{t+1} = M_t + aggregate``;
@@ -23,30 +24,13 @@ import torch
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator
+from fedunlearn.fl.clients import Clients, RunClients
 from fedunlearn.fl.records import ClientUpdate, RejectedUpdate, RoundRecord
 from fedunlearn.fl.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
 Evaluator = Callable[[torch.Tensor], dict[str, float]]
-
-
-class ClientTrainer(Protocol):
-    """What the loop needs from the clients: ``Federation`` and unlearning's metered view."""
-
-    seed: int
-    num_params: int
-
-    @property
-    def client_ids(self) -> tuple[int, ...]:
-        """Ids of the clients that may be asked to train."""
-        ...
-
-    def train(
-        self, global_params: torch.Tensor, client_ids: Sequence[int], round_: int
-    ) -> list[ClientUpdate]:
-        """Return the uploads of ``client_ids`` trained from ``global_params``."""
-        ...
 
 
 class RoundObserver(Protocol):
@@ -84,7 +68,7 @@ def screen_update(update: ClientUpdate, num_params: int) -> str | None:
 
 
 def run_round(
-    federation: ClientTrainer,
+    federation: Clients,
     aggregator: Aggregator,
     global_params: torch.Tensor,
     round_: int,
@@ -129,7 +113,7 @@ def run_round(
 
 
 def run_rounds(
-    federation: ClientTrainer,
+    federation: RunClients,
     aggregator: Aggregator,
     initial_params: torch.Tensor,
     *,

@@ -1,11 +1,13 @@
 """The federation: every client's data and local training, behind one call.
 
-``Federation.train(global_params, client_ids, round_)`` is how the training loop *and* every
-unlearning method ask clients for fresh local work. It derives each client's seed from
-(run seed, round, client, salt), runs the chosen executor (or the ``local_training`` swapped in,
-e.g. ``fedunlearn.privacy``'s DP-SGD), and then the update mods (attacks, client-update DP) in
-order. Malicious clients stay malicious whoever asks them to train; before the attack's start
-round they train on their clean data (``honest_data``), whoever asks.
+``Federation`` is the in-process implementation of the clients seam (``fl.clients.Clients``):
+``train(global_params, client_ids, round_)`` is how the training loop *and* every unlearning
+method ask clients for fresh local work. It derives each client's seed from (run seed, round,
+client, salt), runs the chosen executor (or the ``local_training`` given, e.g.
+``fedunlearn.privacy``'s DP-SGD), and then the update mods (attacks, client-update DP) in order.
+``with_local_training`` returns the same clients training another way (a wrapper; this
+federation is left as it is). Malicious clients stay malicious whoever asks them to train;
+before the attack's start round they train on their clean data (``honest_data``), whoever asks.
 """
 
 from __future__ import annotations
@@ -146,16 +148,7 @@ class Federation:
         spec: LocalTrainingSpec | None = None,
         salt: int = 0,
     ) -> list[ClientUpdate]:
-        """Ask ``client_ids`` to train from ``global_params`` and return their (modded) uploads.
-
-        Args:
-            global_params: Flat global model M_t.
-            client_ids: Clients to ask, in the order results are wanted.
-            round_: Round number (1-based); part of each client's seed.
-            spec: Local training override (e.g. fewer calibration epochs).
-            salt: Extra seed key, so that a method's fresh training can differ from the
-                original run's (0 reproduces the original run's batch order).
-        """
+        """Return the (modded) uploads of ``client_ids``; see ``fl.clients.Clients.train``."""
         self.check_clients(client_ids)
         honest = round_ < self.attack_start_round
         tasks = [
@@ -174,6 +167,28 @@ class Federation:
         for mod in self.update_mods:
             updates = mod(round_, global_params, updates)
         return updates
+
+    def with_local_training(self, local_training: LocalTraining) -> Federation:
+        """Return these clients training with ``local_training``; this federation is unchanged.
+
+        Same data, seeds, attackers and update mods; only how a client trains differs (e.g.
+        fresh unlearning updates clipped like a DP-SGD run's training). The two share no
+        executor; closing the returned one closes ``local_training``.
+        """
+        return Federation(
+            self.model,
+            self.client_data,
+            self.spec,
+            seed=self.seed,
+            malicious=self.malicious,
+            update_mods=self.update_mods,
+            honest_data=self.honest_data,
+            attack_start_round=self.attack_start_round,
+            executor=self._executor_kind,
+            num_workers=self._num_workers,
+            device=self.device,
+            local_training=local_training,
+        )
 
     def close(self) -> None:
         """Stop worker processes (the executor's and the local training's), if any."""

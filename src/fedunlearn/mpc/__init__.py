@@ -77,7 +77,7 @@ Paper functionality -> function (all take ``SharedTensor``s; the party comes wit
     SecMul    sec_mul(x, y) or x * y (sec_mul_many: several products in one round)
     SecMul    matrix: sec_matmul(x, y) or x @ y         SecSP    sec_inner(x, y) (last axis)
     SecMul3   sec_mul3(x, y, z)                         square   sec_square(x)
-    SecSel    sec_select(bit, if_true, if_false)        ZeroGen  refresh(x)
+    SecSel    sec_select(bit, if_true, if_false)        ZeroGen  sec_constant(party, c)
     SecGE     sec_ge(x, y) -> bit                       SecGE2   sec_ge2(u_i, v_i, u_j, v_j)
     SecGE3    sec_ge3(w_i, b_i, w_j, b_j)               SecGE4   sec_ge4(w_i, a_i, v_i, ...)
     SecMax    sec_max([key, *payload], comparator)      SecSrt   sec_sort([key, *payload], ...)

@@ -91,17 +91,20 @@ class FixedPoint:
             A uint64 array of the same shape.
 
         Raises:
-            SecureComputationError: If a value is not finite or too large for the ring.
+            SecureComputationError: If a value is not finite or too large for the ring (the
+                message gives the count and the bound, never a value).
         """
         bits = self.frac_bits if frac_bits is None else frac_bits
         x = np.asarray(values, dtype=np.float64)
         scaled = np.rint(x * 2.0**bits)
         limit = 2.0**62
         if not np.all(np.abs(scaled) < limit):  # also catches NaN
-            bad = x[~(np.abs(scaled) < limit)].ravel()[0]
+            # the count and the bound only: the values are secret, and the message reaches peers
+            bad = int(np.count_nonzero(~(np.abs(scaled) < limit)))
             raise SecureComputationError(
-                f"cannot encode {bad!r} with {bits} fractional bits: values must be finite with "
-                f"|x| < 2^{62 - bits}. Scale the input down or use fewer fractional bits."
+                f"cannot encode {bad} of {x.size} values with {bits} fractional bits: values "
+                f"must be finite with |x| < 2^{62 - bits}. Scale the input down or use fewer "
+                "fractional bits."
             )
         return scaled.astype(np.int64).view(_U64)
 

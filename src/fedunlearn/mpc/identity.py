@@ -30,6 +30,7 @@ import argparse
 import datetime
 import ipaddress
 import os
+import secrets
 import socket
 import ssl
 import sys
@@ -256,13 +257,57 @@ def require_security(identity: Identity | None, insecure: bool, what: str) -> No
 # ---- a trial PKI ------------------------------------------------------------------------------
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a key readable by its owner only (0600), atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    tmp.replace(path)
+KEY_MODE = 0o600  # private keys: the owner only
+CERT_MODE = 0o644  # certificates: readable, writable by the owner only
+DIRECTORY_MODE = 0o700  # a directory this module creates
+
+
+def _write_file(path: Path, data: bytes, mode: int) -> None:
+    """Write ``path`` with exactly ``mode``, whatever the umask, atomically, following no link.
+
+    The data goes to a fresh temporary name (random, created with O_EXCL | O_NOFOLLOW, so a
+    leftover ``*.tmp`` or a planted symlink is never opened), gets ``mode`` by ``fchmod``
+    before any byte is written, and replaces ``path`` by a rename (which replaces a symlink at
+    ``path`` itself instead of writing through it).
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, KEY_MODE)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _prepare_directory(out: Path, targets: Sequence[Path], overwrite: bool) -> None:
+    """Create ``out`` (0700) or check it; refuse to replace any target without ``overwrite``.
+
+    Raises:
+        ConfigError: A target exists (or is a link) and ``overwrite`` is False, or ``out`` is
+            writable by others (anyone could swap the keys there).
+    """
+    if not out.exists():
+        out.mkdir(parents=True, mode=DIRECTORY_MODE)
+        os.chmod(out, DIRECTORY_MODE)  # mkdir's mode is masked by the umask
+    elif not out.is_dir():
+        raise ConfigError(f"{out} is not a directory")
+    elif out.stat().st_mode & 0o002:
+        raise ConfigError(
+            f"{out} is writable by others, who could swap its keys and certificates; use a "
+            "directory only you can write (chmod o-w)"
+        )
+    present = [t.name for t in targets if os.path.lexists(t)]
+    if present and not overwrite:
+        raise ConfigError(
+            f"{out} already holds a CA's files ({', '.join(present)}); pass overwrite=True "
+            "(--overwrite) to replace them"
+        )
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -291,32 +336,34 @@ def create_trial_pki(
 ) -> dict[str, Identity]:
     """Create a fresh CA and one certificate per role in ``directory`` (for trials).
 
-    Writes ``ca.pem``, ``ca.key`` and, per role, ``<role>.pem`` and ``<role>.key`` (keys 0600,
-    ECDSA P-256, SHA-256). Each certificate binds its role as ``urn:fedunlearn:role:<role>``
-    and lists ``hosts`` as DNS names or IP addresses; it allows client and server use.
+    Writes ``ca.pem``, ``ca.key`` and, per role, ``<role>.pem`` and ``<role>.key`` (ECDSA
+    P-256, SHA-256; keys 0600 and certificates 0644 whatever the umask, each written to a fresh
+    O_EXCL | O_NOFOLLOW temporary name and renamed into place; a directory it creates is 0700).
+    Each certificate binds its role as ``urn:fedunlearn:role:<role>`` and lists ``hosts`` as
+    DNS names or IP addresses; it allows client and server use.
 
     Args:
         directory: Where to write (created if missing).
         hosts: Host names and addresses the processes are reached at.
         roles: Roles to certify (default all four).
         days: Validity.
-        overwrite: Replace an existing CA in ``directory``.
+        overwrite: Replace existing files of the PKI in ``directory`` (without it, any one of
+            them, or a link in its place, stops the call before anything is written).
 
     Returns:
         Role -> ``Identity``.
 
     Raises:
-        ConfigError: ``directory`` already holds a CA and ``overwrite`` is False, or a role is
-            unknown, or ``days`` is not positive.
+        ConfigError: ``directory`` already holds a file of the PKI and ``overwrite`` is False,
+            it is writable by others, a role is unknown, or ``days`` is not positive.
     """
     for role in roles:
         _check_role(role)
     if days < 1:
         raise ConfigError(f"days must be >= 1; got {days}")
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "ca.pem").exists() and not overwrite:
-        raise ConfigError(f"{out} already holds a CA (ca.pem); pass overwrite=True to replace it")
+    names = ["ca.pem", "ca.key"] + [f"{role}.{ext}" for role in roles for ext in ("pem", "key")]
+    _prepare_directory(out, [out / name for name in names], overwrite)
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -352,8 +399,8 @@ def create_trial_pki(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(out / "ca.key", _key_pem(ca_key))
-    (out / "ca.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_file(out / "ca.key", _key_pem(ca_key), KEY_MODE)
+    _write_file(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
     identities = {}
     for role in roles:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -399,8 +446,8 @@ def create_trial_pki(
             )
             .sign(ca_key, hashes.SHA256())
         )
-        _write_private(out / f"{role}.key", _key_pem(key))
-        (out / f"{role}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_file(out / f"{role}.key", _key_pem(key), KEY_MODE)
+        _write_file(out / f"{role}.pem", cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
         identities[role] = Identity(out / "ca.pem", out / f"{role}.pem", out / f"{role}.key", role)
     return identities
 

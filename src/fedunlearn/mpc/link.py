@@ -4,11 +4,14 @@
 both servers, the clients service for both servers) takes its connections:
 
 1. It keeps accepting on the listening socket until every expected role has arrived or
-   ``accept_timeout_seconds`` have passed. Each connection is handshaken in its own thread,
-   bounded by ``handshake_timeout_seconds`` (TLS handshake, then one hello frame of at most
-   16 KiB), at most ``MAX_PENDING`` at a time; junk (garbage bytes, a failed TLS handshake, a
-   slow drip, an oversized or malformed hello, a certificate of another CA) is closed and
-   logged, and never ends the session.
+   ``accept_timeout_seconds`` have passed. Each connection is handshaken in its own thread:
+   its first byte must arrive within ``first_byte_seconds`` (an idle connection frees its slot
+   quickly), and the whole handshake (TLS, then one hello frame of at most 16 KiB) ends within
+   ``handshake_timeout_seconds`` (a watchdog shuts a slow drip down). At most ``MAX_PENDING``
+   connections handshake at once, at most ``MAX_PENDING_PER_ADDRESS`` from one address; more
+   are closed at once. Junk (garbage bytes, a failed TLS handshake, a slow drip, an oversized
+   or malformed hello, a certificate of another CA) is closed and logged, and never ends the
+   session.
 2. With an ``Identity`` (mutual TLS) the peer's role is the one its certificate binds; a
    certificate of an unexpected role (say ``clients`` at the dealer), or a hello claiming
    another role than the certificate, is refused with a message saying so. Each role is
@@ -21,14 +24,20 @@ both servers, the clients service for both servers) takes its connections:
 4. Once all roles are in, each peer receives ``{"ready": true}``; if the session fails first
    (a mismatch, the deadline), the peers already accepted receive the reason instead.
 
-``connect_peer`` is the other end: connect (retrying refused connects), TLS with the expected
-role(s) of the peer, send the hello, compare the answer, wait for ``ready``.
+``connect_peer`` is the other end: connect, TLS with the expected role(s) of the peer, send the
+hello, compare the answer, wait for ``ready``. Until ``join_timeout_seconds`` have passed it
+retries every attempt that failed for want of a listener (refused, closed at once because the
+listener's handshake slots were full of a flood, reset, or a handshake that timed out because
+the listener had not started accepting yet), with a backoff of at most 1 s; a refusal with a
+reason (wrong role, other session, wrong CA) is final.
 
 Both return ``Link``s whose ``transport`` is a ``TcpTransport`` with the caller's timeouts and
 frame cap (the handshake itself runs under a 16 KiB cap).
 
-Why each link must reach the party it is meant for (two non-colluding servers and a trusted
-dealer): docs/security.md.
+Every bound above is a field of ``security.LinkLimits``, and the security of the link (a TLS
+identity, or explicitly plain TCP) is one ``security.Security``: both functions take one of
+each. Why each link must reach the party it is meant for (two non-colluding servers and a
+trusted dealer): docs/security.md.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from fedunlearn.errors import (
     SessionMismatchError,
 )
 from fedunlearn.mpc.identity import ROLES
-from fedunlearn.mpc.security import DEFAULT_LIMITS, LinkLimits, Security
+from fedunlearn.mpc.security import DEFAULT_LIMITS, FIRST_BYTE_SECONDS, LinkLimits, Security
 from fedunlearn.mpc.session import (
     MAX_HELLO_BYTES,
     Hello,
@@ -64,7 +73,9 @@ from fedunlearn.mpc.session import (
 from fedunlearn.mpc.tcp import TcpListener, TcpTransport, connect_socket
 
 __all__ = [
+    "FIRST_BYTE_SECONDS",
     "MAX_PENDING",
+    "MAX_PENDING_PER_ADDRESS",
     "Link",
     "accept_peer",
     "accept_peers",
@@ -74,6 +85,8 @@ __all__ = [
 
 logger = logging.getLogger("fedunlearn.mpc.link")
 MAX_PENDING = 32  # connections handshaking at once; more are closed at once
+MAX_PENDING_PER_ADDRESS = 8  # of them from one IP address, so one host cannot take every slot
+_RETRY_BACKOFF_SECONDS = (0.05, 1.0)  # connect_peer's first and largest pause between attempts
 _LINGER_SECONDS = 2.0  # after a refusal or abort, let the message reach the peer
 _MAX_REFUSALS_KEPT = 20
 _HINT = (
@@ -150,9 +163,51 @@ def _handshake_incoming(
     peer_roles: Collection[str],
     party_id: int,
     handshake_timeout_seconds: float,
+    first_byte_seconds: float = FIRST_BYTE_SECONDS,
 ) -> _Candidate:
-    """TLS (if any), the peer's role, its hello: everything but the session comparison."""
+    """TLS (if any), the peer's role, its hello: everything but the session comparison.
+
+    The first byte must come within ``first_byte_seconds``; a watchdog shuts the connection
+    down when ``handshake_timeout_seconds`` have passed in all (socket timeouts bound each
+    read only, so a drip of one byte per second would otherwise last).
+    """
     where = f"{address[0]}:{address[1]}"
+    conn.settimeout(min(first_byte_seconds, handshake_timeout_seconds))
+    try:
+        first = conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        first = b""
+    if not first:
+        conn.close()
+        raise _Refused(f"sent nothing within {first_byte_seconds:g} s (idle connection)")
+    watch = conn.dup()  # shutting a duplicate down ends the blocked handshake on ``conn``
+    watchdog = threading.Timer(handshake_timeout_seconds, _shut_down, (watch,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return _handshake_after_first_byte(
+            conn, where, security, peer_roles, party_id, handshake_timeout_seconds
+        )
+    finally:
+        watchdog.cancel()
+        watch.close()
+
+
+def _shut_down(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _handshake_after_first_byte(
+    conn: socket.socket,
+    where: str,
+    security: Security,
+    peer_roles: Collection[str],
+    party_id: int,
+    handshake_timeout_seconds: float,
+) -> _Candidate:
     cert_role: str | None = None
     try:
         if security.identity is not None:
@@ -221,7 +276,8 @@ def accept_peers(
         party_id: Passed to the transports.
         limits: Receive timeout and frame cap of the returned transports
             (``timeout_seconds``, ``max_frame_bytes``), how long to wait for all roles
-            (``accept_timeout_seconds``), the bound on one handshake.
+            (``accept_timeout_seconds``), the bound on one handshake
+            (``handshake_timeout_seconds``) and on its first byte (``first_byte_seconds``).
         adopt_binding: Take the first accepted peer's binding as this session's (a dealer that
             only checks that both servers agree); ``binding`` must then be None.
 
@@ -248,6 +304,7 @@ def accept_peers(
     host, port = sock.getsockname()[:2]
     results: queue.Queue = queue.Queue()
     pending = [0]
+    per_address: dict[str, int] = {}
     lock = threading.Lock()
     accepted: dict[str, Link] = {}
     refusals: list[str] = []
@@ -258,7 +315,13 @@ def accept_peers(
         try:
             results.put(
                 _handshake_incoming(
-                    conn, address, security, wanted, party_id, limits.handshake_timeout_seconds
+                    conn,
+                    address,
+                    security,
+                    wanted,
+                    party_id,
+                    limits.handshake_timeout_seconds,
+                    limits.first_byte_seconds,
                 )
             )
         except _Refused as exc:
@@ -271,6 +334,9 @@ def accept_peers(
         finally:
             with lock:
                 pending[0] -= 1
+                per_address[address[0]] -= 1
+                if not per_address[address[0]]:
+                    del per_address[address[0]]
 
     def refuse(where: str, reason: str) -> None:
         nonlocal refused_count
@@ -346,13 +412,18 @@ def accept_peers(
                 ) from exc
             with lock:
                 full = pending[0] >= MAX_PENDING
-                if not full:
+                crowded = per_address.get(address[0], 0) >= MAX_PENDING_PER_ADDRESS
+                if not (full or crowded):
                     pending[0] += 1
-            if full:
-                conn.close()
+                    per_address[address[0]] = per_address.get(address[0], 0) + 1
+            if full or crowded:
+                conn.close()  # a real peer retries (connect_peer) until its join deadline
                 refuse(
                     f"{address[0]}:{address[1]}",
-                    f"more than {MAX_PENDING} connections handshaking at once",
+                    f"more than {MAX_PENDING} connections handshaking at once"
+                    if full
+                    else f"more than {MAX_PENDING_PER_ADDRESS} connections handshaking from "
+                    f"{address[0]}",
                 )
                 continue
             threading.Thread(
@@ -434,10 +505,12 @@ def connect_peer(
         binding: This session's binding (default ``SessionBinding.unbound()``).
         options: Protocol options both sides must agree on.
         party_id: Passed to the transport.
-        limits: Connect retry window and receive timeout of the returned transport
-            (``timeout_seconds``), the bound on the TLS handshake and the hello answer, how
-            long to wait for the service's other peers (``ready_timeout_seconds``), the
-            frame cap of the returned transport.
+        limits: Receive timeout and frame cap of the returned transport
+            (``timeout_seconds``, ``max_frame_bytes``), the bound on the TLS handshake and
+            the hello answer, how long to wait for the service's other peers
+            (``ready_timeout_seconds``) and how long to keep retrying attempts that found no
+            listener ready (``join_timeout_seconds``; refused, closed at once, reset, stalled
+            handshake); both default to ``timeout_seconds``.
         wait_ready: Wait here until the service is ready (all its peers joined). With False
             the caller must call ``link.wait_ready()`` (or read the ready message itself)
             before anything else.
@@ -449,7 +522,8 @@ def connect_peer(
         PeerAuthenticationError: TLS failed, the peer's role is not in ``peer_roles``, or the
             service refused this process's role.
         SessionMismatchError: The service runs another session or job (fields named).
-        PeerDisconnectedError: Nobody listens, or the service went away before it was ready.
+        PeerDisconnectedError: No listener answered within the join window, or the service
+            went away before it was ready.
     """
     if security.identity is not None and security.identity.role != role:
         raise ConfigError(
@@ -457,19 +531,34 @@ def connect_peer(
         )
     host, port = address
     where = f"{'/'.join(sorted(peer_roles))} at {host}:{port}"
-    sock = connect_socket(host, port, limits.timeout_seconds)
-    cert_role: str | None = None
-    if security.identity is not None:
-        sock, cert_role = security.identity.wrap_client(
-            sock, set(peer_roles), timeout_seconds=limits.handshake_timeout_seconds, where=where
-        )
-    transport = TcpTransport(
-        sock, party_id, limits.handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
-    )
+    join_seconds = limits.join_seconds
+    deadline = time.monotonic() + join_seconds
     ours = Hello(role, binding or SessionBinding.unbound(), dict(options or {}))
+    pause, attempts = _RETRY_BACKOFF_SECONDS[0], 0
+    while True:
+        attempts += 1
+        try:
+            transport, cert_role, reply = _hello_attempt(
+                security,
+                address,
+                where,
+                peer_roles,
+                ours,
+                party_id,
+                max(deadline - time.monotonic(), 0.05),
+                limits.handshake_timeout_seconds,
+            )
+            break
+        except _Retry as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerDisconnectedError(
+                    f"could not join {where} within {join_seconds:g} s ({attempts} attempts; "
+                    f"last: {exc}); start the listening party first"
+                ) from exc.__cause__
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, _RETRY_BACKOFF_SECONDS[1])
     try:
-        _send_doc(transport, ours.to_json())
-        reply = _receive_doc(transport, where)
         _raise_refusal(reply, where)
         theirs = Hello.parse(reply, where)
         claimed_ok = (
@@ -492,6 +581,61 @@ def connect_peer(
     transport.set_timeout(limits.timeout_seconds)
     transport.max_frame_bytes = int(limits.max_frame_bytes)
     return link
+
+
+class _Retry(Exception):
+    """An attempt to join failed for want of a listener; ``connect_peer`` tries again."""
+
+
+# failures that say "nobody (ready) listens here", not "you are refused"
+_TRANSIENT = (ConnectionError, TimeoutError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+def _hello_attempt(
+    security: Security,
+    address: tuple[str, int],
+    where: str,
+    peer_roles: Collection[str],
+    ours: Hello,
+    party_id: int,
+    connect_seconds: float,
+    handshake_timeout_seconds: float,
+) -> tuple[TcpTransport, str | None, dict]:
+    """One attempt: connect, TLS, send our hello, read the answer (not yet judged).
+
+    Raises:
+        _Retry: The listener is not there (yet), was full and closed us, or stalled.
+        PeerAuthenticationError: TLS refused for a reason (certificate, role).
+    """
+    host, port = address
+    try:
+        sock = connect_socket(host, port, connect_seconds)
+    except PeerDisconnectedError as exc:
+        raise _Retry(str(exc)) from exc
+    except OSError as exc:
+        raise _Retry(f"connect failed: {exc}") from exc
+    cert_role: str | None = None
+    if security.identity is not None:
+        try:
+            sock, cert_role = security.identity.wrap_client(
+                sock, set(peer_roles), timeout_seconds=handshake_timeout_seconds, where=where
+            )
+        except PeerAuthenticationError as exc:
+            if isinstance(exc.__cause__, _TRANSIENT):
+                raise _Retry(f"TLS handshake: {exc.__cause__}") from exc
+            raise
+    transport = TcpTransport(
+        sock, party_id, handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
+    )
+    try:
+        _send_doc(transport, ours.to_json())
+        return transport, cert_role, _receive_doc(transport, where)
+    except PeerDisconnectedError as exc:  # closed or silent before any answer: no listener
+        transport.close()
+        raise _Retry(f"no answer to the hello: {exc}") from exc
+    except BaseException:
+        transport.close()
+        raise
 
 
 def check_ready(doc: Mapping[str, object], where: str) -> None:

@@ -17,14 +17,16 @@ receive, the largest frame), so that a silent or hostile peer never blocks a pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.mpc.identity import INSECURE_WARNING, Identity, require_security
 from fedunlearn.mpc.tcp import DEFAULT_MAX_FRAME_BYTES
 
-__all__ = ["DEFAULT_LIMITS", "LinkLimits", "Security"]
+__all__ = ["DEFAULT_LIMITS", "FIRST_BYTE_SECONDS", "LinkLimits", "Security"]
+
+FIRST_BYTE_SECONDS = 2.0  # a connection that sends nothing for this long is closed
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class LinkLimits:
         ready_timeout_seconds: How long a connecting peer waits for the service's other
             peers (None: ``timeout_seconds``).
         max_frame_bytes: Largest frame accepted on the established link.
+        first_byte_seconds: A listener closes a connection that sends nothing for this long
+            (an idle connection frees its handshake slot quickly).
+        join_timeout_seconds: How long a connecting peer keeps retrying attempts that found
+            no listener ready (None: ``timeout_seconds``).
     """
 
     timeout_seconds: float = 60.0
@@ -93,9 +99,12 @@ class LinkLimits:
     handshake_timeout_seconds: float = 10.0
     ready_timeout_seconds: float | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    first_byte_seconds: float = FIRST_BYTE_SECONDS
+    join_timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("timeout_seconds", "accept_timeout_seconds", "handshake_timeout_seconds"):
+        names = ("timeout_seconds", "accept_timeout_seconds", "handshake_timeout_seconds")
+        for name in (*names, "first_byte_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds; got {getattr(self, name)!r}")
         if self.max_frame_bytes < 1:
@@ -110,9 +119,14 @@ class LinkLimits:
             else (self.ready_timeout_seconds)
         )
 
-    def with_timeout(self, timeout_seconds: float) -> LinkLimits:
-        """A copy with another receive timeout."""
-        return replace(self, timeout_seconds=float(timeout_seconds))
+    @property
+    def join_seconds(self) -> float:
+        """How long a connecting peer keeps retrying to join."""
+        return (
+            self.timeout_seconds
+            if self.join_timeout_seconds is None
+            else (self.join_timeout_seconds)
+        )
 
 
 DEFAULT_LIMITS = LinkLimits()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from fedunlearn.errors import MalformedFrameError, SessionMismatchError
+from fedunlearn.mpc.wire import parse_object
 
 __all__ = [
     "MAX_HELLO_BYTES",
@@ -177,15 +178,7 @@ def decode_message(frame: np.ndarray, peer: str) -> dict[str, Any]:
             f"{peer} sent a {frame.dtype} frame of shape {frame.shape} where a handshake message "
             f"(uint8 JSON, <= {MAX_HELLO_BYTES} bytes) belongs"
         )
-    try:
-        doc = json.loads(frame.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedFrameError(
-            f"{peer} sent a handshake message that is not JSON: {exc}"
-        ) from None
-    if not isinstance(doc, dict):
-        raise MalformedFrameError(f"{peer} sent a handshake message that is not a JSON object")
-    return doc
+    return parse_object(frame.tobytes(), peer, max_bytes=MAX_HELLO_BYTES, what="handshake message")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.engine import ClientTrainer, run_round
+from fedunlearn.fl.clients import Clients
+from fedunlearn.fl.engine import run_round
 from fedunlearn.fl.records import ClientData
 from fedunlearn.privacy.dp_sgd import ParamLayout
 from fedunlearn.privacy.per_example import check_per_example_model, per_example_clipped_sum
@@ -36,7 +37,7 @@ FALLBACK_CLIP_NORM = 1.0
 
 
 def pilot_clip_norm(
-    clients: ClientTrainer,
+    clients: Clients,
     aggregator: Aggregator,
     initial_params: torch.Tensor,
     *,

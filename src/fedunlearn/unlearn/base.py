@@ -3,8 +3,8 @@
 A method (an ``Unlearner``) is built from validated hyperparameters, never data (scikit-learn
 style). ``unlearn(request, context)`` takes a finished run, seen through an ``UnlearnContext``
 (:mod:`fedunlearn.unlearn.context`), and returns an ``UnlearnResult``: the unlearned model, the
-cost ledger (``Costs``), the metrics of every unlearning round, the method's ``Details`` (a
-frozen dataclass per method, ``to_dict()`` for JSON) and, once verified
+cost ledger (``Costs``, :mod:`fedunlearn.unlearn.costs`), the metrics of every unlearning round,
+the method's ``Details`` (a frozen dataclass per method, ``to_dict()`` for JSON) and, once verified
 (``fedunlearn.eval.Verifier``), its receipt (``verification``). Forgetting nobody returns the
 run's final model unchanged, at zero cost. History a method needs but the run did not record raises
 ``UnsupportedHistoryError`` before any work.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.costs import Costs
 from fedunlearn.unlearn.receipt import BoundReport, Verification
 
 __all__ = [
@@ -61,30 +62,6 @@ class UnlearnRequest:
         if kind not in ("forget", "recover"):
             raise ConfigError(f"request kind must be 'forget' or 'recover'; got {kind!r}")
         return cls(frozenset(int(c) for c in client_ids), kind)
-
-
-@dataclass(frozen=True)
-class Costs:
-    """What an unlearning run cost.
-
-    ``client_participations`` counts (client, round) local trainings, i.e. the exact-update
-    requests; ``client_epochs`` the local epochs they ran (the papers' round saving follows from
-    it against Retrain); ``estimated_updates`` the client updates the server estimated instead
-    (FedRecover); ``history_bytes_read`` the payload bytes read from the store;
-    ``bytes_communicated`` the model and update bytes sent to and received from clients.
-    """
-
-    wall_seconds: float = 0.0
-    rounds: int = 0
-    client_participations: int = 0
-    client_epochs: int = 0
-    estimated_updates: int = 0
-    history_bytes_read: int = 0
-    bytes_communicated: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the ledger as a JSON-ready dict."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -219,7 +196,7 @@ class Unlearner(ABC):
         return UnlearnResult(
             method=self.name,
             params=out.params,
-            costs=Costs(wall_seconds=wall, **context.meter.counts()),
+            costs=replace(context.meter.costs, wall_seconds=wall),
             round_metrics=tuple(out.round_metrics),
             details=out.details,
         )

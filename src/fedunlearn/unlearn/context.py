@@ -4,16 +4,18 @@
 
 - ``history``: a ``HistoryReader`` over the run's store, read-only, counting every payload byte
   read (``MeteredHistory``); its metadata holds no attack ground truth;
-- ``clients``: the federation restricted to the *remaining* clients, counting every local
-  training request (participations, local epochs, bytes sent and received); asking a forgotten
-  client to train is an error;
+- ``clients``: the run's clients (``fl.clients.Clients``) restricted to the *remaining* ones
+  (``RemainingClients``), counting every local training request (participations, local epochs,
+  bytes sent and received); asking a forgotten client to train is an error;
 - ``training``: the run's round count, participation rate and aggregation rule name, and
   ``aggregate`` to apply that rule;
 - ``recording`` (the run's ``history`` section: policy and its options) and ``privacy`` (the
   run's DP settings), for methods whose algorithm depends on how the run was recorded;
 - ``evaluate``: the evaluation hook (test accuracy, loss, backdoor ASR) or None;
 - ``reference_set(size)``: a seeded clean subsample of the clients' data, for the methods that
-  ask for one (Crab's R).
+  ask for one (Crab's R);
+- ``end_round`` / ``record_round``: close one unlearning round: count it in the costs
+  (``meter``) and return its metrics row. Methods never count by hand.
 
 Which clients attacked is *not* in the context: a recovery request names them.
 """
@@ -21,7 +23,7 @@ Which clients attacked is *not* in the context: a recovery request names them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,9 +32,10 @@ from fedunlearn.config import HistoryConfig, PrivacyConfig
 from fedunlearn.errors import FedUnlearnError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.fl.federation import Federation
-from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.clients import Clients, RunClients
+from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
+from fedunlearn.unlearn.costs import CostMeter
 
 __all__ = [
     "CostMeter",
@@ -46,22 +49,6 @@ __all__ = [
 Evaluator = Callable[[torch.Tensor], dict[str, float]]
 # metadata keys a method must not see: the attack's ground truth (and the config that holds it)
 _HIDDEN_META = frozenset({"malicious", "config"})
-
-
-@dataclass
-class CostMeter:
-    """Mutable counters behind ``Costs``; the context's wrappers feed it."""
-
-    rounds: int = 0
-    client_participations: int = 0
-    client_epochs: int = 0
-    estimated_updates: int = 0
-    history_bytes_read: int = 0
-    bytes_communicated: int = 0
-
-    def counts(self) -> dict[str, int]:
-        """Return the counters as a dict."""
-        return asdict(self)
 
 
 class MeteredHistory:
@@ -86,7 +73,7 @@ class MeteredHistory:
         return self._store.rounds()
 
     def _count(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._meter.history_bytes_read += tensor.numel() * tensor.element_size()
+        self._meter.add(history_bytes_read=tensor.numel() * tensor.element_size())
         return tensor
 
     def read_model(self, round: int, kind: str = "global") -> torch.Tensor:
@@ -120,9 +107,13 @@ class MeteredHistory:
 
 
 class RemainingClients:
-    """The federation as an unlearning method may use it: remaining clients only, metered."""
+    """A run's clients as an unlearning method may use them: remaining clients only, metered.
 
-    def __init__(self, federation: Federation, forget: frozenset[int], meter: CostMeter) -> None:
+    Satisfies ``fl.clients.RunClients`` over any ``RunClients`` (the in-process federation, the
+    session's fresh-training wrapper of it, Flower's clients); ``ids`` is ``client_ids``.
+    """
+
+    def __init__(self, federation: RunClients, forget: frozenset[int], meter: CostMeter) -> None:
         self._federation = federation
         self.forget = forget
         self._meter = meter
@@ -167,7 +158,7 @@ class RemainingClients:
         spec: LocalTrainingSpec | None = None,
         salt: int = 0,
     ) -> list[ClientUpdate]:
-        """Ask remaining clients for fresh local training from ``global_params``.
+        """Ask remaining clients for fresh local training (``fl.clients.Clients.train``).
 
         Raises:
             FedUnlearnError: if a client being forgotten is asked.
@@ -182,9 +173,11 @@ class RemainingClients:
         spec = spec or self.spec
         updates = self._federation.train(global_params, client_ids, round_, spec=spec, salt=salt)
         n = len(client_ids)
-        self._meter.client_participations += n
-        self._meter.client_epochs += n * spec.epochs
-        self._meter.bytes_communicated += 2 * n * self.num_params * 4  # model down, delta up
+        self._meter.add(
+            client_participations=n,
+            client_epochs=n * spec.epochs,
+            bytes_communicated=2 * n * self.num_params * 4,  # model down, delta up
+        )
         return updates
 
 
@@ -206,7 +199,7 @@ class UnlearnContext:
     """A finished run as an unlearning method sees it (see the module docstring)."""
 
     history: HistoryReader
-    clients: RemainingClients
+    clients: Clients  # RemainingClients; a Starfish server's public view in a deployment
     aggregator: Aggregator
     num_rounds: int
     initial_params: torch.Tensor
@@ -244,10 +237,31 @@ class UnlearnContext:
         a retrained run asks the same clients (Retrain's participants, and the cost it is
         compared with).
         """
-        remaining = set(self.clients.ids)
+        remaining = set(self.clients.client_ids)
         return sorted(
             {r.client_id for r in self.history.client_records(round_) if r.client_id in remaining}
         )
+
+    def end_round(self, round_: int, params: torch.Tensor) -> dict[str, float]:
+        """Close unlearning round ``round_`` at model ``params``: count it, return its row.
+
+        Returns:
+            ``{"round": round_}`` and, when the context evaluates, the metrics of ``params``.
+        """
+        self.meter.add(rounds=1)
+        row: dict[str, float] = {"round": round_}
+        if self.evaluate is not None:
+            row.update(self.evaluate(params))
+        return row
+
+    def record_round(self, record: RoundRecord) -> dict[str, float]:
+        """Close an unlearning round the training loop ran (``fl.engine``): count it; its row.
+
+        Returns:
+            ``{"round": record.round}`` and the round's own metrics (train loss, evaluation).
+        """
+        self.meter.add(rounds=1)
+        return {"round": record.round, **record.metrics}
 
     def aggregate(self, updates: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
         """Aggregate ``(client_id, delta)`` pairs with the run's rule, weighted by n_c."""

@@ -138,9 +138,5 @@ def calibrated_replay(
                     "max_fresh_norm": max((f for _, _, f in norms), default=0.0),
                 }
             )
-        context.meter.rounds += 1
-        row: dict[str, float] = {"round": round_}
-        if context.evaluate is not None:
-            row.update(context.evaluate(params))
-        rows.append(row)
+        rows.append(context.end_round(round_, params))
     return params, rows

@@ -6,6 +6,14 @@ a fresh metered ``UnlearnContext``. Requests are validated before any work: unkn
 forgetting every client, and a method needing history the run did not record each raise one
 clear error, and nothing on disk changes (the store is opened read-only).
 
+The session is composed of two views (``fedunlearn.unlearn.views``): ``run_view`` (what the run
+is: config, store, M_0 and M_T, the federation's public pieces) and ``evaluation`` (test set,
+clean client data, reference sets, ``evaluate``); the judge and the verifier read those.
+
+Fresh updates on a ``dp_sgd`` run: the session wraps the federation's local training
+(``Federation.with_local_training``) with ``ClippedTraining`` at the run's clip norm; the
+federation itself is not changed (docs/methods/fedadp.md, AD9 and AD22).
+
 Progress: ``run(method, request, progress=callback)`` calls ``callback(metrics)`` after each
 unlearning round the method evaluates (every built-in method evaluates each round it runs).
 Verification (the receipt) is one layer up: ``fedunlearn.eval.Verifier(session, request)``.
@@ -16,13 +24,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
-from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
-from fedunlearn.fl.records import ClientData
+from fedunlearn.config import RunConfig
+from fedunlearn.errors import HistoryError
+from fedunlearn.fl.clients import RunClients
+from fedunlearn.fl.federation import Federation
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import HISTORY_DIR, Setup, build_setup, load_run_config, reference_set
+from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.context import (
     CostMeter,
@@ -32,113 +43,86 @@ from fedunlearn.unlearn.context import (
     TrainingInfo,
     UnlearnContext,
 )
+from fedunlearn.unlearn.views import EvaluationView, RunView
 
 RoundProgress = Callable[[dict[str, float]], None]
 
 
 class UnlearnSession:
-    """A finished run, opened for unlearning.
+    """A finished run, opened for unlearning: its two views and fresh metered contexts.
 
     Args:
         run_dir: Directory written by ``fedunlearn train``.
         evaluate: Evaluate the model after every unlearning round (for per-round plots).
+
+    Attributes:
+        run_view: What the run is (``RunView``, read-only).
+        evaluation: How its models are judged (``EvaluationView``).
+        federation: The run's in-process clients as its config builds them (unchanged by the
+            session; a deployment builds its own ``Clients`` from their public pieces).
     """
 
     def __init__(self, run_dir: str | Path, *, evaluate: bool = True) -> None:
-        self.run_dir = Path(run_dir)
-        self.config = load_run_config(self.run_dir)
-        self.store = HistoryStore.open(self.run_dir / HISTORY_DIR)
+        run_dir = Path(run_dir)
+        config = load_run_config(run_dir)
+        store = HistoryStore.open(run_dir / HISTORY_DIR)
         try:
-            last = self.store.last_round()
-            planned = self.config.training.rounds
+            last = store.last_round()
+            planned = config.training.rounds
             if last != planned:
                 raise HistoryError(
-                    f"{self.run_dir} finished {last or 0} of {planned} rounds; complete it with "
-                    f"'fedunlearn train {self.run_dir / 'config.yaml'} --out {self.run_dir} "
+                    f"{run_dir} finished {last or 0} of {planned} rounds; complete it with "
+                    f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} "
                     "--resume' before unlearning"
                 )
-            self.setup: Setup = build_setup(self.config)
-            self._clip_like_training()
+            self._setup = build_setup(config)
+            federation = self._setup.federation
+            try:
+                self._fresh = _fresh_training(federation, config, store, run_dir)
+            except BaseException:
+                self._setup.close()
+                raise
         except BaseException:
-            self.store.close()
+            store.close()
             raise
-        self.evaluate = evaluate
-        self.final_params = self.store.read_model(planned)
-        self.initial_params = self.store.read_model(0)
-        self._references: dict[int, ClientData] = {}
-        self.fingerprint = hashlib.sha256(self.config.model_dump_json().encode()).hexdigest()
-
-    def _clip_like_training(self) -> None:
-        """On a ``dp_sgd`` run, fresh local training clips per example like training did.
-
-        The run's learning rate was chosen for steps of clipped per-example gradients; plain SGD
-        at that rate can diverge (the DP-SGD CNN of reproductions/fedadp: lr 1.0). Fresh updates
-        therefore use the run's optimiser without its noise (``ClippedTraining`` at the run's
-        C): no DP on fresh updates, as before (docs/methods/fedadp.md, AD9 and AD22).
-        """
-        privacy = self.config.privacy
-        if not (privacy.enabled and privacy.mechanism == "dp_sgd"):
-            return
-        from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS
-        from fedunlearn.privacy.local_training import ClippedTraining
-
-        clip = self.store.round_scalars(1).get(DP_SGD_SCALAR_KEYS["clip_norm"])
-        if clip is None:
-            raise HistoryError(
-                f"{self.run_dir} was trained with privacy.mechanism 'dp_sgd' but round 1 has no "
-                f"'{DP_SGD_SCALAR_KEYS['clip_norm']}' scalar; its ledger is incomplete"
-            )
-        fed = self.setup.federation
-        fed.local_training = ClippedTraining(
-            fed.model, fed.training_data, clip_norm=float(clip), device=getattr(fed, "device", None)
+        self._evaluate_rounds = evaluate
+        self._aggregator = self._setup.aggregator
+        self.run_view = RunView(
+            run_dir=run_dir,
+            config=config,
+            store=store,
+            initial_params=store.read_model(0),
+            final_params=store.read_model(planned),
+            fingerprint=hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
+            model=federation.model,
+            spec=federation.spec,
+            client_sizes=MappingProxyType(
+                {c: federation.num_samples(c) for c in federation.client_ids}
+            ),
+            malicious=federation.malicious,
         )
-
-    def reference_set(self, size: int) -> ClientData:
-        """Return the run's seeded clean reference subsample of ``size`` samples (cached)."""
-        if size not in self._references:
-            self._references[size] = reference_set(self.setup, size)
-        return self._references[size]
-
-    @property
-    def client_ids(self) -> tuple[int, ...]:
-        """Every client of the run."""
-        return self.setup.federation.client_ids
-
-    @property
-    def malicious(self) -> frozenset[int]:
-        """The run's attacking clients (the ground truth a detector would name)."""
-        return self.setup.federation.malicious
-
-    def check_request(self, request: UnlearnRequest) -> None:
-        """Raise a clear error if the request names unknown clients or every client."""
-        ids = self.client_ids
-        unknown = sorted(request.forget - set(ids))
-        if unknown:
-            raise UnknownClientError(
-                f"client(s) {', '.join(map(str, unknown))} not in this run "
-                f"(client ids {ids[0]}..{ids[-1]}); nothing was changed"
-            )
-        if request.forget >= set(ids):
-            raise ConfigError(
-                f"cannot forget every client ({len(ids)} of {len(ids)}): nothing would remain "
-                "to train on; retrain from scratch with new clients instead"
-            )
+        self.evaluation = EvaluationView(self._setup)
+        self.federation: Federation = federation
 
     def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
-        if not self.evaluate:
+        if not self._evaluate_rounds:
             return None
         if progress is None:
-            return self.setup.evaluate
+            return self.evaluation.evaluate
 
         def evaluate(params: torch.Tensor) -> dict[str, float]:
-            metrics = self.setup.evaluate(params)
+            metrics = self.evaluation.evaluate(params)
             progress(metrics)
             return metrics
 
         return evaluate
 
     def context(
-        self, request: UnlearnRequest, *, progress: RoundProgress | None = None
+        self,
+        request: UnlearnRequest,
+        *,
+        progress: RoundProgress | None = None,
+        clients: RunClients | None = None,
     ) -> UnlearnContext:
         """Return a fresh metered context for one method run.
 
@@ -146,24 +130,27 @@ class UnlearnSession:
             request: The clients to remove.
             progress: Called with the metrics of each unlearning round the method evaluates
                 (only when the session evaluates rounds).
+            clients: Where fresh client work goes instead of the in-process federation (e.g.
+                Flower's ``FlowerClients``); the context restricts and meters them alike.
         """
-        self.check_request(request)
+        run = self.run_view
+        run.check_request(request)
         meter = CostMeter()
-        training = self.config.training
+        training = run.config.training
         return UnlearnContext(
-            history=MeteredHistory(self.store, meter),
-            clients=RemainingClients(self.setup.federation, request.forget, meter),
-            aggregator=self.setup.aggregator,
+            history=MeteredHistory(run.store, meter),
+            clients=RemainingClients(clients or self._fresh, request.forget, meter),
+            aggregator=self._aggregator,
             num_rounds=training.rounds,
-            initial_params=self.initial_params,
-            final_params=self.final_params,
+            initial_params=run.initial_params,
+            final_params=run.final_params,
             meter=meter,
             evaluate=self._evaluator(progress),
             training=TrainingInfo(training.participation, training.aggregator.name),
-            recording=self.config.history,
-            privacy=self.config.privacy,
-            fingerprint=self.fingerprint,
-            reference_provider=self.reference_set,
+            recording=run.config.history,
+            privacy=run.config.privacy,
+            fingerprint=run.fingerprint,
+            reference_provider=self.evaluation.reference_set,
         )
 
     def run(
@@ -185,11 +172,42 @@ class UnlearnSession:
 
     def close(self) -> None:
         """Close the store and stop worker processes."""
-        self.setup.close()
-        self.store.close()
+        if self._fresh is not self._setup.federation:
+            self._fresh.close()
+        self._setup.close()
+        self.run_view.store.close()
 
     def __enter__(self) -> UnlearnSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fresh_training(
+    federation: Federation, config: RunConfig, store: HistoryStore, run_dir: Path
+) -> Federation:
+    """Return the clients fresh unlearning updates come from: on a ``dp_sgd`` run, clipped.
+
+    The run's learning rate was chosen for steps of clipped per-example gradients; plain SGD
+    at that rate can diverge (the DP-SGD CNN of reproductions/fedadp: lr 1.0). Fresh updates
+    therefore use the run's optimiser without its noise (``ClippedTraining`` at the run's C,
+    wrapped around ``federation``, which is not changed): no DP on fresh updates, as before
+    (docs/methods/fedadp.md, AD9 and AD22). Other runs: ``federation`` itself.
+    """
+    privacy = config.privacy
+    if not (privacy.enabled and privacy.mechanism == "dp_sgd"):
+        return federation
+    from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS
+    from fedunlearn.privacy.local_training import ClippedTraining
+
+    clip = store.round_scalars(1).get(DP_SGD_SCALAR_KEYS["clip_norm"])
+    if clip is None:
+        raise HistoryError(
+            f"{run_dir} was trained with privacy.mechanism 'dp_sgd' but round 1 has no "
+            f"'{DP_SGD_SCALAR_KEYS['clip_norm']}' scalar; its ledger is incomplete"
+        )
+    clipped = ClippedTraining(
+        federation.model, federation.training_data, clip_norm=float(clip), device=federation.device
+    )
+    return federation.with_local_training(clipped)

@@ -46,8 +46,7 @@ class FineTune(Unlearner):
 
         class _Log:
             def on_round_end(self, record: RoundRecord) -> None:
-                context.meter.rounds += 1
-                rows.append({"round": record.round, **record.metrics})
+                rows.append(context.record_round(record))
 
         k = self.params.rounds
         params = run_rounds(

@@ -35,7 +35,7 @@ def run_crab(tmp_path_factory):
 
 def recover(run_dir, params=None):
     with UnlearnSession(run_dir, evaluate=False) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         return session.run(make_method("crab", params), request)
 
 
@@ -95,16 +95,16 @@ def test_no_selection_no_rollback_equals_calibrated_replay_of_all_rounds_bit_for
     assert crab.details.rollback_round == 0
     assert crab.details.recovery_rounds == (1, 2, 3, 4, 5)
     with UnlearnSession(run_all, evaluate=False) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         context = session.context(request)
         replayed, _ = calibrated_replay(
             context,
             range(1, context.num_rounds + 1),
-            start_params=session.initial_params,
+            start_params=session.run_view.initial_params,
             spec=context.clients.spec,
         )
     assert torch.equal(crab.params, replayed)
-    assert crab.costs.client_epochs == context.meter.client_epochs
+    assert crab.costs.client_epochs == context.meter.costs.client_epochs
 
 
 def test_live_selection_equals_the_one_derived_from_a_full_history(run_all, run_crab, base_config):
@@ -116,10 +116,10 @@ def test_live_selection_equals_the_one_derived_from_a_full_history(run_all, run_
     assert live.details.selection_source == "crab"
     assert derived.details.windows
     with UnlearnSession(run_crab) as a, UnlearnSession(run_all) as b:
-        request = UnlearnRequest.of(sorted(a.malicious), "recover")
+        request = UnlearnRequest.of(sorted(a.run_view.malicious), "recover")
         needed = make_method("crab").history_bytes_needed(a.context(request))
         assert needed == make_method("crab").history_bytes_needed(b.context(request))
-        d = a.initial_params.numel()
+        d = a.run_view.initial_params.numel()
         stored = live.details.stored_clients
         assert needed == (1 + len(stored) + sum(map(len, stored.values()))) * d * 4
 

@@ -42,16 +42,16 @@ def quick_config(num_malicious: int, partition: str, participation: float) -> di
 def recover_against_retrain(run_dir: Path, params: dict | None = None):
     """Return (crab result, crab metrics, retrain result, retrain metrics, poisoned metrics)."""
     with UnlearnSession(run_dir) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         crab = session.run(make_method("crab", params), request)
         retrain = session.run(make_method("retrain"), request)
-        evaluate = session.setup.evaluate
+        evaluate = session.evaluation.evaluate
         return (
             crab,
             evaluate(crab.params),
             retrain,
             evaluate(retrain.params),
-            evaluate(session.final_params),
+            evaluate(session.run_view.final_params),
         )
 
 

@@ -51,9 +51,9 @@ def late_run(tmp_path_factory):
 
 def recover(run_dir, params=None):
     with UnlearnSession(run_dir) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         result = session.run(make_method("crab", params), request)
-        return result, session.setup.evaluate(result.params)
+        return result, session.evaluation.evaluate(result.params)
 
 
 # ----- participation [D10] --------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_late_attackers_let_participation_roll_back_past_m0_to_a_model_free_of_t
     assert d.warnings == ()
     # safe: the rollback model is exactly the benign clients' own trajectory up to t_j*
     with UnlearnSession(late_run) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         context = session.context(request)
         benign_only = run_rounds(
             context.clients,
@@ -93,7 +93,7 @@ def test_late_attackers_let_participation_roll_back_past_m0_to_a_model_free_of_t
         )
         assert torch.equal(benign_only, context.history.read_model(d.rollback_round))
         retrain = session.run(make_method("retrain"), request)
-        retrain_q = session.setup.evaluate(retrain.params)
+        retrain_q = session.evaluation.evaluate(retrain.params)
     # it saves work and removes the backdoor as well as rolling back to M_0 does
     assert default.costs.client_epochs < from_m0.costs.client_epochs
     assert default.costs.client_epochs <= 0.6 * retrain.costs.client_epochs
@@ -124,12 +124,13 @@ def test_phi_subtracts_the_previous_stored_rounds_aggregate(run_all, client_rati
     result, _ = recover(run_all, {"rollback": "paper", "client_ratio": client_ratio})
     d = result.details
     with UnlearnSession(run_all) as session:
-        forget = set(session.malicious)
-        history = session.store
+        forget = set(session.run_view.malicious)
+        history = session.run_view.store
         sizes = {
-            c: session.setup.federation.num_samples(c) for c in session.setup.federation.client_ids
+            c: session.federation.num_samples(c) for c in session.federation.client_ids
         }
-        previous = torch.zeros(session.initial_params.numel(), dtype=torch.float64)  # Gbar_0
+        size = session.run_view.initial_params.numel()
+        previous = torch.zeros(size, dtype=torch.float64)  # Gbar_0
         expected = []
         for t in d.stored_rounds:
             kept = d.stored_clients[str(t)]
@@ -196,13 +197,13 @@ def test_bounded_counts_every_round_with_a_forgotten_client(late_run):
     paper, _ = recover(late_run, {"rollback": "paper", "final_rounds": 0})
     d = result.details
     with UnlearnSession(late_run) as session:
-        forget = set(session.malicious)
+        forget = set(session.run_view.malicious)
         taking_part = {
             t
             for t in range(1, d.rollback_round + 1)
             if any(
                 r.client_id in forget and r.status == "accepted"
-                for r in session.store.client_records(t)
+                for r in session.run_view.store.client_records(t)
             )
         }
     assert taking_part <= {int(t) for t in d.round_bounds}
@@ -214,7 +215,7 @@ def test_bounded_counts_every_round_with_a_forgotten_client(late_run):
 def test_bounded_refuses_other_aggregators_and_runs_without_the_scalars(run_all):
     crab = make_method("crab", {"rollback": "bounded"})
     with UnlearnSession(run_all) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         context = session.context(request)
         context.training = TrainingInfo(aggregator="median")
         with pytest.raises(ConfigError, match="FedAvg"):
@@ -229,7 +230,7 @@ def test_bounded_refuses_other_aggregators_and_runs_without_the_scalars(run_all)
         stripped.client_records = no_scalars  # a run recorded by an older fedunlearn
         with pytest.raises(UnsupportedHistoryError, match="dot_aggregate"):
             crab.unlearn(request, context)
-        assert context.meter.client_epochs == 0  # refused before any work
+        assert context.meter.costs.client_epochs == 0  # refused before any work
 
 
 # ----- final tuning [D13] ----------------------------------------------------------------------
@@ -250,7 +251,7 @@ def test_auto_final_rounds_fill_the_skipped_rounds_within_the_epoch_budget(late_
     result, _ = recover(late_run)
     d = result.details
     with UnlearnSession(late_run) as session:
-        request = UnlearnRequest.of(sorted(session.malicious), "recover")
+        request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
         retrain = session.run(make_method("retrain"), request)
     replayed = sum(1 for ids in d.participants.values() if ids)
     skipped = LATE["training"]["rounds"] - d.rollback_round - replayed

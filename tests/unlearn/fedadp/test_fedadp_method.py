@@ -67,7 +67,7 @@ def dp_run(tmp_path_factory):
 
 def test_fedadp_on_a_dp_run_replays_the_stored_rounds_without_the_forgotten(dp_run):
     with UnlearnSession(dp_run) as session:
-        forget = sorted(session.malicious)
+        forget = sorted(session.run_view.malicious)
         result = session.run(make_method("fedadp"), UnlearnRequest.of(forget, "recover"))
         again = session.run(make_method("fedadp"), UnlearnRequest.of(forget, "recover"))
     details = result.details
@@ -103,8 +103,8 @@ def test_overrides_on_a_live_selection_fail_before_any_work(dp_run):
         context = session.context(UnlearnRequest.of([0]))
         with pytest.raises(UnsupportedHistoryError, match="needs a different selection"):
             make_method("fedadp", {"round_ratio": 0.9}).unlearn(UnlearnRequest.of([0]), context)
-        assert context.meter.client_epochs == 0
-        assert context.meter.history_bytes_read == 0
+        assert context.meter.costs.client_epochs == 0
+        assert context.meter.costs.history_bytes_read == 0
 
 
 @pytest.mark.slow
@@ -125,7 +125,7 @@ def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_refuses_unlea
         # the stored clip norm is a per-example C; Eq. 5-6 on whole fresh updates would misuse it
         with pytest.raises(UnsupportedHistoryError, match="mechanism 'dp_sgd', whose stored clip"):
             make_method("fedadp", {"unlearn_dp": True}).unlearn(request, context)
-        assert context.meter.client_epochs == 0
+        assert context.meter.costs.client_epochs == 0
 
 
 def test_a_run_without_dp_gives_fedadp_without_dp(run_all):
@@ -136,7 +136,7 @@ def test_a_run_without_dp_gives_fedadp_without_dp(run_all):
         context = session.context(UnlearnRequest.of([0]))
         with pytest.raises(UnsupportedHistoryError, match="unlearn_dp=true needs a run trained"):
             make_method("fedadp", {"unlearn_dp": True}).unlearn(UnlearnRequest.of([0]), context)
-        assert context.meter.client_epochs == 0
+        assert context.meter.costs.client_epochs == 0
 
 
 def test_full_selection_with_fresh_updates_is_exactly_retrain(run_all):

@@ -45,8 +45,9 @@ def cosine_ranking(session, targets, rounds=range(1, ROUNDS + 1)):
     """Plain numpy ranking of rounds by cos(sum of target deltas, M_r - M_{r-1})."""
     scores = []
     for r in rounds:
-        g = sum(session.store.read_update(r, t).double().numpy() for t in targets)
-        y = (session.store.read_model(r) - session.store.read_model(r - 1)).double().numpy()
+        store = session.run_view.store
+        g = sum(store.read_update(r, t).double().numpy() for t in targets)
+        y = (store.read_model(r) - store.read_model(r - 1)).double().numpy()
         scores.append(g @ y / (np.linalg.norm(g) * np.linalg.norm(y)))
     order = np.argsort(-np.asarray(scores), kind="stable")
     return [list(rounds)[i] for i in order]

@@ -37,9 +37,9 @@ def test_corrected_theorem1_bound_holds_on_l2_logistic_regression(session):
     )
     context = session.context(FORGET)
     retrain = retrain_trajectory(context)
-    assert context.meter.client_epochs == 0  # the reference retrain is not charged
-    data = [session.setup.federation.client_data[c] for c in REMAINING]
-    objective_gap = regularised_loss(session.setup.federation.model, retrain[0], data, WEIGHT_DECAY)
+    assert context.meter.costs.client_epochs == 0  # the reference retrain is not charged
+    data = [session.federation.client_data[c] for c in REMAINING]
+    objective_gap = regularised_loss(session.federation.model, retrain[0], data, WEIGHT_DECAY)
     report = evaluate_theorem1(
         result.details.trajectory,
         retrain,

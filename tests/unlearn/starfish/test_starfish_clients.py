@@ -43,7 +43,7 @@ class Service:
         self.participants = {
             r: sorted(
                 rec.client_id
-                for rec in session.store.client_records(r)
+                for rec in session.run_view.store.client_records(r)
                 if rec.status == "accepted" and rec.client_id in remaining
             )
             for r in range(1, ROUNDS + 1)

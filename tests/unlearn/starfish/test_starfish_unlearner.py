@@ -66,7 +66,7 @@ def test_float64_mirror_of_the_all_exact_replay_is_retrain_up_to_rounding(sessio
 
 def test_convex_run_lands_much_closer_to_retrain_than_the_original(session, retrained):
     result = session.run(make_method("starfish", {"selection_rate": 1.0}), FORGET)
-    original_gap = float((session.final_params - retrained.params).norm())
+    original_gap = float((session.run_view.final_params - retrained.params).norm())
     gap = float((result.params - retrained.params).norm())
     assert gap < 0.5 * original_gap
     assert result.details.estimated_updates > 0
@@ -306,7 +306,7 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
     finally:
         store.close()
     assert fed.calls == 0
-    assert opened.meter.history_bytes_read == 0
+    assert opened.meter.costs.history_bytes_read == 0
 
 
 # ---- (6) algorithm and execution ---------------------------------------------------------------

@@ -1,11 +1,10 @@
 """The federation seen through a Flower ``Grid``: what the engine and unlearning methods ask.
 
-``FlowerClients`` has the interface of ``fedunlearn.fl.Federation`` that the training loop
-(``run_rounds``) and unlearning (``RemainingClients``, hence every method's fresh client work)
-use: ``client_ids``, ``seed``, ``malicious``, ``model``, ``spec``, ``num_params``,
-``num_samples``, ``check_clients`` and ``train(global_params, client_ids, round_, spec=,
-salt=)``. ``train`` sends one ``train`` message to the SuperNode of each asked client only,
-waits for the replies (bounded by ``round_timeout``) and returns the uploads in the order asked.
+``FlowerClients`` implements the clients seam ``fedunlearn.fl.clients.RunClients`` that the
+training loop (``run_rounds``) and unlearning (``RemainingClients``, hence every method's fresh
+client work) use, as the in-process ``Federation`` does. ``train`` sends one ``train`` message
+to the SuperNode of each asked client only, waits for the replies (bounded by ``round_timeout``)
+and returns the uploads in the order asked.
 
 Steps of ``train``, in order:
 1. ``messages``: if an asked client is not placed yet, wait (up to ``node_timeout``) for a
@@ -35,6 +34,7 @@ from flwr.serverapp import Grid
 
 from fedunlearn.errors import UnknownClientError
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.integrations.flower.messages import (
@@ -46,7 +46,6 @@ from fedunlearn.integrations.flower.messages import (
     read_update,
     train_content,
 )
-from fedunlearn.runs import Setup
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +69,8 @@ class FlowerClients:
 
     Args:
         grid: The ServerApp's Grid.
-        setup: The run's setup (model, local training spec, seeds, client sizes, update mods);
-            its own executor is never used.
+        federation: The run's in-process federation, for its public pieces (model, local
+            training spec, seed, client sizes) and its update mods; it never trains here.
         config_yaml: The run config as YAML, sent to the clients with each task.
         round_timeout: Seconds to wait for one round's replies.
         node_timeout: Seconds to wait for every client's SuperNode to connect.
@@ -80,15 +79,14 @@ class FlowerClients:
     def __init__(
         self,
         grid: Grid,
-        setup: Setup,
+        federation: Federation,
         config_yaml: str,
         *,
         round_timeout: float = 600.0,
         node_timeout: float = 120.0,
     ) -> None:
-        federation = setup.federation
         self.grid = grid
-        self.model = setup.model
+        self.model = federation.model
         self.spec = federation.spec
         self.seed = federation.seed
         self.malicious = federation.malicious
@@ -261,18 +259,7 @@ class FlowerClients:
         spec: LocalTrainingSpec | None = None,
         salt: int = 0,
     ) -> list[ClientUpdate]:
-        """Ask ``client_ids`` to train from ``global_params`` over Flower; return the uploads.
-
-        Args:
-            global_params: Flat global model M_t.
-            client_ids: Clients to ask, in the order results are wanted.
-            round_: Round number (1-based); part of each client's seed.
-            spec: Local training override (e.g. fewer calibration epochs).
-            salt: Extra seed key (0 reproduces the original run's batch order).
-
-        Returns:
-            The uploads of the clients that replied (missing ones are in ``missing[round_]``).
-        """
+        """Train over Flower (``fl.clients.Clients.train``); the missing: ``missing[round_]``."""
         msgs = self.messages(global_params, client_ids, round_, spec=spec, salt=salt)
         exchange = time.perf_counter()
         replies = list(self.grid.send_and_receive(msgs, timeout=self.round_timeout))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,6 @@ from fedunlearn.runs import (
     resolve_config,
 )
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.context import RemainingClients
 
 MODES = ("train", "unlearn")
 
@@ -248,7 +247,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             policy.resume_round(store)  # sets the policy's state from a store holding M_0
         clients = FlowerClients(
             grid,
-            setup,
+            setup.federation,
             config_yaml,
             round_timeout=job.round_timeout,
             node_timeout=job.node_timeout,
@@ -310,7 +309,7 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     """Run ``job.method`` on the finished run in ``job.run_dir``, clients over the Grid.
 
     The session (history read-only, the run's setup, request checks) is ``UnlearnSession``'s;
-    only the clients differ: ``RemainingClients`` over ``FlowerClients``, so the method's fresh
+    only the clients differ: the context wraps ``FlowerClients``, so the method's fresh
     client work goes to the remaining clients' SuperNodes and is metered as in-process.
 
     Returns:
@@ -321,18 +320,17 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     request = UnlearnRequest.of(job.forget, job.kind)
     out = job.result_path or job.run_dir / f"flower_{job.method}.json"
     with UnlearnSession(job.run_dir) as session:
-        context = session.context(request)
         clients = FlowerClients(
             grid,
-            session.setup,
-            dump_config(session.config),
+            session.federation,
+            dump_config(session.run_view.config),
             round_timeout=job.round_timeout,
             node_timeout=job.node_timeout,
         )
-        context = replace(context, clients=RemainingClients(clients, request.forget, context.meter))
+        context = session.context(request, clients=clients)
         result = unlearner.unlearn(request, context)
-        quality = session.setup.evaluate(result.params)
-        model = session.setup.model
+        quality = session.evaluation.evaluate(result.params)
+        model = session.run_view.model
         summary = {
             "engine": "flower",
             "method": job.method,

@@ -5,7 +5,6 @@ departs from the paper: MPC1-MPC10 in docs/mpc.md.
 """
 
 from fedunlearn.mpc.protocols.beaver import (
-    refresh,
     sec_aggregate,
     sec_constant,
     sec_inner,
@@ -27,7 +26,6 @@ __all__ = [
     "Comparator",
     "compare_first",
     "ge_cost",
-    "refresh",
     "sec_aggregate",
     "sec_check_range",
     "sec_constant",

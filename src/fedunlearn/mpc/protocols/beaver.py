@@ -7,6 +7,9 @@ the comparison, sorting and Newton protocols keep their round counts low.
 Paper: Liu et al., Starfish, Table IV and App. B-B items 1-2 (SecShare, SecRec, SecMul, SecSP,
 ZeroGen, SecSel); Beaver, "Efficient multiparty protocols using circuit randomization"
 (CRYPTO 1991).
+No ``refresh``: re-randomising two-party additive shares with a ZeroGen pair (x_0 + r,
+x_1 - r) protects nothing, since both servers know r (party 1 holds -r), so it was removed
+(issue 25); ZeroGen serves ``sec_constant`` only.
 Deviations: [REC] SecMul3 is two sequential SecMuls (2 rounds; MPC5 in docs/mpc.md). [REC]
 Selection bits at integer scale and public constants re-randomised (MPC6).
 """
@@ -25,7 +28,6 @@ from fedunlearn.mpc.party import Party
 from fedunlearn.mpc.shares import SharedTensor
 
 __all__ = [
-    "refresh",
     "sec_aggregate",
     "sec_constant",
     "sec_inner",
@@ -104,11 +106,6 @@ def sec_aggregate(tensors: Sequence[SharedTensor]) -> SharedTensor:
     for t in tensors[1:]:
         total = total + t
     return total
-
-
-def refresh(x: SharedTensor) -> SharedTensor:
-    """Re-randomise the shares of ``x`` with a ZeroGen pair (local after the dealer's seed)."""
-    return SharedTensor(x.share + x.party.dealer.zero(x.shape), x.party, x.frac_bits)
 
 
 def sec_constant(party: Party, values: ArrayLike, frac_bits: int | None = None) -> SharedTensor:

@@ -492,7 +492,7 @@ class FedRecover(Unlearner):
                         continue
                     deltas[cid] = estimate
                 estimated_total += len(deltas)
-                meter.estimated_updates += len(deltas)
+                meter.add(estimated_updates=len(deltas))
                 if stored:
                     exact = self._exact(context, w_hat, sorted(stored), r, requests, rejected)
                     for cid, delta in exact.items():
@@ -504,9 +504,9 @@ class FedRecover(Unlearner):
                 w_hat = w_hat + context.aggregate(kept)
             else:
                 log.warning("round %d: no update from a remaining client; model unchanged", r)
-            meter.rounds += 1
+            row = context.end_round(r, w_hat)
             if context.evaluate is not None:
-                rows.append({"round": r, **context.evaluate(w_hat)})
+                rows.append(row)
 
         guard_counts = counts.to_dict()
         if any(guard_counts.values()):

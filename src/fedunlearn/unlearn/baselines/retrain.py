@@ -36,10 +36,8 @@ class Retrain(Unlearner):
         rows: list[dict[str, float]] = []
         for round_ in range(1, context.num_rounds + 1):
             participants = context.original_participants(round_)
-            context.meter.rounds += 1
             if not participants:  # only forgotten clients took part: nothing to redo
-                metrics = context.evaluate(params) if context.evaluate is not None else {}
-                rows.append({"round": round_, **metrics})
+                rows.append(context.end_round(round_, params))
                 continue
             record = run_round(
                 context.clients,
@@ -49,6 +47,6 @@ class Retrain(Unlearner):
                 participants,
                 evaluate=context.evaluate,
             )
-            rows.append({"round": record.round, **record.metrics})
+            rows.append(context.record_round(record))
             params = record.global_after
         return RunOutput(params, rows)

@@ -23,7 +23,6 @@ Deviations:
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -48,7 +47,7 @@ def theorem1_bounds(
         raise ConfigError("bound_check needs the run's reference set R (UnlearnSession)")
     eta = context.clients.spec.lr
     total = context.num_rounds
-    saved = {f.name: getattr(context.meter, f.name) for f in fields(context.meter)}
+    saved = context.meter.costs
     trajectory = [start]
 
     class _Collect:
@@ -64,11 +63,10 @@ def theorem1_bounds(
         observers=[_Collect()],
     )
     reference_cost = {
-        "client_epochs": context.meter.client_epochs - saved["client_epochs"],
+        "client_epochs": context.meter.costs.client_epochs - saved.client_epochs,
         "rounds": total,
     }
-    for name, value in saved.items():  # the reference run is a diagnostic, not a cost
-        setattr(context.meter, name, value)
+    context.meter.costs = saved  # the reference run is a diagnostic, not a cost
     steps = [trajectory[i + 1] - trajectory[i] for i in range(total)]
     step_norms = [float(s.norm()) for s in steps]
     # L: finite-difference ratio of consecutive pseudo-gradients H = -Δ/η along the retrain

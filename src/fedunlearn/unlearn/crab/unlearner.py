@@ -215,8 +215,7 @@ class _RoundLog:
         self.rows: list[dict[str, float]] = []
 
     def on_round_end(self, record: RoundRecord) -> None:
-        self.context.meter.rounds += 1
-        self.rows.append({"round": record.round, **record.metrics})
+        self.rows.append(self.context.record_round(record))
 
 
 @register("crab")

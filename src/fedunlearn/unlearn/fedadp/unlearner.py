@@ -308,11 +308,7 @@ class FedADP(SelectiveReplay):
                 total_cos += 1
                 steps.append((u.client_id, update))
             params = params + context.aggregate(steps)  # Eq. 12, then M^ <- M^ - eta_s U
-            context.meter.rounds += 1
-            row: dict[str, float] = {"round": sr.round}
-            if context.evaluate is not None:
-                row.update(context.evaluate(params))
-            rows.append(row)
+            rows.append(context.end_round(sr.round, params))
         num_clients = len(history.meta.get("client_sizes", {})) or len(context.clients.ids)
         num_updates = sum(len(s.clients) for s in stored)
         ledger = privacy_summary(

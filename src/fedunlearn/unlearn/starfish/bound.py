@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -182,7 +182,7 @@ def retrain_trajectory(context: UnlearnContext) -> list[torch.Tensor]:
 
     A diagnostic: the client work it costs is not left in ``context.meter``.
     """
-    saved = {f.name: getattr(context.meter, f.name) for f in fields(context.meter)}
+    saved = context.meter.costs
     start = context.history.read_model(0)
     models = [start]
 
@@ -198,8 +198,7 @@ def retrain_trajectory(context: UnlearnContext) -> list[torch.Tensor]:
         participation=context.training.participation,
         observers=[_Collect()],
     )
-    for name, value in saved.items():
-        setattr(context.meter, name, value)
+    context.meter.costs = saved
     return models
 
 

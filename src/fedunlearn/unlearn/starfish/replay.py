@@ -166,7 +166,7 @@ class Replay:
         if k < self.last_estimating and self.last_estimating > self.warmup and exact_shares:
             self._push_pairs(exact_shares, stored, r, v, float(m_hat.norm()))
         self.estimated += len(estimates)
-        self.context.meter.estimated_updates += len(estimates)
+        self.context.meter.add(estimated_updates=len(estimates))
         contributions = {**estimates, **exact_shares}
         kept = [c for c in ids if c in contributions]
         if not kept:

@@ -113,8 +113,14 @@ class StageOneRecord:
         return self._assistive[(round_, client_id)]
 
     def norm(self, round_: int, client_id: int) -> Any:
-        """Return the stored share [||G_r^j||] (assistive information #1)."""
+        """Return the stored share [||G_r^j||] (assistive information #1).
+
+        Only SecRS reads it (a target's norm, Method 1's v): with a ring-checking backend the
+        client checks it against the declared ``norm_range`` first (``StepRanges.check_norm``).
+        """
         value = self.assistive(round_, client_id)[0]
+        if self.backend.ranges is not None:
+            self.backend.ranges.check_norm(value, "SecRS (a target's client-supplied norm)")
         return self.backend.share(torch.tensor(value, dtype=self.dtype))
 
     def threshold(self, round_: int, client_id: int) -> Any:
@@ -217,6 +223,8 @@ def select_rounds(
     Returns:
         The selected rounds in descending score order (as opened by ``top_k``).
     """
+    if backend.ranges is not None:  # the declared norm_range must fit the method's products
+        backend.ranges.check_selection(method)
     rounds = sorted(targets_of_round)
     alt = method.startswith("alt")
     # range hints: v = ||g|| in Methods 1/2 (||y|| = 1), v = ||g||^2 in SecRS^alt
@@ -257,6 +265,8 @@ def select_rounds(
             batch["v"] = backend.dot(g_all, g_all)  # ||g||^2 ||y||^2 with ||y|| = 1
         elif all(norm is not None for *_, norm in real):
             batch = {"u": u_all, "v": backend.stack([norm for *_, norm in real])}
+            if method == "method1":  # client norms enter SecGE2's products (Method 2: SecDiv)
+                backend.check_range(batch["v"], norm_range, "SecRS method1 (target norms)")
         else:  # several targets: ||sum of g|| by a secure square root (no client norm)
             g_all = backend.stack([g for _, g, _, _ in real])
             batch = {"u": u_all, "v": backend.sqrt(backend.dot(g_all, g_all), squared)}

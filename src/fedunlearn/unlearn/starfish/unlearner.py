@@ -286,7 +286,7 @@ class Starfish(Unlearner):
             M_hat, the per-round metrics and ``StarfishDetails``.
         """
         p, e = self.params, self.execution
-        history, meter, clients = context.history, context.meter, context.clients
+        history, clients = context.history, context.clients
         num_rounds = context.num_rounds
         participants, targets_of_round = self._participants(context, request.forget)
         aggregator = context.training.aggregator
@@ -358,14 +358,10 @@ class Starfish(Unlearner):
         for k, r in enumerate(rounds, start=1):
             with backend.round_scope(replay.kind(k, r)):
                 m_hat = replay.round(k, r, m_hat)
-            meter.rounds += 1
             log.info("replayed round %d (%d of %d)", r, k, len(rounds))
             if e.record_models:
                 trajectory.append(m_hat.clone())
-            row: dict[str, float] = {"round": r}
-            if context.evaluate is not None:
-                row.update(context.evaluate(m_hat))
-            rows.append(row)
+            rows.append(context.end_round(r, m_hat))
 
         requests = replay.requests
         arp, arp_per_client = average_round_saving(dict(requests), num_rounds)

@@ -55,6 +55,7 @@ from fedunlearn.mpc import (
     SharedTensor,
     check_opened,
     concatenate,
+    sec_check_range,
     sec_constant,
     sec_div,
     sec_ge,
@@ -82,6 +83,7 @@ from fedunlearn.unlearn.starfish.backend.protocol import (
     SingularMatrixError,
     check_order,
 )
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = ["DEFAULT_RANGE", "OFFLINE_PHASE", "PHASES", "MpcBackend", "TimedDealer"]
 
@@ -204,6 +206,10 @@ class MpcBackend(BackendLog):
         client_seed: Seed of the simulated clients' SecShare masks, the same on both servers
             (in-process simulation); None: ``share`` accepts public constants only.
         default_range: Range hint for ``div``/``sqrt`` when the caller gives none.
+        max_aggregate_norm: Public bound on an opened aggregate's norm (``reveal``).
+        norm_range: The run's declared bounds on update norms (``ranges``); None: the ring
+            range only.
+        stream_rounds: Plan each round from the last of its kind (``round_scope``).
 
     Attributes:
         opened: Every opening, in order (``OpenedValue``).
@@ -213,6 +219,8 @@ class MpcBackend(BackendLog):
             (``cpu_seconds``: the process's CPU time, a load-independent measure when the
             server is its own process).
         client_bytes: Bytes of client shares this server received through ``share``.
+        ranges: The declared ring range of every step (``backend/ranges.py``); ``share``
+            checks client values against it before encoding.
     """
 
     def __init__(
@@ -222,9 +230,11 @@ class MpcBackend(BackendLog):
         default_range: tuple[float, float] = DEFAULT_RANGE,
         *,
         max_aggregate_norm: float | None = None,
+        norm_range: tuple[float, float] | None = None,
         stream_rounds: bool = False,
     ) -> None:
         self.party = party
+        self.ranges: StepRanges | None = StepRanges(party.fixed_point.frac_bits, norm_range)
         if not isinstance(party.dealer, TimedDealer):
             party.dealer = TimedDealer(party.dealer)  # type: ignore[assignment]
         self._dealer: TimedDealer = party.dealer  # type: ignore[assignment]
@@ -363,11 +373,17 @@ class MpcBackend(BackendLog):
     # ---- sharing and opening -----------------------------------------------------------------
 
     def share(self, x: torch.Tensor) -> SharedTensor:
-        """A client's SecShare of ``x`` (or a public constant's shares without a client seed)."""
+        """A client's SecShare of ``x`` (or a public constant's shares without a client seed).
+
+        The simulated client checks its values against the steps' ring range first
+        (``StepRanges.check_client_values``): out of range stops the run, nothing is shared.
+        """
         values = _public_array(x)
         self._count("share", values.size)
         if self._client_prg is None:
             return self._constant(values)
+        if self.ranges is not None:
+            self.ranges.check_client_values(values)
         encoded = self.fixed_point.encode(values)
         mask = self._client_prg.ring(encoded.shape)  # the client's r, one stream for both servers
         self.client_bytes += encoded.nbytes
@@ -581,6 +597,21 @@ class MpcBackend(BackendLog):
         out = sec_sqrt(a, a_range or self.default_range)
         self._log_opening("range_check", (), 1.0)
         return out
+
+    def check_range(
+        self,
+        a: SharedTensor,
+        value_range: tuple[float, float] | None = None,
+        step: str = "range check",
+    ) -> None:
+        """Check securely that every entry lies in the range; open only that bit (logged).
+
+        Raises:
+            SecureComputationError: Some entry is out of range (which one stays secret).
+        """
+        self._count("check_range", a.size)
+        sec_check_range(a, value_range or self.default_range, step)
+        self._log_opening("range_check", (), 1.0)
 
     def inverse(self, a: SharedTensor) -> SharedTensor:
         """SecMI of a small square matrix; ``SingularMatrixError`` if N = X R is unusable."""

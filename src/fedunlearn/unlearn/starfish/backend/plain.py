@@ -36,6 +36,7 @@ from fedunlearn.unlearn.starfish.backend.protocol import (
     bitonic_comparators,
     check_order,
 )
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = ["PlainBackend", "PlainSecret"]
 
@@ -90,6 +91,7 @@ class PlainBackend(BackendLog):
     Attributes:
         opened: Every opening, in order (``OpenedValue``).
         op_counts: Phase -> op -> ``{"calls", "elements", "comparisons"}``.
+        ranges: None: float64 has no ring range to check client values against.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class PlainBackend(BackendLog):
         super().__init__()
         self.dtype = dtype
         self.max_condition = max_condition
+        self.ranges: StepRanges | None = None  # float64 has no ring: nothing to check
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
@@ -259,6 +262,16 @@ class PlainBackend(BackendLog):
         self._count("sqrt", a.value.numel())
         self._log_range(a.value, a_range)
         return self._wrap(a.value.clamp_min(0).sqrt())
+
+    def check_range(
+        self,
+        a: PlainSecret,
+        value_range: tuple[float, float] | None = None,
+        step: str = "range check",
+    ) -> None:
+        """Log the range bit the 2PC servers would open (and stop on, when 0)."""
+        self._count("check_range", a.value.numel())
+        self._log_range(a.value, value_range)
 
     def _log_range(self, x: torch.Tensor, value_range: tuple[float, float] | None) -> None:
         """Log ``range_check``: 1 if every entry is in the range (the 2PC guard's one bit).

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from fedunlearn.errors import FedUnlearnError
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = [
     "DEFAULT_RANGE",
@@ -139,10 +140,13 @@ class StarfishBackend(Protocol[S]):
         opened: Every opening so far (``reveal``, ``top_k``'s indices, SecMI's masked matrix and
             any other value a protocol opens), in order.
         op_counts: Phase -> op -> counters (a 2PC backend may add bytes and rounds).
+        ranges: The declared ring range of every step (``backend/ranges.py``) that client
+            values are checked against before sharing; None: nothing is checked (the mirror).
     """
 
     opened: list[OpenedValue]
     op_counts: dict[str, dict[str, dict[str, int]]]
+    ranges: StepRanges | None
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         """Return a context manager under which operations are booked to ``name``."""
@@ -246,6 +250,17 @@ class StarfishBackend(Protocol[S]):
 
     def sqrt(self, a: S, a_range: tuple[float, float] | None = None) -> S:
         """Return the elementwise square root; ``a_range`` is a public range hint."""
+        ...
+
+    def check_range(
+        self, a: S, value_range: tuple[float, float] | None = None, step: str = "range check"
+    ) -> None:
+        """Check that every entry of ``a`` lies in the public range, opening only that bit.
+
+        ``step`` names the caller in the error.
+
+        A 2PC backend stops with ``SecureComputationError`` on 0; the mirror logs the bit.
+        """
         ...
 
     def inverse(self, a: S) -> S:

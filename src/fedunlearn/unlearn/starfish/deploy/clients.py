@@ -57,7 +57,9 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
+from fedunlearn.mpc.wire import parse_object
 from fedunlearn.unlearn.context import RemainingClients
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -90,13 +92,7 @@ def recv_doc(transport: TcpTransport, peer: str) -> dict[str, Any]:
         raise MalformedFrameError(
             f"{peer} sent a {frame.dtype} frame of shape {frame.shape} where a JSON message belongs"
         )
-    try:
-        doc = json.loads(frame.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedFrameError(f"{peer} sent a message that is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise MalformedFrameError(f"{peer} sent a JSON message that is not an object")
-    return doc
+    return parse_object(frame.tobytes(), peer, max_bytes=MAX_MESSAGE_BYTES)  # bounded (mpc.wire)
 
 
 def recv_array(
@@ -308,6 +304,7 @@ class ClientSimulator:
                 rejected[str(update.client_id)] = reason
                 continue
             gradient = update.delta.to(torch.float64).numpy() * self.scale
+            StepRanges(self.fixed_point.frac_bits).check_client_values(gradient, "an exact update")
             encoded = self.fixed_point.encode(gradient)
             mask = self.prg.ring(encoded.shape)  # the client's SecShare
             accepted.append(update.client_id)

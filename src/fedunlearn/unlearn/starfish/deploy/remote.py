@@ -100,12 +100,13 @@ def serve_clients(job: StarfishJob, security: Security, options: DeployOptions) 
     request = job.request()
     with UnlearnSession(job.run_dir, evaluate=False) as session:
         context = session.context(request)
-        binding = job.binding(session.config, session.store, read_sharing(job.run_dir))
+        run_view = session.run_view
+        binding = job.binding(run_view.config, run_view.store, read_sharing(job.run_dir))
         remaining = set(context.clients.ids)
         participants = {
             r: sorted(
                 rec.client_id
-                for rec in session.store.client_records(r)
+                for rec in session.run_view.store.client_records(r)
                 if rec.status == "accepted" and rec.client_id in remaining
             )
             for r in range(1, context.num_rounds + 1)
@@ -143,7 +144,7 @@ def serve_clients(job: StarfishJob, security: Security, options: DeployOptions) 
     return {
         "requests": served,
         "models": len(simulator.trajectory),
-        "participations": context.meter.client_participations,
+        "participations": context.meter.costs.client_participations,
     }
 
 
@@ -257,6 +258,7 @@ def run_server(
         backend = MpcBackend(
             party,
             max_aggregate_norm=execution.norm_range[1],
+            norm_range=execution.norm_range,
             stream_rounds=options.stream_rounds,
         )
         record = SharedStageOneRecord(history, party, info)  # the sharing bound above

@@ -132,7 +132,10 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
                     evaluate=clients.exclusive(context.evaluate) if k == 0 else None,
                 )
                 backend = MpcBackend(
-                    party, client_seed=client_seed, max_aggregate_norm=execution.norm_range[1]
+                    party,
+                    client_seed=client_seed,
+                    max_aggregate_norm=execution.norm_range[1],
+                    norm_range=execution.norm_range,
                 )
                 record = SharedStageOneRecord(history, party)
                 gateway = LocalClients(own, backend, scale, torch.float64)

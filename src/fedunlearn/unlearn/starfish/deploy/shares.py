@@ -55,12 +55,14 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.mpc import FixedPoint, Prg, SharedTensor
 from fedunlearn.mpc.prg import derive_seed, fresh_seed
 from fedunlearn.runs import HISTORY_DIR, load_run_config
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory, TrainingInfo, UnlearnContext
 from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
+from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 from fedunlearn.unlearn.starfish.deploy.binding import (
     PAYLOAD_DIGESTS_KEY,
     SHARING_FILE,
@@ -225,6 +227,7 @@ def share_history(
                 gradient = record.plain_update(r, rec.client_id).to(torch.float64)
                 norm, threshold = record.assistive(r, rec.client_id)
                 vector = np.concatenate([gradient.numpy(), [norm, threshold]])
+                StepRanges(frac_bits).check_client_values(vector, f"a round-{r} update")
                 encoded = fixed_point.encode(vector)
                 mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, Table IV)
                 shares[0][rec.client_id] = torch.from_numpy(mask.copy())
@@ -356,8 +359,8 @@ class SharedStageOneRecord:
 class PublicClients:
     """The remaining clients as a server knows them: ids, sample counts, training settings.
 
-    Stands in for ``RemainingClients`` in a server process; it cannot train (exact updates come
-    through a client gateway as shares).
+    Implements ``fedunlearn.fl.clients.Clients`` in a server process (the context's clients);
+    it cannot train (exact updates come through a client gateway as shares).
     """
 
     def __init__(
@@ -368,11 +371,24 @@ class PublicClients:
         self.spec = spec
         self.num_params = num_params
 
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """The remaining clients."""
+        return self.ids
+
     def num_samples(self, client_id: int) -> int:
         """n_c of a client (public: FedAvg weights)."""
         return self._sizes[client_id]
 
-    def train(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def train(
+        self,
+        global_params: torch.Tensor,
+        client_ids: Sequence[int],
+        round_: int,
+        *,
+        spec: LocalTrainingSpec | None = None,
+        salt: int = 0,
+    ) -> list[ClientUpdate]:
         """Refuse: a server never trains on client data."""
         raise ConfigError("a Starfish server cannot train clients; use the client gateway")
 
@@ -411,7 +427,7 @@ def server_context(
         )
     return UnlearnContext(
         history=history,
-        clients=PublicClients(remaining, sizes, spec, int(info["num_params"])),  # type: ignore
+        clients=PublicClients(remaining, sizes, spec, int(info["num_params"])),
         aggregator=fedavg,
         num_rounds=num_rounds,
         initial_params=history.read_model(0),

@@ -1,0 +1,134 @@
+"""A finished run seen two ways: what it is (``RunView``) and how its models are judged.
+
+``RunView`` is read-only: the run's config, its history store (opened read-only), the initial
+and final global models, the federation's public pieces (client ids and sizes, the attackers,
+the model template and local training spec) and the config's fingerprint. It validates a
+request against the run (``check_request``).
+
+``EvaluationView`` holds what judging a model of the run needs and an unlearning method must not
+see: the test set, the backdoor trigger, the clients' clean (pre-poisoning) data, the seeded
+reference sets and ``evaluate`` (test accuracy, loss, backdoor ASR).
+
+``fedunlearn.unlearn.session.UnlearnSession`` opens a run and builds both; the judge and the
+verifier (``fedunlearn.eval``) read them and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedunlearn.config import RunConfig
+from fedunlearn.errors import ConfigError, UnknownClientError
+from fedunlearn.fl.attacks import Trigger
+from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.records import ClientData
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.runs import Setup, reference_set
+from fedunlearn.unlearn.base import UnlearnRequest
+
+__all__ = ["EvaluationView", "RunView"]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a finished run is (read-only).
+
+    Attributes:
+        run_dir: The run directory.
+        config: The run's config.
+        store: Its history store, opened read-only.
+        initial_params: M_0.
+        final_params: M_T.
+        fingerprint: SHA-256 of the config (cache keys).
+        model: The model template (its structure; evaluate flat vectors with it).
+        spec: The run's local training hyperparameters.
+        client_sizes: Client id -> n_c, for every client of the run (read-only mapping).
+        malicious: The attacking clients (the ground truth a detector would name).
+    """
+
+    run_dir: Path
+    config: RunConfig
+    store: HistoryStore
+    initial_params: torch.Tensor
+    final_params: torch.Tensor
+    fingerprint: str
+    model: nn.Module
+    spec: LocalTrainingSpec
+    client_sizes: Mapping[int, int]
+    malicious: frozenset[int]
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """Every client of the run, sorted."""
+        return tuple(sorted(self.client_sizes))
+
+    def check_request(self, request: UnlearnRequest) -> None:
+        """Raise a clear error if the request names unknown clients or every client."""
+        ids = self.client_ids
+        unknown = sorted(request.forget - set(ids))
+        if unknown:
+            raise UnknownClientError(
+                f"client(s) {', '.join(map(str, unknown))} not in this run "
+                f"(client ids {ids[0]}..{ids[-1]}); nothing was changed"
+            )
+        if request.forget >= set(ids):
+            raise ConfigError(
+                f"cannot forget every client ({len(ids)} of {len(ids)}): nothing would remain "
+                "to train on; retrain from scratch with new clients instead"
+            )
+
+
+class EvaluationView:
+    """How models of a run are judged: test set, trigger, clean client data, reference sets.
+
+    Args:
+        setup: The run's setup (``fedunlearn.runs.build_setup``); only read.
+    """
+
+    def __init__(self, setup: Setup) -> None:
+        self._setup = setup
+        self._references: dict[int, ClientData] = {}
+
+    @property
+    def model(self) -> nn.Module:
+        """The model template."""
+        return self._setup.model
+
+    @property
+    def x_test(self) -> torch.Tensor:
+        """Test inputs."""
+        return self._setup.x_test
+
+    @property
+    def y_test(self) -> torch.Tensor:
+        """Test labels."""
+        return self._setup.y_test
+
+    @property
+    def trigger(self) -> Trigger | None:
+        """The backdoor trigger of a backdoor run, else None."""
+        return self._setup.trigger
+
+    @property
+    def target_label(self) -> int:
+        """The label a backdoor or targeted attack aims at."""
+        return self._setup.config.attack.target_label
+
+    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
+        """Return test accuracy, test loss and (with a backdoor attack) the backdoor ASR."""
+        return self._setup.evaluate(params)
+
+    def clean_data(self, client_id: int) -> ClientData:
+        """Return a client's training data before poisoning (true labels, no trigger)."""
+        return self._setup.clean_data(client_id)
+
+    def reference_set(self, size: int) -> ClientData:
+        """Return the run's seeded clean reference subsample of ``size`` samples (cached)."""
+        if size not in self._references:
+            self._references[size] = reference_set(self._setup, size)
+        return self._references[size]
