@@ -47,7 +47,7 @@ from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY, predict_logits
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.privacy.ledger import privacy_summary
 from fedunlearn.privacy.local_training import ClippedTraining
-from fedunlearn.runs import attach_privacy, build_setup, resolve_config, train_run
+from fedunlearn.runs import build_setup, resolve_config, train_run, wrap_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
 TARGETS = [0, 1, 2, 3, 4]  # MIA experiment: the clean clients to forget
@@ -421,7 +421,7 @@ def dp_retrain(cfg: RunConfig, forget: Sequence[int]) -> dict[str, Any]:
     cfg = resolve_config(cfg)  # the policy's options validated, as train_run does
     setup = build_setup(cfg)
     try:
-        privacy = attach_privacy(cfg, setup)
+        privacy, setup = wrap_privacy(cfg, setup)
         if privacy is None:
             raise SystemExit("dp_retrain needs a config with privacy.enabled")
         fed = setup.federation

@@ -17,7 +17,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.history import HistoryStore
 from fedunlearn.privacy.mechanisms import noise_multiplier
 from fedunlearn.privacy.schedule import epsilon_sequence
-from fedunlearn.runs import resolve_config, run_info, train_run
+from fedunlearn.runs import build_setup, resolve_config, run_info, train_run, wrap_privacy
 
 BASE = {
     "seed": 5,
@@ -140,3 +140,30 @@ def test_bad_privacy_config_names_the_field(privacy, history, message):
     # parsed by config.py, or assembled (policy options, store_only's policy) by resolve_config
     with pytest.raises(ConfigError, match=message):
         resolve_config(parse_config({"privacy": privacy, "history": history}))
+
+
+@pytest.mark.parametrize("mechanism", ["client_update", "dp_sgd"])
+def test_dp_training_wraps_the_federation_and_leaves_it_unchanged(mechanism):
+    # Prepare
+    config = resolve_config(
+        parse_config({**BASE, "privacy": {**DP, "clip_norm": 1.0, "mechanism": mechanism}})
+    )
+    setup = build_setup(config)
+    mods, training = setup.federation.update_mods, setup.federation.local_training
+
+    # Execute
+    privacy, private = wrap_privacy(config, setup)
+
+    # Assert: the mechanism lives on a wrapper; the setup's federation is as it was built
+    try:
+        assert privacy is not None
+        assert private.federation is not setup.federation
+        assert setup.federation.update_mods == mods
+        assert setup.federation.local_training is training
+        if mechanism == "client_update":
+            assert private.federation.update_mods == (*mods, privacy.mod)
+        else:
+            assert private.federation.local_training is privacy.local_training
+    finally:
+        private.close()
+        setup.close()

@@ -172,16 +172,31 @@ class Federation:
         """Return these clients training with ``local_training``; this federation is unchanged.
 
         Same data, seeds, attackers and update mods; only how a client trains differs (e.g.
-        fresh unlearning updates clipped like a DP-SGD run's training). The two share no
-        executor; closing the returned one closes ``local_training``.
+        fresh unlearning updates clipped like a DP-SGD run's training, or DP-SGD itself). The
+        two share no executor; closing the returned one closes ``local_training``.
         """
+        return self._derived(local_training=local_training, update_mods=self.update_mods)
+
+    def with_update_mod(self, mod: UpdateMod) -> Federation:
+        """Return these clients with ``mod`` applied after the existing update mods.
+
+        The wrapper form of adding a mod (e.g. the clip-and-noise DP mechanism for training);
+        this federation is unchanged and the two share no executor.
+        """
+        return self._derived(
+            local_training=self.local_training, update_mods=(*self.update_mods, mod)
+        )
+
+    def _derived(
+        self, *, local_training: LocalTraining | None, update_mods: Sequence[UpdateMod]
+    ) -> Federation:
         return Federation(
             self.model,
             self.client_data,
             self.spec,
             seed=self.seed,
             malicious=self.malicious,
-            update_mods=self.update_mods,
+            update_mods=update_mods,
             honest_data=self.honest_data,
             attack_start_round=self.attack_start_round,
             executor=self._executor_kind,

@@ -126,20 +126,24 @@ class PrivateTraining:
         """S (``client_update``) or C (``dp_sgd``)."""
         return self._clip_norm
 
-    def attach(self, federation: Federation) -> None:
-        """Attach the mechanism to ``federation`` (for training only; see module doc)."""
+    def wrap(self, federation: Federation) -> Federation:
+        """Return ``federation`` training under the mechanism; ``federation`` is unchanged.
+
+        ``client_update``: the same clients with the clip-and-noise update mod appended;
+        ``dp_sgd``: the same clients with DP-SGD as their local training. For training only
+        (see module doc); the caller closes the returned federation.
+        """
         if self.mod is not None:
-            federation.update_mods = (*federation.update_mods, self.mod)
-            return
+            return federation.with_update_mod(self.mod)
         self.local_training = DPSGDTraining(
             federation.model,
             federation.training_data,  # with attackers' clean copies before attack.start_round
             clip_norm=self._clip_norm,
             delta=self.config.delta,
             epsilon_of=self.schedule.epsilon,
-            device=getattr(federation, "device", None),
+            device=federation.device,
         )
-        federation.local_training = self.local_training
+        return federation.with_local_training(self.local_training)
 
     @property
     def _stats(self) -> dict[int, Any]:

@@ -27,7 +27,7 @@ from fedunlearn.runs.rundir import (
     write_text_atomic,
 )
 from fedunlearn.runs.setup import Setup, build_setup, clients_loss, reference_set
-from fedunlearn.runs.train import attach_privacy, make_recording_policy, policy_env, train_run
+from fedunlearn.runs.train import make_recording_policy, policy_env, train_run, wrap_privacy
 
 __all__ = [
     "CONFIG_FILE",
@@ -37,7 +37,7 @@ __all__ = [
     "SUMMARY_FILE",
     "MetricsWriter",
     "Setup",
-    "attach_privacy",
+    "wrap_privacy",
     "build_setup",
     "check_run",
     "clients_loss",

@@ -15,9 +15,9 @@ its open window in memory only, so a resume drops the rounds after the last clos
 re-runs them (bit-identically). A resume first checks every stored payload (one read of the
 store: about 5 s for the 2 GB paper-scale history, docs/performance.md); with ``repair`` it
 drops the first damaged round and everything after it and retrains them, reaching the model of
-an uninterrupted run. With ``privacy.enabled`` the clip-and-noise mod is attached to the
-federation for training only (``attach_privacy``); the DP ledger is committed in each round's
-scalars and summarised in ``privacy.json``.
+an uninterrupted run. With ``privacy.enabled`` training runs on a wrapper of the federation
+with the mechanism (``wrap_privacy``; the federation itself is unchanged); the DP ledger is
+committed in each round's scalars and summarised in ``privacy.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ from fedunlearn.runs.setup import (
     reference_set,
 )
 
-__all__ = ["attach_privacy", "make_recording_policy", "policy_env", "train_run"]
+__all__ = ["wrap_privacy", "make_recording_policy", "policy_env", "train_run"]
 
 
 def policy_env(setup: Setup, privacy: PrivateTraining | None = None) -> PolicyEnv:
@@ -112,18 +113,19 @@ def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) ->
     return DEFAULT_LOSS_SAMPLES if privacy is not None else None
 
 
-def attach_privacy(config: RunConfig, setup: Setup) -> PrivateTraining | None:
-    """Resolve the clip norm and attach the run's DP mechanism to the federation, for training.
+def wrap_privacy(config: RunConfig, setup: Setup) -> tuple[PrivateTraining | None, Setup]:
+    """Resolve the clip norm and return the run's DP mechanism with a setup that trains under it.
 
-    ``privacy.mechanism: dp_sgd`` swaps DP-SGD in as the federation's local training (C: the
-    median per-example gradient norm at M_0 if ``auto``); ``client_update`` appends the
-    clip-and-noise update mod (S: the pilot's median update norm if ``auto``). Unlearning
-    sessions build the federation without either (fresh updates are not noised unless a method
-    asks), so call this only to train.
+    ``privacy.mechanism: dp_sgd`` wraps the federation with DP-SGD as its local training (C: the
+    median per-example gradient norm at M_0 if ``auto``); ``client_update`` wraps it with the
+    clip-and-noise update mod (S: the pilot's median update norm if ``auto``). ``setup`` and its
+    federation are left as they are (a wrapper, never a change in place): unlearning sessions
+    build their own federation without either. Without DP, ``(None, setup)``; otherwise the
+    caller closes the returned setup's federation as well as its own.
     """
     cfg = config.privacy
     if not cfg.enabled:
-        return None
+        return None, setup
     if cfg.clip_norm != "auto":
         clip_norm = float(cfg.clip_norm)
     elif cfg.mechanism == "dp_sgd":
@@ -134,8 +136,7 @@ def attach_privacy(config: RunConfig, setup: Setup) -> PrivateTraining | None:
             setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
         )
     privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm)
-    privacy.attach(setup.federation)
-    return privacy
+    return privacy, replace(setup, federation=privacy.wrap(setup.federation))
 
 
 def training_evaluator(
@@ -345,7 +346,25 @@ def _train(
     started: float,
 ) -> dict[str, Any]:
     """Train from the store's last round to the end; return the summary."""
-    privacy = attach_privacy(config, setup)
+    privacy, private = wrap_privacy(config, setup)
+    try:
+        return _train_rounds(config, run_dir, private, store, resume, observers, started, privacy)
+    finally:
+        if private is not setup:
+            private.close()
+
+
+def _train_rounds(
+    config: RunConfig,
+    run_dir: Path,
+    setup: Setup,
+    store: HistoryStore,
+    resume: bool,
+    observers: Sequence[RoundObserver],
+    started: float,
+    privacy: PrivateTraining | None,
+) -> dict[str, Any]:
+    """Train from the store's last round to the end under ``setup`` (DP wrapped); the summary."""
     evaluate = training_evaluator(config, setup, privacy)
     clock = _WallClock(store, started)
     last = store.last_round()

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.costs import Costs
+from fedunlearn.unlearn.lineage import Lineage
 from fedunlearn.unlearn.receipt import BoundReport, Verification
 
 __all__ = [
@@ -135,6 +136,7 @@ class UnlearnResult:
     round_metrics: tuple[dict[str, float], ...] = ()
     details: Details = field(default_factory=NoDetails)
     verification: Verification | None = None
+    lineage: Lineage | None = None
 
 
 class Unlearner(ABC):

@@ -1,0 +1,60 @@
+"""Client-level membership evidence: the value type a receipt's client-membership check reads.
+
+The measurement (reference models trained with and without the forgotten clients, per-example
+likelihood-ratio statistics, LiRA-style) fills ``ClientMembershipEvidence``; the receipt compares
+the candidate's score with the threshold and requires the negative control (the original model,
+which carries the influence) to be flagged before it may say the influence is removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ClientMembershipEvidence"]
+
+
+@dataclass(frozen=True)
+class ClientMembershipEvidence:
+    """Scores of several models on one client-level membership test, with its calibration.
+
+    Args:
+        scores: Test statistic per model label ("candidate", "original", "retrain", ...);
+            larger means more evidence that the forgotten clients' data shaped the model.
+        threshold: Decision threshold: a model scoring above it is flagged as still carrying
+            the influence. Calibrated so that models trained without the clients exceed it
+            with probability about ``target_fpr``.
+        target_fpr: The false-positive rate the threshold was set for.
+        power: Measured fraction of reference models trained *with* the clients that exceed
+            the threshold (the test's power at ``target_fpr``); None when not measured.
+        num_reference_models: How many reference models (with and without) were trained.
+        cost_seconds: Wall time of the measurement.
+        cost_client_epochs: Client epochs spent training reference models.
+        notes: Free-form details for the receipt (per-client scores, sample counts).
+    """
+
+    scores: dict[str, float]
+    threshold: float
+    target_fpr: float
+    power: float | None
+    num_reference_models: int
+    cost_seconds: float
+    cost_client_epochs: float
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def flagged(self, label: str) -> bool:
+        """Whether the model ``label`` scores above the threshold (influence detected)."""
+        return self.scores[label] > self.threshold
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "scores": dict(self.scores),
+            "threshold": self.threshold,
+            "target_fpr": self.target_fpr,
+            "power": self.power,
+            "num_reference_models": self.num_reference_models,
+            "cost_seconds": self.cost_seconds,
+            "cost_client_epochs": self.cost_client_epochs,
+            "notes": dict(self.notes),
+        }
