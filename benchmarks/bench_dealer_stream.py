@@ -46,10 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_starfish_round import SEED, collect, inputs, sync, unlearning_round  # noqa: E402
 from fedunlearn.mpc import (  # noqa: E402
+    DealerOptions,
     FixedPoint,
     Identity,
+    LinkLimits,
     Party,
     RemoteDealer,
+    Security,
     SessionBinding,
     TcpListener,
     accept_peer,
@@ -94,42 +97,40 @@ def server_main(
 ) -> None:
     """One server: join the session, run the round on demand, then streamed; report."""
     torch.set_num_threads(1)
-    security: dict[str, Any]
     if pki_dir is None:
-        security = {"insecure": True}
+        security = Security.plain()
     else:
-        security = {"identity": Identity.from_directory(pki_dir, f"server{party_id}")}
+        security = Security.from_directory(pki_dir, f"server{party_id}")
     binding = SessionBinding("bench-dealer-stream", {"inputs": digest(f"{size}:{clients}")})
     remote = RemoteDealer.connect(
         *dealer_address,
+        security=security,
         party_id=party_id,
         binding=binding,
-        timeout_seconds=600,
         prefetch_bytes=8 << 30,
-        **security,
+        limits=LinkLimits(timeout_seconds=600),
     )
     if party_id == 0:
         listener = TcpListener("127.0.0.1", peer_port)
         queue.put(("port", listener.port))
         link = accept_peer(
             listener,
+            security=security,
             role="server0",
             peer_role="server1",
             binding=binding,
-            timeout_seconds=600,
-            accept_timeout_seconds=600,
-            **security,
+            limits=LinkLimits(timeout_seconds=600, accept_timeout_seconds=600),
         )
         listener.close()
     else:
         link = connect_peer(
             ("127.0.0.1", peer_port),
+            security=security,
             role="server1",
             peer_roles={"server0"},
             binding=binding,
             party_id=1,
-            timeout_seconds=600,
-            **security,
+            limits=LinkLimits(timeout_seconds=600),
         )
     transport = link.transport
     data = inputs(size, clients, 40)
@@ -187,10 +188,13 @@ def run(mode: str, size: int, clients: int) -> dict[int, dict]:
         if pki_dir:
             create_trial_pki(pki_dir)
             dealer = start_dealer_process(
-                identity=Identity.from_directory(pki_dir, "dealer"), idle_timeout_seconds=1200
+                Security(identity=Identity.from_directory(pki_dir, "dealer")),
+                options=DealerOptions(idle_timeout_seconds=1200),
             )
         else:
-            dealer = start_dealer_process(insecure=True, idle_timeout_seconds=1200)
+            dealer = start_dealer_process(
+                Security.plain(), options=DealerOptions(idle_timeout_seconds=1200)
+            )
         queue = context.Queue()
         first = context.Process(
             target=server_main, args=(0, pki_dir, dealer.address, 0, size, clients, queue)

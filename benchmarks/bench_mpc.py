@@ -22,9 +22,12 @@ import time
 import numpy as np
 
 from fedunlearn.mpc import (
+    DealerOptions,
     InProcessTransport,
+    LinkLimits,
     Party,
     RemoteDealer,
+    Security,
     TcpListener,
     TcpTransport,
     sec_div,
@@ -129,7 +132,10 @@ def tcp_child(port: int, size: int, queue, dealer_address=None) -> None:  # noqa
         queue.put(run(party, size))
     else:
         dealer = RemoteDealer.connect(
-            *dealer_address, party_id=1, insecure=True, timeout_seconds=600
+            *dealer_address,
+            security=Security.plain(),
+            party_id=1,
+            limits=LinkLimits(timeout_seconds=600),
         )
         party = Party(1, transport, dealer=dealer, local_seed=1)
         queue.put(run(party, size, REMOTE_DEALER_OPS))
@@ -139,7 +145,9 @@ def tcp_child(port: int, size: int, queue, dealer_address=None) -> None:  # noqa
 def tcp(size: int, remote_dealer: bool = False) -> tuple[list[dict], list[dict]]:
     context = multiprocessing.get_context("spawn")
     dealer = (
-        start_dealer_process(seed=DEALER_SEED, insecure=True, timeout_seconds=600)
+        start_dealer_process(
+            Security.plain(), seed=DEALER_SEED, options=DealerOptions(timeout_seconds=600)
+        )
         if remote_dealer
         else None
     )
@@ -155,7 +163,10 @@ def tcp(size: int, remote_dealer: bool = False) -> tuple[list[dict], list[dict]]
             rows0 = run(party, size)
         else:
             client = RemoteDealer.connect(
-                *dealer.address, party_id=0, insecure=True, timeout_seconds=600
+                *dealer.address,
+                security=Security.plain(),
+                party_id=0,
+                limits=LinkLimits(timeout_seconds=600),
             )
             party = Party(0, transport, dealer=client, local_seed=1)
             rows0 = run(party, size, REMOTE_DEALER_OPS)

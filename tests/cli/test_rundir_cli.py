@@ -13,10 +13,10 @@ import yaml
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
-from fedunlearn.cli.starfish import _ids
 from fedunlearn.config import parse_config
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import train_run
+from fedunlearn.unlearn.starfish.cli import _ids
 
 runner = CliRunner()
 

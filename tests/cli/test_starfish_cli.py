@@ -6,12 +6,12 @@ import pytest
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
-from fedunlearn.cli.starfish import starfish_method
 from fedunlearn.config import parse_config
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc import ROLES, Identity
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import make_method
+from fedunlearn.unlearn.starfish.cli import starfish_method
 from fedunlearn.unlearn.starfish.deploy.launcher import option_params
 from fedunlearn.unlearn.starfish.deploy.shares import share_meta, share_store_dir
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedunlearn.mpc import (
+    LinkLimits,
     Party,
     RemoteDealer,
+    Security,
     TcpTransport,
     sec_ge,
     sec_inverse,
@@ -51,7 +53,12 @@ def record_frames(dealer: RemoteDealer) -> list[tuple[str, tuple, bytes]]:
 
 def connect_party(party_id: int, peer: TcpTransport, dealer_address: tuple[str, int]) -> Party:
     """A party with a remote dealer client."""
-    dealer = RemoteDealer.connect(*dealer_address, party_id=party_id, timeout_seconds=TIMEOUT)
+    dealer = RemoteDealer.connect(
+        *dealer_address,
+        security=Security.plain(),
+        party_id=party_id,
+        limits=LinkLimits(timeout_seconds=TIMEOUT),
+    )
     return Party(party_id, peer, dealer=dealer, local_seed=3)
 
 

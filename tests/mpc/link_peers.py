@@ -8,7 +8,14 @@ import time
 
 import numpy as np
 
-from fedunlearn.mpc import Identity, RemoteDealer, SessionBinding, connect_peer
+from fedunlearn.mpc import (
+    Identity,
+    LinkLimits,
+    RemoteDealer,
+    Security,
+    SessionBinding,
+    connect_peer,
+)
 
 TIMEOUT = 20.0
 
@@ -18,11 +25,11 @@ def server1(port: int, pki_dir: str, session: str, digests: dict, results, linge
     try:
         link = connect_peer(
             ("127.0.0.1", port),
+            security=Security(identity=Identity.from_directory(pki_dir, "server1")),
             role="server1",
             peer_roles={"server0"},
-            identity=Identity.from_directory(pki_dir, "server1"),
             binding=SessionBinding(session, digests),
-            timeout_seconds=TIMEOUT,
+            limits=LinkLimits(timeout_seconds=TIMEOUT),
         )
         got = link.transport.exchange(np.arange(4, dtype=np.uint64))
         results.put(("ok", got.tolist(), link.role))
@@ -38,10 +45,10 @@ def dealer_party(address, pki_dir: str, party_id: int, session: str, results) ->
     try:
         client = RemoteDealer.connect(
             *address,
+            security=Security(identity=Identity.from_directory(pki_dir, f"server{party_id}")),
             party_id=party_id,
-            identity=Identity.from_directory(pki_dir, f"server{party_id}"),
             binding=SessionBinding(session),
-            timeout_seconds=TIMEOUT,
+            limits=LinkLimits(timeout_seconds=TIMEOUT),
         )
         a, b, c = client.triple((8,))
         client.close()

@@ -25,8 +25,11 @@ from fedunlearn.errors import (
     SessionMismatchError,
 )
 from fedunlearn.mpc import (
+    DealerOptions,
     Identity,
+    LinkLimits,
     RemoteDealer,
+    Security,
     SessionBinding,
     connect_peer,
     create_trial_pki,
@@ -48,11 +51,11 @@ def pki(tmp_path_factory):
 @pytest.fixture
 def dealer(pki):
     handle = start_dealer_process(
+        Security(identity=Identity.from_directory(pki, "dealer")),
         seed=7,
-        identity=Identity.from_directory(pki, "dealer"),
-        timeout_seconds=TIMEOUT,
-        accept_timeout_seconds=30,
-        handshake_timeout_seconds=1.0,
+        options=DealerOptions(
+            timeout_seconds=TIMEOUT, accept_timeout_seconds=30, handshake_timeout_seconds=1.0
+        ),
     )
     yield handle
     handle.stop()
@@ -101,10 +104,10 @@ def test_third_parties_and_client_certificates_get_nothing(pki, dealer):
         with pytest.raises(PeerAuthenticationError) as info:
             connect_peer(
                 dealer.address,
+                security=Security(identity=impostor(pki, role)),
                 role=role,
                 peer_roles={"dealer"},
-                identity=impostor(pki, role),
-                timeout_seconds=5,
+                limits=LinkLimits(timeout_seconds=5),
             )
         errors.append(str(info.value))
     # ... and the real servers still get their material
@@ -126,8 +129,8 @@ def test_a_client_certificate_cannot_take_a_server_seat_even_first(pki, dealer):
             dealer.address,
             role="server1",
             peer_roles={"dealer"},
-            identity=impostor(pki, "server1"),
-            timeout_seconds=5,
+            security=Security(identity=impostor(pki, "server1")),
+            limits=LinkLimits(timeout_seconds=5),
         )
     )
     hold.start()
@@ -162,10 +165,10 @@ def test_mismatched_sessions_are_refused_by_the_dealer(pki, dealer):
         try:
             client = RemoteDealer.connect(
                 *dealer.address,
+                security=Security(identity=Identity.from_directory(pki, f"server{k}")),
                 party_id=k,
-                identity=Identity.from_directory(pki, f"server{k}"),
                 binding=SessionBinding(session),
-                timeout_seconds=10,
+                limits=LinkLimits(timeout_seconds=10),
             )
             client.triple((4,))
             outcomes[k] = "served"
@@ -189,9 +192,9 @@ def test_killing_the_dealer_stops_streaming_servers_with_a_clear_error(pki, deal
     def join(k):
         clients[k] = RemoteDealer.connect(
             *dealer.address,
+            security=Security(identity=Identity.from_directory(pki, f"server{k}")),
             party_id=k,
-            identity=Identity.from_directory(pki, f"server{k}"),
-            timeout_seconds=10,
+            limits=LinkLimits(timeout_seconds=10),
         )
         clients[k].plan(plan)
         assert clients[k].wait_prefetched(10)
@@ -230,9 +233,9 @@ def test_an_impossible_shape_from_a_server_ends_the_session_cleanly(pki):
             clients[k] = RemoteDealer.connect(
                 host,
                 int(port),
+                security=Security(identity=Identity.from_directory(pki, f"server{k}")),
                 party_id=k,
-                identity=Identity.from_directory(pki, f"server{k}"),
-                timeout_seconds=10,
+                limits=LinkLimits(timeout_seconds=10),
             )
 
         threads = [threading.Thread(target=join, args=(k,)) for k in (0, 1)]

@@ -22,11 +22,15 @@ from fedunlearn.errors import (
 )
 from fedunlearn.mpc import (
     Dealer,
+    DealerOptions,
     DealerServer,
     InProcessTransport,
+    LinkLimits,
     Party,
     RemoteDealer,
+    Security,
     TcpListener,
+    create_trial_pki,
     run_two_party,
     sec_mul,
     sec_share,
@@ -42,7 +46,11 @@ TIMEOUT = dealer_peers.TIMEOUT
 @pytest.fixture
 def dealer():
     """A dealer process on loopback with a fixed master seed; stopped after the test."""
-    handle = start_dealer_process(seed=dealer_peers.DEALER_SEED, timeout_seconds=TIMEOUT)
+    handle = start_dealer_process(
+        Security.plain(),
+        seed=dealer_peers.DEALER_SEED,
+        options=DealerOptions(timeout_seconds=TIMEOUT),
+    )
     yield handle
     handle.stop()
     assert not handle.process.is_alive()
@@ -69,7 +77,12 @@ def in_threads(*calls):
 
 def clients(handle, timeout_seconds=TIMEOUT):
     return [
-        RemoteDealer.connect(*handle.address, party_id=k, timeout_seconds=timeout_seconds)
+        RemoteDealer.connect(
+            *handle.address,
+            security=Security.plain(),
+            party_id=k,
+            limits=LinkLimits(timeout_seconds=timeout_seconds),
+        )
         for k in (0, 1)
     ]
 
@@ -227,10 +240,10 @@ def test_a_silent_dealer_times_out():
             RemoteDealer.connect(
                 "127.0.0.1",
                 listener.port,
+                security=Security.plain(),
                 party_id=0,
-                insecure=True,
-                timeout_seconds=1.5,  # also the join window: a silent listener may be a late one
-                handshake_timeout_seconds=0.3,
+                # the timeout is also the join window: a silent listener may be a late one
+                limits=LinkLimits(timeout_seconds=1.5, handshake_timeout_seconds=0.3),
             )
         assert time.monotonic() - start < 4
         thread.join(5)
@@ -241,7 +254,8 @@ def test_a_silent_dealer_times_out():
 
 
 def serve_in_thread(**kwargs):
-    server = DealerServer("127.0.0.1", 0, seed=1, timeout_seconds=5, **kwargs)
+    options = DealerOptions(timeout_seconds=5, **kwargs)
+    server = DealerServer(Security.plain(), seed=1, options=options)
     outcome = []
 
     def run():
@@ -257,7 +271,15 @@ def serve_in_thread(**kwargs):
 
 def test_oversized_requests_and_wrong_mask_settings_are_rejected():
     server, thread, outcome = serve_in_thread(max_frame_bytes=1 << 12)
-    d0, d1 = (RemoteDealer.connect(*server.address, party_id=k, timeout_seconds=5) for k in (0, 1))
+    d0, d1 = (
+        RemoteDealer.connect(
+            *server.address,
+            security=Security.plain(),
+            party_id=k,
+            limits=LinkLimits(timeout_seconds=5),
+        )
+        for k in (0, 1)
+    )
     _, errors = in_threads(lambda: d0.triple((1000,)), lambda: d1.triple((1000,)))
     thread.join(10)
     assert all(isinstance(e, MalformedFrameError) for e in errors), errors
@@ -266,7 +288,12 @@ def test_oversized_requests_and_wrong_mask_settings_are_rejected():
 
     server, thread, outcome = serve_in_thread(mask_scale_bits=3)
     with pytest.raises(SessionMismatchError, match="option mask_scale_bits: ours 2, theirs 3"):
-        RemoteDealer.connect(*server.address, party_id=0, timeout_seconds=5)
+        RemoteDealer.connect(
+            *server.address,
+            security=Security.plain(),
+            party_id=0,
+            limits=LinkLimits(timeout_seconds=5),
+        )
     thread.join(10)
     assert isinstance(outcome[0], SessionMismatchError)
     assert "master" not in repr(server)
@@ -329,18 +356,16 @@ def test_party_takes_exactly_one_dealer_of_its_own_party_id():
     assert party.counters.offline.bytes_received == 16
 
 
-def test_remote_dealer_over_tls(tmp_path):
-    # Prepare: a dealer process with a throwaway certificate; clients verify it
+def test_remote_dealer_over_mutual_tls_with_roles(tmp_path):
+    # Prepare: a dealer process with its trial certificate; each server with its own
     import ssl
 
-    from test_transport import self_signed_certificate
-
-    cert_path, key_path = self_signed_certificate(tmp_path)
-    context = ssl.create_default_context(cafile=str(cert_path))
-    with start_dealer_process(seed=5, certfile=str(cert_path), keyfile=str(key_path)) as handle:
+    pki = create_trial_pki(tmp_path / "pki")
+    dealer = Security(identity=pki["dealer"])
+    with start_dealer_process(dealer, seed=5) as handle:
         d0, d1 = (
             RemoteDealer.connect(
-                *handle.address, party_id=k, ssl_context=context, server_hostname="localhost"
+                *handle.address, party_id=k, security=Security(identity=pki[f"server{k}"])
             )
             for k in (0, 1)
         )
@@ -353,8 +378,28 @@ def test_remote_dealer_over_tls(tmp_path):
         # Assert
         assert errors == [None, None]
         assert isinstance(d0.transport._sock, ssl.SSLSocket)
+        assert d0.link.authenticated and d0.link.role == "dealer"
         np.testing.assert_array_equal(c0 + c1, (a0 + a1) * (b0 + b1))
         assert handle.join(TIMEOUT) == 0
+
+
+def test_plain_tcp_is_never_implicit():
+    # Issue 20: the dealer, its clients and the links used to fall back to plain TCP when
+    # given no security (a "legacy" mode); now security is a required, explicit choice.
+    with pytest.raises(ConfigError, match="insecure=True"):
+        Security()
+    with pytest.raises(ConfigError, match=r"Security\.plain\(\)"):
+        DealerServer(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="security"):
+        RemoteDealer.connect("127.0.0.1", 1, party_id=0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="security"):
+        start_dealer_process()  # type: ignore[call-arg]
+    server = DealerServer(Security.plain())
+    try:
+        assert server.security.startswith("plain TCP (insecure)")
+        assert "implicit" not in server.security
+    finally:
+        server.close()
 
 
 def test_dealer_runs_from_the_command_line():
@@ -378,7 +423,10 @@ def test_dealer_runs_from_the_command_line():
     try:
         line = process.stdout.readline()
         host, port = line.rsplit(" ", 1)[1].strip().split(":")
-        d0, d1 = (RemoteDealer.connect(host, int(port), party_id=k, insecure=True) for k in (0, 1))
+        d0, d1 = (
+            RemoteDealer.connect(host, int(port), security=Security.plain(), party_id=k)
+            for k in (0, 1)
+        )
         (r0, r1), errors = in_threads(lambda: d0.zero((3,)), lambda: d1.zero((3,)))
         d0.close()
         d1.close()

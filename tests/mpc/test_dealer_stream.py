@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from fedunlearn.errors import SecureComputationError
-from fedunlearn.mpc import Dealer, RemoteDealer, start_dealer_process
+from fedunlearn.mpc import (
+    Dealer,
+    DealerOptions,
+    LinkLimits,
+    RemoteDealer,
+    Security,
+    start_dealer_process,
+)
 from fedunlearn.mpc.dealer import Request
 
 TIMEOUT = 20.0
@@ -23,7 +30,9 @@ AND = Request("and", ((32,),))
 
 @pytest.fixture
 def dealer():
-    handle = start_dealer_process(seed=SEED, insecure=True, timeout_seconds=TIMEOUT)
+    handle = start_dealer_process(
+        Security.plain(), seed=SEED, options=DealerOptions(timeout_seconds=TIMEOUT)
+    )
     yield handle
     handle.stop()
 
@@ -34,7 +43,11 @@ def both(program, handle, **connect):
 
     def run(k):
         client = RemoteDealer.connect(
-            *handle.address, party_id=k, insecure=True, timeout_seconds=TIMEOUT, **connect
+            *handle.address,
+            security=Security.plain(),
+            party_id=k,
+            limits=LinkLimits(timeout_seconds=TIMEOUT),
+            **connect,
         )
         try:
             results[k] = program(client)

@@ -17,6 +17,8 @@ import pytest
 
 from fedunlearn.errors import ConfigError, PeerDisconnectedError, SessionMismatchError
 from fedunlearn.mpc import (
+    LinkLimits,
+    Security,
     SessionBinding,
     TcpListener,
     accept_peer,
@@ -54,13 +56,13 @@ def accept_server1(listener, pki, binding=None, **kwargs):
 
     return accept_peer(
         listener,
+        security=Security(identity=Identity.from_directory(pki, "server0")),
         role="server0",
         peer_role="server1",
-        identity=Identity.from_directory(pki, "server0"),
         binding=binding or SessionBinding("run-1", JOB),
-        timeout_seconds=10,
-        accept_timeout_seconds=15,
-        handshake_timeout_seconds=1.0,
+        limits=LinkLimits(
+            timeout_seconds=10, accept_timeout_seconds=15, handshake_timeout_seconds=1.0
+        ),
         **kwargs,
     )
 
@@ -146,9 +148,11 @@ def test_links_need_tls_or_an_explicit_insecure_flag():
     listener = TcpListener("127.0.0.1", 0)
     try:
         with pytest.raises(ConfigError, match="insecure=True"):
-            accept_peer(listener, role="server0", peer_role="server1")
-        with pytest.raises(ConfigError, match="insecure=True"):
-            connect_peer(listener.address, role="server1", peer_roles={"server0"})
+            Security()
+        with pytest.raises(TypeError, match="security"):
+            accept_peer(listener, role="server0", peer_role="server1")  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="security"):
+            connect_peer(listener.address, role="server1", peer_roles={"server0"})  # type: ignore[call-arg]
     finally:
         listener.close()
 
@@ -161,11 +165,11 @@ def test_plain_links_compare_sessions_too():
         try:
             out["link"] = accept_peer(
                 listener,
+                security=Security.plain(),
                 role="server0",
                 peer_role="server1",
-                insecure=True,
                 binding=SessionBinding("a"),
-                accept_timeout_seconds=10,
+                limits=LinkLimits(accept_timeout_seconds=10),
             )
         except Exception as exc:  # checked below
             out["error"] = exc
@@ -176,11 +180,11 @@ def test_plain_links_compare_sessions_too():
         with pytest.raises(SessionMismatchError, match="session_id: ours 'b', theirs 'a'"):
             connect_peer(
                 listener.address,
+                security=Security.plain(),
                 role="server1",
                 peer_roles={"server0"},
-                insecure=True,
                 binding=SessionBinding("b"),
-                timeout_seconds=10,
+                limits=LinkLimits(timeout_seconds=10),
             )
         thread.join(10)
     finally:

@@ -20,6 +20,8 @@ import pytest
 from fedunlearn.errors import PeerDisconnectedError
 from fedunlearn.mpc import (
     Identity,
+    LinkLimits,
+    Security,
     SessionBinding,
     TcpListener,
     accept_peer,
@@ -98,16 +100,15 @@ class Flood:
         self.thread.join(10)
 
 
-def connect_server1(port, pki, results, **kwargs):
+def connect_server1(port, pki, results, **limits):
     try:
         link = connect_peer(
             ("127.0.0.1", port),
+            security=Security(identity=Identity.from_directory(pki, "server1")),
             role="server1",
             peer_roles={"server0"},
-            identity=Identity.from_directory(pki, "server1"),
             binding=BINDING,
-            timeout_seconds=20,
-            **kwargs,
+            limits=LinkLimits(**{"timeout_seconds": 20, **limits}),
         )
         results.append(("ok", link.transport.exchange(np.arange(4, dtype=np.uint64)).tolist()))
         link.close()
@@ -118,14 +119,16 @@ def connect_server1(port, pki, results, **kwargs):
 def accept_server1(listener, pki, accept_timeout_seconds=25):
     return accept_peer(
         listener,
+        security=Security(identity=Identity.from_directory(pki, "server0")),
         role="server0",
         peer_role="server1",
-        identity=Identity.from_directory(pki, "server0"),
         binding=BINDING,
-        timeout_seconds=10,
-        accept_timeout_seconds=accept_timeout_seconds,
-        handshake_timeout_seconds=1.0,
-        first_byte_seconds=0.5,
+        limits=LinkLimits(
+            timeout_seconds=10,
+            accept_timeout_seconds=accept_timeout_seconds,
+            handshake_timeout_seconds=1.0,
+            first_byte_seconds=0.5,
+        ),
     )
 
 
@@ -236,11 +239,10 @@ def test_a_peer_gives_up_at_its_join_deadline_when_nobody_listens():
     with pytest.raises(PeerDisconnectedError, match="within 1 s"):
         connect_peer(
             ("127.0.0.1", port),
+            security=Security.plain(),
             role="server1",
             peer_roles={"server0"},
-            insecure=True,
-            timeout_seconds=20,
-            join_timeout_seconds=1.0,
+            limits=LinkLimits(timeout_seconds=20, join_timeout_seconds=1.0),
         )
     assert time.monotonic() - start < 5
 

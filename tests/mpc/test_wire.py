@@ -16,6 +16,8 @@ import pytest
 from fedunlearn.errors import MalformedFrameError
 from fedunlearn.mpc import (
     Identity,
+    LinkLimits,
+    Security,
     SessionBinding,
     TcpListener,
     TcpTransport,
@@ -108,11 +110,11 @@ def test_a_certified_peer_sending_bad_json_is_dropped_with_one_line(pki, caplog)
         try:
             link = connect_peer(
                 listener.address,
+                security=Security(identity=Identity.from_directory(pki, "server1")),
                 role="server1",
                 peer_roles={"server0"},
-                identity=Identity.from_directory(pki, "server1"),
                 binding=binding,
-                timeout_seconds=15,
+                limits=LinkLimits(timeout_seconds=15),
             )
             results.append(link.transport.exchange(np.ones(2, dtype=np.uint64)).tolist())
             link.close()
@@ -127,13 +129,13 @@ def test_a_certified_peer_sending_bad_json_is_dropped_with_one_line(pki, caplog)
             real.start()
             link = accept_peer(
                 listener,
+                security=Security(identity=Identity.from_directory(pki, "server0")),
                 role="server0",
                 peer_role="server1",
-                identity=Identity.from_directory(pki, "server0"),
                 binding=binding,
-                timeout_seconds=10,
-                accept_timeout_seconds=15,
-                handshake_timeout_seconds=2.0,
+                limits=LinkLimits(
+                    timeout_seconds=10, accept_timeout_seconds=15, handshake_timeout_seconds=2.0
+                ),
             )
             got = link.transport.exchange(np.zeros(2, dtype=np.uint64))
             real.join(15)

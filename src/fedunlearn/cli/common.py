@@ -5,6 +5,7 @@
   --debug <command>`` re-raises instead, to show the traceback.
 - ``ensure_writable_output`` checks, before any work, that an output file or directory can be
   written, without creating anything.
+- ``parse_params`` reads ``--param key=value`` items (YAML values) into a dict.
 - ``parse_forget`` reads ``--forget 3,7`` or ``--forget malicious`` the same way for every
   command that takes it.
 - ``RunArg``, ``FinishedRunArg``, ``ForgetOption``, ``ReferenceOption``, ``ThresholdsFileOption``
@@ -23,7 +24,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from functools import partial, wraps
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "one_line",
     "parse_client_ids",
     "parse_forget",
+    "parse_params",
     "set_debug",
 ]
 
@@ -244,3 +246,20 @@ def parse_forget(value: str, run_dir: Path, option: str = "--forget") -> tuple[l
             raise ConfigError(f"{option} malicious: {run_dir} has no malicious clients")
         return malicious, "recover"
     return parse_client_ids(value, option), "forget"
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """Return ``--param key=value`` items as a dict, each value read as YAML.
+
+    Raises:
+        ConfigError: An item is not ``key=value``.
+    """
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param takes key=value; got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out

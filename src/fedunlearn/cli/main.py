@@ -34,6 +34,7 @@ from fedunlearn.cli.common import (
     install_warning_format,
     parse_client_ids,
     parse_forget,
+    parse_params,
     set_debug,
 )
 from fedunlearn.errors import ConfigError, UnknownMethodError
@@ -476,18 +477,6 @@ def forget(
 # ----- methods, unlearn, compare, demo --------------------------------------------------------
 
 
-def _parse_params(items: list[str]) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--param takes key=value; got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def _print_results(doc: dict[str, Any]) -> None:
     from fedunlearn.report.tables import table_rows
 
@@ -547,7 +536,7 @@ def unlearn(
             run_dir,
             ids,
             method,
-            params=_parse_params(param or []),
+            params=parse_params(param or []),
             kind=kind,
             reference=reference,
             thresholds=limits,

@@ -43,16 +43,16 @@ The dealer is a third process that alone holds the master secret and sends party
 
     ids = create_trial_pki("pki")                 # or Identity.load(ca, cert, key) per process
     binding = SessionBinding("run-42", {"run_config": digest(config_text)})
-    dealer = start_dealer_process(identity=ids["dealer"])       # process 3
+    dealer = start_dealer_process(Security(identity=ids["dealer"]))   # process 3
     # server k in {0, 1}, each in its own process:
-    remote = RemoteDealer.connect(*dealer.address, party_id=k, identity=ids[f"server{k}"],
-                                  binding=binding)
+    mine = Security(identity=ids[f"server{k}"])
+    remote = RemoteDealer.connect(*dealer.address, party_id=k, security=mine, binding=binding)
     if k == 0:                                    # server 0 listens, server 1 connects
         link = accept_peer(TcpListener(host, port), role="server0", peer_role="server1",
-                           identity=ids["server0"], binding=binding)
+                           security=mine, binding=binding)
     else:
         link = connect_peer((host, port), role="server1", peer_roles={"server0"},
-                            identity=ids["server1"], binding=binding)
+                            security=mine, binding=binding)
     party = Party(k, link.transport, dealer=remote)
     remote.plan(requests)                         # optional: stream the material ahead
     program(party)
@@ -61,9 +61,9 @@ The dealer is a third process that alone holds the master secret and sends party
 Each service keeps accepting until the authenticated peers of its roles arrive and survives
 junk connections; a peer of another role, a second claim of a role, or a hello of another
 session is refused (``SessionMismatchError`` names the differing fields). Plain TCP needs an
-explicit ``insecure=True``. The dealer pairs the two parties' requests by sequence number;
-mismatching requests raise ``SecureComputationError`` at both, and a dealer that dies raises
-``PeerDisconnectedError``.
+explicit ``Security.plain()``; there is no default. The dealer pairs the two parties'
+requests by sequence number; mismatching requests raise ``SecureComputationError`` at both,
+and a dealer that dies raises ``PeerDisconnectedError``.
 
 ``Party(..., comparison="ideal")`` makes every comparison (and so SecMax, SecSrt) use the fast
 ideal functionality while charging the real protocol's bytes and rounds (cost sweeps; not
@@ -104,63 +104,40 @@ Sec. III-IV, App. B (Tables IV-VI), Alg. 5, 7. Where the protocols depart from t
 MPC1-MPC10 in docs/mpc.md. Threat model and what each party learns: docs/security.md.
 """
 
+from fedunlearn.mpc import protocols
 from fedunlearn.mpc.dealer import Dealer, DealerClient
 from fedunlearn.mpc.dealer_process import DealerProcess, start_dealer_process
-from fedunlearn.mpc.dealer_service import DealerServer
+from fedunlearn.mpc.dealer_service import DealerOptions, DealerServer
 from fedunlearn.mpc.fixed_point import FixedPoint, check_opened, split_shares, truncate_share
 from fedunlearn.mpc.identity import ROLES, Identity, create_trial_pki
-from fedunlearn.mpc.link import Link, LinkSecurity, accept_peer, accept_peers, connect_peer
+from fedunlearn.mpc.link import Link, accept_peer, accept_peers, connect_peer
 from fedunlearn.mpc.party import Party, run_two_party
 from fedunlearn.mpc.prg import Prg, expand_seed
-from fedunlearn.mpc.protocols import (
-    Comparator,
-    compare_first,
-    ge_cost,
-    sec_aggregate,
-    sec_check_range,
-    sec_constant,
-    sec_div,
-    sec_ge,
-    sec_ge2,
-    sec_ge3,
-    sec_ge4,
-    sec_inner,
-    sec_inverse,
-    sec_matmul,
-    sec_max,
-    sec_mul,
-    sec_mul3,
-    sec_mul_many,
-    sec_reciprocal,
-    sec_reveal,
-    sec_select,
-    sec_share,
-    sec_sort,
-    sec_sqrt,
-    sec_square,
-)
+from fedunlearn.mpc.protocols import *  # noqa: F403 (the protocols' __all__, re-exported whole)
 from fedunlearn.mpc.remote_dealer import RemoteDealer
+from fedunlearn.mpc.security import LinkLimits, Security
 from fedunlearn.mpc.session import SessionBinding, digest
 from fedunlearn.mpc.shares import SharedTensor, concatenate, stack
 from fedunlearn.mpc.tcp import TcpListener, TcpTransport
 from fedunlearn.mpc.transport import Counters, InProcessTransport, Traffic, Transport
 
 __all__ = [
-    "Comparator",
     "Counters",
     "Dealer",
     "DealerClient",
+    "DealerOptions",
     "DealerProcess",
     "DealerServer",
     "FixedPoint",
     "Identity",
     "InProcessTransport",
     "Link",
-    "LinkSecurity",
+    "LinkLimits",
     "Party",
     "Prg",
     "ROLES",
     "RemoteDealer",
+    "Security",
     "SessionBinding",
     "SharedTensor",
     "TcpListener",
@@ -170,38 +147,15 @@ __all__ = [
     "accept_peer",
     "accept_peers",
     "check_opened",
-    "compare_first",
     "concatenate",
     "connect_peer",
     "create_trial_pki",
     "digest",
     "expand_seed",
-    "ge_cost",
     "run_two_party",
-    "sec_aggregate",
-    "sec_check_range",
-    "sec_constant",
-    "sec_div",
-    "sec_ge",
-    "sec_ge2",
-    "sec_ge3",
-    "sec_ge4",
-    "sec_inner",
-    "sec_inverse",
-    "sec_matmul",
-    "sec_max",
-    "sec_mul",
-    "sec_mul3",
-    "sec_mul_many",
-    "sec_reciprocal",
-    "sec_reveal",
-    "sec_select",
-    "sec_share",
-    "sec_sort",
-    "sec_sqrt",
-    "sec_square",
     "split_shares",
     "stack",
     "start_dealer_process",
     "truncate_share",
 ]
+__all__ += protocols.__all__

@@ -12,8 +12,8 @@ the thread stops reading, the peer's sends block in TCP, and a dealer producing 
 An error on the connection (the peer gone, a bad frame) is delivered to the next ``receive``
 as the exception it was; ``receive`` with a timeout raises ``PeerDisconnectedError`` on silence.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (trusted offline material, streamed ahead of the online phase).
+The dealer's service and its client stream offline material through it ahead of the
+online phase (docs/mpc.md).
 """
 
 from __future__ import annotations

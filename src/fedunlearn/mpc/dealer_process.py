@@ -5,7 +5,7 @@ third party: MPC2 in docs/mpc.md), so a launcher such as ``fedunlearn starfish-l
 in a spawned child on loopback with an ephemeral port, reads the port back, and hands the
 address to both servers::
 
-    with start_dealer_process() as dealer:          # stopped on exit, or by a finaliser
+    with start_dealer_process(Security(identity=ids["dealer"])) as dealer:  # stopped on exit
         ...  # start the two servers with dealer.address; each uses RemoteDealer.connect
         dealer.join(timeout_seconds=60)             # 0 once both servers said goodbye
 
@@ -13,29 +13,29 @@ By hand: ``python -m fedunlearn.mpc.dealer_process --port 0 --tls-dir DIR`` (a d
 written by ``python -m fedunlearn.mpc.identity DIR``; or ``--insecure`` for plain TCP) prints
 ``fedunlearn dealer listening on HOST:PORT`` and serves one session.
 
-Pass the dealer an ``identity`` (its ``dealer`` certificate) so that only the servers holding
-``server0``/``server1`` certificates of the same CA are served; ``insecure=True`` runs plain
-TCP (``identity.INSECURE_WARNING``). A handle's ``join`` returns the exit code: 0 after both
-servers said goodbye, 1 after a failure (the reason is on the child's stderr).
+Pass the dealer a ``Security`` with its ``dealer`` identity so that only the servers holding
+``server0``/``server1`` certificates of the same CA are served; ``Security.plain()`` runs
+plain TCP (``identity.INSECURE_WARNING``); there is no default. A handle's ``join`` returns
+the exit code: 0 after both servers said goodbye, 1 after a failure (the reason is on the
+child's stderr).
 
-Paper: Liu et al., Starfish, Alg. 4 line 12 (the 2PC material is generated once the
-unlearning request arrives), Sec. V-B (offline phase). The dealer stands in for ABY's own
-offline phase: MPC2 in docs/mpc.md, D24 in docs/methods/starfish.md.
+The dealer stands in for ABY's own offline phase: MPC2 in docs/mpc.md, D24 in
+docs/methods/starfish.md; the material it derives is ``dealer.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import ssl
 import sys
 import weakref
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
 from fedunlearn.errors import ConfigError, FedUnlearnError, PeerDisconnectedError
-from fedunlearn.mpc.dealer_service import DealerServer
-from fedunlearn.mpc.identity import INSECURE_WARNING, Identity
+from fedunlearn.mpc.dealer_service import DealerOptions, DealerServer
+from fedunlearn.mpc.identity import INSECURE_WARNING
+from fedunlearn.mpc.security import Security
 from fedunlearn.mpc.session import SessionBinding
 
 __all__ = ["DealerProcess", "main", "start_dealer_process"]
@@ -89,16 +89,11 @@ class DealerProcess:
         self.stop()
 
 
-def _dealer_child(conn, options: dict) -> None:  # noqa: ANN001 (a multiprocessing connection)
+def _dealer_child(conn, security: Security, listen: dict) -> None:  # noqa: ANN001 (a connection)
     """Entry point of the dealer process: bind, report the port, serve, exit 0 or 1."""
-    certfile, keyfile = options.pop("certfile"), options.pop("keyfile")
-    context = None
     try:
-        if certfile is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(certfile, keyfile)
-        server = DealerServer(ssl_context=context, **options)
-    except (OSError, ssl.SSLError, ConfigError) as exc:
+        server = DealerServer(security, **listen)
+    except (OSError, ConfigError) as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
     conn.send(("ok", server.port))
@@ -111,38 +106,25 @@ def _dealer_child(conn, options: dict) -> None:  # noqa: ANN001 (a multiprocessi
 
 
 def start_dealer_process(
+    security: Security,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
     seed: int | bytes | None = None,
-    mask_scale_bits: int = 2,
-    identity: Identity | None = None,
-    insecure: bool | None = None,
     binding: SessionBinding | None = None,
-    timeout_seconds: float = 60.0,
-    idle_timeout_seconds: float = 3600.0,
-    accept_timeout_seconds: float | None = None,
-    handshake_timeout_seconds: float = 10.0,
-    certfile: str | None = None,
-    keyfile: str | None = None,
+    options: DealerOptions | None = None,
     start_timeout_seconds: float = 30.0,
 ) -> DealerProcess:
     """Start a ``DealerServer`` in a spawned child process and return once it listens.
 
     Args:
+        security: The dealer's TLS identity (mutual TLS with roles: the secure setting), or
+            ``Security.plain()`` (plain TCP, explicitly).
         host: Address to bind (loopback by default).
         port: Port, or 0 for an ephemeral one (read it from the handle's ``address``).
         seed: Master seed for reproducible tests; None: a fresh secret made in the child.
-        mask_scale_bits: k of invertible masks.
-        identity: The dealer's TLS identity (mutual TLS with roles): the secure setting.
-        insecure: Plain TCP, explicitly. See ``DealerServer`` for the default.
         binding: The session binding the servers must present (None: they must agree).
-        timeout_seconds: See ``DealerServer``.
-        idle_timeout_seconds: See ``DealerServer``.
-        accept_timeout_seconds: See ``DealerServer``.
-        handshake_timeout_seconds: See ``DealerServer``.
-        certfile: Legacy: PEM certificate for TLS without role binding (with ``keyfile``).
-        keyfile: Legacy: PEM private key.
+        options: The dealer's protocol option and bounds (default: ``DealerOptions()``).
         start_timeout_seconds: How long the child may take to start listening.
 
     Returns:
@@ -153,23 +135,12 @@ def start_dealer_process(
     """
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    options = {
-        "host": host,
-        "port": port,
-        "seed": seed,
-        "mask_scale_bits": mask_scale_bits,
-        "identity": identity,
-        "insecure": insecure,
-        "binding": binding,
-        "timeout_seconds": timeout_seconds,
-        "idle_timeout_seconds": idle_timeout_seconds,
-        "accept_timeout_seconds": accept_timeout_seconds,
-        "handshake_timeout_seconds": handshake_timeout_seconds,
-        "certfile": certfile,
-        "keyfile": keyfile,
-    }
+    listen = {"host": host, "port": port, "seed": seed, "binding": binding, "options": options}
     process = context.Process(
-        target=_dealer_child, args=(sender, options), name="fedunlearn-dealer", daemon=True
+        target=_dealer_child,
+        args=(sender, security, listen),
+        name="fedunlearn-dealer",
+        daemon=True,
     )
     process.start()
     handle = DealerProcess(process, host, 0)  # finaliser armed before we wait
@@ -201,30 +172,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tls-dir", default=None, help="trial PKI directory (dealer.pem/.key)")
     parser.add_argument("--session", default=None, help="session id the servers must present")
     parser.add_argument("--insecure", action="store_true", help="plain TCP: " + INSECURE_WARNING)
-    parser.add_argument("--certfile", default=None, help="legacy TLS without role binding")
-    parser.add_argument("--keyfile", default=None)
     args = parser.parse_args(argv)
     try:
-        identity = None if args.tls_dir is None else Identity.from_directory(args.tls_dir, "dealer")
-        context = None
-        if args.certfile is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(args.certfile, args.keyfile)
-        if identity is None and context is None and not args.insecure:
+        if (args.tls_dir is None) == (not args.insecure):
             raise ConfigError("give --tls-dir DIR (mutual TLS with roles) or --insecure")
-        server = DealerServer(
-            args.host,
-            args.port,
-            seed=args.seed,
+        security = (
+            Security.plain() if args.insecure else Security.from_directory(args.tls_dir, "dealer")
+        )
+        options = DealerOptions(
             mask_scale_bits=args.mask_scale_bits,
-            identity=identity,
-            insecure=True if args.insecure else None,
-            binding=None if args.session is None else SessionBinding(args.session),
-            ssl_context=context,
             timeout_seconds=args.timeout,
             idle_timeout_seconds=args.idle_timeout,
         )
-    except (ConfigError, OSError, ssl.SSLError, ValueError) as exc:
+        server = DealerServer(
+            security,
+            host=args.host,
+            port=args.port,
+            seed=args.seed,
+            binding=None if args.session is None else SessionBinding(args.session),
+            options=options,
+        )
+    except (ConfigError, OSError, ValueError) as exc:
         print(f"fedunlearn dealer: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if args.insecure:

@@ -15,17 +15,16 @@ receives ``{"ready": true}``.
 The messages (requests, plans, abandons, goodbyes; replies, streamed material, errors) are
 in ``dealer_wire``; the parties' client is ``remote_dealer.RemoteDealer``.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers, a trusted dealer, offline material); docs/security.md
-(what the dealer learns), docs/performance.md (the offline phase measured).
+The material it serves is ``dealer.py``'s (the paper's offline functionalities). What the
+dealer learns: docs/security.md; the offline phase measured: docs/performance.md.
 """
 
 from __future__ import annotations
 
 import socket
-import ssl
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,43 +52,68 @@ from fedunlearn.mpc.dealer_wire import (
     decode_or_error,
     material_bytes,
 )
-from fedunlearn.mpc.identity import Identity, party_role
-from fedunlearn.mpc.link import LinkSecurity, accept_peers
+from fedunlearn.mpc.identity import party_role
+from fedunlearn.mpc.link import accept_peers
 from fedunlearn.mpc.prg import fresh_seed
 from fedunlearn.mpc.remote_dealer import RemoteDealer
+from fedunlearn.mpc.security import LinkLimits, Security
 from fedunlearn.mpc.session import SessionBinding
 from fedunlearn.mpc.tcp import DEFAULT_MAX_FRAME_BYTES, Expect, TcpListener
 
-__all__ = ["PROTOCOL_VERSION", "DealerServer", "RemoteDealer"]
+__all__ = ["PROTOCOL_VERSION", "DealerOptions", "DealerServer", "RemoteDealer"]
+
+
+@dataclass(frozen=True)
+class DealerOptions:
+    """The dealer's protocol option and bounds (the same for every session it serves).
+
+    Args:
+        mask_scale_bits: k of invertible masks; both parties must announce the same.
+        timeout_seconds: How long the second message of a pair, or a send, may take.
+        idle_timeout_seconds: How long to wait for the first message of a pair (the servers
+            may compute locally for a long time in between).
+        accept_timeout_seconds: How long to wait for both servers to join (None: idle).
+        handshake_timeout_seconds: Bound on one connection's TLS handshake and hello.
+        max_frame_bytes: Largest amount of material one request may ask for.
+        stream_buffer_bytes: Material queued per party before the producer waits for it to
+            be read.
+    """
+
+    mask_scale_bits: int = 2
+    timeout_seconds: float = 60.0
+    idle_timeout_seconds: float = 3600.0
+    accept_timeout_seconds: float | None = None
+    handshake_timeout_seconds: float = 10.0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    stream_buffer_bytes: int = 256 << 20
+
+    def join_limits(self) -> LinkLimits:
+        """The bounds of the servers' links while they join (messages: ``MAX_MESSAGE_BYTES``)."""
+        accept = self.accept_timeout_seconds
+        return LinkLimits(
+            timeout_seconds=self.timeout_seconds,
+            accept_timeout_seconds=self.idle_timeout_seconds if accept is None else accept,
+            handshake_timeout_seconds=self.handshake_timeout_seconds,
+            max_frame_bytes=MAX_MESSAGE_BYTES,
+        )
 
 
 class DealerServer:
     """The dealer process's server: accept both servers, then serve paired requests and plans.
 
     Args:
+        security: The dealer's TLS identity (role ``dealer``): mutual TLS, the servers' roles
+            from their certificates (the secure setting); or ``Security.plain()``, plain TCP
+            chosen explicitly (``identity.INSECURE_WARNING``). There is no default.
         host: Address to bind (``127.0.0.1`` for loopback).
         port: Port, or 0 for an ephemeral one (read it back from ``.port``).
-        seed: Master seed (int or bytes) for reproducible tests; None draws a fresh secret
-            from the operating system (``secrets``), which never leaves this process.
-        mask_scale_bits: k of invertible masks; both parties must announce the same.
-        identity: The dealer's TLS identity (role ``dealer``): mutual TLS, servers' roles
-            from their certificates. The secure setting.
-        insecure: Plain TCP, chosen explicitly (``identity.INSECURE_WARNING``).
-        binding: The session's binding as the dealer sees it (``SessionBinding.for_dealer``);
-            None: the servers' bindings must only agree with each other.
-        ssl_context: Legacy server-side TLS context (roles claimed in hellos, not certified).
-            With none of ``identity``, ``insecure`` and ``ssl_context`` the dealer runs plain
-            TCP as older callers expect (``legacy_plain``); new callers pass one explicitly.
-        timeout_seconds: How long the second message of a pair, or a send, may take.
-        idle_timeout_seconds: How long to wait for the first message of a pair (the servers
-            may compute locally for a long time in between).
-        accept_timeout_seconds: How long to wait for both servers to join (default: idle).
-        handshake_timeout_seconds: Bound on one connection's TLS handshake and hello.
-        max_frame_bytes: Largest amount of material one request may ask for.
-        stream_buffer_bytes: Material queued per party before the producer waits for it to
-            be read.
         listen_socket: An already listening socket to serve on instead of binding
             ``host:port`` (a launcher that binds ephemeral ports itself hands it over).
+        seed: Master seed (int or bytes) for reproducible tests; None draws a fresh secret
+            from the operating system (``secrets``), which never leaves this process.
+        binding: The session's binding as the dealer sees it (``SessionBinding.for_dealer``);
+            None: the servers' bindings must only agree with each other.
+        options: Protocol option and bounds (default: ``DealerOptions()``).
 
     Attributes:
         requests: Requests served so far (on demand or streamed).
@@ -100,47 +124,36 @@ class DealerServer:
 
     def __init__(
         self,
+        security: Security,
+        *,
         host: str = "127.0.0.1",
         port: int = 0,
-        *,
-        seed: int | bytes | None = None,
-        mask_scale_bits: int = 2,
-        identity: Identity | None = None,
-        insecure: bool | None = None,
-        binding: SessionBinding | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        timeout_seconds: float = 60.0,
-        idle_timeout_seconds: float = 3600.0,
-        accept_timeout_seconds: float | None = None,
-        handshake_timeout_seconds: float = 10.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        stream_buffer_bytes: int = 256 << 20,
         listen_socket: socket.socket | None = None,
+        seed: int | bytes | None = None,
+        binding: SessionBinding | None = None,
+        options: DealerOptions | None = None,
     ) -> None:
-        self.legacy_plain = identity is None and ssl_context is None and insecure is None
-        self._security = LinkSecurity.of(
-            identity, bool(insecure) or self.legacy_plain, ssl_context, what="the dealer"
-        )
-        if identity is not None and identity.role != "dealer":
-            raise ConfigError(f"the dealer needs a 'dealer' certificate; got {identity.role!r}")
+        if not isinstance(security, Security):
+            raise ConfigError(
+                "the dealer needs a Security: its TLS identity, or Security.plain() for plain "
+                f"TCP chosen explicitly; got {type(security).__name__}"
+            )
+        security.require_role("dealer")
+        options = options or DealerOptions()
+        self._security = security
         self._listener = TcpListener(host, port, sock=listen_socket)
         self.host, self.port = self._listener.host, self._listener.port
         self._master = fresh_seed() if seed is None else master_seed(seed)
-        self.mask_scale_bits = int(mask_scale_bits)
+        self.options = options
+        self.mask_scale_bits = int(options.mask_scale_bits)
         self.binding = None if binding is None else binding.for_dealer()
-        self.timeout_seconds = float(timeout_seconds)
-        self.idle_timeout_seconds = float(idle_timeout_seconds)
-        self.accept_timeout_seconds = float(
-            idle_timeout_seconds if accept_timeout_seconds is None else accept_timeout_seconds
-        )
-        self.handshake_timeout_seconds = float(handshake_timeout_seconds)
-        self.max_frame_bytes = int(max_frame_bytes)
-        self.stream_buffer_bytes = int(stream_buffer_bytes)
+        self.timeout_seconds = float(options.timeout_seconds)
+        self.idle_timeout_seconds = float(options.idle_timeout_seconds)
+        self.max_frame_bytes = int(options.max_frame_bytes)
+        self.stream_buffer_bytes = int(options.stream_buffer_bytes)
         self.requests = 0
         self.sent_bytes = [0, 0]
-        self.security = self._security.describe() + (
-            " [implicit: pass insecure=True]" if self.legacy_plain else ""
-        )
+        self.security = security.describe()
         self._channels: list[Channel | None] = [None, None]
         self._epoch = 0
         self._producer: threading.Thread | None = None
@@ -203,21 +216,15 @@ class DealerServer:
     # ---- joining -----------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        security = self._security
         links = accept_peers(
             self._listener,
             role="dealer",
             peer_roles={"server0", "server1"},
+            security=self._security,
             binding=self.binding,
             adopt_binding=self.binding is None,
             options={"mask_scale_bits": self.mask_scale_bits},
-            identity=security.identity,
-            insecure=security.identity is None and security.legacy_context is None,
-            ssl_context=security.legacy_context,
-            timeout_seconds=self.timeout_seconds,
-            accept_timeout_seconds=self.accept_timeout_seconds,
-            handshake_timeout_seconds=self.handshake_timeout_seconds,
-            max_frame_bytes=MAX_MESSAGE_BYTES,
+            limits=self.options.join_limits(),
         )
         self._listener.close()  # each role is served once: nobody else may join
         for party_id in (0, 1):

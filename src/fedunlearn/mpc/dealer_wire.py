@@ -31,8 +31,7 @@ both receive. Dealer material is charged to the party's counters exactly as the 
 ``Dealer`` charges it (offline phase, 16 bytes per request plus corrections for party 1); the
 link's own frames (requests, plans, headers) are counted on ``RemoteDealer.transport``.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (trusted offline material); docs/mpc.md (the offline phase).
+The offline phase: docs/mpc.md.
 """
 
 from __future__ import annotations

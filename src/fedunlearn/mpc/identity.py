@@ -21,9 +21,7 @@ up, on every link: authentication of the peer's role (anyone who can reach a por
 be a server and receive its dealer seeds or client shares), confidentiality of the traffic
 (shares, openings, dealer seeds) and its integrity.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers and a trusted dealer: their separation is what keeps the
-history private); docs/security.md (threat model per role).
+The threat model per role: docs/security.md.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ both servers, the clients service for both servers) takes its connections:
    certificate of an unexpected role (say ``clients`` at the dealer), or a hello claiming
    another role than the certificate, is refused with a message saying so. Each role is
    served once: a second peer of a role that already arrived is refused. Without TLS
-   (``insecure=True``) the role is what the hello claims, and nothing stops a third party from
+   (``Security.plain()``) the role is what the hello claims, and nothing stops a third party from
    claiming it first (``identity.INSECURE_WARNING``).
 3. The acceptor answers an accepted peer with its own hello; both sides compare session id,
    digests and protocol options (``session.Hello.differences``). A difference with an
@@ -34,9 +34,10 @@ reason (wrong role, other session, wrong CA) is final.
 Both return ``Link``s whose ``transport`` is a ``TcpTransport`` with the caller's timeouts and
 frame cap (the handshake itself runs under a 16 KiB cap).
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers, a trusted dealer: the guarantee holds only if each link
-reaches the party it is meant for); docs/security.md.
+Every bound above is a field of ``security.LinkLimits``, and the security of the link (a TLS
+identity, or explicitly plain TCP) is one ``security.Security``: both functions take one of
+each. Why each link must reach the party it is meant for (two non-colluding servers and a
+trusted dealer): docs/security.md.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ from fedunlearn.errors import (
     PeerDisconnectedError,
     SessionMismatchError,
 )
-from fedunlearn.mpc.identity import ROLES, Identity, require_security
+from fedunlearn.mpc.identity import ROLES
+from fedunlearn.mpc.security import DEFAULT_LIMITS, FIRST_BYTE_SECONDS, LinkLimits, Security
 from fedunlearn.mpc.session import (
     MAX_HELLO_BYTES,
     Hello,
@@ -68,19 +70,13 @@ from fedunlearn.mpc.session import (
     encode_message,
     mismatch_error,
 )
-from fedunlearn.mpc.tcp import (
-    DEFAULT_MAX_FRAME_BYTES,
-    TcpListener,
-    TcpTransport,
-    connect_socket,
-)
+from fedunlearn.mpc.tcp import TcpListener, TcpTransport, connect_socket
 
 __all__ = [
     "FIRST_BYTE_SECONDS",
     "MAX_PENDING",
     "MAX_PENDING_PER_ADDRESS",
     "Link",
-    "LinkSecurity",
     "accept_peer",
     "accept_peers",
     "check_ready",
@@ -90,7 +86,6 @@ __all__ = [
 logger = logging.getLogger("fedunlearn.mpc.link")
 MAX_PENDING = 32  # connections handshaking at once; more are closed at once
 MAX_PENDING_PER_ADDRESS = 8  # of them from one IP address, so one host cannot take every slot
-FIRST_BYTE_SECONDS = 2.0  # a connection that sends nothing for this long is closed
 _RETRY_BACKOFF_SECONDS = (0.05, 1.0)  # connect_peer's first and largest pause between attempts
 _LINGER_SECONDS = 2.0  # after a refusal or abort, let the message reach the peer
 _MAX_REFUSALS_KEPT = 20
@@ -98,56 +93,6 @@ _HINT = (
     "Start every process of a session with the same session id, run, configuration, forget "
     "set and share stores (and the same protocol options)."
 )
-
-
-@dataclass(frozen=True)
-class LinkSecurity:
-    """How a process secures its links: mutual TLS with roles, or explicitly plain TCP.
-
-    Args:
-        identity: This process's TLS identity (the secure setting).
-        insecure: Plain TCP, chosen explicitly (``identity.INSECURE_WARNING``).
-        legacy_context: An ``ssl.SSLContext`` of an older caller: TLS against the CA, but the
-            peer's role is what its hello claims (no role binding). Kept for compatibility.
-    """
-
-    identity: Identity | None = None
-    insecure: bool = False
-    legacy_context: ssl.SSLContext | None = None
-
-    @classmethod
-    def of(
-        cls,
-        identity: Identity | None = None,
-        insecure: bool = False,
-        ssl_context: ssl.SSLContext | None = None,
-        *,
-        what: str = "this link",
-    ) -> LinkSecurity:
-        """Validate the choice: exactly one of an identity, a legacy context or ``insecure``.
-
-        Raises:
-            ConfigError: None or several were given.
-        """
-        if ssl_context is not None:
-            if identity is not None or insecure:
-                raise ConfigError(f"{what}: give an identity, an ssl_context or insecure=True")
-            return cls(legacy_context=ssl_context)
-        require_security(identity, insecure, what)
-        return cls(identity=identity, insecure=insecure)
-
-    @property
-    def authenticates_roles(self) -> bool:
-        """True if a peer's role comes from its certificate (not from its claim)."""
-        return self.identity is not None
-
-    def describe(self) -> str:
-        """One line for logs and results."""
-        if self.identity is not None:
-            return f"mutual TLS, roles from certificates (this process: {self.identity.role})"
-        if self.legacy_context is not None:
-            return "TLS against the CA; roles claimed, not certified (legacy ssl_context)"
-        return "plain TCP (insecure=True): roles claimed, traffic unencrypted"
 
 
 @dataclass
@@ -214,7 +159,7 @@ class _Refused(Exception):
 def _handshake_incoming(
     conn: socket.socket,
     address: tuple,
-    security: LinkSecurity,
+    security: Security,
     peer_roles: Collection[str],
     party_id: int,
     handshake_timeout_seconds: float,
@@ -258,7 +203,7 @@ def _shut_down(sock: socket.socket) -> None:
 def _handshake_after_first_byte(
     conn: socket.socket,
     where: str,
-    security: LinkSecurity,
+    security: Security,
     peer_roles: Collection[str],
     party_id: int,
     handshake_timeout_seconds: float,
@@ -269,9 +214,6 @@ def _handshake_after_first_byte(
             conn, cert_role = security.identity.wrap_server(
                 conn, ROLES, timeout_seconds=handshake_timeout_seconds, where=where
             )
-        elif security.legacy_context is not None:
-            conn.settimeout(handshake_timeout_seconds)
-            conn = security.legacy_context.wrap_socket(conn, server_side=True)
     except (PeerAuthenticationError, ssl.SSLError, OSError) as exc:
         conn.close()
         raise _Refused(f"TLS handshake failed: {exc}") from None
@@ -315,18 +257,12 @@ def accept_peers(
     *,
     role: str,
     peer_roles: Collection[str],
+    security: Security,
     binding: SessionBinding | None = None,
     options: Mapping[str, Option] | None = None,
-    identity: Identity | None = None,
-    insecure: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
     party_id: int = 0,
-    timeout_seconds: float = 60.0,
-    accept_timeout_seconds: float = 600.0,
-    handshake_timeout_seconds: float = 10.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    limits: LinkLimits = DEFAULT_LIMITS,
     adopt_binding: bool = False,
-    first_byte_seconds: float = FIRST_BYTE_SECONDS,
 ) -> dict[str, Link]:
     """Accept until one authenticated peer of each role in ``peer_roles`` has joined.
 
@@ -334,19 +270,16 @@ def accept_peers(
         listener: The listening socket (left open; close it when no one else may join).
         role: This process's role (sent in its hello; must match its certificate).
         peer_roles: Roles to wait for, one peer each.
+        security: Mutual TLS with roles (the secure setting), or explicitly plain TCP.
         binding: This session's binding (default ``SessionBinding.unbound()``).
         options: Protocol options both sides must agree on (e.g. ``mask_scale_bits``).
-        identity: Mutual TLS with roles (the secure setting).
-        insecure: Plain TCP, explicitly.
-        ssl_context: Legacy server-side TLS context (roles claimed, not certified).
         party_id: Passed to the transports.
-        timeout_seconds: Receive timeout of the returned transports.
-        accept_timeout_seconds: How long to wait for all roles.
-        handshake_timeout_seconds: Bound on one connection's TLS handshake and hello.
-        max_frame_bytes: Frame cap of the returned transports.
+        limits: Receive timeout and frame cap of the returned transports
+            (``timeout_seconds``, ``max_frame_bytes``), how long to wait for all roles
+            (``accept_timeout_seconds``), the bound on one handshake
+            (``handshake_timeout_seconds``) and on its first byte (``first_byte_seconds``).
         adopt_binding: Take the first accepted peer's binding as this session's (a dealer that
             only checks that both servers agree); ``binding`` must then be None.
-        first_byte_seconds: A connection that sends nothing for this long is closed.
 
     Returns:
         Role -> ``Link``.
@@ -354,9 +287,8 @@ def accept_peers(
     Raises:
         SessionMismatchError: An authenticated peer runs another session or job.
         PeerDisconnectedError: Not all roles arrived in time (the message lists refusals).
-        ConfigError: No security was chosen (``identity`` or ``insecure=True``).
+        ConfigError: The certificate binds another role than ``role``.
     """
-    security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s listener")
     if security.identity is not None and security.identity.role != role:
         raise ConfigError(
             f"this process speaks as {role!r} but its certificate is for {security.identity.role!r}"
@@ -388,8 +320,8 @@ def accept_peers(
                     security,
                     wanted,
                     party_id,
-                    handshake_timeout_seconds,
-                    first_byte_seconds,
+                    limits.handshake_timeout_seconds,
+                    limits.first_byte_seconds,
                 )
             )
         except _Refused as exc:
@@ -420,6 +352,7 @@ def accept_peers(
             _try_send_doc(link.transport, {"abort": reason})
             link.transport.close(_LINGER_SECONDS, background=True)
 
+    accept_timeout_seconds = limits.accept_timeout_seconds
     deadline = time.monotonic() + accept_timeout_seconds
     try:
         while set(accepted) != wanted:
@@ -460,8 +393,8 @@ def accept_peers(
                     item.transport.close(_LINGER_SECONDS, background=True)
                     abort(f"the session was refused: {error}")
                     raise error
-                item.transport.set_timeout(timeout_seconds)
-                item.transport.max_frame_bytes = int(max_frame_bytes)
+                item.transport.set_timeout(limits.timeout_seconds)
+                item.transport.max_frame_bytes = int(limits.max_frame_bytes)
                 accepted[item.role] = Link(
                     item.transport, item.role, item.hello, item.authenticated, item.where
                 )
@@ -530,34 +463,22 @@ def accept_peer(
     *,
     role: str,
     peer_role: str,
+    security: Security,
     binding: SessionBinding | None = None,
     options: Mapping[str, Option] | None = None,
-    identity: Identity | None = None,
-    insecure: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
     party_id: int = 0,
-    timeout_seconds: float = 60.0,
-    accept_timeout_seconds: float = 600.0,
-    handshake_timeout_seconds: float = 10.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    first_byte_seconds: float = FIRST_BYTE_SECONDS,
+    limits: LinkLimits = DEFAULT_LIMITS,
 ) -> Link:
     """``accept_peers`` for one role (e.g. server 0 waiting for server 1); see there."""
     links = accept_peers(
         listener,
         role=role,
         peer_roles={peer_role},
+        security=security,
         binding=binding,
         options=options,
-        identity=identity,
-        insecure=insecure,
-        ssl_context=ssl_context,
         party_id=party_id,
-        timeout_seconds=timeout_seconds,
-        accept_timeout_seconds=accept_timeout_seconds,
-        handshake_timeout_seconds=handshake_timeout_seconds,
-        max_frame_bytes=max_frame_bytes,
-        first_byte_seconds=first_byte_seconds,
+        limits=limits,
     )
     return links[peer_role]
 
@@ -567,19 +488,12 @@ def connect_peer(
     *,
     role: str,
     peer_roles: Collection[str],
+    security: Security,
     binding: SessionBinding | None = None,
     options: Mapping[str, Option] | None = None,
-    identity: Identity | None = None,
-    insecure: bool = False,
-    ssl_context: ssl.SSLContext | None = None,
-    server_hostname: str | None = None,
     party_id: int = 1,
-    timeout_seconds: float = 60.0,
-    handshake_timeout_seconds: float = 10.0,
-    ready_timeout_seconds: float | None = None,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    limits: LinkLimits = DEFAULT_LIMITS,
     wait_ready: bool = True,
-    join_timeout_seconds: float | None = None,
 ) -> Link:
     """Connect to a service, authenticate its role, exchange hellos, wait until it is ready.
 
@@ -587,25 +501,19 @@ def connect_peer(
         address: (host, port) of the listening peer.
         role: This process's role.
         peer_roles: Roles the peer may have (e.g. ``{"dealer"}``).
+        security: Mutual TLS with roles (the secure setting), or explicitly plain TCP.
         binding: This session's binding (default ``SessionBinding.unbound()``).
         options: Protocol options both sides must agree on.
-        identity: Mutual TLS with roles (the secure setting).
-        insecure: Plain TCP, explicitly.
-        ssl_context: Legacy client-side TLS context (no role check).
-        server_hostname: Host name for a legacy context's check (default: the host).
         party_id: Passed to the transport.
-        timeout_seconds: Receive timeout of the returned transport (and the default join
-            window).
-        handshake_timeout_seconds: Bound on the TLS handshake and the hello answer.
-        ready_timeout_seconds: How long to wait for the service's other peers (default:
-            ``timeout_seconds``).
-        max_frame_bytes: Frame cap of the returned transport.
+        limits: Receive timeout and frame cap of the returned transport
+            (``timeout_seconds``, ``max_frame_bytes``), the bound on the TLS handshake and
+            the hello answer, how long to wait for the service's other peers
+            (``ready_timeout_seconds``) and how long to keep retrying attempts that found no
+            listener ready (``join_timeout_seconds``; refused, closed at once, reset, stalled
+            handshake); both default to ``timeout_seconds``.
         wait_ready: Wait here until the service is ready (all its peers joined). With False
             the caller must call ``link.wait_ready()`` (or read the ready message itself)
             before anything else.
-        join_timeout_seconds: How long to keep retrying attempts that found no listener
-            ready (refused, closed at once, reset, stalled handshake); default
-            ``timeout_seconds``.
 
     Returns:
         The link.
@@ -617,14 +525,13 @@ def connect_peer(
         PeerDisconnectedError: No listener answered within the join window, or the service
             went away before it was ready.
     """
-    security = LinkSecurity.of(identity, insecure, ssl_context, what=f"{role}'s connection")
     if security.identity is not None and security.identity.role != role:
         raise ConfigError(
             f"this process speaks as {role!r} but its certificate is for {security.identity.role!r}"
         )
     host, port = address
     where = f"{'/'.join(sorted(peer_roles))} at {host}:{port}"
-    join_seconds = timeout_seconds if join_timeout_seconds is None else join_timeout_seconds
+    join_seconds = limits.join_seconds
     deadline = time.monotonic() + join_seconds
     ours = Hello(role, binding or SessionBinding.unbound(), dict(options or {}))
     pause, attempts = _RETRY_BACKOFF_SECONDS[0], 0
@@ -637,10 +544,9 @@ def connect_peer(
                 where,
                 peer_roles,
                 ours,
-                server_hostname,
                 party_id,
                 max(deadline - time.monotonic(), 0.05),
-                handshake_timeout_seconds,
+                limits.handshake_timeout_seconds,
             )
             break
         except _Retry as exc:
@@ -668,13 +574,12 @@ def connect_peer(
             raise mismatch_error(where, differences, _HINT)
         link = Link(transport, theirs.role, theirs, cert_role is not None, where)
         if wait_ready:
-            wait = timeout_seconds if ready_timeout_seconds is None else ready_timeout_seconds
-            link.wait_ready(wait)
+            link.wait_ready(limits.ready_seconds)
     except BaseException:
         transport.close()
         raise
-    transport.set_timeout(timeout_seconds)
-    transport.max_frame_bytes = int(max_frame_bytes)
+    transport.set_timeout(limits.timeout_seconds)
+    transport.max_frame_bytes = int(limits.max_frame_bytes)
     return link
 
 
@@ -687,12 +592,11 @@ _TRANSIENT = (ConnectionError, TimeoutError, ssl.SSLEOFError, ssl.SSLZeroReturnE
 
 
 def _hello_attempt(
-    security: LinkSecurity,
+    security: Security,
     address: tuple[str, int],
     where: str,
     peer_roles: Collection[str],
     ours: Hello,
-    server_hostname: str | None,
     party_id: int,
     connect_seconds: float,
     handshake_timeout_seconds: float,
@@ -720,17 +624,6 @@ def _hello_attempt(
             if isinstance(exc.__cause__, _TRANSIENT):
                 raise _Retry(f"TLS handshake: {exc.__cause__}") from exc
             raise
-    elif security.legacy_context is not None:
-        sock.settimeout(handshake_timeout_seconds)
-        try:
-            sock = security.legacy_context.wrap_socket(
-                sock, server_hostname=server_hostname or host
-            )
-        except (ssl.SSLError, OSError) as exc:
-            sock.close()
-            if isinstance(exc, _TRANSIENT):
-                raise _Retry(f"TLS handshake: {exc}") from exc
-            raise PeerAuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
     transport = TcpTransport(
         sock, party_id, handshake_timeout_seconds, MAX_HELLO_BYTES, peer_name=where
     )

@@ -5,8 +5,8 @@ party id, transport, dealer, fixed-point parameters, comparison mode and counter
 protocol code runs with both parties as threads of one process (``run_two_party``, in-process
 transport) or as two OS processes (each builds its ``Party`` on a ``TcpTransport``).
 
-Paper: Liu et al., Starfish, Sec. III-A (two non-colluding servers S1, S2: parties 0 and 1),
-Sec. II-B (additive shares held by the two servers).
+Parties 0 and 1 are the paper's servers S1 and S2 (Liu et al., Sec. III-A), each holding one
+additive share of every secret.
 """
 
 from __future__ import annotations

@@ -7,13 +7,11 @@ they are needed, so a planned round runs without a message to the dealer. A requ
 deviates from the plan gives the rest up (both servers deviate at the same request, since they
 run the same program) and continues on demand. The messages are in ``dealer_wire``.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (trusted offline material); docs/mpc.md (how to plan a round).
+How to plan a round: docs/mpc.md.
 """
 
 from __future__ import annotations
 
-import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,11 +41,12 @@ from fedunlearn.mpc.dealer_wire import (
     encode_plan,
     encode_request,
 )
-from fedunlearn.mpc.identity import Identity, party_role
+from fedunlearn.mpc.identity import party_role
 from fedunlearn.mpc.link import Link, check_ready, connect_peer
 from fedunlearn.mpc.prg import SEED_BYTES
+from fedunlearn.mpc.security import DEFAULT_LIMITS, LinkLimits, Security
 from fedunlearn.mpc.session import MAX_HELLO_BYTES, SessionBinding, decode_message
-from fedunlearn.mpc.tcp import DEFAULT_MAX_FRAME_BYTES, Expect, TcpTransport
+from fedunlearn.mpc.tcp import Expect, TcpTransport
 from fedunlearn.mpc.transport import Counters
 
 __all__ = ["DEFAULT_PREFETCH_BYTES", "RemoteDealer"]
@@ -139,39 +138,30 @@ class RemoteDealer(DealerClient):
         port: int,
         party_id: int,
         *,
+        security: Security,
+        binding: SessionBinding | None = None,
         counters: Counters | None = None,
         mask_scale_bits: int = 2,
-        timeout_seconds: float = 60.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        identity: Identity | None = None,
-        insecure: bool | None = None,
-        binding: SessionBinding | None = None,
+        limits: LinkLimits = DEFAULT_LIMITS,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-        handshake_timeout_seconds: float = 10.0,
-        ssl_context: ssl.SSLContext | None = None,
-        server_hostname: str | None = None,
     ) -> RemoteDealer:
-        """Connect to a dealer (retrying until ``timeout_seconds``), authenticate, say hello.
+        """Connect to a dealer (retrying until ``limits.timeout_seconds``), authenticate, say hello.
 
         Args:
             host: Dealer address.
             port: Dealer port.
             party_id: 0 or 1 (role ``server0``/``server1``).
+            security: This server's TLS identity (role ``server0``/``server1``; the dealer
+                must present a ``dealer`` certificate of the same CA), or explicitly plain TCP
+                (``Security.plain()``).
+            binding: The session binding; the dealer sees only ``binding.for_dealer()``.
             counters: Where offline bytes are charged (``Party`` points this at its own).
             mask_scale_bits: k of invertible masks; must equal the dealer's.
-            timeout_seconds: Limit for connecting, for the other server to join, and for each
-                reply (the dealer replies once the other party has made the same request).
-            max_frame_bytes: Largest correction frame accepted from the dealer.
-            identity: This server's TLS identity (role ``server0``/``server1``); the dealer
-                must present a ``dealer`` certificate of the same CA. The secure setting.
-            insecure: Plain TCP, chosen explicitly (``identity.INSECURE_WARNING``). With none
-                of ``identity``, ``insecure`` and ``ssl_context``: plain TCP as older callers
-                expect.
-            binding: The session binding; the dealer sees only ``binding.for_dealer()``.
+            limits: ``timeout_seconds`` bounds connecting, the other server's joining and each
+                reply (the dealer replies once the other party has made the same request);
+                ``max_frame_bytes`` is the largest correction frame accepted; the handshake
+                bound.
             prefetch_bytes: Expanded planned material that may wait for use.
-            handshake_timeout_seconds: Bound on the TLS handshake and the hello answer.
-            ssl_context: Legacy client-side TLS context (no role check).
-            server_hostname: Name a legacy context verifies (default: host).
 
         Returns:
             The connected client (the dealer's "ready" is awaited with the first request).
@@ -181,21 +171,15 @@ class RemoteDealer(DealerClient):
             SessionMismatchError: The dealer's session, job digest or mask_scale_bits differ.
             PeerDisconnectedError: No dealer listens at host:port.
         """
-        legacy_plain = identity is None and ssl_context is None and insecure is None
         link = connect_peer(
             (host, port),
             role=party_role(party_id),
             peer_roles={"dealer"},
+            security=security,
             binding=None if binding is None else binding.for_dealer(),
             options={"mask_scale_bits": int(mask_scale_bits)},
-            identity=identity,
-            insecure=bool(insecure) or legacy_plain,
-            ssl_context=ssl_context,
-            server_hostname=server_hostname,
             party_id=party_id,
-            timeout_seconds=timeout_seconds,
-            handshake_timeout_seconds=handshake_timeout_seconds,
-            max_frame_bytes=max_frame_bytes,
+            limits=limits,
             wait_ready=False,
         )
         return cls(
@@ -204,7 +188,7 @@ class RemoteDealer(DealerClient):
             counters,
             mask_scale_bits,
             prefetch_bytes=prefetch_bytes,
-            timeout_seconds=timeout_seconds,
+            timeout_seconds=limits.timeout_seconds,
         )
 
     def __repr__(self) -> str:

@@ -15,9 +15,7 @@ set against it, yet it still refuses two servers that run different jobs.
 Hellos are small JSON documents in one uint8 frame (at most ``MAX_HELLO_BYTES``), validated
 field by field before anything is compared.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (the two servers must run the same unlearning job on consistent shares);
-docs/security.md (what a hello reveals).
+What a hello reveals: docs/security.md.
 """
 
 from __future__ import annotations

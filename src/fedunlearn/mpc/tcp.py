@@ -24,9 +24,7 @@ One thread drives the socket in non-blocking mode: ``exchange`` writes its frame
 the peer's (full duplex, also over TLS, without a second thread touching the SSL object), so
 two large simultaneous sends never deadlock on full socket buffers.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers exchange shares); docs/security.md (what the framing
-guards against).
+What the framing guards against: docs/security.md.
 """
 
 from __future__ import annotations

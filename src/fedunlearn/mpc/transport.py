@@ -16,8 +16,8 @@ out of step and raises ``MalformedFrameError``. Only the in-process transport al
 ``exchange_uncounted``, the channel of ideal functionalities (``comparison="ideal"``): over a
 real connection it would hand the peer a share it must not see.
 
-Paper: Liu et al., Starfish, Tables I-II (offline and online time and communication), Table V
-(rounds and bits per functionality), App. D (round complexities).
+docs/performance.md compares these counters with the paper's Tables I-II (time and
+communication) and Table V (rounds and bits per functionality).
 """
 
 from __future__ import annotations

@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sqlite3
+import stat
+import zlib
 
 import pytest
 from starfish_support import small_run_config
 
 from fedunlearn.config import parse_config
-from fedunlearn.errors import ConfigError, UnsupportedHistoryError
+from fedunlearn.errors import ConfigError, HistoryCorruptError, UnsupportedHistoryError
 from fedunlearn.history.store import HistoryStore
+from fedunlearn.mpc import FixedPoint, InProcessTransport, Party
 from fedunlearn.runs import HISTORY_DIR, load_run_config, train_run
 from fedunlearn.unlearn import make_method
+from fedunlearn.unlearn.context import CostMeter, MeteredHistory
 from fedunlearn.unlearn.starfish.deploy.binding import (
     JOB_FIELDS,
+    PAYLOAD_DIGESTS_KEY,
+    PayloadManifest,
     check_deployable,
     config_digest,
     read_sharing,
     sharing_digest,
     starfish_binding,
 )
-from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_meta, share_store_dir
+from fedunlearn.unlearn.starfish.deploy.shares import (
+    SharedStageOneRecord,
+    ensure_shares,
+    share_meta,
+    share_store_dir,
+)
 
 METHOD = make_method("starfish", {"backend": "mpc"})
 
@@ -145,3 +158,120 @@ def test_another_config_or_trajectory_differs_in_that_field_only(run_dir, what):
     # Assert
     field = "digest run_config" if what == "config" else "digest trajectory"
     assert list(server_binding(run_dir, 0).differences(theirs)) == [field]
+
+
+# ---- the binding lasts: every share payload is checked on read (issue 25) ----------------------
+
+
+def edit_share(store_dir, round_, client_id):
+    """Change one stored share in place, as someone with write access to the store could.
+
+    The CRC-32 is recomputed, so the store's own checksum does not notice the edit.
+    """
+    con = sqlite3.connect(store_dir / "history.sqlite")
+    try:
+        query = "SELECT data FROM payloads WHERE round=? AND kind='update' AND client_id=?"
+        (data,) = con.execute(query, (round_, client_id)).fetchone()
+        edited = bytearray(data)
+        edited[0] ^= 0xFF  # one coordinate of the share changes: the opened value would too
+        con.execute(
+            "UPDATE payloads SET data=?, crc32=? WHERE round=? AND kind='update' AND client_id=?",
+            (bytes(edited), zlib.crc32(edited), round_, client_id),
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
+def shared_record(store, party_id, sharing=None):
+    party = Party(party_id, InProcessTransport.pair()[party_id], 3, fixed_point=FixedPoint(16))
+    return SharedStageOneRecord(MeteredHistory(store, CostMeter()), party, sharing)
+
+
+def test_a_share_edited_after_the_handshake_is_refused_on_read(run_dir, tmp_path):
+    # Prepare: a copy of the run; server 0 binds its session (the handshake), then its share
+    # of round 2, client 1 is edited in the SQLite file
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    store_dir = share_store_dir(run, 0)
+    with HistoryStore.open(store_dir) as store:
+        bound = share_meta(store)
+    before = server_binding(run, 0)
+    edit_share(store_dir, 2, 1)
+
+    # Execute / Assert: the session's binding is unchanged (the edit touched no metadata) ...
+    assert server_binding(run, 0) == before
+    with HistoryStore.open(store_dir) as store:
+        record = shared_record(store, 0, bound)
+        record.update(2, 2)  # an unedited share reads as before
+        with pytest.raises(HistoryCorruptError, match="not the one bound into the session"):
+            record.update(2, 1)
+        with pytest.raises(HistoryCorruptError, match="round 2 client 1"):
+            record.norm(2, 1)
+
+
+def test_a_rewritten_manifest_cannot_pass_for_the_bound_sharing(run_dir, tmp_path):
+    # Prepare: the attacker also rewrites the store's digest of the edited share
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    store_dir = share_store_dir(run, 1)
+    with HistoryStore.open(store_dir) as store:
+        bound = share_meta(store)
+    edit_share(store_dir, 3, 2)
+    with HistoryStore.open(store_dir, writable=True) as store:
+        info = share_meta(store)
+        edited = store.read_update(3, 2)
+        info[PAYLOAD_DIGESTS_KEY]["3:2"] = PayloadManifest.payload_digest(edited)
+        store.update_meta({"starfish_shares": info})
+
+    # Execute / Assert: against the sharing bound at the handshake the edit is refused; a
+    # session bound afresh to the rewritten store no longer matches the clients' binding
+    with HistoryStore.open(store_dir) as store:
+        with pytest.raises(HistoryCorruptError, match="not the one bound into the session"):
+            shared_record(store, 1, bound).update(3, 2)
+        with pytest.raises(HistoryCorruptError, match="changed after Stage I"):
+            shared_record(store, 1)  # its own manifest no longer hashes to the bound root
+    assert sharing_digest(bound) == sharing_digest(read_sharing(run))
+
+
+def test_every_share_payload_is_bound_into_the_session(run_dir):
+    # each server's manifest root is part of the sharing record all three processes bind to
+    roots = []
+    for party in (0, 1):
+        with HistoryStore.open(share_store_dir(run_dir, party)) as store:
+            info = share_meta(store)
+            manifest = PayloadManifest.of_sharing(info, party)
+            assert len(manifest.digests) == sum(
+                rec.status == "accepted"
+                for r in store.rounds()[1:]
+                for rec in store.client_records(r)
+            )
+            roots.append(manifest.root())
+    assert read_sharing(run_dir)["payloads"] == roots
+    other = {**read_sharing(run_dir), "payloads": [roots[0], "0" * 64]}
+    assert sharing_digest(other) != sharing_digest(read_sharing(run_dir))
+
+
+def test_share_stores_are_private_whatever_the_umask(run_dir, tmp_path):
+    # Prepare: a permissive umask, as issue 25 found the stores world-readable
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    old = os.umask(0)
+    try:
+        # Execute
+        ensure_shares(run, METHOD, force=True)
+        with HistoryStore.open(share_store_dir(run, 0)):
+            pass  # a reader's own files (WAL, lock) appear under the private directory
+    finally:
+        os.umask(old)
+
+    # Assert
+    for party in (0, 1):
+        directory = share_store_dir(run, party)
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, oct(directory.stat().st_mode)
+        for item in directory.iterdir():
+            if item.name.startswith("history.sqlite") and item.is_file():
+                assert stat.S_IMODE(item.stat().st_mode) & 0o077 == 0, (
+                    item,
+                    oct(item.stat().st_mode),
+                )

@@ -15,9 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import select
+import shutil
 import socket
+import sqlite3
+import stat
 import struct
 import time
+import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,16 +31,28 @@ from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
 from fedunlearn.config import parse_config
-from fedunlearn.errors import PeerAuthenticationError, PeerDisconnectedError
-from fedunlearn.mpc import Identity, SessionBinding, TcpTransport, connect_peer, create_trial_pki
+from fedunlearn.errors import ConfigError, PeerAuthenticationError, PeerDisconnectedError
+from fedunlearn.mpc import (
+    Identity,
+    LinkLimits,
+    Security,
+    SessionBinding,
+    TcpTransport,
+    connect_peer,
+    create_trial_pki,
+)
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn.starfish.deploy import launcher
 from fedunlearn.unlearn.starfish.deploy.binding import JOB_FIELDS
+from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.launcher import (
     CHILDREN,
+    LocalRunError,
     child_commands,
     launch,
     listening_socket,
+    role_directories,
     spawn,
 )
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares, share_store_dir
@@ -73,6 +90,12 @@ def pki(tmp_path_factory):
     return directory
 
 
+@pytest.fixture(scope="module")
+def tls(pki, tmp_path_factory):
+    """Each child's own TLS directory, as starfish-local hands them out."""
+    return role_directories(pki, tmp_path_factory.mktemp("roles"))
+
+
 def checksums(run_dir):
     """sha256 of every store a request reads (both share stores, the history, sharing.json)."""
     files = [share_store_dir(run_dir, k) / "history.sqlite" for k in (0, 1)]
@@ -106,7 +129,7 @@ def wait_for(predicate, what, seconds=120.0):
 
 @pytest.mark.parametrize("victim", CHILDREN)
 def test_killing_any_process_stops_its_peers_with_a_clear_error_and_changes_no_store(
-    run_dir, pki, tmp_path, victim
+    run_dir, tls, tmp_path, victim
 ):
     # Prepare
     before = checksums(run_dir)
@@ -115,15 +138,12 @@ def test_killing_any_process_stops_its_peers_with_a_clear_error_and_changes_no_s
         zip(
             CHILDREN,
             launch(
-                run_dir,
-                [0],
+                StarfishJob(run_dir, (0,), METHOD, f"kill-{victim}"),
                 outs,
                 tmp_path,
-                pki=pki,
-                session_id=f"kill-{victim}",
-                timeout_seconds=KILL_TIMEOUT,
-                idle_seconds=KILL_TIMEOUT,
-            ),  # fmt: skip
+                tls,
+                DeployOptions(timeout_seconds=KILL_TIMEOUT, idle_timeout_seconds=KILL_TIMEOUT),
+            ),
             strict=True,
         )
     )
@@ -172,12 +192,11 @@ def attempt(port, identity, service_role):
     try:
         link = connect_peer(
             (HOST, port),
+            security=Security(identity=identity),
             role=identity.role,
             peer_roles={service_role},
-            identity=identity,
             binding=SessionBinding("attacker"),
-            timeout_seconds=5.0,
-            handshake_timeout_seconds=5.0,
+            limits=LinkLimits(timeout_seconds=5.0, handshake_timeout_seconds=5.0),
         )
     except (PeerAuthenticationError, PeerDisconnectedError) as exc:
         return exc
@@ -202,7 +221,7 @@ def oversized_hello(port, identity, service_role):
 
 
 def test_impostors_junk_and_oversized_frames_are_refused_and_the_session_still_runs(
-    run_dir, pki, tmp_path
+    run_dir, pki, tls, tmp_path
 ):
     # Prepare: dealer, server 0 and the clients wait for their peers; server 1 is held back
     before = checksums(run_dir)
@@ -211,8 +230,9 @@ def test_impostors_junk_and_oversized_frames_are_refused_and_the_session_still_r
     outs = (tmp_path / "s0.json", tmp_path / "s1.json")
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
     ports = {name: sock.getsockname()[1] for name, sock in sockets.items()}
-    commands = child_commands(run_dir, [0], outs, sockets, pki=pki, session_id="attacked",
-                              timeout_seconds=TIMEOUT, idle_seconds=120.0)  # fmt: skip
+    job = StarfishJob(run_dir, (0,), METHOD, "attacked")
+    options = DeployOptions(timeout_seconds=TIMEOUT, idle_timeout_seconds=120.0)
+    commands = child_commands(job, outs, sockets, tls, options)
     processes = {}
     try:
         for name in ("dealer", "server0", "clients"):
@@ -287,17 +307,18 @@ def test_impostors_junk_and_oversized_frames_are_refused_and_the_session_still_r
 
 
 def test_mismatched_runs_are_refused_at_the_handshake_naming_every_differing_field(
-    run_dir, other_run, pki, tmp_path
+    run_dir, other_run, tls, tmp_path
 ):
     # Prepare: server 1 reads another run (another seed: config, trajectory and sharing
     # differ), forgets another client and selects another share of the rounds
     outs = (tmp_path / "s0.json", tmp_path / "s1.json")
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
-    ours = child_commands(run_dir, [0], outs, sockets, pki=pki, session_id="mismatch",
-                          timeout_seconds=TIMEOUT)  # fmt: skip
-    theirs = child_commands(other_run, [1], outs, sockets, pki=pki, session_id="mismatch",
-                            method=make_method("starfish", {"selection_rate": 0.8}),
-                            timeout_seconds=TIMEOUT)  # fmt: skip
+    options = DeployOptions(timeout_seconds=TIMEOUT)
+    ours = child_commands(StarfishJob(run_dir, (0,), METHOD, "mismatch"), outs, sockets, tls,
+                          options)  # fmt: skip
+    other = make_method("starfish", {"backend": "mpc", "selection_rate": 0.8})
+    theirs = child_commands(StarfishJob(other_run, (1,), other, "mismatch"), outs, sockets, tls,
+                            options)  # fmt: skip
     processes = []
     try:
         processes.append(spawn(ours["server0"][0], tmp_path / "server0.log", ours["server0"][1]))
@@ -329,16 +350,19 @@ def test_mismatched_runs_are_refused_at_the_handshake_naming_every_differing_fie
 # ---- ideal comparisons ------------------------------------------------------------------------
 
 
-def test_ideal_comparisons_are_refused_before_any_link_is_made(run_dir, pki, tmp_path):
+def test_ideal_comparisons_are_refused_before_any_link_is_made(run_dir, pki, tls, tmp_path):
     # Prepare: server 1 would connect to server 0's listener, held by the test
     outs = (tmp_path / "s0.json", tmp_path / "s1.json")
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
     ideal = make_method("starfish", {"backend": "mpc", "comparison": "ideal"})
-    commands = child_commands(run_dir, [0], outs, sockets, pki=pki, session_id="ideal",
-                              method=ideal, timeout_seconds=TIMEOUT)  # fmt: skip
+    with pytest.raises(ConfigError, match="comparison=ideal is refused"):
+        StarfishJob(run_dir, (0,), ideal, "ideal")  # the launcher cannot even describe it
+    job = StarfishJob(run_dir, (0,), METHOD, "ideal")
+    commands = child_commands(job, outs, sockets, tls, DeployOptions(timeout_seconds=TIMEOUT))
     try:
         # Execute: a real server process, and the clients and starfish-local commands
-        server = spawn(commands["server1"][0], tmp_path / "server1.log")
+        server_args = [*commands["server1"][0], "--param=comparison=ideal"]
+        server = spawn(server_args, tmp_path / "server1.log")
         try:
             server.wait(timeout=TIMEOUT + 30)
         finally:
@@ -404,3 +428,67 @@ def test_starfish_local_after_a_kill_runs_over_fresh_certificates_and_matches_pl
             assert links[name]["received"] > 0, (k, name)
     assert result["links"]["dealer"]["received"] >= offline0
     assert checksums(run_dir) == before
+
+
+# ---- issue 25: each child its own key; shares checked on every read ----------------------------
+
+
+def test_each_child_gets_only_its_own_roles_key(run_dir, monkeypatch, tmp_path):
+    # Prepare: catch what starfish-local hands its children (no process is started)
+    handed = {}
+
+    def fake_launch(job, outs, logs, tls, options):
+        sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
+        try:
+            commands = child_commands(job, outs, sockets, tls, options)
+        finally:
+            for sock in sockets.values():
+                sock.close()
+        for name, (args, _) in commands.items():
+            [tls_arg] = [a for a in args if a.startswith("--tls-dir=")]
+            directory = Path(tls_arg.removeprefix("--tls-dir="))
+            handed[name] = {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()}
+            Identity.from_directory(directory, name)  # the child can still load its identity
+        raise LocalRunError("stop before any process starts")
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+
+    # Execute
+    with pytest.raises(LocalRunError, match="stop before"):
+        launcher.run_local(run_dir, [0], METHOD, log_dir=tmp_path)
+
+    # Assert: the CA certificate, the role's certificate and key (0600), nothing else
+    assert set(handed) == set(CHILDREN)
+    for role, files in handed.items():
+        assert set(files) == {"ca.pem", f"{role}.pem", f"{role}.key"}, (role, files)
+        assert files[f"{role}.key"] == 0o600
+
+
+def test_a_share_edited_after_sharing_stops_the_run_instead_of_changing_the_result(
+    run_dir, tmp_path
+):
+    # Prepare: a copy of the run whose server 0 share store has the target's shares edited
+    # (CRC-32 recomputed, metadata untouched: the handshake's binding still matches)
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    con = sqlite3.connect(share_store_dir(run, 0) / "history.sqlite")
+    rows = con.execute("SELECT round, data FROM payloads WHERE kind='update' AND client_id=0")
+    for round_, data in rows.fetchall():
+        edited = bytearray(data)
+        edited[8] ^= 0x01
+        con.execute(
+            "UPDATE payloads SET data=?, crc32=? WHERE round=? AND kind='update' AND client_id=0",
+            (bytes(edited), zlib.crc32(edited), round_),
+        )
+    con.commit()
+    con.close()
+    out = tmp_path / "result.json"
+
+    # Execute
+    res = runner.invoke(app, ["starfish-local", str(run), "--forget", "0", "--out", str(out),
+                              "--timeout", str(TIMEOUT), "--deadline", "240"])  # fmt: skip
+
+    # Assert: server 0 refuses the edited share; no result is written
+    assert res.exit_code == 2, res.output
+    assert "not the one bound into the session" in " ".join(res.output.split()), res.output
+    assert not out.exists()

@@ -188,7 +188,7 @@ class WriterLock:
             HistoryError: Another process holds it.
         """
         path = Path(path)
-        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -253,7 +253,9 @@ class HistoryStore(Erasure, Integrity):
         path = Path(path)
         try:
             meta_json = cls._meta_json(meta)
-            path.mkdir(parents=True, exist_ok=True)
+            if not path.exists():  # a directory made here is its owner's only (0700)
+                path.mkdir(parents=True)
+                os.chmod(path, 0o700)
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -268,6 +270,7 @@ class HistoryStore(Erasure, Integrity):
             )
         try:
             con = sqlite3.connect(file, isolation_level=None)
+            os.chmod(file, 0o600)  # before any data; SQLite gives its WAL and SHM the same mode
             store = cls(con, file, lock)
             with store._sqlite("creating the store"):
                 con.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # before WAL, which fixes it

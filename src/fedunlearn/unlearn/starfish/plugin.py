@@ -9,5 +9,5 @@ from fedunlearn.plugins import Plugin
 PLUGIN = Plugin(
     name="starfish",
     methods={"starfish": "fedunlearn.unlearn.starfish.unlearner:Starfish"},
-    cli="fedunlearn.cli.starfish:register",
+    cli="fedunlearn.unlearn.starfish.cli:register",
 )

@@ -13,7 +13,12 @@ fields):
 - ``trajectory``: the public record of training, round 0..T: each global model M_r (bytes and
   dtype) and who took part with how many samples;
 - ``share_store``: the Stage I sharing (``sharing_id``, a random id drawn when the clients'
-  uploads were split, the same in both servers' stores, and the settings it was made with).
+  uploads were split, the same in both servers' stores, the settings it was made with, and
+  ``payloads``: per server, one digest over the SHA-256 of every share payload it stores).
+  The binding lasts beyond the handshake: a server reads each share through
+  ``PayloadManifest.check``, which refuses a payload whose SHA-256 is not the one bound into
+  the session, so a share edited after the handshake stops the server instead of changing
+  the result.
 
 A server computes the trajectory and sharing digests from its own share store, the clients
 from the run's public history and ``RUN/starfish/sharing.json`` (what the clients know after
@@ -21,8 +26,7 @@ Stage I: they made the shares). The dealer sees only ``binding.for_dealer()`` (s
 one digest over the five). ``check_deployable`` refuses options no deployment may run
 (``comparison: ideal``).
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III (two non-colluding servers running one job on consistent shares); docs/security.md.
+What a binding reveals, and to whom: docs/security.md.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ from typing import Any, Protocol
 import torch
 
 from fedunlearn.config import RunConfig
-from fedunlearn.errors import ConfigError, UnsupportedHistoryError
+from fedunlearn.errors import ConfigError, HistoryCorruptError, UnsupportedHistoryError
 from fedunlearn.history.store import ClientRecord
 from fedunlearn.mpc import SessionBinding, digest
 from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = [
     "JOB_FIELDS",
+    "PAYLOAD_DIGESTS_KEY",
+    "PayloadManifest",
     "SHARING_FILE",
     "check_deployable",
     "config_digest",
@@ -60,7 +66,16 @@ __all__ = [
 
 JOB_FIELDS = ("run_config", "forget_set", "method", "trajectory", "share_store")
 SHARING_FILE = "sharing.json"  # RUN/starfish/sharing.json: the public side of Stage I
-SHARING_KEYS = ("sharing_id", "frac_bits", "tolerance_rate", "units", "scale", "num_params")
+SHARING_KEYS = (
+    "sharing_id",
+    "frac_bits",
+    "tolerance_rate",
+    "units",
+    "scale",
+    "num_params",
+    "payloads",
+)
+PAYLOAD_DIGESTS_KEY = "payload_digests"  # in a store's starfish_shares metadata: its manifest
 _COMPUTATION_KEYS = ("frac_bits", "comparison", "norm_range")
 
 
@@ -148,12 +163,90 @@ def sharing_digest(sharing: Mapping[str, Any]) -> str:
     Raises:
         UnsupportedHistoryError: The record has no sharing id (made before sharing ids).
     """
-    if not isinstance(sharing.get("sharing_id"), str):
+    payloads = sharing.get("payloads")
+    if not isinstance(sharing.get("sharing_id"), str) or not (
+        isinstance(payloads, list) and len(payloads) == 2
+    ):
         raise UnsupportedHistoryError(
-            "these Stage I shares carry no sharing id (made by an older version); re-share "
-            "the run with `fedunlearn starfish-share RUN --force`"
+            "these Stage I shares carry no sharing id or payload digests (made by an older "
+            "version); re-share the run with `fedunlearn starfish-share RUN --force`"
         )
     return digest({key: sharing.get(key) for key in SHARING_KEYS})
+
+
+class PayloadManifest:
+    """The SHA-256 of every share payload one server stores, checked on every read.
+
+    Made when the shares are written (``add`` per payload, then ``to_json`` into the store's
+    metadata, ``root`` into both stores' and the clients' sharing record); a server rebuilds
+    it from the sharing record its session is bound to (``of_sharing``), so the manifest and
+    its root are the ones hashed into the binding at the handshake, not whatever the store
+    holds later.
+    """
+
+    def __init__(self, digests: Mapping[str, str] | None = None) -> None:
+        self.digests: dict[str, str] = dict(digests or {})
+
+    @staticmethod
+    def key(round_: int, client_id: int) -> str:
+        """The manifest key of one payload."""
+        return f"{int(round_)}:{int(client_id)}"
+
+    @staticmethod
+    def payload_digest(payload: torch.Tensor) -> str:
+        """SHA-256 of a share payload's stored bytes."""
+        return hashlib.sha256(payload.detach().contiguous().numpy().tobytes()).hexdigest()
+
+    def add(self, round_: int, client_id: int, payload: torch.Tensor) -> None:
+        """Record one payload's digest."""
+        self.digests[self.key(round_, client_id)] = self.payload_digest(payload)
+
+    def root(self) -> str:
+        """One digest over all payload digests (what the session binding carries)."""
+        return digest(dict(self.digests))
+
+    def to_json(self) -> dict[str, str]:
+        """The manifest as JSON (sorted keys)."""
+        return dict(sorted(self.digests.items()))
+
+    @classmethod
+    def of_sharing(cls, sharing: Mapping[str, Any], party_id: int) -> PayloadManifest:
+        """The manifest of ``party_id`` in a store's sharing record, checked against its root.
+
+        Raises:
+            UnsupportedHistoryError: The record has no manifest (an older version made it).
+            HistoryCorruptError: The manifest does not hash to the record's root for this
+                server: the store's metadata was changed after Stage I.
+        """
+        digests, roots = sharing.get(PAYLOAD_DIGESTS_KEY), sharing.get("payloads")
+        if not isinstance(digests, dict) or not isinstance(roots, list) or len(roots) != 2:
+            raise UnsupportedHistoryError(
+                "this share store carries no payload digests (made by an older version); "
+                "re-share the run with `fedunlearn starfish-share RUN --force`"
+            )
+        manifest = cls(digests)
+        if manifest.root() != roots[party_id]:
+            raise HistoryCorruptError(
+                f"server {party_id}'s share store lists payload digests that do not match the "
+                "sharing it is bound to: the store was changed after Stage I. Nothing was "
+                "opened; re-share the run (`fedunlearn starfish-share RUN --force`)."
+            )
+        return manifest
+
+    def check(self, round_: int, client_id: int, payload: torch.Tensor) -> None:
+        """Refuse a payload whose SHA-256 is not the one bound into the session.
+
+        Raises:
+            HistoryCorruptError: Missing from the manifest, or its bytes changed.
+        """
+        expected = self.digests.get(self.key(round_, client_id))
+        if expected is None or self.payload_digest(payload) != expected:
+            raise HistoryCorruptError(
+                f"round {round_} client {client_id}: this server's stored share is not the one "
+                "bound into the session (SHA-256 differs): the share store was changed after "
+                "Stage I or during the session. Nothing was opened from it; re-share the run "
+                "(`fedunlearn starfish-share RUN --force`) and start a new session."
+            )
 
 
 def write_sharing(run_dir: str | Path, info: Mapping[str, Any]) -> Path:

@@ -6,32 +6,33 @@ temporary directory (``mpc.create_trial_pki``; or uses the given ``pki`` directo
 only with ``insecure=True``), draws a session id, binds three ephemeral listening sockets on
 127.0.0.1, starts the dealer, server 0, server 1 and the simulated clients at once
 (:func:`launch`; each child is one ``fedunlearn starfish-*`` command of
-:mod:`fedunlearn.cli.starfish`, started by module name, so this module imports nothing above
-it), waits for them with a deadline, stops the others as soon as one fails, and checks that
-both servers opened the same model. Bounded waits everywhere: ``timeout_seconds`` per receive
-in every child, ``deadline_seconds`` for the whole run (also the dealer's and the clients'
+:mod:`fedunlearn.unlearn.starfish.cli`, started by module name), waits for them with a
+deadline, stops the others as soon as one fails, and checks that both servers opened the same
+model. Bounded waits everywhere: ``timeout_seconds`` per receive in every child,
+``deadline_seconds`` for the whole run (also the dealer's and the clients'
 idle wait); every child is killed on the way out.
 
 A child's options are the method's explicitly set options (:func:`option_params`: one
 ``key=value`` per option, the value in YAML, as ``--param`` takes it), the session id, its
-receive timeout and its security (``--tls-dir`` with its role's certificate, or
-``--insecure``); the dealer gets no method options.
+receive timeout and its security: ``--tls-dir`` of a directory holding only the CA
+certificate and that role's certificate and key (:func:`role_directories`; no child holds
+another role's key or the CA key), or ``--insecure``; the dealer gets no method options.
 
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III-A (two non-colluding servers and the clients), Alg. 4.
-Deviations: docs/methods/starfish.md, D24 (a trusted dealer process; simulated clients).
+Where a local run departs from a deployment of the paper (a trusted dealer process,
+simulated clients): D24 in docs/methods/starfish.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ import yaml
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.mpc import create_trial_pki
-from fedunlearn.unlearn.starfish.deploy.binding import check_deployable, new_session_id
+from fedunlearn.unlearn.starfish.deploy.binding import new_session_id
+from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares
 from fedunlearn.unlearn.starfish.params import StarfishExecution
 from fedunlearn.unlearn.starfish.unlearner import Starfish
@@ -52,12 +54,13 @@ __all__ = [
     "launch",
     "listening_socket",
     "option_params",
+    "role_directories",
     "run_local",
     "spawn",
 ]
 
 HOST = "127.0.0.1"
-CHILD_MODULE = "fedunlearn.cli.starfish"  # ``python -m`` entry of the starfish-* commands
+CHILD_MODULE = "fedunlearn.unlearn.starfish.cli"  # ``python -m`` entry of the starfish-* commands
 CHILDREN = ("dealer", "server0", "server1", "clients")
 
 
@@ -77,15 +80,47 @@ def option_params(method: Starfish) -> list[str]:
     return [f"{key}={_yaml_value(value)}" for key, value in method.options().items()]
 
 
-def _security_args(pki: Path | None) -> list[str]:
-    """``--tls-dir=PKI`` (each child picks its role's certificate), or ``--insecure``."""
-    return ["--insecure"] if pki is None else [f"--tls-dir={pki}"]
+def role_directories(pki: Path, into: Path) -> dict[str, Path]:
+    """Give each role a directory of its own: the CA certificate, its certificate, its key.
+
+    ``pki`` holds every role's files and the CA key (``fedunlearn starfish-certs``); a child
+    is started with its role's directory only, so no process holds another role's key or the
+    CA key. Directories are 0700 and keys 0600, whatever the umask.
+
+    Returns:
+        Role -> directory, for every child (``CHILDREN``).
+
+    Raises:
+        ConfigError: A role's certificate or key is missing from ``pki``.
+    """
+    into.mkdir(parents=True, exist_ok=True)
+    os.chmod(into, 0o700)
+    out: dict[str, Path] = {}
+    for role in CHILDREN:
+        directory = into / role
+        directory.mkdir(exist_ok=True)
+        os.chmod(directory, 0o700)
+        for name, mode in (("ca.pem", 0o644), (f"{role}.pem", 0o644), (f"{role}.key", 0o600)):
+            source = pki / name
+            if not source.is_file():
+                raise ConfigError(
+                    f"{source} is missing; make the PKI directory with `fedunlearn starfish-certs`"
+                )
+            shutil.copyfile(source, directory / name)
+            os.chmod(directory / name, mode)
+        out[role] = directory
+    return out
+
+
+def _security_args(tls: Mapping[str, Path] | None, role: str) -> list[str]:
+    """``--tls-dir=DIR`` with only ``role``'s files, or ``--insecure``."""
+    return ["--insecure"] if tls is None else [f"--tls-dir={tls[role]}"]
 
 
 def spawn(args: Sequence[str], log_file: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """Start ``fedunlearn <args>`` as a child process, stderr and stdout to ``log_file``.
 
-    The child runs ``python -m fedunlearn.cli.starfish`` (only the starfish commands, so it
+    The child runs ``python -m fedunlearn.unlearn.starfish.cli`` (only the starfish commands, so it
     imports less than the full CLI); ``pass_fds`` are inherited (listening sockets).
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -107,91 +142,83 @@ def listening_socket() -> socket.socket:
 
 
 def child_commands(
-    run_dir: Path,
-    forget: Sequence[int],
+    job: StarfishJob,
     outs: tuple[Path, Path],
     sockets: dict[str, socket.socket],
-    *,
-    pki: Path | None,
-    session_id: str,
-    method: Starfish | None = None,
-    timeout_seconds: float = 120.0,
-    idle_seconds: float = 3600.0,
+    tls: Mapping[str, Path] | None,
+    options: DeployOptions,
 ) -> dict[str, tuple[list[str], list[int]]]:
     """Return each child's ``fedunlearn`` arguments and inherited descriptors, by name.
 
     Args:
-        run_dir: The run (with its share stores).
-        forget: Target client ids.
+        job: The run (with its share stores), targets, method and session id; the method's
+            explicitly set options go to the servers and the clients.
         outs: Result files of server 0 and server 1.
         sockets: Listening sockets of ``dealer``, ``server0`` (for server 1) and ``clients``.
-        pki: Directory of the trial PKI (``ca.pem``, ``<role>.pem``/``.key``); None runs
-            plain TCP (``--insecure``).
-        session_id: The session every child is started with.
-        method: Its explicitly set options go to the servers and the clients (default: none).
-        timeout_seconds: How long a child's receive waits before its peer counts as gone.
-        idle_seconds: How long the dealer and the clients wait for the servers' next request.
+        tls: Each role's own TLS directory (``role_directories``: the CA certificate, the
+            role's certificate and key, nothing else); None runs plain TCP (``--insecure``).
+        options: ``timeout_seconds``: how long a child's receive waits before its peer counts
+            as gone; ``idle_timeout_seconds``: how long the dealer and the clients wait for
+            the servers' next request (and the servers for the clients).
 
     Returns:
         ``{name: (args, pass_fds)}`` for dealer, server0, server1 and clients.
     """
-    ids = ",".join(map(str, forget))
-    params = [] if method is None else [f"--param={item}" for item in option_params(method)]
-    shared = [f"--timeout={timeout_seconds}", *_security_args(pki)]
-    session = f"--session={session_id}"
+    ids = ",".join(map(str, job.forget))
+    params = [f"--param={item}" for item in option_params(job.method)]
+    timeout = f"--timeout={options.timeout_seconds}"
+    idle = f"--idle-timeout={options.idle_timeout_seconds}"
+    session = f"--session={job.session_id}"
     port = {name: sock.getsockname()[1] for name, sock in sockets.items()}
     fd = {name: sock.fileno() for name, sock in sockets.items()}
-    common = [
-        f"--run={run_dir}",
+    server = [
+        "starfish-server",
+        f"--run={job.run_dir}",
         f"--forget={ids}",
         session,
         f"--dealer={HOST}:{port['dealer']}",
         f"--clients={HOST}:{port['clients']}",
         f"--peer={HOST}:{port['server0']}",
+        idle,
+        timeout,
         *params,
-        *shared,
     ]
     return {
         "dealer": (
             [
                 "starfish-dealer",
                 f"--listen-fd={fd['dealer']}",
-                f"--idle-timeout={idle_seconds}",
-                *shared,
+                idle,
+                timeout,
+                *_security_args(tls, "dealer"),
             ],
             [fd["dealer"]],
         ),
         "server0": (
             [
-                "starfish-server",
+                *server,
                 "--party=0",
                 f"--listen-fd={fd['server0']}",
                 f"--out={outs[0]}",
-                f"--idle-timeout={idle_seconds}",
-                *common,
+                *_security_args(tls, "server0"),
             ],
             [fd["server0"]],
         ),
         "server1": (
-            [
-                "starfish-server",
-                "--party=1",
-                f"--out={outs[1]}",
-                f"--idle-timeout={idle_seconds}",
-                *common,
-            ],
+            [*server, "--party=1", f"--out={outs[1]}", *_security_args(tls, "server1")],
             [],
         ),
         "clients": (
             [
                 "starfish-clients",
-                str(run_dir),
+                str(job.run_dir),
                 f"--forget={ids}",
                 session,
                 f"--listen-fd={fd['clients']}",
-                f"--idle-timeout={idle_seconds}",
+                idle,
+                timeout,
                 *params,
-                *shared,
+                *_security_args(tls, "clients"),
             ],
             [fd["clients"]],
         ),
@@ -199,16 +226,11 @@ def child_commands(
 
 
 def launch(
-    run_dir: Path,
-    forget: Sequence[int],
+    job: StarfishJob,
     outs: tuple[Path, Path],
     logs: Path,
-    *,
-    pki: Path | None,
-    session_id: str,
-    method: Starfish | None = None,
-    timeout_seconds: float = 120.0,
-    idle_seconds: float = 3600.0,
+    tls: Mapping[str, Path] | None,
+    options: DeployOptions,
 ) -> list[subprocess.Popen]:
     """Start dealer, server 0, server 1 and the clients at once on pre-bound ephemeral ports.
 
@@ -221,17 +243,7 @@ def launch(
         The four processes (dealer, server 0, server 1, clients); the caller must kill them.
     """
     sockets = {name: listening_socket() for name in ("dealer", "server0", "clients")}
-    commands = child_commands(
-        run_dir,
-        forget,
-        outs,
-        sockets,
-        pki=pki,
-        session_id=session_id,
-        method=method,
-        timeout_seconds=timeout_seconds,
-        idle_seconds=idle_seconds,
-    )
+    commands = child_commands(job, outs, sockets, tls, options)
     children: list[subprocess.Popen] = []
     try:
         for name in CHILDREN:
@@ -295,7 +307,8 @@ def run_local(
     """
     if method is None:
         method = Starfish(execution=StarfishExecution(backend="mpc"))
-    check_deployable(method)
+    job = StarfishJob(Path(run_dir), tuple(forget), method, new_session_id("local"))
+    options = DeployOptions(timeout_seconds=timeout_seconds, idle_timeout_seconds=deadline_seconds)
     if insecure and pki is not None:
         raise ConfigError("give a PKI directory or insecure=True, not both")
     ensure_shares(run_dir, method)
@@ -308,17 +321,8 @@ def run_local(
         children: list[subprocess.Popen] = []
         try:
             outs = (tmp / "server0.json", tmp / "server1.json")
-            children = launch(
-                run_dir,
-                forget,
-                outs,
-                logs,
-                pki=None if insecure else pki,
-                session_id=new_session_id("local"),
-                method=method,
-                timeout_seconds=timeout_seconds,
-                idle_seconds=deadline_seconds,
-            )
+            tls = None if pki is None else role_directories(pki, tmp / "roles")
+            children = launch(job, outs, logs, tls, options)
             end = time.monotonic() + deadline_seconds
             while any(child.poll() is None for child in children):
                 if any(child.poll() not in (None, 0) for child in children):

@@ -14,7 +14,10 @@ transaction per round, CRC-32 per payload): the share vector is an ``update`` pa
 uint64 and shape (m + 2,). Layout: ``RUN/starfish/server0/`` and ``RUN/starfish/server1/``.
 The stores' metadata (key ``starfish_shares``) records the sharing id (random, the same in
 both stores: a deployment binds its sessions to it), party, fractional bits, tolerance rate,
-units and the scale G = scale * delta. ``ensure_shares`` makes both stores of a run directory
+units, the scale G = scale * delta, the SHA-256 of every share payload the store holds
+(``payload_digests``) and both stores' roots over them (``payloads``, bound into every
+session; each read is checked against them). A store's directory is 0700 and its files 0600,
+whatever the umask. ``ensure_shares`` makes both stores of a run directory
 once, with the settings a method needs (``share_settings``), for the process deployment, and
 writes the sharing's public side (id and settings, what the clients know after Stage I) to
 ``RUN/starfish/sharing.json``.
@@ -35,7 +38,8 @@ the round's participant records (status, sample count), which FedAvg weights nee
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +63,13 @@ from fedunlearn.runs import HISTORY_DIR, load_run_config
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory, TrainingInfo, UnlearnContext
 from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
 from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
-from fedunlearn.unlearn.starfish.deploy.binding import SHARING_FILE, new_sharing_id, write_sharing
+from fedunlearn.unlearn.starfish.deploy.binding import (
+    PAYLOAD_DIGESTS_KEY,
+    SHARING_FILE,
+    PayloadManifest,
+    new_sharing_id,
+    write_sharing,
+)
 from fedunlearn.unlearn.starfish.steps import StageOneRecord
 from fedunlearn.unlearn.starfish.unlearner import Starfish
 
@@ -184,8 +194,11 @@ def share_history(
     meta = history.meta
     num_params = int(history.read_model(0).numel())
     stores: list[HistoryStore] = []
+    infos: list[dict[str, Any]] = []
+    manifests = [PayloadManifest(), PayloadManifest()]
     try:
         for party, out in enumerate(out_dirs):
+            _private_directory(Path(out))
             info = {
                 "sharing_id": sharing_id,
                 "party": party,
@@ -196,6 +209,7 @@ def share_history(
                 "num_params": num_params,
                 "layout": "uint64 shares of [G (m), ||G||, delta] per accepted upload",
             }
+            infos.append(info)
             stores.append(HistoryStore.create(Path(out), {**meta, SHARE_META_KEY: info}))
         for store in stores:
             store.write_round(RoundEntry(round=0, global_model=history.read_model(0)))
@@ -218,6 +232,8 @@ def share_history(
                 mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, Table IV)
                 shares[0][rec.client_id] = torch.from_numpy(mask.copy())
                 shares[1][rec.client_id] = torch.from_numpy(encoded - mask)
+                for manifest, own in zip(manifests, shares, strict=True):
+                    manifest.add(r, rec.client_id, own[rec.client_id])
             public_records = [
                 ClientRecord(rec.client_id, rec.status, rec.num_samples, reason=rec.reason)
                 for rec in records
@@ -233,9 +249,37 @@ def share_history(
                         clients=public_records,
                     )
                 )
+        roots = [manifest.root() for manifest in manifests]
+        for store, info, manifest in zip(stores, infos, manifests, strict=True):
+            store.update_meta(
+                {
+                    SHARE_META_KEY: {
+                        **info,
+                        "payloads": roots,
+                        PAYLOAD_DIGESTS_KEY: manifest.to_json(),
+                    }
+                }
+            )
     finally:
         for store in stores:
             store.close()
+        for out in out_dirs:
+            _private_files(Path(out))
+
+
+def _private_directory(path: Path) -> None:
+    """Create ``path`` readable by its owner only (0700), whatever the umask."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def _private_files(path: Path) -> None:
+    """Make every file of a share store readable and writable by its owner only (0600)."""
+    if not path.is_dir():
+        return
+    for item in path.iterdir():
+        if item.is_file() and not item.is_symlink():
+            os.chmod(item, 0o600)
 
 
 def _aggregate_or_none(history: MeteredHistory | HistoryStore, round_: int) -> torch.Tensor | None:
@@ -264,13 +308,21 @@ class SharedStageOneRecord:
 
     Same interface as ``StageOneRecord`` (``update``, ``norm``, ``threshold``, ``dtype``).
 
+    Every payload read is checked against the SHA-256 bound into the session
+    (``binding.PayloadManifest``): a share changed after the handshake is refused.
+
     Args:
         history: The server's share store (metered).
         party: The server's 2PC party (shares must carry its fixed-point scale).
+        sharing: The store's sharing record the session was bound to (``share_meta`` read
+            before the handshake); default: read it now.
     """
 
-    def __init__(self, history: MeteredHistory, party: Any) -> None:
-        info = share_meta(history)
+    def __init__(
+        self, history: MeteredHistory, party: Any, sharing: Mapping[str, Any] | None = None
+    ) -> None:
+        info = share_meta(history) if sharing is None else dict(sharing)
+        self.manifest = PayloadManifest.of_sharing(info, party.party_id)
         if int(info["frac_bits"]) != party.fixed_point.frac_bits:
             raise ConfigError(
                 f"the share store holds values with {info['frac_bits']} fractional bits; the "
@@ -287,6 +339,7 @@ class SharedStageOneRecord:
         key = (round_, client_id)
         if self._cached is None or self._cached[0] != key:
             payload = self.history.read_update(round_, client_id)
+            self.manifest.check(round_, client_id, payload)
             self._cached = (key, payload.numpy().astype(np.uint64, copy=False))
         return self._cached[1]
 

@@ -15,32 +15,34 @@
 Every process but ``starfish-local`` needs its security: ``--tls-dir DIR`` (a directory made by
 ``starfish-certs``; the process uses its role's certificate), or ``--tls-ca/--tls-cert/
 --tls-key`` (the certificate must bind the process's role), or ``--insecure`` (plain TCP: no
-peer proves its role and nothing is encrypted; a warning says so). Each command parses its
-options and calls one library function of ``fedunlearn.unlearn.starfish.deploy``. A server that
+peer proves its role and nothing is encrypted; a warning says so). The TLS options, the
+timeouts and (servers, clients) ``--forget/--session/--param`` are declared once and shared by
+the process commands (``_SharedOptionsCommand``). Each command turns its options into the three
+values of ``deploy.job`` (``StarfishJob``, ``DeployOptions``) and ``mpc.Security`` and calls one
+library function of ``fedunlearn.unlearn.starfish.deploy``. A server that
 loses a peer ends with ``PeerDisconnectedError`` and exit code 2; its share store is only read,
 so the request can simply be run again. User guide: docs/starfish.md.
-
-Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. III-A, Alg. 4.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.main
 from rich.console import Console
+from typer.core import TyperCommand
 
-from fedunlearn.cli.common import cli_errors, parse_forget
+from fedunlearn.cli.common import cli_errors, parse_forget, parse_params
 from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: the CLI lists its commands without loading torch
-    from fedunlearn.mpc import Identity
-    from fedunlearn.unlearn.starfish.deploy.remote import Security
+    from fedunlearn.mpc import Identity, Security
+    from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
     from fedunlearn.unlearn.starfish.unlearner import Starfish
 
 __all__ = ["register", "starfish_method"]
@@ -66,21 +68,9 @@ def _address(text: str) -> tuple[str, int]:
 
 def starfish_method(params: Sequence[str]) -> Starfish:
     """Return the ``starfish`` method of ``--param key=value`` items (YAML values), on 2PC."""
-    import yaml
-
-    from fedunlearn.unlearn import make_method
     from fedunlearn.unlearn.starfish.unlearner import Starfish
 
-    values: dict[str, Any] = {}
-    for item in params:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--param takes key=value; got {item!r}")
-        values[key.strip()] = yaml.safe_load(value)
-    method = make_method("starfish", {**values, "backend": "mpc"})
-    if not isinstance(method, Starfish):
-        raise ConfigError(f"'starfish' is registered as {type(method).__name__}, not Starfish")
-    return method
+    return Starfish({**parse_params(params), "backend": "mpc"})
 
 
 def _server_logging() -> None:
@@ -90,39 +80,135 @@ def _server_logging() -> None:
     logging.getLogger("fedunlearn.unlearn.starfish.unlearner").setLevel(logging.INFO)
 
 
-# ---- commands ---------------------------------------------------------------------------------
+# ---- options several commands share ------------------------------------------------------------
 
-
-Forget = Annotated[str, typer.Option(help="comma-separated client ids to forget")]
-Params = Annotated[list[str] | None, typer.Option("--param", help="starfish parameter key=value")]
-Timeout = Annotated[float, typer.Option(help="seconds a receive waits before the peer is gone")]
-TlsDir = Annotated[
-    Path | None,
-    typer.Option(help="directory made by starfish-certs: this process uses its role's files"),
-]
-TlsCa = Annotated[Path | None, typer.Option(help="TLS: the deployment's CA certificate (PEM)")]
-TlsCert = Annotated[Path | None, typer.Option(help="TLS: this process's certificate (PEM)")]
-TlsKey = Annotated[Path | None, typer.Option(help="TLS: this process's private key (PEM)")]
 INSECURE_HELP = (
     "plain TCP instead of mutual TLS. Gives up: peer authentication (anyone who reaches a "
     "port can claim any role and receive a server's dealer seeds or client shares) and "
     "encryption (shares, openings and seeds cross the network readable). Trusted loopback "
     "or tests only"
 )
+Forget = Annotated[str, typer.Option(help="comma-separated client ids to forget")]
+Params = Annotated[list[str] | None, typer.Option("--param", help="starfish parameter key=value")]
+Timeout = Annotated[float, typer.Option(help="seconds a receive waits before the peer is gone")]
 Insecure = Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)]
-Session = Annotated[str, typer.Option(help="session id: the same for every process of this job")]
-IdleTimeout = Annotated[float, typer.Option(help="seconds to wait for the servers' next request")]
+Host = Annotated[
+    str, typer.Option(help="address to listen on (0.0.0.0: every interface, for other hosts)")
+]
+Port = Annotated[int, typer.Option(help="port to listen on; 0 = ephemeral (see --port-file)")]
+PortFile = Annotated[Path | None, typer.Option(help="write the bound port here")]
+ListenFd = Annotated[
+    int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
+]
 
 
-def _identity(
-    role: str,
-    tls_dir: Path | None,
-    ca: Path | None,
-    cert: Path | None,
-    key: Path | None,
-    insecure: bool,
-) -> Identity | None:
-    """The process's TLS identity from its options, or None with ``--insecure``.
+def _tls_options(
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(help="directory made by starfish-certs: this process uses its role's files"),
+    ] = None,
+    tls_ca: Annotated[
+        Path | None, typer.Option(help="TLS: the deployment's CA certificate")
+    ] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="TLS: this process's certificate")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="TLS: this process's private key")] = None,
+    insecure: Insecure = False,
+) -> None:
+    """Declare how a process secures its links (``--tls-dir``, ``--tls-*``, ``--insecure``)."""
+
+
+def _timeout_options(
+    timeout: Timeout = 120.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            help="seconds to wait for a peer that computes in between (the servers' next "
+            "request; at a server: the clients' answer, they train)"
+        ),
+    ] = 3600.0,
+) -> None:
+    """Declare a process's bounds (``--timeout``, ``--idle-timeout``)."""
+
+
+def _job_options(
+    forget: Forget,
+    session: Annotated[
+        str, typer.Option(help="session id: the same for every process of this job")
+    ],
+    param: Params = None,
+) -> None:
+    """Declare the job of a server or the clients (``--forget``, ``--session``, ``--param``)."""
+
+
+def _peer_options(
+    peer: Annotated[str, typer.Option(help="party 0: HOST:PORT to listen on; 1: to connect")],
+    dealer: Annotated[str, typer.Option(help="dealer HOST:PORT")],
+    clients: Annotated[str, typer.Option(help="clients service HOST:PORT")],
+) -> None:
+    """Declare where a server finds its peers (``--peer``, ``--dealer``, ``--clients``)."""
+
+
+def _options_of(*declarations: Callable[..., None]) -> list[Any]:
+    """The options typer makes of ``declarations``' parameters (fresh objects on every call).
+
+    Typer builds them, so they are right for whichever typer (and click) is installed.
+    """
+    params: list[Any] = []
+    for declaration in declarations:
+        app = typer.Typer(add_completion=False)
+        app.command()(declaration)
+        params.extend(typer.main.get_command(app).params)
+    return params
+
+
+class _SharedOptionsCommand(TyperCommand):
+    """A command with option groups declared once (``_tls_options`` ...), shared by several.
+
+    The groups' values do not reach the command function as arguments: ``invoke`` moves them to
+    ``ctx.meta``, where ``_shared`` reads them. So each group is declared once and no command
+    function takes ten parameters.
+    """
+
+    groups: tuple[Callable[..., None], ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shared = _options_of(*self.groups)
+        self.params.extend(self._shared)
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        """Move the shared options' values from the function's arguments to ``ctx.meta``."""
+        ctx.meta[_META] = {option.name: ctx.params.pop(option.name) for option in self._shared}
+        return super().invoke(ctx)
+
+
+class _DealerCommand(_SharedOptionsCommand):
+    groups = (_timeout_options, _tls_options)
+
+
+class _ClientsCommand(_SharedOptionsCommand):
+    groups = (_job_options, _timeout_options, _tls_options)
+
+
+class _ServerCommand(_SharedOptionsCommand):
+    groups = (_peer_options, _job_options, _timeout_options, _tls_options)
+
+
+_META = "fedunlearn.starfish"  # ctx.meta key of the shared options' values
+
+
+def _shared(ctx: typer.Context, name: str) -> Any:
+    """The value of a shared option of the running command (``_SharedOptionsCommand``)."""
+    return ctx.meta[_META][name]
+
+
+def _path(ctx: typer.Context, name: str) -> Path | None:
+    value = _shared(ctx, name)
+    return None if value is None else Path(value)
+
+
+def _identity(ctx: typer.Context, role: str) -> Identity | None:
+    """The process's TLS identity from the shared TLS options, or None with ``--insecure``.
 
     Imports only ``fedunlearn.mpc`` (no torch): the dealer starts in a fraction of a second.
 
@@ -132,6 +218,8 @@ def _identity(
     from fedunlearn.mpc import Identity
     from fedunlearn.mpc.identity import INSECURE_WARNING
 
+    tls_dir, insecure = _path(ctx, "tls_dir"), bool(_shared(ctx, "insecure"))
+    ca, cert, key = (_path(ctx, name) for name in ("tls_ca", "tls_cert", "tls_key"))
     files = [p is not None for p in (ca, cert, key)]
     chosen = [tls_dir is not None, any(files), insecure]
     if sum(chosen) != 1:
@@ -146,9 +234,9 @@ def _identity(
     if tls_dir is not None:
         identity = Identity.from_directory(tls_dir, role)
     else:
-        if not all(files):
+        if ca is None or cert is None or key is None:
             raise ConfigError("TLS needs all of --tls-ca, --tls-cert and --tls-key")
-        identity = Identity.load(ca, cert, key)  # type: ignore[arg-type]
+        identity = Identity.load(ca, cert, key)
     if identity.role != role:
         raise ConfigError(
             f"the {role} process was given a certificate ({identity.cert}) that binds role "
@@ -157,28 +245,44 @@ def _identity(
     return identity
 
 
-def _security(
-    role: str,
-    tls_dir: Path | None,
-    ca: Path | None,
-    cert: Path | None,
-    key: Path | None,
-    insecure: bool,
-) -> Security:
-    """``deploy.remote.Security`` of a server or the clients (see ``_identity``)."""
-    from fedunlearn.unlearn.starfish.deploy.remote import Security
+def _security(ctx: typer.Context, role: str) -> Security:
+    """``mpc.Security`` of a process from the shared TLS options (see ``_identity``)."""
+    from fedunlearn.mpc import Security
 
-    identity = _identity(role, tls_dir, ca, cert, key, insecure)
-    return Security(identity=identity, insecure=identity is None)
+    identity = _identity(ctx, role)
+    return Security.plain() if identity is None else Security(identity=identity)
 
 
-Host = Annotated[
-    str, typer.Option(help="address to listen on (0.0.0.0: every interface, for other hosts)")
-]
-Port = Annotated[int, typer.Option(help="port to listen on; 0 = ephemeral (see --port-file)")]
-ListenFd = Annotated[
-    int | None, typer.Option(help="listen on this inherited socket (set by starfish-local)")
-]
+def _job(ctx: typer.Context, run_dir: Path) -> StarfishJob:
+    """``StarfishJob`` of the shared job options (``--forget``, ``--session``, ``--param``)."""
+    from fedunlearn.unlearn.starfish.deploy.job import StarfishJob
+
+    forget = _ids(_shared(ctx, "forget"), run_dir)
+    method = starfish_method(list(_shared(ctx, "param") or []))
+    return StarfishJob(run_dir, tuple(forget), method, _shared(ctx, "session"))
+
+
+def _options(
+    ctx: typer.Context,
+    listen: tuple[str, int],
+    port_file: Path | None,
+    listen_fd: int | None,
+    stream_rounds: bool = True,
+) -> DeployOptions:
+    """``DeployOptions`` of the shared timeouts and peers, and where this process listens."""
+    from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, Listen
+
+    names = [name for name in ("peer", "dealer", "clients") if name in ctx.meta[_META]]
+    return DeployOptions(
+        timeout_seconds=_shared(ctx, "timeout"),
+        idle_timeout_seconds=_shared(ctx, "idle_timeout"),
+        listen=Listen(listen[0], listen[1], port_file, listen_fd),
+        peers={name: _address(_shared(ctx, name)) for name in names},
+        stream_rounds=stream_rounds,
+    )
+
+
+# ---- commands ---------------------------------------------------------------------------------
 
 
 @_cli_errors
@@ -221,17 +325,11 @@ def share_command(
 
 @_cli_errors
 def dealer_command(
+    ctx: typer.Context,
     host: Host = "127.0.0.1",
     port: Port = 0,
-    port_file: Annotated[Path | None, typer.Option(help="write the bound port here")] = None,
+    port_file: PortFile = None,
     listen_fd: ListenFd = None,
-    timeout: Timeout = 120.0,
-    idle_timeout: IdleTimeout = 3600.0,
-    tls_dir: TlsDir = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    insecure: Insecure = False,
 ) -> None:
     """Serve the two Starfish servers as the trusted dealer (seeds and corrections only).
 
@@ -240,27 +338,18 @@ def dealer_command(
     both run the same session and job, serves their paired requests and plans until both say
     goodbye. It sees request shapes only, no data. Imports no torch (starts fast).
     """
-    import socket
+    from fedunlearn.mpc import DealerOptions, DealerServer
 
-    from fedunlearn.mpc import DealerServer
-
-    identity = _identity("dealer", tls_dir, tls_ca, tls_cert, tls_key, insecure)
-    if listen_fd is not None:
-        sock = socket.socket(fileno=listen_fd)
-    else:
-        sock = socket.create_server((host, port))
-    if port_file is not None:
-        tmp = port_file.with_name(port_file.name + ".tmp")
-        tmp.write_text(str(sock.getsockname()[1]))
-        tmp.replace(port_file)
+    security = _security(ctx, "dealer")
+    options = _options(ctx, (host, port), port_file, listen_fd)
     server = DealerServer(
-        seed=None,
-        identity=identity,
-        insecure=identity is None,
-        timeout_seconds=timeout,
-        idle_timeout_seconds=idle_timeout,
-        accept_timeout_seconds=timeout,
-        listen_socket=sock,
+        security,
+        listen_socket=options.listen.open(),
+        options=DealerOptions(
+            timeout_seconds=options.timeout_seconds,
+            idle_timeout_seconds=options.idle_timeout_seconds,
+            accept_timeout_seconds=options.timeout_seconds,
+        ),
     )
     served = server.serve()
     err_console.print(f"dealer done: {served} requests")
@@ -268,93 +357,45 @@ def dealer_command(
 
 @_cli_errors
 def clients_command(
+    ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="the run (the simulated clients' data)")],
-    forget: Forget,
-    session: Session,
     host: Host = "127.0.0.1",
     port: Port = 0,
-    port_file: Annotated[Path | None, typer.Option(help="write the bound port here")] = None,
+    port_file: PortFile = None,
     listen_fd: ListenFd = None,
-    param: Params = None,
-    timeout: Timeout = 120.0,
-    idle_timeout: IdleTimeout = 3600.0,
-    tls_dir: TlsDir = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    insecure: Insecure = False,
 ) -> None:
     """Serve the two Starfish servers as the simulated remaining clients."""
     from fedunlearn.unlearn.starfish.deploy.remote import serve_clients
 
-    security = _security("clients", tls_dir, tls_ca, tls_cert, tls_key, insecure)
+    security = _security(ctx, "clients")
+    job, options = _job(ctx, run_dir), _options(ctx, (host, port), port_file, listen_fd)
     _server_logging()
-    summary = serve_clients(
-        run_dir,
-        _ids(forget, run_dir),
-        method=starfish_method(param or []),
-        session_id=session,
-        security=security,
-        host=host,
-        port=port,
-        port_file=port_file,
-        listen_fd=listen_fd,
-        timeout_seconds=timeout,
-        idle_timeout_seconds=idle_timeout,
-    )
+    summary = serve_clients(job, security, options)
     err_console.print(f"clients done: {summary}")
 
 
 @_cli_errors
 def server_command(
+    ctx: typer.Context,
     party: Annotated[int, typer.Option(help="0 (S1, listens) or 1 (S2, connects)")],
     run: Annotated[Path, typer.Option(help="run directory with RUN/starfish/server<party>")],
-    forget: Forget,
-    session: Session,
-    peer: Annotated[str, typer.Option(help="party 0: HOST:PORT to listen on; 1: to connect")],
-    dealer: Annotated[str, typer.Option(help="dealer HOST:PORT")],
-    clients: Annotated[str, typer.Option(help="clients service HOST:PORT")],
     out: Annotated[Path | None, typer.Option(help="write this server's result JSON")] = None,
     port_file: Annotated[Path | None, typer.Option(help="party 0: write the bound port")] = None,
     listen_fd: ListenFd = None,
-    param: Params = None,
-    timeout: Timeout = 120.0,
-    idle_timeout: Annotated[
-        float, typer.Option(help="seconds to wait for the clients' answer (they train)")
-    ] = 3600.0,
     stream: Annotated[
         bool, typer.Option(help="plan each round with the dealer (streamed offline phase)")
     ] = True,
-    tls_dir: TlsDir = None,
-    tls_ca: TlsCa = None,
-    tls_cert: TlsCert = None,
-    tls_key: TlsKey = None,
-    insecure: Insecure = False,
 ) -> None:
     """Run one Starfish 2PC server on its share store."""
     from fedunlearn.unlearn.starfish.deploy.remote import run_server
 
     if party not in (0, 1):
         raise ConfigError(f"--party must be 0 or 1; got {party}")
-    addresses = _address(peer), _address(dealer), _address(clients)
-    security = _security(f"server{party}", tls_dir, tls_ca, tls_cert, tls_key, insecure)
+    security = _security(ctx, f"server{party}")
+    job = _job(ctx, run)
+    options = _options(ctx, _address(_shared(ctx, "peer")), port_file, listen_fd, stream)
     _server_logging()
-    result = run_server(
-        party,
-        run,
-        _ids(forget, run),
-        method=starfish_method(param or []),
-        session_id=session,
-        security=security,
-        peer=addresses[0],
-        dealer=addresses[1],
-        clients=addresses[2],
-        port_file=port_file,
-        listen_fd=listen_fd,
-        timeout_seconds=timeout,
-        idle_timeout_seconds=idle_timeout,
-        stream_rounds=stream,
-    )
+    result = run_server(party, job, security, options)
     if out is not None:
         out.write_text(json.dumps(result))
     err_console.print(f"server {party} done: {len(result['details']['selected_rounds'])} rounds")
@@ -363,7 +404,7 @@ def server_command(
 @_cli_errors
 def local_command(
     run_dir: Annotated[Path, typer.Argument(help="finished run (history.policy: all)")],
-    forget: Forget,
+    forget: Annotated[str, typer.Option(help="comma-separated client ids to forget")],
     out: Annotated[Path, typer.Option(help="result JSON")] = Path("starfish_result.json"),
     param: Params = None,
     timeout: Timeout = 120.0,
@@ -405,14 +446,14 @@ def register(app: typer.Typer) -> None:
     """Add the starfish-* commands to the ``fedunlearn`` app."""
     app.command(name="starfish-certs")(certs_command)
     app.command(name="starfish-share")(share_command)
-    app.command(name="starfish-dealer")(dealer_command)
-    app.command(name="starfish-clients")(clients_command)
-    app.command(name="starfish-server")(server_command)
+    app.command(name="starfish-dealer", cls=_DealerCommand)(dealer_command)
+    app.command(name="starfish-clients", cls=_ClientsCommand)(clients_command)
+    app.command(name="starfish-server", cls=_ServerCommand)(server_command)
     app.command(name="starfish-local")(local_command)
 
 
 def main() -> None:  # pragma: no cover - entry point of the spawned processes
-    """Run only the starfish commands (``python -m fedunlearn.cli.starfish``)."""
+    """Run only the starfish commands (``python -m fedunlearn.unlearn.starfish.cli``)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     register(app)
