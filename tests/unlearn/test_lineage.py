@@ -243,6 +243,15 @@ def test_forgetting_a_client_that_never_took_part_is_exact_for_every_method(spar
             assert result.lineage.first_tainted_round is None
 
 
+def test_starfish_on_two_in_process_servers_declares_its_start(run_all):
+    """Party 0's reads of its share store go to the context's log, its start included."""
+    with UnlearnSession(run_all) as session:
+        result = session.run(make_method("starfish", {"backend": "mpc"}), UnlearnRequest.of([0]))
+    assert result.lineage.start_round == 0
+    assert result.lineage.kind == "approximate"
+    assert [1, 0] in result.lineage.tainted_reads["updates"]
+
+
 # ----- mutants: the log sees what a method does, not what it is called ---------------------------
 
 
