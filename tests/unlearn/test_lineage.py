@@ -7,6 +7,7 @@ forgotten client was aggregated in (f) on, and declared a start model from befor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -160,6 +161,35 @@ def test_repeated_reads_are_logged_once():
     for _ in range(3):
         log.record("update", 2, 1)
     assert log.reads == (Read(2, "update", 1),)
+
+
+def test_metered_history_logs_payload_reads_and_nothing_else(run_all):
+    with UnlearnSession(run_all) as session:
+        context = session.context(UnlearnRequest.of([0]))
+        history = context.history
+        history.client_records(2)
+        history.round_scalars(2)
+        history.has_update(2, 1)
+        history.read_model(1, "aggregate")
+        history.read_model(1)
+        ids = [cid for cid, _ in history.iter_updates(3)]
+        start = context.start_from(0)
+    assert torch.equal(start, session.run_view.initial_params)
+    assert context.read_log.reads == (
+        Read(1, "aggregate"),
+        Read(1, "global"),
+        *(Read(3, "update", c) for c in ids),
+        Read(0, "global"),
+    )
+    assert context.read_log.start_round == 0
+
+
+def test_a_context_over_an_unmetered_history_has_no_lineage(run_all):
+    with UnlearnSession(run_all) as session:
+        request = UnlearnRequest.of([0])
+        context = dataclasses.replace(session.context(request), history=session.run_view.store)
+        result = make_method("retrain").unlearn(request, context)
+    assert result.lineage is None
 
 
 # ----- built-in methods on real runs ------------------------------------------------------------

@@ -314,7 +314,8 @@ class UnlearnContext:
             [final]
             if final not in log.reads
             and params.shape == self.final_params.shape
-            and torch.equal(params, self.final_params)
+            and params.dtype == self.final_params.dtype
+            and torch.equal(params.detach().cpu(), self.final_params.cpu())
             else []
         )
         return trace_lineage(log, forget, first, self.num_rounds, returned=returned)
