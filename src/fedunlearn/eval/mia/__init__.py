@@ -38,16 +38,20 @@ Deviations:
     evaluation set, whatever the numbers of members and non-members passed (EV9).
 """
 
+from fedunlearn.eval.mia.client import ClientMembershipEvidence
+from fedunlearn.eval.mia.client_lira import measure_client_membership
 from fedunlearn.eval.mia.common import AttackSpec, MIAResult, attack_features
 from fedunlearn.eval.mia.loss import calibrate_loss_threshold, loss_threshold_attack
 from fedunlearn.eval.mia.shadow import ShadowAttack, ShadowSpec
 
 __all__ = [
     "AttackSpec",
+    "ClientMembershipEvidence",
     "MIAResult",
     "ShadowAttack",
     "ShadowSpec",
     "attack_features",
     "calibrate_loss_threshold",
     "loss_threshold_attack",
+    "measure_client_membership",
 ]
