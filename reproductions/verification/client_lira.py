@@ -47,9 +47,7 @@ def _train(seed: int, out: Path) -> Path:
 def _fine_tune(session: UnlearnSession, start: torch.Tensor, epochs: int) -> torch.Tensor:
     federation = session.federation
     spec = replace(federation.spec, epochs=epochs)
-    update = local_update(
-        federation.model, start, federation.client_data[FORGET], spec, seed=12345
-    )
+    update = local_update(federation.model, start, federation.client_data[FORGET], spec, seed=12345)
     return start + update.delta
 
 
@@ -78,20 +76,27 @@ def measure(run: Path, seed: int, args: argparse.Namespace) -> dict[str, bool]:
             target_fpr=args.fpr,
             seed=seed,
         )
-    print(f"seed {seed}: threshold {evidence.threshold:.4f} at FPR {evidence.target_fpr}, "
-          f"power {evidence.power:.2f} ({evidence.notes['num_in']} in / "
-          f"{evidence.notes['num_out']} out references)")
+    print(
+        f"seed {seed}: threshold {evidence.threshold:.4f} at FPR {evidence.target_fpr}, "
+        f"power {evidence.power:.2f} ({evidence.notes['num_in']} in / "
+        f"{evidence.notes['num_out']} out references)"
+    )
     loo = evidence.notes["reference_scores"]
-    print("  reference scores (leave-one-out): in "
-          + ", ".join(f"{s:.4f}" for s in loo["in"])
-          + "; out " + ", ".join(f"{s:.4f}" for s in loo["out"]))
+    print(
+        "  reference scores (leave-one-out): in "
+        + ", ".join(f"{s:.4f}" for s in loo["in"])
+        + "; out "
+        + ", ".join(f"{s:.4f}" for s in loo["out"])
+    )
     flagged = {}
     for label, score in evidence.scores.items():
         flagged[label] = evidence.flagged(label)
         print(f"  {label:22s} score {score:9.4f}  {'FLAGGED' if flagged[label] else 'not flagged'}")
-    print(f"  cost: {evidence.cost_seconds:.1f} s, {evidence.cost_client_epochs:.0f} client "
-          f"epochs; Retrain: {retrain_seconds:.1f} s, {retrain.costs.client_epochs:.0f} client "
-          "epochs")
+    print(
+        f"  cost: {evidence.cost_seconds:.1f} s, {evidence.cost_client_epochs:.0f} client "
+        f"epochs; Retrain: {retrain_seconds:.1f} s, {retrain.costs.client_epochs:.0f} client "
+        "epochs"
+    )
     return flagged
 
 
@@ -103,8 +108,10 @@ def main() -> None:
     parser.add_argument("--fpr", type=float, default=0.05)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"{platform.processor() or platform.machine()}, torch {torch.__version__}")
+    print(
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
+    )
     for seed in [int(s) for s in args.seeds.split(",")]:
         measure(_train(seed, args.out), seed, args)
 

@@ -83,7 +83,12 @@ from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
-__all__ = ["DEFAULT_MAX_SECONDS", "DEFAULT_NUM_REFERENCE", "measure_client_membership"]
+__all__ = [
+    "DEFAULT_MAX_SECONDS",
+    "DEFAULT_NUM_REFERENCE",
+    "leave_one_out_scores",
+    "measure_client_membership",
+]
 
 DEFAULT_NUM_REFERENCE = 8  # 4 "in" + 4 "out"
 DEFAULT_MAX_SECONDS = 300.0
@@ -173,9 +178,7 @@ def _train_reference(
     params = run.initial_params.clone()
     epochs = 0.0
     for round_ in range(1, run.config.training.rounds + 1):
-        participants = sorted(
-            {r.client_id for r in run.store.client_records(round_)} - excluded
-        )
+        participants = sorted({r.client_id for r in run.store.client_records(round_)} - excluded)
         if not participants:
             continue
         if not budget.allows_round():
@@ -201,6 +204,28 @@ def _fit(phi_in: np.ndarray, phi_out: np.ndarray) -> tuple[np.ndarray, np.ndarra
     dof = (len(phi_in) + len(phi_out) - 2) * phi_in.shape[1]
     var = float(squares / dof) if dof > 0 else 0.0
     return mu_in, mu_out, max(var, 1e-12)
+
+
+def leave_one_out_scores(
+    phi_in: np.ndarray, phi_out: np.ndarray
+) -> tuple[list[float], list[float]]:
+    """Step 5: score every reference with Gaussians fitted on the other references only.
+
+    Args:
+        phi_in: Logit-scaled confidences (references x examples) of the "in" references.
+        phi_out: The same for the "out" references.
+
+    Returns:
+        The "in" references' scores and the "out" references' scores, in row order. Neither
+        its own row's mean nor its own deviations enter a reference's Gaussians.
+    """
+    scores: dict[str, list[float]] = {"in": [], "out": []}
+    for side, own, other in (("in", phi_in, phi_out), ("out", phi_out, phi_in)):
+        for r in range(len(own)):
+            rest = np.delete(own, r, axis=0)
+            fit_in, fit_out = (rest, other) if side == "in" else (other, rest)
+            scores[side].append(_score(own[r], *_fit(fit_in, fit_out)))
+    return scores["in"], scores["out"]
 
 
 def _threshold(out_scores: np.ndarray, target_fpr: float) -> float:
@@ -361,17 +386,11 @@ def measure_client_membership(
         for label, phi in targets.items()
     }
     # Step 5: leave-one-out scores of the references.
-    loo: dict[str, list[float]] = {"in": [], "out": []}
-    for side, own, other in (("in", phi_in, phi_out), ("out", phi_out, phi_in)):
-        for r in range(len(own)):
-            rest = np.delete(own, r, axis=0)
-            fit_in, fit_out = (rest, other) if side == "in" else (other, rest)
-            m_in, m_out, v = _fit(fit_in, fit_out)
-            loo[side].append(_score(own[r], m_in, m_out, v))
+    loo_in, loo_out = leave_one_out_scores(phi_in, phi_out)
     # Steps 6-7: threshold from the "out" scores, power on the "in" scores.
-    threshold = _threshold(np.array(loo["out"]), target_fpr)
-    power = float(np.mean(np.array(loo["in"]) > threshold))
-    notes["reference_scores"] = loo
+    threshold = _threshold(np.array(loo_out), target_fpr)
+    power = float(np.mean(np.array(loo_in) > threshold))
+    notes["reference_scores"] = {"in": loo_in, "out": loo_out}
     notes["variance"] = var
     return ClientMembershipEvidence(
         scores=scores,
