@@ -139,6 +139,7 @@ def test_time_budget_stops_reference_training_and_is_inconclusive(tiny_run):
         )
     # the full run trained 2 "in" and 2 "out" references: 2 rounds x (5 or 4 clients) x 1 epoch
     assert full.cost_client_epochs == 2 * 2 * 5 + 2 * 2 * 4
+    assert full.notes["planned_client_epochs"] == full.cost_client_epochs
     assert not full.notes["budget_exhausted"]
     # with no time, no round starts
     assert cut.notes["budget_exhausted"]
@@ -160,6 +161,7 @@ def test_time_budget_stops_reference_training_and_is_inconclusive(tiny_run):
         ([1], None, {"num_reference": 3}, ConfigError, "num_reference must be an int >= 4"),
         ([1], None, {"target_fpr": 0.0}, ConfigError, "target_fpr must lie in (0, 0.5)"),
         ([1], None, {"max_seconds": 0}, ConfigError, "max_seconds must be > 0"),
+        ([1], None, {"skip": "yes"}, ConfigError, "skip must be a bool"),
     ],
 )
 def test_bad_input_raises_one_clear_line(tiny_run, forget, models, options, error, message):
@@ -181,3 +183,18 @@ def test_time_budget_is_respected_up_to_one_round(tiny_run):
     assert many.notes["budget_exhausted"]
     assert many.num_reference_models < 80
     assert many.cost_seconds <= budget + 0.5  # one tiny round and the scoring past the budget
+
+
+def test_skip_trains_nothing_and_says_what_the_test_would_cost(tiny_run):
+    with UnlearnSession(tiny_run, evaluate=False) as session:
+        run = session.run_view
+        models = {"original": run.final_params, "candidate": run.initial_params}
+        skipped = measure_client_membership(session, [1], models, num_reference=4, skip=True)
+    assert skipped.power is None
+    assert skipped.num_reference_models == 0 and skipped.cost_client_epochs == 0
+    assert not skipped.flagged("original") and not skipped.flagged("candidate")
+    # 2 Retrains (2 rounds x 4 clients) and 2 originals (2 rounds x 5 clients), 1 epoch each
+    assert skipped.notes["planned_client_epochs"] == 36
+    assert skipped.notes["retrain_client_epochs"] == 8
+    assert skipped.notes["inconclusive"].startswith("skipped on request: 4 reference models")
+    assert "4.5x a Retrain" in skipped.notes["inconclusive"]

@@ -166,19 +166,33 @@ def _logit_confidence(
     return (true - torch.logsumexp(others, dim=1)).numpy()
 
 
+def _run_participants(session: UnlearnSession) -> list[frozenset[int]]:
+    """Return the clients the run asked to train in each round (1..T), from its records."""
+    run = session.run_view
+    return [
+        frozenset(r.client_id for r in run.store.client_records(round_))
+        for round_ in range(1, run.config.training.rounds + 1)
+    ]
+
+
+def _client_epochs(rounds: Sequence[frozenset[int]], excluded: frozenset[int], epochs: int) -> int:
+    """Return the client epochs of one run of ``rounds`` without the ``excluded`` clients."""
+    return sum(len(participants - excluded) for participants in rounds) * epochs
+
+
 def _train_reference(
     clients: _SaltedClients,
-    session: UnlearnSession,
+    start: torch.Tensor,
+    rounds: Sequence[frozenset[int]],
     aggregator: Aggregator,
     excluded: frozenset[int],
     budget: _Budget,
 ) -> tuple[torch.Tensor, float] | None:
     """Train one reference model; return (params, client epochs), or None if out of budget."""
-    run = session.run_view
-    params = run.initial_params.clone()
+    params = start.clone()
     epochs = 0.0
-    for round_ in range(1, run.config.training.rounds + 1):
-        participants = sorted({r.client_id for r in run.store.client_records(round_)} - excluded)
+    for round_, everyone in enumerate(rounds, start=1):
+        participants = sorted(everyone - excluded)
         if not participants:
             continue
         if not budget.allows_round():
@@ -238,6 +252,28 @@ def _threshold(out_scores: np.ndarray, target_fpr: float) -> float:
     return float(np.mean(out_scores)) + quantile * sd * math.sqrt(1.0 + 1.0 / k)
 
 
+def _inconclusive(
+    models: Mapping[str, torch.Tensor],
+    target_fpr: float,
+    num_reference_models: int,
+    budget: _Budget,
+    client_epochs: float,
+    notes: dict[str, object],
+    reason: str,
+) -> ClientMembershipEvidence:
+    """Return evidence without power: NaN scores flag nothing against an infinite threshold."""
+    return ClientMembershipEvidence(
+        scores={label: math.nan for label in models},
+        threshold=math.inf,
+        target_fpr=target_fpr,
+        power=None,
+        num_reference_models=num_reference_models,
+        cost_seconds=budget.elapsed(),
+        cost_client_epochs=client_epochs,
+        notes={**notes, "inconclusive": reason},
+    )
+
+
 def _check_inputs(
     session: UnlearnSession,
     forget: Iterable[int],
@@ -286,6 +322,7 @@ def measure_client_membership(
     target_fpr: float = 0.05,
     seed: int = 0,
     max_seconds: float = DEFAULT_MAX_SECONDS,
+    skip: bool = False,
 ) -> ClientMembershipEvidence:
     """Score models on a client-level likelihood-ratio membership test (LiRA-style).
 
@@ -303,20 +340,45 @@ def measure_client_membership(
             the mean round time would pass it (so it is exceeded by at most one round's time
             plus the scoring). References cut short are dropped; with fewer than 2 per side the
             evidence has an infinite threshold, ``power=None`` and ``notes["inconclusive"]``.
+        skip: Train nothing and return evidence without power (``power=None``, infinite
+            threshold, NaN scores, no client epochs) whose ``notes["inconclusive"]`` says it was
+            skipped and what the test would cost (``notes["planned_client_epochs"]`` against
+            ``notes["retrain_client_epochs"]``): for a receipt that cannot afford it.
 
     Returns:
         The scores of ``models`` (and, in ``notes``, the references' leave-one-out scores, the
-        per-client scores and the sample counts), the threshold, the measured power, and the
-        cost (wall seconds, client epochs spent on references).
+        per-client scores, the sample counts and the planned cost), the threshold, the
+        measured power, and the cost (wall seconds, client epochs spent on references).
+        ``power`` is None exactly when the test is inconclusive (skipped, or out of time);
+        ``notes["inconclusive"]`` then says why.
 
     Raises:
         ConfigError: for an empty ``forget``, missing ``"original"``, parameters of the wrong
             size, or options out of range.
         UnknownClientError: for a client id not in the run.
     """
+    if not isinstance(skip, bool):
+        raise ConfigError(f"skip must be a bool; got {skip!r}")
     forgotten = _check_inputs(session, forget, models, num_reference, target_fpr, max_seconds)
     budget = _Budget(max_seconds)
     federation = session.federation
+    rounds = _run_participants(session)
+    num_in, num_out = num_reference // 2, num_reference - num_reference // 2
+    local_epochs = federation.spec.epochs
+    retrain_epochs = _client_epochs(rounds, forgotten, local_epochs)
+    planned = num_out * retrain_epochs + num_in * _client_epochs(rounds, frozenset(), local_epochs)
+    notes: dict[str, object] = {
+        "planned_client_epochs": planned,
+        "retrain_client_epochs": retrain_epochs,
+    }
+    if skip:
+        notes["skipped"] = True
+        reason = (
+            f"skipped on request: {num_reference} reference models would cost {planned:,} "
+            f"client epochs ({planned / max(retrain_epochs, 1):.1f}x a Retrain); run it to "
+            "test the influence"
+        )
+        return _inconclusive(models, target_fpr, 0, budget, 0.0, notes, reason)
     aggregator = session.context(UnlearnRequest.of(sorted(forgotten))).aggregator
     template = session.run_view.model
     data = {c: federation.client_data[c] for c in sorted(forgotten)}
@@ -327,18 +389,22 @@ def measure_client_membership(
     # Step 1: "out" and "in" references, alternately, within the budget.
     phis: dict[str, list[np.ndarray]] = {"out": [], "in": []}
     client_epochs = 0.0
-    num_out = num_reference - num_reference // 2
     plan: list[tuple[str, int]] = []
     for j in range(num_out):
         plan.append(("out", j))
-        if j < num_reference // 2:
+        if j < num_in:
             plan.append(("in", j))
     stopped = False
     for side, j in plan:
         salt = derive_seed(seed, "client_lira", 0 if side == "out" else 1, j)
         excluded = forgotten if side == "out" else frozenset()
         trained = _train_reference(
-            _SaltedClients(federation, salt), session, aggregator, excluded, budget
+            _SaltedClients(federation, salt),
+            session.run_view.initial_params,
+            rounds,
+            aggregator,
+            excluded,
+            budget,
         )
         if trained is None:
             stopped = True
@@ -353,27 +419,19 @@ def measure_client_membership(
         for label, p in models.items()
     }
     phi_in, phi_out = np.array(phis["in"]), np.array(phis["out"])
-    notes: dict[str, object] = {
-        "num_in": len(phi_in),
-        "num_out": len(phi_out),
-        "num_examples": {int(c): len(d) for c, d in data.items()},
-        "budget_exhausted": stopped,
-    }
+    notes.update(
+        num_in=len(phi_in),
+        num_out=len(phi_out),
+        num_examples={int(c): len(d) for c, d in data.items()},
+        budget_exhausted=stopped,
+    )
     if min(len(phi_in), len(phi_out)) < MIN_PER_SIDE:
-        notes["inconclusive"] = (
+        reason = (
             f"only {len(phi_in)} 'in' and {len(phi_out)} 'out' reference model(s) fitted in "
             f"max_seconds={max_seconds:g}; need {MIN_PER_SIDE} of each (raise max_seconds)"
         )
-        return ClientMembershipEvidence(
-            scores={label: math.nan for label in targets},
-            threshold=math.inf,
-            target_fpr=target_fpr,
-            power=None,
-            num_reference_models=len(phi_in) + len(phi_out),
-            cost_seconds=budget.elapsed(),
-            cost_client_epochs=client_epochs,
-            notes=notes,
-        )
+        count = len(phi_in) + len(phi_out)
+        return _inconclusive(models, target_fpr, count, budget, client_epochs, notes, reason)
 
     # Steps 3-4: Gaussians on every reference, then the models' scores (whole and per client).
     mu_in, mu_out, var = _fit(phi_in, phi_out)
