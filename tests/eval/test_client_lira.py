@@ -9,7 +9,11 @@ import torch
 
 from fedunlearn.config import load_config, parse_config
 from fedunlearn.errors import ConfigError, UnknownClientError
-from fedunlearn.eval.mia import ClientMembershipEvidence, measure_client_membership
+from fedunlearn.eval.mia import (
+    ClientMembershipEvidence,
+    fit_client_membership,
+    measure_client_membership,
+)
 from fedunlearn.eval.mia.client_lira import _fit, _score, leave_one_out_scores
 from fedunlearn.fl.client import local_update
 from fedunlearn.runs import train_run
@@ -198,3 +202,21 @@ def test_skip_trains_nothing_and_says_what_the_test_would_cost(tiny_run):
     assert skipped.notes["retrain_client_epochs"] == 8
     assert skipped.notes["inconclusive"].startswith("skipped on request: 4 reference models")
     assert "4.5x a Retrain" in skipped.notes["inconclusive"]
+
+
+def test_a_test_fitted_once_scores_later_models_as_one_call_does(tiny_run):
+    with UnlearnSession(tiny_run, evaluate=False) as session:
+        run = session.run_view
+        both = {"original": run.final_params, "candidate": run.initial_params}
+        at_once = measure_client_membership(session, [1, 2], both, num_reference=4, seed=1)
+        fitted = fit_client_membership(session, [1, 2], num_reference=4, seed=1)
+        first = fitted.evidence({"original": run.final_params})
+        later = fitted.evidence(both)
+        with pytest.raises(ConfigError, match="must include 'original'"):
+            fitted.evidence({"candidate": run.initial_params})
+    assert later.scores == at_once.scores
+    assert later.threshold == at_once.threshold == first.threshold
+    assert later.power == at_once.power
+    assert later.cost_client_epochs == at_once.cost_client_epochs
+    assert first.scores["original"] == at_once.scores["original"]
+    assert set(later.notes["client_scores"]["candidate"]) == {1, 2}

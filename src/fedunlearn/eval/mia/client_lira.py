@@ -6,7 +6,9 @@ their logit-scaled confidence on the forgotten clients' training examples, and s
 model by its mean per-example log-likelihood ratio "in" against "out". The threshold comes from
 the "out" references' scores at ``target_fpr``; the power is measured on the "in" references.
 The result is a ``ClientMembershipEvidence`` (``fedunlearn.eval.mia.client``), which the receipt
-reads.
+reads. ``fit_client_membership`` does the training and calibration once and returns a
+``ClientMembershipTest`` whose ``evidence(models)`` scores any models of the run later (a forward
+pass each): a receipt fits once per request and scores every candidate.
 
 Steps, in the order ``measure_client_membership`` runs them:
 
@@ -86,6 +88,8 @@ from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 __all__ = [
     "DEFAULT_MAX_SECONDS",
     "DEFAULT_NUM_REFERENCE",
+    "ClientMembershipTest",
+    "fit_client_membership",
     "leave_one_out_scores",
     "measure_client_membership",
 ]
@@ -252,35 +256,13 @@ def _threshold(out_scores: np.ndarray, target_fpr: float) -> float:
     return float(np.mean(out_scores)) + quantile * sd * math.sqrt(1.0 + 1.0 / k)
 
 
-def _inconclusive(
-    models: Mapping[str, torch.Tensor],
-    target_fpr: float,
-    num_reference_models: int,
-    budget: _Budget,
-    client_epochs: float,
-    notes: dict[str, object],
-    reason: str,
-) -> ClientMembershipEvidence:
-    """Return evidence without power: NaN scores flag nothing against an infinite threshold."""
-    return ClientMembershipEvidence(
-        scores={label: math.nan for label in models},
-        threshold=math.inf,
-        target_fpr=target_fpr,
-        power=None,
-        num_reference_models=num_reference_models,
-        cost_seconds=budget.elapsed(),
-        cost_client_epochs=client_epochs,
-        notes={**notes, "inconclusive": reason},
-    )
-
-
-def _check_inputs(
+def _check_options(
     session: UnlearnSession,
     forget: Iterable[int],
-    models: Mapping[str, torch.Tensor],
     num_reference: int,
     target_fpr: float,
     max_seconds: float,
+    skip: bool,
 ) -> frozenset[int]:
     forgotten = list(forget)
     if not forgotten:
@@ -289,18 +271,6 @@ def _check_inputs(
         raise ConfigError(f"forget must hold client ids (ints); got {forgotten!r}")
     request = UnlearnRequest.of(forgotten)
     session.run_view.check_request(request)
-    if "original" not in models:
-        raise ConfigError(
-            f"models must include 'original' (the negative control); got {sorted(models)}"
-        )
-    size = session.run_view.final_params.numel()
-    for label, params in models.items():
-        if not isinstance(params, torch.Tensor) or params.ndim != 1 or params.numel() != size:
-            shape = tuple(params.shape) if isinstance(params, torch.Tensor) else type(params)
-            raise ConfigError(
-                f"model '{label}' must be a flat vector of this run's {size} parameters; got "
-                f"{shape}"
-            )
     if not is_int(num_reference) or num_reference < 2 * MIN_PER_SIDE:
         raise ConfigError(
             f"num_reference must be an int >= {2 * MIN_PER_SIDE} (half 'in', half 'out'); got "
@@ -310,7 +280,232 @@ def _check_inputs(
         raise ConfigError(f"target_fpr must lie in (0, 0.5); got {target_fpr}")
     if not max_seconds > 0:
         raise ConfigError(f"max_seconds must be > 0; got {max_seconds}")
+    if not isinstance(skip, bool):
+        raise ConfigError(f"skip must be a bool; got {skip!r}")
     return request.forget
+
+
+def _check_models(models: Mapping[str, torch.Tensor], size: int) -> None:
+    if "original" not in models:
+        raise ConfigError(
+            f"models must include 'original' (the negative control); got {sorted(models)}"
+        )
+    for label, params in models.items():
+        if not isinstance(params, torch.Tensor) or params.ndim != 1 or params.numel() != size:
+            shape = tuple(params.shape) if isinstance(params, torch.Tensor) else type(params)
+            raise ConfigError(
+                f"model '{label}' must be a flat vector of this run's {size} parameters; got "
+                f"{shape}"
+            )
+
+
+class ClientMembershipTest:
+    """The test fitted once for one run and request: reference statistics and calibration.
+
+    Built by ``fit_client_membership`` (steps 1-2, 5-7 of the module docstring);
+    ``evidence(models)`` scores any models of the run against it (steps 3-4: one forward pass
+    over the forgotten clients' examples per model), so a receipt fits once per request and
+    scores every candidate. Its ``power`` is None when the test is inconclusive (skipped or
+    out of time); ``inconclusive`` then says why.
+
+    Args:
+        template: The run's model template.
+        num_params: Its number of parameters (the flat vectors scored).
+        data: Forgotten client id -> its training data (inputs, labels), scored per example.
+        phi_in: Logit-scaled confidences (references x examples) of the "in" references.
+        phi_out: The same for the "out" references.
+        target_fpr: The false-positive rate the threshold is set for.
+        cost_seconds: Wall time of the fit.
+        cost_client_epochs: Client epochs the references cost.
+        notes: Details kept in every evidence's ``notes``.
+        inconclusive: Why no calibration is possible, or None.
+    """
+
+    def __init__(
+        self,
+        template: torch.nn.Module,
+        num_params: int,
+        data: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+        phi_in: np.ndarray,
+        phi_out: np.ndarray,
+        *,
+        target_fpr: float,
+        cost_seconds: float,
+        cost_client_epochs: float,
+        notes: Mapping[str, object],
+        inconclusive: str | None = None,
+    ) -> None:
+        self._template = template
+        self._x = torch.cat([x for x, _ in data.values()])
+        self._y = torch.cat([y for _, y in data.values()])
+        self._owner = np.concatenate([np.full(len(y), c) for c, (_, y) in data.items()])
+        self.clients = tuple(int(c) for c in data)
+        self.num_params = num_params
+        self.target_fpr = target_fpr
+        self.cost_seconds = cost_seconds
+        self.cost_client_epochs = cost_client_epochs
+        self.num_reference_models = len(phi_in) + len(phi_out)
+        self.inconclusive = inconclusive
+        self.notes: dict[str, object] = {
+            **notes,
+            "num_in": len(phi_in),
+            "num_out": len(phi_out),
+            "num_examples": {int(c): len(y) for c, (_, y) in data.items()},
+        }
+        self.threshold = math.inf
+        self.power: float | None = None
+        if min(len(phi_in), len(phi_out)) < MIN_PER_SIDE:
+            self.inconclusive = inconclusive or (
+                f"only {len(phi_in)} 'in' and {len(phi_out)} 'out' reference model(s); need "
+                f"{MIN_PER_SIDE} of each"
+            )
+        if self.inconclusive is not None:
+            self.notes["inconclusive"] = self.inconclusive
+            return
+        # Step 3: Gaussians on every reference, for the models scored later.
+        self._mu_in, self._mu_out, self._var = _fit(phi_in, phi_out)
+        # Step 5: leave-one-out scores of the references.
+        loo_in, loo_out = leave_one_out_scores(phi_in, phi_out)
+        # Steps 6-7: threshold from the "out" scores, power on the "in" scores.
+        self.threshold = _threshold(np.array(loo_out), target_fpr)
+        self.power = float(np.mean(np.array(loo_in) > self.threshold))
+        self.notes["reference_scores"] = {"in": loo_in, "out": loo_out}
+        self.notes["variance"] = self._var
+
+    def evidence(self, models: Mapping[str, torch.Tensor]) -> ClientMembershipEvidence:
+        """Score ``models`` (label -> flat parameters; ``"original"`` required).
+
+        Returns:
+            The models' scores (NaN, flagging nothing, when inconclusive), the threshold, the
+            power, and the fit's cost; per-client scores in ``notes["client_scores"]``.
+
+        Raises:
+            ConfigError: without ``"original"`` or for parameters of the wrong size.
+        """
+        _check_models(models, self.num_params)
+        notes = dict(self.notes)
+        if self.power is None:
+            scores = {label: math.nan for label in models}
+        else:
+            # Step 4: mean per-example log-likelihood ratio, over all examples and per client.
+            mu_in, mu_out, var, owner = self._mu_in, self._mu_out, self._var, self._owner
+            phis = {
+                label: _logit_confidence(
+                    self._template, p.detach().to(torch.float32), self._x, self._y
+                )
+                for label, p in models.items()
+            }
+            scores = {label: _score(phi, mu_in, mu_out, var) for label, phi in phis.items()}
+            notes["client_scores"] = {
+                label: {
+                    c: _score(phi[owner == c], mu_in[owner == c], mu_out[owner == c], var)
+                    for c in self.clients
+                }
+                for label, phi in phis.items()
+            }
+        return ClientMembershipEvidence(
+            scores=scores,
+            threshold=self.threshold,
+            target_fpr=self.target_fpr,
+            power=self.power,
+            num_reference_models=self.num_reference_models,
+            cost_seconds=self.cost_seconds,
+            cost_client_epochs=self.cost_client_epochs,
+            notes=notes,
+        )
+
+
+def fit_client_membership(
+    session: UnlearnSession,
+    forget: Iterable[int],
+    *,
+    num_reference: int = DEFAULT_NUM_REFERENCE,
+    target_fpr: float = 0.05,
+    seed: int = 0,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    skip: bool = False,
+) -> ClientMembershipTest:
+    """Train the reference models and calibrate the test; score models with ``evidence``.
+
+    Args: as ``measure_client_membership`` (without ``models``).
+
+    Raises:
+        ConfigError: for an empty ``forget`` or options out of range.
+        UnknownClientError: for a client id not in the run.
+    """
+    forgotten = _check_options(session, forget, num_reference, target_fpr, max_seconds, skip)
+    budget = _Budget(max_seconds)
+    federation = session.federation
+    rounds = _run_participants(session)
+    num_in, num_out = num_reference // 2, num_reference - num_reference // 2
+    local_epochs = federation.spec.epochs
+    retrain_epochs = _client_epochs(rounds, forgotten, local_epochs)
+    planned = num_out * retrain_epochs + num_in * _client_epochs(rounds, frozenset(), local_epochs)
+    notes: dict[str, object] = {
+        "planned_client_epochs": planned,
+        "retrain_client_epochs": retrain_epochs,
+        "skipped": skip,
+        "budget_exhausted": False,
+    }
+    template = session.run_view.model
+    data = {
+        c: (federation.client_data[c].x, federation.client_data[c].y) for c in sorted(forgotten)
+    }
+    x = torch.cat([x for x, _ in data.values()])
+    y = torch.cat([y for _, y in data.values()])
+    phis: dict[str, list[np.ndarray]] = {"out": [], "in": []}
+    client_epochs = 0.0
+    reason = None
+    if skip:
+        reason = (
+            f"skipped on request: {num_reference} reference models would cost {planned:,} "
+            f"client epochs ({planned / max(retrain_epochs, 1):.1f}x a Retrain); run it to "
+            "test the influence"
+        )
+    else:
+        aggregator = session.context(UnlearnRequest.of(sorted(forgotten))).aggregator
+        # Step 1: "out" and "in" references, alternately, within the budget.
+        plan: list[tuple[str, int]] = []
+        for j in range(num_out):
+            plan.append(("out", j))
+            if j < num_in:
+                plan.append(("in", j))
+        for side, j in plan:
+            salt = derive_seed(seed, "client_lira", 0 if side == "out" else 1, j)
+            trained = _train_reference(
+                _SaltedClients(federation, salt),
+                session.run_view.initial_params,
+                rounds,
+                aggregator,
+                forgotten if side == "out" else frozenset(),
+                budget,
+            )
+            if trained is None:
+                notes["budget_exhausted"] = True
+                break
+            params, epochs = trained
+            client_epochs += epochs
+            # Step 2: logit-scaled confidence on every forgotten client's training example.
+            phis[side].append(_logit_confidence(template, params.to(torch.float32), x, y))
+        if min(len(phis["in"]), len(phis["out"])) < MIN_PER_SIDE:
+            reason = (
+                f"only {len(phis['in'])} 'in' and {len(phis['out'])} 'out' reference model(s) "
+                f"fitted in max_seconds={max_seconds:g}; need {MIN_PER_SIDE} of each (raise "
+                "max_seconds)"
+            )
+    width = len(y)
+    return ClientMembershipTest(
+        template,
+        session.run_view.final_params.numel(),
+        data,
+        np.array(phis["in"]).reshape(-1, width),
+        np.array(phis["out"]).reshape(-1, width),
+        target_fpr=target_fpr,
+        cost_seconds=budget.elapsed(),
+        cost_client_epochs=client_epochs,
+        notes=notes,
+        inconclusive=reason,
+    )
 
 
 def measure_client_membership(
@@ -325,6 +520,9 @@ def measure_client_membership(
     skip: bool = False,
 ) -> ClientMembershipEvidence:
     """Score models on a client-level likelihood-ratio membership test (LiRA-style).
+
+    ``fit_client_membership(...).evidence(models)``, with ``models`` checked before any
+    training. To score more models later without training again, keep the fitted test.
 
     Args:
         session: The opened run (its federation trains the reference models).
@@ -357,106 +555,16 @@ def measure_client_membership(
             size, or options out of range.
         UnknownClientError: for a client id not in the run.
     """
-    if not isinstance(skip, bool):
-        raise ConfigError(f"skip must be a bool; got {skip!r}")
-    forgotten = _check_inputs(session, forget, models, num_reference, target_fpr, max_seconds)
-    budget = _Budget(max_seconds)
-    federation = session.federation
-    rounds = _run_participants(session)
-    num_in, num_out = num_reference // 2, num_reference - num_reference // 2
-    local_epochs = federation.spec.epochs
-    retrain_epochs = _client_epochs(rounds, forgotten, local_epochs)
-    planned = num_out * retrain_epochs + num_in * _client_epochs(rounds, frozenset(), local_epochs)
-    notes: dict[str, object] = {
-        "planned_client_epochs": planned,
-        "retrain_client_epochs": retrain_epochs,
-    }
-    if skip:
-        notes["skipped"] = True
-        reason = (
-            f"skipped on request: {num_reference} reference models would cost {planned:,} "
-            f"client epochs ({planned / max(retrain_epochs, 1):.1f}x a Retrain); run it to "
-            "test the influence"
-        )
-        return _inconclusive(models, target_fpr, 0, budget, 0.0, notes, reason)
-    aggregator = session.context(UnlearnRequest.of(sorted(forgotten))).aggregator
-    template = session.run_view.model
-    data = {c: federation.client_data[c] for c in sorted(forgotten)}
-    x = torch.cat([d.x for d in data.values()])
-    y = torch.cat([d.y for d in data.values()])
-    owner = np.concatenate([np.full(len(d), c) for c, d in data.items()])
-
-    # Step 1: "out" and "in" references, alternately, within the budget.
-    phis: dict[str, list[np.ndarray]] = {"out": [], "in": []}
-    client_epochs = 0.0
-    plan: list[tuple[str, int]] = []
-    for j in range(num_out):
-        plan.append(("out", j))
-        if j < num_in:
-            plan.append(("in", j))
-    stopped = False
-    for side, j in plan:
-        salt = derive_seed(seed, "client_lira", 0 if side == "out" else 1, j)
-        excluded = forgotten if side == "out" else frozenset()
-        trained = _train_reference(
-            _SaltedClients(federation, salt),
-            session.run_view.initial_params,
-            rounds,
-            aggregator,
-            excluded,
-            budget,
-        )
-        if trained is None:
-            stopped = True
-            break
-        params, epochs = trained
-        client_epochs += epochs
-        # Step 2: logit-scaled confidence on every forgotten client's training example.
-        phis[side].append(_logit_confidence(template, params.to(torch.float32), x, y))
-
-    targets = {
-        label: _logit_confidence(template, p.detach().to(torch.float32), x, y)
-        for label, p in models.items()
-    }
-    phi_in, phi_out = np.array(phis["in"]), np.array(phis["out"])
-    notes.update(
-        num_in=len(phi_in),
-        num_out=len(phi_out),
-        num_examples={int(c): len(d) for c, d in data.items()},
-        budget_exhausted=stopped,
-    )
-    if min(len(phi_in), len(phi_out)) < MIN_PER_SIDE:
-        reason = (
-            f"only {len(phi_in)} 'in' and {len(phi_out)} 'out' reference model(s) fitted in "
-            f"max_seconds={max_seconds:g}; need {MIN_PER_SIDE} of each (raise max_seconds)"
-        )
-        count = len(phi_in) + len(phi_out)
-        return _inconclusive(models, target_fpr, count, budget, client_epochs, notes, reason)
-
-    # Steps 3-4: Gaussians on every reference, then the models' scores (whole and per client).
-    mu_in, mu_out, var = _fit(phi_in, phi_out)
-    scores = {label: _score(phi, mu_in, mu_out, var) for label, phi in targets.items()}
-    notes["client_scores"] = {
-        label: {
-            int(c): _score(phi[owner == c], mu_in[owner == c], mu_out[owner == c], var)
-            for c in data
-        }
-        for label, phi in targets.items()
-    }
-    # Step 5: leave-one-out scores of the references.
-    loo_in, loo_out = leave_one_out_scores(phi_in, phi_out)
-    # Steps 6-7: threshold from the "out" scores, power on the "in" scores.
-    threshold = _threshold(np.array(loo_out), target_fpr)
-    power = float(np.mean(np.array(loo_in) > threshold))
-    notes["reference_scores"] = {"in": loo_in, "out": loo_out}
-    notes["variance"] = var
-    return ClientMembershipEvidence(
-        scores=scores,
-        threshold=threshold,
+    forget = list(forget)
+    _check_options(session, forget, num_reference, target_fpr, max_seconds, skip)
+    _check_models(models, session.run_view.final_params.numel())
+    test = fit_client_membership(
+        session,
+        forget,
+        num_reference=num_reference,
         target_fpr=target_fpr,
-        power=power,
-        num_reference_models=len(phi_in) + len(phi_out),
-        cost_seconds=budget.elapsed(),
-        cost_client_epochs=client_epochs,
-        notes=notes,
+        seed=seed,
+        max_seconds=max_seconds,
+        skip=skip,
     )
+    return test.evidence(models)
