@@ -103,7 +103,7 @@ MIN_PER_SIDE = 2  # leave-one-out needs another reference of the same side
 class _SaltedClients:
     """The federation's clients training with another seed salt (other batch orders).
 
-    Satisfies what ``fl.engine.run_round`` asks of its clients: ``train`` and ``num_params``.
+    Satisfies the ``fl.clients.Clients`` protocol that ``fl.engine.run_round`` trains with.
     """
 
     federation: Federation
@@ -201,9 +201,9 @@ def _train_reference(
             continue
         if not budget.allows_round():
             return None
-        start = time.perf_counter()
+        began = time.perf_counter()
         record = run_round(clients, aggregator, params, round_, participants)
-        budget.count_round(time.perf_counter() - start)
+        budget.count_round(time.perf_counter() - began)
         params = record.global_after
         epochs += len(participants) * clients.spec.epochs
     return params, epochs
