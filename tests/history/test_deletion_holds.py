@@ -1,7 +1,10 @@
 """A deletion that holds: the page scan catches deletions outside forget(), and what forget()
 keeps cannot rebuild a deleted update (history/store/reconstruction.py)."""
 
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,3 +225,34 @@ def test_forget_is_cumulative_and_records_the_dropped_models_in_the_metadata(tmp
         [3, "global"],
         [4, "aggregate"],
     ]
+
+
+_KILLED_FORGET = """
+import os, signal, sys
+from fedunlearn.history import HistoryStore
+from fedunlearn.history.store.erasure import Erasure
+Erasure._incremental_vacuum = lambda self: os.kill(os.getpid(), signal.SIGKILL)
+with HistoryStore.open(sys.argv[1], writable=True) as store:
+    store.forget([1])
+"""
+
+
+def test_kill_9_inside_forget_changes_nothing_and_a_second_forget_completes(tmp_path):
+    fedavg_store(tmp_path)
+    with HistoryStore.open(tmp_path) as store:
+        before = {(r, k): store.read_model(r, k) for r, k in store.stored_models()}
+        updates = {r: store.read_update(r, 1) for r in range(1, 5)}
+
+    child = subprocess.run([sys.executable, "-c", _KILLED_FORGET, str(tmp_path)], check=False)
+
+    assert child.returncode == -signal.SIGKILL  # killed inside the forget transaction
+    with HistoryStore.open(tmp_path) as store:  # read-only, over the crashed WAL
+        assert {(r, k) for r, k in store.stored_models()} == set(before)
+        assert all(torch.equal(store.read_model(r, k), t) for (r, k), t in before.items())
+        assert all(torch.equal(store.read_update(r, 1), u) for r, u in updates.items())
+        assert store.deletion_records() == [] and "dropped_models" not in store.meta
+    with HistoryStore.open(tmp_path, writable=True) as store:
+        record = store.forget([1])
+    with HistoryStore.open(tmp_path) as store:
+        assert len(record.models) == 7 and reconstructible_updates(store, [1]) == []
+        assert store.check_deletions([1]).ok
