@@ -256,3 +256,25 @@ def test_kill_9_inside_forget_changes_nothing_and_a_second_forget_completes(tmp_
     with HistoryStore.open(tmp_path) as store:
         assert len(record.models) == 7 and reconstructible_updates(store, [1]) == []
         assert store.check_deletions([1]).ok
+
+
+def test_a_dropped_model_equal_to_a_kept_one_is_not_reported_as_left_behind(tmp_path):
+    """A round with no accepted update leaves M_t == M_{t+1}: the kept copy is not a leftover."""
+    fedavg_store(tmp_path, rounds=3)
+    with HistoryStore.open(tmp_path, writable=True) as store:
+        last = store.read_model(3)
+        store.write_round(RoundEntry(4, global_model=last, clients=[ClientRecord(1, "missing")]))
+        store.write_round(
+            RoundEntry(
+                5,
+                global_model=last.clone(),
+                updates={1: torch.randn(DIM)},
+                aggregate=torch.randn(DIM),
+                clients=[ClientRecord(1, "accepted", num_samples=9)],
+            )
+        )
+        record = store.forget([1])
+        check = store.check_deletions([1])
+
+    assert (3, "global") in {(m.round, m.kind) for m in record.models}  # == the kept M_4 bytes
+    assert check.ok and check.fingerprints_found == 0

@@ -378,6 +378,8 @@ class Erasure:
                 f"{', '.join(f'round {r} client {c}' for r, c in old[:3])}): never kept by the "
                 "history policy, or deleted outside forget(); the scan cannot tell"
             )
+        for fp in self._live_fingerprints():  # the same bytes are still stored, on purpose
+            deleted.pop(fp, None)  # (e.g. M_t == M_{t+1} after a round with no update)
         control = self._control_fingerprints(usable)
         found, pages = scan_pages(self._file, usable, set(deleted) | control)
         hits = sorted({deleted[fp] for fp in found if fp in deleted})
@@ -403,6 +405,17 @@ class Erasure:
             unrecorded=tuple(unrecorded),
             inconclusive_reason="; ".join(gaps) or None,
         )
+
+    def _live_fingerprints(self) -> set[bytes]:
+        """Fingerprints the ledger holds for payloads still stored."""
+        if not self._ledger:
+            return set()
+        with self._sqlite("reading the fingerprint ledger"):
+            rows = self._db.execute(
+                "SELECT l.fingerprints FROM payload_prints l WHERE EXISTS (SELECT 1 FROM "
+                "payloads p WHERE p.round=l.round AND p.kind=l.kind AND p.client_id=l.client_id)"
+            )
+            return {fp for (prints,) in rows for fp in split_fingerprints(prints)}
 
     def _unrecorded(
         self,
