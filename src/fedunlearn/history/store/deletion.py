@@ -16,6 +16,11 @@ filled (an 8-byte BLAKE2b digest of the page's first 32 content bytes, which are
 and ``scan_pages`` reads those 32 bytes of every page of the database file and of every frame of
 its WAL and looks the digests up. A digest reveals nothing usable about the deleted values.
 
+Every payload's fingerprints are also written, when it is stored, to a ledger
+(``payload_prints``) that outlives it, so the scan looks for updates deleted outside ``forget()``
+too (``DeletionCheck.unrecorded``); the models ``forget()`` drops (``DroppedModel``) are recorded
+and scanned for like the updates.
+
 Limits, stated where the result is shown: the part of a payload stored in its b-tree page (at
 most ``usable_size - 35`` bytes: all of a payload under ~16 KB) has no fingerprint, so the scan
 covers all but the first ~2-16 KB of large payloads and nothing of small ones (``secure_delete``

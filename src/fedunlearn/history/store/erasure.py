@@ -1,7 +1,8 @@
 """Forgetting clients' stored updates, and the record and check of each deletion.
 
-``Erasure`` holds the ``HistoryStore`` methods that delete: ``forget()`` (secure delete, the
-deletion record, the space given back by ``incremental_vacuum`` or a full ``VACUUM``),
+``Erasure`` holds the ``HistoryStore`` methods that delete: ``forget()`` (secure delete of the
+updates and of the models that would rebuild them, chosen by ``reconstruction``; the deletion
+record; the space given back by ``incremental_vacuum`` or a full ``VACUUM``),
 ``deletion_records()`` and ``check_deletions()``. It is mixed into ``HistoryStore`` (``sqlite``)
 and uses that class's connection and helpers; the evidence itself (record values, page
 fingerprints, the page scan) is in ``deletion``. Why each step: the ``sqlite`` module docstring.

@@ -36,7 +36,12 @@ Design:
     * Each ``forget()`` call (``erasure.py``) leaves a deletion record (``deletion.py``): per
       deleted payload its round, client, size, SHA-256 (computed before the deletion) and
       fingerprints of its overflow pages, so ``check_deletions()`` can show later that reads
-      fail and that no page of it is left in the files.
+      fail and that no page of it is left in the files. ``forget()`` also drops the aggregates
+      and global models that would let a deleted update be rebuilt (``reconstruction.py``),
+      recorded the same way; reading one raises ``DroppedModelError``.
+    * A fingerprint ledger (``payload_prints``): every payload's page fingerprints are written
+      in its round's transaction and kept after the payload goes, so the page scan can look
+      for payloads deleted outside ``forget()`` (raw SQL leaves their pages in the file).
     * A CRC-32 per payload, checked on every read. It catches accidental damage (torn writes,
       bit rot, bad copies); it is not a MAC (whoever can edit the file can recompute any
       checksum kept in it). zlib's crc32 runs at ~3 GB/s here, sha256 at ~0.9 GB/s.
