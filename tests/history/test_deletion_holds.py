@@ -278,3 +278,30 @@ def test_a_dropped_model_equal_to_a_kept_one_is_not_reported_as_left_behind(tmp_
 
     assert (3, "global") in {(m.round, m.kind) for m in record.models}  # == the kept M_4 bytes
     assert check.ok and check.fingerprints_found == 0
+
+
+def test_an_old_store_gets_the_ledger_on_its_first_writable_open_from_the_next_round(tmp_path):
+    fedavg_store(tmp_path, rounds=2)
+    con = sqlite3.connect(tmp_path / "history.sqlite", isolation_level=None)
+    con.executescript(
+        "DROP TABLE payload_prints; DROP TABLE forget_models; "
+        "DELETE FROM info WHERE key='prints_from_round';"
+    )
+    con.close()
+    with HistoryStore.open(tmp_path, writable=True) as store:  # upgrades the file
+        store.write_round(
+            RoundEntry(
+                3,
+                global_model=torch.randn(DIM),
+                updates={2: torch.randn(DIM)},
+                clients=[ClientRecord(2, "accepted", num_samples=5)],
+            )
+        )
+    raw_delete(tmp_path, 2, secure=False)
+
+    with HistoryStore.open(tmp_path) as store:
+        check = store.check_deletions([2])
+
+    assert check.unrecorded == ((3, 2),)  # the ledger covers round 3 on
+    assert check.fingerprints_found > 0 and not check.ok
+    assert "2 update(s) of these clients in rounds written before" in check.inconclusive_reason
