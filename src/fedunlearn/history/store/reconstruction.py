@@ -141,41 +141,43 @@ def reconstructible_updates(store: Any, forget: Iterable[int]) -> list[list[int]
     return out
 
 
-def _model(store: Any, round: int, models: set[int]) -> torch.Tensor:
-    """Return M_round, stored or walked to from the nearest stored model through aggregates."""
-    stored = {r for r, kind in store.stored_models() if kind == "global"}
-    if round in stored:
-        return store.read_model(round).to(torch.float64)
-    below = [r for r in stored if r < round]
-    if below:
-        start = max(below)
-        m = store.read_model(start).to(torch.float64)
-        for t in range(start + 1, round + 1):
-            m = m + _aggregate(store, t, models)
-        return m
-    start = min(r for r in stored if r > round)
-    m = store.read_model(start).to(torch.float64)
-    for t in range(start, round, -1):
-        m = m - _aggregate(store, t, models)
-    return m
-
-
-def _aggregate(store: Any, round: int, models: set[int]) -> torch.Tensor:
-    """Return A_round: stored, from M_round − M_{round−1}, or FedAvg of the round's updates."""
+def _direct_aggregate(store: Any, round: int) -> torch.Tensor | None:
+    """Return A_round if stored or computable from all its updates (FedAvg), else None."""
     if (round, "aggregate") in store.stored_models():
         return store.read_model(round, "aggregate").to(torch.float64)
+    if not _updates_are_aggregated(store.meta):
+        return None
     accepted = [c for c in store.client_records(round) if c.status == _ACCEPTED]
-    if all(c.stored for c in accepted):
-        if not accepted:
-            return torch.zeros_like(store.read_model(0), dtype=torch.float64)
-        total = float(sum(c.num_samples for c in accepted))
-        return sum(  # type: ignore[return-value]
-            (c.num_samples / total) * store.read_update(round, c.client_id).to(torch.float64)
-            for c in accepted
-        )
-    if round in models and round - 1 in models:
-        return _model(store, round, models) - _model(store, round - 1, models)
-    raise HistoryError(f"round {round}: its aggregate cannot be derived from what is stored")
+    if not all(c.stored for c in accepted):
+        return None
+    out = torch.zeros_like(store.read_model(0), dtype=torch.float64)
+    total = float(sum(c.num_samples for c in accepted))
+    for c in accepted:
+        out += (c.num_samples / total) * store.read_update(round, c.client_id).to(torch.float64)
+    return out
+
+
+def _model(store: Any, round: int) -> torch.Tensor:
+    """Return M_round: stored, or walked to from a stored model through direct aggregates.
+
+    An aggregate derived from two models never helps to derive a third, so the walks that
+    ``_known`` allows are exactly these.
+    """
+    stored = sorted(r for r, kind in store.stored_models() if kind == "global")
+    if round in stored:
+        return store.read_model(round).to(torch.float64)
+    below = [(s, range(s + 1, round + 1), 1.0) for s in reversed(stored) if s < round]
+    above = [(s, range(round + 1, s + 1), -1.0) for s in stored if s > round]
+    for start, steps, sign in below + above:
+        model = store.read_model(start).to(torch.float64)
+        for t in steps:  # one aggregate in memory at a time
+            step = _direct_aggregate(store, t)
+            if step is None:
+                break
+            model += sign * step
+        else:
+            return model
+    raise HistoryError(f"the global model of round {round} cannot be derived from the store")
 
 
 def rebuild_update(store: Any, round: int, client_id: int) -> torch.Tensor:
@@ -185,8 +187,14 @@ def rebuild_update(store: Any, round: int, client_id: int) -> torch.Tensor:
         HistoryError: The round's aggregate or another client's update is not available
             (``reconstructible_updates`` does not list the pair).
     """
+    rule = _aggregator(store.meta)
+    if rule != "fedavg" or not _updates_are_aggregated(store.meta):
+        raise HistoryError(
+            f"this run aggregated with '{rule}' (or stored DP-noised copies of the updates): "
+            "the exact rebuild needs FedAvg of the stored updates; see the module docstring"
+        )
     records = _rounds(store)
-    models, aggregates = _known(store, records)
+    _, aggregates = _known(store, records)
     if round not in aggregates:
         raise HistoryError(
             f"round {round}: neither its aggregate nor the models around it can be derived "
@@ -200,14 +208,10 @@ def rebuild_update(store: Any, round: int, client_id: int) -> torch.Tensor:
             f"round {round}: client {client_id} was not aggregated there, or another client's "
             "update is not stored, so its update cannot be rebuilt"
         )
-    if (round, "aggregate") in store.stored_models() or (round in models and round - 1 in models):
-        aggregate = (
-            store.read_model(round, "aggregate").to(torch.float64)
-            if (round, "aggregate") in store.stored_models()
-            else _model(store, round, models) - _model(store, round - 1, models)
-        )
-    else:
-        raise HistoryError(f"round {round}: its aggregate is not stored or derivable")
+    if (round, "aggregate") in store.stored_models():
+        aggregate = store.read_model(round, "aggregate").to(torch.float64)
+    else:  # known from the two models around it (_known)
+        aggregate = _model(store, round) - _model(store, round - 1)
     total = float(sum(c.num_samples for c in accepted))
     rest = aggregate * total
     for c in others:
