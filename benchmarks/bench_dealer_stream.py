@@ -22,8 +22,15 @@ in both directions, as payload and as frames on the wire (TLS record overhead, a
 not visible to the process and not counted). ``--modes tls,plain`` adds the same run over
 plain TCP for the TLS overhead, side by side.
 
+``--pin`` gives each party a core of its own (``os.sched_setaffinity``): server 0 on core 0,
+server 1 on core 1, the dealer (and this parent process) on core 2 where there is one, else on
+core 0 with server 0: the streamed pass's dealer work (deriving and streaming the plan) ends
+before the timed online round starts, and during the round the dealer link carries no byte, so
+sharing server 0's core costs the online figure nothing (the on-demand pass does pay for it).
+The output names the machine (CPU model, cores, load average) and each party's cores.
+
     flock /tmp/fedunlearn-heavy.lock nice -n 5 python benchmarks/bench_dealer_stream.py \\
-        [--size 582026] [--clients 19] [--modes tls]
+        [--size 582026] [--clients 19] [--modes tls] [--pin]
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Table I (one round, MNIST): UE + TC 105.44 s and 2.70 GB online, 693.03 s offline (ABY).
@@ -67,6 +74,32 @@ GB = 1e9
 SELECTED = 24
 
 
+def machine() -> str:
+    """The CPU model, core counts and load average, for the figures' caption."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{model}; nproc {usable} (of {os.cpu_count()}); load average {load}"
+
+
+def core_plan(pin: bool) -> dict[str, set[int]] | None:
+    """Cores per party with ``--pin``: servers on cores 0 and 1, the dealer on 2 (or 0)."""
+    if not pin:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 usable cores (one per server)")
+    dealer = cores[2] if len(cores) > 2 else cores[0]
+    return {"server0": {cores[0]}, "server1": {cores[1]}, "dealer": {dealer}}
+
+
 def link_bytes(transport: Any) -> dict[str, int]:
     """Payload and wire bytes of a link, both directions (totals since it opened).
 
@@ -94,8 +127,11 @@ def server_main(
     size: int,
     clients: int,
     queue: Any,
+    cores: set[int] | None = None,
 ) -> None:
     """One server: join the session, run the round on demand, then streamed; report."""
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
     torch.set_num_threads(1)
     if pki_dir is None:
         security = Security.plain()
@@ -134,7 +170,10 @@ def server_main(
         )
     transport = link.transport
     data = inputs(size, clients, 40)
-    report: dict[str, Any] = {"security": "TLS" if pki_dir else "plain"}
+    report: dict[str, Any] = {
+        "security": "TLS" if pki_dir else "plain",
+        "cores": sorted(os.sched_getaffinity(0)),
+    }
     fixed_point = FixedPoint(16)
 
     # pass 1: on demand (each request a round trip to the dealer process)
@@ -180,9 +219,14 @@ def server_main(
     party.close()
 
 
-def run(mode: str, size: int, clients: int) -> dict[int, dict]:
+def run(
+    mode: str, size: int, clients: int, cores: dict[str, set[int]] | None = None
+) -> dict[int, dict]:
     """Dealer process and two server processes for one security mode; their reports."""
     context = multiprocessing.get_context("spawn")
+    before = os.sched_getaffinity(0)
+    if cores is not None:  # the dealer process inherits the parent's cores
+        os.sched_setaffinity(0, cores["dealer"])
     with tempfile.TemporaryDirectory(prefix="bench-pki-") as pki:
         pki_dir = pki if mode == "tls" else None
         if pki_dir:
@@ -197,14 +241,25 @@ def run(mode: str, size: int, clients: int) -> dict[int, dict]:
             )
         queue = context.Queue()
         first = context.Process(
-            target=server_main, args=(0, pki_dir, dealer.address, 0, size, clients, queue)
+            target=server_main,
+            args=(0, pki_dir, dealer.address, 0, size, clients, queue, cores and cores["server0"]),
         )
         first.start()
         processes = [first]
         try:
             _, port = collect(queue, (first,), 1, deadline_seconds=600)[0]
             second = context.Process(
-                target=server_main, args=(1, pki_dir, dealer.address, port, size, clients, queue)
+                target=server_main,
+                args=(
+                    1,
+                    pki_dir,
+                    dealer.address,
+                    port,
+                    size,
+                    clients,
+                    queue,
+                    cores and cores["server1"],
+                ),  # fmt: skip
             )
             second.start()
             processes.append(second)
@@ -217,7 +272,9 @@ def run(mode: str, size: int, clients: int) -> dict[int, dict]:
                 if process.is_alive():
                     process.kill()
             dealer.stop()
+            os.sched_setaffinity(0, before)
     reports["dealer_exit"] = dealer_exit  # type: ignore[index]
+    reports["dealer_cores"] = sorted(cores["dealer"]) if cores else None  # type: ignore[index]
     return reports
 
 
@@ -237,6 +294,19 @@ def show(mode: str, reports: dict, args: argparse.Namespace) -> None:
         f"\n== {mode}: m = {args.size:,}, {args.clients} clients, dealer process, "
         f"exit code {reports['dealer_exit']} =="
     )
+    print(f"machine: {machine()}")
+    if reports["dealer_cores"] is None:
+        print("cores: not pinned (every process may run on any core)")
+    else:
+        print(
+            f"cores (--pin): server 0 {reports[0]['cores']}, server 1 {reports[1]['cores']}, "
+            f"dealer and parent {reports['dealer_cores']}"
+            + (
+                " (shared with server 0: the dealer streams before the online round)"
+                if reports["dealer_cores"] == reports[0]["cores"]
+                else ""
+            )  # fmt: skip
+        )
     print(
         f"{'party':<6}{'pass':<8}{'UE+TC online s':>15}{'dealer wait s':>14}{'sent GB':>9}"
         f"{'recv GB':>9}{'CPU s':>7}{'offline s':>10}  dealer link MB: sent / received"
@@ -286,9 +356,16 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=582_026)
     parser.add_argument("--clients", type=int, default=19)
     parser.add_argument("--modes", default="tls", help="comma-separated: tls, plain")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each party on its own core: servers on cores 0 and 1, the dealer on 2 (or 0)",
+    )
     args = parser.parse_args()
+    cores = core_plan(args.pin)
+    print(f"machine: {machine()}")
     for mode in args.modes.split(","):
-        show(mode, run(mode, args.size, args.clients), args)
+        show(mode, run(mode, args.size, args.clients, cores), args)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from fedunlearn.mpc import (
     sec_share,
     sec_sqrt,
 )
+from fedunlearn.mpc.dealer import MASK_ENTRY_BOUND
 from fedunlearn.mpc.protocols.secmi import TARGET_RING_BITS, public_bits
 
 
@@ -168,9 +169,10 @@ def test_secmi_keeps_its_truncated_product_near_2_to_the_40():
 
     got, _ = run_two_party(program, fixed_point=FixedPoint(13))
     inverse, bits = seen[0]
-    bound = 4 * 16.0 * np.max(np.abs(inverse)) * 2.0 ** (13 + bits)  # m * max|R| * max|N^-1|
+    mask_bound = MASK_ENTRY_BOUND * 2.0**4  # max|R|: entries <= 4, scale 2^s with s <= 2k = 4
+    bound = 4 * mask_bound * np.max(np.abs(inverse)) * 2.0 ** (13 + bits)  # m max|R| max|N^-1|
     assert np.log2(bound) <= TARGET_RING_BITS
-    assert public_bits(inverse, 16.0, 13) == bits
+    assert public_bits(inverse, mask_bound, 13) == bits
     truth = np.linalg.inv(x)
     assert np.max(np.abs(got - truth) / np.abs(truth).max()) < 1e-2
 

@@ -28,10 +28,10 @@ App. B-B (SecMul, SecSP, ZeroGen, SecRanGen, SecRanGenInv); Beaver (CRYPTO 1991)
 boolean triples and random bits serve SecGE (MPC3 in docs/mpc.md). A dealer instead of ABY's
 offline phase: MPC2 in docs/mpc.md, D24 in docs/methods/starfish.md.
 Deviations: [REC] SecRanGenInv (App. B-B item 3) is replaced by a dealer-made invertible mask
-(i.i.d. N(0, 1) entries clipped to |g| <= 4, times 2^s with s uniform in [-k, k] per matrix,
-redrawn until cond(R) <= 100 m); the masking is heuristic over fixed-point reals (MPC8 in
-docs/mpc.md; leakage in docs/security.md). The mask's randomness comes from a third, dealer-only
-seed (party 1 receives only its correction).
+(i.i.d. N(0, 1) entries clipped to |g| <= 4, redrawn until cond <= 100 m and smallest singular
+value >= 1 / (2 sqrt(m)), times 2^s with s uniform in [0, 2k] per matrix); the masking is
+heuristic over fixed-point reals (MPC8 in docs/mpc.md; leakage in docs/security.md). The mask's
+randomness comes from a third, dealer-only seed (party 1 receives only its correction).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ __all__ = [
 U64 = NDArray[np.uint64]
 Shape = tuple[int, ...]
 MASK_ENTRY_BOUND = 4.0  # |N(0,1)| entries of an invertible mask are clipped here
+MASK_MIN_SINGULAR = 0.5  # a mask's sigma_min before its scale, times 1 / sqrt(m)
 _MAX_NDIM = 8
 MAX_ELEMENTS = 1 << 40  # per dimension and per shape: numpy must be able to hold the shape
 
@@ -250,17 +251,25 @@ def _own_random(
 
 
 def _mask(shape: Shape, seed: bytes, mask_scale_bits: int) -> NDArray[np.float64]:
-    """The dealer's random well-conditioned matrices R, from its own seed."""
+    """The dealer's random well-conditioned matrices R, from its own seed.
+
+    R never shrinks X: its smallest singular value is at least ``MASK_MIN_SINGULAR / sqrt(m)``
+    before the scale 2^s, s in [0, 2k]. The opened N = X R carries an absolute rounding error
+    of about 2^-f, so its relative error is 2^-f / sigma_min(X R); a mask near 0 (a scalar
+    mask |g| ~ 0.01, or 2^-k) made the 1 x 1 SecMI of the two-loop estimator lose up to 60 %
+    of rho = 1 / s^T y (a 1 x 1 matrix always has condition number 1, so no retry caught it).
+    """
     m = shape[-1]
     rng = np.random.default_rng(np.frombuffer(seed, dtype=np.uint32))
     mask = np.empty(shape)
+    floor = MASK_MIN_SINGULAR / math.sqrt(m)
     for idx in np.ndindex(*shape[:-2]):
         while True:
             r = np.clip(rng.standard_normal((m, m)), -MASK_ENTRY_BOUND, MASK_ENTRY_BOUND)
-            r *= 2.0 ** rng.integers(-mask_scale_bits, mask_scale_bits + 1)
-            if np.linalg.cond(r) <= 100 * m:
+            singular = np.linalg.svd(r, compute_uv=False)
+            if singular[-1] >= floor and singular[0] <= 100 * m * singular[-1]:
                 break
-        mask[idx] = r
+        mask[idx] = r * 2.0 ** rng.integers(0, 2 * mask_scale_bits + 1)
     return mask
 
 
@@ -274,7 +283,7 @@ def deal(
         seed0: Party 0's seed (from ``request_seeds``).
         seed1: Party 1's seed.
         private_seed: The dealer's own seed (randomness neither party may see, e.g. a mask).
-        mask_scale_bits: k of an invertible mask (entries scaled by 2^s, s ~ U{-k..k}).
+        mask_scale_bits: k of an invertible mask (entries scaled by 2^s, s ~ U{0..2k}).
 
     Returns:
         One array per shape of ``request.correction_shapes``.
@@ -334,7 +343,7 @@ class DealerClient(ABC):
     Args:
         party_id: 0 or 1.
         counters: Where offline bytes are charged (``Party`` points this at its transport's).
-        mask_scale_bits: k for invertible masks: each mask is scaled by 2^s, s ~ U{-k..k}.
+        mask_scale_bits: k for invertible masks: each mask is scaled by 2^s, s ~ U{0..2k}.
 
     Attributes:
         requests: Requests made so far (the sequence number of the next one).
@@ -451,7 +460,7 @@ class DealerClient(ABC):
 
     def mask_bound(self) -> float:
         """Public bound on the magnitude of an invertible mask's entries."""
-        return MASK_ENTRY_BOUND * 2.0**self.mask_scale_bits
+        return MASK_ENTRY_BOUND * 2.0 ** (2 * self.mask_scale_bits)
 
     def invertible_mask(self, shape: tuple[int, ...], fixed_point: FixedPoint) -> U64:
         """Shares of a random well-conditioned matrix R, shape (..., m, m), fixed-point encoded."""
@@ -470,7 +479,7 @@ class Dealer(DealerClient):
         seed: Master seed (int or bytes); both parties must use the same.
         party_id: 0 or 1.
         counters: Where offline bytes are charged (usually the party's transport counters).
-        mask_scale_bits: k for invertible masks: each mask is scaled by 2^s, s ~ U{-k..k}.
+        mask_scale_bits: k for invertible masks: each mask is scaled by 2^s, s ~ U{0..2k}.
     """
 
     def __init__(

@@ -215,3 +215,27 @@ def test_each_round_is_answered_once_and_models_are_bounded(session):
     refused = [service.answer(k, 0)[0] for k in (0, 1)]
     assert all("more than 2 models" in doc["error"] for doc in refused)
     assert isinstance(service.finish()["error"], SecureComputationError)
+
+
+def test_an_exact_update_outside_the_ring_range_is_refused_before_sharing(session):
+    # Issue 25: the clients service checks every exact update against the steps' ring range
+    # in the clear before encoding; a boosted update stops the session with the steps named,
+    # no share and no coordinate leaves the service
+    service = Service(session)
+    service.simulator.scale = SCALE * 1e9  # every gradient coordinate far past 2^15 at f = 16
+    round_ = 1
+    ids = service.participants[round_]
+    m = service.context.clients.num_params
+
+    for k in (0, 1):
+        service.model(k, service.m0)
+        service.exact(k, round_, ids, service.m0)
+    answers = [service.answer(k, m) for k in (0, 1)]
+    outcome = service.finish()
+
+    assert isinstance(outcome.get("error"), SecureComputationError), outcome
+    for doc, shares in answers:
+        assert shares == []
+        text = doc["error"]
+        assert "does not fit the 2PC ring" in text and "TD^2 and SecTC" in text, text
+        assert "\n" not in text and "e+" not in text.split("f = 16")[0], text
