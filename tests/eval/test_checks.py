@@ -236,7 +236,9 @@ def test_deletion_check_reads_the_store_evidence():
         .verdict
         == "fail"
     )
-    assert build_verification(evidence(RETRAIN, deletion=held)).check("deletion").verdict == "n/a"
+    recover = build_verification(evidence(RETRAIN, deletion=held))
+    assert recover.check("deletion").verdict == "n/a"
+    assert recover.store == "held"
     deleted = {
         "bytes_held": {"3": 0},
         "payloads_held": 0,

@@ -290,7 +290,7 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
             ),
         )
     elif ev.clean_asr is not None:
-        base, base_name = ev.clean_asr, "the initial model M_0 (measured)"
+        base, base_name = ev.clean_asr, "the untrained initial model M_0"
     else:
         return Check(
             "backdoor",
@@ -1019,6 +1019,7 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
                 ),
                 scope="store",
                 evidence=evidence,
+                aspect="store",
             )
         evidence["failure"] = "held"
         return Check(
