@@ -281,3 +281,28 @@ def test_audit_result_carries_the_methods_warnings_and_lineage(run, tmp_path):
     )
     assert res.exit_code == 2
     assert "is a result for recover clients" in text(res.output)
+
+
+@pytest.mark.slow
+def test_exit_codes_of_real_processes(run, tmp_path):
+    """The documented exit codes as a shell sees them: 1 remains, 0 otherwise (2, bad input, and
+    unlearn's 1 are tested in-process above: each process here costs a torch import)."""
+    import subprocess
+    import sys
+
+    run_dir, files = run
+
+    def code(*args):
+        done = subprocess.run(
+            [sys.executable, "-c", "from fedunlearn.cli.main import main; main()", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    audit = ["audit", str(run_dir), "--model", str(files / "flat.pt"), "--forget", "malicious"]
+    assert code(*audit)[0] == 1  # the original: its influence remains
+    unlearn = ["unlearn", str(run_dir), "--forget", "malicious", "--out"]
+    returncode, output = code(*unlearn, str(tmp_path / "r.json"), "--method", "retrain")
+    assert returncode == 0, output

@@ -511,3 +511,11 @@ def test_utility_and_influence_are_separate_verdicts():
     assert v.influence == "removed"
     assert v.utility == "degraded"
     assert v.check("utility").aspect == "utility"
+
+
+def test_a_dp_run_says_that_retrain_is_not_private():
+    # fresh client work in a session carries no DP noise: Retrain is a non-private reference
+    v = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}, private_run=True))
+    assert "without the run's DP noise" in v.check("utility").reason
+    plain = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}))
+    assert "DP" not in plain.check("utility").reason
