@@ -1,8 +1,10 @@
 """What the CLI shows of receipts: verdicts and reasons, progress, the ``audit`` command.
 
-``print_verification`` prints one receipt (a line per check, the reason of every warn, fail and
-n/a); ``print_verdicts`` prints a comparison's verdicts with the reasons of every method that did
-not pass, and the cheapest method that passed every check; ``RoundProgress`` draws progress per
+``print_verification`` prints one receipt (the influence, utility and store verdicts and the
+lineage, why the influence verdict is what it is, then a line per check with its reason);
+``print_verdicts`` prints each method of a comparison the same way, and the cheapest method shown
+to remove the influence with utility ok; ``exit_code`` and ``comparison_exit_code`` give the
+documented exit codes (1 when the influence remains); ``RoundProgress`` draws progress per
 method and per unlearning round; ``load_thresholds`` reads ``--thresholds`` and ``--threshold``;
 ``audit_command`` is ``fedunlearn audit``. The checks themselves: docs/verification.md.
 """
