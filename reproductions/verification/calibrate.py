@@ -94,6 +94,7 @@ def _row_facts(
         "client_epochs": row["client_epochs"],
         "verdict": verification.verdict,
         "model_verdict": verification.model_verdict,
+        "influence": verification.influence,
         "reasons": list(verification.reasons),
     }
 
@@ -131,14 +132,18 @@ def _print(result: dict[str, Any]) -> None:
     for label, item in result.items():
         print(f"\n== {label} (original's L2 to Retrain {item['gap']:.3f})")
         head = ("ASR", "AUC", "rel d", "moved", "dTA")
-        print(f"{'method':12} " + " ".join(f"{h:>6}" for h in head) + f" {'ep':>5}  model (all)")
+        print(
+            f"{'method':12} "
+            + " ".join(f"{h:>6}" for h in head)
+            + f" {'ep':>5}  influence model (all)"
+        )
         for name, f in item["methods"].items():
             asr = "-" if f["asr"] is None else f"{f['asr']:.3f}"
             auc = "-" if f["auc"] is None else f"{f['auc']:.3f}"
             print(
                 f"{name:12} {asr:>6} {auc:>6} {f['relative_distance']:6.2f} "
                 f"{f['moved_share']:6.2f} {100 * f['accuracy_drop']:6.1f} "
-                f"{f['client_epochs']:5d}  {f['model_verdict']} ({f['verdict']})"
+                f"{f['client_epochs']:5d}  {f['influence']} {f['model_verdict']} ({f['verdict']})"
             )
         alone = item["retrain_vs_original"]
         print(f"retrain judged against the original only: {alone['verdict']}")

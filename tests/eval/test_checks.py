@@ -1,4 +1,4 @@
-"""The receipt's rules on hand-made rows: each verdict, its reason, the thresholds."""
+"""The receipt's rules on hand-made rows: each verdict, its reason, the thresholds, the controls."""
 
 import json
 
@@ -7,7 +7,9 @@ import pytest
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.checks import auc_standard_error
+from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.unlearn import BoundReport, Check, Verification
+from fedunlearn.unlearn.lineage import Lineage
 
 ORIGINAL = {
     "test_accuracy": 0.92,
@@ -53,6 +55,8 @@ def test_retrain_passes_every_check_against_itself():
     assert verdicts(v) == {
         "backdoor": "pass",
         "membership": "pass",
+        "client_membership": "n/a",
+        "poisoning": "n/a",
         "distance": "pass",
         "bound": "n/a",
         "utility": "pass",
@@ -62,6 +66,9 @@ def test_retrain_passes_every_check_against_itself():
     assert v.verdict == "pass"
     assert v.reasons == ()
     assert v.references == ("original", "retrain")
+    assert v.influence == "removed"
+    assert "backdoor removed" in v.influence_reason
+    assert (v.utility, v.store) == ("ok", "unknown")
 
 
 def test_a_model_that_still_carries_the_backdoor_fails_check_1():
@@ -74,13 +81,15 @@ def test_a_model_that_still_carries_the_backdoor_fails_check_1():
     assert check.reference["original"] == 0.80
     assert "the backdoor survives: ASR 55.0%" in check.reason
     assert v.verdict == "fail"
-    assert (v.reasons[0].startswith(
-        "backdoor removed: the backdoor survives"
-    ))
-    # without a Retrain reference the assumed clean-model ASR is the reference: still a failure
-    alone = build_verification(evidence(row, retrain=False)).check("backdoor")
+    assert v.reasons[0].startswith("backdoor removed: the backdoor survives")
+    assert v.influence == "remains"
+    # without a Retrain reference the clean ASR measured on M_0 is the reference: still a failure
+    alone = build_verification(evidence(row, retrain=False, clean_asr=0.03)).check("backdoor")
     assert alone.verdict == "fail"
-    assert alone.reference["clean_assumed"] == 0.05
+    assert alone.reference["clean_measured"] == 0.03
+    # nothing measured: nothing assumed
+    unknown = build_verification(evidence(row, retrain=False)).check("backdoor")
+    assert unknown.verdict == "inconclusive"
 
 
 def test_backdoor_grades_and_when_it_does_not_apply():
@@ -95,15 +104,21 @@ def test_backdoor_grades_and_when_it_does_not_apply():
     not_applicable = [
         evidence(RETRAIN, backdoor=False),
         evidence(RETRAIN, attackers_forgotten=0),
-        # another attacker stays: only Retrain says which ASR to expect
-        evidence(RETRAIN, retrain=False, attackers_forgotten=1),
-        # the original never carried the backdoor
-        evidence(RETRAIN, original={**ORIGINAL, "backdoor_asr": 0.02}),
     ]
     reasons = [build_verification(e).check("backdoor") for e in not_applicable]
-    assert [c.verdict for c in reasons] == ["n/a"] * 4
+    assert [c.verdict for c in reasons] == ["n/a"] * 2
     assert "no backdoor attack" in reasons[0].reason
-    assert "--reference retrain" in reasons[2].reason
+    cannot_tell = [
+        # another attacker stays: only Retrain says which ASR to expect (was a silent n/a)
+        evidence(RETRAIN, retrain=False, attackers_forgotten=1, clean_asr=0.0),
+        # the original never carried the backdoor: the test has no power
+        evidence(RETRAIN, original={**ORIGINAL, "backdoor_asr": 0.02}),
+    ]
+    reasons = [build_verification(e).check("backdoor") for e in cannot_tell]
+    assert [c.verdict for c in reasons] == ["inconclusive"] * 2
+    assert "--reference retrain" in reasons[0].reason
+    assert "cannot tell the original from a model that never saw" in reasons[1].reason
+    assert reasons[1].power["original_flagged"] is False
 
 
 def test_membership_is_judged_per_attack_against_retrain_or_chance():
@@ -130,12 +145,16 @@ def test_membership_margin_must_exceed_the_sampling_noise():
     few = {**row, "mia_samples": [60, 60], "mia_loss_samples": [60, 60]}
     assert build_verification(evidence(many)).check("membership").verdict == "warn"
     check = build_verification(evidence(few)).check("membership")
-    assert check.verdict == "pass"
+    # on 60 samples the original (0.11 above Retrain, ~2 SE) is not flagged either: no power,
+    # so the check cannot pass (it used to)
+    assert check.verdict == "inconclusive"
     assert check.evidence["loss_standard_error"] > 0.05
+    assert check.power["loss"]["original_flagged"] is False
+    assert check.power["loss"]["separation_se"] == pytest.approx(0.11 / 0.0529, rel=1e-2)
     assert auc_standard_error(60, 60) == pytest.approx(0.0529, abs=1e-4)
 
 
-def test_distance_fails_the_original_passes_closer_models_and_warns_far_ones():
+def test_distance_fails_the_original_passes_only_close_models():
     original = build_verification(evidence(ORIGINAL)).check("distance")
     assert original.verdict == "fail"
     assert "still the original model" in original.reason
@@ -143,8 +162,16 @@ def test_distance_fails_the_original_passes_closer_models_and_warns_far_ones():
     assert build_verification(evidence(closer)).check("distance").verdict == "pass"
     elsewhere = {**RETRAIN, "distance_to_retrain": 2.4, "distance_to_original": 2.5}
     far = build_verification(evidence(elsewhere)).check("distance")
-    assert far.verdict == "warn"
+    assert far.verdict == "inconclusive"
     assert far.value == pytest.approx(1.5)
+    # the original plus noise moved "away" and used to pass up to 1.25x; now it fails
+    noisy = {**ORIGINAL, "distance_to_retrain": 1.61, "distance_to_original": 0.1}
+    assert build_verification(evidence(noisy)).check("distance").verdict == "fail"
+    # between the pass line and the original: inconclusive, and never decisive on its own
+    mid = {**RETRAIN, "distance_to_retrain": 1.2, "distance_to_original": 0.9}
+    check = build_verification(evidence(mid)).check("distance")
+    assert check.verdict == "inconclusive"
+    assert check.decisive is False
     # without Retrain: n/a, except that an unchanged model is caught
     assert build_verification(evidence(closer, retrain=False)).check("distance").verdict == "n/a"
     same = build_verification(evidence(ORIGINAL, retrain=False)).check("distance")
@@ -152,19 +179,25 @@ def test_distance_fails_the_original_passes_closer_models_and_warns_far_ones():
     assert "unchanged" in same.reason
 
 
-def test_bound_check_reads_the_methods_certified_bound():
+def test_bound_is_checked_on_the_returned_model_and_only_when_non_vacuous():
     row = {**RETRAIN, "distance_to_retrain": 0.3, "distance_to_original": 1.4}
-    held = BoundReport("Theorem 1", bound=0.5, observed=0.2, reference="retrain from M_j")
-    broken = BoundReport("Theorem 1", bound=0.1, observed=0.2, reference="retrain from M_j")
-    measured_here = BoundReport("Theorem 1", bound=0.25)  # observed: distance to Retrain
-    assert build_verification(evidence(row, bound=held)).check("bound").verdict == "pass"
-    fail = build_verification(evidence(row, bound=broken)).check("bound")
+    held = BoundReport("Theorem 1", bound=0.5)
+    broken = BoundReport("Theorem 1", bound=0.25)
+    kw = {"initial_gap": 2.0}
+    ok = build_verification(evidence(row, bound=held, **kw)).check("bound")
+    assert (ok.verdict, ok.value, ok.aspect) == ("pass", 0.3, "method")
+    fail = build_verification(evidence(row, bound=broken, **kw)).check("bound")
     assert fail.verdict == "fail"
-    assert "exceeds the certified 0.1" in fail.reason
-    here = build_verification(evidence(row, bound=measured_here)).check("bound")
-    assert here.verdict == "fail"
-    assert here.value == 0.3
-    no_ref = build_verification(evidence(row, retrain=False, bound=measured_here))
+    assert "exceeds the certified 0.25" in fail.reason
+    # a bound larger than ||M_0 - Retrain|| says nothing (Crab's 16.04 against 6.79)
+    vacuous = BoundReport("Theorem 1", bound=16.04)
+    check = build_verification(evidence(row, bound=vacuous, initial_gap=6.79)).check("bound")
+    assert check.verdict == "n/a"
+    assert "vacuous" in check.reason
+    # the method's own observation, on another model (before final tuning): not the result's
+    other = BoundReport("Theorem 1", bound=0.5, observed=0.2, reference="retrain from M_j")
+    assert build_verification(evidence(row, bound=other, **kw)).check("bound").verdict == "n/a"
+    no_ref = build_verification(evidence(row, retrain=False, bound=held))
     assert no_ref.check("bound").verdict == "n/a"
 
 
@@ -203,7 +236,9 @@ def test_deletion_check_reads_the_store_evidence():
         .verdict
         == "fail"
     )
-    assert build_verification(evidence(RETRAIN, deletion=held)).check("deletion").verdict == "n/a"
+    recover = build_verification(evidence(RETRAIN, deletion=held))
+    assert recover.check("deletion").verdict == "n/a"
+    assert recover.store == "held"
     deleted = {
         "bytes_held": {"3": 0},
         "payloads_held": 0,
@@ -217,6 +252,38 @@ def test_deletion_check_reads_the_store_evidence():
     bad = build_verification(evidence(RETRAIN, request_kind="forget", deletion=leaky))
     assert bad.check("deletion").verdict == "fail"
     assert "round 2 client 3" in bad.reasons[0]
+    assert (ok.store, forget.store, bad.store) == ("deleted", "held", "damaged")
+
+
+def test_deletion_reads_the_page_scan_and_rebuildable_updates():
+    deleted = {
+        "clients": [3],
+        "bytes_held": {"3": 0},
+        "payloads_held": 0,
+        "records": [],
+        "read_back": {"attempted": 4, "refused": 4, "readable": []},
+    }
+    clean_scan = {"ran": True, "fragments_found": 0, "inconclusive_reason": None}
+
+    def store_check(**extra):
+        e = evidence(RETRAIN, request_kind="forget", deletion={**deleted, **extra})
+        return build_verification(e)
+
+    assert store_check(page_scan=clean_scan, reconstructible=[]).check("deletion").verdict == (
+        "pass"
+    )
+    found = store_check(page_scan={**clean_scan, "fragments_found": 4170})
+    assert found.check("deletion").verdict == "fail"
+    assert "4,170 fragment(s)" in found.check("deletion").reason
+    assert found.store == "damaged"
+    rebuilt = store_check(page_scan=clean_scan, reconstructible=[[1, 3], [2, 3]])
+    assert rebuilt.check("deletion").verdict == "fail"
+    assert "2 deleted update(s) can be rebuilt" in rebuilt.check("deletion").reason
+    skipped = store_check(
+        page_scan={"ran": False, "fragments_found": 0, "inconclusive_reason": "no page size"}
+    )
+    assert skipped.check("deletion").verdict == "inconclusive"
+    assert "no page size" in skipped.check("deletion").reason
 
 
 def test_method_warnings_become_a_warning_with_their_sentences():
@@ -226,6 +293,11 @@ def test_method_warnings_become_a_warning_with_their_sentences():
     assert check.reason == "rollback kept round 3 of client 1"
     strict = VerificationThresholds(method_warning="fail")
     assert build_verification(evidence(RETRAIN, warnings=("x",)), strict).verdict == "fail"
+    # a method's warning is about its claims, not a measurement of the influence
+    assert build_verification(evidence(RETRAIN, warnings=("x",)), strict).influence == "removed"
+    unknown = build_verification(evidence(RETRAIN, warnings_available=False))
+    assert unknown.check("method_warnings").verdict == "n/a"
+    assert "none were available" in unknown.check("method_warnings").reason
 
 
 def test_receipt_is_json_without_nan_and_failures_come_first():
@@ -238,6 +310,8 @@ def test_receipt_is_json_without_nan_and_failures_come_first():
     assert {c["name"] for c in block["checks"]} == {
         "backdoor",
         "membership",
+        "client_membership",
+        "poisoning",
         "distance",
         "bound",
         "utility",
@@ -245,6 +319,8 @@ def test_receipt_is_json_without_nan_and_failures_come_first():
         "method_warnings",
     }
     assert block["thresholds"]["backdoor_fail"] == 0.10
+    assert block["influence"] == "remains"
+    assert block["lineage"] is None
 
 
 def test_thresholds_are_validated():
@@ -258,3 +334,188 @@ def test_thresholds_are_validated():
         VerificationThresholds(utility_fail=2)
     with pytest.raises(ConfigError, match="verdict must be one of"):
         Check("x", "x", "ok")
+
+
+# --- no pass without power: the controls -------------------------------------------------------
+
+# the digits quickstart, forgetting honest client 0 (issue 21): both attacks under one standard
+# error apart on the original and on Retrain, 135 members against 225 non-members
+QS_ORIGINAL = {
+    **ORIGINAL,
+    "mia_auc": 0.547,
+    "mia_loss_auc": 0.512,
+    "mia_samples": [135, 225],
+    "mia_loss_samples": [68, 113],
+}
+QS_RETRAIN = {**RETRAIN, "mia_auc": 0.533, "mia_loss_auc": 0.495}
+
+
+def honest(row, *, retrain=True, **kw):
+    base = dict(
+        original=QS_ORIGINAL,
+        request_kind="forget",
+        backdoor=True,
+        attackers_forgotten=0,
+        attackers_total=2,
+        noisy_original={**QS_ORIGINAL, "distance_to_original": 0.09, "distance_to_retrain": 1.61},
+        noise_std=1e-3,
+        clean_asr=0.0,
+    )
+    base.update(kw)
+    if retrain:
+        base.update(retrain=QS_RETRAIN, retrain_gap=1.6)
+    return Evidence(row=row, **base)
+
+
+def noisy(std):
+    """The quickstart original plus noise of ``std``: the same AUCs, moved a little."""
+    moved = std * 95  # sqrt(9,000 parameters)
+    return {**QS_ORIGINAL, "distance_to_original": moved, "distance_to_retrain": 1.6 + moved / 10}
+
+
+@pytest.mark.parametrize("std", [0.0, 1e-6, 1e-3])
+@pytest.mark.parametrize("retrain", [True, False])
+def test_the_original_plus_noise_is_never_removed_for_an_honest_client(std, retrain):
+    v = build_verification(honest(noisy(std), retrain=retrain))
+    membership = v.check("membership")
+    assert membership.verdict == "inconclusive"  # it used to pass
+    assert "cannot tell the original from a model that never saw" in membership.reason
+    # under 1 SE from Retrain, 1.5 from chance: far below the 4 SE a flag needs
+    assert membership.power["shadow"]["separation_se"] < (1 if retrain else 2)
+    assert v.influence != "removed"
+    if retrain or std == 0:  # the distance check catches a model that stayed at the original
+        assert v.influence == "remains"
+        assert "original model" in v.influence_reason
+    else:
+        assert v.influence == "not_shown"
+        assert "--reference retrain" in v.influence_reason
+        assert "client-level membership test" in v.influence_reason
+
+
+def test_retrain_of_an_honest_client_is_not_shown_clean_by_powerless_checks():
+    # until a check with power exists (client-level test, markers) or the lineage is exact
+    v = build_verification(honest(QS_RETRAIN))
+    assert v.influence == "not_shown"
+    exact = Lineage("exact", "initial model M_0", 0, 1, {}, "read no update of client 0")
+    v = build_verification(honest(QS_RETRAIN, lineage=exact))
+    assert v.influence == "removed"
+    assert v.influence_reason.startswith("by construction")
+    assert v.to_dict()["lineage"]["kind"] == "exact"
+    # an approximate lineage shows nothing by itself
+    approx = Lineage("approximate", "final model M_T", 30, 1, {"models": [30]}, "read M_T")
+    assert build_verification(honest(QS_RETRAIN, lineage=approx)).influence == "not_shown"
+
+
+def client_test(candidate, *, original=5.0, retrain=0.1, threshold=2.0):
+    return ClientMembershipEvidence(
+        scores={"candidate": candidate, "original": original, "retrain": retrain},
+        threshold=threshold,
+        target_fpr=0.05,
+        power=0.9,
+        num_reference_models=8,
+        cost_seconds=3.0,
+        cost_client_epochs=100.0,
+    )
+
+
+def test_client_membership_needs_its_controls():
+    removed = build_verification(honest(QS_RETRAIN, client_membership=client_test(0.5)))
+    check = removed.check("client_membership")
+    assert check.verdict == "pass"
+    assert check.power["original_flagged"] is True
+    assert removed.influence == "removed"
+    remains = build_verification(honest(noisy(1e-3), client_membership=client_test(4.8)))
+    assert remains.check("client_membership").verdict == "fail"
+    assert remains.influence == "remains"
+    blind = build_verification(honest(QS_RETRAIN, client_membership=client_test(0.5, original=1.0)))
+    assert blind.check("client_membership").verdict == "inconclusive"
+    assert blind.influence == "not_shown"
+    flags_all = client_test(0.5, retrain=3.0)
+    both = build_verification(honest(QS_RETRAIN, client_membership=flags_all))
+    assert both.check("client_membership").verdict == "inconclusive"
+    assert "flags Retrain too" in both.check("client_membership").reason
+
+
+# one of two attackers forgotten: the backdoored original + noise (ASR 81.5% against Retrain's
+# 43.8%) used to pass through a silent n/a
+PARTIAL_ORIGINAL = {**QS_ORIGINAL, "backdoor_asr": 0.815}
+PARTIAL_RETRAIN = {**QS_RETRAIN, "backdoor_asr": 0.438}
+
+
+def partial(row, *, retrain=True):
+    return Evidence(
+        row=row,
+        original=PARTIAL_ORIGINAL,
+        retrain=PARTIAL_RETRAIN if retrain else None,
+        retrain_gap=1.6 if retrain else None,
+        request_kind="recover",
+        backdoor=True,
+        attackers_forgotten=1,
+        attackers_total=2,
+        clean_asr=0.0,
+    )
+
+
+def test_forgetting_one_of_two_attackers_is_judged_against_retrain_or_inconclusive():
+    noisy_original = {**PARTIAL_ORIGINAL, "distance_to_original": 0.09, "distance_to_retrain": 1.61}
+    with_retrain = build_verification(partial(noisy_original))
+    assert with_retrain.check("backdoor").verdict == "fail"
+    assert with_retrain.influence == "remains"
+    alone = build_verification(partial(noisy_original, retrain=False))
+    assert alone.check("backdoor").verdict == "inconclusive"
+    assert alone.influence == "not_shown"
+    retrain = build_verification(partial(PARTIAL_RETRAIN))
+    assert retrain.check("backdoor").verdict == "pass"
+    assert retrain.influence == "removed"
+
+
+# label-flip recovery: the poisoned original is 6.9 points below Retrain
+FLIP_ORIGINAL = {**QS_ORIGINAL, "test_accuracy": 0.85, "backdoor_asr": None}
+FLIP_RETRAIN = {**QS_RETRAIN, "test_accuracy": 0.919, "backdoor_asr": None}
+
+
+def flip(row, *, retrain=True):
+    return Evidence(
+        row=row,
+        original=FLIP_ORIGINAL,
+        retrain=FLIP_RETRAIN if retrain else None,
+        retrain_gap=1.6 if retrain else None,
+        request_kind="recover",
+        attackers_forgotten=2,
+        attackers_total=2,
+        attack_kind="label_flip",
+    )
+
+
+def test_label_flip_recovery_is_judged_against_retrain_never_the_poisoned_original():
+    noisy_original = {**FLIP_ORIGINAL, "distance_to_original": 0.09, "distance_to_retrain": 1.61}
+    v = build_verification(flip(noisy_original))
+    assert v.check("poisoning").verdict == "fail"
+    assert v.check("utility").verdict == "fail"  # against Retrain's 91.9%
+    assert v.influence == "remains"
+    alone = build_verification(flip(noisy_original, retrain=False))
+    assert alone.check("utility").verdict == "n/a"  # it used to pass against the poisoned original
+    assert "poisoned" in alone.check("utility").reason
+    assert alone.check("poisoning").verdict == "inconclusive"
+    assert alone.influence != "removed"
+    recovered = build_verification(flip({**FLIP_RETRAIN, "test_accuracy": 0.915}))
+    assert recovered.check("poisoning").verdict == "pass"
+    assert recovered.influence == "removed"
+    assert recovered.utility == "ok"
+
+
+def test_utility_and_influence_are_separate_verdicts():
+    # the backdoor is gone but accuracy dropped: influence removed, utility degraded
+    row = {**RETRAIN, "test_accuracy": 0.80}
+    v = build_verification(evidence(row))
+    assert v.influence == "removed"
+    assert v.utility == "degraded"
+    assert v.check("utility").aspect == "utility"
+
+
+def test_a_dp_run_says_that_retrain_is_not_private():
+    # fresh client work in a session carries no DP noise: Retrain is a non-private reference
+    v = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}, private_run=True))
+    assert "without the run's DP noise" in v.check("utility").reason
+    plain = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}))
+    assert "DP" not in plain.check("utility").reason

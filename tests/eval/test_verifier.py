@@ -79,10 +79,23 @@ def test_the_bound_and_warnings_hooks_of_a_methods_details_are_read(run_dir):
         def result(details):
             return UnlearnResult("custom", final, Costs(), details=details)
 
-        holds = verifier.verify(result(CertifiedDetails(bound=1.0, observed=0.5)))
-        broken = verifier.verify(result(CertifiedDetails(1.0, 2.0, ("rollback kept round 2",))))
+        # without Retrain there is nothing to check a bound on
+        alone = verifier.verify(result(CertifiedDetails(bound=1.0, observed=0.5)))
+        retrain = reference_retrain(session, request, "retrain")
+        verifier = Verifier(session, request, retrain=retrain, judge=verifier.judge)
+        gap, initial = verifier.retrain_gap, verifier.initial_gap
+        assert 0 < gap < initial
+        # the bound is checked on the returned model's distance to Retrain (here the original's:
+        # gap), not on the distance the method observed elsewhere (observed=0.0)
+        holds = verifier.verify(result(CertifiedDetails(bound=(gap + initial) / 2, observed=0.0)))
+        broken = verifier.verify(result(CertifiedDetails(gap / 2, 0.0, ("rollback kept round 2",))))
+        vacuous = verifier.verify(result(CertifiedDetails(bound=initial * 2, observed=0.0)))
+    assert alone.verification.check("bound").verdict == "n/a"
     assert holds.verification.check("bound").verdict == "pass"
+    assert holds.verification.check("bound").value == pytest.approx(gap)
     assert broken.verification.check("bound").verdict == "fail"
+    assert vacuous.verification.check("bound").verdict == "n/a"
+    assert "vacuous" in vacuous.verification.check("bound").reason
     warning = broken.verification.check("method_warnings")
     assert warning.verdict == "warn"
     assert warning.reason == "rollback kept round 2"
@@ -94,6 +107,9 @@ def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
         verifier = Verifier(session, request)
         row, receipt = verifier.audit(session.run_view.final_params, "original.pt")
         assert receipt.verdict == "fail"
+        assert receipt.influence == "remains"
+        assert receipt.lineage is None
+        assert receipt.check("method_warnings").verdict == "n/a"
         assert receipt.subject == "original.pt"
         assert "the model is the original model, unchanged" in receipt.check("distance").reason
         assert row["distance_to_original"] == 0.0
@@ -169,3 +185,42 @@ def test_a_shared_judge_keeps_no_retrain_reference_between_verifiers(run_dir):
     assert alone.references == ("original",)
     assert with_retrain.references == ("original", "retrain")
     assert judge.measure(final) == judge.measure(final)  # the same call, the same row
+
+
+def test_the_controls_are_measured_and_the_client_level_test_is_read(run_dir):
+    from fedunlearn.eval.mia.client import ClientMembershipEvidence
+
+    request = UnlearnRequest.of([2])
+    seen = []
+
+    def client_test(params):
+        """A stand-in scorer: the original scores high, anything 0.5 away from it low."""
+        seen.append(params)
+        with UnlearnSession(run_dir) as s:
+            final = s.run_view.final_params
+        score = 5.0 - 10 * float((params - final).norm())
+        return ClientMembershipEvidence(
+            scores={"candidate": score, "original": 5.0, "retrain": 0.0},
+            threshold=2.0,
+            target_fpr=0.05,
+            power=1.0,
+            num_reference_models=4,
+            cost_seconds=0.1,
+            cost_client_epochs=8.0,
+        )
+
+    with UnlearnSession(run_dir) as session:
+        verifier = Verifier(session, request, noise_std=1e-3, client_membership=client_test)
+        final = session.run_view.final_params
+        noisy = verifier.noisy_original_row
+        assert noisy is not None
+        assert noisy["distance_to_original"] == pytest.approx(1e-3 * final.numel() ** 0.5, rel=0.1)
+        moved = final + 1.0 / final.numel() ** 0.5  # 1.0 away from the original
+        _, away = verifier.audit(moved, "moved")
+        _, same = verifier.audit(final + 1e-6, "noisy")
+        assert Verifier(session, request, noise_std=0).noisy_original_row is None
+    assert len(seen) == 2
+    assert away.check("client_membership").verdict == "pass"
+    assert away.influence == "removed"
+    assert same.check("client_membership").verdict == "fail"
+    assert same.influence == "remains"

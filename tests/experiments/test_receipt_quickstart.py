@@ -1,6 +1,7 @@
 """The receipt on the digits quickstart (configs/digits_quickstart.yaml, trained as shipped).
 
-What issue 14 asks the tests to show: Retrain passes every check; a Crab result that keeps the
+What issue 14 asks the tests to show (with issue 21's verdicts): Retrain's influence is removed
+(the backdoor check has power here) and no check flags it; a Crab result that keeps the
 backdoor is flagged (Crab exactly as printed: ``rollback: paper``, the literal j* rule and no
 final tuning, which leaves 55-70% ASR on this run); default Crab passes the backdoor check; an
 audit of the original model fails.
@@ -49,17 +50,21 @@ def receipts(tmp_path_factory):
 def test_retrain_passes_every_check(receipts):
     for key in ("retrain", "retrain_alone"):
         receipt = receipts[key]
-        assert receipt.verdict == "pass", receipt.reasons
-        assert {c.verdict for c in receipt.checks} <= {"pass", "n/a"}
+        assert receipt.influence == "removed", receipt.influence_reason
+        assert receipt.utility == "ok"
+        # the membership attacks cannot tell the original from Retrain here: inconclusive
+        assert {c.verdict for c in receipt.checks} <= {"pass", "n/a", "inconclusive"}
         assert receipt.check("backdoor").verdict == "pass"
+        assert receipt.check("backdoor").power["original_flagged"] is True
         assert receipt.check("utility").verdict == "pass"
-        assert receipt.check("membership").verdict == "pass"
+        assert receipt.check("membership").verdict == "inconclusive"
     assert receipts["retrain"].check("distance").verdict == "pass"
 
 
 def test_crab_that_keeps_the_backdoor_is_flagged(receipts):
     receipt = receipts["crab"]
     assert receipt.verdict == "fail"
+    assert receipt.influence == "remains"
     backdoor = receipt.check("backdoor")
     assert backdoor.verdict == "fail"
     assert backdoor.value > 0.3
@@ -75,5 +80,6 @@ def test_default_crab_removes_the_backdoor(receipts):
 def test_an_audit_of_the_original_model_fails(receipts):
     receipt = receipts["original"]
     assert receipt.verdict == "fail"
+    assert receipt.influence == "remains"
     assert receipt.check("backdoor").verdict == "fail"
     assert receipt.check("distance").verdict == "fail"

@@ -67,9 +67,12 @@ def test_results_document_has_control_reference_and_documented_fields(doc):
     assert rows["federaser"]["stored_bytes"] > rows["retrain"]["stored_bytes"]
     assert doc["request"]["kind"] == "recover"
     assert doc["schema_version"] == 2
-    # every row carries its receipt; Retrain's passes, the unchanged original fails
-    assert rows["retrain"]["verification"]["verdict"] == "pass"
+    # every row carries its receipt; nothing flags Retrain, the unchanged original's influence
+    # remains
+    assert rows["retrain"]["verification"]["verdict"] in ("pass", "inconclusive")
+    assert rows["retrain"]["verification"]["influence"] != "remains"
     assert rows["none"]["verification"]["verdict"] == "fail"
+    assert rows["none"]["verification"]["influence"] == "remains"
     checks = {c["name"]: c for c in rows["none"]["verification"]["checks"]}
     assert checks["distance"]["verdict"] == "fail"
     assert rows["none"]["distance_to_original"] == 0.0
@@ -81,15 +84,15 @@ def test_written_files_and_plots(doc, tmp_path):
     with paths["csv"].open() as fh:
         rows = list(csv.DictReader(fh))
     assert [r["method"] for r in rows] == ["none", "retrain", "federaser"]
-    assert rows[0]["verdict"] == "fail"
-    assert rows[1]["verdict"] == "pass"
+    assert rows[0]["verdict"] == "remains"
+    assert rows[1]["verdict"] in ("removed", "not_shown")
     md = paths["md"].read_text()
     assert "| federaser |" in md
     assert "| TA |" in md
     assert "| verdict |" in md
     # the failing control is never shown without its reason
     assert "## Verification" in md
-    assert "- **none**: fail" in md
+    assert "- **none**: influence remains" in md
     assert "distance to Retrain: the model is still the original model" in md
     pngs = plot_results(doc, tmp_path)
     assert [p.name for p in pngs] == ["quality.png", "rounds.png", "tradeoff.png", "costs.png"]
@@ -152,7 +155,7 @@ def test_cli_unlearn_and_compare(run_dir, tmp_path):
         tmp_path / "cmp" / "quality.png"
     ).exists())
     assert "verdict" in res.stdout
-    assert "none: FAIL" in res.stdout
+    assert "none: influence REMAINS" in " ".join(res.stdout.split())
     for args, fragment in [
         (["--forget", "", "--method", "retrain"], "--forget is empty"),
         (["--forget", "9", "--method", "retrain"], "client(s) 9 not in this run"),

@@ -59,7 +59,37 @@ def test_tables_show_each_verdict_and_every_reason():
     md = results_markdown(DOC)
     assert "- **crab**: fail" in md
     assert "  - membership: attacks still tell" in md
-    assert "Cheapest method that passes every check: **fedrecover** (40 client epochs)." in md
+    assert (
+        "Cheapest method shown to remove the influence with utility ok: **fedrecover** "
+        "(40 client epochs)." in md
+    )
+
+
+def influence_row(method, influence, utility, epochs):
+    out = row(method, "inconclusive", epochs)
+    out["verification"].update(
+        {"influence": influence, "influence_reason": f"{method} why", "utility": utility}
+    )
+    out["verification"]["store"] = "held"
+    return out
+
+
+def test_the_influence_verdict_is_shown_and_decides_the_cheapest_method():
+    doc = {
+        **DOC,
+        "methods": [
+            influence_row("none", "remains", "ok", 0),
+            influence_row("retrain", "removed", "ok", 100),
+            influence_row("crab", "not_shown", "ok", 10),  # cheaper, but not shown clean
+            influence_row("fedrecover", "removed", "degraded", 20),
+            influence_row("federaser", "removed", "ok", 40),
+        ],
+    }
+    header, rows = table_rows(doc, compact=True)
+    assert [r[-1] for r in rows] == ["remains", "removed", "not_shown", "removed", "removed"]
+    assert cheapest_passing(doc)["method"] == "federaser"
+    md = results_markdown(doc)
+    assert "- **crab**: influence not_shown, utility ok, store held (crab why)" in md
 
 
 def test_panels_without_data_are_dropped(tmp_path):

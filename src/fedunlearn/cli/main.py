@@ -547,7 +547,10 @@ def unlearn(
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
 ) -> None:
-    """Remove clients from a trained run with one method; verify it; write the result JSON."""
+    """Remove clients from a trained run with one method; verify it; write the result JSON.
+
+    Exit code 1 when the receipt finds the forgotten clients' influence remains, 2 on bad input.
+    """
     from fedunlearn.cli.export import check_model_path
 
     ensure_writable_output(out, "file")
@@ -583,6 +586,8 @@ def unlearn(
         f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
     )
     receipt.print_verification(summary["verification"], title=f"{method} verification")
+    if receipt.exit_code(summary["verification"]):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -600,7 +605,10 @@ def compare(
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
 ) -> None:
-    """Run several methods on a run, verify each, write results.json/csv/md and PNG plots."""
+    """Run several methods on a run, verify each, write results.json/csv/md and PNG plots.
+
+    Exit code 1 when any method other than the 'none' control leaves the influence.
+    """
     ensure_writable_output(out, "directory")
     params = _read_params_file(params_file)
     ids, kind = parse_forget(forget, run_dir)
@@ -618,6 +626,8 @@ def compare(
         _print_results(doc)
         receipt.print_verdicts(doc)
         console.print(f"wrote {out}/results.json, results.csv, results.md and plots")
+    if receipt.comparison_exit_code(doc):
+        raise typer.Exit(1)
 
 
 def _read_params_file(path: Path | None) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """What the CLI shows of receipts: verdicts and reasons, progress, the ``audit`` command.
 
-``print_verification`` prints one receipt (a line per check, the reason of every warn, fail and
-n/a); ``print_verdicts`` prints a comparison's verdicts with the reasons of every method that did
-not pass, and the cheapest method that passed every check; ``RoundProgress`` draws progress per
+``print_verification`` prints one receipt (the influence, utility and store verdicts and the
+lineage, why the influence verdict is what it is, then a line per check with its reason);
+``print_verdicts`` prints each method of a comparison the same way, and the cheapest method shown
+to remove the influence with utility ok; ``exit_code`` and ``comparison_exit_code`` give the
+documented exit codes (1 when the influence remains); ``RoundProgress`` draws progress per
 method and per unlearning round; ``load_thresholds`` reads ``--thresholds`` and ``--threshold``;
 ``audit_command`` is ``fedunlearn audit``. The checks themselves: docs/verification.md.
 """
@@ -40,6 +42,9 @@ __all__ = [
     "LEGEND",
     "RoundProgress",
     "audit_command",
+    "comparison_exit_code",
+    "exit_code",
+    "influence_line",
     "load_thresholds",
     "print_verdicts",
     "print_verification",
@@ -49,8 +54,26 @@ __all__ = [
 console = Console()
 err_console = Console(stderr=True)
 
-_STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red", "n/a": "dim"}
-_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "n/a": "n/a "}
+_STYLE = {
+    "pass": "bold green",
+    "warn": "bold yellow",
+    "fail": "bold red",
+    "inconclusive": "yellow",
+    "n/a": "dim",
+    "removed": "bold green",
+    "not_shown": "bold yellow",
+    "remains": "bold red",
+}
+_MARK = {
+    "pass": "PASS",
+    "warn": "WARN",
+    "fail": "FAIL",
+    "inconclusive": "INCONCLUSIVE",
+    "n/a": "n/a ",
+    "removed": "REMOVED",
+    "not_shown": "NOT SHOWN",
+    "remains": "REMAINS",
+}
 
 LEGEND = (
     "none: the original model (no unlearning). retrain: retraining from scratch without the "
@@ -59,7 +82,8 @@ LEGEND = (
     "membership-attack AUC on the forgotten clients' clean training data against unseen data "
     "(0.5: the attack cannot tell). L2 retrain: parameter distance to the retrained model. "
     "epochs: local epochs the method asked of the clients (its cost; Retrain's is the price of "
-    "exact unlearning). verdict: the receipt's checks (docs/verification.md)."
+    "exact unlearning). verdict: the receipt's influence verdict (removed, not_shown, "
+    "remains) and utility (docs/verification.md)."
 )
 
 
@@ -68,14 +92,27 @@ def verdict_text(verdict: str) -> str:
     return f"[{_STYLE.get(verdict, '')}]{_MARK.get(verdict, verdict).strip()}[/]"
 
 
+def influence_line(verification: Mapping[str, Any]) -> str:
+    """Return the receipt's summary: influence (rich markup), utility, store and lineage."""
+    influence = verification.get("influence", "not_shown")
+    lineage = verification.get("lineage")
+    lineage_text = "no lineage" if not lineage else f"lineage {lineage.get('kind')}"
+    return (
+        f"influence {verdict_text(influence)}, utility {verification.get('utility', 'unknown')}, "
+        f"store {verification.get('store', 'unknown')}, {lineage_text}"
+    )
+
+
 def print_verification(
     verification: Mapping[str, Any], *, title: str = "", out: Console | None = None
 ) -> None:
-    """Print a receipt: its verdict, then one line per check with its reason."""
+    """Print a receipt: the influence verdict and why, then one line per check with its reason."""
     out = out or console
     refs = ", ".join(verification.get("references", ()))
     head = title or verification.get("subject", "") or "model"
-    out.print(f"{head}: {verdict_text(verification['verdict'])} (references: {refs})")
+    out.print(f"{head}: {influence_line(verification)} (references: {refs})", highlight=False)
+    if verification.get("influence_reason"):
+        out.print(f"  influence: {verification['influence_reason']}", highlight=False)
     for check in verification["checks"]:
         verdict = check["verdict"]
         out.print(
@@ -93,9 +130,9 @@ def print_verdicts(doc: Mapping[str, Any], *, out: Console | None = None) -> Non
             continue
         name = row.get("label", row["method"])
         reasons = verification.get("reasons", [])
-        if not reasons:
-            continue
-        out.print(f"{name}: {verdict_text(verification['verdict'])}", highlight=False)
+        out.print(f"{name}: {influence_line(verification)}", highlight=False)
+        if verification.get("influence_reason"):
+            out.print(f"  - influence: {verification['influence_reason']}", highlight=False)
         for reason in reasons:
             out.print(f"  - {reason}", highlight=False)
     from fedunlearn.report.tables import cheapest_passing
@@ -103,19 +140,34 @@ def print_verdicts(doc: Mapping[str, Any], *, out: Console | None = None) -> Non
     best = cheapest_passing(doc)
     retrain = next((m for m in doc["methods"] if m["method"] == "retrain"), None)
     if best is None:
-        out.print("[bold red]No method passed every check of the model.[/]")
+        out.print("[bold red]No method was shown to remove the influence with utility ok.[/]")
     elif retrain is not None and best["method"] != "retrain":
         out.print(
-            f"Cheapest method that passes every check: [bold]{best.get('label', best['method'])}"
+            "Cheapest method shown to remove the influence with utility ok: "
+            f"[bold]{best.get('label', best['method'])}"
             f"[/] ({best['client_epochs']:,} client epochs against Retrain's "
             f"{retrain['client_epochs']:,})",
             highlight=False,
         )
     else:
         out.print(
-            "Only Retrain passed every check of the model: the cheaper methods left a trace "
-            "(see above)."
+            "Only Retrain was shown to remove the influence with utility ok: the cheaper "
+            "methods left a trace or could not be shown clean (see above)."
         )
+
+
+def exit_code(verification: Mapping[str, Any]) -> int:
+    """Return the exit code of a receipt: 1 when the influence remains, else 0."""
+    return 1 if verification.get("influence") == "remains" else 0
+
+
+def comparison_exit_code(doc: Mapping[str, Any]) -> int:
+    """Return 1 when any method other than the ``none`` control leaves the influence, else 0."""
+    for row in doc["methods"]:
+        verification = row.get("verification")
+        if row["method"] != "none" and verification is not None and exit_code(verification):
+            return 1
+    return 0
 
 
 class RoundProgress:
@@ -240,10 +292,18 @@ def audit_command(
     threshold: ThresholdOption = None,
     out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the receipt as JSON")] = False,
+    result: Annotated[
+        Path | None,
+        typer.Option(
+            help="the result JSON 'fedunlearn unlearn --out' wrote for this model: its method's "
+            "warnings and lineage go into the receipt"
+        ),
+    ] = None,
 ) -> None:
     """Verify any model of a run's architecture: the receipt an unlearning result gets.
 
-    Exit code 0 when the verdict is pass or warn, 1 when a check fails, 2 on bad input.
+    Exit code 1 when the forgotten clients' influence remains (a check with power flags the
+    model), 0 when it is removed or not shown, 2 on bad input.
     """
     from fedunlearn.experiments import audit_model
     from fedunlearn.runs.rundir import write_text_atomic
@@ -261,6 +321,7 @@ def audit_command(
             reference=reference,
             thresholds=limits,
             progress=progress,
+            result=result,
         )
     if out is not None:
         write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
@@ -283,7 +344,7 @@ def audit_command(
         print_verification(
             verification, title=f"{doc['subject']} ({req['kind']} clients {req['forget']})"
         )
-    if verification["verdict"] == "fail":
+    if exit_code(verification):
         raise typer.Exit(1)
 
 

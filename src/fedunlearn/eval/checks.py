@@ -1,27 +1,38 @@
 """The receipt's checks: measured evidence in, one verdict per check out.
 
 ``build_verification(evidence, thresholds)`` turns what ``fedunlearn.eval.Verifier`` measured
-about one model (its result row from ``Judge``, the rows of the original model and of Retrain
-when one exists, the method's certified bound and warnings, the store's deletion evidence) into
-a ``Verification``: seven checks, each with its value, the reference it is judged against, the
-thresholds, a verdict (``pass``, ``warn``, ``fail``, ``n/a``) and one sentence. Everything here
-is pure (rows in, values out), so each rule is tested on hand-made rows.
+about one model (its result row from ``Judge``, the rows of its controls: the original model,
+the original plus small noise, Retrain when one exists; the clean ASR measured on the initial
+model; the client-level membership evidence; the method's bound, warnings and lineage; the
+store's deletion evidence) into a ``Verification``: one ``Check`` per rule, each with its value,
+reference, thresholds, measured power and a verdict (``pass``, ``warn``, ``fail``,
+``inconclusive``, ``n/a``), plus the separate influence, utility and store verdicts. Everything
+here is pure (rows in, values out), so each rule is tested on hand-made rows.
+
+No pass without power: every statistical check grades its negative controls (the original
+model, which carries the forgotten clients' influence, and the original plus small noise) with
+the same rule as the candidate. If a negative control is not flagged, the candidate's verdict is
+``inconclusive`` (never ``pass``); if the positive control (Retrain) is flagged, too.
 
 The checks, in order (docs/verification.md gives the rules, the thresholds and their
 calibration):
 
-1. ``backdoor``: backdoor ASR on triggered test inputs against Retrain's (or, without Retrain,
-   an assumed clean-model ASR) and the original's;
+1. ``backdoor``: backdoor ASR on triggered test inputs against Retrain's (or the clean ASR
+   measured on the initial model M_0); ``inconclusive`` when other attackers remain and there is
+   no Retrain;
 2. ``membership``: loss-threshold and shadow-model attacks on the forgotten clients' clean
    training data against unseen data (AUC), against Retrain's AUC (or chance, 0.5);
-3. ``distance``: ``||u - r|| / ||o - r||`` to the retrained model r, relative to the
-   original o's distance; a model that stayed at the original fails;
-4. ``bound``: the method's certified bound (``Details.certified_bound()``) against the distance
-   it bounds;
-5. ``utility``: test accuracy against Retrain's (or the original's);
-6. ``deletion``: the forgotten clients' update payloads still held in the store, the deletion
-   records, and whether reads of deleted payloads fail (``deletion_evidence``);
-7. ``method_warnings``: the sentences a method put in ``details.warnings``.
+3. ``client_membership``: the client-level membership test (``ClientMembershipEvidence``);
+4. ``poisoning``: a non-backdoor poisoning's damage (test accuracy against Retrain's);
+5. ``distance``: ``||u - r|| / ||o - r||``; a model that stayed at the original fails, a pass
+   needs ``distance_pass``; never decisive on its own;
+6. ``bound``: the method's certified bound, on the returned model's distance to Retrain, only
+   when non-vacuous (below ``||M_0 - r||``);
+7. ``utility``: test accuracy against Retrain's (or the original's, unless the original is
+   poisoned);
+8. ``deletion``: the forgotten clients' update payloads still held in the store, the deletion
+   records, whether reads of deleted payloads fail, the page scan and rebuildable updates;
+9. ``method_warnings``: the sentences a method put in ``details.warnings``.
 """
 
 from __future__ import annotations
@@ -35,10 +46,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.eval.mia.client import ClientMembershipEvidence
+from fedunlearn.unlearn.lineage import Lineage
 from fedunlearn.unlearn.receipt import BoundReport, Check, Verdict, Verification
 
 __all__ = [
     "CHECK_NAMES",
+    "POISONING_KINDS",
     "Evidence",
     "VerificationThresholds",
     "auc_standard_error",
@@ -48,6 +62,8 @@ __all__ = [
 CHECK_NAMES = (
     "backdoor",
     "membership",
+    "client_membership",
+    "poisoning",
     "distance",
     "bound",
     "utility",
@@ -55,6 +71,8 @@ CHECK_NAMES = (
     "method_warnings",
 )
 CHANCE_AUC = 0.5
+# attacks whose damage is the accuracy they cost (no trigger to test)
+POISONING_KINDS = ("label_flip", "trim_random", "fang_trim")
 
 
 class VerificationThresholds(BaseModel):
@@ -67,17 +85,16 @@ class VerificationThresholds(BaseModel):
         backdoor_warn: Excess backdoor ASR (absolute, in [0, 1]) above which the backdoor check
             warns.
         backdoor_fail: Excess backdoor ASR above which it fails (the backdoor visibly survives).
-        backdoor_clean_asr: ASR assumed for a clean model when there is no Retrain reference
-            (triggered non-target inputs a clean model calls the target anyway).
         mia_auc_warn: Excess membership AUC (each attack against the same attack on Retrain;
             the fallback reference is chance, 0.5) above which the membership check warns.
         mia_auc_fail: Excess membership AUC above which it fails.
         mia_warn_z: The excess must also exceed this many standard errors of the AUC on the
             attacked sample sizes (Hanley-McNeil) to warn: sampling noise is not a trace.
         mia_fail_z: Standard errors the excess must exceed to fail.
-        distance_warn: Relative distance ``||u - r|| / ||o - r||`` above which the distance
-            check warns (1.0 is the original's own distance; clean models of a non-convex run
-            land within a few percent of it, hence 1.25).
+        distance_pass: Relative distance ``||u - r|| / ||o - r||`` at or below which the
+            distance check passes (the original is at 1.0 and the original plus noise farther;
+            independent exact retrains of the quickstart land at 0.56-0.98, so a model between
+            this and 1 is ``inconclusive``).
         distance_unchanged: If the model moved less than this share of the original-to-Retrain
             gap away from the original, the distance check fails: it is still the original
             model (its relative distance is then at least ``1 - distance_unchanged``).
@@ -95,12 +112,11 @@ class VerificationThresholds(BaseModel):
 
     backdoor_warn: float = Field(0.05, ge=0, le=1)
     backdoor_fail: float = Field(0.10, ge=0, le=1)
-    backdoor_clean_asr: float = Field(0.05, ge=0, le=1)
     mia_auc_warn: float = Field(0.05, ge=0, le=0.5)
     mia_auc_fail: float = Field(0.10, ge=0, le=0.5)
     mia_warn_z: float = Field(3.0, ge=0)
     mia_fail_z: float = Field(4.0, ge=0)
-    distance_warn: float = Field(1.25, gt=0)
+    distance_pass: float = Field(0.5, gt=0, lt=1)
     distance_unchanged: float = Field(0.1, ge=0, le=1)
     bound_tolerance: float = Field(1e-6, ge=0)
     utility_warn: float = Field(0.02, ge=0, le=1)
@@ -128,8 +144,8 @@ class Evidence:
     Attributes:
         row: The judged model's result row (``Judge``: ``test_accuracy``, ``backdoor_asr``,
             ``mia_auc``, ``mia_loss_auc``, ``distance_to_retrain``, ``distance_to_original``).
-        original: The original (final, not unlearned) model's row.
-        retrain: Retrain's row, or None if no Retrain reference was computed.
+        original: The original (final, not unlearned) model's row: the negative control.
+        retrain: Retrain's row (the positive control), or None if none was computed.
         retrain_gap: ``||o - r||``, the original's distance to Retrain (None without Retrain).
         request_kind: ``forget`` (deletion request) or ``recover`` (poisoning).
         backdoor: Whether the run has a backdoor attack.
@@ -139,6 +155,20 @@ class Evidence:
         warnings: The method's own warnings (``details.warnings``).
         deletion: The store's deletion evidence (``deletion_evidence``), or None if no store
             was available.
+        noisy_original: The row of the original plus small Gaussian noise (a second negative
+            control), or None if not measured.
+        noise_std: The standard deviation of that noise.
+        clean_asr: Backdoor ASR measured on a clean model without Retrain (the initial model
+            M_0), or None.
+        initial_gap: ``||M_0 - r||``: a bound at least this large says nothing (None without
+            Retrain).
+        attack_kind: The run's attack (``backdoor``, ``label_flip``, ...; None: no attack).
+        private_run: Whether the run was trained with DP (``privacy.enabled``).
+        client_membership: The client-level membership test's scores (label ``candidate`` is
+            the judged model), or None if it was not run.
+        warnings_available: False when the method's warnings were not available (an audited
+            model without its result file).
+        lineage: The result's lineage, or None when none was available.
     """
 
     row: Mapping[str, Any]
@@ -152,6 +182,22 @@ class Evidence:
     bound: BoundReport | None = None
     warnings: tuple[str, ...] = ()
     deletion: Mapping[str, Any] | None = field(default=None)
+    noisy_original: Mapping[str, Any] | None = None
+    noise_std: float | None = None
+    clean_asr: float | None = None
+    initial_gap: float | None = None
+    attack_kind: str | None = None
+    private_run: bool = False
+    client_membership: ClientMembershipEvidence | None = None
+    warnings_available: bool = True
+    lineage: Lineage | None = None
+
+    def controls(self) -> dict[str, Mapping[str, Any]]:
+        """Return the negative controls' rows by label (the original, and with noise)."""
+        out: dict[str, Mapping[str, Any]] = {"original": self.original}
+        if self.noisy_original is not None:
+            out[f"original + noise (std {self.noise_std:g})"] = self.noisy_original
+        return out
 
 
 def _num(value: Any) -> float | None:
@@ -170,11 +216,50 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _clients(ev: Evidence) -> str:
+    forgotten = (ev.deletion or {}).get("clients")
+    if forgotten:
+        return "client(s) " + ", ".join(str(c) for c in forgotten)
+    return "the forgotten clients"
+
+
+def _no_power(ev: Evidence, unflagged: list[str], detail: str) -> str:
+    """Return the sentence of a check that cannot tell its negative control apart."""
+    return (
+        f"this test cannot tell the {unflagged[0]} from a model that never saw {_clients(ev)} "
+        f"({detail}), so it shows nothing either way"
+    )
+
+
+def _controlled(
+    candidate: Verdict, controls: dict[str, Verdict], positive: Verdict | None
+) -> tuple[Verdict, list[str], bool]:
+    """Return the verdict under the controls, the unflagged controls, the positive's flag.
+
+    A flagged candidate stays ``fail`` (the threshold controls false flags); otherwise every
+    negative control must be flagged and the positive control must not be, or the verdict is
+    ``inconclusive``.
+    """
+    unflagged = [label for label, v in controls.items() if v != "fail"]
+    positive_flagged = positive == "fail"
+    if candidate == "fail":
+        return "fail", unflagged, positive_flagged
+    if unflagged or positive_flagged:
+        return "inconclusive", unflagged, positive_flagged
+    return candidate, unflagged, positive_flagged
+
+
 # --- 1. backdoor ------------------------------------------------------------------------------
 
 
 def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 1: the backdoor no longer works (ASR near Retrain's, or a clean model's)."""
+    """Check 1: the backdoor no longer works (ASR near Retrain's, or a measured clean ASR).
+
+    The reference is Retrain's ASR; without Retrain, the clean ASR measured on the initial model
+    M_0 when every attacker is forgotten, else ``inconclusive`` (other attackers keep the
+    backdoor alive; only Retrain says how much). The original (and the original plus noise)
+    must exceed the fail line, or the check is ``inconclusive``.
+    """
     title = "backdoor removed"
     if not ev.backdoor:
         return Check("backdoor", title, "n/a", reason="the run has no backdoor attack")
@@ -186,61 +271,100 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     original = _num(ev.original.get("backdoor_asr"))
     retrain = _num(ev.retrain.get("backdoor_asr")) if ev.retrain is not None else None
     if asr is None or original is None:
-        return Check("backdoor", title, "n/a", reason="the backdoor ASR could not be measured")
+        return Check(
+            "backdoor", title, "inconclusive", reason="the backdoor ASR could not be measured"
+        )
     if retrain is not None:
         base, base_name = retrain, "Retrain"
     elif ev.attackers_forgotten < ev.attackers_total:
         return Check(
             "backdoor",
             title,
-            "n/a",
+            "inconclusive",
+            asr,
             reference={"original": original},
             reason=(
                 f"{ev.attackers_total - ev.attackers_forgotten} other backdoor client(s) stay in "
-                "the federation, so only a Retrain reference says what ASR to expect "
-                "(--reference retrain)"
+                f"the federation, so only a Retrain reference says what ASR to expect (ASR "
+                f"{_pct(asr)}, {_pct(original)} before unlearning; --reference retrain)"
             ),
         )
+    elif ev.clean_asr is not None:
+        base, base_name = ev.clean_asr, "the untrained initial model M_0"
     else:
-        base, base_name = th.backdoor_clean_asr, "a clean model (assumed)"
-    short = "Retrain" if retrain is not None else "a clean model, assumed"
+        return Check(
+            "backdoor",
+            title,
+            "inconclusive",
+            asr,
+            reference={"original": original},
+            reason="no clean ASR was measured (no Retrain, no initial model)",
+        )
     reference = {"original": original, "retrain": retrain}
     if retrain is None:
-        reference["clean_assumed"] = th.backdoor_clean_asr
+        reference["clean_measured"] = base
     threshold = {"warn": base + th.backdoor_warn, "fail": base + th.backdoor_fail}
     evidence = {
         "asr_forgotten_data": _num(ev.row.get("backdoor_asr_forgotten")),
         "original_asr_forgotten_data": _num(ev.original.get("backdoor_asr_forgotten")),
     }
-    if original - base <= th.backdoor_warn:
-        return Check(
-            "backdoor",
-            title,
-            "n/a",
-            asr,
-            reference,
-            threshold,
-            f"the original model shows no backdoor to remove (ASR {_pct(original)} vs "
-            f"{_pct(base)} for {base_name})",
-            evidence=evidence,
+
+    def grade(row: Mapping[str, Any]) -> Verdict:
+        value = _num(row.get("backdoor_asr"))
+        return "pass" if value is None else _grade(value - base, th.backdoor_warn, th.backdoor_fail)
+
+    controls = {label: grade(row) for label, row in ev.controls().items()}
+    positive = grade(ev.retrain) if ev.retrain is not None else None
+    verdict, unflagged, positive_flagged = _controlled(grade(ev.row), controls, positive)
+    power = {
+        "original_flagged": controls["original"] == "fail",
+        "controls": controls,
+        "separation_points": 100 * (original - base),
+        "fail_line_points": 100 * th.backdoor_fail,
+    }
+    if original - base > 0:
+        evidence["share_removed"] = (original - asr) / (original - base)
+    if verdict == "fail":
+        reason = (
+            f"the backdoor survives: ASR {_pct(asr)} on triggered test inputs against "
+            f"{_pct(base)} for {base_name} ({_pct(original)} before unlearning)"
         )
-    evidence["share_removed"] = (original - asr) / (original - base)
-    verdict = _grade(asr - base, th.backdoor_warn, th.backdoor_fail)
-    if verdict == "pass":
-        reason = f"ASR {_pct(asr)} ({short}: {_pct(base)}; {_pct(original)} before unlearning)"
+    elif verdict == "inconclusive":
+        reason = (
+            _no_power(
+                ev,
+                unflagged,
+                f"original ASR {_pct(original)} against {_pct(base)} for {base_name}; it flags "
+                f"above {_pct(base + th.backdoor_fail)}",
+            )
+            if unflagged
+            else "the test flags Retrain too"
+        )
+    elif verdict == "pass":
+        reason = f"ASR {_pct(asr)} ({base_name}: {_pct(base)}; {_pct(original)} before unlearning)"
     else:
         reason = (
-            f"the backdoor {'survives' if verdict == 'fail' else 'partly survives'}: ASR "
-            f"{_pct(asr)} on triggered test inputs against {_pct(base)} for {base_name} "
-            f"({_pct(original)} before unlearning)"
+            f"part of the backdoor survives: ASR {_pct(asr)} against {_pct(base)} for "
+            f"{base_name} ({_pct(original)} before unlearning)"
         )
-    return Check("backdoor", title, verdict, asr, reference, threshold, reason, evidence=evidence)
+    return Check(
+        "backdoor",
+        title,
+        verdict,
+        asr,
+        reference,
+        threshold,
+        reason,
+        evidence=evidence,
+        power=power,
+    )
 
 
 # --- 2. membership ----------------------------------------------------------------------------
 
 
 _ATTACKS = (("shadow", "mia_auc", "mia_samples"), ("loss", "mia_loss_auc", "mia_loss_samples"))
+_SEVERITY_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 
 
 def auc_standard_error(num_members: int, num_nonmembers: int) -> float:
@@ -267,12 +391,16 @@ def check_membership(ev: Evidence, th: VerificationThresholds) -> Check:
 
     Each attack's AUC is judged against the same attack on Retrain (or chance, 0.5); a margin
     counts only where it is both larger than the threshold and than ``mia_warn_z`` (for a fail
-    ``mia_fail_z``) standard errors of the AUC on these sample sizes, so that a few hundred
-    samples' noise does not fail a clean model. The worse attack decides.
+    ``mia_fail_z``) standard errors of the AUC on these sample sizes. The worse attack decides
+    for the candidate; an attack counts as having power only if it flags every negative
+    control (the original, and with noise). Without such an attack the check is
+    ``inconclusive`` unless the candidate itself is flagged.
     """
     title = "membership"
-    graded = []
     evidence: dict[str, Any] = {}
+    graded = []
+    powered = []
+    power: dict[str, Any] = {}
     for name, key, samples_key in _ATTACKS:
         value = _attack_auc(ev.row, key)
         if value is None:
@@ -283,27 +411,69 @@ def check_membership(ev: Evidence, th: VerificationThresholds) -> Check:
         se = auc_standard_error(int(samples[0]), int(samples[1])) if samples else 0.0
         warn = max(th.mia_auc_warn, th.mia_warn_z * se)
         fail = max(th.mia_auc_fail, th.mia_fail_z * se)
-        verdict = _grade(value - base, warn, fail)
+
+        def grade(
+            row: Mapping[str, Any] | None,
+            key: str = key,
+            base: float = base,
+            warn: float = warn,
+            fail: float = fail,
+        ) -> Verdict:
+            auc = _attack_auc(row, key)
+            return "pass" if auc is None else _grade(auc - base, warn, fail)
+
+        controls = {label: grade(row) for label, row in ev.controls().items()}
+        original = _attack_auc(ev.original, key)
         evidence[f"{name}_auc"] = value
         evidence[f"{name}_reference"] = base
-        evidence[f"{name}_original"] = _attack_auc(ev.original, key)
+        evidence[f"{name}_original"] = original
         evidence[f"{name}_standard_error"] = se
-        graded.append((_SEVERITY_ORDER[verdict], value - base, name, value, base, warn, fail))
+        power[name] = {
+            "original_flagged": controls["original"] == "fail",
+            "controls": controls,
+            "separation_se": ((original - base) / se if original is not None and se > 0 else None),
+            "fail_line": base + fail,
+        }
+        candidate = grade(ev.row)
+        graded.append((_SEVERITY_ORDER[candidate], value - base, name, value, base, warn, fail))
+        if all(v == "fail" for v in controls.values()):
+            powered.append(
+                (_SEVERITY_ORDER[candidate], value - base, name, value, base, warn, fail)
+            )
     if not graded:
         return Check("membership", title, "n/a", reason="no membership attack could be run")
-    _, _, name, value, base, warn, fail = max(graded)
-    verdict = {0: "pass", 1: "warn", 2: "fail"}[max(graded)[0]]
+    worst = max(graded)
     base_name = "Retrain" if ev.retrain is not None else "chance"
+    if worst[0] == 2:  # a flag counts whatever the controls
+        chosen, verdict = worst, "fail"
+    elif powered:
+        chosen = max(powered)
+        verdict = {0: "pass", 1: "warn", 2: "fail"}[chosen[0]]
+    else:
+        chosen, verdict = worst, "inconclusive"
+    _, _, name, value, base, warn, fail = chosen
     original = _attack_auc(ev.original, "mia_auc" if name == "shadow" else "mia_loss_auc")
     reference = {"original": original, "retrain": base if ev.retrain is not None else None}
     reference["chance"] = CHANCE_AUC
     threshold = {"warn": base + warn, "fail": base + fail}
     evidence["shadow_member_rate"] = _num(ev.row.get("mia_member_rate"))
     evidence["decided_by"] = name
-    if verdict == "pass":
-        reason = f"{name} attack AUC {value:.3f}, {base_name} {base:.3f}"
-        if original is not None and original - base <= warn:
-            reason += f"; the attacks barely recognise them on the original either ({original:.3f})"
+    if verdict == "inconclusive":
+        sep = power[name]["separation_se"]
+        detail = (
+            f"{name} attack AUC {original:.3f} on the original against {base:.3f} for "
+            f"{base_name}"
+            + (f", {sep:.1f} standard errors apart" if sep is not None else "")
+            + f"; it flags above {base + fail:.3f}"
+            if original is not None
+            else "the original was not measured"
+        )
+        unflagged = [k for k, v in power[name]["controls"].items() if v != "fail"] or ["original"]
+        reason = _no_power(ev, unflagged, detail)
+    elif verdict == "pass":
+        reason = f"{name} attack AUC {value:.3f}, {base_name} {base:.3f}" + (
+            f" (the original {original:.3f} is flagged)" if original is not None else ""
+        )
     else:
         reason = (
             f"the {name} attack still tells the forgotten clients' data from unseen data: AUC "
@@ -311,18 +481,182 @@ def check_membership(ev: Evidence, th: VerificationThresholds) -> Check:
             + (f" ({original:.3f} before unlearning)" if original is not None else "")
         )
     return Check(
-        "membership", title, verdict, value, reference, threshold, reason, evidence=evidence
+        "membership",
+        title,
+        verdict,
+        value,
+        reference,
+        threshold,
+        reason,
+        evidence=evidence,
+        power=power,
     )
 
 
-_SEVERITY_ORDER = {"pass": 0, "warn": 1, "fail": 2}
+# --- 3. client-level membership ---------------------------------------------------------------
 
 
-# --- 3. distance ------------------------------------------------------------------------------
+def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
+    """Check 3: the client-level membership test no longer flags the model.
+
+    Reads ``Evidence.client_membership`` (score ``candidate`` against the calibrated
+    threshold). The original must be flagged and Retrain (when scored) must not, or the check
+    is ``inconclusive``.
+    """
+    title = "client-level membership"
+    cm = ev.client_membership
+    if cm is None:
+        return Check(
+            "client_membership",
+            title,
+            "n/a",
+            reason="the client-level membership test was not run",
+        )
+    if "candidate" not in cm.scores or "original" not in cm.scores:
+        return Check(
+            "client_membership",
+            title,
+            "inconclusive",
+            reason="the test did not score both the model and the original",
+        )
+    value = cm.scores["candidate"]
+    controls: dict[str, Verdict] = {
+        "original": "fail" if cm.flagged("original") else "pass",
+    }
+    for label in cm.scores:
+        if label.startswith("original") and label != "original":
+            controls[label] = "fail" if cm.flagged(label) else "pass"
+    positive: Verdict | None = None
+    if "retrain" in cm.scores:
+        positive = "fail" if cm.flagged("retrain") else "pass"
+    candidate: Verdict = "fail" if cm.flagged("candidate") else "pass"
+    verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
+    reference = {k: v for k, v in cm.scores.items() if k != "candidate"}
+    threshold = {"fail": cm.threshold, "target_fpr": cm.target_fpr}
+    power = {
+        "original_flagged": controls["original"] == "fail",
+        "controls": controls,
+        "retrain_flagged": positive_flagged if positive is not None else None,
+        "power": cm.power,
+        "reference_models": cm.num_reference_models,
+    }
+    evidence = {"cost_seconds": cm.cost_seconds, "cost_client_epochs": cm.cost_client_epochs}
+    if verdict == "fail":
+        reason = (
+            f"the test still finds {_clients(ev)} in the model: score {value:.3g} above "
+            f"{cm.threshold:.3g} (original {cm.scores['original']:.3g})"
+        )
+    elif verdict == "inconclusive":
+        reason = (
+            _no_power(
+                ev,
+                unflagged,
+                f"original score {cm.scores['original']:.3g}, threshold {cm.threshold:.3g}",
+            )
+            if unflagged
+            else f"the test flags Retrain too (score {cm.scores['retrain']:.3g})"
+        )
+    else:
+        reason = (
+            f"score {value:.3g} below {cm.threshold:.3g} (original {cm.scores['original']:.3g}, "
+            f"flagged; power {cm.power if cm.power is not None else 'not measured'})"
+        )
+    return Check(
+        "client_membership",
+        title,
+        verdict,
+        value,
+        reference,
+        threshold,
+        reason,
+        evidence=evidence,
+        power=power,
+    )
+
+
+# --- 4. non-backdoor poisoning ----------------------------------------------------------------
+
+
+def _poisoning_applies(ev: Evidence) -> bool:
+    return ev.attack_kind in POISONING_KINDS and ev.attackers_forgotten > 0
+
+
+def check_poisoning(ev: Evidence, th: VerificationThresholds) -> Check:
+    """Check 4: a non-backdoor poisoning's damage is gone (accuracy near Retrain's).
+
+    Label flipping and model poisoning (trim, Fang) show their influence as lost accuracy, so
+    the candidate is judged against Retrain, never the poisoned original; the original must
+    fall below the fail line, or the check is ``inconclusive``. Without Retrain:
+    ``inconclusive`` (no clean reference).
+    """
+    title = "poisoning removed"
+    if not _poisoning_applies(ev):
+        return Check(
+            "poisoning",
+            title,
+            "n/a",
+            reason="no forgotten client ran a non-backdoor poisoning attack",
+        )
+    acc = _num(ev.row.get("test_accuracy"))
+    original = _num(ev.original.get("test_accuracy"))
+    retrain = _num(ev.retrain.get("test_accuracy")) if ev.retrain is not None else None
+    if retrain is None or acc is None or original is None:
+        return Check(
+            "poisoning",
+            title,
+            "inconclusive",
+            acc,
+            {"original": original},
+            reason=(
+                f"the original is poisoned ({ev.attack_kind}): only a Retrain reference says "
+                "what accuracy a clean model reaches (--reference retrain)"
+            ),
+        )
+
+    def grade(row: Mapping[str, Any]) -> Verdict:
+        value = _num(row.get("test_accuracy"))
+        return (
+            "pass" if value is None else _grade(retrain - value, th.utility_warn, th.utility_fail)
+        )
+
+    controls = {label: grade(row) for label, row in ev.controls().items()}
+    verdict, unflagged, _ = _controlled(grade(ev.row), controls, None)
+    reference = {"original": original, "retrain": retrain}
+    threshold = {"warn": retrain - th.utility_warn, "fail": retrain - th.utility_fail}
+    power = {
+        "original_flagged": controls["original"] == "fail",
+        "controls": controls,
+        "separation_points": 100 * (retrain - original),
+    }
+    if verdict == "fail":
+        reason = (
+            f"the poisoning's damage remains: test accuracy {_pct(acc)} against {_pct(retrain)} "
+            f"for Retrain ({_pct(original)} before unlearning)"
+        )
+    elif verdict == "inconclusive":
+        reason = _no_power(
+            ev,
+            unflagged,
+            f"the original's accuracy {_pct(original)} against Retrain's {_pct(retrain)}",
+        )
+    elif verdict == "warn":
+        reason = f"test accuracy {_pct(acc)}, Retrain {_pct(retrain)}: part of the damage remains"
+    else:
+        reason = f"test accuracy {_pct(acc)}, Retrain {_pct(retrain)} (original {_pct(original)})"
+    return Check("poisoning", title, verdict, acc, reference, threshold, reason, power=power)
+
+
+# --- 5. distance ------------------------------------------------------------------------------
 
 
 def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 3: the model moved from the original towards the retrained model."""
+    """Check 5: the model left the original and came close to Retrain.
+
+    Fails a model that moved less than ``distance_unchanged`` of the original-to-Retrain gap
+    (the original plus small noise included); passes at most ``distance_pass`` of the
+    original's distance to Retrain; in between ``inconclusive`` (independent exact retrains
+    land there too). Never decisive: an interpolation of the original and Retrain is close too.
+    """
     title = "distance to Retrain"
     moved = _num(ev.row.get("distance_to_original"))
     if ev.retrain is None or ev.retrain_gap is None:
@@ -334,6 +668,7 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
                 0.0,
                 reason="the model is the original model, unchanged",
                 evidence={"distance_to_original": 0.0},
+                decisive=False,
             )
         return Check(
             "distance",
@@ -341,15 +676,18 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
             "n/a",
             reason="no Retrain reference was computed (--reference retrain computes one)",
             evidence={"distance_to_original": moved},
+            decisive=False,
         )
     left = _num(ev.row.get("distance_to_retrain"))
     gap = ev.retrain_gap
     if left is None or moved is None:
-        return Check("distance", title, "n/a", reason="the distances could not be measured")
+        return Check(
+            "distance", title, "n/a", reason="the distances could not be measured", decisive=False
+        )
     evidence = {"distance_to_retrain": left, "distance_to_original": moved, "original_gap": gap}
-    threshold = {"warn": th.distance_warn, "unchanged": th.distance_unchanged}
+    threshold = {"pass": th.distance_pass, "unchanged": th.distance_unchanged}
     if gap == 0.0:
-        verdict: Verdict = "pass" if left == 0.0 else "warn"
+        verdict: Verdict = "pass" if left == 0.0 else "inconclusive"
         return Check(
             "distance",
             title,
@@ -360,96 +698,203 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
             "the original model equals Retrain: the forgotten clients had no influence"
             + ("" if left == 0.0 else f"; this model is {left:.4g} away from both"),
             evidence=evidence,
+            decisive=False,
         )
     relative = left / gap
     moved_share = moved / gap
     evidence["moved_share_of_gap"] = moved_share
     reference = {"original": 1.0, "retrain": 0.0}
+    power: dict[str, Any] = {}
+    for label, row in ev.controls().items():
+        c_left = _num(row.get("distance_to_retrain"))
+        c_moved = _num(row.get("distance_to_original"))
+        if c_left is not None and c_moved is not None:
+            power[label] = {
+                "relative": c_left / gap,
+                "flagged": c_moved / gap < th.distance_unchanged,
+            }
     if moved_share < th.distance_unchanged:
         verdict = "fail"
         reason = (
-            f"the model is still the original model: it moved {moved_share:.0%} of the "
+            f"the model is still the original model: it moved {moved_share:.1%} of the "
             f"original-to-Retrain gap ({relative:.2f} of the original's distance to Retrain)"
         )
-    elif relative <= th.distance_warn:
-        verdict, reason = "pass", f"{relative:.2f} of the original's distance to Retrain"
-    else:
-        verdict = "warn"
+    elif relative <= th.distance_pass:
+        verdict = "pass"
         reason = (
-            f"{relative:.2f}x the original's distance from Retrain (warns above "
-            f"{th.distance_warn:g}x): farther than the original (a model on another training "
-            "path can still be clean; the other checks decide)"
+            f"{relative:.2f} of the original's distance to Retrain (passes at "
+            f"{th.distance_pass:g}; distance alone does not show removal)"
+        )
+    else:
+        verdict = "inconclusive"
+        reason = (
+            f"{relative:.2f}x the original's distance from Retrain: independent exact retrains "
+            f"land at 0.56-0.98x, so a distance above {th.distance_pass:g}x cannot tell"
         )
     return Check(
-        "distance", title, verdict, relative, reference, threshold, reason, evidence=evidence
+        "distance",
+        title,
+        verdict,
+        relative,
+        reference,
+        threshold,
+        reason,
+        evidence=evidence,
+        power=power,
+        decisive=False,
     )
 
 
-# --- 4. certified bound -----------------------------------------------------------------------
+# --- 6. certified bound -----------------------------------------------------------------------
 
 
 def check_bound(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 4: the observed distance respects the method's certified bound."""
+    """Check 6: the returned model respects the method's certified bound, if non-vacuous.
+
+    Checked only on the returned model's distance to Retrain (a distance the method measured
+    on another model, e.g. before final tuning, is not the result's) and only when the bound
+    is below ``||M_0 - r||``: a bound larger than the distance from the untrained initial
+    model says nothing.
+    """
     title = "certified bound"
     bound = ev.bound
     if bound is None:
-        return Check("bound", title, "n/a", reason="the method certifies no bound")
-    observed = bound.observed
-    source = "measured by the method"
-    if observed is None and bound.reference == "retrain":
-        observed = _num(ev.row.get("distance_to_retrain")) if ev.retrain is not None else None
-        source = "distance to Retrain"
+        return Check("bound", title, "n/a", reason="the method certifies no bound", aspect="method")
     reference = {"bound": bound.bound, "name": bound.name, "to": bound.reference}
-    evidence = {"observed_source": source, "note": bound.note}
+    evidence = {"method_observed": bound.observed, "note": bound.note}
+    if bound.reference != "retrain":
+        return Check(
+            "bound",
+            title,
+            "n/a",
+            reference=reference,
+            aspect="method",
+            evidence=evidence,
+            reason=(
+                f"{bound.name} is about the distance to {bound.reference}, not to the full "
+                "Retrain; the receipt checks a bound only on the returned model against Retrain"
+            ),
+        )
+    if ev.retrain is None or ev.initial_gap is None:
+        return Check(
+            "bound",
+            title,
+            "n/a",
+            reference=reference,
+            aspect="method",
+            evidence=evidence,
+            reason=f"{bound.name}: no Retrain reference to measure it on (--reference retrain)",
+        )
+    reference["initial_to_retrain"] = ev.initial_gap
+    if bound.bound >= ev.initial_gap:
+        return Check(
+            "bound",
+            title,
+            "n/a",
+            reference=reference,
+            aspect="method",
+            evidence=evidence,
+            reason=(
+                f"{bound.name} is vacuous: {bound.bound:.4g} is not below the distance "
+                f"{ev.initial_gap:.4g} from the initial model M_0 to Retrain"
+            ),
+        )
+    observed = _num(ev.row.get("distance_to_retrain"))
     if observed is None:
         return Check(
             "bound",
             title,
             "n/a",
             reference=reference,
-            reason=f"{bound.name}: the distance it bounds was not measured",
+            aspect="method",
             evidence=evidence,
+            reason=f"{bound.name}: the distance to Retrain was not measured",
         )
     limit = bound.bound * (1 + th.bound_tolerance)
     threshold = {"max": limit}
     if observed <= limit:
-        reason = f"{bound.name}: observed {observed:.4g} <= bound {bound.bound:.4g}"
+        reason = f"{bound.name}: distance to Retrain {observed:.4g} <= bound {bound.bound:.4g}"
         return Check(
-            "bound", title, "pass", observed, reference, threshold, reason, "model", evidence
+            "bound",
+            title,
+            "pass",
+            observed,
+            reference,
+            threshold,
+            reason,
+            "model",
+            evidence,
+            aspect="method",
         )
     reason = (
-        f"{bound.name} does not hold: the observed distance {observed:.4g} to "
-        f"{bound.reference} exceeds the certified {bound.bound:.4g}"
+        f"{bound.name} does not hold: the returned model's distance {observed:.4g} to Retrain "
+        f"exceeds the certified {bound.bound:.4g}"
     )
-    return Check("bound", title, "fail", observed, reference, threshold, reason, "model", evidence)
+    return Check(
+        "bound",
+        title,
+        "fail",
+        observed,
+        reference,
+        threshold,
+        reason,
+        "model",
+        evidence,
+        aspect="method",
+    )
 
 
-# --- 5. utility -------------------------------------------------------------------------------
+# --- 7. utility -------------------------------------------------------------------------------
 
 
 def check_utility(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 5: test accuracy stays near Retrain's (or the original's)."""
+    """Check 7: test accuracy stays near Retrain's (or the original's, if it is not poisoned)."""
     title = "utility"
     acc = _num(ev.row.get("test_accuracy"))
     original = _num(ev.original.get("test_accuracy"))
     retrain = _num(ev.retrain.get("test_accuracy")) if ev.retrain is not None else None
-    base, base_name = (retrain, "Retrain") if retrain is not None else (original, "the original")
+    dp_note = (
+        "; Retrain trains without the run's DP noise, so part of a DP method's drop is the "
+        "cost of privacy"
+        if ev.private_run and retrain is not None
+        else ""
+    )
+    if retrain is not None:
+        base, base_name = retrain, "Retrain"
+    elif _poisoning_applies(ev):
+        return Check(
+            "utility",
+            title,
+            "n/a",
+            acc,
+            {"original": original},
+            aspect="utility",
+            reason=(
+                f"the original is poisoned ({ev.attack_kind}): its accuracy is no reference; "
+                "--reference retrain gives a clean one"
+            ),
+        )
+    else:
+        base, base_name = original, "the original"
     if acc is None or base is None:
-        return Check("utility", title, "n/a", reason="test accuracy could not be measured")
+        return Check(
+            "utility", title, "n/a", reason="test accuracy could not be measured", aspect="utility"
+        )
     reference = {"original": original, "retrain": retrain}
     threshold = {"warn": base - th.utility_warn, "fail": base - th.utility_fail}
     drop = base - acc
     verdict = _grade(drop, th.utility_warn, th.utility_fail)
     if verdict == "pass":
-        reason = f"test accuracy {_pct(acc)}, {base_name} {_pct(base)}"
+        reason = f"test accuracy {_pct(acc)}, {base_name} {_pct(base)}{dp_note}"
     else:
         reason = (
-            f"test accuracy {_pct(acc)} is {100 * drop:.1f} points below {base_name} ({_pct(base)})"
+            f"test accuracy {_pct(acc)} is {100 * drop:.1f} points below {base_name} "
+            f"({_pct(base)}){dp_note}"
         )
-    return Check("utility", title, verdict, acc, reference, threshold, reason)
+    return Check("utility", title, verdict, acc, reference, threshold, reason, aspect="utility")
 
 
-# --- 6. deletion ------------------------------------------------------------------------------
+# --- 8. deletion ------------------------------------------------------------------------------
 
 
 def _when(seconds: Any) -> str:
@@ -460,12 +905,23 @@ def _when(seconds: Any) -> str:
 
 
 def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 6: the forgotten clients' stored updates are deleted and cannot be read back."""
+    """Check 8: the forgotten clients' stored updates are deleted and cannot be read back.
+
+    Reads, where the store's evidence has them, ``page_scan`` (fragments of deleted payloads
+    found in the database files; a scan that did not run leaves the check ``inconclusive``)
+    and ``reconstructible`` ([round, client] updates that can be rebuilt from what the store
+    keeps: a fail).
+    """
     title = "stored data deleted"
     d = ev.deletion
     if d is None:
         return Check(
-            "deletion", title, "n/a", scope="store", reason="the run's history store was not read"
+            "deletion",
+            title,
+            "n/a",
+            scope="store",
+            reason="the run's history store was not read",
+            aspect="store",
         )
     held = {str(k): int(v) for k, v in (d.get("bytes_held") or {}).items()}
     held_total = sum(held.values())
@@ -479,7 +935,11 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
         "records": records,
         "read_back": read_back,
     }
-    for key in ("scan",):  # optional, richer evidence a store may add (see deletion_evidence)
+    for key in (
+        "scan",
+        "page_scan",
+        "reconstructible",
+    ):  # optional, richer evidence a store may add (see deletion_evidence)
         if key in d:
             evidence[key] = d[key]
     reference = {"bytes_held": 0}
@@ -494,6 +954,40 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
             reason=f"{len(readable)} deleted payload(s) can still be read ({shown})",
             scope="store",
             evidence=evidence,
+            aspect="store",
+        )
+    rebuilt = list(d.get("reconstructible") or [])
+    if rebuilt:
+        shown = ", ".join(f"round {r} client {c}" for r, c in rebuilt[:3])
+        return Check(
+            "deletion",
+            title,
+            "fail",
+            float(held_total),
+            reference,
+            reason=(
+                f"{len(rebuilt)} deleted update(s) can be rebuilt from what the store keeps "
+                f"({shown}): the deletion is not a deletion"
+            ),
+            scope="store",
+            evidence=evidence,
+            aspect="store",
+        )
+    page_scan = d.get("page_scan")
+    if isinstance(page_scan, Mapping) and int(page_scan.get("fragments_found") or 0) > 0:
+        return Check(
+            "deletion",
+            title,
+            "fail",
+            float(held_total),
+            reference,
+            reason=(
+                f"the page scan found {int(page_scan['fragments_found']):,} fragment(s) of "
+                "deleted payloads in the store's files"
+            ),
+            scope="store",
+            evidence=evidence,
+            aspect="store",
         )
     scan = d.get("scan")
     if isinstance(scan, Mapping) and scan.get("ok") is False:
@@ -507,6 +1001,7 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
             + str(scan.get("reason", "the page scan found it")),
             scope="store",
             evidence=evidence,
+            aspect="store",
         )
     if held_total > 0:
         ids = [c for c in sorted(held, key=int) if held[c] > 0]
@@ -524,7 +1019,9 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
                 ),
                 scope="store",
                 evidence=evidence,
+                aspect="store",
             )
+        evidence["failure"] = "held"
         return Check(
             "deletion",
             title,
@@ -537,6 +1034,7 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
             ),
             scope="store",
             evidence=evidence,
+            aspect="store",
         )
     refused = int(read_back.get("refused", 0))
     if records:
@@ -547,19 +1045,48 @@ def check_deletion(ev: Evidence, th: VerificationThresholds) -> Check:
         )
     else:
         reason = "the store never held updates of the forgotten clients"
+    if isinstance(page_scan, Mapping) and not page_scan.get("ran", False):
+        why = page_scan.get("inconclusive_reason") or "it did not run"
+        return Check(
+            "deletion",
+            title,
+            "inconclusive",
+            0.0,
+            reference,
+            reason=f"{reason}; but the page scan of the store's files did not run ({why})",
+            scope="store",
+            evidence=evidence,
+            aspect="store",
+        )
     return Check(
-        "deletion", title, "pass", 0.0, reference, reason=reason, scope="store", evidence=evidence
+        "deletion",
+        title,
+        "pass",
+        0.0,
+        reference,
+        reason=reason,
+        scope="store",
+        evidence=evidence,
+        aspect="store",
     )
 
 
-# --- 7. the method's own warnings --------------------------------------------------------------
+# --- 9. the method's own warnings --------------------------------------------------------------
 
 
 def check_method_warnings(ev: Evidence, th: VerificationThresholds) -> Check:
-    """Check 7: the method raised no warning about its own result."""
+    """Check 9: the method raised no warning about its own result."""
     title = "method warnings"
+    if not ev.warnings_available:
+        return Check(
+            "method_warnings",
+            title,
+            "n/a",
+            reason="none were available (audit --result R.json carries the method's warnings)",
+            aspect="method",
+        )
     if not ev.warnings:
-        return Check("method_warnings", title, "pass", 0.0, reason="none")
+        return Check("method_warnings", title, "pass", 0.0, reason="none", aspect="method")
     return Check(
         "method_warnings",
         title,
@@ -567,12 +1094,15 @@ def check_method_warnings(ev: Evidence, th: VerificationThresholds) -> Check:
         float(len(ev.warnings)),
         reason="; ".join(s.rstrip(".") for s in ev.warnings),
         evidence={"warnings": list(ev.warnings)},
+        aspect="method",
     )
 
 
 _CHECKS = (
     check_backdoor,
     check_membership,
+    check_client_membership,
+    check_poisoning,
     check_distance,
     check_bound,
     check_utility,
@@ -597,4 +1127,5 @@ def build_verification(
     th = thresholds or VerificationThresholds()
     checks = tuple(check(evidence, th) for check in _CHECKS)
     references = ("original", "retrain") if evidence.retrain is not None else ("original",)
-    return Verification(checks, references, th.model_dump(mode="json"), subject)
+    lineage = evidence.lineage.to_dict() if evidence.lineage is not None else None
+    return Verification(checks, references, th.model_dump(mode="json"), subject, lineage)

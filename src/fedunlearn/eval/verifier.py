@@ -1,8 +1,10 @@
 """Issue receipts: verify unlearned models of one run against one request.
 
 ``Verifier(session, request, retrain=...)`` measures once what every receipt of the request
-shares: the membership attack (``Judge``), the original model's row, Retrain's row when a Retrain
-result is given, and the store's deletion evidence. Retrain is never run here: compute it first
+shares: the membership attack (``Judge``), the rows of the controls (the original model, the
+original plus small Gaussian noise, Retrain's when a Retrain result is given), the clean backdoor
+ASR of the initial model M_0, ``||M_0 - Retrain||`` (a bound at least this large is vacuous) and
+the store's deletion evidence. Retrain is never run here: compute it first
 (``reference_retrain(session, request, "retrain")`` or ``session.run(make_method("retrain"),
 request)``) and pass it in. Then ``verify(result)`` returns the result with its ``verification``
 attached, and ``audit(params)`` gives the receipt of any model of the run's architecture,
@@ -24,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +36,7 @@ from fedunlearn.errors import ConfigError, ForgottenDataError, HistoryError
 from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.distance import l2_distance
 from fedunlearn.eval.judge import Judge
+from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.unlearn import (
@@ -44,8 +47,15 @@ from fedunlearn.unlearn import (
     Verification,
     make_method,
 )
+from fedunlearn.unlearn.lineage import Lineage
 
-__all__ = ["REFERENCES", "Verifier", "deletion_evidence", "reference_retrain"]
+__all__ = [
+    "REFERENCES",
+    "Verifier",
+    "deletion_evidence",
+    "lineage_from_dict",
+    "reference_retrain",
+]
 
 REFERENCES = ("original", "retrain")
 
@@ -194,6 +204,11 @@ class Verifier:
         seed: Seed of the membership attacks.
         judge: A ``Judge`` of this session and request to reuse (its attack is fitted once);
             it keeps no state of this verifier.
+        noise_std: Standard deviation of the Gaussian noise added to the original model for
+            the second negative control (0 skips it).
+        client_membership: The client-level membership test of this request, as a function of
+            a model's flat parameters returning ``ClientMembershipEvidence`` whose ``scores``
+            include ``candidate`` (and ``original``, ``retrain``); None: the check is n/a.
 
     Raises:
         ConfigError: for a ``retrain`` result of another method.
@@ -208,6 +223,8 @@ class Verifier:
         retrain: UnlearnResult | None = None,
         seed: int = 0,
         judge: Judge | None = None,
+        noise_std: float = 1e-3,
+        client_membership: Callable[[torch.Tensor], ClientMembershipEvidence] | None = None,
     ) -> None:
         if retrain is not None and retrain.method != "retrain":
             raise ConfigError(f"retrain must be a result of 'retrain'; got '{retrain.method}'")
@@ -225,12 +242,29 @@ class Verifier:
             self.retrain_row = self.judge.judge(retrain, self.retrain_params)
             self.retrain_gap = l2_distance(run.final_params, retrain.params)
         self.original_row = self.judge.measure(run.final_params, "original", self.retrain_params)
+        self.noise_std = noise_std
+        self.noisy_original_row: dict[str, Any] | None = None
+        if noise_std > 0:
+            g = torch.Generator().manual_seed(seed)
+            noise = torch.randn(run.final_params.shape, generator=g) * noise_std
+            self.noisy_original_row = self.judge.measure(
+                run.final_params + noise, "original + noise", self.retrain_params
+            )
+        self.initial_gap = (
+            l2_distance(run.initial_params, retrain.params) if retrain is not None else None
+        )
+        self.clean_asr = None
+        if session.evaluation.trigger is not None:
+            self.clean_asr = session.evaluation.evaluate(run.initial_params).get("backdoor_asr")
+        self.client_membership = client_membership
         self.deletion = deletion_evidence(run.store, request.forget)
         malicious = run.malicious
         self._attack = {
             "backdoor": session.evaluation.trigger is not None,
             "attackers_forgotten": len(malicious & request.forget),
             "attackers_total": len(malicious),
+            "attack_kind": run.config.attack.kind if malicious else None,
+            "private_run": bool(run.config.privacy.enabled),
         }
 
     @property
@@ -238,8 +272,21 @@ class Verifier:
         """The reference models in use."""
         return ("original", "retrain") if self.retrain is not None else ("original",)
 
-    def evidence(self, row: dict[str, Any], details: Details | None = None) -> Evidence:
-        """Return the checks' evidence for a model's row (from this verifier's ``judge``)."""
+    def evidence(
+        self,
+        row: dict[str, Any],
+        details: Details | None = None,
+        *,
+        lineage: Lineage | None = None,
+        warnings: Iterable[str] | None = None,
+        client_membership: ClientMembershipEvidence | None = None,
+    ) -> Evidence:
+        """Return the checks' evidence for a model's row (from this verifier's ``judge``).
+
+        ``warnings`` overrides the details' warnings (an audit's ``--result``); with neither
+        details nor warnings, the receipt says that none were available.
+        """
+        found = _method_warnings(details) if warnings is None else tuple(warnings)
         return Evidence(
             row=row,
             original=self.original_row,
@@ -247,30 +294,64 @@ class Verifier:
             retrain_gap=self.retrain_gap,
             request_kind=self.request.kind,
             bound=details.certified_bound() if details is not None else None,
-            warnings=_method_warnings(details),
+            warnings=found,
             deletion=self.deletion,
+            noisy_original=self.noisy_original_row,
+            noise_std=self.noise_std if self.noisy_original_row is not None else None,
+            clean_asr=self.clean_asr,
+            initial_gap=self.initial_gap,
+            client_membership=client_membership,
+            warnings_available=details is not None or warnings is not None,
+            lineage=lineage,
             **self._attack,
         )
 
     def verification(
-        self, row: dict[str, Any], details: Details | None = None, subject: str = ""
+        self,
+        row: dict[str, Any],
+        details: Details | None = None,
+        subject: str = "",
+        *,
+        lineage: Lineage | None = None,
+        warnings: Iterable[str] | None = None,
+        params: torch.Tensor | None = None,
     ) -> Verification:
-        """Return the receipt of a model from its row (``judge.judge`` or ``judge.measure``)."""
-        return build_verification(self.evidence(row, details), self.thresholds, subject=subject)
+        """Return the receipt of a model from its row (``judge.judge`` or ``judge.measure``).
+
+        ``params`` (the model's flat parameters) feed the client-level membership test when
+        the verifier has one.
+        """
+        membership = None
+        if self.client_membership is not None and params is not None:
+            membership = self.client_membership(params)
+        evidence = self.evidence(
+            row, details, lineage=lineage, warnings=warnings, client_membership=membership
+        )
+        return build_verification(evidence, self.thresholds, subject=subject)
 
     def verify(self, result: UnlearnResult) -> UnlearnResult:
         """Return ``result`` with its receipt attached (``result.verification``)."""
         row = self.judge.judge(result, self.retrain_params)
-        return replace(result, verification=self.verification(row, result.details, result.method))
+        receipt = self.verification(
+            row, result.details, result.method, lineage=result.lineage, params=result.params
+        )
+        return replace(result, verification=receipt)
 
     def audit(
-        self, params: torch.Tensor, subject: str = "model"
+        self,
+        params: torch.Tensor,
+        subject: str = "model",
+        *,
+        warnings: Iterable[str] | None = None,
+        lineage: Lineage | None = None,
     ) -> tuple[dict[str, Any], Verification]:
         """Return the measures and the receipt of any model of the run's architecture.
 
         Args:
             params: The model's flat parameters (``fedunlearn.models.get_flat_params`` order).
             subject: What the model is (shown on the receipt), e.g. its file name.
+            warnings: The method's warnings, from its result file; None: none were available.
+            lineage: The result's lineage, from its result file; None: no lineage.
 
         Raises:
             ConfigError: if ``params`` is not a flat vector of the run's model size.
@@ -282,5 +363,30 @@ class Verifier:
                 f"run's {self.run.config.model.name} has {expected} (a flat vector). Audit a "
                 "model of the run's architecture."
             )
-        row = self.judge.measure(params.detach().to(torch.float32), subject, self.retrain_params)
-        return row, self.verification(row, None, subject)
+        flat = params.detach().to(torch.float32)
+        row = self.judge.measure(flat, subject, self.retrain_params)
+        receipt = self.verification(
+            row, None, subject, lineage=lineage, warnings=warnings, params=flat
+        )
+        return row, receipt
+
+
+def lineage_from_dict(data: Mapping[str, Any] | None) -> Lineage | None:
+    """Return the ``Lineage`` a result file stored (``Lineage.to_dict()``), or None.
+
+    Raises:
+        ConfigError: if ``data`` is not a lineage record.
+    """
+    if data is None:
+        return None
+    try:
+        return Lineage(
+            kind=data["kind"],
+            start=str(data["start"]),
+            start_round=data.get("start_round"),
+            first_tainted_round=data.get("first_tainted_round"),
+            tainted_reads={str(k): list(v) for k, v in (data.get("tainted_reads") or {}).items()},
+            reason=str(data.get("reason", "")),
+        )
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"the result's lineage is not a lineage record: {err}") from None

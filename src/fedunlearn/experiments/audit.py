@@ -9,12 +9,18 @@ toolkit is audited the same way, as long as it has the run's architecture.
 
 Which clients the model is supposed to have forgotten: ``forget``; by default the clients the
 run's store has deleted (``fedunlearn forget``), if any.
+
+The method's warnings and the result's lineage live in the result file ``fedunlearn unlearn``
+wrote (``--out R.json``): ``audit_model(..., result="R.json")`` carries them into the receipt
+(``read_result_file``). Without it the receipt says that no warnings were available and that the
+model has no lineage.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +29,12 @@ from torch import nn
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import VerificationThresholds, Verifier, reference_retrain
+from fedunlearn.eval.verifier import lineage_from_dict
 from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
 from fedunlearn.models.flat import get_flat_params
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
-__all__ = ["audit_model", "forgotten_clients", "read_model_file"]
+__all__ = ["audit_model", "forgotten_clients", "read_model_file", "read_result_file"]
 
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth")
 
@@ -107,6 +114,44 @@ def read_model_file(path: str | Path, model: nn.Module) -> torch.Tensor:
     )
 
 
+def read_result_file(path: str | Path) -> dict[str, Any]:
+    """Return the result JSON ``fedunlearn unlearn --out`` wrote.
+
+    Raises:
+        ConfigError: if the file is missing, not JSON, or not a result of ``unlearn``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"result file {path} does not exist")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"result file {path} is not readable JSON: {err}") from None
+    if not isinstance(doc, dict) or "method" not in doc or "request" not in doc:
+        raise ConfigError(
+            f"{path} is not a result of 'fedunlearn unlearn' (no 'method' and 'request'); pass "
+            "the file its --out wrote"
+        )
+    return doc
+
+
+def _result_claims(
+    result: Mapping[str, Any], request: UnlearnRequest, source: str
+) -> tuple[list[str], Any, str]:
+    """Return the warnings, lineage and method a result document carries for ``request``."""
+    req = result.get("request") or {}
+    forget = sorted(int(c) for c in req.get("forget", []))
+    if forget != sorted(request.forget) or req.get("kind", request.kind) != request.kind:
+        raise ConfigError(
+            f"{source} is a result for {req.get('kind')} clients {forget}; the audit is for "
+            f"{request.kind} clients {sorted(request.forget)}. Pass the matching result"
+        )
+    details = result.get("details") or {}
+    found = details.get("warnings") or []
+    warnings = [found] if isinstance(found, str) else [str(w) for w in found]
+    return warnings, lineage_from_dict(result.get("lineage")), str(result.get("method", ""))
+
+
 def forgotten_clients(session: UnlearnSession) -> list[int]:
     """Return the clients the run's store has deleted (its forget log), sorted."""
     ids: set[int] = set()
@@ -128,6 +173,7 @@ def audit_model(
     thresholds: VerificationThresholds | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    result: str | Path | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the receipt document of a model of the run's architecture.
 
@@ -141,14 +187,23 @@ def audit_model(
         thresholds: Thresholds of the checks (defaults if None).
         seed: Seed of the membership attacks.
         progress: Told about each stage (and Retrain's rounds).
+        result: The method's result (the JSON ``fedunlearn unlearn --out`` wrote, its path, or
+            the parsed document): its warnings and lineage go into the receipt. None: the
+            receipt says that none were available.
 
     Returns:
         ``{"subject", "request", "measures", "original", "retrain", "verification", ...}``.
 
     Raises:
-        ConfigError: if no client is named and the store deleted none, or the model does not
-            fit the run.
+        ConfigError: if no client is named and the store deleted none, the model does not
+            fit the run, or the result is of another request.
     """
+    result_doc: Mapping[str, Any] | None = None
+    source = "the result"
+    if isinstance(result, str | Path):
+        result_doc, source = read_result_file(result), str(result)
+    elif result is not None:
+        result_doc = result
     with UnlearnSession(run_dir) as session:
         if isinstance(model, torch.Tensor):
             params, subject = model, "model"
@@ -164,6 +219,11 @@ def audit_model(
                 )
         request = UnlearnRequest.of(forget, kind)
         session.run_view.check_request(request)
+        warnings: list[str] | None = None
+        lineage = None
+        method = None
+        if result_doc is not None:
+            warnings, lineage, method = _result_claims(result_doc, request, source)
         if progress is not None and reference == "retrain":
             progress.on_method("retrain", 1, 1)
         retrain = reference_retrain(
@@ -175,12 +235,13 @@ def audit_model(
         if progress is not None:
             progress.on_step("verifying")
         verifier = Verifier(session, request, thresholds=thresholds, retrain=retrain, seed=seed)
-        row, verification = verifier.audit(params, subject)
+        row, verification = verifier.audit(params, subject, warnings=warnings, lineage=lineage)
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "subject": subject,
         "run_dir": str(run_dir),
         "request": {"forget": sorted(request.forget), "kind": request.kind},
+        "result_method": method,
         "measures": row,
         "original": verifier.original_row,
         "retrain": verifier.retrain_row,

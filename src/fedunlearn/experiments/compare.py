@@ -146,7 +146,10 @@ def compare_methods(
             variant = getattr(result.details, "variant", None)
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
-            row["verification"] = verifier.verification(row, result.details, name).to_dict()
+            row["lineage"] = result.lineage.to_dict() if result.lineage is not None else None
+            row["verification"] = verifier.verification(
+                row, result.details, name, lineage=result.lineage, params=result.params
+            ).to_dict()
             rows.append(row)
         config = run.config.model_dump(mode="json")
         malicious = sorted(run.malicious)
@@ -213,7 +216,7 @@ def unlearn_one(
             "costs": result.costs.to_dict(),
             "round_metrics": _jsonable_rounds(result),
             "details": result.details.to_dict(),
-            "lineage": result.lineage.to_dict() if result.lineage else None,
+            "lineage": result.lineage.to_dict() if result.lineage is not None else None,
             "privacy": {
                 k: v for k, v in run_privacy(run.config, run.store).items() if k != "rounds"
             },

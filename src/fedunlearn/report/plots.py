@@ -24,8 +24,15 @@ _BARS = (
     ("mia_auc", "membership AUC (forgotten clean data)", "auc"),
     ("distance_to_retrain", "L2 distance to Retrain", "abs"),
 )
-_VERDICT_MARKERS = {"pass": "o", "warn": "^", "fail": "X", None: "s"}
-_VERDICT_COLORS = {"pass": "#2ca02c", "warn": "#ff7f0e", "fail": "#d62728", None: "#7f7f7f"}
+_VERDICT_MARKERS = {
+    "pass": "o",
+    "warn": "^",
+    "fail": "X",
+    "removed": "o",
+    "not_shown": "^",
+    "remains": "X",
+    None: "s",
+}
 
 
 def _colors(methods: list[dict[str, Any]]) -> dict[str, str]:
@@ -35,7 +42,9 @@ def _colors(methods: list[dict[str, Any]]) -> dict[str, str]:
 
 def _verdict(row: dict[str, Any]) -> str | None:
     verification = row.get("verification")
-    return None if verification is None else verification["verdict"]
+    if verification is None:
+        return None
+    return verification.get("influence", verification["verdict"])
 
 
 def _has_signal(values: list[Any]) -> bool:
@@ -191,10 +200,10 @@ def _tradeoff(doc: dict[str, Any], out: Path) -> Path:
             markeredgecolor="black",
             label=v,
         )
-        for v in ("pass", "warn", "fail")
+        for v in ("removed", "not_shown", "remains")
     ]
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    fig.suptitle("quality against cost (marker: the receipt's verdict)", fontsize=11)
+    fig.suptitle("quality against cost (marker: the receipt's influence verdict)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1 - 2.4 / (5.2 * len(keys) + 2.4), 1))
     path = out / "tradeoff.png"
     fig.savefig(path, dpi=120)

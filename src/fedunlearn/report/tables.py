@@ -1,7 +1,9 @@
 """Write a results document as results.json, results.csv and results.md; name the cheapest pass.
 
-Every table shows each method's verdict (its receipt, ``verification``); results.md lists the
-reason of every check that did not pass, so a failing method is never shown without saying so.
+Every table shows each method's verdict (its receipt's influence verdict: removed, not_shown,
+remains; older documents: the worst check); results.md lists the influence verdict with its
+reason, the utility and store verdicts, and the reason of every check that did not pass, so a
+failing method is never shown without saying so.
 """
 
 from __future__ import annotations
@@ -114,22 +116,33 @@ def _cell(row: dict[str, Any], key: str) -> Any:
 
 
 def verdict(row: dict[str, Any]) -> str | None:
-    """Return a row's overall verdict (``pass``, ``warn``, ``fail``), or None if unverified."""
+    """Return a row's influence verdict (``removed``, ``not_shown``, ``remains``), or None.
+
+    Documents written before the influence verdict existed give their overall verdict.
+    """
     verification = row.get("verification")
-    return None if verification is None else verification["verdict"]
+    if verification is None:
+        return None
+    return verification.get("influence", verification["verdict"])
+
+
+def _shown_clean(verification: dict[str, Any]) -> bool:
+    if "influence" in verification:
+        return verification["influence"] == "removed" and verification.get("utility") == "ok"
+    return verification.get("model_verdict", verification["verdict"]) == "pass"
 
 
 def cheapest_passing(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """Return the row with the fewest client epochs whose model passes every check, or None.
+    """Return the cheapest row shown to remove the influence with utility ok, or None.
 
-    Only the checks of the model count (``model_verdict``): whether the store still holds the
-    forgotten clients' updates is the same for every method of a request.
+    The store verdict does not count: whether the store still holds the forgotten clients'
+    updates is the same for every method of a request. Older documents: ``model_verdict``.
     """
     passing = [
         m
         for m in doc["methods"]
         if m.get("verification") is not None
-        and m["verification"].get("model_verdict", m["verification"]["verdict"]) == "pass"
+        and _shown_clean(m["verification"])
         and m["method"] != "none"
     ]
     if not passing:
@@ -145,20 +158,28 @@ def _reason_lines(doc: dict[str, Any]) -> list[str]:
             continue
         name = row.get("label", row["method"])
         reasons = verification.get("reasons") or []
-        lines.append(
-            f"- **{name}**: {verification['verdict']}"
-            + ("" if reasons else " (every check passed or did not apply)")
-        )
+        if "influence" in verification:
+            lines.append(
+                f"- **{name}**: influence {verification['influence']}, utility "
+                f"{verification.get('utility')}, store {verification.get('store')} "
+                f"({verification.get('influence_reason', '')})"
+            )
+        else:
+            lines.append(
+                f"- **{name}**: {verification['verdict']}"
+                + ("" if reasons else " (every check passed or did not apply)")
+            )
         lines += [f"  - {reason}" for reason in reasons]
     best = cheapest_passing(doc)
     if best is not None:
         lines += [
             "",
-            f"Cheapest method that passes every check: **{best.get('label', best['method'])}** "
+            "Cheapest method shown to remove the influence with utility ok: "
+            f"**{best.get('label', best['method'])}** "
             f"({best['client_epochs']:,} client epochs).",
         ]
     elif lines:
-        lines += ["", "No method passed every check of the model."]
+        lines += ["", "No method was shown to remove the influence with utility ok."]
     return lines
 
 

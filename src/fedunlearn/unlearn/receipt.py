@@ -1,9 +1,13 @@
 """The receipt of an unlearning result: checks with verdicts, and a method's certified bound.
 
 A ``Verification`` is what verifying one model against one request found: a tuple of ``Check``
-values (each a measured value, the reference it was judged against, the threshold and a verdict
-``pass``, ``warn``, ``fail`` or ``n/a``, with one sentence saying why whenever it is not a pass),
-and the overall verdict (``fail`` if any check fails, else ``warn`` if any warns, else ``pass``).
+values (each a measured value, the reference it was judged against, the threshold, the check's
+measured power and a verdict ``pass``, ``warn``, ``fail``, ``inconclusive`` or ``n/a``, with one
+sentence saying why), and three separate verdicts: **influence** (``removed``, ``not_shown``,
+``remains``: from the checks with power and the result's lineage), **utility** (``ok``,
+``degraded``, ``unknown``) and **store** (``deleted``, ``held``, ``damaged``, ``unknown``). The
+summary line and the command-line exit codes follow the influence verdict; ``verdict`` (the
+worst check) is kept for tables.
 These are plain frozen values so that ``UnlearnResult`` can carry one; the checks themselves are
 computed in ``fedunlearn.eval`` (above this layer), and ``docs/verification.md`` documents them.
 
@@ -20,11 +24,23 @@ from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError
 
-__all__ = ["VERDICTS", "BoundReport", "Check", "Verdict", "Verification", "overall_verdict"]
+__all__ = [
+    "INFLUENCE_VERDICTS",
+    "VERDICTS",
+    "BoundReport",
+    "Check",
+    "Verdict",
+    "Verification",
+    "influence_verdict",
+    "overall_verdict",
+]
 
-Verdict = Literal["pass", "warn", "fail", "n/a"]
-VERDICTS: tuple[str, ...] = ("pass", "warn", "fail", "n/a")
-_SEVERITY = {"n/a": 0, "pass": 1, "warn": 2, "fail": 3}
+Verdict = Literal["pass", "warn", "fail", "inconclusive", "n/a"]
+VERDICTS: tuple[str, ...] = ("pass", "warn", "fail", "inconclusive", "n/a")
+_SEVERITY = {"n/a": 0, "pass": 1, "inconclusive": 2, "warn": 3, "fail": 4}
+Aspect = Literal["influence", "utility", "store", "method"]
+Influence = Literal["removed", "not_shown", "remains"]
+INFLUENCE_VERDICTS: tuple[str, ...] = ("removed", "not_shown", "remains")
 
 
 def _json_number(value: Any) -> Any:
@@ -79,7 +95,9 @@ class Check:
         name: Stable key (``backdoor``, ``membership``, ``distance``, ``bound``, ``utility``,
             ``deletion``, ``method_warnings``).
         title: Short human title.
-        verdict: ``pass``, ``warn``, ``fail`` or ``n/a``.
+        verdict: ``pass``, ``warn``, ``fail``, ``inconclusive`` (the check cannot tell its
+            negative control, the original model, from a model without the forgotten clients,
+            or flags its positive control, Retrain) or ``n/a``.
         value: The measured value the verdict is based on (None for ``n/a``).
         reference: The value(s) it is judged against, by name (``{"original": .., "retrain": ..}``).
         threshold: The thresholds applied, by name (``{"warn": .., "fail": ..}``).
@@ -88,6 +106,13 @@ class Check:
         scope: ``model`` (a property of the judged model) or ``store`` (of the run's history
             store, the same for every model of a request).
         evidence: Further measured numbers (per attack, per client, ...).
+        aspect: Which separate verdict the check feeds: ``influence`` (whether the forgotten
+            clients' influence is gone), ``utility``, ``store`` or ``method`` (the method's own
+            claims: warnings, certified bound).
+        power: The check's measured power on its controls (e.g. ``original_flagged``,
+            ``separation_se``: the original's distance from the reference in standard errors).
+        decisive: Whether a pass of this check can show that the influence is removed (a
+            distance can be small for a model that still carries it: not decisive).
     """
 
     name: str
@@ -99,6 +124,9 @@ class Check:
     reason: str = ""
     scope: Literal["model", "store"] = "model"
     evidence: dict[str, Any] = field(default_factory=dict)
+    aspect: Aspect = "influence"
+    power: dict[str, Any] = field(default_factory=dict)
+    decisive: bool = True
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -117,14 +145,63 @@ class Check:
                 "reason": self.reason,
                 "scope": self.scope,
                 "evidence": dict(self.evidence),
+                "aspect": self.aspect,
+                "power": dict(self.power),
+                "decisive": self.decisive,
             }
         )
 
 
 def overall_verdict(checks: tuple[Check, ...] | list[Check]) -> Verdict:
-    """Return ``fail`` if a check fails, else ``warn`` if one warns, else ``pass``."""
+    """Return the worst verdict: ``fail``, else ``warn``, else ``inconclusive``, else ``pass``."""
     worst = max((_SEVERITY[c.verdict] for c in checks), default=0)
-    return "fail" if worst == 3 else "warn" if worst == 2 else "pass"
+    return {4: "fail", 3: "warn", 2: "inconclusive"}.get(worst, "pass")
+
+
+def _hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...]) -> list[str]:
+    """Return what would give evidence about the influence, in words."""
+    hints = []
+    if "retrain" not in references:
+        hints.append("a Retrain reference (--reference retrain)")
+    names = {c.name: c for c in checks}
+    client = names.get("client_membership")
+    if client is None or client.verdict == "n/a":
+        hints.append("the client-level membership test")
+    hints.append("participation markers embedded when the client trained")
+    return hints
+
+
+def influence_verdict(
+    checks: tuple[Check, ...] | list[Check],
+    lineage: dict[str, Any] | None,
+    references: tuple[str, ...] = ("original",),
+) -> tuple[Influence, str]:
+    """Return the influence verdict and one sentence saying why.
+
+    ``removed``: the lineage is ``exact`` (by construction), or a decisive influence check with
+    power passes and none fails or warns. ``remains``: an influence check with power flags the
+    model (and the lineage is not exact). ``not_shown``: neither; the sentence says what would
+    give evidence.
+    """
+    influence = [c for c in checks if c.aspect == "influence"]
+    flagged = [c for c in influence if c.verdict == "fail"]
+    if lineage is not None and lineage.get("kind") == "exact":
+        reason = "by construction: " + (lineage.get("reason") or "exact lineage")
+        if flagged:
+            reason += " (note: " + "; ".join(f"{c.title} flags it" for c in flagged) + ")"
+        return "removed", reason
+    if flagged:
+        return "remains", "; ".join(f"{c.title}: {c.reason}" for c in flagged)
+    shown = [c for c in influence if c.verdict == "pass" and c.decisive]
+    warned = [c for c in influence if c.verdict == "warn"]
+    if shown and not warned:
+        return "removed", "shown by " + ", ".join(c.title for c in shown) + " (checks with power)"
+    why = (
+        "; ".join(f"{c.title} warns: {c.reason}" for c in warned)
+        if warned
+        else "no check with power shows it either way"
+    )
+    return "not_shown", f"{why}; evidence would come from " + ", ".join(_hints(checks, references))
 
 
 @dataclass(frozen=True)
@@ -137,17 +214,57 @@ class Verification:
             one was computed or given).
         thresholds: The thresholds in force (``VerificationThresholds`` as a dict).
         subject: What was judged (a method name, or the model file of an audit).
+        lineage: The result's lineage (``Lineage.to_dict()``), or None when none was available
+            (an audited model without ``--result``).
     """
 
     checks: tuple[Check, ...]
     references: tuple[str, ...] = ("original",)
     thresholds: dict[str, Any] = field(default_factory=dict)
     subject: str = ""
+    lineage: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> Verdict:
-        """Overall verdict over every check (store checks included)."""
+        """The worst verdict of every check (store checks included); for tables."""
         return overall_verdict(self.checks)
+
+    @property
+    def influence(self) -> Influence:
+        """Whether the forgotten clients' influence is ``removed``, ``not_shown`` or ``remains``."""
+        return influence_verdict(self.checks, self.lineage, self.references)[0]
+
+    @property
+    def influence_reason(self) -> str:
+        """One sentence saying why ``influence`` is what it is."""
+        return influence_verdict(self.checks, self.lineage, self.references)[1]
+
+    @property
+    def utility(self) -> str:
+        """``ok``, ``degraded`` (the utility check warns or fails) or ``unknown``."""
+        found = [c.verdict for c in self.checks if c.aspect == "utility"]
+        if any(v in ("warn", "fail") for v in found):
+            return "degraded"
+        return "ok" if "pass" in found else "unknown"
+
+    @property
+    def store(self) -> str:
+        """The store verdict: ``deleted``, ``held``, ``damaged`` or ``unknown``.
+
+        ``held``: updates still stored; ``damaged``: a deletion that did not hold (deleted data
+        readable, found in the files or rebuildable).
+        """
+        found = [c for c in self.checks if c.aspect == "store"]
+        if not found:
+            return "unknown"
+        check = found[0]
+        if check.verdict == "fail" and check.evidence.get("failure") != "held":
+            return "damaged"
+        if check.verdict == "pass":
+            return "deleted"
+        if check.value:  # bytes still held (a warn, or n/a on a recovery request)
+            return "held"
+        return "unknown"
 
     @property
     def model_verdict(self) -> Verdict:
@@ -156,8 +273,8 @@ class Verification:
 
     @property
     def reasons(self) -> tuple[str, ...]:
-        """One sentence per warning or failing check, failures first."""
-        bad = [c for c in self.checks if c.verdict in ("fail", "warn")]
+        """One sentence per failing, warning or inconclusive check, failures first."""
+        bad = [c for c in self.checks if c.verdict in ("fail", "warn", "inconclusive")]
         bad.sort(key=lambda c: -_SEVERITY[c.verdict])
         return tuple(f"{c.title}: {c.reason}" for c in bad)
 
@@ -174,7 +291,13 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON block (``docs/results_format.md``, "verification")."""
+        influence, why = influence_verdict(self.checks, self.lineage, self.references)
         return {
+            "influence": influence,
+            "influence_reason": why,
+            "utility": self.utility,
+            "store": self.store,
+            "lineage": None if self.lineage is None else dict(self.lineage),
             "verdict": self.verdict,
             "model_verdict": self.model_verdict,
             "subject": self.subject,

@@ -1,0 +1,138 @@
+"""No pass without power, on the digits quickstart as shipped (issue 21).
+
+The receipts of the original model plus small Gaussian noise (std 0, 1e-6, 1e-3) must never say
+the influence is ``removed``: for an honest client (client 0), for one of the two backdoor
+attackers, and for recovery from label flipping (the quickstart with ``attack.kind:
+label_flip``). Retrain is ``removed`` where a check has power (the attackers) and by
+construction once its lineage is exact; the ``none`` control is never ``removed``.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedunlearn.config import load_config
+from fedunlearn.eval import Verifier
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+
+pytestmark = pytest.mark.slow
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "digits_quickstart.yaml"
+NOISE = (0.0, 1e-6, 1e-3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def receipts_of(run: Path, forget: list[int], kind: str) -> dict:
+    """Return the receipts of the noisy originals, Retrain and ``none``, with and without
+    a Retrain reference."""
+    out: dict = {}
+    with UnlearnSession(run) as session:
+        request = UnlearnRequest.of(forget, kind)
+        retrain = session.run(make_method("retrain"), request)
+        none = session.run(make_method("none"), request)
+        final = session.run_view.final_params
+        g = torch.Generator().manual_seed(11)
+        noisy = {std: final + torch.randn(final.shape, generator=g) * std for std in NOISE}
+        with_retrain = Verifier(session, request, retrain=retrain)
+        alone = Verifier(session, request, judge=with_retrain.judge)
+        for label, verifier in (("retrain_ref", with_retrain), ("original_ref", alone)):
+            out[label] = {
+                "noisy": {std: verifier.audit(p, f"noise {std}")[1] for std, p in noisy.items()},
+                "retrain": verifier.verify(retrain).verification,
+                "none": verifier.verify(none).verification,
+            }
+        out["retrain_lineage"] = retrain.lineage
+    return out
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    run = tmp_path_factory.mktemp("quickstart") / "run"
+    train_run(load_config(QUICKSTART), run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def label_flip(tmp_path_factory):
+    run = tmp_path_factory.mktemp("label_flip") / "run"
+    train_run(load_config(QUICKSTART, {"attack.kind": "label_flip"}), run)
+    return run
+
+
+def assert_never_removed(receipts: dict) -> None:
+    for ref in ("retrain_ref", "original_ref"):
+        for std, receipt in receipts[ref]["noisy"].items():
+            assert receipt.influence in ("remains", "not_shown"), (ref, std, receipt.checks)
+        assert receipts[ref]["none"].influence in ("remains", "not_shown")
+
+
+def assert_retrain_removed_by_construction_or_not_flagged(receipts: dict, powered: bool) -> None:
+    lineage = receipts["retrain_lineage"]
+    receipt = receipts["retrain_ref"]["retrain"]
+    if lineage is not None and lineage.exact:
+        assert receipt.influence == "removed"
+        assert receipt.influence_reason.startswith("by construction")
+    elif powered:  # shown by a check with power (backdoor ASR, poisoning's accuracy)
+        assert receipt.influence == "removed", receipt.influence_reason
+    else:
+        assert receipt.influence == "not_shown", receipt.influence_reason
+
+
+def test_an_honest_clients_noisy_original_is_never_removed(quickstart):
+    receipts = receipts_of(quickstart, [0], "forget")
+    assert_never_removed(receipts)
+    # both membership attacks sit within a few standard errors on the original and on
+    # Retrain: the check is inconclusive, never a pass
+    for receipt in receipts["retrain_ref"]["noisy"].values():
+        membership = receipt.check("membership")
+        assert membership.verdict == "inconclusive"
+        assert "cannot tell the original from a model that never saw client(s) 0" in (
+            membership.reason
+        )
+        assert membership.power["shadow"]["original_flagged"] is False
+    # with Retrain, a model within 1e-6 of the original is caught by the distance check
+    assert receipts["retrain_ref"]["noisy"][1e-6].influence == "remains"
+    assert_retrain_removed_by_construction_or_not_flagged(receipts, powered=False)
+
+
+def test_one_of_two_attackers_noisy_original_remains_against_retrain(quickstart):
+    receipts = receipts_of(quickstart, [1], "recover")
+    assert_never_removed(receipts)
+    for std, receipt in receipts["retrain_ref"]["noisy"].items():
+        backdoor = receipt.check("backdoor")
+        assert backdoor.verdict == "fail", (std, backdoor.reason)
+        assert receipt.influence == "remains"
+    for receipt in receipts["original_ref"]["noisy"].values():
+        # another attacker stays: without Retrain the check cannot say (it was a silent n/a)
+        assert receipt.check("backdoor").verdict == "inconclusive"
+    assert_retrain_removed_by_construction_or_not_flagged(receipts, powered=True)
+
+
+def test_label_flip_recovery_is_judged_against_retrain(label_flip):
+    with UnlearnSession(label_flip) as session:
+        attackers = sorted(session.run_view.malicious)
+    receipts = receipts_of(label_flip, attackers, "recover")
+    assert_never_removed(receipts)
+    for receipt in receipts["retrain_ref"]["noisy"].values():
+        poisoning = receipt.check("poisoning")
+        # the poisoned original is 3.1 points below Retrain here (89.1% / 92.2%), under the
+        # 5-point flag line: the check says it cannot tell, never pass
+        assert poisoning.verdict in ("fail", "inconclusive"), poisoning.reason
+        assert poisoning.reference["retrain"] > poisoning.reference["original"]
+        assert receipt.check("utility").reference["retrain"] is not None
+    for receipt in receipts["original_ref"]["noisy"].values():
+        # never judged against the poisoned original (it used to pass against it)
+        assert receipt.check("utility").verdict == "n/a"
+        assert receipt.check("poisoning").verdict == "inconclusive"
+    retrain = receipts["retrain_ref"]["retrain"]
+    powered = retrain.check("poisoning").power["original_flagged"]
+    assert_retrain_removed_by_construction_or_not_flagged(receipts, powered=powered)
