@@ -7,13 +7,15 @@ label_flip``). Retrain is ``removed`` where a check has power (the attackers) an
 construction once its lineage is exact; the ``none`` control is never ``removed``.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from fedunlearn.config import load_config
-from fedunlearn.eval import Verifier
+from fedunlearn.eval import Verifier, client_membership_check
+from fedunlearn.fl.client import local_update
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
@@ -136,3 +138,40 @@ def test_label_flip_recovery_is_judged_against_retrain(label_flip):
     retrain = receipts["retrain_ref"]["retrain"]
     powered = retrain.check("poisoning").power["original_flagged"]
     assert_retrain_removed_by_construction_or_not_flagged(receipts, powered=powered)
+
+
+def test_the_client_level_test_gives_the_receipt_power_for_an_honest_client(quickstart):
+    # Prepare: the receipt as `unlearn` builds it by default (client_test=True), forgetting
+    # honest client 0; candidates: the original + 1e-3 noise (which the AUC attacks and the
+    # distance cannot judge), Retrain fine-tuned on client 0 alone, and Retrain itself
+    request = UnlearnRequest.of([0], "forget")
+    with UnlearnSession(quickstart) as session:
+        retrain = session.run(make_method("retrain"), request)
+        federation = session.federation
+        final = session.run_view.final_params
+        noisy = final + torch.randn(final.shape, generator=torch.Generator().manual_seed(3)) * 1e-3
+        tuned = local_update(
+            federation.model,
+            retrain.params,
+            federation.client_data[0],
+            replace(federation.spec, epochs=20),
+            seed=1,
+        )
+        membership = client_membership_check(session, request, retrain)
+        for with_retrain in (retrain, None):
+            verifier = Verifier(
+                session, request, retrain=with_retrain, client_membership=membership
+            )
+
+            # Execute
+            _, noisy_receipt = verifier.audit(noisy, "original + 1e-3")
+            _, tuned_receipt = verifier.audit(retrain.params + tuned.delta, "fine-tuned")
+            retrain_receipt = verifier.verify(retrain).verification
+
+            # Assert: the negative controls are caught, the positive control passes
+            for receipt in (noisy_receipt, tuned_receipt):
+                check = receipt.check("client_membership")
+                assert check.verdict == "fail", check.reason
+                assert receipt.influence == "remains", receipt.influence_reason
+            assert retrain_receipt.check("client_membership").verdict == "pass"
+            assert retrain_receipt.influence == "removed", retrain_receipt.influence_reason

@@ -38,6 +38,7 @@ __all__ = [
     "FinishedRunArg",
     "ForgetOption",
     "ReferenceOption",
+    "ClientTestOption",
     "RunArg",
     "ThresholdOption",
     "ThresholdsFileOption",
@@ -64,6 +65,13 @@ ReferenceOption = Annotated[
 ]
 ThresholdsFileOption = Annotated[
     Path | None, typer.Option(help="YAML file of verification thresholds")
+]
+ClientTestOption = Annotated[
+    bool,
+    typer.Option(
+        "--client-test/--no-client-test",
+        help="also run the client-level membership test (reference models; cost in the receipt)",
+    ),
 ]
 ThresholdOption = Annotated[
     list[str] | None, typer.Option(help="one verification threshold key=value (repeatable)")

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from fedunlearn import __version__
 from fedunlearn.cli.common import (
+    ClientTestOption,
     FinishedRunArg,
     ForgetOption,
     ReferenceOption,
@@ -546,6 +547,7 @@ def unlearn(
     reference: ReferenceOption = "original",
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
+    client_test: ClientTestOption = True,
 ) -> None:
     """Remove clients from a trained run with one method; verify it; write the result JSON.
 
@@ -572,6 +574,7 @@ def unlearn(
             reference=reference,
             thresholds=limits,
             progress=progress,
+            client_test=client_test,
         )
     if save_model is not None:
         from fedunlearn.cli.export import run_model, save_result_model
@@ -604,6 +607,7 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print results.json")] = False,
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
+    client_test: ClientTestOption = True,
 ) -> None:
     """Run several methods on a run, verify each, write results.json/csv/md and PNG plots.
 
@@ -615,7 +619,17 @@ def compare(
     from fedunlearn.cli import receipt
 
     limits = receipt.load_thresholds(thresholds, threshold)
-    doc = _compare(run_dir, ids, kind, methods_, params, seed, quiet=as_json, limits=limits)
+    doc = _compare(
+        run_dir,
+        ids,
+        kind,
+        methods_,
+        params,
+        seed,
+        quiet=as_json,
+        limits=limits,
+        client_test=client_test,
+    )
     from fedunlearn.report import plot_results, write_results
 
     write_results(doc, out)
@@ -661,6 +675,7 @@ def _compare(
     seed: int,
     *,
     quiet: bool,
+    client_test: bool = True,
     limits: Any = None,
 ) -> dict[str, Any]:
     from fedunlearn.experiments import compare_methods
@@ -688,6 +703,7 @@ def _compare(
             seed=seed,
             thresholds=limits,
             progress=progress,
+            client_test=client_test,
         )
 
 

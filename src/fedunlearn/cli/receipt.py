@@ -25,6 +25,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedunlearn.cli.common import (
+    ClientTestOption,
     FinishedRunArg,
     ReferenceOption,
     ThresholdOption,
@@ -288,6 +289,7 @@ def audit_command(
         ),
     ] = None,
     reference: ReferenceOption = "original",
+    client_test: ClientTestOption = True,
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
     out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
@@ -322,6 +324,7 @@ def audit_command(
             thresholds=limits,
             progress=progress,
             result=result,
+            client_test=client_test,
         )
     if out is not None:
         write_text_atomic(out, json.dumps(doc, indent=2) + "\n")

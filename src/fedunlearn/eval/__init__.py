@@ -23,7 +23,12 @@ from fedunlearn.eval.mia import (
     calibrate_loss_threshold,
     loss_threshold_attack,
 )
-from fedunlearn.eval.verifier import Verifier, deletion_evidence, reference_retrain
+from fedunlearn.eval.verifier import (
+    Verifier,
+    client_membership_check,
+    deletion_evidence,
+    reference_retrain,
+)
 
 __all__ = [
     "AttackSpec",
@@ -38,6 +43,7 @@ __all__ = [
     "build_verification",
     "calibrate_loss_threshold",
     "client_backdoor_success_rate",
+    "client_membership_check",
     "cosine_similarity",
     "deletion_evidence",
     "l2_distance",

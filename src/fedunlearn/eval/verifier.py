@@ -52,6 +52,7 @@ from fedunlearn.unlearn.lineage import Lineage
 __all__ = [
     "REFERENCES",
     "Verifier",
+    "client_membership_check",
     "deletion_evidence",
     "lineage_from_dict",
     "reference_retrain",
@@ -189,6 +190,34 @@ def _method_warnings(details: Details | None) -> tuple[str, ...]:
     if isinstance(found, str):
         return (found,)
     return tuple(str(w) for w in found or ())
+
+
+def client_membership_check(
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    retrain: UnlearnResult | None = None,
+    *,
+    seed: int = 0,
+) -> Callable[[torch.Tensor], ClientMembershipEvidence]:
+    """Fit the client-level membership test of ``request`` once; return the receipt's check input.
+
+    Trains the test's reference models (``eval.mia.fit_client_membership``: with and without
+    the forgotten clients, its cost bounded by its ``max_seconds``) and returns the function
+    ``Verifier(client_membership=...)`` calls per model: the candidate scored beside the
+    original (the negative control) and, when given, Retrain (the positive control).
+    """
+    from fedunlearn.eval.mia import fit_client_membership
+
+    test = fit_client_membership(session, sorted(request.forget), seed=seed)
+    original = session.run_view.final_params
+
+    def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
+        models = {"original": original, "candidate": params}
+        if retrain is not None:
+            models["retrain"] = retrain.params
+        return test.evidence(models)
+
+    return evidence
 
 
 class Verifier:

@@ -28,7 +28,12 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval import VerificationThresholds, Verifier, reference_retrain
+from fedunlearn.eval import (
+    VerificationThresholds,
+    Verifier,
+    client_membership_check,
+    reference_retrain,
+)
 from fedunlearn.eval.verifier import lineage_from_dict
 from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
 from fedunlearn.models.flat import get_flat_params
@@ -174,6 +179,7 @@ def audit_model(
     seed: int = 0,
     progress: Progress | None = None,
     result: str | Path | Mapping[str, Any] | None = None,
+    client_test: bool = True,
 ) -> dict[str, Any]:
     """Return the receipt document of a model of the run's architecture.
 
@@ -187,6 +193,9 @@ def audit_model(
         thresholds: Thresholds of the checks (defaults if None).
         seed: Seed of the membership attacks.
         progress: Told about each stage (and Retrain's rounds).
+        client_test: Also fit the client-level membership test (reference models with and
+            without the forgotten clients; its cost is reported in the receipt) and judge each
+            model with it; False skips it (the check then says what it would have shown).
         result: The method's result (the JSON ``fedunlearn unlearn --out`` wrote, its path, or
             the parsed document): its warnings and lineage go into the receipt. None: the
             receipt says that none were available.
@@ -234,7 +243,17 @@ def audit_model(
         )
         if progress is not None:
             progress.on_step("verifying")
-        verifier = Verifier(session, request, thresholds=thresholds, retrain=retrain, seed=seed)
+        membership = (
+            client_membership_check(session, request, retrain, seed=seed) if client_test else None
+        )
+        verifier = Verifier(
+            session,
+            request,
+            thresholds=thresholds,
+            retrain=retrain,
+            seed=seed,
+            client_membership=membership,
+        )
         row, verification = verifier.audit(params, subject, warnings=warnings, lineage=lineage)
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,

@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import fedunlearn
-from fedunlearn.eval import VerificationThresholds, Verifier, reference_retrain
+from fedunlearn.eval import (
+    VerificationThresholds,
+    Verifier,
+    client_membership_check,
+    reference_retrain,
+)
 from fedunlearn.eval.judge import Judge, finite_or_none
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
@@ -91,6 +96,7 @@ def compare_methods(
     seed: int = 0,
     thresholds: VerificationThresholds | None = None,
     progress: Progress | None = None,
+    client_test: bool = True,
 ) -> dict[str, Any]:
     """Run ``methods`` (plus ``none`` and ``retrain``) on a run and return the results document.
 
@@ -103,6 +109,9 @@ def compare_methods(
         seed: Seed of the evaluation (shadow models, MIA split).
         thresholds: Thresholds of the receipts' checks (defaults if None).
         progress: Told about each stage, method and unlearning round.
+        client_test: Also fit the client-level membership test (reference models with and
+            without the forgotten clients; its cost is reported in the receipt) and judge each
+            model with it; False skips it (the check then says what it would have shown).
 
     Returns:
         The ``results.json`` document (see ``docs/results_format.md``); every method row has a
@@ -127,8 +136,18 @@ def compare_methods(
             results[name] = _run(session, unlearners[name], request, progress, index, len(order))
         if progress is not None:
             progress.on_step("verifying")
+        membership = None
+        if client_test:
+            if progress is not None:
+                progress.on_step("fitting the client-level membership test")
+            membership = client_membership_check(session, request, results["retrain"], seed=seed)
         verifier = Verifier(
-            session, request, thresholds=thresholds, retrain=results["retrain"], judge=judge
+            session,
+            request,
+            thresholds=thresholds,
+            retrain=results["retrain"],
+            judge=judge,
+            client_membership=membership,
         )
         rows = []
         retrain_epochs = results["retrain"].costs.client_epochs
@@ -142,7 +161,6 @@ def compare_methods(
             row["params"] = unlearners[name].params.model_dump(mode="json")
             row["round_metrics"] = _jsonable_rounds(result)
             row["details"] = result.details.to_dict()
-            row["lineage"] = result.lineage.to_dict() if result.lineage else None
             variant = getattr(result.details, "variant", None)
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
@@ -181,6 +199,7 @@ def unlearn_one(
     thresholds: VerificationThresholds | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    client_test: bool = True,
 ) -> tuple[UnlearnResult, dict[str, Any]]:
     """Run one method and return its result (verified) with a JSON summary.
 
@@ -196,6 +215,9 @@ def unlearn_one(
         thresholds: Thresholds of the receipt's checks (defaults if None).
         seed: Seed of the membership attacks.
         progress: Told about each stage, method and unlearning round.
+        client_test: Also fit the client-level membership test (reference models with and
+            without the forgotten clients; its cost is reported in the receipt) and judge each
+            model with it; False skips it (the check then says what it would have shown).
     """
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind)
@@ -229,7 +251,19 @@ def unlearn_one(
             )
             if progress is not None:
                 progress.on_step("verifying")
-            verifier = Verifier(session, request, thresholds=thresholds, retrain=retrain, seed=seed)
+            membership = (
+                client_membership_check(session, request, retrain, seed=seed)
+                if client_test
+                else None
+            )
+            verifier = Verifier(
+                session,
+                request,
+                thresholds=thresholds,
+                retrain=retrain,
+                seed=seed,
+                client_membership=membership,
+            )
             result = verifier.verify(result)
             if result.verification is not None:
                 summary["verification"] = result.verification.to_dict()
