@@ -73,6 +73,7 @@ def test_forgetting_nobody_returns_the_original_model_at_no_cost(name, run_all):
         result = session.run(make_method(name), UnlearnRequest.of([]))
         assert torch.equal(result.params, session.run_view.final_params)
     assert result.costs.client_epochs == 0
+    assert result.lineage is not None and result.lineage.exact
     assert result.costs.history_bytes_read == 0
 
 
@@ -85,6 +86,11 @@ def test_costs_and_typed_details_are_reported(name, run_all):
     assert costs.history_bytes_read > 0
     assert isinstance(result.details, Details)
     assert isinstance(result.details.to_dict(), dict)
+    # every method's result says what it was computed from, from the start model it declared
+    lineage = result.lineage
+    assert lineage is not None and lineage.kind in ("exact", "approximate")
+    assert lineage.start_round is not None, f"{name} does not call context.start_from"
+    assert lineage.first_tainted_round is not None  # client 1 took part in this run
     if name != "none":
         assert costs.rounds > 0
         assert costs.client_epochs > 0

@@ -52,12 +52,12 @@ class TinyFineTune(Unlearner):
     def _run(self, request, context):
         class Count:
             def on_round_end(self, record):
-                context.meter.rounds += 1
+                context.record_round(record)
 
         params = run_rounds(
             context.clients,
             context.aggregator,
-            context.history.read_model(context.num_rounds),
+            context.start_from(context.num_rounds),
             num_rounds=self.params.rounds,
             evaluate=context.evaluate,
             observers=[Count()],

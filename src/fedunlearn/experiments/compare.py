@@ -142,6 +142,7 @@ def compare_methods(
             row["params"] = unlearners[name].params.model_dump(mode="json")
             row["round_metrics"] = _jsonable_rounds(result)
             row["details"] = result.details.to_dict()
+            row["lineage"] = result.lineage.to_dict() if result.lineage else None
             variant = getattr(result.details, "variant", None)
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
@@ -212,6 +213,7 @@ def unlearn_one(
             "costs": result.costs.to_dict(),
             "round_metrics": _jsonable_rounds(result),
             "details": result.details.to_dict(),
+            "lineage": result.lineage.to_dict() if result.lineage else None,
             "privacy": {
                 k: v for k, v in run_privacy(run.config, run.store).items() if k != "rounds"
             },

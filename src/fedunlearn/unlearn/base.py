@@ -7,7 +7,10 @@ cost ledger (``Costs``, :mod:`fedunlearn.unlearn.costs`), the metrics of every u
 the method's ``Details`` (a frozen dataclass per method, ``to_dict()`` for JSON) and, once verified
 (``fedunlearn.eval.Verifier``), its receipt (``verification``). Forgetting nobody returns the
 run's final model unchanged, at zero cost. History a method needs but the run did not record raises
-``UnsupportedHistoryError`` before any work.
+``UnsupportedHistoryError`` before any work. Every result carries its ``lineage``
+(:mod:`fedunlearn.unlearn.lineage`): what the model was computed from, traced from the context's
+log of the stored payloads the method read and the start model it declared
+(``context.start_from``), ``exact`` or ``approximate``.
 
 Client seeds: fresh local training in unlearning round t uses the original run's seed for round t
 (``salt=0``), so retraining without the forgotten clients follows the batch orders the remaining
@@ -28,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.costs import Costs
-from fedunlearn.unlearn.lineage import Lineage
+from fedunlearn.unlearn.lineage import Lineage, nothing_to_forget
 from fedunlearn.unlearn.receipt import BoundReport, Verification
 
 __all__ = [
@@ -189,7 +192,12 @@ class Unlearner(ABC):
         """Remove ``request.forget`` from the run and return the unlearned model and costs."""
         self.check_history(context)
         if not request.forget:
-            return UnlearnResult(self.name, context.final_params.clone(), Costs())
+            return UnlearnResult(
+                self.name,
+                context.final_params.clone(),
+                Costs(),
+                lineage=nothing_to_forget(context.num_rounds),
+            )
         started = time.perf_counter()
         out = self._run(request, context)
         if not isinstance(out, RunOutput):
@@ -201,6 +209,7 @@ class Unlearner(ABC):
             costs=replace(context.meter.costs, wall_seconds=wall),
             round_metrics=tuple(out.round_metrics),
             details=out.details,
+            lineage=context.lineage(request.forget, out.params),
         )
 
     @abstractmethod

@@ -3,7 +3,13 @@
 ``UnlearnContext`` gives a method what it uses and nothing else:
 
 - ``history``: a ``HistoryReader`` over the run's store, read-only, counting every payload byte
-  read (``MeteredHistory``); its metadata holds no attack ground truth;
+  read and logging every payload read (``MeteredHistory``: its ``log``, a
+  ``fedunlearn.unlearn.lineage.ReadLog``); its metadata holds no attack ground truth;
+- ``start_from(round)``: read the stored global model the method starts from and declare it
+  (every method calls it once, where its algorithm starts); ``lineage(forget, params)`` turns
+  the log into the result's ``Lineage`` (``Unlearner.unlearn`` calls it). ``initial_params``
+  and ``final_params`` are for shapes and dtypes: a method reads its models through
+  ``history`` or ``start_from``, so the log sees them;
 - ``clients``: the run's clients (``fl.clients.RunClients``: ids, sizes, ``train(TrainTask)``,
   the run seed and the model template) restricted to the *remaining* ones
   (``RemainingClients``), counting every local training request (participations, local epochs,
@@ -38,6 +44,13 @@ from fedunlearn.fl.clients import RunClients, TrainTask
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
 from fedunlearn.unlearn.costs import CostMeter
+from fedunlearn.unlearn.lineage import (
+    Lineage,
+    Read,
+    ReadLog,
+    first_tainted_round,
+    trace_lineage,
+)
 
 __all__ = [
     "CostMeter",
@@ -54,11 +67,22 @@ _HIDDEN_META = frozenset({"malicious", "config"})
 
 
 class MeteredHistory:
-    """A ``HistoryReader`` over another reader that counts the payload bytes read."""
+    """A ``HistoryReader`` over another reader that counts and logs the payloads read.
 
-    def __init__(self, store: HistoryReader, meter: CostMeter) -> None:
+    Args:
+        store: The reader to meter.
+        meter: Where payload bytes are counted.
+        log: Where reads are logged (default: a new ``ReadLog``); a view over another copy of
+            the same history (a Starfish server's share store) may share its context's log.
+
+    Attributes:
+        log: Every distinct payload read (kind, round, client), for the result's lineage.
+    """
+
+    def __init__(self, store: HistoryReader, meter: CostMeter, log: ReadLog | None = None) -> None:
         self._store = store
         self._meter = meter
+        self.log = ReadLog() if log is None else log
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -80,11 +104,15 @@ class MeteredHistory:
 
     def read_model(self, round: int, kind: str = "global") -> torch.Tensor:
         """Return the stored global model after ``round`` (or the round's aggregate)."""
-        return self._count(self._store.read_model(round, kind))
+        tensor = self._count(self._store.read_model(round, kind))
+        self.log.record("aggregate" if kind == "aggregate" else "global", round)
+        return tensor
 
     def read_update(self, round: int, client_id: int) -> torch.Tensor:
         """Return a stored client delta."""
-        return self._count(self._store.read_update(round, client_id))
+        tensor = self._count(self._store.read_update(round, client_id))
+        self.log.record("update", round, client_id)
+        return tensor
 
     def has_update(self, round: int, client_id: int) -> bool:
         """Return whether a client's delta of ``round`` is stored."""
@@ -93,6 +121,7 @@ class MeteredHistory:
     def iter_updates(self, round: int) -> Iterator[tuple[int, torch.Tensor]]:
         """Stream the stored deltas of a round."""
         for cid, delta in self._store.iter_updates(round):
+            self.log.record("update", round, cid)
             yield cid, self._count(delta)
 
     def client_records(self, round: int) -> list[ClientRecord]:
@@ -230,6 +259,55 @@ class UnlearnContext:
         return sorted(
             {r.client_id for r in self.history.client_records(round_) if r.client_id in remaining}
         )
+
+    def start_from(self, round_: int) -> torch.Tensor:
+        """Read the stored global model M_``round_`` and declare it the model the method starts at.
+
+        The read goes through ``history`` (metered and logged like any other); the declaration
+        is what the result's lineage names as its start (the first one counts).
+        """
+        params = self.history.read_model(round_)
+        log = self.read_log
+        if log is not None:
+            log.declare_start(round_)
+        return params
+
+    @property
+    def read_log(self) -> ReadLog | None:
+        """The log of what the method read; None when ``history`` is not a ``MeteredHistory``."""
+        return self.history.log if isinstance(self.history, MeteredHistory) else None
+
+    def lineage(self, forget: frozenset[int], params: torch.Tensor) -> Lineage | None:
+        """Return what the result ``params`` was computed from (``fedunlearn.unlearn.lineage``).
+
+        The first tainted round comes from the store's client records (accepted updates). A
+        result bitwise equal to ``final_params`` that never read M_T counts as a read of M_T
+        (the context's copy returned as is). None when the history is not metered (nothing was
+        logged).
+
+        Args:
+            forget: The clients being forgotten (non-empty).
+            params: The method's result.
+        """
+        log = self.read_log
+        if log is None:
+            return None
+        history = self.history
+        accepted = [
+            (t, [r.client_id for r in history.client_records(t) if r.status == "accepted"])
+            for t in range(1, self.num_rounds + 1)
+        ]
+        first = first_tainted_round(accepted, forget)
+        final = Read(self.num_rounds, "global")
+        returned = (
+            [final]
+            if final not in log.reads
+            and params.shape == self.final_params.shape
+            and params.dtype == self.final_params.dtype
+            and torch.equal(params.detach().cpu(), self.final_params.cpu())
+            else []
+        )
+        return trace_lineage(log, forget, first, self.num_rounds, returned=returned)
 
     def end_round(self, round_: int, params: torch.Tensor) -> dict[str, float]:
         """Close unlearning round ``round_`` at model ``params``: count it, return its row.

@@ -2,9 +2,11 @@
 
 ``UnlearnSession(run_dir)`` checks the run is complete, opens its history read-only, rebuilds
 the federation from the run's config (same data, same poisoning, same seeds) and hands each method
-a fresh metered ``UnlearnContext``. Requests are validated before any work: unknown client ids,
-forgetting every client, and a method needing history the run did not record each raise one
-clear error, and nothing on disk changes (the store is opened read-only).
+a fresh metered ``UnlearnContext``, whose history logs every payload the method reads (the
+result's ``lineage``, traced by ``Unlearner.unlearn``: :mod:`fedunlearn.unlearn.lineage`).
+Requests are validated before any work: unknown client ids, forgetting every client, and a
+method needing history the run did not record each raise one clear error, and nothing on disk
+changes (the store is opened read-only).
 
 The session is composed of two views (``fedunlearn.unlearn.views``): ``run_view`` (what the run
 is: config, store, M_0 and M_T, the federation's public pieces) and ``evaluation`` (test set,

@@ -52,7 +52,7 @@ class FineTune(Unlearner):
         params = run_rounds(
             context.clients,
             context.aggregator,
-            context.history.read_model(context.num_rounds),
+            context.start_from(context.num_rounds),
             num_rounds=k,
             participation=context.training.participation,
             evaluate=context.evaluate,

@@ -12,6 +12,12 @@ Two attacks on a model given as (template module, flat parameters), both reporti
   ``ShadowAttack.fit_reference`` is the variant of the Crab and FedADP papers: the attack is
   fitted on one reference model's outputs on known members and non-members.
 
+A third test works at the client level and on a whole run (``client_lira``, LiRA-style):
+``measure_client_membership(session, forget, models)`` (or ``fit_client_membership`` once, then
+``evidence(models)``) trains reference runs with and without the forgotten clients and reports a
+``ClientMembershipEvidence`` with each model's score, a threshold at a target false-positive rate
+and the measured power (docs/verification.md, "Client-level membership test").
+
 An ``MIAResult``'s ``member_rate`` on the forgotten clients' data is the papers' MISR (Crab
 Sec. V-A3, FedADP Sec. VI-A3) or MIA-ASR (Starfish Sec. VI-A): the share of those samples called
 "member". Lower means less trace of the data; retraining gives the target level (EV4 in
@@ -38,16 +44,26 @@ Deviations:
     evaluation set, whatever the numbers of members and non-members passed (EV9).
 """
 
+from fedunlearn.eval.mia.client import ClientMembershipEvidence
+from fedunlearn.eval.mia.client_lira import (
+    ClientMembershipTest,
+    fit_client_membership,
+    measure_client_membership,
+)
 from fedunlearn.eval.mia.common import AttackSpec, MIAResult, attack_features
 from fedunlearn.eval.mia.loss import calibrate_loss_threshold, loss_threshold_attack
 from fedunlearn.eval.mia.shadow import ShadowAttack, ShadowSpec
 
 __all__ = [
     "AttackSpec",
+    "ClientMembershipEvidence",
+    "ClientMembershipTest",
     "MIAResult",
     "ShadowAttack",
     "ShadowSpec",
     "attack_features",
     "calibrate_loss_threshold",
+    "fit_client_membership",
     "loss_threshold_attack",
+    "measure_client_membership",
 ]

@@ -340,6 +340,7 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
             "costs": result.costs.to_dict(),
             "round_metrics": [dict(r) for r in result.round_metrics],
             "details": result.details.to_dict(),
+            "lineage": result.lineage.to_dict() if result.lineage else None,
             "missing": {
                 str(r): {str(c): why for c, why in sorted(m.items())}
                 for r, m in sorted(clients.missing.items())

@@ -94,7 +94,7 @@ class FedEraser(Unlearner):
         params, rows = calibrated_replay(
             context,
             rounds,
-            start_params=context.history.read_model(0),
+            start_params=context.start_from(0),
             spec=replace(context.clients.spec, epochs=epochs),
             scope=self.params.norm_scope,
             first_uncalibrated=True,

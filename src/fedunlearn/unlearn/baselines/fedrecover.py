@@ -460,7 +460,7 @@ class FedRecover(Unlearner):
         estimated_total = 0
         rows: list[dict[str, float]] = []
 
-        w_hat = history.read_model(0)  # Listing FR line 1: w_hat_0 = w_bar_0 (the stored M_0)
+        w_hat = context.start_from(0)  # Listing FR line 1: w_hat_0 = w_bar_0 (the stored M_0)
         for r in range(1, num_rounds + 1):
             ids = participants[r]
             w_norm = float(w_hat.norm())

@@ -23,4 +23,4 @@ class NoUnlearning(Unlearner):
     def _run(
         self, request: UnlearnRequest, context: UnlearnContext
     ) -> RunOutput:
-        return RunOutput(context.history.read_model(context.num_rounds))
+        return RunOutput(context.start_from(context.num_rounds))

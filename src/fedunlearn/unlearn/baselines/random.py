@@ -64,7 +64,7 @@ class RandomRounds(Unlearner):
         params, rows = calibrated_replay(
             context,
             rounds,
-            start_params=context.history.read_model(0),
+            start_params=context.start_from(0),
             spec=context.clients.spec,
         )
         return RunOutput(params, rows, RandomRoundsDetails(tuple(rounds)))

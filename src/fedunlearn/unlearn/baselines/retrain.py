@@ -32,7 +32,7 @@ class Retrain(Unlearner):
         return context.initial_params.numel() * 4
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
-        params = context.history.read_model(0)
+        params = context.start_from(0)
         rows: list[dict[str, float]] = []
         for round_ in range(1, context.num_rounds + 1):
             participants = context.original_participants(round_)

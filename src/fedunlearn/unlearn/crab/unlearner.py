@@ -473,7 +473,7 @@ class Crab(SelectiveReplay):
             rb.uncapped_index,
             ", capped" if rb.capped else "",
         )
-        start = context.history.read_model(t_star)
+        start = context.start_from(t_star)
         replay = stored[j_star:]
         participants = {s.round: [c for c in s.clients if c not in forget] for s in replay}
         trace: list[dict[str, Any]] | None = [] if self.params.bound_check else None

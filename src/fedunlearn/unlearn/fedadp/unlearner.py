@@ -264,7 +264,7 @@ class FedADP(SelectiveReplay):
         forget = request.forget
         history = context.history
         start_round = 0 if p.init == "initial" else stored[0].round
-        params = history.read_model(start_round).clone()
+        params = context.start_from(start_round).clone()
         spec = context.clients.spec
         if p.local_epochs is not None:
             spec = replace(spec, epochs=p.local_epochs)

@@ -357,7 +357,7 @@ class Starfish(Unlearner):
         )
         trajectory: list[torch.Tensor] = []
         rows: list[dict[str, float]] = []
-        m_hat = history.read_model(0)
+        m_hat = context.start_from(0)
         for k, r in enumerate(rounds, start=1):
             with backend.round_scope(replay.kind(k, r)):
                 m_hat = replay.round(k, r, m_hat)

@@ -133,7 +133,8 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
             store = HistoryStore.open(dirs[k])
             try:
                 meter = context.meter if k == 0 else CostMeter()
-                history = MeteredHistory(store, meter)
+                # party 0's reads of the shares are its context's reads (the result's lineage)
+                history = MeteredHistory(store, meter, context.read_log if k == 0 else None)
                 own = dataclasses.replace(
                     context,
                     history=history,
