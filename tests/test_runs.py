@@ -212,3 +212,40 @@ def test_deletion_evidence_is_json_ready_and_checks_the_files(tmp_path):
     assert deletion_evidence(tmp_path / "r", [2])["ok"] is True
     with pytest.raises(HistoryError, match="not a run directory"):
         deletion_evidence(tmp_path / "nothing", [2])
+
+
+def test_after_forget_methods_that_read_round_models_refuse_and_retrain_serves(tmp_path):
+    """forget() drops the models that would rebuild a deleted update; who can still serve."""
+    from typer.testing import CliRunner
+
+    from fedunlearn.cli.main import app
+    from fedunlearn.errors import UnsupportedHistoryError
+    from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+
+    cfg = parse_config({**SMALL, "model": {"name": "mlp", "hidden": [64]}})
+    train_run(cfg, tmp_path / "r")
+
+    out = CliRunner().invoke(app, ["forget", str(tmp_path / "r"), "--clients", "2"])
+    evidence = deletion_evidence(tmp_path / "r", [2])
+
+    assert out.exit_code == 0, out.output
+    assert "dropped 6 aggregate model(s) (rounds 1..6); 5 global model(s) (rounds 1..5)" in (
+        " ".join(out.stdout.split())
+    )
+    assert "methods that read round models now refuse this run" in " ".join(out.stdout.split())
+    assert evidence["ok"] is True
+    assert evidence["reconstructible"] == []
+    assert evidence["page_scan"] == {
+        "ran": True,
+        "fragments_found": 0,
+        "inconclusive_reason": None,
+    }
+    request = UnlearnRequest.of([2], "forget")
+    with UnlearnSession(tmp_path / "r") as session:
+        for name in ("fedrecover", "crab", "starfish"):
+            with pytest.raises(UnsupportedHistoryError, match=f"{name} reads the global models"):
+                session.run(make_method(name), request)
+        for name in ("retrain", "federaser"):
+            result = session.run(make_method(name), request)
+            assert result.costs.client_epochs > 0
+            assert torch.isfinite(result.params).all()

@@ -428,9 +428,13 @@ def forget(
 ) -> None:
     """Erase clients' stored updates from a run's history; print the deletion record.
 
-    The global models keep the clients' influence: remove it with 'fedunlearn unlearn'.
+    Also drops the stored aggregates and global models that would rebuild a deleted update
+    (never M_0 or the last model). The last model keeps the clients' influence: remove it with
+    'fedunlearn unlearn'.
     """
     from fedunlearn.history.store import HistoryStore
+    from fedunlearn.history.store.reconstruction import reconstructible_updates
+    from fedunlearn.history.store.records import format_ids
     from fedunlearn.runs import HISTORY_DIR, forget_clients
 
     if vacuum not in ("incremental", "full"):
@@ -439,8 +443,10 @@ def forget(
     record = forget_clients(run_dir, ids, vacuum=vacuum)  # type: ignore[arg-type]
     with HistoryStore.open(run_dir / HISTORY_DIR) as store:
         check = store.check_deletions(ids)
+        rebuildable = reconstructible_updates(store, ids)
     if as_json:
-        print(json.dumps({"record": record.to_dict(), "check": check.to_dict()}, indent=2))
+        doc = {"record": record.to_dict(), "check": check.to_dict()}
+        print(json.dumps(doc | {"reconstructible": rebuildable}, indent=2))
     else:
         rounds: dict[int, list[int]] = {}
         for p in record.payloads:
@@ -450,6 +456,19 @@ def forget(
             console.print(
                 f"client {cid}: {len(got)} stored update(s) deleted"
                 + (f" (rounds {got[0]}..{got[-1]})" if got else " (none left to delete)")
+            )
+        if record.models:
+            kinds: dict[str, list[int]] = {}
+            for m in record.models:
+                kinds.setdefault(m.kind, []).append(m.round)
+            shown = "; ".join(
+                f"{len(rs)} {kind} model(s) (rounds {format_ids(rs)})"
+                for kind, rs in sorted(kinds.items())
+            )
+            console.print(
+                f"dropped {shown}, {record.model_bytes:,} bytes: with the updates still stored "
+                "they would let the deleted updates be rebuilt; methods that read round models "
+                "now refuse this run (retrain and federaser still serve it)"
             )
         when = datetime.fromtimestamp(record.forgotten_at, tz=UTC).isoformat(timespec="seconds")
         console.print(
@@ -468,6 +487,15 @@ def forget(
                 else ""
             )
         )
+        if check.inconclusive_reason:
+            console.print(f"scan inconclusive: {check.inconclusive_reason}")
+        if rebuildable:
+            shown = ", ".join(f"round {r} client {c}" for r, c in rebuildable[:5])
+            console.print(
+                f"still rebuildable: {len(rebuildable)} deleted update(s) ({shown}): aggregated "
+                "in a single round, so the kept M_0 and last model with the other rounds' "
+                "updates give it; making an unlearned model the run's model removes it"
+            )
     if not check.ok:
         for problem in check.problems:
             sys.stderr.write(f"problem: {problem}\n")

@@ -35,6 +35,7 @@ from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verif
 from fedunlearn.eval.distance import l2_distance
 from fedunlearn.eval.judge import Judge
 from fedunlearn.history.store import HistoryStore
+from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.unlearn import (
     Details,
     UnlearnRequest,
@@ -102,7 +103,18 @@ def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, A
     - ``read_back``: every round a forgotten client took part in whose update is not stored
       was read: ``refused`` (``ForgottenDataError``: deleted), ``not_stored`` (never kept by
       the history policy), ``readable`` ([round, client] pairs that could still be read: a
-      failure) and ``attempted``.
+      failure) and ``attempted``;
+    - ``page_scan``: ``{"ran", "fragments_found", "inconclusive_reason"}``: the page scan of
+      the database file and its WAL (``HistoryStore.check_deletions``), always run, for the
+      recorded deletions, the models ``forget()`` dropped and every update of these clients
+      that went without a deletion record (raw SQL); ``fragments_found`` counts the
+      overflow-page fingerprints of such payloads still in the files; plus ``unrecorded``
+      ([round, client] deleted outside ``forget()``), ``problems`` and ``pages_scanned``;
+    - ``scan``: ``{"ok", "reason"}``, ``ok`` False when fragments were found or a deleted
+      payload is readable;
+    - ``reconstructible``: [round, client] of each deleted update the store can still rebuild
+      (``history.store.reconstruction.reconstructible_updates``: aggregate or consecutive
+      global models minus the other clients' stored updates).
 
     Args:
         store: The run's history store (read-only is enough).
@@ -137,12 +149,28 @@ def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, A
                 read_back["not_stored"] += 1
             else:
                 read_back["readable"].append([round_, rec.client_id])
+    scan = store.check_deletions(clients)
+    page_scan = {
+        "ran": True,
+        "fragments_found": scan.fingerprints_found,
+        "fingerprints_checked": scan.fingerprints_checked,
+        "pages_scanned": scan.pages_scanned,
+        "unrecorded": [list(p) for p in scan.unrecorded],
+        "problems": list(scan.problems),
+        "inconclusive_reason": scan.inconclusive_reason,
+    }
     return {
         "clients": clients,
         "bytes_held": held,
         "payloads_held": payloads_held,
         "records": records,
         "read_back": read_back,
+        "page_scan": page_scan,
+        "scan": {
+            "ok": scan.fingerprints_found == 0 and scan.unreadable == scan.payloads_checked,
+            "reason": "; ".join(p for p in scan.problems[:3] if "live payloads" not in p) or None,
+        },
+        "reconstructible": reconstructible_updates(store, clients),
     }
 
 

@@ -3,13 +3,15 @@
 ``forget_clients`` deletes the clients' payloads from the run's history (``HistoryStore.forget``:
 secure delete, space given back, a deletion record kept in the store). ``deletion_evidence``
 gathers, for a run and a set of clients, what a receipt needs as one JSON-ready dict: the
-deletion records (rounds, sizes, SHA-256 of each deleted payload, time, bytes reclaimed) and a
-fresh check that every deleted payload is unreadable and none of its pages is left in the files
-(``HistoryStore.check_deletions``).
+deletion records (rounds, sizes, SHA-256 of each deleted payload and dropped model, time, bytes
+reclaimed), a fresh check that every deleted payload is unreadable and none of its pages is left
+in the files, including payloads deleted outside ``forget()`` (``HistoryStore.check_deletions``),
+and the updates that could still be rebuilt from what the store keeps
+(``history.store.reconstruction``).
 
-Removing the clients' influence from the models is an unlearning method's job (``fedunlearn
-unlearn``); this module only erases the stored updates, as a deletion request requires
-(e.g. GDPR Art. 17).
+Removing the clients' influence from the last model is an unlearning method's job (``fedunlearn
+unlearn``); this module erases the stored updates, and the stored aggregates and global models
+that would rebuild them, as a deletion request requires (e.g. GDPR Art. 17).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
+from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.runs.rundir import HISTORY_DIR
 
 __all__ = ["deletion_evidence", "forget_clients"]
@@ -82,8 +85,9 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
     Returns:
         ``{"run_dir", "store", "checked_at", "client_ids", "forgotten": {client: bool},
         "records": [DeletionRecord dicts, these clients' payloads only], "check":
-        DeletionCheck dict, "ok"}``; ``ok`` is True when every client was forgotten and the
-        check passed.
+        DeletionCheck dict, "page_scan": {"ran", "fragments_found", "inconclusive_reason"},
+        "reconstructible": [[round, client], ...], "ok"}``; ``ok`` is True when every client
+        was forgotten, the check passed and no deleted update can be rebuilt from the store.
 
     Raises:
         HistoryError: Not a run directory.
@@ -94,6 +98,7 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         records = store.deletion_records(ids)
         logged = {entry.client_id for entry in store.forget_records()}
         check = store.check_deletions(ids)
+        rebuildable = reconstructible_updates(store, ids)
         file = str(store.file)
     forgotten = {str(c): c in logged for c in ids}
     return {
@@ -104,5 +109,11 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         "forgotten": forgotten,
         "records": [r.to_dict() for r in records],
         "check": check.to_dict(),
-        "ok": all(forgotten.values()) and check.ok,
+        "page_scan": {
+            "ran": True,
+            "fragments_found": check.fingerprints_found,
+            "inconclusive_reason": check.inconclusive_reason,
+        },
+        "reconstructible": rebuildable,
+        "ok": all(forgotten.values()) and check.ok and not rebuildable,
     }

@@ -146,13 +146,16 @@ class Unlearner(ABC):
     """Base class of every method: validated hyperparameters and the ``unlearn`` contract.
 
     Subclasses set ``params_type`` and ``required_policies`` (history policies that hold what
-    they need; ``None`` = any), implement ``_run`` and are registered with
+    they need; ``None`` = any), set ``reads_round_models`` False if they read no global model
+    or aggregate but M_0 and the last model, implement ``_run`` and are registered with
     ``@register("name")`` (which sets ``name``).
     """
 
     name: ClassVar[str]
     params_type: ClassVar[type[MethodParams]] = MethodParams
     required_policies: ClassVar[frozenset[str] | None] = None
+    # True: reads global models or aggregates of rounds 1..T-1, which forget() may drop
+    reads_round_models: ClassVar[bool] = True
 
     def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
         if isinstance(params, self.params_type):
@@ -174,6 +177,15 @@ class Unlearner(ABC):
 
     def check_history(self, context: UnlearnContext) -> None:
         """Raise ``UnsupportedHistoryError`` unless the run recorded what this method needs."""
+        dropped = context.history.meta.get("dropped_models") or []
+        if dropped and self.reads_round_models:
+            rounds = sorted({int(r) for r, _ in dropped})
+            raise UnsupportedHistoryError(
+                f"{self.name} reads the global models of the run's rounds; forget() dropped "
+                f"{len(dropped)} models and aggregates (rounds {rounds[0]}..{rounds[-1]}) so that "
+                "no deleted update can be rebuilt. Use retrain or federaser (M_0 and the "
+                "remaining clients' updates only)."
+            )
         if self.required_policies is None:
             return
         policy = context.history.policy

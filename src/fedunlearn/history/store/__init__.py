@@ -1,11 +1,17 @@
 """The on-disk history of a run.
 
 Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
-methods in ``erasure`` and its checks in ``integrity``), the evidence of deletions (``deletion``)
-and the read-only protocol unlearning methods use (``reader``).
+methods in ``erasure`` and its checks in ``integrity``), the evidence of deletions (``deletion``),
+the reconstruction attack and what ``forget()`` drops against it (``reconstruction``) and the
+read-only protocol unlearning methods use (``reader``).
 """
 
-from fedunlearn.history.store.deletion import DeletedPayload, DeletionCheck, DeletionRecord
+from fedunlearn.history.store.deletion import (
+    DeletedPayload,
+    DeletionCheck,
+    DeletionRecord,
+    DroppedModel,
+)
 from fedunlearn.history.store.reader import HistoryReader
 from fedunlearn.history.store.records import (
     ClientRecord,
@@ -18,6 +24,7 @@ from fedunlearn.history.store.sqlite import (
     FILE_NAME,
     LOCK_NAME,
     SCHEMA_VERSION,
+    DroppedModelError,
     HistoryStore,
     WriterLock,
 )
@@ -30,6 +37,8 @@ __all__ = [
     "DeletedPayload",
     "DeletionCheck",
     "DeletionRecord",
+    "DroppedModel",
+    "DroppedModelError",
     "ForgetRecord",
     "HistoryReader",
     "HistoryStore",

@@ -16,6 +16,11 @@ filled (an 8-byte BLAKE2b digest of the page's first 32 content bytes, which are
 and ``scan_pages`` reads those 32 bytes of every page of the database file and of every frame of
 its WAL and looks the digests up. A digest reveals nothing usable about the deleted values.
 
+Every payload's fingerprints are also written, when it is stored, to a ledger
+(``payload_prints``) that outlives it, so the scan looks for updates deleted outside ``forget()``
+too (``DeletionCheck.unrecorded``); the models ``forget()`` drops (``DroppedModel``) are recorded
+and scanned for like the updates.
+
 Limits, stated where the result is shown: the part of a payload stored in its b-tree page (at
 most ``usable_size - 35`` bytes: all of a payload under ~16 KB) has no fingerprint, so the scan
 covers all but the first ~2-16 KB of large payloads and nothing of small ones (``secure_delete``
@@ -37,6 +42,7 @@ __all__ = [
     "DeletedPayload",
     "DeletionCheck",
     "DeletionRecord",
+    "DroppedModel",
     "FINGERPRINT_BYTES",
     "fingerprints",
     "local_size",
@@ -81,6 +87,35 @@ class DeletedPayload:
 
 
 @dataclass(frozen=True)
+class DroppedModel:
+    """A global model or aggregate ``forget()`` dropped so that no deleted update can be rebuilt.
+
+    Attributes:
+        round: Round it belonged to.
+        kind: ``"global"`` (M_round) or ``"aggregate"`` (the round's aggregated delta).
+        size_bytes: Tensor bytes deleted.
+        sha256: Hex SHA-256 of the stored bytes, computed before the deletion.
+        num_fingerprints: Overflow pages recorded for the page scan.
+    """
+
+    round: int
+    kind: str
+    size_bytes: int
+    sha256: str
+    num_fingerprints: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "round": self.round,
+            "kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "sha256": self.sha256,
+            "num_fingerprints": self.num_fingerprints,
+        }
+
+
+@dataclass(frozen=True)
 class DeletionRecord:
     """What one ``forget()`` call deleted, kept in the store.
 
@@ -95,6 +130,8 @@ class DeletionRecord:
             interrupted before it finished).
         vacuum: ``"incremental"`` (freed pages given back, the rest untouched) or ``"full"``
             (the whole file rebuilt).
+        models: The global models and aggregates the call dropped (with the updates still
+            stored they would let a deleted update be rebuilt; see ``reconstruction``).
     """
 
     id: int
@@ -105,6 +142,12 @@ class DeletionRecord:
     file_bytes_before: int
     file_bytes_after: int | None
     vacuum: str
+    models: tuple[DroppedModel, ...] = ()
+
+    @property
+    def model_bytes(self) -> int:
+        """Tensor bytes of the dropped models (not in ``size_bytes``, which counts updates)."""
+        return sum(m.size_bytes for m in self.models)
 
     @property
     def bytes_reclaimed(self) -> int | None:
@@ -125,6 +168,8 @@ class DeletionRecord:
             "bytes_reclaimed": self.bytes_reclaimed,
             "vacuum": self.vacuum,
             "payloads": [p.to_dict() for p in self.payloads],
+            "model_bytes": self.model_bytes,
+            "models": [m.to_dict() for m in self.models],
         }
 
 
@@ -144,6 +189,13 @@ class DeletionCheck:
         control_found: How many were found (all, when the scan works).
         pages_scanned: Database pages plus WAL frames read.
         problems: One line per problem found.
+        unrecorded: ``(round, client)`` of updates of these clients that the fingerprint ledger
+            says were stored but that are gone with no deletion record (deleted outside
+            ``forget()``, e.g. by raw SQL); their fingerprints are scanned for too.
+        inconclusive_reason: Why the scan cannot show that every deleted payload of these
+            clients is gone (None when it can): the scan's calibration failed, payloads went
+            outside ``forget()`` before the ledger existed, or such payloads had no overflow
+            page to look for.
     """
 
     ok: bool
@@ -156,6 +208,8 @@ class DeletionCheck:
     control_found: int
     pages_scanned: int
     problems: tuple[str, ...] = field(default_factory=tuple)
+    unrecorded: tuple[tuple[int, int], ...] = ()
+    inconclusive_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -170,6 +224,8 @@ class DeletionCheck:
             "control_found": self.control_found,
             "pages_scanned": self.pages_scanned,
             "problems": list(self.problems),
+            "unrecorded": [list(p) for p in self.unrecorded],
+            "inconclusive_reason": self.inconclusive_reason,
         }
 
 
@@ -249,10 +305,10 @@ def fingerprints(row: Sequence[object], usable: int) -> bytes:
     blob = row[-1]
     if not isinstance(blob, bytes | bytearray | memoryview):
         return b""
-    data = bytes(blob)
+    data = memoryview(blob).cast("B")  # no copy of the payload: only the windows are read
     out = []
     for offset in overflow_offsets(record_size(row), len(data), usable):
-        window = data[offset : offset + _WINDOW]
+        window = bytes(data[offset : offset + _WINDOW])
         if len(window) == _WINDOW and window.count(window[:1]) != _WINDOW:
             out.append(_digest(window))
     return b"".join(out)

@@ -1,7 +1,8 @@
 """Forgetting clients' stored updates, and the record and check of each deletion.
 
-``Erasure`` holds the ``HistoryStore`` methods that delete: ``forget()`` (secure delete, the
-deletion record, the space given back by ``incremental_vacuum`` or a full ``VACUUM``),
+``Erasure`` holds the ``HistoryStore`` methods that delete: ``forget()`` (secure delete of the
+updates and of the models that would rebuild them, chosen by ``reconstruction``; the deletion
+record; the space given back by ``incremental_vacuum`` or a full ``VACUUM``),
 ``deletion_records()`` and ``check_deletions()``. It is mixed into ``HistoryStore`` (``sqlite``)
 and uses that class's connection and helpers; the evidence itself (record values, page
 fingerprints, the page scan) is in ``deletion``. Why each step: the ``sqlite`` module docstring.
@@ -17,15 +18,18 @@ from collections.abc import Iterable
 from typing import Literal
 
 from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError, UnknownClientError
+from fedunlearn.history.store.codec import NO_CLIENT
 from fedunlearn.history.store.deletion import (
     FINGERPRINT_BYTES,
     DeletedPayload,
     DeletionCheck,
     DeletionRecord,
+    DroppedModel,
     fingerprints,
     scan_pages,
     split_fingerprints,
 )
+from fedunlearn.history.store.reconstruction import models_to_drop
 from fedunlearn.history.store.records import check_int, format_ids
 
 __all__ = ["Erasure"]
@@ -45,9 +49,13 @@ class Erasure:
         pins old WAL frames; read each payload once for its SHA-256 and page fingerprints; in one
         transaction delete the payloads (``secure_delete`` zeroes the freed pages), mark the
         clients' records, append to the forget log and the deletion record, and give the freed
-        pages back (``incremental_vacuum``); truncate the WAL to zero bytes. Global models and
-        aggregates are kept: removing the clients' influence from them is the unlearning
-        method's job.
+        pages back (``incremental_vacuum``); truncate the WAL to zero bytes. In the same
+        transaction it drops the aggregates of every round a forgotten client was aggregated
+        in and the global models between its first and last such round (never M_0 or the last
+        model): with the other clients' updates they would let each deleted update be rebuilt
+        (``reconstruction.py``); they are recorded in the deletion record (``models``) and in
+        the metadata (``dropped_models``), and reading one raises ``DroppedModelError``.
+        Removing the clients' influence from the last model is the unlearning method's job.
 
         Args:
             client_ids: Clients to forget; ids forgotten before are accepted (0 bytes).
@@ -96,6 +104,11 @@ class Erasure:
             usable = self._usable_page_size()
             with self._transaction("forgetting clients"):
                 evidence = [self._evidence(pid, usable) for pid in self._payload_ids(ids)]
+                logged = {c for (c,) in self._db.execute("SELECT client_id FROM forget_log")}
+                dropped = [
+                    self._model_evidence(round, kind, usable)
+                    for round, kind in models_to_drop(self, set(ids) | logged)
+                ]
                 now = time.time()
                 total = sum(e[2] for e in evidence)
                 call = self._db.execute(
@@ -106,6 +119,28 @@ class Erasure:
                 self._db.executemany(
                     "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)",
                     [(call, *e) for e in evidence],
+                )
+                self._db.executemany(
+                    "INSERT INTO forget_models VALUES (?, ?, ?, ?, ?, ?)",
+                    [(call, *m) for m in dropped],
+                )
+                self._db.executemany(
+                    "DELETE FROM payloads WHERE round=? AND kind=? AND client_id=?",
+                    [(m[0], m[1], NO_CLIENT) for m in dropped],
+                )
+                if dropped:  # in the metadata too: every reader (a method's view) sees it
+                    meta = self.meta
+                    gone = {tuple(m) for m in meta.get("dropped_models", [])}
+                    gone |= {(m[0], m[1]) for m in dropped}
+                    meta["dropped_models"] = [list(m) for m in sorted(gone)]
+                    self._db.execute(
+                        "UPDATE info SET value=? WHERE key='meta'", (self._meta_json(meta),)
+                    )
+                # the ledger rows of what went are in forget_payloads / forget_models now
+                self._db.executemany(
+                    "DELETE FROM payload_prints WHERE round=? AND kind=? AND client_id=?",
+                    [(e[0], "update", e[1]) for e in evidence]
+                    + [(m[0], m[1], NO_CLIENT) for m in dropped],
                 )
                 for cid in ids:
                     mine = [e for e in evidence if e[1] == cid]
@@ -158,12 +193,26 @@ class Erasure:
         data = row[-1] if isinstance(row[-1], bytes) else b""
         return row[1], row[3], row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
 
+    def _model_evidence(
+        self, round: int, kind: str, usable: int
+    ) -> tuple[int, str, int, str, bytes]:
+        """Return (round, kind, size, SHA-256, fingerprints) of a model about to be dropped."""
+        row = self._db.execute(
+            "SELECT NULL, round, kind, client_id, dtype, shape, size_bytes, crc32, data "
+            "FROM payloads WHERE round=? AND kind=? AND client_id=?",
+            (round, kind, NO_CLIENT),
+        ).fetchone()
+        data = row[-1] if isinstance(row[-1], bytes) else b""
+        return round, kind, row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
+
     def _usable_page_size(self) -> int:
-        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
-        with self._file.open("rb") as fh:
-            fh.seek(20)
-            reserved = fh.read(1)
-        return page_size - (reserved[0] if reserved else 0)
+        if self._usable is None:
+            page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+            with self._file.open("rb") as fh:
+                fh.seek(20)
+                reserved = fh.read(1)
+            self._usable = page_size - (reserved[0] if reserved else 0)
+        return self._usable
 
     def _incremental_vacuum(self) -> None:
         """Give every free page back to the file system (inside the current transaction)."""
@@ -211,6 +260,7 @@ class Erasure:
                 r.file_bytes_before,
                 r.file_bytes_after,
                 r.vacuum,
+                r.models,
             )
             for r in records
             if wanted & set(r.client_ids)
@@ -228,6 +278,15 @@ class Erasure:
                 "FROM forget_payloads WHERE call_id=? ORDER BY client_id, round",
                 (call,),
             ).fetchall()
+            models = (
+                self._db.execute(
+                    "SELECT round, kind, size_bytes, sha256, length(fingerprints) "
+                    "FROM forget_models WHERE call_id=? ORDER BY round, kind",
+                    (call,),
+                ).fetchall()
+                if self._ledger
+                else []
+            )
         return DeletionRecord(
             id=row[0],
             forgotten_at=row[1],
@@ -240,28 +299,39 @@ class Erasure:
             file_bytes_before=row[4],
             file_bytes_after=row[5],
             vacuum=row[6],
+            models=tuple(
+                DroppedModel(r, kind, size, sha, n // FINGERPRINT_BYTES)
+                for r, kind, size, sha, n in models
+            ),
         )
 
     def check_deletions(self, client_ids: Iterable[int] | None = None) -> DeletionCheck:
-        """Check that every recorded deleted payload is unreadable and its pages are gone.
+        """Check that every deleted payload of the clients is unreadable and its pages are gone.
 
-        Reads each recorded payload through ``read_update`` (which must refuse it), then scans
-        every page of the database file and every WAL frame once for the payloads' overflow-page
-        fingerprints (``deletion.py``). The scan is calibrated on up to three live payloads: it
-        must find their pages, or the check reports that the scan is inconclusive.
+        Always scans, whether or not ``forget()`` recorded a deletion: the payloads it looks
+        for are (1) those in the deletion records, (2) the models ``forget()`` dropped and (3)
+        every update of these clients that the fingerprint ledger says was written but that is
+        no longer stored and has no deletion record: deleted outside ``forget()`` (raw SQL,
+        another tool), whose pages SQLite leaves in the file unless ``secure_delete`` was on.
+        Each recorded payload is read through ``read_update`` (which must refuse it); then
+        every page of the database file and every WAL frame is read once and their first
+        content bytes looked up among the fingerprints (``deletion.py``). The scan is
+        calibrated on up to three live payloads: it must find their pages.
 
         Args:
-            client_ids: Check only these clients' deleted payloads; None for all.
+            client_ids: Check only these clients' payloads; None for all.
 
         Returns:
             What was checked and found; ``ok`` is False if anything was readable or found, or
-            the calibration failed.
+            the calibration failed. ``inconclusive_reason`` says what the scan could not cover.
         """
         wanted = None if client_ids is None else {check_int(c, "client id") for c in client_ids}
         problems: list[str] = []
+        gaps: list[str] = []
         usable = self._usable_page_size()
         deleted: dict[bytes, str] = {}
         checked = unreadable = not_scanned = 0
+        recorded: set[tuple[int, int]] = set()
         with self._sqlite("reading the deletion records"):
             rows = (
                 self._db.execute(
@@ -271,9 +341,15 @@ class Erasure:
                 if self._has_deletion_tables()
                 else []
             )
+            models = (
+                self._db.execute("SELECT round, kind, fingerprints FROM forget_models").fetchall()
+                if self._ledger
+                else []
+            )
         for round, cid, prints in rows:
             if wanted is not None and cid not in wanted:
                 continue
+            recorded.add((round, cid))
             checked += 1
             try:
                 self.read_update(round, cid)
@@ -286,6 +362,25 @@ class Erasure:
                 not_scanned += 1
             for fp in split_fingerprints(prints):
                 deleted.setdefault(fp, f"round {round} client {cid}")
+        for round, kind, prints in models:
+            for fp in split_fingerprints(prints):
+                deleted.setdefault(fp, f"round {round} {kind} model (dropped by forget)")
+        unrecorded, blind = self._unrecorded(wanted, recorded, deleted)
+        if blind:
+            gaps.append(
+                f"{blind} update(s) deleted outside forget() fitted inside a b-tree page and "
+                "have no page fingerprint, so the scan cannot look for them"
+            )
+        old = self._unledgered(wanted, recorded)
+        if old:
+            gaps.append(
+                f"{len(old)} update(s) of these clients in rounds written before the "
+                "fingerprint ledger existed are neither stored nor in a deletion record (e.g. "
+                f"{', '.join(f'round {r} client {c}' for r, c in old[:3])}): never kept by the "
+                "history policy, or deleted outside forget(); the scan cannot tell"
+            )
+        for fp in self._live_fingerprints():  # the same bytes are still stored, on purpose
+            deleted.pop(fp, None)  # (e.g. M_t == M_{t+1} after a round with no update)
         control = self._control_fingerprints(usable)
         found, pages = scan_pages(self._file, usable, set(deleted) | control)
         hits = sorted({deleted[fp] for fp in found if fp in deleted})
@@ -296,6 +391,7 @@ class Erasure:
                 f"the page scan found {control_found} of {len(control)} pages of live payloads, "
                 "so it is inconclusive for deleted ones (page layout not as expected)"
             )
+            gaps.insert(0, problems[-1])
         return DeletionCheck(
             ok=not problems,
             payloads_checked=checked,
@@ -307,7 +403,69 @@ class Erasure:
             control_found=control_found,
             pages_scanned=pages,
             problems=tuple(problems),
+            unrecorded=tuple(unrecorded),
+            inconclusive_reason="; ".join(gaps) or None,
         )
+
+    def _live_fingerprints(self) -> set[bytes]:
+        """Fingerprints the ledger holds for payloads still stored."""
+        if not self._ledger:
+            return set()
+        with self._sqlite("reading the fingerprint ledger"):
+            rows = self._db.execute(
+                "SELECT l.fingerprints FROM payload_prints l WHERE EXISTS (SELECT 1 FROM "
+                "payloads p WHERE p.round=l.round AND p.kind=l.kind AND p.client_id=l.client_id)"
+            )
+            return {fp for (prints,) in rows for fp in split_fingerprints(prints)}
+
+    def _unrecorded(
+        self,
+        wanted: set[int] | None,
+        recorded: set[tuple[int, int]],
+        deleted: dict[bytes, str],
+    ) -> tuple[list[tuple[int, int]], int]:
+        """Add the ledger's prints of updates gone without a record; return them and the blind."""
+        if not self._ledger:
+            return [], 0
+        with self._sqlite("reading the fingerprint ledger"):
+            rows = self._db.execute(
+                "SELECT l.round, l.client_id, l.fingerprints FROM payload_prints l WHERE "
+                "l.kind='update' AND NOT EXISTS (SELECT 1 FROM payloads p WHERE p.round=l.round "
+                "AND p.kind='update' AND p.client_id=l.client_id) ORDER BY l.client_id, l.round"
+            ).fetchall()
+        out: list[tuple[int, int]] = []
+        blind = 0
+        for round, cid, prints in rows:
+            if (wanted is not None and cid not in wanted) or (round, cid) in recorded:
+                continue
+            out.append((round, cid))
+            blind += not prints
+            for fp in split_fingerprints(prints):
+                deleted.setdefault(fp, f"round {round} client {cid} (deleted outside forget)")
+        return out, blind
+
+    def _unledgered(
+        self, wanted: set[int] | None, recorded: set[tuple[int, int]]
+    ) -> list[tuple[int, int]]:
+        """Updates of ``wanted`` before the ledger's first round, not stored and not recorded."""
+        with self._sqlite("reading the fingerprint ledger's coverage"):
+            row = self._db.execute(
+                "SELECT value FROM info WHERE key='prints_from_round'"
+            ).fetchone()
+            first = int(row[0]) if row else None
+            if first == 0:
+                return []
+            limit = "" if first is None else f" AND c.round < {first}"
+            rows = self._db.execute(
+                "SELECT c.round, c.client_id FROM clients c WHERE c.status != 'missing' "
+                "AND NOT EXISTS (SELECT 1 FROM payloads p WHERE p.round=c.round AND "
+                "p.kind='update' AND p.client_id=c.client_id)"
+                + limit
+                + " ORDER BY c.client_id, c.round"
+            ).fetchall()
+        return [
+            (r, c) for r, c in rows if (wanted is None or c in wanted) and (r, c) not in recorded
+        ]
 
     def _control_fingerprints(self, usable: int) -> set[bytes]:
         """Fingerprints of up to three live payloads that have overflow pages."""

@@ -36,7 +36,12 @@ Design:
     * Each ``forget()`` call (``erasure.py``) leaves a deletion record (``deletion.py``): per
       deleted payload its round, client, size, SHA-256 (computed before the deletion) and
       fingerprints of its overflow pages, so ``check_deletions()`` can show later that reads
-      fail and that no page of it is left in the files.
+      fail and that no page of it is left in the files. ``forget()`` also drops the aggregates
+      and global models that would let a deleted update be rebuilt (``reconstruction.py``),
+      recorded the same way; reading one raises ``DroppedModelError``.
+    * A fingerprint ledger (``payload_prints``): every payload's page fingerprints are written
+      in its round's transaction and kept after the payload goes, so the page scan can look
+      for payloads deleted outside ``forget()`` (raw SQL leaves their pages in the file).
     * A CRC-32 per payload, checked on every read. It catches accidental damage (torn writes,
       bit rot, bad copies); it is not a MAC (whoever can edit the file can recompute any
       checksum kept in it). zlib's crc32 runs at ~3 GB/s here, sha256 at ~0.9 GB/s.
@@ -73,6 +78,7 @@ from fedunlearn.errors import (
     ForgottenDataError,
     HistoryCorruptError,
     HistoryError,
+    UnsupportedHistoryError,
 )
 from fedunlearn.fl.records import UpdateStatus
 from fedunlearn.history.store.codec import (
@@ -83,6 +89,7 @@ from fedunlearn.history.store.codec import (
     from_real,
     to_real,
 )
+from fedunlearn.history.store.deletion import fingerprints
 from fedunlearn.history.store.erasure import Erasure
 from fedunlearn.history.store.integrity import Integrity
 from fedunlearn.history.store.records import (
@@ -95,7 +102,14 @@ from fedunlearn.history.store.records import (
     format_ids,
 )
 
-__all__ = ["FILE_NAME", "LOCK_NAME", "SCHEMA_VERSION", "HistoryStore", "WriterLock"]
+__all__ = [
+    "FILE_NAME",
+    "LOCK_NAME",
+    "SCHEMA_VERSION",
+    "DroppedModelError",
+    "HistoryStore",
+    "WriterLock",
+]
 
 SCHEMA_VERSION = 1
 FILE_NAME = "history.sqlite"
@@ -138,8 +152,23 @@ CREATE TABLE forget_payloads (
     client_id INTEGER NOT NULL, size_bytes INTEGER NOT NULL, sha256 TEXT NOT NULL,
     fingerprints BLOB NOT NULL, PRIMARY KEY (call_id, round, client_id));
 """
+# The fingerprint ledger (one row per payload ever written, kept when the payload goes) and the
+# record of the models a forget() dropped. Added like the deletion record: a store that lacks
+# them gets them on its first writable open, with ``prints_from_round`` (info) saying from which
+# round on every written payload has its ledger row.
+_LEDGER_SCHEMA = """
+CREATE TABLE payload_prints (
+    round INTEGER NOT NULL, kind TEXT NOT NULL, client_id INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL, fingerprints BLOB NOT NULL,
+    PRIMARY KEY (round, kind, client_id));
+CREATE TABLE forget_models (
+    call_id INTEGER NOT NULL REFERENCES forget_calls(id), round INTEGER NOT NULL,
+    kind TEXT NOT NULL, size_bytes INTEGER NOT NULL, sha256 TEXT NOT NULL,
+    fingerprints BLOB NOT NULL, PRIMARY KEY (call_id, round, kind));
+"""
 _TABLES = frozenset({"info", "rounds", "clients", "payloads", "forget_log"})
 _DELETION_TABLES = frozenset({"forget_calls", "forget_payloads"})
+_LEDGER_TABLES = frozenset({"payload_prints", "forget_models"})
 # SQLite primary result codes (sqlite3.h) that mean "this file is damaged".
 _CORRUPT_CODES = frozenset({11, 24, 26})  # SQLITE_CORRUPT, SQLITE_FORMAT, SQLITE_NOTADB
 _SHORT_READ = 522  # SQLITE_IOERR_SHORT_READ: the file ends before a page it points to
@@ -166,6 +195,15 @@ def _check_header(file: Path) -> None:
             f"{file}: truncated: the header says {pages * page_size} bytes, the file has {size}; "
             "nothing was changed. Restore it from a backup or start a new run."
         )
+
+
+class DroppedModelError(ForgottenDataError, UnsupportedHistoryError):
+    """A global model or aggregate ``forget()`` dropped was asked for.
+
+    Both a ``ForgottenDataError`` (the data is gone on purpose) and an
+    ``UnsupportedHistoryError`` (a method that needs it cannot serve the request: the error
+    every method raises for a history that lacks what it reads).
+    """
 
 
 class WriterLock:
@@ -228,6 +266,8 @@ class HistoryStore(Erasure, Integrity):
         self._con: sqlite3.Connection | None = con
         self._file = file
         self._lock = lock
+        self._has_ledger: bool | None = None
+        self._usable: int | None = None
 
     # ----- opening and closing -------------------------------------------------------------
 
@@ -278,7 +318,8 @@ class HistoryStore(Erasure, Integrity):
                 store._configure()
                 info = {"format": _FORMAT, "schema_version": str(SCHEMA_VERSION), "meta": meta_json}
                 # executescript leaves the transaction open
-                con.executescript("BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA)
+                con.executescript("BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA)
+                info["prints_from_round"] = "0"
                 con.executemany("INSERT INTO info VALUES (?, ?)", info.items())
                 con.execute("COMMIT")
         except BaseException:
@@ -539,11 +580,17 @@ class HistoryStore(Erasure, Integrity):
 
     def _insert_payload(self, round: int, kind: str, client_id: int, tensor: torch.Tensor) -> None:
         dtype, shape, data, keep_alive = encode(tensor)
+        row = (None, round, kind, client_id, dtype, shape, data.nbytes, zlib.crc32(data), data)
         self._db.execute(
-            "INSERT INTO payloads (round, kind, client_id, dtype, shape, size_bytes, crc32, data)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (round, kind, client_id, dtype, shape, data.nbytes, zlib.crc32(data), data),
+            "INSERT INTO payloads (id, round, kind, client_id, dtype, shape, size_bytes, crc32, "
+            "data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            row,
         )
+        if self._ledger:  # fingerprints of its overflow pages, kept after the payload goes
+            self._db.execute(
+                "INSERT OR REPLACE INTO payload_prints VALUES (?, ?, ?, ?, ?)",
+                (round, kind, client_id, data.nbytes, fingerprints(row, self._usable_page_size())),
+            )
         del keep_alive
 
     def truncate_after(self, round: int) -> None:
@@ -558,8 +605,9 @@ class HistoryStore(Erasure, Integrity):
         """
         round = check_int(round, "truncate_after round", minimum=-1)
         self._require_writable(f"truncate after round {round}")
+        tables = ("payloads", "payload_prints", "clients", "rounds")
         with self._transaction(f"dropping rounds after {round}"):
-            for table in ("payloads", "clients", "rounds"):
+            for table in tables if self._ledger else tables[:1] + tables[2:]:
                 self._db.execute(f"DELETE FROM {table} WHERE round > ?", (round,))
 
     def _checkpoint_truncate(self, consequence: str) -> None:
@@ -639,6 +687,15 @@ class HistoryStore(Erasure, Integrity):
         row = self._payload_row("round=? AND kind=? AND client_id=?", (round, kind, NO_CLIENT))
         if row is None:
             self._require_round(round)
+            dropped = self._dropped_at(round, kind)
+            if dropped is not None:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(dropped))
+                raise DroppedModelError(
+                    f"{self._file}: round {round} {kind} model was dropped by forget() at {when} "
+                    "(with the updates still stored it would let a forgotten client's update be "
+                    "rebuilt); a method that reads it cannot run on this history. Use retrain "
+                    "or federaser (they read M_0 and the remaining clients' updates only)."
+                )
             raise HistoryError(
                 f"{self._file}: round {round} has no {kind} model stored (the history policy did "
                 "not keep it). Use a round that has one, or rerun with a policy that keeps it."
@@ -657,6 +714,39 @@ class HistoryStore(Erasure, Integrity):
         if row is None:
             raise self._missing_update(round, client_id)
         return self._decode(row)
+
+    def stored_models(self) -> set[tuple[int, str]]:
+        """Return ``(round, kind)`` of every stored global model and aggregate."""
+        with self._sqlite("listing models"):
+            return {
+                (r, kind)
+                for r, kind in self._db.execute(
+                    "SELECT round, kind FROM payloads WHERE kind != 'update'"
+                )
+            }
+
+    def dropped_models(self) -> list[tuple[int, str]]:
+        """Return ``(round, kind)`` of the models ``forget()`` dropped, by round."""
+        if not self._ledger:
+            return []
+        with self._sqlite("reading the dropped models"):
+            return [
+                (r, k)
+                for r, k in self._db.execute(
+                    "SELECT DISTINCT round, kind FROM forget_models ORDER BY round, kind"
+                )
+            ]
+
+    def _dropped_at(self, round: int, kind: str) -> float | None:
+        if not self._ledger:
+            return None
+        with self._sqlite("reading the dropped models"):
+            row = self._db.execute(
+                "SELECT max(c.forgotten_at) FROM forget_models m JOIN forget_calls c ON "
+                "c.id = m.call_id WHERE m.round=? AND m.kind=?",
+                (round, kind),
+            ).fetchone()
+        return row[0] if row else None
 
     def has_update(self, round: int, client_id: int) -> bool:
         """Return whether the update of ``client_id`` in ``round`` is stored."""
@@ -770,6 +860,27 @@ class HistoryStore(Erasure, Integrity):
         }
         if not _DELETION_TABLES <= tables:
             self._db.executescript("BEGIN IMMEDIATE;" + _DELETION_SCHEMA + "COMMIT;")
+        if not _LEDGER_TABLES <= tables:
+            last = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
+            self._db.executescript("BEGIN IMMEDIATE;" + _LEDGER_SCHEMA)
+            self._db.execute(
+                "INSERT OR REPLACE INTO info VALUES ('prints_from_round', ?)",
+                (str(0 if last is None else last + 1),),
+            )
+            self._db.execute("COMMIT")
+
+    @property
+    def _ledger(self) -> bool:
+        """Whether the store has the fingerprint ledger (``payload_prints``)."""
+        if self._has_ledger is None:
+            with self._sqlite("reading the schema"):
+                self._has_ledger = (
+                    self._db.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='payload_prints'"
+                    ).fetchone()
+                    is not None
+                )
+        return self._has_ledger
 
     def _configure(self) -> None:
         con = self._db

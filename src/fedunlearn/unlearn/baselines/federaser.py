@@ -59,6 +59,8 @@ class FedEraserDetails(Details):
 class FedEraser(Unlearner):
     """Calibrated replay of the retained rounds (every Δt-th round) from M_0."""
 
+    reads_round_models = False  # M_0 (or the last model) and updates only
+
     params_type = FedEraserParams
     required_policies = frozenset({"all", "every"})
 

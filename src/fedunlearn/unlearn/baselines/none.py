@@ -14,6 +14,8 @@ from fedunlearn.unlearn.registry import register
 class NoUnlearning(Unlearner):
     """Return the run's final model as it is."""
 
+    reads_round_models = False  # M_0 (or the last model) and updates only
+
     params_type = MethodParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:

@@ -48,6 +48,8 @@ class RandomRoundsDetails(Details):
 class RandomRounds(Unlearner):
     """Replay a random σ-fraction of the rounds with calibrated fresh updates."""
 
+    reads_round_models = False  # M_0 (or the last model) and updates only
+
     params_type = RandomRoundsParams
     required_policies = frozenset({"all"})
 

@@ -25,6 +25,8 @@ from fedunlearn.unlearn.registry import register
 class Retrain(Unlearner):
     """Federated retraining from M_0 without the forgotten clients."""
 
+    reads_round_models = False  # M_0 (or the last model) and updates only
+
     params_type = MethodParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
