@@ -7,17 +7,17 @@ every method gives the bit-identical result.
 import dataclasses
 import inspect
 
-import numpy as np
 import pytest
 import torch
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.fl.clients import Clients, RunClients, TrainTask
+from fedunlearn.fl.clients import Clients, ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, available_methods, make_method
 from fedunlearn.unlearn.context import RemainingClients
+from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
 from fedunlearn.unlearn.starfish.deploy.servers import SharedClients
 from fedunlearn.unlearn.starfish.deploy.shares import PublicClients, SharedStageOneRecord
 from fedunlearn.unlearn.starfish.steps import StageOneRecord, StageOneShares
@@ -32,6 +32,7 @@ def implementations() -> dict[str, type]:
         "RemainingClients": RemainingClients,
         "PublicClients": PublicClients,
         "SharedClients": SharedClients,
+        "ClientsWrapper": ClientsWrapper,
     }
     flower = pytest.importorskip("fedunlearn.integrations.flower.driver")
     found["FlowerClients"] = flower.FlowerClients
@@ -78,15 +79,6 @@ def test_every_implementation_has_the_protocols_train():
         assert inspect.signature(cls.train) == expected, name
 
 
-def test_a_train_task_holds_int_ids_in_order_and_takes_spec_and_salt_by_keyword():
-    task = TrainTask(torch.zeros(3), np.array([4, 1]), 2, salt=7)
-    assert task.client_ids == (4, 1)
-    assert all(type(c) is int for c in task.client_ids)
-    assert (task.round, task.spec, task.salt) == (2, None, 7)
-    with pytest.raises(TypeError):
-        TrainTask(torch.zeros(3), [1], 1, LocalTrainingSpec())  # spec is keyword-only
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        task.salt = 0  # type: ignore[misc]
 
 
 def test_the_in_process_remote_and_remaining_clients_are_run_clients(run_all):
@@ -118,13 +110,18 @@ def test_a_starfish_servers_public_clients_are_run_clients_that_refuse_model_and
         _ = public.model
 
 
-def test_both_stage_one_records_have_the_members_stage_two_reads():
+def test_both_stage_one_records_have_the_members_stage_two_reads(run_all):
     members = {"update", "norm", "threshold"}
     assert members <= {m for m in vars(StageOneShares) if not m.startswith("_")}
     assert "dtype" in StageOneShares.__annotations__
-    for record in (StageOneRecord, SharedStageOneRecord):
-        assert all(callable(getattr(record, m)) for m in members), record.__name__
-        assert "self.dtype" in inspect.getsource(record.__init__), record.__name__
+    for cls in (StageOneRecord, SharedStageOneRecord):
+        assert all(callable(getattr(cls, m)) for m in members), cls.__name__
+    with UnlearnSession(run_all) as session:
+        backend = PlainBackend()
+        record = StageOneRecord(session.run_view.store, backend, -1 / 0.3, 0.4)
+        assert record.dtype == torch.float64
+        shared = backend.reveal(record.update(1, 0), "test")
+        assert torch.equal(shared, record.plain_update(1, 0))
 
 
 @pytest.mark.parametrize("name", available_methods())

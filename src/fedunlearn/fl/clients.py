@@ -26,7 +26,7 @@ from torch import nn
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientUpdate
 
-__all__ = ["Clients", "RunClients", "TrainTask"]
+__all__ = ["Clients", "ClientsWrapper", "RunClients", "TrainTask"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,53 @@ class RunClients(Clients, Protocol):
     def model(self) -> nn.Module:
         """The model template (its structure; its parameters are not used)."""
         ...
+
+
+class ClientsWrapper:
+    """``RunClients`` that pass every member on to other ``RunClients``; override what differs.
+
+    The wrapper form of changing how clients answer (as Flower's DP strategies wrap a
+    ``Strategy``): unlearning's ``RemainingClients`` (fewer clients, metered), Starfish's
+    in-process ``SharedClients`` (one training for two servers), the client membership test's
+    salted clients, the Flower strategy's already-delivered uploads. The wrapped clients are
+    private (``_wrapped``), not part of the interface a method is given.
+
+    Args:
+        clients: The clients wrapped.
+    """
+
+    def __init__(self, clients: RunClients) -> None:
+        self._wrapped = clients
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """The wrapped clients' ids."""
+        return self._wrapped.client_ids
+
+    @property
+    def spec(self) -> LocalTrainingSpec:
+        """The wrapped clients' local training hyperparameters."""
+        return self._wrapped.spec
+
+    @property
+    def num_params(self) -> int:
+        """Model size d."""
+        return self._wrapped.num_params
+
+    @property
+    def seed(self) -> int:
+        """The run seed."""
+        return self._wrapped.seed
+
+    @property
+    def model(self) -> nn.Module:
+        """The model template."""
+        return self._wrapped.model
+
+    def num_samples(self, client_id: int) -> int:
+        """n_c of a client."""
+        return self._wrapped.num_samples(client_id)
+
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
+        """Ask the wrapped clients (``Clients.train``)."""
+        return self._wrapped.train(task)

@@ -39,8 +39,7 @@ import torch
 from fedunlearn.config import HistoryConfig, PrivacyConfig
 from fedunlearn.errors import FedUnlearnError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.fl.clients import RunClients, TrainTask
+from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
 from fedunlearn.unlearn.costs import CostMeter
@@ -137,43 +136,24 @@ class MeteredHistory:
         return self._store.stored_bytes()
 
 
-class RemainingClients:
+class RemainingClients(ClientsWrapper):
     """A run's clients as an unlearning method may use them: remaining clients only, metered.
 
     Satisfies ``fl.clients.RunClients`` over any ``RunClients`` (the in-process federation, the
-    session's fresh-training wrapper of it, Flower's clients).
+    session's fresh-training wrapper of it, Flower's clients); the server knows every client's
+    size (``num_samples``), remaining or forgotten.
     """
 
     def __init__(self, federation: RunClients, forget: frozenset[int], meter: CostMeter) -> None:
-        self._federation = federation
+        super().__init__(federation)
         self.forget = forget
         self._meter = meter
         self._remaining = tuple(c for c in federation.client_ids if c not in forget)
-        self.seed = federation.seed
 
     @property
     def client_ids(self) -> tuple[int, ...]:
         """The remaining clients (what the training loop may sample from)."""
         return self._remaining
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The run's architecture (to evaluate flat parameter vectors; do not train it)."""
-        return self._federation.model
-
-    @property
-    def spec(self) -> LocalTrainingSpec:
-        """The run's local training hyperparameters."""
-        return self._federation.spec
-
-    @property
-    def num_params(self) -> int:
-        """Model size d."""
-        return self._federation.num_params
-
-    def num_samples(self, client_id: int) -> int:
-        """n_c of a client (remaining or forgotten: the server knows every size)."""
-        return self._federation.num_samples(client_id)
 
     def train(self, task: TrainTask) -> list[ClientUpdate]:
         """Ask remaining clients for fresh local training (``fl.clients.Clients.train``).
@@ -189,7 +169,7 @@ class RemainingClients:
         if not task.client_ids:
             return []
         spec = task.local_spec(self.spec)
-        updates = self._federation.train(dataclasses.replace(task, spec=spec))
+        updates = self._wrapped.train(dataclasses.replace(task, spec=spec))
         n = len(task.client_ids)
         self._meter.add(
             client_participations=n,

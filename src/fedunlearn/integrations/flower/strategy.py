@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.clients import TrainTask
+from fedunlearn.fl.clients import ClientsWrapper, TrainTask
 from fedunlearn.fl.engine import Evaluator, RoundObserver, run_round, sample_clients
 from fedunlearn.fl.records import ClientUpdate, RoundRecord, UpdateStatus
 from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, RecordingPolicy
@@ -90,18 +90,12 @@ class MissingAwareRecorder(HistoryRecorder):
         super().__init__(_MissingStore(store, missing), policy)  # type: ignore[arg-type]
 
 
-class _Uploads:
+class _Uploads(ClientsWrapper):
     """The clients ``run_round`` asks (``fl.clients.Clients``): Flower's delivered uploads."""
 
     def __init__(self, clients: FlowerClients, uploads: list[ClientUpdate]) -> None:
-        self._clients = clients
-        self.client_ids = clients.client_ids
-        self.spec = clients.spec
-        self.num_params = clients.num_params
+        super().__init__(clients)
         self._uploads = uploads
-
-    def num_samples(self, client_id: int) -> int:
-        return self._clients.num_samples(client_id)
 
     def train(self, task: TrainTask) -> list[ClientUpdate]:
         return self._uploads

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from fedunlearn.errors import SecureComputationError
-from fedunlearn.fl.clients import RunClients, TrainTask
+from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc import FixedPoint, Party, run_two_party
@@ -52,35 +52,22 @@ from fedunlearn.unlearn.starfish.unlearner import RUNNERS, Starfish
 __all__ = ["SharedClients", "run_in_process"]
 
 
-class SharedClients:
+class SharedClients(ClientsWrapper):
     """The remaining clients, shared by both server threads: each upload is trained once.
 
     Both servers ask for the same exact updates in the same order at the same (public) model;
     the first request trains, the second receives the cached updates (the meter counts once).
 
-    Implements ``fl.clients.RunClients`` over the run's remaining clients.
+    A ``fl.clients.ClientsWrapper`` over the run's remaining clients.
 
     Args:
         clients: The run's remaining clients (metered).
     """
 
     def __init__(self, clients: RunClients) -> None:
-        self._clients = clients
+        super().__init__(clients)
         self._lock = threading.Lock()
         self._cache: dict[tuple[object, ...], list[ClientUpdate]] = {}
-        self.client_ids = clients.client_ids
-        self.spec = clients.spec
-        self.num_params = clients.num_params
-        self.seed = clients.seed
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The run's model template."""
-        return self._clients.model
-
-    def num_samples(self, client_id: int) -> int:
-        """n_c of a client."""
-        return self._clients.num_samples(client_id)
 
     def exclusive(self, evaluate: Callable[[torch.Tensor], dict] | None) -> Any:
         """Return ``evaluate`` run under the training lock (None stays None).
@@ -106,7 +93,7 @@ class SharedClients:
         with self._lock:
             if key in self._cache:
                 return self._cache.pop(key)
-            updates = self._clients.train(task)
+            updates = self._wrapped.train(task)
             self._cache[key] = updates
             return updates
 
