@@ -10,6 +10,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.attacks import UpdateAttack
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.engine import run_rounds
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientData, ClientUpdate
@@ -49,15 +50,14 @@ def test_a_data_attacker_trains_on_its_clean_data_before_the_start_round(executo
     params = get_flat_params(model)
     # Execute / Assert: rounds 1-2 as if honest, round 3 on the poisoned data; ids kept
     for round_, reference in ((1, honest), (2, honest), (3, always)):
-        got = attacked.train(params, [0, 1, 2], round_)
-        want = reference.train(params, [0, 1, 2], round_)
+        got = attacked.train(TrainTask(params, [0, 1, 2], round_))
+        want = reference.train(TrainTask(params, [0, 1, 2], round_))
         assert [u.client_id for u in got] == [0, 1, 2]
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a.delta, b.delta)
             assert a.num_samples == b.num_samples
-    assert not torch.equal(
-        attacked.train(params, [1], 1)[0].delta, always.train(params, [1], 1)[0].delta
-    )
+    task = TrainTask(params, [1], 1)
+    assert not torch.equal(attacked.train(task)[0].delta, always.train(task)[0].delta)
 
 
 def test_an_update_attack_passes_rounds_before_its_start_unchanged():

@@ -10,6 +10,7 @@ from torch import nn
 from fedunlearn import parse_config, train_run
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.device import cuda_determinism, resolve_device
 from fedunlearn.fl.executors import (
     SerialExecutor,
@@ -127,7 +128,7 @@ def test_federation_device_unset_cpu_and_auto_are_bit_identical(executor):
         kwargs = {} if device is None else {"device": device}
         with Federation(model, clients(), SPEC, seed=4, executor=executor, **kwargs) as fed:
             assert fed.device == torch.device("cpu")
-            results.append(fed.train(start, [0, 1, 2], round_=1))
+            results.append(fed.train(TrainTask(start, [0, 1, 2], 1)))
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             assert torch.equal(a.delta, b.delta)

@@ -6,6 +6,7 @@ import torch
 from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.aggregators import fedavg, make_aggregator
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.engine import run_round, run_rounds, sample_clients, screen_update
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import accuracy_and_loss
@@ -144,7 +145,7 @@ def test_unknown_client_is_a_clear_error():
     with pytest.raises(
         UnknownClientError, match="client\\(s\\) 9 not in this federation \\(client ids 0..3\\)"
     ):
-        fed.train(get_flat_params(fed.model), [0, 9], 1)
+        fed.train(TrainTask(get_flat_params(fed.model), [0, 9], 1))
 
 
 def test_robust_aggregators_run_in_the_loop():

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
@@ -53,10 +54,10 @@ def make_federation() -> Federation:
 def test_the_wrapper_trains_with_its_local_training_and_leaves_the_federation_as_it_was():
     fed = make_federation()
     params = get_flat_params(fed.model)
-    plain_before = fed.train(params, [0, 2], 1)
+    plain_before = fed.train(TrainTask(params, [0, 2], 1))
     recording = Recording()
     wrapped = fed.with_local_training(recording)
-    out = wrapped.train(params, [0, 2], 1)
+    out = wrapped.train(TrainTask(params, [0, 2], 1))
     assert fed.local_training is None
     assert wrapped is not fed
     assert (wrapped.client_ids, wrapped.seed, wrapped.malicious) == (
@@ -69,7 +70,7 @@ def test_the_wrapper_trains_with_its_local_training_and_leaves_the_federation_as
     assert [cid for cid, _ in tasks] == [0, -3]
     assert [seed for _, seed in tasks] == [derive_seed(5, "client", 1, c, 0) for c in (0, 2)]
     assert all(torch.equal(u.delta, 2 * torch.ones_like(params)) for u in out)
-    plain_after = fed.train(params, [0, 2], 1)
+    plain_after = fed.train(TrainTask(params, [0, 2], 1))
     assert all(
         torch.equal(a.delta, b.delta) for a, b in zip(plain_before, plain_after, strict=True)
     )

@@ -22,6 +22,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from fedunlearn import train_run  # noqa: E402
 from fedunlearn.config import dump_config  # noqa: E402
 from fedunlearn.errors import ConfigError  # noqa: E402
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.history import HistoryStore  # noqa: E402
 from fedunlearn.integrations.flower.client_app import make_client_app  # noqa: E402
 from fedunlearn.integrations.flower.driver import FlowerClients  # noqa: E402
@@ -104,7 +105,7 @@ def test_client_that_never_replies_is_missing_with_the_reason(tmp_path):
     clients = FlowerClients(LocalGrid(NODES, drop={1}), setup.federation, dump_config(config))
 
     # Execute
-    updates = clients.train(setup.initial_params, [0, 1, 2], 1)
+    updates = clients.train(TrainTask(setup.initial_params, [0, 1, 2], 1))
 
     # Assert
     assert [u.client_id for u in updates] == [0, 2]
@@ -121,8 +122,8 @@ def test_fresh_training_reproduces_the_in_process_federation(tmp_path):
 
     # Execute: a calibration-style request (other epochs, salted seeds) to two clients
     short = type(spec)(epochs=2, lr=spec.lr, batch_size=spec.batch_size)
-    got = clients.train(setup.initial_params, [2, 0], 2, spec=short, salt=5)
-    want = setup.federation.train(setup.initial_params, [2, 0], 2, spec=short, salt=5)
+    got = clients.train(TrainTask(setup.initial_params, [2, 0], 2, spec=short, salt=5))
+    want = setup.federation.train(TrainTask(setup.initial_params, [2, 0], 2, spec=short, salt=5))
 
     # Assert
     assert [u.client_id for u in got] == [2, 0]
@@ -137,7 +138,7 @@ def test_two_nodes_claiming_one_client_stop_the_run(tmp_path):
     clients = FlowerClients(LocalGrid({1: 0, 2: 0, 3: 1}), setup.federation, dump_config(config))
 
     with pytest.raises(FlowerProtocolError, match="both host client 0"):
-        clients.train(setup.initial_params, [0, 1, 2], 1)
+        clients.train(TrainTask(setup.initial_params, [0, 1, 2], 1))
 
 
 def test_job_paths_must_be_absolute():
@@ -172,7 +173,7 @@ def test_model_reaches_only_the_clients_asked(tmp_path):
     clients = FlowerClients(grid, setup.federation, dump_config(config), node_timeout=0.0)
 
     # Execute
-    updates = clients.train(setup.initial_params, [1], 1)
+    updates = clients.train(TrainTask(setup.initial_params, [1], 1))
 
     # Assert: node 5 was only asked who it hosts; client 1 is missing
     assert updates == []

@@ -12,6 +12,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.models import build_model, get_flat_params
@@ -172,7 +173,7 @@ def test_round_hook_calibrates_sigma_records_the_ledger_and_plugs_into_the_feder
     training = DPSGDTraining(model, clients, clip_norm=0.5, delta=1e-5, epsilon_of=lambda r: 2.0)
     assert training.vectorized is not None  # all-linear model: one vmap over the clients
     fed = Federation(model, clients, spec, seed=3, executor="serial", local_training=training)
-    updates = fed.train(get_flat_params(model), [0, 1, 2], round_=1)
+    updates = fed.train(TrainTask(get_flat_params(model), [0, 1, 2], 1))
     stats = training.stats[1]
     # accounted event: the largest q (smallest client) and the most steps (largest client)
     assert stats.sample_rate == pytest.approx(10 / 40)
@@ -283,7 +284,7 @@ def test_federation_hands_the_round_to_the_local_training_then_runs_the_mods():
         model, make_clients([5, 5]), SPEC, seed=1, update_mods=[halve], local_training=Recording()
     )
     other = LocalTrainingSpec(epochs=3)
-    out = fed.train(get_flat_params(model), [1, 0], round_=7, spec=other)
+    out = fed.train(TrainTask(get_flat_params(model), [1, 0], 7, spec=other))
     assert [u.client_id for u in out] == [1, 0]
     assert float(out[0].delta[0]) == 0.5
     ((tasks, spec, round_),) = calls

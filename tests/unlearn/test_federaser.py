@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.aggregators import fedavg
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.replay import calibrate
 
@@ -34,7 +35,7 @@ def test_federaser_equals_a_plain_calibrated_replay_loop(run_all):
             if t == 1:
                 steps = [store.read_update(1, c) for c in keep]
             else:
-                fresh = fed.train(w, keep, t)
+                fresh = fed.train(TrainTask(w, keep, t))
                 steps = [
                     u.delta * (store.read_update(t, u.client_id).norm() / u.delta.norm())
                     for u in fresh

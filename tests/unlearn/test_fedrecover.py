@@ -8,6 +8,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.runs import HISTORY_DIR, train_run
@@ -135,12 +136,12 @@ class QuadraticFederation:
     def delta(self, cid, w):
         return -self.lr * self.curvatures[cid] * (w - self.centres[cid])
 
-    def train(self, global_params, client_ids, round_, *, spec=None, salt=0):
+    def train(self, task: TrainTask):
         self.calls += 1
         out = []
-        for c in client_ids:
-            delta = self.delta(c, global_params)
-            if (round_, c) in self.nan_at:
+        for c in task.client_ids:
+            delta = self.delta(c, task.global_params)
+            if (task.round, c) in self.nan_at:
                 delta = delta * math.nan
             out.append(ClientUpdate(c, delta, self.sizes[c], 0.0))
         return out

@@ -2,6 +2,7 @@ import pytest
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryError, UnknownClientError
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
@@ -21,9 +22,9 @@ def test_unknown_client_and_everyone_are_refused(run_all):
 def test_forgotten_clients_cannot_be_asked_to_train(run_all):
     with UnlearnSession(run_all) as session:
         context = session.context(UnlearnRequest.of([2]))
-        assert 2 not in context.clients.ids
+        assert 2 not in context.clients.client_ids
         with pytest.raises(FedUnlearnError, match="being forgotten"):
-            context.clients.train(session.run_view.initial_params, [1, 2], 1)
+            context.clients.train(TrainTask(session.run_view.initial_params, [1, 2], 1))
 
 
 def test_incomplete_run_must_be_resumed_first(tmp_path, base_config):
@@ -72,22 +73,22 @@ def test_fresh_training_on_a_dp_sgd_run_clips_per_example_like_training(tmp_path
         assert fed.local_training is None
         spec = fed.spec
         fresh = session.context(UnlearnRequest.of([0])).clients.train(
-            session.run_view.initial_params, [1, 2], 1
+            TrainTask(session.run_view.initial_params, [1, 2], 1)
         )
         m0 = session.run_view.initial_params
-        plain = build_setup(session.run_view.config).federation.train(m0, [1, 2], 1)
+        plain = build_setup(session.run_view.config).federation.train(TrainTask(m0, [1, 2], 1))
         for update, unclipped in zip(fresh, plain, strict=True):
             steps = math.ceil(spec.epochs * update.num_samples / spec.batch_size)
             bound = spec.lr * 0.01 * steps  # each step: lr x a mean of vectors of norm <= C
             assert float(update.delta.norm()) <= bound * (1 + 1e-5)
             assert float(unclipped.delta.norm()) > 10 * bound  # what plain SGD would have sent
         again = session.context(UnlearnRequest.of([0])).clients.train(
-            session.run_view.initial_params, [1, 2], 1
+            TrainTask(session.run_view.initial_params, [1, 2], 1)
         )
         assert all(torch.equal(a.delta, b.delta) for a, b in zip(fresh, again, strict=True))
     with UnlearnSession(tmp_path / "dp") as session:  # no noise: equal across sessions too
         other = session.context(UnlearnRequest.of([0])).clients.train(
-            session.run_view.initial_params, [1, 2], 1
+            TrainTask(session.run_view.initial_params, [1, 2], 1)
         )
         assert all(torch.equal(a.delta, b.delta) for a, b in zip(fresh, other, strict=True))
 

@@ -5,9 +5,16 @@ import dataclasses
 import pytest
 import torch
 
+import fedunlearn.unlearn as unlearn_pkg
 from fedunlearn.runs import build_setup, reference_set
-from fedunlearn.unlearn import UnlearnSession
-from fedunlearn.unlearn.views import EvaluationView, RunView
+from fedunlearn.unlearn import EvaluationView, RunView, UnlearnSession
+from fedunlearn.unlearn import views as views_module
+
+
+def test_the_views_are_public_names_of_the_unlearn_package():
+    assert {"RunView", "EvaluationView"} <= set(unlearn_pkg.__all__)
+    assert RunView is views_module.RunView
+    assert EvaluationView is views_module.EvaluationView
 
 
 def test_the_run_view_is_read_only_and_holds_the_runs_public_pieces(run_all):

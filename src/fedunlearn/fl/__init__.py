@@ -3,7 +3,7 @@
 from fedunlearn.fl.aggregators import AGGREGATORS, make_aggregator
 from fedunlearn.fl.attacks import Trigger, UpdateAttack, choose_malicious
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
-from fedunlearn.fl.clients import Clients, RunClients
+from fedunlearn.fl.clients import Clients, RunClients, TrainTask
 from fedunlearn.fl.engine import RoundObserver, run_round, run_rounds, sample_clients
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientData, ClientUpdate, RejectedUpdate, RoundRecord
@@ -19,6 +19,7 @@ __all__ = [
     "RoundObserver",
     "RoundRecord",
     "RunClients",
+    "TrainTask",
     "Trigger",
     "UpdateAttack",
     "choose_malicious",

@@ -24,7 +24,7 @@ import torch
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.clients import Clients, RunClients
+from fedunlearn.fl.clients import Clients, RunClients, TrainTask
 from fedunlearn.fl.records import ClientUpdate, RejectedUpdate, RoundRecord
 from fedunlearn.fl.seeding import derive_seed
 
@@ -77,7 +77,7 @@ def run_round(
     evaluate: Evaluator | None = None,
 ) -> RoundRecord:
     """Run one FL round from ``global_params`` with ``participants`` and return its record."""
-    uploads = federation.train(global_params, participants, round_)
+    uploads = federation.train(TrainTask(global_params, participants, round_))
     accepted: list[ClientUpdate] = []
     rejected: list[RejectedUpdate] = []
     for update in uploads:

@@ -1,9 +1,9 @@
 """The federation: every client's data and local training, behind one call.
 
 ``Federation`` is the in-process implementation of the clients seam (``fl.clients.Clients``):
-``train(global_params, client_ids, round_)`` is how the training loop *and* every unlearning
-method ask clients for fresh local work. It derives each client's seed from (run seed, round,
-client, salt), runs the chosen executor (or the ``local_training`` given, e.g.
+``train(TrainTask(global_params, client_ids, round))`` is how the training loop *and* every
+unlearning method ask clients for fresh local work. It derives each client's seed from (run
+seed, round, client, salt), runs the chosen executor (or the ``local_training`` given, e.g.
 ``fedunlearn.privacy``'s DP-SGD), and then the update mods (attacks, client-update DP) in order.
 ``with_local_training`` returns the same clients training another way (a wrapper; this
 federation is left as it is). Malicious clients stay malicious whoever asks them to train;
@@ -22,6 +22,7 @@ from torch import nn
 from fedunlearn.errors import UnknownClientError
 from fedunlearn.fl import executors
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.executors import Executor
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
@@ -139,33 +140,27 @@ class Federation:
                 f"(client ids {known})"
             )
 
-    def train(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[ClientUpdate]:
-        """Return the (modded) uploads of ``client_ids``; see ``fl.clients.Clients.train``."""
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
+        """Return the (modded) uploads of ``task.client_ids`` (``fl.clients.Clients.train``)."""
+        client_ids, round_ = task.client_ids, task.round
         self.check_clients(client_ids)
         honest = round_ < self.attack_start_round
         tasks = [
             (-1 - cid if honest and cid in self.honest_data else cid,
-             derive_seed(self.seed, "client", round_, cid, salt))
+             derive_seed(self.seed, "client", round_, cid, task.salt))
             for cid in client_ids
         ]
+        spec = task.local_spec(self.spec)
         if self.local_training is not None:
-            updates = self.local_training.run(global_params, tasks, spec or self.spec, round_)
+            updates = self.local_training.run(task.global_params, tasks, spec, round_)
         else:
-            updates = self.executor.run(global_params, tasks, spec or self.spec)
+            updates = self.executor.run(task.global_params, tasks, spec)
         updates = [
             u if u.client_id == cid else replace(u, client_id=cid)
             for u, cid in zip(updates, client_ids, strict=True)
         ]
         for mod in self.update_mods:
-            updates = mod(round_, global_params, updates)
+            updates = mod(round_, task.global_params, updates)
         return updates
 
     def with_local_training(self, local_training: LocalTraining) -> Federation:

@@ -10,7 +10,8 @@
   the log into the result's ``Lineage`` (``Unlearner.unlearn`` calls it). ``initial_params``
   and ``final_params`` are for shapes and dtypes: a method reads its models through
   ``history`` or ``start_from``, so the log sees them;
-- ``clients``: the run's clients (``fl.clients.Clients``) restricted to the *remaining* ones
+- ``clients``: the run's clients (``fl.clients.RunClients``: ids, sizes, ``train(TrainTask)``,
+  the run seed and the model template) restricted to the *remaining* ones
   (``RemainingClients``), counting every local training request (participations, local epochs,
   bytes sent and received); asking a forgotten client to train is an error;
 - ``training``: the run's round count, participation rate and aggregation rule name, and
@@ -28,6 +29,7 @@ Which clients attacked is *not* in the context: a recovery request names them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +39,7 @@ import torch
 from fedunlearn.config import HistoryConfig, PrivacyConfig
 from fedunlearn.errors import FedUnlearnError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.fl.clients import Clients, RunClients
+from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
 from fedunlearn.unlearn.costs import CostMeter
@@ -135,73 +136,41 @@ class MeteredHistory:
         return self._store.stored_bytes()
 
 
-class RemainingClients:
+class RemainingClients(ClientsWrapper):
     """A run's clients as an unlearning method may use them: remaining clients only, metered.
 
     Satisfies ``fl.clients.RunClients`` over any ``RunClients`` (the in-process federation, the
-    session's fresh-training wrapper of it, Flower's clients); ``ids`` is ``client_ids``.
+    session's fresh-training wrapper of it, Flower's clients); the server knows every client's
+    size (``num_samples``), remaining or forgotten.
     """
 
     def __init__(self, federation: RunClients, forget: frozenset[int], meter: CostMeter) -> None:
-        self._federation = federation
+        super().__init__(federation)
         self.forget = forget
         self._meter = meter
-        self.ids: tuple[int, ...] = tuple(c for c in federation.client_ids if c not in forget)
-        self.seed = federation.seed
+        self._remaining = tuple(c for c in federation.client_ids if c not in forget)
 
     @property
     def client_ids(self) -> tuple[int, ...]:
         """The remaining clients (what the training loop may sample from)."""
-        return self.ids
+        return self._remaining
 
-    @property
-    def model(self) -> torch.nn.Module:
-        """The run's architecture (to evaluate flat parameter vectors; do not train it)."""
-        return self._federation.model
-
-    @property
-    def layer_sizes(self) -> tuple[int, ...]:
-        """Number of scalars of each parameter tensor, in flat-vector order."""
-        return tuple(p.numel() for p in self._federation.model.parameters())
-
-    @property
-    def spec(self) -> LocalTrainingSpec:
-        """The run's local training hyperparameters."""
-        return self._federation.spec
-
-    @property
-    def num_params(self) -> int:
-        """Model size d."""
-        return self._federation.num_params
-
-    def num_samples(self, client_id: int) -> int:
-        """n_c of a client (remaining or forgotten: the server knows every size)."""
-        return self._federation.num_samples(client_id)
-
-    def train(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[ClientUpdate]:
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
         """Ask remaining clients for fresh local training (``fl.clients.Clients.train``).
 
         Raises:
             FedUnlearnError: if a client being forgotten is asked.
         """
-        asked = sorted(set(client_ids) & self.forget)
+        asked = sorted(set(task.client_ids) & self.forget)
         if asked:
             raise FedUnlearnError(
                 f"client(s) {asked} are being forgotten and cannot be asked to train"
             )
-        if not client_ids:
+        if not task.client_ids:
             return []
-        spec = spec or self.spec
-        updates = self._federation.train(global_params, client_ids, round_, spec=spec, salt=salt)
-        n = len(client_ids)
+        spec = task.local_spec(self.spec)
+        updates = self._wrapped.train(dataclasses.replace(task, spec=spec))
+        n = len(task.client_ids)
         self._meter.add(
             client_participations=n,
             client_epochs=n * spec.epochs,
@@ -228,7 +197,7 @@ class UnlearnContext:
     """A finished run as an unlearning method sees it (see the module docstring)."""
 
     history: HistoryReader
-    clients: Clients  # RemainingClients; a Starfish server's public view in a deployment
+    clients: RunClients  # RemainingClients; a Starfish server's PublicClients in a deployment
     aggregator: Aggregator
     num_rounds: int
     initial_params: torch.Tensor

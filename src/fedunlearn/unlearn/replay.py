@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.unlearn.context import UnlearnContext
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def calibrate(
 
 def stored_participants(context: UnlearnContext, round_: int) -> list[int]:
     """Remaining clients whose delta of ``round_`` is stored, sorted."""
-    remaining = set(context.clients.ids)
+    remaining = set(context.clients.client_ids)
     return sorted(
         r.client_id
         for r in context.history.client_records(round_)
@@ -101,11 +102,13 @@ def calibrated_replay(
     """
     params = start_params.clone()
     rows: list[dict[str, float]] = []
+    parameters = context.clients.model.parameters() if scope == "layer" else ()
+    layer_sizes = [p.numel() for p in parameters]  # per-tensor calibration (FE3)
     for j, round_ in enumerate(rounds):
         if participants is None:
             ids = stored_participants(context, round_)
         else:
-            ids = sorted(set(participants.get(round_, ())) & set(context.clients.ids))
+            ids = sorted(set(participants.get(round_, ())) & set(context.clients.client_ids))
         if not ids:
             log.warning("round %d: no remaining client has a stored update; skipped", round_)
             continue
@@ -113,12 +116,12 @@ def calibrated_replay(
         if j == 0 and first_uncalibrated:
             steps = [(cid, context.history.read_update(round_, cid)) for cid in ids]
         else:
-            fresh = context.clients.train(params, ids, round_, spec=spec)
+            fresh = context.clients.train(TrainTask(params, ids, round_, spec=spec))
             steps = []
             for u in fresh:
                 stored = context.history.read_update(round_, u.client_id)
                 steps.append(
-                    (u.client_id, calibrate(stored, u.delta, scope, context.clients.layer_sizes))
+                    (u.client_id, calibrate(stored, u.delta, scope, layer_sizes))
                 )
                 if trace is not None:
                     norms.append((u.client_id, float(stored.norm()), float(u.delta.norm())))

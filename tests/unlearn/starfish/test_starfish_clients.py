@@ -18,6 +18,7 @@ import torch
 from starfish_support import FORGET, LR, ROUNDS
 
 from fedunlearn.errors import SecureComputationError
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.mpc import FixedPoint, Link, SessionBinding, TcpTransport
 from fedunlearn.mpc.session import Hello
 from fedunlearn.unlearn.starfish.deploy.clients import (
@@ -39,7 +40,7 @@ class Service:
     def __init__(self, session, max_models=None):
         context = session.context(FORGET)
         self.context = context
-        remaining = set(context.clients.ids)
+        remaining = set(context.clients.client_ids)
         self.participants = {
             r: sorted(
                 rec.client_id
@@ -126,9 +127,8 @@ def test_an_exact_update_goes_out_only_after_both_servers_asked_and_opens_only_t
     assert silent_before_both
     assert doc0 == doc1 == {"accepted": ids, "rejected": {}}
     assert outcome == {"served": 1}
-    expected = service.context.clients.train(
-        torch.from_numpy(service.m0).to(service.context.initial_params.dtype), ids, round_
-    )
+    m0 = torch.from_numpy(service.m0).to(service.context.initial_params.dtype)
+    expected = service.context.clients.train(TrainTask(m0, ids, round_))
     for update, s0, s1 in zip(expected, shares0, shares1, strict=True):
         opened = FP.decode(s0 + s1)
         np.testing.assert_allclose(opened, update.delta.double().numpy() * SCALE, atol=1e-4)

@@ -15,6 +15,7 @@ from starfish_support import BIT_EXACT, FORGET, REMAINING, ROUNDS, cosine_rankin
 from fedunlearn.errors import ConfigError, UnknownNameError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.unlearn import UnlearnRequest, make_method, starfish
@@ -227,10 +228,11 @@ class QuadraticFederation:
     def delta(self, cid, w):
         return -self.lr * self.curvatures[cid] * (w - self.centres[cid])
 
-    def train(self, global_params, client_ids, round_, *, spec=None, salt=0):
+    def train(self, task: TrainTask):
         self.calls += 1
         return [
-            ClientUpdate(c, self.delta(c, global_params), self.sizes[c], 0.0) for c in client_ids
+            ClientUpdate(c, self.delta(c, task.global_params), self.sizes[c], 0.0)
+            for c in task.client_ids
         ]
 
 

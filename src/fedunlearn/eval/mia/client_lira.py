@@ -65,10 +65,10 @@ models trained without it", as the original is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.eval.mia.common import is_int
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import ClientsWrapper, TrainTask
 from fedunlearn.fl.engine import run_round
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import predict_logits
@@ -99,43 +99,15 @@ DEFAULT_MAX_SECONDS = 300.0
 MIN_PER_SIDE = 2  # leave-one-out needs another reference of the same side
 
 
-@dataclass(frozen=True)
-class _SaltedClients:
-    """The federation's clients training with another seed salt (other batch orders).
+class _SaltedClients(ClientsWrapper):
+    """The federation's clients training with another seed salt (other batch orders)."""
 
-    Satisfies the ``fl.clients.Clients`` protocol that ``fl.engine.run_round`` trains with.
-    """
+    def __init__(self, federation: Federation, salt: int) -> None:
+        super().__init__(federation)
+        self.salt = salt
 
-    federation: Federation
-    salt: int
-
-    @property
-    def client_ids(self) -> tuple[int, ...]:
-        return self.federation.client_ids
-
-    @property
-    def spec(self) -> LocalTrainingSpec:
-        return self.federation.spec
-
-    @property
-    def num_params(self) -> int:
-        return self.federation.num_params
-
-    def num_samples(self, client_id: int) -> int:
-        return self.federation.num_samples(client_id)
-
-    def train(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[ClientUpdate]:
-        return self.federation.train(
-            global_params, client_ids, round_, spec=spec, salt=self.salt + salt
-        )
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
+        return self._wrapped.train(dataclasses.replace(task, salt=self.salt + task.salt))
 
 
 class _Budget:

@@ -28,12 +28,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedunlearn.errors import UnknownClientError
-from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
@@ -170,16 +169,9 @@ class FlowerClients:
                 "each SuperNode its own partition-id"
             )
 
-    def messages(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[Message]:
-        """Return the ``train`` messages asking ``client_ids`` to train in ``round_``."""
+    def messages(self, task: TrainTask) -> list[Message]:
+        """Return the ``train`` messages asking ``task.client_ids`` to train in ``task.round``."""
+        client_ids, round_, global_params = task.client_ids, task.round, task.global_params
         self.check_clients(client_ids)
         self.place(client_ids)
         started = time.perf_counter()
@@ -190,9 +182,9 @@ class FlowerClients:
                 continue
             content = train_content(
                 global_params,
-                [(cid, derive_seed(self.seed, "client", round_, cid, salt))],
+                [(cid, derive_seed(self.seed, "client", round_, cid, task.salt))],
                 round_=round_,
-                spec=spec or self.spec,
+                spec=task.local_spec(self.spec),
                 run_config=self.config_yaml,
             )
             out.append(
@@ -210,18 +202,13 @@ class FlowerClients:
         log.warning("round %d: client %d is missing: %s", round_, client_id, reason)
         self.missing.setdefault(round_, {})[client_id] = reason
 
-    def collect(
-        self,
-        replies: Iterable[Message],
-        client_ids: Sequence[int],
-        round_: int,
-        global_params: torch.Tensor,
-    ) -> list[ClientUpdate]:
+    def collect(self, replies: Iterable[Message], task: TrainTask) -> list[ClientUpdate]:
         """Decode replies to ``train`` messages; record non-repliers as missing; apply mods.
 
         Returns:
-            The uploads of the clients that replied, in the order of ``client_ids``.
+            The uploads of the clients that replied, in the order of ``task.client_ids``.
         """
+        client_ids, round_ = task.client_ids, task.round
         started = time.perf_counter()
         got: dict[int, ClientUpdate] = {}
         for reply in replies:
@@ -246,26 +233,18 @@ class FlowerClients:
                 self.mark_missing(round_, cid, f"no reply within {self.round_timeout:g} s")
         updates = [got[c] for c in client_ids if c in got]
         for mod in self.update_mods:
-            updates = mod(round_, global_params, updates)
+            updates = mod(round_, task.global_params, updates)
         self.stats.decode_seconds += time.perf_counter() - started
         return updates
 
-    def train(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[ClientUpdate]:
-        """Train over Flower (``fl.clients.Clients.train``); the missing: ``missing[round_]``."""
-        msgs = self.messages(global_params, client_ids, round_, spec=spec, salt=salt)
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
+        """Train over Flower (``fl.clients.Clients.train``); the missing: ``missing[round]``."""
+        msgs = self.messages(task)
         exchange = time.perf_counter()
         replies = list(self.grid.send_and_receive(msgs, timeout=self.round_timeout))
         self.stats.exchanges.append(time.perf_counter() - exchange)
         self.stats.exchange_seconds += self.stats.exchanges[-1]
-        return self.collect(replies, client_ids, round_, global_params)
+        return self.collect(replies, task)
 
     def close(self) -> None:
         """Nothing to release (the Grid belongs to Flower)."""

@@ -31,6 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedunlearn.fl.aggregators import Aggregator
+from fedunlearn.fl.clients import ClientsWrapper, TrainTask
 from fedunlearn.fl.engine import Evaluator, RoundObserver, run_round, sample_clients
 from fedunlearn.fl.records import ClientUpdate, RoundRecord, UpdateStatus
 from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, RecordingPolicy
@@ -89,19 +90,14 @@ class MissingAwareRecorder(HistoryRecorder):
         super().__init__(_MissingStore(store, missing), policy)  # type: ignore[arg-type]
 
 
-class _Uploads:
-    """The trainer ``run_round`` needs, answering with uploads Flower already delivered."""
+class _Uploads(ClientsWrapper):
+    """The clients ``run_round`` asks (``fl.clients.Clients``): Flower's delivered uploads."""
 
     def __init__(self, clients: FlowerClients, uploads: list[ClientUpdate]) -> None:
-        self.seed = clients.seed
-        self.num_params = clients.num_params
-        self.malicious = clients.malicious
-        self.client_ids = clients.client_ids
+        super().__init__(clients)
         self._uploads = uploads
 
-    def train(
-        self, global_params: torch.Tensor, client_ids: Sequence[int], round_: int
-    ) -> list[ClientUpdate]:
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
         return self._uploads
 
 
@@ -131,19 +127,18 @@ class HistoryStrategy(Strategy):
         self.evaluate = evaluate
         self.observers = tuple(observers)
         self.records: list[RoundRecord] = []
-        self._global: torch.Tensor | None = None
-        self._asked: list[int] = []
+        self._task: TrainTask | None = None
         self._sent_at = 0.0
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample the round's participants and build their ``train`` messages."""
-        self._global = from_arrays(arrays)
-        self._asked = sample_clients(
+        asked = sample_clients(
             self.clients.client_ids, self.participation, self.clients.seed, server_round
         )
-        messages = self.clients.messages(self._global, self._asked, server_round)
+        self._task = TrainTask(from_arrays(arrays), asked, server_round)
+        messages = self.clients.messages(self._task)
         self._sent_at = time.perf_counter()
         return messages
 
@@ -151,18 +146,19 @@ class HistoryStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen and aggregate the uploads, record the round, return the new global model."""
-        if self._global is None:
-            raise RuntimeError("aggregate_train called before configure_train")
+        task = self._task
+        if task is None or task.round != server_round:
+            raise RuntimeError(f"aggregate_train({server_round}) before its configure_train")
         # Flower's send_and_receive ran in between: transport, client work, polling
         self.clients.stats.exchanges.append(time.perf_counter() - self._sent_at)
         self.clients.stats.exchange_seconds += self.clients.stats.exchanges[-1]
-        uploads = self.clients.collect(list(replies), self._asked, server_round, self._global)
+        uploads = self.clients.collect(list(replies), task)
         record = run_round(
             _Uploads(self.clients, uploads),
             self.aggregator,
-            self._global,
+            task.global_params,
             server_round,
-            self._asked,
+            task.client_ids,
             evaluate=self.evaluate,
         )
         for observer in self.observers:

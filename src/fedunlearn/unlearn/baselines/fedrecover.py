@@ -71,6 +71,7 @@ import torch
 from pydantic import Field, field_validator
 
 from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.linalg.lbfgs import (
     CompactBFGS,
@@ -371,7 +372,7 @@ class FedRecover(Unlearner):
     def _participants(self, context: UnlearnContext) -> dict[int, list[int]]:
         """Return round -> sorted remaining participants; raise if a stored update is missing."""
         history = context.history
-        remaining = set(context.clients.ids)
+        remaining = set(context.clients.client_ids)
         missing_rounds = sorted(set(range(context.num_rounds + 1)) - set(history.rounds()))
         if missing_rounds:
             raise UnsupportedHistoryError(
@@ -407,7 +408,7 @@ class FedRecover(Unlearner):
         rejected: list[dict[str, Any]],
     ) -> dict[int, torch.Tensor]:
         """Ask ``client_ids`` for exact updates at ``params`` with round ``round_``'s seeds."""
-        updates = context.clients.train(params, list(client_ids), round_)
+        updates = context.clients.train(TrainTask(params, client_ids, round_))
         out: dict[int, torch.Tensor] = {}
         for update in updates:
             requests[update.client_id] += 1
@@ -523,9 +524,9 @@ class FedRecover(Unlearner):
             exact_updates=exact_total,
             estimated_updates=estimated_total,
             exact_updates_per_client=dict(sorted(requests.items())),
-            abnormality_fixes={cid: fixes[cid] for cid in context.clients.ids},
-            no_pair_requests={cid: no_pair[cid] for cid in context.clients.ids},
-            pairs_pushed={cid: buffers.pushed[cid] for cid in context.clients.ids},
+            abnormality_fixes={cid: fixes[cid] for cid in context.clients.client_ids},
+            no_pair_requests={cid: no_pair[cid] for cid in context.clients.client_ids},
+            pairs_pushed={cid: buffers.pushed[cid] for cid in context.clients.client_ids},
             guard_counts=guard_counts,
             rejected_updates=tuple(rejected),
         )

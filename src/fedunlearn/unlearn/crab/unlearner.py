@@ -433,7 +433,7 @@ class Crab(SelectiveReplay):
         retrain_sizes = [len(context.original_participants(t)) for t in range(1, total + 1)]
         per_round = len(  # the clients of one final tuning round
             sample_clients(
-                context.clients.ids, context.training.participation, context.clients.seed, 1
+                context.clients.client_ids, context.training.participation, context.clients.seed, 1
             )
         )
         replayed = sum(1 for n in replay_sizes if n)

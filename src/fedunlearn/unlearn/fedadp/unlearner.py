@@ -48,6 +48,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
@@ -278,7 +279,7 @@ class FedADP(SelectiveReplay):
                 log.info("fedadp: round %d has no remaining stored client; skipped", sr.round)
                 continue
             participants[str(sr.round)] = ids
-            fresh = context.clients.train(params, ids, sr.round, spec=spec)
+            fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
             if p.unlearn_dp:
                 clip_norm, std = self._noise_std(context, sr.round)
                 seed = context.clients.seed
@@ -309,7 +310,7 @@ class FedADP(SelectiveReplay):
                 steps.append((u.client_id, update))
             params = params + context.aggregate(steps)  # Eq. 12, then M^ <- M^ - eta_s U
             rows.append(context.end_round(sr.round, params))
-        num_clients = len(history.meta.get("client_sizes", {})) or len(context.clients.ids)
+        num_clients = len(history.meta.get("client_sizes", {})) or len(context.clients.client_ids)
         num_updates = sum(len(s.clients) for s in stored)
         ledger = privacy_summary(
             context.privacy,

@@ -37,11 +37,12 @@ from typing import Any, Protocol
 
 import torch
 
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.linalg.lbfgs import DEGENERATE_STEP_RTOL, NoCurvaturePairsError
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.starfish.backend.protocol import StarfishBackend
-from fedunlearn.unlearn.starfish.steps import CurvatureBuffer, StageOneRecord, check_thresholds
+from fedunlearn.unlearn.starfish.steps import CurvatureBuffer, StageOneShares, check_thresholds
 
 __all__ = ["ClientGateway", "LocalClients", "Replay"]
 
@@ -83,7 +84,7 @@ class LocalClients:
         """Train the clients at ``m_hat``, screen the uploads as training does, share them."""
         shares: dict[int, Any] = {}
         rejected: dict[int, str] = {}
-        for update in self.context.clients.train(m_hat, client_ids, round_):
+        for update in self.context.clients.train(TrainTask(m_hat, client_ids, round_)):
             reason = screen_update(update, self.context.clients.num_params)
             if reason is not None:
                 rejected[update.client_id] = reason
@@ -103,7 +104,7 @@ class Replay:
 
     context: UnlearnContext
     backend: StarfishBackend[Any]
-    record: StageOneRecord
+    record: StageOneShares
     thresholds: dict[int, Any]
     participants: dict[int, list[int]]
     dtype: torch.dtype

@@ -3,10 +3,12 @@
 Each step is written against ``StarfishBackend`` (``backend/protocol.py``), so the plaintext
 mirror and a 2PC backend run the same control flow:
 
-1. ``StageOneRecord``: what the servers hold after Stage I (Alg. 4 lines 1-9): per round and
-   client the shared update [G_r^j], its norm [||G_r^j||] and its alpha-quantile threshold
-   [delta_r^j]. In the plaintext mirror they are read from the run's history store and shared
-   on first use; the norm and threshold are computed as the client would have (D10, D18).
+1. ``StageOneShares``: what the servers hold after Stage I (Alg. 4 lines 1-9), the protocol
+   every step reads: per round and client the shared update [G_r^j], its norm [||G_r^j||] and
+   its alpha-quantile threshold [delta_r^j]. ``StageOneRecord`` implements it for the
+   plaintext mirror and in-process runs: read from the run's history store and shared on first
+   use; the norm and threshold are computed as the client would have (D10, D18). A deployed
+   server's ``deploy.shares.SharedStageOneRecord`` reads its share store instead.
 2. ``thresholds_td2`` (Starfish, Sec. IV-C1: per-client SecMax over rounds) and
    ``threshold_td1`` (FedRecover's global threshold by SecSrt over every coordinate, priced in
    Sec. V-A; for cost comparison); both return *squared* thresholds, once per client (D10).
@@ -37,19 +39,20 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 
+from fedunlearn.history.store import HistoryReader
 from fedunlearn.linalg.lbfgs import DEGENERATE_STEP_RTOL, GuardCounts, NoCurvaturePairsError
-from fedunlearn.unlearn.context import MeteredHistory
 from fedunlearn.unlearn.starfish.backend.protocol import SingularMatrixError, StarfishBackend
 
 __all__ = [
     "CurvatureBuffer",
     "SelectionMethod",
     "StageOneRecord",
+    "StageOneShares",
     "check_thresholds",
     "select_rounds",
     "switching_threshold",
@@ -62,6 +65,28 @@ SENTINEL_COSINE = -2.0  # below every cosine: rounds without a target score rank
 CURVATURE_EPS = 1e-10  # optional secret curvature check: s^T y > eps ||s||^2
 
 
+class StageOneShares(Protocol):
+    """What Stage II reads of Stage I (Alg. 4 lines 1-9): per round r and client j, secrets.
+
+    Attributes:
+        dtype: Working dtype of the shared values (public models are cast to it).
+    """
+
+    dtype: torch.dtype
+
+    def update(self, round_: int, client_id: int) -> Any:
+        """Return the shared update [G_r^j]."""
+        ...
+
+    def norm(self, round_: int, client_id: int) -> Any:
+        """Return the shared norm [||G_r^j||] (assistive information #1)."""
+        ...
+
+    def threshold(self, round_: int, client_id: int) -> Any:
+        """Return the shared threshold [delta_r^j] (assistive information #2)."""
+        ...
+
+
 class StageOneRecord:
     """What S1 and S2 hold after Stage I, loaded lazily from the history store (Alg. 4).
 
@@ -69,7 +94,7 @@ class StageOneRecord:
     ``scale = -1`` the model-delta mode.
 
     Args:
-        history: The run's metered history (bytes read are counted).
+        history: The run's history (metered in a method: bytes read are counted).
         backend: Where shares are made.
         scale: Update units, ``G = scale * delta``.
         alpha: Tolerance rate of the per-round thresholds (D10).
@@ -78,7 +103,7 @@ class StageOneRecord:
 
     def __init__(
         self,
-        history: MeteredHistory,
+        history: HistoryReader,
         backend: StarfishBackend[Any],
         scale: float,
         alpha: float,
@@ -134,7 +159,7 @@ class StageOneRecord:
 
 def thresholds_td2(
     backend: StarfishBackend[Any],
-    record: StageOneRecord,
+    record: StageOneShares,
     rounds_of_client: Mapping[int, Sequence[int]],
 ) -> dict[int, Any]:
     """TD^2: [delta^j]^2 with delta^j = SecMax_r [delta_r^j], per remaining client.
@@ -163,7 +188,7 @@ def thresholds_td2(
 
 def threshold_td1(
     backend: StarfishBackend[Any],
-    record: StageOneRecord,
+    record: StageOneShares,
     clients_of_round: Mapping[int, Sequence[int]],
     alpha: float,
     num_params: int,
@@ -200,7 +225,7 @@ def switching_threshold(ring_bits: int = 64, security_bits: int = 128) -> float:
 
 def select_rounds(
     backend: StarfishBackend[Any],
-    record: StageOneRecord,
+    record: StageOneShares,
     model: Callable[[int], torch.Tensor],
     targets_of_round: Mapping[int, Sequence[int]],
     count: int,

@@ -56,6 +56,7 @@ from fedunlearn.unlearn.starfish.steps import (
     CurvatureBuffer,
     SelectionMethod,
     StageOneRecord,
+    StageOneShares,
     select_rounds,
     switching_threshold,
     threshold_td1,
@@ -238,7 +239,7 @@ class Starfish(Unlearner):
                 f"starfish needs the global model of every round 0..{context.num_rounds}; "
                 f"rounds {missing_rounds[:10]} are not in the history. Complete the run first."
             )
-        remaining = set(context.clients.ids)
+        remaining = set(context.clients.client_ids)
         participants: dict[int, list[int]] = {}
         targets: dict[int, list[int]] = {}
         missing: list[tuple[int, int]] = []
@@ -270,7 +271,7 @@ class Starfish(Unlearner):
         request: UnlearnRequest,
         context: UnlearnContext,
         backend: StarfishBackend[Any],
-        record: Any,
+        record: StageOneShares,
         gateway: ClientGateway,
     ) -> RunOutput:
         """Run Stage II (TD, SecRS, the replay, ARP) on ``backend`` (the module's steps 1-4).
@@ -295,12 +296,13 @@ class Starfish(Unlearner):
                 f"starfish aggregates with FedAvg (SecAdd_A); this run used {aggregator!r}",
                 stacklevel=3,
             )
-        dtype = getattr(record, "dtype", torch.float64)
+        dtype = record.dtype
         lr = clients.spec.lr
         eta_l = lr if p.units == "gradient" else 1.0
         eta_u = p.unlearning_rate if p.unlearning_rate is not None else eta_l
         rounds_of_client = {
-            c: [r for r in range(1, num_rounds + 1) if c in participants[r]] for c in clients.ids
+            c: [r for r in range(1, num_rounds + 1) if c in participants[r]]
+            for c in clients.client_ids
         }
 
         # Step 1: TD (Sec. IV-C2; TD^1 for comparison, D10).
@@ -311,7 +313,7 @@ class Starfish(Unlearner):
                 shared = threshold_td1(
                     backend, record, participants, p.tolerance_rate, clients.num_params
                 )
-                thresholds = {c: shared for c in clients.ids}
+                thresholds = {c: shared for c in clients.client_ids}
 
         # Step 2: SecRS (Alg. 1); replay chronologically (D3).
         num_selected = math.ceil(p.selection_rate * num_rounds)
@@ -348,9 +350,10 @@ class Starfish(Unlearner):
             interval=interval,
             correct_on=p.correction_index,
             buffers={
-                c: CurvatureBuffer(p.buffer_size, counts, p.curvature_check) for c in clients.ids
+                c: CurvatureBuffer(p.buffer_size, counts, p.curvature_check)
+                for c in clients.client_ids
             },
-            requests=Counter({c: 0 for c in clients.ids}),
+            requests=Counter({c: 0 for c in clients.client_ids}),
         )
         trajectory: list[torch.Tensor] = []
         rows: list[dict[str, float]] = []
@@ -390,8 +393,8 @@ class Starfish(Unlearner):
             arp_per_client=arp_per_client,
             exact_updates=sum(requests.values()),
             estimated_updates=replay.estimated,
-            no_pair_requests={c: replay.no_pair[c] for c in clients.ids},
-            pairs_pushed={c: replay.buffers[c].pushed for c in clients.ids},
+            no_pair_requests={c: replay.no_pair[c] for c in clients.client_ids},
+            pairs_pushed={c: replay.buffers[c].pushed for c in clients.client_ids},
             guard_counts=counts.to_dict(),
             rejected_updates=tuple(replay.rejected),
             stage_one={

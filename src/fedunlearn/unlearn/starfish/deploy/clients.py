@@ -55,10 +55,10 @@ from fedunlearn.errors import (
     MalformedFrameError,
     SecureComputationError,
 )
+from fedunlearn.fl.clients import Clients, TrainTask
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
 from fedunlearn.mpc.wire import parse_object
-from fedunlearn.unlearn.context import RemainingClients
 from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
 
 __all__ = [
@@ -213,7 +213,7 @@ class ClientSimulator:
 
     def __init__(
         self,
-        clients: RemainingClients,
+        clients: Clients,
         scale: float,
         fixed_point: FixedPoint,
         dtype: torch.dtype,
@@ -298,7 +298,7 @@ class ClientSimulator:
         accepted: list[int] = []
         rejected: dict[str, str] = {}
         shares: list[list[np.ndarray]] = [[], []]
-        for update in self.clients.train(params, ids, round_):
+        for update in self.clients.train(TrainTask(params, ids, round_)):
             reason = screen_update(update, self.num_params)
             if reason is not None:
                 rejected[str(update.client_id)] = reason

@@ -102,7 +102,7 @@ def serve_clients(job: StarfishJob, security: Security, options: DeployOptions) 
         context = session.context(request)
         run_view = session.run_view
         binding = job.binding(run_view.config, run_view.store, read_sharing(job.run_dir))
-        remaining = set(context.clients.ids)
+        remaining = set(context.clients.client_ids)
         participants = {
             r: sorted(
                 rec.client_id

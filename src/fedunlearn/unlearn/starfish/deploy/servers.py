@@ -27,17 +27,19 @@ import hashlib
 import secrets
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedunlearn.errors import SecureComputationError
+from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
+from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc import FixedPoint, Party, run_two_party
 from fedunlearn.unlearn.base import RunOutput, UnlearnRequest
-from fedunlearn.unlearn.context import CostMeter, MeteredHistory, RemainingClients, UnlearnContext
+from fedunlearn.unlearn.context import CostMeter, MeteredHistory, UnlearnContext
 from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
 from fedunlearn.unlearn.starfish.deploy.shares import (
     SharedStageOneRecord,
@@ -50,27 +52,22 @@ from fedunlearn.unlearn.starfish.unlearner import RUNNERS, Starfish
 __all__ = ["SharedClients", "run_in_process"]
 
 
-class SharedClients:
+class SharedClients(ClientsWrapper):
     """The remaining clients, shared by both server threads: each upload is trained once.
 
     Both servers ask for the same exact updates in the same order at the same (public) model;
     the first request trains, the second receives the cached updates (the meter counts once).
 
+    A ``fl.clients.ClientsWrapper`` over the run's remaining clients.
+
     Args:
         clients: The run's remaining clients (metered).
     """
 
-    def __init__(self, clients: RemainingClients) -> None:
-        self._clients = clients
+    def __init__(self, clients: RunClients) -> None:
+        super().__init__(clients)
         self._lock = threading.Lock()
-        self._cache: dict[tuple[int, tuple[int, ...], str], list[Any]] = {}
-        self.ids = clients.ids
-        self.spec = clients.spec
-        self.num_params = clients.num_params
-
-    def num_samples(self, client_id: int) -> int:
-        """n_c of a client."""
-        return self._clients.num_samples(client_id)
+        self._cache: dict[tuple[object, ...], list[ClientUpdate]] = {}
 
     def exclusive(self, evaluate: Callable[[torch.Tensor], dict] | None) -> Any:
         """Return ``evaluate`` run under the training lock (None stays None).
@@ -89,14 +86,14 @@ class SharedClients:
 
         return guarded
 
-    def train(self, global_params: torch.Tensor, client_ids: Sequence[int], round_: int) -> list:
-        """Return the clients' updates at ``global_params``; trained by the first caller."""
-        digest = hashlib.sha256(global_params.detach().cpu().numpy().tobytes()).hexdigest()
-        key = (round_, tuple(client_ids), digest)
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
+        """Return the clients' updates for ``task``; trained by the first caller."""
+        params = task.global_params.detach().cpu().numpy().tobytes()
+        key = (task.round, task.client_ids, task.spec, task.salt, hashlib.sha256(params).digest())
         with self._lock:
             if key in self._cache:
                 return self._cache.pop(key)
-            updates = self._clients.train(global_params, list(client_ids), round_)
+            updates = self._wrapped.train(task)
             self._cache[key] = updates
             return updates
 
@@ -113,7 +110,7 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
     scale = method.scale(lr)
     seed = execution.mpc_seed
     client_seed = secrets.token_bytes(16) if seed is None else seed
-    clients = SharedClients(context.clients)  # type: ignore[arg-type]
+    clients = SharedClients(context.clients)
     with tempfile.TemporaryDirectory(prefix="starfish-shares-") as tmp:
         dirs = [Path(tmp) / "server0", Path(tmp) / "server1"]
         share_history(context.history, dirs, lr=lr, seed=seed, **share_settings(method))
@@ -128,7 +125,7 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
                 own = dataclasses.replace(
                     context,
                     history=history,
-                    clients=clients,  # type: ignore[arg-type]
+                    clients=clients,
                     meter=meter,
                     evaluate=clients.exclusive(context.evaluate) if k == 0 else None,
                 )

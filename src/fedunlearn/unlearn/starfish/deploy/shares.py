@@ -55,8 +55,9 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.records import ClientUpdate
-from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.history.store import ClientRecord, HistoryReader, HistoryStore, RoundEntry
 from fedunlearn.mpc import FixedPoint, Prg, SharedTensor
 from fedunlearn.mpc.prg import derive_seed, fresh_seed
 from fedunlearn.runs import HISTORY_DIR, load_run_config
@@ -143,7 +144,7 @@ def ensure_shares(run_dir: str | Path, method: Starfish, force: bool = False) ->
 
 
 def share_history(
-    history: MeteredHistory | HistoryStore,
+    history: HistoryReader,
     out_dirs: Sequence[str | Path],
     *,
     lr: float,
@@ -189,7 +190,7 @@ def share_history(
             f"sharing Stage I needs the global model of every round 0..{last}; missing "
             f"{missing[:10]}. Complete the run first."
         )
-    record = StageOneRecord(history, PlainBackend(), scale, tolerance_rate)  # type: ignore
+    record = StageOneRecord(history, PlainBackend(), scale, tolerance_rate)
     prg = Prg(fresh_seed() if seed is None else derive_seed(b"starfish-stage-one", seed))
     meta = history.meta
     num_params = int(history.read_model(0).numel())
@@ -282,7 +283,7 @@ def _private_files(path: Path) -> None:
             os.chmod(item, 0o600)
 
 
-def _aggregate_or_none(history: MeteredHistory | HistoryStore, round_: int) -> torch.Tensor | None:
+def _aggregate_or_none(history: HistoryReader, round_: int) -> torch.Tensor | None:
     """The round's opened aggregate if the run stored it (public, Sec. IV-D)."""
     try:
         return history.read_model(round_, "aggregate")
@@ -292,7 +293,7 @@ def _aggregate_or_none(history: MeteredHistory | HistoryStore, round_: int) -> t
         return None
 
 
-def share_meta(history: MeteredHistory | HistoryStore) -> dict[str, Any]:
+def share_meta(history: HistoryReader) -> dict[str, Any]:
     """Return a share store's ``starfish_shares`` metadata, or raise if it is not one."""
     info = history.meta.get(SHARE_META_KEY)
     if not isinstance(info, dict):
@@ -306,7 +307,7 @@ def share_meta(history: MeteredHistory | HistoryStore) -> dict[str, Any]:
 class SharedStageOneRecord:
     """A server's Stage I record: its stored uint64 shares wrapped as ``SharedTensor``s.
 
-    Same interface as ``StageOneRecord`` (``update``, ``norm``, ``threshold``, ``dtype``).
+    Implements ``steps.StageOneShares`` (``update``, ``norm``, ``threshold``, ``dtype``).
 
     Every payload read is checked against the SHA-256 bound into the session
     (``binding.PayloadManifest``): a share changed after the handshake is refused.
@@ -359,36 +360,39 @@ class SharedStageOneRecord:
 class PublicClients:
     """The remaining clients as a server knows them: ids, sample counts, training settings.
 
-    Implements ``fedunlearn.fl.clients.Clients`` in a server process (the context's clients);
-    it cannot train (exact updates come through a client gateway as shares).
+    Implements ``fedunlearn.fl.clients.RunClients`` in a server process (the context's clients)
+    from the run's public data: ids, sizes, ``spec`` and the run seed. It holds no model and
+    cannot train (exact updates come through a client gateway as shares): ``model`` and
+    ``train`` refuse.
     """
 
     def __init__(
-        self, ids: Sequence[int], sizes: dict[int, int], spec: LocalTrainingSpec, num_params: int
+        self,
+        client_ids: Sequence[int],
+        sizes: Mapping[int, int],
+        spec: LocalTrainingSpec,
+        num_params: int,
+        seed: int,
     ) -> None:
-        self.ids: tuple[int, ...] = tuple(ids)
+        self.client_ids: tuple[int, ...] = tuple(client_ids)
         self._sizes = dict(sizes)
         self.spec = spec
         self.num_params = num_params
+        self.seed = seed
 
     @property
-    def client_ids(self) -> tuple[int, ...]:
-        """The remaining clients."""
-        return self.ids
+    def model(self) -> torch.nn.Module:
+        """Refuse: a server holds shares of updates, not the model architecture."""
+        raise ConfigError(
+            "a Starfish server holds no model (only shares of updates); run methods that "
+            "need the architecture in-process"
+        )
 
     def num_samples(self, client_id: int) -> int:
         """n_c of a client (public: FedAvg weights)."""
         return self._sizes[client_id]
 
-    def train(
-        self,
-        global_params: torch.Tensor,
-        client_ids: Sequence[int],
-        round_: int,
-        *,
-        spec: LocalTrainingSpec | None = None,
-        salt: int = 0,
-    ) -> list[ClientUpdate]:
+    def train(self, task: TrainTask) -> list[ClientUpdate]:
         """Refuse: a server never trains on client data."""
         raise ConfigError("a Starfish server cannot train clients; use the client gateway")
 
@@ -427,7 +431,7 @@ def server_context(
         )
     return UnlearnContext(
         history=history,
-        clients=PublicClients(remaining, sizes, spec, int(info["num_params"])),
+        clients=PublicClients(remaining, sizes, spec, int(info["num_params"]), config.seed),
         aggregator=fedavg,
         num_rounds=num_rounds,
         initial_params=history.read_model(0),
