@@ -1,4 +1,4 @@
-"""Starfish on the paper's MNIST CNN (m = 582,026): plaintext vs 2PC on one small run (V2).
+"""Starfish on the paper's MNIST CNN (m = 582,026): plaintext vs 2PC on one small run (SFV2).
 
 Trains one federated run (``model.name: cnn`` on real MNIST; 10 IID clients with 300 training
 images each; T = 10 rounds, 1 local epoch, SGD lr 0.05, batch 64, FedAvg; one client backdoored
@@ -15,7 +15,7 @@ MIA of ``report.compare.Judge`` is left out: it would train four CNNs. Results: 
     nice -n 10 python reproductions/starfish/cnn.py --mnist /work/shared/data/mnist.npz
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. VI. Check V2 (plaintext vs 2PC): docs/methods/starfish.md.
+Sec. VI. Check SFV2 (plaintext vs 2PC): docs/methods/starfish.md.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main() -> None:
 
 
 def table(doc: dict[str, Any]) -> list[str]:
-    """Markdown table of the four methods and the V2 line."""
+    """Markdown table of the four methods and the SFV2 line."""
     lines = [
         "| method | TER % | backdoor ASR (target) % | backdoor ASR (test) % | "
         "dist. to Retrain | client epochs | wall s |",
@@ -180,7 +180,7 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"{doc['started_at']} -> {doc['finished_at']}; load average "
         f"{lo[0]:.2f} / {lo[1]:.2f} / {lo[2]:.2f} at start, "
         f"{hi[0]:.2f} / {hi[1]:.2f} / {hi[2]:.2f} at end",
-        f"V2 (plaintext vs 2PC): same selected rounds {v2['same_selected_rounds']} "
+        f"SFV2 (plaintext vs 2PC): same selected rounds {v2['same_selected_rounds']} "
         f"(plain {v2['selection_ranking_plain']}, 2PC {v2['selection_ranking_2pc']}), "
         f"same flags {v2['same_flags']}, relative model difference "
         f"{v2['relative_model_difference']:.2e}",

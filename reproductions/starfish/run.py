@@ -6,14 +6,15 @@ trigger patch relabelled to class 0), then removes client 0 with: no unlearning,
 Starfish plaintext, Starfish 2PC (two servers in threads, f = 16, real GMW comparisons),
 FedRecover, FedEraser and random round selection at Starfish's sigma. Each is judged by
 ``report.compare.Judge`` (TER, backdoor ASR on the target's clean data, shadow-model and loss
-MIA on the target's data, distance to Retrain) plus ARP (D15). Then the plaintext sweeps of
-sigma, alpha, beta and B (V7). Results: JSON under ``--out``; Markdown tables on stdout and in
+MIA on the target's data, distance to Retrain) plus ARP (SF15). Then the plaintext sweeps of
+sigma, alpha, beta and B (SFV7). Results: JSON under ``--out``; Markdown tables on stdout and in
 ``--doc``.
 
     nice -n 10 python reproductions/starfish/run.py --mnist /work/shared/data/mnist.npz
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Sec. VI (settings and results). Checks V2, V4-V7 and deviations D1-D24: docs/methods/starfish.md.
+Sec. VI (settings and results). Checks SFV2, SFV4-SFV7 and deviations SF1-SF24:
+docs/methods/starfish.md.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def tables(doc: dict[str, Any]) -> list[str]:
     v2 = doc["v2"]
     lines.append("")
     lines.append(
-        f"V2 (plaintext vs 2PC): same selected rounds {v2['same_selected_rounds']}, same flags "
+        f"SFV2 (plaintext vs 2PC): same selected rounds {v2['same_selected_rounds']}, same flags "
         f"{v2['same_flags']}, relative model difference {v2['relative_model_difference']:.2e}"
     )
     return lines

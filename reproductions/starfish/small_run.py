@@ -1,4 +1,4 @@
-"""Starfish on a small convex run: sigma against Retrain, and the fixed-point headroom (D21).
+"""Starfish on a small convex run: sigma against Retrain, and the fixed-point headroom (SF21).
 
 Trains one run (L2-regularised logistic regression on 3-class Gaussian blobs, 6 Dirichlet-0.5
 clients, T = 12 rounds, 2 local epochs, lr 0.05, weight decay 1e-3; the run of the Starfish
@@ -15,7 +15,7 @@ tests), removes clients 0 and 1, and prints three tables:
     nice -n 10 python reproductions/starfish/small_run.py [--out runs/starfish_small]
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
-Theorem 1 (sigma), App. B (fixed point, 13 fractional bits). Deviations D21 and the sigma
+Theorem 1 (sigma), App. B (fixed point, 13 fractional bits). Deviations SF21 and the sigma
 observation: docs/methods/starfish.md.
 """
 

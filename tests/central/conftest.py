@@ -1,4 +1,4 @@
-"""Fixtures: the ridge and logistic-regression runs of the checks V1-V8 (float64)."""
+"""Fixtures: the ridge and logistic-regression runs of the checks MUV1-MUV8 (float64)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks V4-V5 of docs/methods/mini_unlearning.md (L-BFGS) and the exact oracles.
+"""Checks MUV4-MUV5 of docs/methods/mini_unlearning.md (L-BFGS) and the exact oracles.
 
 The closed-form oracles are checked against autograd.
 """
@@ -55,7 +55,7 @@ def spec_cholesky_form(pairs, u, *, literal=False):
     return sigma * u - torch.cat([y_mat, sigma * s_mat], 1) @ q
 
 
-def test_compact_lbfgs_equals_recursive_bfgs_and_literal_fails():  # V4
+def test_compact_lbfgs_equals_recursive_bfgs_and_literal_fails():  # MUV4
     g = torch.Generator().manual_seed(3)
     dim = 12
     a = torch.randn(dim, dim, generator=g, dtype=torch.float64)
@@ -77,7 +77,7 @@ def test_compact_lbfgs_equals_recursive_bfgs_and_literal_fails():  # V4
     assert float((compact.matvec(s_new) - y_new).norm()) <= 1e-10 * float(y_new.norm())
 
 
-def test_lbfgs_in_recursion_close_to_exact_and_cross_batch_stays_finite():  # V5
+def test_lbfgs_in_recursion_close_to_exact_and_cross_batch_stays_finite():  # MUV5
     x, y = blobs()
     objective = SoftmaxRegression(x, y, 3, 0.005)
     from fedunlearn.central import SGDSpec, train_sgd

@@ -1,4 +1,4 @@
-"""Checks V1-V3, V6-V8 of docs/methods/mini_unlearning.md, plus the history contract."""
+"""Checks MUV1-MUV3, MUV6-MUV8 of docs/methods/mini_unlearning.md, plus the history contract."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def dist(a, b):
     return float((a - b).norm())
 
 
-def test_quadratic_full_unroll_equals_replay_and_error_shrinks_with_k(ridge):  # V1
+def test_quadratic_full_unroll_equals_replay_and_error_shrinks_with_k(ridge):  # MUV1
     objective, record = ridge
     forget = pick_forget(600, 0.05)
     reference, _ = replay_retrain(objective, record, forget)
@@ -38,7 +38,7 @@ def test_quadratic_full_unroll_equals_replay_and_error_shrinks_with_k(ridge):  #
     assert errors[3] < 1e-3 * dist(record.final, reference)
 
 
-def test_printed_sign_is_worse_than_nothing_and_fixed_sign_better(ridge):  # V2
+def test_printed_sign_is_worse_than_nothing_and_fixed_sign_better(ridge):  # MUV2
     objective, record = ridge
     forget = pick_forget(600, 0.05)
     reference, _ = replay_retrain(objective, record, forget)
@@ -51,7 +51,7 @@ def test_printed_sign_is_worse_than_nothing_and_fixed_sign_better(ridge):  # V2
 
 
 @pytest.mark.parametrize("ratio", [0.05, 0.15])
-def test_logreg_full_unroll_is_ten_times_closer_than_original(logreg, ratio):  # V3
+def test_logreg_full_unroll_is_ten_times_closer_than_original(logreg, ratio):  # MUV3
     objective, record = logreg
     forget = pick_forget(600, ratio)
     reference, _ = replay_retrain(objective, record, forget)
@@ -59,7 +59,7 @@ def test_logreg_full_unroll_is_ten_times_closer_than_original(logreg, ratio):  #
     assert dist(full.params, reference) * 10 < dist(record.final, reference)
 
 
-def test_logreg_error_non_increasing_in_k_on_average_over_seeds(logreg):  # V3
+def test_logreg_error_non_increasing_in_k_on_average_over_seeds(logreg):  # MUV3
     objective, record = logreg
     errors = torch.zeros(4)
     for seed in (1, 2, 3):
@@ -72,7 +72,7 @@ def test_logreg_error_non_increasing_in_k_on_average_over_seeds(logreg):  # V3
 
 
 @pytest.mark.parametrize("hvp", [pytest.param("exact", marks=pytest.mark.slow), "lbfgs"])
-def test_engines_agree(logreg, hvp):  # V6
+def test_engines_agree(logreg, hvp):  # MUV6
     objective, record = logreg
     forget = pick_forget(600, 0.15)
     common = {"k": 8, "hvp": hvp}
@@ -92,7 +92,7 @@ def test_engines_agree(logreg, hvp):  # V6
     assert dist(explicit.params, horner.params) <= 1e-10 * scale
 
 
-def test_explicit_basis_oracle_matches_exact(logreg):  # V6 (paper §4.2 basis matrices)
+def test_explicit_basis_oracle_matches_exact(logreg):  # MUV6 (paper §4.2 basis matrices)
     objective, record = logreg
     forget = pick_forget(600, 0.10)
     exact = make_method("mini_unlearning", dict(k=6)).unlearn(objective, record, forget)
@@ -102,7 +102,7 @@ def test_explicit_basis_oracle_matches_exact(logreg):  # V6 (paper §4.2 basis m
     assert dist(basis.params, exact.params) <= 1e-10 * dist(exact.params, record.final)
 
 
-def test_posthoc_equals_paper_mode(logreg):  # V7
+def test_posthoc_equals_paper_mode(logreg):  # MUV7
     objective, _ = logreg
     forget = pick_forget(600, 0.10)
     spec = SGDSpec(lr=0.05, batch_size=32, passes=30, seed=0)
@@ -129,7 +129,7 @@ def test_posthoc_equals_paper_mode(logreg):  # V7
     assert dist(a.params, b.params) <= 1e-12
 
 
-def test_contraction_and_truncation_bound(ridge):  # V8
+def test_contraction_and_truncation_bound(ridge):  # MUV8
     objective, record = ridge
     forget = pick_forget(600, 0.05)
     mask = forget_mask(600, forget)

@@ -21,7 +21,7 @@ Deviations (docs/methods/mini_unlearning.md):
     MU5 [FIX] Algorithm 4's sigma, ``L D L^T`` and block signs are wrong; the compact form of
     Byrd et al. (shared ``linalg.lbfgs``) is used.
     MU6 same-sample secants with a curvature guard and exact fallback; the paper's cross-batch
-    pairs stay available for verification V5.
+    pairs stay available for verification MUV5.
     MU10 the exact HVP is the default.
 """
 

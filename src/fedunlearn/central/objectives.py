@@ -8,7 +8,7 @@ order of ``torch.nn.Linear`` (weight ``C x d`` row-major, then bias ``C``), so a
 ``models.LogisticRegression`` with ``set_flat_params``.
 
 - ``SoftmaxRegression``: multinomial logistic regression, closed-form gradients and HVPs.
-- ``RidgeRegression``: squared loss (constant Hessian), the quadratic of verification V1
+- ``RidgeRegression``: squared loss (constant Hessian), the quadratic of verification MUV1
   (docs/methods/mini_unlearning.md).
 - ``AutogradObjective``: any torch model, gradients by autograd and exact HVPs by double
   backprop; the generic path, checked against the closed forms in the tests.
@@ -125,7 +125,7 @@ class SoftmaxRegression(_Linear):
 
 
 class RidgeRegression(_Linear):
-    """Squared loss ``(1/2)(w^T x + b - y)^2`` with per-sample L2: a quadratic (verification V1).
+    """Squared loss ``(1/2)(w^T x + b - y)^2`` with per-sample L2: a quadratic (verification MUV1).
 
     Args:
         x: Inputs ``(N, d)``.

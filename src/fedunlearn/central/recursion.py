@@ -10,9 +10,9 @@
 - ``unroll_terms``: the matrix-free Eq. 10: term j is ``H(T)..H(T-j+2) G(T-j+1)``, each computed
   independently (O(k^2) HVPs);
 - ``spectral_norm`` and ``contraction_diagnostics``: ``||H(l)||_2`` by power iteration and the
-  truncation bound of Theorem 1 (verification V8).
+  truncation bound of Theorem 1 (verification MUV8).
 
-Listings B (Horner) and C (Algorithm 3, fixed) and the verification experiments V1-V10 are in
+Listings B (Horner) and C (Algorithm 3, fixed) and the verification experiments MUV1-MUV10 are in
 docs/methods/mini_unlearning.md.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning

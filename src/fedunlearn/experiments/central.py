@@ -54,7 +54,7 @@ class MethodSpec(BaseModel):
 
 
 def default_methods(k_ablation: bool = True) -> list[MethodSpec]:
-    """Return the paper's rows plus the k variants (MU8, V9 in docs/methods/mini_unlearning.md)."""
+    """Return the paper's rows plus the k variants (MU8, MUV9: docs/methods/mini_unlearning.md)."""
     rows = [
         MethodSpec(label="Original", method="original"),
         MethodSpec(label="Retraining (fresh)", method="retrain"),

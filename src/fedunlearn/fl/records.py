@@ -3,7 +3,7 @@
 Update convention (used everywhere in fedunlearn; docs/methods/baselines.md, "Conventions
 shared by the federated methods"): ``delta = LocalSGD(M_t; E epochs, lr) - M_t`` is what a client
 uploads, a flat float32 vector; the papers' "gradient" (Crab Sec. II-A, Starfish Sec. II-A) is
-``g = -delta / lr`` (D1 in docs/methods/starfish.md); the aggregate is a delta too and
+``g = -delta / lr`` (SF1 in docs/methods/starfish.md); the aggregate is a delta too and
 ``M_{t+1} = M_t + aggregate``. Rounds are 1-based; round 0 is the initial model M_0.
 """
 

@@ -26,7 +26,7 @@ the same stream, paper App. B-B item 1); no other seed ever reaches the other pa
 Paper: Liu et al., Starfish, Alg. 4 line 12 and Sec. V-B (the offline phase), Table IV and
 App. B-B (SecMul, SecSP, ZeroGen, SecRanGen, SecRanGenInv); Beaver (CRYPTO 1991) for the triples;
 boolean triples and random bits serve SecGE (MPC3 in docs/mpc.md). A dealer instead of ABY's
-offline phase: MPC2 in docs/mpc.md, D24 in docs/methods/starfish.md.
+offline phase: MPC2 in docs/mpc.md, SF24 in docs/methods/starfish.md.
 Deviations: [REC] SecRanGenInv (App. B-B item 3) is replaced by a dealer-made invertible mask
 (i.i.d. N(0, 1) entries clipped to |g| <= 4, redrawn until cond <= 100 m and smallest singular
 value >= 1 / (2 sqrt(m)), times 2^s with s uniform in [0, 2k] per matrix); the masking is

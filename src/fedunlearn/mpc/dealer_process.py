@@ -19,7 +19,7 @@ plain TCP (``identity.INSECURE_WARNING``); there is no default. A handle's ``joi
 the exit code: 0 after both servers said goodbye, 1 after a failure (the reason is on the
 child's stderr).
 
-The dealer stands in for ABY's own offline phase: MPC2 in docs/mpc.md, D24 in
+The dealer stands in for ABY's own offline phase: MPC2 in docs/mpc.md, SF24 in
 docs/methods/starfish.md; the material it derives is ``dealer.py``'s.
 """
 

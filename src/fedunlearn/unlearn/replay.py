@@ -13,7 +13,7 @@ FE3 norm scope ``model`` or ``layer``; FE4 ``first_uncalibrated``; FE7 participa
 remaining clients with a stored accepted update, a fresh delta with norm < 1e-12 is calibrated
 to zero, and a round with no participant is skipped. Crab (Jiang et al., arXiv:2401.08216v2)
 Sec. IV-B3, Eqs. 7-10 runs the same steps with per-client whole-vector calibration and the run's
-rule weighted by n_c over the replayed clients ([D14] in docs/methods/crab.md).
+rule weighted by n_c over the replayed clients ([CB14] in docs/methods/crab.md).
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ def test_round_scores_are_zero_for_an_unchanged_model_and_positive_otherwise(div
         ReferenceScorer(model, x, y, "kl")  # type: ignore[arg-type]
 
 
-# ----- Eq. 1's direction [D1]: the review's surviving mutant ----------------------------------
+# ----- Eq. 1's direction [CB1]: the review's surviving mutant ----------------------------------
 
 
 def _expanded_kl(p_old: torch.Tensor, p_new: torch.Tensor) -> float:

@@ -56,7 +56,7 @@ def recover(run_dir, params=None):
         return result, session.evaluation.evaluate(result.params)
 
 
-# ----- participation [D10] --------------------------------------------------------------------
+# ----- participation [CB10] --------------------------------------------------------------------
 
 
 def test_participation_index_is_the_last_stored_round_before_the_first_participation():
@@ -116,7 +116,7 @@ def test_paper_rollback_past_unstored_participation_is_flagged(late_run):
     assert result.details.to_dict()["warnings"] == list(d.warnings)  # JSON-ready
 
 
-# ----- Φ's running Gbar [D6, D7]: the review's surviving mutant ------------------------------
+# ----- Φ's running Gbar [CB6, CB7]: the review's surviving mutant ------------------------------
 
 
 @pytest.mark.parametrize("client_ratio", [None, 1.0])  # 1.0: the attacker is kept every round
@@ -149,7 +149,7 @@ def test_phi_subtracts_the_previous_stored_rounds_aggregate(run_all, client_rati
     )
 
 
-# ----- bounded [D11] ---------------------------------------------------------------------------
+# ----- bounded [CB11] ---------------------------------------------------------------------------
 
 
 def _records(deltas, sizes, aggregate, stored=()):
@@ -233,7 +233,7 @@ def test_bounded_refuses_other_aggregators_and_runs_without_the_scalars(run_all)
         assert context.meter.costs.client_epochs == 0  # refused before any work
 
 
-# ----- final tuning [D13] ----------------------------------------------------------------------
+# ----- final tuning [CB13] ----------------------------------------------------------------------
 
 
 def test_final_rounds_add_fedavg_rounds_of_the_remaining_clients(run_all):

@@ -67,7 +67,7 @@ def test_two_loop_estimate_matches_the_dense_inverse_bfgs(seed):
     pairs, g = random_pairs(seed)
     m = g.numel()
     inverse = torch.eye(m, dtype=torch.float64)  # H_0^{-1} = gamma0 I
-    for s, y in pairs:  # H+^{-1} = V^T H^{-1} V + rho s s^T, V = I - rho y s^T (D4)
+    for s, y in pairs:  # H+^{-1} = V^T H^{-1} V + rho s s^T, V = I - rho y s^T (SF4)
         rho = 1.0 / float(y @ s)
         vmat = torch.eye(m, dtype=torch.float64) - rho * torch.outer(y, s)
         inverse = vmat.T @ inverse @ vmat + rho * torch.outer(s, s)

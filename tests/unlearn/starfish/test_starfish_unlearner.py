@@ -90,7 +90,7 @@ def test_replay_follows_the_selection_warmup_and_correction_schedule(session, un
     assert details.correction_interval == math.ceil(0.1 * ROUNDS) == 2
     warm = details.selected_rounds[: details.warmup_rounds]
     expected = [r for r in details.selected_rounds if r % 2 == 0 and r not in warm]
-    assert list(details.correction_rounds) == expected  # D8: r mod T_c on the original index
+    assert list(details.correction_rounds) == expected  # SF8: r mod T_c on the original index
     assert unlearned.costs.rounds == 8 == len(unlearned.round_metrics)
     counter = session.run(make_method("starfish", {"correction_index": "counter"}), FORGET)
     selected = counter.details.selected_rounds

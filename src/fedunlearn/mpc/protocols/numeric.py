@@ -24,7 +24,7 @@ Paper: Liu et al., Starfish, App. B-B item 6 and Tables V-VI (SecDiv), Sec. IV-A
 divides), Sec. VI-B2 and Fig. 7 (secure sqrt).
 Deviations: [REC] SecDiv is Newton-Raphson with a public range instead of a Yao division
 circuit, and returns the fixed-point quotient u / v, not the integer floor(u / v) (MPC7 in
-docs/mpc.md; D11 in docs/methods/starfish.md).
+docs/mpc.md; SF11 in docs/methods/starfish.md).
 """
 
 from __future__ import annotations

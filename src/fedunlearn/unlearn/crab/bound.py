@@ -7,13 +7,13 @@ pseudo-gradient norm (stored, fresh and retrain steps), L the largest finite-dif
 the run's seeds of rounds 1..T) is a diagnostic: its cost is reported and not counted in the
 method's costs.
 
-The bound covers the calibrated replay (Stage III); final tuning rounds [D13] are not in it.
+The bound covers the calibrated replay (Stage III); final tuning rounds [CB13] are not in it.
 
 Paper: Jiang et al., arXiv:2401.08216v2, Sec. IV-C, Theorem 1 and its proof (Appendix A,
 Eqs. 24, 27).
 
 Deviations:
-    [D15] The proof's last step sqrt(a) + sqrt(b) -> sqrt(a + b) is invalid; both the paper form
+    [CB15] The proof's last step sqrt(a) + sqrt(b) -> sqrt(a + b) is invalid; both the paper form
         and B_safe = sqrt(a) + sqrt(b) are reported. Only the triangle inequality (the sum of
         the two paths' step norms) is a hard check (``triangle_holds``). The constants are
         estimated in the theorem's own units (one FL round = one step of size η along -Δ/η).

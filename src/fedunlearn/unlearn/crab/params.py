@@ -33,23 +33,23 @@ class CrabSelectionConfig(BaseModel):
         "pred_kl", description="round score: KL of predictions on R, or the code's param proxy"
     )
     rounding: Literal["half_up", "floor"] = Field(
-        "half_up", description="P_b = max(1, round_half_up(λ B_b)) [D4], or floor (the code)"
+        "half_up", description="P_b = max(1, round_half_up(λ B_b)) [CB4], or floor (the code)"
     )
     reference_size: int = Field(
-        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data [D2]"
+        2000, ge=1, description="|R|: seeded clean subsample of the clients' training data [CB2]"
     )
     max_window: int | None = Field(
-        None, ge=1, description="close a window after this many rounds [D5]; None = never"
+        None, ge=1, description="close a window after this many rounds [CB5]; None = never"
     )
 
 
 class CrabParams(MethodParams):
     """Crab hyperparameters (selection overrides apply only to runs recorded with ``all``).
 
-    ``rollback`` picks Stage II's rule (``crab.rollback``: participation [D10], bounded [D11],
+    ``rollback`` picks Stage II's rule (``crab.rollback``: participation [CB10], bounded [CB11],
     paper); ``beta``, ``rule`` and ``influence_weights`` apply to the S-based rules (bounded,
     paper). ``final_rounds`` adds FedAvg rounds of the remaining clients after the replay
-    [D13]; ``auto`` runs as many as the replay skipped after the rollback point, within
+    [CB13]; ``auto`` runs as many as the replay skipped after the rollback point, within
     ``epoch_budget`` times Retrain's client epochs.
     """
 
@@ -58,15 +58,15 @@ class CrabParams(MethodParams):
     )
     beta: float = Field(0.3, gt=0, description="β: sensitivity threshold ratio (Eq. 5)")
     rule: Literal["literal", "prefix"] = Field(
-        "prefix", description="j* rule of the S-based rollbacks: prefix [D12] or literal (Eq. 6)"
+        "prefix", description="j* rule of the S-based rollbacks: prefix [CB12] or literal (Eq. 6)"
     )
     influence_weights: Literal["benign", "all"] = Field(
-        "benign", description="normalise I(K^-) by n_{K^-} (paper) or n_K [D7]"
+        "benign", description="normalise I(K^-) by n_{K^-} (paper) or n_K [CB7]"
     )
     no_rollback: bool = Field(False, description="ablation: j* = 0 (replay from M_0)")
     norm_scope: Literal["model", "layer"] = "model"
     final_rounds: Annotated[int, Field(ge=0, le=100_000)] | Literal["auto"] = Field(
-        "auto", description="FedAvg rounds after the replay [D13]: a count, or auto"
+        "auto", description="FedAvg rounds after the replay [CB13]: a count, or auto"
     )
     epoch_budget: float = Field(
         0.6, gt=0, le=1, description="auto final rounds: total client epochs <= this x Retrain's"

@@ -17,22 +17,22 @@ Attacks in Federated Learning", arXiv:2401.08216v2, Sec. IV-B1, Alg. 1 and Alg. 
 (KL) and Eq. 2 (cosine contribution score). Deviations ([Dn]): docs/methods/crab.md.
 
 Deviations:
-    [D1] Eq. 1 is printed as KL[p(M_{i+1}) || p(M_i)] but expanded as Σ p(M_i) log(p(M_i) /
+    [CB1] Eq. 1 is printed as KL[p(M_{i+1}) || p(M_i)] but expanded as Σ p(M_i) log(p(M_i) /
         p(M_{i+1})); the expanded form KL(p(M_t) || p(M_{t+1})) is used.
-    [D2] p(M) and F(M) are the softmax outputs and the mean cross-entropy on R, a seeded clean
+    [CB2] p(M) and F(M) are the softmax outputs and the mean cross-entropy on R, a seeded clean
         subsample (default 2,000) of the union of the clients' training data (the server cannot
         see D); probabilities are clamped at 1e-12 before logs. ``param_softmax_kl`` is the
         authors' code's parameter proxy: per parameter tensor, softmax over its last dimension,
         mean KL over rows, summed over tensors.
-    [D3] Round t is scored by the change its own updates caused, KL(p(M_{t-1}) || p(M_t)), so a
+    [CB3] Round t is scored by the change its own updates caused, KL(p(M_{t-1}) || p(M_t)), so a
         window of B_b rounds has B_b scores (Alg. 1's i + 1 leaves the window for the last i).
-    [D4] P_b = max(1, round_half_up(λ B_b)), X = max(1, floor(δ C_t)) with C_t the round's
+    [CB4] P_b = max(1, round_half_up(λ B_b)), X = max(1, floor(δ C_t)) with C_t the round's
         aggregated clients; ``rounding: floor`` uses floor for P_b too (the authors' code).
         Products get a 1e-9 guard so 0.7 * 20 is 14. Ties: later round first, smaller client id
         first.
-    [D5] The partial last window is flushed at the end of training; ``max_window`` optionally
+    [CB5] The partial last window is flushed at the end of training; ``max_window`` optionally
         closes a window after that many rounds.
-    [D6] Gbar (FedAvg of the kept clients) is not stored: it is the n_c-weighted mean of the
+    [CB6] Gbar (FedAvg of the kept clients) is not stored: it is the n_c-weighted mean of the
         stored updates and is recomputed at recovery time.
 """
 
@@ -65,7 +65,7 @@ Updates = Mapping[int, torch.Tensor]
 
 
 def kl_divergence(p_old: torch.Tensor, p_new: torch.Tensor) -> float:
-    """Return the mean over rows of KL(p_old || p_new) (Eq. 1, expanded form [D1]).
+    """Return the mean over rows of KL(p_old || p_new) (Eq. 1, expanded form [CB1]).
 
     Args:
         p_old: Row-stochastic probabilities, shape (n, k).
@@ -79,7 +79,7 @@ def kl_divergence(p_old: torch.Tensor, p_new: torch.Tensor) -> float:
 
 
 def rounds_to_keep(num_rounds: int, ratio: float, rounding: str = "half_up") -> int:
-    """Return P_b: how many of a window's ``num_rounds`` rounds are kept [D4]."""
+    """Return P_b: how many of a window's ``num_rounds`` rounds are kept [CB4]."""
     x = ratio * num_rounds
     count = math.floor(x + 0.5 + _GUARD) if rounding == "half_up" else math.floor(x + _GUARD)
     return max(1, min(num_rounds, count))

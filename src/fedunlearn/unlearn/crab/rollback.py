@@ -3,17 +3,17 @@
 The candidates are M_0 and the global models Mbar_j = M_{t_j} of the stored rounds
 t_1 < ... < t_T'. Three rules (``CrabParams.rollback``):
 
-- ``participation`` (default, [D10]): j* is the last stored round before the first round in which
+- ``participation`` (default, [CB10]): j* is the last stored round before the first round in which
   a client of C_u was aggregated. The per-round client records (accepted, rejected, missing)
   say who was aggregated, so Mbar_{j*} is exactly free of C_u.
-- ``bounded`` ([D11], a heuristic): Eqs. 4-6 with S(C_u, j) summing, over *every* FL round
+- ``bounded`` ([CB11], a heuristic): Eqs. 4-6 with S(C_u, j) summing, over *every* FL round
   t <= t_j, an upper bound of the forgotten clients' influence ||G_t - G_t^-|| on the FedAvg
   aggregate, computed from the per-client scalars every run records (||Δ_c||, <Δ_c, G_t>;
   ``fedunlearn.history.policy.DOT_AGGREGATE_KEY``). Φ is the paper's.
 - ``paper``: Eqs. 3-6 as printed: S counts only the forgotten clients the selection stored, so
   rounds in which C_u took part unstored add nothing to it.
 
-The S-based rules pick j* with ``rule``: ``prefix`` (default, [D12]: the largest j such that
+The S-based rules pick j* with ``rule``: ``prefix`` (default, [CB12]: the largest j such that
 S(C_u, k) <= Φ(k) for every k <= j) or ``literal`` (Eq. 6: the largest j with S <= Φ).
 
 Paper: Jiang, Shen, Liu, Tan, Lam, "Towards Efficient and Certified Recovery from Poisoning
@@ -21,11 +21,11 @@ Attacks in Federated Learning", arXiv:2401.08216v2, Sec. IV-B2, Eqs. 3-6, Alg. 2
 Deviations ([Dn]): docs/methods/crab.md.
 
 Deviations:
-    [D6] Gbar_j, the FedAvg of round t_j's stored updates, is recomputed from them; Gbar_0 = 0.
-    [D7] Φ(j) = β Σ_{k<=j} ||I_k(K_k^-)|| (the paper sums vectors); S and Φ are cumulative over
+    [CB6] Gbar_j, the FedAvg of round t_j's stored updates, is recomputed from them; Gbar_0 = 0.
+    [CB7] Φ(j) = β Σ_{k<=j} ||I_k(K_k^-)|| (the paper sums vectors); S and Φ are cumulative over
         stored rounds k <= j; I(K^-) is normalised by n_{K^-} (``influence_weights="all"``: by
         n_K); I(∅) = 0.
-    [D8] No j qualifies: j* = 0 (M_0 is always kept).
+    [CB8] No j qualifies: j* = 0 (M_0 is always kept).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def first_participation(
 
 
 def participation_index(stored_rounds: Sequence[int], first: int | None) -> int:
-    """[D10] Return j* = max{j : t_j < first} (t_0 = 0); T' if C_u was never aggregated.
+    """[CB10] Return j* = max{j : t_j < first} (t_0 = 0); T' if C_u was never aggregated.
 
     Mbar_j = M_{t_j} holds round t_j's updates, so a stored round qualifies only if it
     *precedes* the first round with a forgotten client.
@@ -179,7 +179,7 @@ def forgotten_influence_bound(
     forget: frozenset[int],
     forgotten_mean_norm: float | None = None,
 ) -> float:
-    """[D11] Return an upper bound of ||G_t - G_t^-||: what removing C_u changes in a FedAvg round.
+    """[CB11] Return an upper bound of ||G_t - G_t^-||: what removing C_u changes in a FedAvg round.
 
     With FedAvg weights w_c = n_c / n over the aggregated clients, W_u the forgotten clients'
     share and m_u their weighted mean, G_t - G_t^- = W_u / (1 - W_u) (m_u - G_t), and

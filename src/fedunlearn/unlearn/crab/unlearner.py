@@ -9,16 +9,16 @@ Steps, in the order ``Crab._run`` calls them:
 2. ``rollback``: Stage II (Sec. IV-B2), the rollback index j* by ``params.rollback``:
    ``participation`` (default, exact), ``bounded`` (Eqs. 4-6 over every round, heuristic) or
    ``paper`` (Eqs. 3-6 as printed); see :mod:`fedunlearn.unlearn.crab.rollback`. j* is capped at
-   T' - 1 so at least one stored round is replayed [D8].
+   T' - 1 so at least one stored round is replayed [CB8].
 3. Recovery, Stage III (Sec. IV-B3): from Mbar_{j*} = M_{t_{j*}}, replay the stored rounds after
    j* with their stored clients K_j minus C_u: fresh local training, each delta rescaled to the
    norm of the client's stored delta (whole vector, or per tensor), aggregated (Eqs. 7-10), through
-   :func:`fedunlearn.unlearn.replay.calibrated_replay` [D9, D14].
-4. Final tuning [D13]: FedAvg rounds of the remaining clients (the run's participation), as many
+   :func:`fedunlearn.unlearn.replay.calibrated_replay` [CB9, CB14].
+4. Final tuning [CB13]: FedAvg rounds of the remaining clients (the run's participation), as many
    as the replay skipped after the rollback point, within ``epoch_budget`` x Retrain's client
    epochs (``final_rounds: auto``), or a fixed count.
 5. ``bounds`` (with ``bound_check``): Theorem 1 (Sec. IV-C), B_safe and the triangle inequality
-   for the replay, against a retrain from the rollback model [D15].
+   for the replay, against a retrain from the rollback model [CB15].
 
 The result says where it stands: ``details.rollback_free_of_forgotten`` (the rollback model
 never saw an update of C_u) and ``details.warnings`` (``code: message`` strings) when it did.
@@ -28,11 +28,11 @@ Attacks in Federated Learning", arXiv:2401.08216v2, Alg. 2, Eqs. 3-10, Theorem 1
 notes and every deviation ([Dn]): docs/methods/crab.md.
 
 Deviations:
-    [D9] Rollback to Mbar_{j*} = M_{t_{j*}} (it already holds round t_{j*}'s updates) and
+    [CB9] Rollback to Mbar_{j*} = M_{t_{j*}} (it already holds round t_{j*}'s updates) and
         replay stored rounds j*+1..T' (T' - j* rounds); Alg. 2 line 26 and Eq. 8 index these
         inconsistently. Recovery uses the run's local training (E epochs, η, batch) and the
         run's seeds of round t_k.
-    [D13] Final tuning is not in the paper; ``final_rounds: 0`` gives the paper's recovery.
+    [CB13] Final tuning is not in the paper; ``final_rounds: 0`` gives the paper's recovery.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class CrabDetails(Details):
         no_rollback: The ablation flag.
         recovery_rounds: The replayed stored rounds.
         participants: Round -> replayed clients (K_j minus C_u).
-        final_rounds: FedAvg rounds run after the replay [D13].
+        final_rounds: FedAvg rounds run after the replay [CB13].
         windows: The selection windows (rounds, closed, kept) when derived from an ``all`` run.
         windows_closed: How many of those closed on the loss criterion.
         bounds: Theorem 1 report of the replay (``bound_check``), else None.
@@ -301,7 +301,7 @@ class Crab(SelectiveReplay):
     ) -> tuple[list[float], list[float], dict[int, float]]:
         """Per stored round: Eq. 4's term, ||I_k(K_k^-)|| (Eq. 5), and ||m_u|| when exact."""
         sizes = {c: context.clients.num_samples(c) for s in stored for c in s.clients}
-        previous = torch.zeros(context.clients.num_params, dtype=torch.float64)  # Gbar_0 [D6]
+        previous = torch.zeros(context.clients.num_params, dtype=torch.float64)  # Gbar_0 [CB6]
         sens, infl, exact = [], [], {}
         for sr in stored:
             deltas = {c: context.history.read_update(sr.round, c) for c in sr.clients}
@@ -318,7 +318,7 @@ class Crab(SelectiveReplay):
             else:
                 sens.append(0.0)
             infl.append(float(i_benign.norm()))
-            previous = weighted_mean(deltas, sizes)  # Gbar_j [D6]
+            previous = weighted_mean(deltas, sizes)  # Gbar_j [CB6]
         return sens, infl, exact
 
     def _bounded_terms(
@@ -328,7 +328,7 @@ class Crab(SelectiveReplay):
         forget: frozenset[int],
         exact: dict[int, float],
     ) -> tuple[list[float], dict[int, float]]:
-        """[D11] Per stored round j: Σ over FL rounds t_{j-1} < t <= t_j of the influence bound."""
+        """[CB11] Per stored round j: Σ over FL rounds t_{j-1} < t <= t_j of the influence bound."""
         bounds: dict[int, float] = {}
         terms, previous_round = [], 0
         for sr in stored:
@@ -368,7 +368,7 @@ class Crab(SelectiveReplay):
         if self.params.no_rollback:
             index = 0
         capped = index > len(stored) - 1
-        index = min(index, len(stored) - 1)  # [D8] replay at least one stored round
+        index = min(index, len(stored) - 1)  # [CB8] replay at least one stored round
         return Rollback(
             mode,
             first,
@@ -413,7 +413,7 @@ class Crab(SelectiveReplay):
     def final_round_count(
         self, context: UnlearnContext, t_star: int, replay_sizes: list[int]
     ) -> int:
-        """[D13] Return the final tuning rounds: ``final_rounds``, or ``auto``'s count.
+        """[CB13] Return the final tuning rounds: ``final_rounds``, or ``auto``'s count.
 
         ``auto``: the FL rounds after the rollback point the replay did not cover (unstored
         rounds and stored rounds without a remaining client), at most as many as keep Crab's

@@ -20,7 +20,7 @@ global model of a retrain, as a diagnostic whose cost is not charged) and ``regu
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Theorem 1 (Sec. V-C, Eq. 5) and its proof in App. F.
 
-Deviations (docs/methods/starfish.md, D23): the corrected form (the sign slip of App. F) is
+Deviations (docs/methods/starfish.md, SF23): the corrected form (the sign slip of App. F) is
 what is checked, the literal form is reported (None when mu <= 2); the corrected form uses the
 retrain round actually compared, t = ceil(t_i / sigma) capped at T, not t_i / sigma, so it
 stays a valid upper bound when sigma does not divide t_i. The theorem assumes full-gradient

@@ -4,17 +4,17 @@
 requests T_r, the flags) and replays one selected round at a time. Round k of the replay
 (original round r), in order:
 
-1. the public displacement v = M_hat - M_{r-1} (D5);
-2. a warm-up round (k <= K_w, D6) or a final-tuning round (D20) asks every remaining
+1. the public displacement v = M_hat - M_{r-1} (SF5);
+2. a warm-up round (k <= K_w, SF6) or a final-tuning round (SF20) asks every remaining
    participant for an exact update; any other round estimates each participant's update with
-   SecUE (Alg. 2; the compact L-BFGS G_r + B v by default, D4), and a client with no usable
-   curvature pair is asked instead (D17);
-3. in a correction round (r mod T_c == 0, D8) SecTC (Alg. 3) opens one flag per estimated
-   client; flagged clients are asked for an exact update at M_hat with round r's seeds (D9);
+   SecUE (Alg. 2; the compact L-BFGS G_r + B v by default, SF4), and a client with no usable
+   curvature pair is asked instead (SF17);
+3. in a correction round (r mod T_c == 0, SF8) SecTC (Alg. 3) opens one flag per estimated
+   client; flagged clients are asked for an exact update at M_hat with round r's seeds (SF9);
 4. exact updates become curvature pairs (v, [G_bar] - [G_r]) while an estimated round is
-   still ahead (D5, D6);
-5. the FedAvg aggregate over the round's remaining contributors (D16) is opened and applied:
-   M_hat <- M_hat - eta_u G_hat^agg (D13).
+   still ahead (SF5, SF6);
+5. the FedAvg aggregate over the round's remaining contributors (SF16) is opened and applied:
+   M_hat <- M_hat - eta_u G_hat^agg (SF13).
 
 A ``ClientGateway`` delivers exact updates as secrets: ``LocalClients`` trains the run's
 federation in this process and shares the uploads with the backend (the in-process 2PC
@@ -23,8 +23,8 @@ server process uses ``deploy.clients.RemoteClients``.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Alg. 2 (SecUE), Alg. 3 (SecTC), Alg. 4 lines 15-24 (the unlearning rounds), Sec. IV-B, IV-C.
-Deviations: docs/methods/starfish.md, D4-D6, D8, D9 (exact uploads are screened as in
-training; a non-finite one is left out and listed in ``rejected_updates``), D13, D16, D17, D20.
+Deviations: docs/methods/starfish.md, SF4-SF6, SF8, SF9 (exact uploads are screened as in
+training; a non-finite one is left out and listed in ``rejected_updates``), SF13, SF16, SF17, SF20.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class LocalClients:
     """Exact updates from the run's federation in this process, shared with ``backend.share``.
 
     Args:
-        context: The run (its remaining clients train with round r's seeds, D9).
+        context: The run (its remaining clients train with round r's seeds, SF9).
         backend: Where the client's SecShare is made.
         scale: Update units, G = scale * delta.
         dtype: Working dtype of the shared value.
@@ -97,8 +97,8 @@ class LocalClients:
 class Replay:
     """Step 3's state (buffers, requests, flags) and ``round``, the module's steps 1-5 in order.
 
-    ``requests`` counts T_r per remaining client (ARP, D15), ``no_pair`` the exact requests
-    made for lack of a curvature pair (D17); ``flags`` maps a correction round to its flagged
+    ``requests`` counts T_r per remaining client (ARP, SF15), ``no_pair`` the exact requests
+    made for lack of a curvature pair (SF17); ``flags`` maps a correction round to its flagged
     clients; ``rejected`` lists exact uploads left out of the aggregate.
     """
 
@@ -142,7 +142,7 @@ class Replay:
             log.warning("round %d: no remaining participant; model unchanged", r)
             return m_hat
         backend = self.backend
-        v = m_hat.to(self.dtype) - self.context.history.read_model(r - 1).to(self.dtype)  # D5
+        v = m_hat.to(self.dtype) - self.context.history.read_model(r - 1).to(self.dtype)  # SF5
         exact = k <= self.warmup or k > self.last_estimating
         stored: dict[int, Any] = {}
         estimates: dict[int, Any] = {}
@@ -173,7 +173,7 @@ class Replay:
         if not kept:
             log.warning("round %d: every update was rejected; model unchanged", r)
             return m_hat
-        # D16: FedAvg weights n_j over the round's remaining contributors (as fedavg computes them)
+        # SF16: FedAvg weights n_j over the round's remaining contributors (as fedavg computes them)
         weights = torch.tensor([float(self.context.clients.num_samples(c)) for c in kept])
         weights = weights.to(torch.float64)
         weights = weights / weights.sum()
@@ -190,7 +190,7 @@ class Replay:
         return self.buffers[cid].estimate_two_loop(self.backend, g_old)
 
     def _exact(self, m_hat: torch.Tensor, client_ids: Sequence[int], r: int) -> dict[int, Any]:
-        """Ask clients for exact updates at M_hat with round r's seeds (D9), as secrets."""
+        """Ask clients for exact updates at M_hat with round r's seeds (SF9), as secrets."""
         if not client_ids:
             return {}
         with self.backend.phase("EXACT"):
@@ -210,9 +210,9 @@ class Replay:
         v: torch.Tensor,
         model_norm: float,
     ) -> None:
-        """Push (v, [G_bar] - [G_r]) into each recomputing client's FIFO (D5)."""
+        """Push (v, [G_bar] - [G_r]) into each recomputing client's FIFO (SF5)."""
         if not float(v.to(torch.float64).norm()) > DEGENERATE_STEP_RTOL * (1.0 + model_norm):
-            for cid in exact_shares:  # D6: ||v|| ~ 0 gives no pair
+            for cid in exact_shares:  # SF6: ||v|| ~ 0 gives no pair
                 self.buffers[cid].counts.degenerate_step += 1
             return
         with self.backend.phase("UE"):

@@ -7,30 +7,30 @@ mirror and a 2PC backend run the same control flow:
    every step reads: per round and client the shared update [G_r^j], its norm [||G_r^j||] and
    its alpha-quantile threshold [delta_r^j]. ``StageOneRecord`` implements it for the
    plaintext mirror and in-process runs: read from the run's history store and shared on first
-   use; the norm and threshold are computed as the client would have (D10, D18). A deployed
+   use; the norm and threshold are computed as the client would have (SF10, SF18). A deployed
    server's ``deploy.shares.SharedStageOneRecord`` reads its share store instead.
 2. ``thresholds_td2`` (Starfish, Sec. IV-C1: per-client SecMax over rounds) and
    ``threshold_td1`` (FedRecover's global threshold by SecSrt over every coordinate, priced in
-   Sec. V-A; for cost comparison); both return *squared* thresholds, once per client (D10).
+   Sec. V-A; for cost comparison); both return *squared* thresholds, once per client (SF10).
 3. ``select_rounds``: SecRS Method 1 (cross-multiplication, SecGE2), Method 2 (SecDiv) and
    SecRS^alt (App. C, Alg. 6: signs and squares, no client norms), scoring rounds by
-   cos(g_r^t, M_{r-1} - M_r) (Eq. 1 with the sign of D2).
+   cos(g_r^t, M_{r-1} - M_r) (Eq. 1 with the sign of SF2).
 4. ``CurvatureBuffer``: SecUE (Alg. 2, Eqs. 2-4). Per remaining client a FIFO of the B newest
-   *exact* curvature pairs (public s = M_hat - M_{r-1}, secret y = G_bar - G_r; D5), with the
+   *exact* curvature pairs (public s = M_hat - M_{r-1}, secret y = G_bar - G_r; SF5), with the
    compact L-BFGS estimate ``G_hat = G_r + B v`` (the default) or the literal two-loop
-   ``G_hat = H^{-1} G_r`` (Eq. 2 with the standard BFGS update; D4).
+   ``G_hat = H^{-1} G_r`` (Eq. 2 with the standard BFGS update; SF4).
 5. ``check_thresholds``: SecTC (Alg. 3), one opened flag per client.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Alg. 1 (SecRS), Alg. 2 (SecUE), Alg. 3 (SecTC), Alg. 4 (Stage I/II), Alg. 6 (SecRS^alt),
 Sec. IV-A to IV-C, Sec. V-A (T_delta, comparison counts).
-Deviations (docs/methods/starfish.md): D2 (cosine sign), D4 (estimator: compact L-BFGS by
-default, the standard BFGS term rho s s^T in literal mode, never an m x m matrix), D5 (pairs
-from exact gradients only), D6 and D20 (curvature guards: no pair from a public
-||s|| <= 1e-12 (1 + ||M_hat||); the optional secret s^T y check opens one bit per pair), D7
-(L-BFGS scale), D10 (thresholds; TD^1's rank), D11 (a singular or ill-conditioned SecMI input
-drops the oldest pair and retries), D14 (several targets: the cosine of the *sum*), D19 (unit
-direction, sentinel score), D22 (TD^2, SecTC and SecRS each run as one batch).
+Deviations (docs/methods/starfish.md): SF2 (cosine sign), SF4 (estimator: compact L-BFGS by
+default, the standard BFGS term rho s s^T in literal mode, never an m x m matrix), SF5 (pairs
+from exact gradients only), SF6 and SF20 (curvature guards: no pair from a public
+||s|| <= 1e-12 (1 + ||M_hat||); the optional secret s^T y check opens one bit per pair), SF7
+(L-BFGS scale), SF10 (thresholds; TD^1's rank), SF11 (a singular or ill-conditioned SecMI input
+drops the oldest pair and retries), SF14 (several targets: the cosine of the *sum*), SF19 (unit
+direction, sentinel score), SF22 (TD^2, SecTC and SecRS each run as one batch).
 """
 
 from __future__ import annotations
@@ -90,14 +90,14 @@ class StageOneShares(Protocol):
 class StageOneRecord:
     """What S1 and S2 hold after Stage I, loaded lazily from the history store (Alg. 4).
 
-    ``G_r^j = scale * delta_r^j``: ``scale = -1 / eta_l`` gives the pseudo-gradient (D1),
+    ``G_r^j = scale * delta_r^j``: ``scale = -1 / eta_l`` gives the pseudo-gradient (SF1),
     ``scale = -1`` the model-delta mode.
 
     Args:
         history: The run's history (metered in a method: bytes read are counted).
         backend: Where shares are made.
         scale: Update units, ``G = scale * delta``.
-        alpha: Tolerance rate of the per-round thresholds (D10).
+        alpha: Tolerance rate of the per-round thresholds (SF10).
         dtype: Working dtype of the client-side computations (norm, quantile).
     """
 
@@ -121,7 +121,7 @@ class StageOneRecord:
         delta = self.history.read_update(round_, client_id)
         gradient = delta.to(self.dtype) * self.scale
         key = (round_, client_id)
-        if key not in self._assistive:  # Stage I, client side: norm and alpha-quantile (D10)
+        if key not in self._assistive:  # Stage I, client side: norm and alpha-quantile (SF10)
             values = gradient.detach().abs().cpu().to(torch.float64).numpy()
             threshold = float(np.quantile(values, 1.0 - self.alpha)) if values.size else 0.0
             self._assistive[key] = (float(gradient.to(torch.float64).norm()), threshold)
@@ -132,7 +132,7 @@ class StageOneRecord:
         return self.backend.share(self.plain_update(round_, client_id))
 
     def assistive(self, round_: int, client_id: int) -> tuple[float, float]:
-        """Return the client's (||G_r^j||, delta_r^j), as it computes them in Stage I (D10)."""
+        """Return the client's (||G_r^j||, delta_r^j), as it computes them in Stage I (SF10)."""
         if (round_, client_id) not in self._assistive:
             self.plain_update(round_, client_id)
         return self._assistive[(round_, client_id)]
@@ -195,7 +195,7 @@ def threshold_td1(
 ) -> Any:
     """TD^1: one squared threshold exceeded by a fraction alpha of all remaining coordinates.
 
-    SecSrt over the N = m * (n - 1) * T squared coordinates (Sec. V-A, Table I's TD^1; D10);
+    SecSrt over the N = m * (n - 1) * T squared coordinates (Sec. V-A, Table I's TD^1; SF10);
     k = floor(alpha N) + 1, clamped to N.
     """
     squares = []
@@ -267,7 +267,7 @@ def select_rounds(
     real: list[tuple[int, Any, Any, Any]] = []  # (position, g, u, norm) of rounds with a target
     sentinels: dict[int, dict[str, Any]] = {}
     for position, r in enumerate(rounds):
-        y = public(r - 1) - public(r)  # D2: the direction of G^agg
+        y = public(r - 1) - public(r)  # SF2: the direction of G^agg
         y_norm = float(y.to(torch.float64).norm())
         targets = list(targets_of_round[r])
         if not targets or y_norm == 0.0 or not math.isfinite(y_norm):
@@ -350,7 +350,7 @@ class CurvatureBuffer:
     Args:
         capacity: B.
         counts: Guard counters (shared per run).
-        curvature_check: Also skip pairs with s^T y <= eps ||s||^2, opening one bit each (D20).
+        curvature_check: Also skip pairs with s^T y <= eps ||s||^2, opening one bit each (SF20).
     """
 
     def __init__(self, capacity: int, counts: GuardCounts, curvature_check: bool = False) -> None:
@@ -372,7 +372,7 @@ class CurvatureBuffer:
         """Add the pair (s public, y secret) unless a guard rejects it; return whether added."""
         s_norm = float(s.to(torch.float64).norm())
         if not math.isfinite(s_norm) or s_norm <= DEGENERATE_STEP_RTOL * (1.0 + model_norm):
-            self.counts.degenerate_step += 1  # D6: no pair from ||v|| ~ 0
+            self.counts.degenerate_step += 1  # SF6: no pair from ||v|| ~ 0
             return False
         if self.curvature_check:
             sty = backend.matmul_public(s, y)
@@ -386,7 +386,7 @@ class CurvatureBuffer:
         self._setup = None
         return True
 
-    # -- compact L-BFGS (D4; Byrd, Nocedal, Schnabel, the paper's [5]) --
+    # -- compact L-BFGS (SF4; Byrd, Nocedal, Schnabel, the paper's [5]) --
 
     def _compact(self, backend: StarfishBackend[Any]) -> _CompactSetup:
         if self._setup is not None:
@@ -441,7 +441,7 @@ class CurvatureBuffer:
         return backend.sub(backend.mul_public(setup.gam, v), wq)
 
     def estimate_compact(self, backend: StarfishBackend[Any], g_old: Any, v: torch.Tensor) -> Any:
-        """Return [G_hat] = [G_r] + [B v] (FedRecover-consistent, D4).
+        """Return [G_hat] = [G_r] + [B v] (FedRecover-consistent, SF4).
 
         ``v == 0`` (the forgotten clients did not move the model yet) gives ``G_r`` as it is.
         """
@@ -449,12 +449,12 @@ class CurvatureBuffer:
             return g_old
         return backend.add(g_old, self.hessian_vector(backend, v))
 
-    # -- literal two-loop (Eq. 2 with the standard BFGS update, D4) --
+    # -- literal two-loop (Eq. 2 with the standard BFGS update, SF4) --
 
     def estimate_two_loop(
         self, backend: StarfishBackend[Any], g_old: Any, gamma0: float = 1.0
     ) -> Any:
-        """Return [G_hat] = H^{-1} [G_r] by the L-BFGS two-loop recursion (Eq. 2, D4).
+        """Return [G_hat] = H^{-1} [G_r] by the L-BFGS two-loop recursion (Eq. 2, SF4).
 
         rho_k = 1 / (y_k^T s_k) is a scalar SecMI (the paper's ``SecMI([DeltaG]^T DeltaM)``),
         cached per pair; with no pair, ``H^{-1} = gamma0 I``.

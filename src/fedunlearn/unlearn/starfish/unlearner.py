@@ -7,10 +7,10 @@ models). ``Starfish.replay`` runs Stage II once, on one arithmetic backend:
 1. TD (threshold determination, Sec. IV-C2): TD^2, per remaining client
    delta^j = SecMax_r delta_r^j (default), or TD^1, one FedRecover-style global threshold;
 2. SecRS (Alg. 1): score every round by the cosine of the targets' update with the global
-   update (D2), open the top T' = ceil(sigma T) round indices, replay them chronologically (D3);
+   update (SF2), open the top T' = ceil(sigma T) round indices, replay them chronologically (SF3);
 3. the replay from M_0 (:class:`~fedunlearn.unlearn.starfish.replay.Replay`: warm-up, SecUE,
    SecTC, exact corrections, the opened FedAvg aggregate);
-4. ARP = mean_j (T - T_r^j) / T * 100 (Sec. VI-A, D15), the openings and the op counts.
+4. ARP = mean_j (T - T_r^j) / T * 100 (Sec. VI-A, SF15), the openings and the op counts.
 
 The method's ``params`` (``StarfishParams``) hold the algorithm and its ``execution``
 (``StarfishExecution``) how to run it. A *runner*, chosen by ``execution.backend`` from
@@ -23,10 +23,10 @@ server in two threads. ``fedunlearn starfish-local`` runs the servers as process
 
 Paper: Liu, Ye, Jiang, Shen, Guo, Tjuawinata, Lam, "Privacy-Preserving Federated Unlearning with
 Certified Client Removal", Alg. 4 (Stage I and II), Sec. IV-D, Sec. VI-A (ARP).
-Deviations: docs/methods/starfish.md, D1 (units), D2, D3, D12 (``round_selection="auto"``),
-D15, D16 (participants: a remaining client takes part in round r iff its round-r update was
-accepted; aggregation is always FedAvg), D18 (the mirror derives Stage I's norms and
-thresholds at unlearning time), D21 (precision).
+Deviations: docs/methods/starfish.md, SF1 (units), SF2, SF3, SF12 (``round_selection="auto"``),
+SF15, SF16 (participants: a remaining client takes part in round r iff its round-r update was
+accepted; aggregation is always FedAvg), SF18 (the mirror derives Stage I's norms and
+thresholds at unlearning time), SF21 (precision).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 
 def average_round_saving(requests: dict[int, int], num_rounds: int) -> tuple[float, dict]:
-    """Return ARP = mean_j (T - T_r^j) / T * 100 and the per-client values (Sec. VI-A, D15).
+    """Return ARP = mean_j (T - T_r^j) / T * 100 and the per-client values (Sec. VI-A, SF15).
 
     Args:
         requests: Remaining client -> T_r^j, the rounds it was asked to train.
@@ -95,7 +95,7 @@ class StarfishDetails(Details):
         backend: ``plain`` or ``mpc``.
         party: The 2PC party that produced this record (None on the mirror).
         precision: Arithmetic dtype of the mirror.
-        units: ``gradient`` or ``delta`` (D1).
+        units: ``gradient`` or ``delta`` (SF1).
         unlearning_rate: η_u.
         round_selection: The SecRS method used.
         threshold_mode: ``td2`` or ``td1``.
@@ -215,13 +215,13 @@ class Starfish(Unlearner):
         return PlainBackend(dtype=self.working_dtype(context))
 
     def working_dtype(self, context: UnlearnContext) -> torch.dtype:
-        """Return the mirror's dtype: float64, or the run's with ``precision="model"`` (D21)."""
+        """Return the mirror's dtype: float64, or the run's with ``precision="model"`` (SF21)."""
         if self.execution.precision == "model":
             return context.initial_params.dtype
         return torch.float64
 
     def selection_method(self, num_rounds: int) -> SelectionMethod:
-        """Return the SecRS method used for a run of ``num_rounds`` rounds (D12)."""
+        """Return the SecRS method used for a run of ``num_rounds`` rounds (SF12)."""
         choice = self.params.round_selection
         if choice == "auto":
             return "method1" if num_rounds < switching_threshold() else "method2"
@@ -260,7 +260,7 @@ class Starfish(Unlearner):
         return participants, targets
 
     def scale(self, lr: float) -> float:
-        """Return the update units' factor, G = scale * delta (D1)."""
+        """Return the update units' factor, G = scale * delta (SF1)."""
         return -1.0 / lr if self.params.units == "gradient" else -1.0
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
@@ -305,7 +305,7 @@ class Starfish(Unlearner):
             for c in clients.client_ids
         }
 
-        # Step 1: TD (Sec. IV-C2; TD^1 for comparison, D10).
+        # Step 1: TD (Sec. IV-C2; TD^1 for comparison, SF10).
         with backend.phase("TD"):
             if p.threshold_mode == "td2":
                 thresholds = thresholds_td2(backend, record, rounds_of_client)
@@ -315,7 +315,7 @@ class Starfish(Unlearner):
                 )
                 thresholds = {c: shared for c in clients.client_ids}
 
-        # Step 2: SecRS (Alg. 1); replay chronologically (D3).
+        # Step 2: SecRS (Alg. 1); replay chronologically (SF3).
         num_selected = math.ceil(p.selection_rate * num_rounds)
         method = self.selection_method(num_rounds)
         with backend.phase("RS"):

@@ -30,11 +30,11 @@ material (``offline_seconds``).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Tables IV-VI, Alg. 1-7, App. B (fixed point, 2PC building blocks).
-Deviations (docs/methods/starfish.md): D11 (Newton SecDiv and sqrt with public range hints,
+Deviations (docs/methods/starfish.md): SF11 (Newton SecDiv and sqrt with public range hints,
 ``DEFAULT_RANGE`` = (1e-3, 1e3) when the caller gives none; exact squares; SecMI's
-conditioning check), D19 (sort padding: ratio u = -4, v = 1; value tau = -4; signed entries
+conditioning check), SF19 (sort padding: ratio u = -4, v = 1; value tau = -4; signed entries
 w = 0 with square 16, below the loop's own sentinel cosine -2; ties come out in the bitonic
-network's order), D24 (the dealer).
+network's order), SF24 (the dealer).
 """
 
 from __future__ import annotations

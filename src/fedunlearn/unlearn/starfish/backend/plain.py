@@ -9,9 +9,9 @@ without running 2PC; a 2PC backend reports measured bytes and rounds instead.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Table IV (the functionalities mirrored), Sec. V-A (comparison counts of SecSrt and SecMax).
-Deviations: docs/methods/starfish.md, D19 (ties in ``top_k`` are broken by the lower index
+Deviations: docs/methods/starfish.md, SF19 (ties in ``top_k`` are broken by the lower index
 first; a bitonic network breaks them arbitrarily). ``inverse`` checks the condition number of
-the matrix itself (a 2PC backend checks the opened N = X R, D11) and logs the masked opening N
+the matrix itself (a 2PC backend checks the opened N = X R, SF11) and logs the masked opening N
 as SecMI does.
 """
 

@@ -36,7 +36,7 @@ bit of the cosine and ``a / v`` or ``b`` its square.
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Table IV (basic functionalities), Table VI (composite ones), Alg. 5 and App. C (SecGE2-4),
-Alg. 7 (SecMI). Deviations: docs/methods/starfish.md, D11 (2PC substrate), D19 (sorting).
+Alg. 7 (SecMI). Deviations: docs/methods/starfish.md, SF11 (2PC substrate), SF19 (sorting).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ ORDER_FIELDS: dict[str, tuple[str, ...]] = {
     "signed_value": ("w", "b"),
 }
 DEFAULT_RANGE = (1e-3, 1e3)  # public range of SecDiv/sqrt inputs when the caller gives none
-MAX_CONDITION = 1e12  # SecMI redraws / the caller drops a pair above this (D11)
+MAX_CONDITION = 1e12  # SecMI redraws / the caller drops a pair above this (SF11)
 SMALL_VALUE_NUMEL = 64  # opened values up to this size are kept in the log
 
 

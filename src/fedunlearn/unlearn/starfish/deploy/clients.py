@@ -33,8 +33,8 @@ uint64 (m,) share per accepted client, or by ``{"error": reason}``; ``{"op": "by
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Sec. III-A (clients secret-share their uploads to two servers), Alg. 4 lines 15-24.
-Deviations (docs/methods/starfish.md, D24): the clients are simulated in one process (client
-uploads with the real share distribution, as ``share_history`` is for Stage I, D18); each
+Deviations (docs/methods/starfish.md, SF24): the clients are simulated in one process (client
+uploads with the real share distribution, as ``share_history`` is for Stage I, SF18); each
 server still receives only its share of an exact update.
 """
 

@@ -19,7 +19,7 @@ certificate and that role's certificate and key (:func:`role_directories`; no ch
 another role's key or the CA key), or ``--insecure``; the dealer gets no method options.
 
 Where a local run departs from a deployment of the paper (a trusted dealer process,
-simulated clients): D24 in docs/methods/starfish.md.
+simulated clients): SF24 in docs/methods/starfish.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 CLI ``fedunlearn starfish-server``, ``starfish-clients``, ``starfish-local``. Each server
 reads only its share store and the run's public config and talks to three peers: the other
-server, the trusted dealer (D24; ``mpc.RemoteDealer``: party 0 receives 16-byte seeds only,
+server, the trusted dealer (SF24; ``mpc.RemoteDealer``: party 0 receives 16-byte seeds only,
 party 1 its seed plus one correction share per request; the dealer process,
 ``fedunlearn starfish-dealer``, is ``mpc.DealerServer`` with a fresh master secret) and the
 simulated clients (:func:`serve_clients`, ``clients.ClientSimulator``), who send each server
@@ -34,7 +34,7 @@ timeout; the share store is opened read-only, so a failed request changes nothin
 can be re-run. Costs: per-phase payload counters (``details.mpc_costs``), per-round costs
 (``rounds``) and each link's bytes in both directions (``links``).
 
-Where the deployment departs from the paper (D24 in docs/methods/starfish.md): offline
+Where the deployment departs from the paper (SF24 in docs/methods/starfish.md): offline
 material comes from a trusted dealer process, not from an OT-based offline phase between the
 servers; the clients are simulated. Listening sockets may be inherited (``listen_fd``): the
 launcher binds the ephemeral ports itself and starts all four processes at once.

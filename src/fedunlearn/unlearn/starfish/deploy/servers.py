@@ -15,7 +15,7 @@ simulator of :mod:`~fedunlearn.unlearn.starfish.deploy.clients`) is in
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Sec. III-A (two non-colluding servers), Alg. 4 (Stage I and II), App. B (2PC).
-Deviations (docs/methods/starfish.md, D24): the in-process simulation uses ``mpc.Dealer``
+Deviations (docs/methods/starfish.md, SF24): the in-process simulation uses ``mpc.Dealer``
 (both parties derive the material from one seed) and one client seed for both servers:
 correct arithmetic, not a deployment.
 """

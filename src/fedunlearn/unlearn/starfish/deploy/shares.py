@@ -3,7 +3,7 @@
 ``share_history`` turns a recorded run (``history.policy: all``) into what S1 and S2 would have
 stored had the clients secret-shared live (Alg. 4 lines 1-9): for every accepted
 upload of round r by client j, the vector [G_r^j, ||G_r^j||, delta_r^j] (pseudo-gradient, its
-norm and its alpha-quantile threshold, computed as the client computes them, D1/D10) is
+norm and its alpha-quantile threshold, computed as the client computes them, SF1/SF10) is
 fixed-point encoded and split as r, v - r with a fresh uniform mask from AES-CTR; server 0's
 store gets r, server 1's gets v - r. Nothing else about the upload is kept (no plaintext norm,
 loss or per-client metric). Public data is copied as it is: the global models M_0..M_T, the
@@ -30,10 +30,10 @@ client gateway, never through the server).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Alg. 4 (Stage I), Sec. III-C (public global models), Sec. V-B (server memory).
-Deviations (docs/methods/starfish.md, D18): shares are made after training from the recorded
+Deviations (docs/methods/starfish.md, SF18): shares are made after training from the recorded
 plaintext run (a simulation of live sharing: same values, same distribution of shares; a
 deployment shares at upload time); the opened training aggregate is stored (public), as are
-the round's participant records (status, sample count), which FedAvg weights need (D16).
+the round's participant records (status, sample count), which FedAvg weights need (SF16).
 """
 
 from __future__ import annotations
@@ -159,9 +159,9 @@ def share_history(
     Args:
         history: The plaintext run history (policy ``all``), read once, round by round.
         out_dirs: The two store directories (server 0, server 1); they must not hold a store.
-        lr: The clients' local learning rate eta_l (gradient units, D1).
+        lr: The clients' local learning rate eta_l (gradient units, SF1).
         frac_bits: Fixed-point fractional bits f of the shares.
-        tolerance_rate: alpha of the client-side thresholds delta_r^j (D10); fixed here, as the
+        tolerance_rate: alpha of the client-side thresholds delta_r^j (SF10); fixed here, as the
             clients fix it before training.
         units: ``gradient`` (G = -delta / eta_l) or ``delta`` (G = -delta).
         seed: Seed of the clients' masks (reproducible tests); None draws fresh OS randomness.
