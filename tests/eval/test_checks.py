@@ -430,10 +430,26 @@ def test_client_membership_needs_its_controls():
     blind = build_verification(honest(QS_RETRAIN, client_membership=client_test(0.5, original=1.0)))
     assert blind.check("client_membership").verdict == "inconclusive"
     assert blind.influence == "not_shown"
-    flags_all = client_test(0.5, retrain=3.0)
-    both = build_verification(honest(QS_RETRAIN, client_membership=flags_all))
+    # a clean control above the calibrated threshold raises the flag line: a clean model off
+    # Retrain's path (Retrain trained 5 rounds more scored above the original for honest
+    # client 0 on the quickstart) must never make a candidate 'remains'
+    raised = client_test(2.5, retrain=0.1)
+    raised.scores["retrain_continued"] = 3.0
+    off_path = build_verification(honest(QS_RETRAIN, client_membership=raised))
+    check = off_path.check("client_membership")
+    assert check.verdict == "pass"
+    assert check.threshold["fail"] == 3.0
+    assert check.power["clean_controls_above_threshold"] == ["retrain_continued"]
+    blinded = client_test(2.5, original=2.8)
+    blinded.scores["retrain_continued"] = 3.0
+    both = build_verification(honest(QS_RETRAIN, client_membership=blinded))
     assert both.check("client_membership").verdict == "inconclusive"
-    assert "flags Retrain too" in both.check("client_membership").reason
+    assert both.influence == "not_shown"
+    tuned = client_test(40.0, original=2.8)
+    tuned.scores["retrain_continued"] = 3.0
+    caught = build_verification(honest(QS_RETRAIN, client_membership=tuned))
+    assert caught.check("client_membership").verdict == "fail"
+    assert caught.influence == "remains"
 
 
 # one of two attackers forgotten: the backdoored original + noise (ASR 81.5% against Retrain's

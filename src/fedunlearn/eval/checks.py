@@ -499,9 +499,13 @@ def check_membership(ev: Evidence, th: VerificationThresholds) -> Check:
 def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
     """Check 3: the client-level membership test no longer flags the model.
 
-    Reads ``Evidence.client_membership`` (score ``candidate`` against the calibrated
-    threshold). The original must be flagged and Retrain (when scored) must not, or the check
-    is ``inconclusive``.
+    Reads ``Evidence.client_membership``. Scores labelled ``retrain*`` are clean controls:
+    models that never saw the forgotten clients (Retrain; Retrain trained a few rounds more by
+    the remaining clients, which tells "trained longer" from "saw the client"). A model is
+    flagged when it scores above the test's calibrated threshold *and* above every clean
+    control (the flag line), so a clean model off Retrain's training path is never called
+    contaminated. The original (and ``original*`` copies) must be flagged, or a model below the
+    line gets ``inconclusive``.
     """
     title = "client-level membership"
     cm = ev.client_membership
@@ -520,45 +524,45 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
             reason="the test did not score both the model and the original",
         )
     value = cm.scores["candidate"]
+    clean = {k: v for k, v in cm.scores.items() if k.startswith("retrain")}
+    line = max([cm.threshold, *clean.values()])
     controls: dict[str, Verdict] = {
-        "original": "fail" if cm.flagged("original") else "pass",
+        label: "fail" if score > line else "pass"
+        for label, score in cm.scores.items()
+        if label.startswith("original")
     }
-    for label in cm.scores:
-        if label.startswith("original") and label != "original":
-            controls[label] = "fail" if cm.flagged(label) else "pass"
-    positive: Verdict | None = None
-    if "retrain" in cm.scores:
-        positive = "fail" if cm.flagged("retrain") else "pass"
-    candidate: Verdict = "fail" if cm.flagged("candidate") else "pass"
-    verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
+    candidate: Verdict = "fail" if value > line else "pass"
+    verdict, unflagged, _ = _controlled(candidate, controls, None)
+    clean_flagged = sorted(k for k, v in clean.items() if v > cm.threshold)
     reference = {k: v for k, v in cm.scores.items() if k != "candidate"}
-    threshold = {"fail": cm.threshold, "target_fpr": cm.target_fpr}
+    threshold = {"fail": line, "calibrated": cm.threshold, "target_fpr": cm.target_fpr}
     power = {
         "original_flagged": controls["original"] == "fail",
         "controls": controls,
-        "retrain_flagged": positive_flagged if positive is not None else None,
+        "clean_controls_above_threshold": clean_flagged,
         "power": cm.power,
         "reference_models": cm.num_reference_models,
     }
     evidence = {"cost_seconds": cm.cost_seconds, "cost_client_epochs": cm.cost_client_epochs}
+    raised = (
+        f" (raised from {cm.threshold:.3g} by the clean control(s) {', '.join(clean_flagged)})"
+        if clean_flagged
+        else ""
+    )
     if verdict == "fail":
         reason = (
             f"the test still finds {_clients(ev)} in the model: score {value:.3g} above "
-            f"{cm.threshold:.3g} (original {cm.scores['original']:.3g})"
+            f"{line:.3g}{raised} (original {cm.scores['original']:.3g})"
         )
     elif verdict == "inconclusive":
-        reason = (
-            _no_power(
-                ev,
-                unflagged,
-                f"original score {cm.scores['original']:.3g}, threshold {cm.threshold:.3g}",
-            )
-            if unflagged
-            else f"the test flags Retrain too (score {cm.scores['retrain']:.3g})"
+        reason = _no_power(
+            ev,
+            unflagged,
+            f"original score {cm.scores['original']:.3g}, flag line {line:.3g}{raised}",
         )
     else:
         reason = (
-            f"score {value:.3g} below {cm.threshold:.3g} (original {cm.scores['original']:.3g}, "
+            f"score {value:.3g} below {line:.3g} (original {cm.scores['original']:.3g}, "
             f"flagged; power {cm.power if cm.power is not None else 'not measured'})"
         )
     return Check(

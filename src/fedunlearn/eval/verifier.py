@@ -192,6 +192,9 @@ def _method_warnings(details: Details | None) -> tuple[str, ...]:
     return tuple(str(w) for w in found or ())
 
 
+CONTINUED_ROUNDS = 5  # rounds the clean control trains beyond Retrain
+
+
 def client_membership_check(
     session: UnlearnSession,
     request: UnlearnRequest,
@@ -202,17 +205,36 @@ def client_membership_check(
     """Fit the client-level membership test of ``request`` once; return the receipt's check input.
 
     Trains the test's reference models (``eval.mia.fit_client_membership``: with and without
-    the forgotten clients, its cost bounded by its ``max_seconds``) and returns the function
+    the forgotten clients, its cost bounded by its ``max_seconds``) and a clean control off
+    Retrain's path: Retrain (``retrain``, or one trained here) continued for
+    ``CONTINUED_ROUNDS`` FedAvg rounds of the remaining clients (new round seeds). A model
+    trained longer is more confident on every example, the forgotten clients' too, and this
+    statistic cannot tell that from membership (measured on the quickstart: Retrain + 5 rounds
+    scores above the original for honest client 0); the check therefore flags only models above
+    every clean control (``check_client_membership``). Returns the function
     ``Verifier(client_membership=...)`` calls per model: the candidate scored beside the
-    original (the negative control) and, when given, Retrain (the positive control).
+    original (negative control), ``retrain_continued`` and, when given, ``retrain``.
     """
     from fedunlearn.eval.mia import fit_client_membership
+    from fedunlearn.fl.engine import run_rounds
+    from fedunlearn.unlearn import make_method
 
     test = fit_client_membership(session, sorted(request.forget), seed=seed)
     original = session.run_view.final_params
+    base = retrain if retrain is not None else session.run(make_method("retrain"), request)
+    context = session.context(request)
+    rounds = session.run_view.config.training.rounds
+    continued = run_rounds(
+        context.clients,
+        context.aggregator,
+        base.params,
+        num_rounds=rounds + CONTINUED_ROUNDS,
+        start_round=rounds + 1,
+        participation=context.training.participation,
+    )
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
-        models = {"original": original, "candidate": params}
+        models = {"original": original, "candidate": params, "retrain_continued": continued}
         if retrain is not None:
             models["retrain"] = retrain.params
         return test.evidence(models)
