@@ -76,6 +76,7 @@ class Channel:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._closing = False
+        self._drain = False  # on close: write what was queued before stopping
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -150,6 +151,10 @@ class Channel:
         """
         if flush_seconds > 0 and not self._closing:
             self.flush(flush_seconds)
+            # a busy I/O thread (expanding material) may not have written it all yet: it
+            # finishes the frames queued before the close (bounded by the write timeout) rather
+            # than cut a frame in two, which the peer reports as a lost connection
+            self._drain = True
         self._closing = True
         self._wake()
         self._thread.join(5.0)
@@ -185,7 +190,7 @@ class Channel:
         reader: FrameReader | None = None
         written_at = 0.0
         try:
-            while not self._closing:
+            while not self._closing or (self._drain and (writer is not None or self._out)):
                 if writer is None:
                     with self._out_lock:
                         if self._out:
