@@ -9,8 +9,7 @@ directory with history recording), ``run_info`` (what a run stored), the unlearn
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedunlearn.exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -32,9 +31,4 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'fedunlearn' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -318,7 +318,14 @@ def train_run(
                     HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),
                     None,
                 )
-            summary = _train(config, run_dir, setup, store, resume, observers, started)
+            privacy, private = wrap_privacy(config, setup)  # DP on a wrapper, for training
+            try:
+                summary = _train(
+                    config, run_dir, private, store, resume, observers, started, privacy
+                )
+            finally:
+                if private is not setup:
+                    private.close()
         if repaired is not None:
             summary["repaired"] = repaired
         write_json(run_dir / SUMMARY_FILE, summary)
@@ -337,24 +344,6 @@ def train_run(
 
 
 def _train(
-    config: RunConfig,
-    run_dir: Path,
-    setup: Setup,
-    store: HistoryStore,
-    resume: bool,
-    observers: Sequence[RoundObserver],
-    started: float,
-) -> dict[str, Any]:
-    """Train from the store's last round to the end; return the summary."""
-    privacy, private = wrap_privacy(config, setup)
-    try:
-        return _train_rounds(config, run_dir, private, store, resume, observers, started, privacy)
-    finally:
-        if private is not setup:
-            private.close()
-
-
-def _train_rounds(
     config: RunConfig,
     run_dir: Path,
     setup: Setup,

@@ -10,8 +10,7 @@ CONTRIBUTING.md ("Add a method").
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedunlearn.exports import lazy_exports
 
 _EXPORTS = {
     "BoundReport": "fedunlearn.unlearn.receipt",
@@ -36,9 +35,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

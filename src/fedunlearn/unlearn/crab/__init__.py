@@ -11,8 +11,7 @@ docs/methods/crab.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedunlearn.exports import lazy_exports
 
 _EXPORTS = {
     "Crab": "fedunlearn.unlearn.crab.unlearner",
@@ -24,9 +23,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
