@@ -293,8 +293,11 @@ def test_method_warnings_become_a_warning_with_their_sentences():
     assert check.reason == "rollback kept round 3 of client 1"
     strict = VerificationThresholds(method_warning="fail")
     assert build_verification(evidence(RETRAIN, warnings=("x",)), strict).verdict == "fail"
-    # a method's warning is about its claims, not a measurement of the influence
-    assert build_verification(evidence(RETRAIN, warnings=("x",)), strict).influence == "removed"
+    # checks that see nothing do not overrule a method that warns its result may keep the
+    # influence (e.g. Crab's paper rollback): not shown, never removed
+    warned = build_verification(evidence(RETRAIN, warnings=("x",)), strict)
+    assert warned.influence == "not_shown"
+    assert "the method warns" in warned.influence_reason
     unknown = build_verification(evidence(RETRAIN, warnings_available=False))
     assert unknown.check("method_warnings").verdict == "n/a"
     assert "none were available" in unknown.check("method_warnings").reason
@@ -535,3 +538,19 @@ def test_a_dp_run_says_that_retrain_is_not_private():
     assert "without the run's DP noise" in v.check("utility").reason
     plain = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}))
     assert "DP" not in plain.check("utility").reason
+
+
+def test_a_method_that_warns_its_result_keeps_the_influence_is_never_removed():
+    # Crab's paper rollback may start from a model that contains the forgotten clients and
+    # warns so; checks that see nothing must not overrule the method's own warning
+    clean = honest(QS_RETRAIN, client_membership=client_test(0.5))
+    assert build_verification(clean).influence == "removed"
+    warned = honest(
+        QS_RETRAIN,
+        client_membership=client_test(0.5),
+        warnings=("rollback_includes_forgotten: the rollback model contains client 0",),
+    )
+    verification = build_verification(warned)
+    assert verification.check("method_warnings").verdict in ("warn", "fail")
+    assert verification.influence == "not_shown"
+    assert "the method warns" in verification.influence_reason

@@ -194,13 +194,18 @@ def influence_verdict(
         return "remains", "; ".join(f"{c.title}: {c.reason}" for c in flagged)
     shown = [c for c in influence if c.verdict == "pass" and c.decisive]
     warned = [c for c in influence if c.verdict == "warn"]
-    if shown and not warned:
+    # the method itself says its result may keep the influence (e.g. Crab's paper rollback
+    # from a model that contains the forgotten clients): checks that see nothing do not
+    # overrule it
+    method = [c for c in checks if c.aspect == "method" and c.verdict in ("warn", "fail")]
+    if shown and not warned and not method:
         return "removed", "shown by " + ", ".join(c.title for c in shown) + " (checks with power)"
-    why = (
-        "; ".join(f"{c.title} warns: {c.reason}" for c in warned)
-        if warned
-        else "no check with power shows it either way"
-    )
+    if shown and method:
+        why = "; ".join(f"the method warns: {c.reason}" for c in method)
+    elif warned:
+        why = "; ".join(f"{c.title} warns: {c.reason}" for c in warned)
+    else:
+        why = "no check with power shows it either way"
     return "not_shown", f"{why}; evidence would come from " + ", ".join(_hints(checks, references))
 
 

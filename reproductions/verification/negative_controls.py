@@ -1,0 +1,143 @@
+"""Calibrate the receipt with negative controls on the digits quickstart (issue 21, item 9, part).
+
+For each seed the quickstart (10 clients; clients 1 and 3 plant a backdoor) is trained, and two
+requests are verified with the receipt's default options (Retrain as reference, the client-level
+test on): forgetting honest client 0, and recovering from both attackers (1, 3). Each request's
+receipt judges
+
+- contaminated models (they still carry the forgotten clients' influence), which must never be
+  ``removed``: the original plus Gaussian noise of std 1e-6, 1e-3 and 1e-2; the interpolations
+  0.75 original + 0.25 Retrain and 0.5 + 0.5; Retrain fine-tuned 20 local epochs on the forgotten
+  clients' own data; Crab in its paper mode (``rollback: paper``) when it warns that its
+  rollback model contains the forgotten clients (without the warning it is not counted);
+- clean models (they never saw the forgotten clients), which must never be ``remains``:
+  Retrain itself and Retrain continued 5 FedAvg rounds by the remaining clients.
+
+It prints the influence verdict of every model and request, and per class the false-pass rate
+(contaminated and ``removed``) and the false-fail rate (clean and ``remains``). One torch thread.
+
+    nice -n 5 python reproductions/verification/negative_controls.py --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from fedunlearn.config import load_config
+from fedunlearn.eval import Verifier, client_membership_check
+from fedunlearn.fl.client import local_update
+from fedunlearn.fl.engine import run_rounds
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+
+REPO = Path(__file__).resolve().parents[2]
+CONTAMINATED = (
+    "noise 1e-6",
+    "noise 1e-3",
+    "noise 1e-2",
+    "interp 0.75",
+    "interp 0.5",
+    "fine-tuned",
+    "crab paper (warned)",
+)
+CLEAN = ("retrain", "retrain + 5 rounds")
+
+
+def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> dict:
+    """Return the judged models of one request, Retrain's result and the request's verifier."""
+    retrain = session.run(make_method("retrain"), request)
+    original = session.run_view.final_params
+    g = torch.Generator().manual_seed(seed)
+    federation = session.federation
+    tuned = retrain.params.clone()
+    for cid in sorted(request.forget):
+        update = local_update(
+            federation.model, tuned, federation.client_data[cid],
+            replace(federation.spec, epochs=20), seed=seed + cid,
+        )
+        tuned = tuned + update.delta
+    context = session.context(request)
+    rounds = session.run_view.config.training.rounds
+    continued = run_rounds(
+        context.clients, context.aggregator, retrain.params,
+        num_rounds=rounds + 5, start_round=rounds + 1,
+        participation=context.training.participation,
+    )
+    crab = session.run(make_method("crab", {"rollback": "paper"}), request)
+    models = {
+        **{
+            f"noise {text}": original + torch.randn(original.shape, generator=g) * float(text)
+            for text in ("1e-6", "1e-3", "1e-2")
+        },
+        "interp 0.75": 0.75 * original + 0.25 * retrain.params,
+        "interp 0.5": 0.5 * original + 0.5 * retrain.params,
+        "fine-tuned": tuned,
+        "crab paper": crab,
+        "retrain": retrain,
+        "retrain + 5 rounds": continued,
+    }
+    return {"models": models, "retrain": retrain}
+
+
+def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, str]:
+    """Return model label -> the receipt's influence verdict for one request."""
+    request = UnlearnRequest.of(forget, kind)
+    with UnlearnSession(run, evaluate=False) as session:
+        built = models_of(session, request, seed)
+        retrain = built["retrain"]
+        membership = client_membership_check(session, request, retrain, seed=seed)
+        verifier = Verifier(
+            session, request, retrain=retrain, seed=seed, client_membership=membership
+        )
+        out = {}
+        for label, model in built["models"].items():
+            if hasattr(model, "params"):  # an UnlearnResult: its warnings and lineage count
+                receipt = verifier.verify(model).verification
+                if label == "crab paper":  # contaminated when its rollback model saw them
+                    warned = bool(getattr(model.details, "warnings", ()))
+                    label = f"crab paper ({'warned' if warned else 'no warning'})"
+            else:
+                receipt = verifier.audit(model, label)[1]
+            out[label] = receipt.influence
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="negative-controls-") as tmp:
+        for seed in args.seeds:
+            run = Path(tmp) / f"seed{seed}"
+            train_run(load_config(REPO / "configs/digits_quickstart.yaml", {"seed": seed}), run)
+            requests = (("honest 0", [0], "forget"), ("attackers", [1, 3], "recover"))
+            for name, forget, kind in requests:
+                for label, verdict in verdicts(run, forget, kind, seed).items():
+                    rows.append((seed, name, label, verdict))
+    print("| seed | request | model | class | influence |")
+    print("|---|---|---|---|---|")
+    for seed, name, label, verdict in rows:
+        cls = (
+            "contaminated" if label in CONTAMINATED else "clean" if label in CLEAN else "-"
+        )
+        print(f"| {seed} | {name} | {label} | {cls} | {verdict} |")
+    for name in ("honest 0", "attackers"):
+        dirty = Counter(v for _, n, lab, v in rows if n == name and lab in CONTAMINATED)
+        clean = Counter(v for _, n, lab, v in rows if n == name and lab in CLEAN)
+        print(
+            f"{name}: contaminated {dict(dirty)} -> false 'removed' "
+            f"{dirty['removed']}/{sum(dirty.values())}; clean {dict(clean)} -> false 'remains' "
+            f"{clean['remains']}/{sum(clean.values())}"
+        )
+
+
+if __name__ == "__main__":
+    main()
