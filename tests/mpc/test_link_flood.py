@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.support.flood import Flood
 
 from fedunlearn.errors import PeerDisconnectedError
 from fedunlearn.mpc import (
@@ -40,64 +41,6 @@ def pki(tmp_path_factory):
     create_trial_pki(directory)
     return directory
 
-
-class Flood:
-    """Keep ``count`` connections open to ``address`` (half idle, half one byte per 0.3 s).
-
-    A connection the listener closes is opened again, until ``stop`` or ``FLOOD_SECONDS``.
-    """
-
-    def __init__(self, address, count, source="127.0.0.2"):
-        self.address, self.count, self.source = address, count, source
-        self.opened = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _connect(self):
-        sock = socket.socket()
-        sock.bind((self.source, 0))
-        sock.settimeout(1.0)
-        try:
-            sock.connect(self.address)
-        except OSError:
-            sock.close()
-            return None
-        sock.setblocking(False)
-        self.opened += 1
-        return sock
-
-    def _run(self):
-        end = time.monotonic() + FLOOD_SECONDS
-        socks = [None] * self.count
-        try:
-            while not self.stop.is_set() and time.monotonic() < end:
-                for i, sock in enumerate(socks):
-                    if sock is None:
-                        socks[i] = self._connect()
-                        continue
-                    try:
-                        if i % 2:  # slow-byte: a TLS record type byte now and then
-                            sock.send(b"\x16")
-                        elif sock.recv(1) == b"":  # idle: closed by the listener?
-                            raise OSError("closed")
-                    except BlockingIOError:
-                        pass
-                    except OSError:
-                        sock.close()
-                        socks[i] = None
-                self.stop.wait(0.3)
-        finally:
-            for sock in socks:
-                if sock is not None:
-                    sock.close()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(10)
 
 
 def connect_server1(port, pki, results, **limits):
@@ -156,7 +99,7 @@ def test_a_session_completes_during_a_flood_of_200_idle_and_slow_connections(pki
     try:
         with (
             caplog.at_level(logging.WARNING, logger="fedunlearn.mpc.link"),
-            Flood(listener.address, 200) as flood,
+            Flood([listener.address], 200, FLOOD_SECONDS) as flood,
         ):
             acceptor.start()
             end = time.monotonic() + 5.0

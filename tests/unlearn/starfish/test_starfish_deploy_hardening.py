@@ -22,7 +22,6 @@ import re
 import shutil
 import socket
 import sqlite3
-import threading
 import time
 import zlib
 
@@ -30,6 +29,7 @@ import numpy as np
 import pytest
 import torch
 from starfish_support import small_run_config
+from tests.support.flood import Flood
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -87,65 +87,6 @@ def assert_mirror(result, plain):
 # ---- a flood during the session -------------------------------------------------------------
 
 
-class Flood:
-    """Keep connections open to each address (half idle, half one byte per 0.3 s).
-
-    A connection the listener closes is opened again, until ``stop`` or ``FLOOD_SECONDS``.
-    """
-
-    def __init__(self, addresses, count, source="127.0.0.2"):
-        self.targets = [addresses[i % len(addresses)] for i in range(count)]
-        self.source = source
-        self.opened = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _connect(self, address):
-        sock = socket.socket()
-        sock.bind((self.source, 0))
-        sock.settimeout(1.0)
-        try:
-            sock.connect(address)
-        except OSError:
-            sock.close()
-            return None
-        sock.setblocking(False)
-        self.opened += 1
-        return sock
-
-    def _run(self):
-        end = time.monotonic() + FLOOD_SECONDS
-        socks = [None] * len(self.targets)
-        try:
-            while not self.stop.is_set() and time.monotonic() < end:
-                for i, sock in enumerate(socks):
-                    if sock is None:
-                        socks[i] = self._connect(self.targets[i])
-                        continue
-                    try:
-                        if i % 2:  # slow-byte: a TLS record type byte now and then
-                            sock.send(b"\x16")
-                        elif sock.recv(1) == b"":  # idle: closed by the listener?
-                            raise OSError("closed")
-                    except BlockingIOError:
-                        pass
-                    except OSError:
-                        sock.close()
-                        socks[i] = None
-                self.stop.wait(0.3)
-        finally:
-            for sock in socks:
-                if sock is not None:
-                    sock.close()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(10)
-
 
 def test_a_flood_of_200_connections_during_the_session_leaves_its_result_unchanged(
     run_dir, plain, tmp_path
@@ -174,7 +115,7 @@ def test_a_flood_of_200_connections_during_the_session_leaves_its_result_unchang
 
         # Execute: the flood fills every listener's slots past the first-byte limit, then the
         # real server 1 arrives and the session runs while the flood goes on
-        with Flood(addresses, FLOOD_CONNECTIONS) as flood:
+        with Flood(addresses, FLOOD_CONNECTIONS, FLOOD_SECONDS) as flood:
             time.sleep(3.0)
             processes["server1"] = spawn(commands["server1"][0], tmp_path / "server1.log")
             for process in processes.values():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +77,7 @@ class DeletedPayload:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return {
-            "round": self.round,
-            "client_id": self.client_id,
-            "size_bytes": self.size_bytes,
-            "sha256": self.sha256,
-            "num_fingerprints": self.num_fingerprints,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -106,13 +100,7 @@ class DroppedModel:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return {
-            "round": self.round,
-            "kind": self.kind,
-            "size_bytes": self.size_bytes,
-            "sha256": self.sha256,
-            "num_fingerprints": self.num_fingerprints,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
