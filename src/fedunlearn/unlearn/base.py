@@ -29,6 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
+from fedunlearn.history.trajectory import Trajectory
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.costs import Costs
 from fedunlearn.unlearn.lineage import Lineage, nothing_to_forget
@@ -140,6 +141,8 @@ class UnlearnResult:
     details: Details = field(default_factory=NoDetails)
     verification: Verification | None = None
     lineage: Lineage | None = None
+    # the unlearned history, for methods that compute one (fedunlearn.history.trajectory)
+    trajectory: Trajectory | None = None
 
 
 class Unlearner(ABC):
