@@ -119,11 +119,12 @@ def jsonable(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class RunOutput:
-    """What a method's ``_run`` computes: the model, per-round metrics and its details."""
+    """What a method's ``_run`` computes: the model, per-round metrics, details, trajectory."""
 
     params: torch.Tensor
     round_metrics: Sequence[dict[str, float]] = ()
     details: Details = field(default_factory=NoDetails)
+    trajectory: Trajectory | None = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ class Unlearner(ABC):
             round_metrics=tuple(out.round_metrics),
             details=out.details,
             lineage=context.lineage(request.forget, out.params),
+            trajectory=out.trajectory,
         )
 
     @abstractmethod

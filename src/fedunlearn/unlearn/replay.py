@@ -26,7 +26,9 @@ import torch
 
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
+from fedunlearn.history.trajectory import ESTIMATED_KEY
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ def calibrated_replay(
     first_uncalibrated: bool = False,
     participants: Mapping[int, Sequence[int]] | None = None,
     trace: list[dict[str, Any]] | None = None,
+    trajectory: TrajectoryLog | None = None,
 ) -> tuple[torch.Tensor, list[dict[str, float]]]:
     """Replay ``rounds`` (in order) from ``start_params`` with calibrated fresh updates.
 
@@ -96,6 +99,9 @@ def calibrated_replay(
             model after it), ``step_norm`` (of the applied aggregate), ``sigma_sum`` (sum over
             clients of ``n_c / n_P * ||stored|| / ||fresh||``) and ``max_stored_norm`` /
             ``max_fresh_norm`` (Crab's bound calculator).
+        trajectory: If given, each replayed round is appended to it (a skipped round is not):
+            calibrated updates are marked estimated; the stored updates of an uncalibrated first
+            round keep the stored record's mark.
 
     Returns:
         The replayed model and one metrics row per replayed round.
@@ -115,7 +121,13 @@ def calibrated_replay(
         norms: list[tuple[int, float, float]] = []
         if j == 0 and first_uncalibrated:
             steps = [(cid, context.history.read_update(round_, cid)) for cid in ids]
+            estimated = {
+                r.client_id
+                for r in context.history.client_records(round_)
+                if r.scalars.get(ESTIMATED_KEY) is True
+            }
         else:
+            estimated = set(ids)
             fresh = context.clients.train(TrainTask(params, ids, round_, spec=spec))
             steps = []
             for u in fresh:
@@ -127,6 +139,10 @@ def calibrated_replay(
                     norms.append((u.client_id, float(stored.norm()), float(u.delta.norm())))
         step = context.aggregate(steps)
         params = params + step
+        row = context.end_round(round_, params)
+        rows.append(row)
+        if trajectory is not None:
+            trajectory.add(params, step, steps, estimated=estimated, scalars=row)
         if trace is not None:
             n_p = sum(context.clients.num_samples(c) for c, _, _ in norms)
             trace.append(
@@ -141,5 +157,4 @@ def calibrated_replay(
                     "max_fresh_norm": max((f for _, _, f in norms), default=0.0),
                 }
             )
-        rows.append(context.end_round(round_, params))
     return params, rows

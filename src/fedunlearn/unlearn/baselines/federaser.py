@@ -15,6 +15,10 @@ Deviations (docs/methods/baselines.md):
     project issue's choice); ``norm_scope="layer"`` calibrates per parameter tensor as the
     authors' code does. FE4 the first retained round is uncalibrated (the text, not the
     listing). FE5 E_cali = ceil(r E_loc). FE6 Δt defaults to the recorded interval.
+
+Trajectory: the replayed rounds, in order, are rounds 1..L of the result's trajectory (L = the
+retained rounds that had a remaining participant); the calibrated updates are marked estimated,
+the first round's stored ones are not (docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner,
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.replay import calibrated_replay
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 
 class FedEraserParams(MethodParams):
@@ -93,6 +98,7 @@ class FedEraser(Unlearner):
     ) -> RunOutput:
         rounds = self.retained_rounds(context)
         epochs = math.ceil(self.params.calibration_ratio * context.clients.spec.epochs)
+        trajectory = TrajectoryLog(context)
         params, rows = calibrated_replay(
             context,
             rounds,
@@ -100,5 +106,11 @@ class FedEraser(Unlearner):
             spec=replace(context.clients.spec, epochs=epochs),
             scope=self.params.norm_scope,
             first_uncalibrated=True,
+            trajectory=trajectory,
         )
-        return RunOutput(params, rows, FedEraserDetails(tuple(rounds), epochs))
+        return RunOutput(
+            params,
+            rows,
+            FedEraserDetails(tuple(rounds), epochs),
+            trajectory.trajectory(request.forget),
+        )

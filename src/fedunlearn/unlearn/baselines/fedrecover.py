@@ -83,6 +83,7 @@ from fedunlearn.linalg.lbfgs import (
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 __all__ = ["FedRecover", "FedRecoverParams", "Schedule", "kth_largest_abs", "round_thresholds"]
 
@@ -460,10 +461,13 @@ class FedRecover(Unlearner):
         estimated_total = 0
         rows: list[dict[str, float]] = []
 
+        trajectory = TrajectoryLog(context)
         w_hat = context.start_from(0)  # Listing FR line 1: w_hat_0 = w_bar_0 (the stored M_0)
         for r in range(1, num_rounds + 1):
             ids = participants[r]
             w_norm = float(w_hat.norm())
+            rejected_before = len(rejected)
+            estimated: set[int] = set()
             if schedule.is_exact(r):
                 # EXACT_ROUND (Listing FR lines 3-7): fresh updates, secant pairs if still needed.
                 deltas = self._exact(context, w_hat, ids, r, requests, rejected)
@@ -493,6 +497,7 @@ class FedRecover(Unlearner):
                         continue
                     deltas[cid] = estimate
                 estimated_total += len(deltas)
+                estimated = set(deltas)
                 meter.add(estimated_updates=len(deltas))
                 if stored:
                     exact = self._exact(context, w_hat, sorted(stored), r, requests, rejected)
@@ -502,12 +507,22 @@ class FedRecover(Unlearner):
                 del stored
             kept = [(cid, deltas[cid]) for cid in ids if cid in deltas]
             if kept:
-                w_hat = w_hat + context.aggregate(kept)
+                aggregate = context.aggregate(kept)
+                w_hat = w_hat + aggregate
             else:
                 log.warning("round %d: no update from a remaining client; model unchanged", r)
+                aggregate = torch.zeros_like(w_hat)
             row = context.end_round(r, w_hat)
             if context.evaluate is not None:
                 rows.append(row)
+            trajectory.add(
+                w_hat,
+                aggregate,
+                kept,
+                estimated=estimated,
+                rejected=[(x["client_id"], x["reason"]) for x in rejected[rejected_before:]],
+                scalars=row,
+            )
 
         guard_counts = counts.to_dict()
         if any(guard_counts.values()):
@@ -530,4 +545,4 @@ class FedRecover(Unlearner):
             guard_counts=guard_counts,
             rejected_updates=tuple(rejected),
         )
-        return RunOutput(w_hat, rows, details)
+        return RunOutput(w_hat, rows, details, trajectory.trajectory(request.forget))

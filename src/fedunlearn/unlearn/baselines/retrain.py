@@ -8,6 +8,10 @@ the forgotten clients (as the replay methods use them), read from the history's 
 a round whose participants were all forgotten leaves the model unchanged. Needs no client
 update (only M_0 and the client records every policy keeps).
 
+Trajectory: the result carries the rounds Retrain ran (``UnlearnResult.trajectory``), every
+update a real one computed by a remaining client; a round with no remaining participant is a
+round with a zero aggregate, so the new history has the run's T rounds (docs/lifecycle.md).
+
 Deviation: [REC] resampling a fraction of the *remaining* clients (the earlier behaviour) gave a
 different set, and a different number, of participants each round than the run had, so Retrain
 differed from the original even when the forgotten client never took part.
@@ -15,10 +19,13 @@ differed from the original even when the forgotten client never took part.
 
 from __future__ import annotations
 
+import torch
+
 from fedunlearn.fl.engine import run_round
 from fedunlearn.unlearn.base import MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 
 @register("retrain")
@@ -37,10 +44,12 @@ class Retrain(Unlearner):
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         params = context.start_from(0)
         rows: list[dict[str, float]] = []
+        log = TrajectoryLog(context)
         for round_ in range(1, context.num_rounds + 1):
             participants = context.original_participants(round_)
             if not participants:  # only forgotten clients took part: nothing to redo
                 rows.append(context.end_round(round_, params))
+                log.add(params, torch.zeros_like(params), [], scalars=rows[-1])
                 continue
             record = run_round(
                 context.clients,
@@ -51,5 +60,6 @@ class Retrain(Unlearner):
                 evaluate=context.evaluate,
             )
             rows.append(context.record_round(record))
+            log.add_record(record)
             params = record.global_after
-        return RunOutput(params, rows)
+        return RunOutput(params, rows, trajectory=log.trajectory(request.forget))

@@ -33,6 +33,11 @@ Deviations:
         inconsistently. Recovery uses the run's local training (E epochs, η, batch) and the
         run's seeds of round t_k.
     [CB13] Final tuning is not in the paper; ``final_rounds: 0`` gives the paper's recovery.
+
+Trajectory (docs/lifecycle.md): rounds 1..t_{j*} of the run as stored, the replayed rounds
+(calibrated updates, marked estimated; a replayed round with no remaining client is left out),
+then the final tuning rounds (fresh updates). None when the rollback model was trained with C_u
+(``rollback_includes_forgotten``): no history without C_u leads to that result.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from fedunlearn.unlearn.receipt import BoundReport
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.replay import calibrated_replay
 from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +216,15 @@ def _spans(rounds: list[int]) -> str:
 class _RoundLog:
     """Counts and records the final tuning rounds."""
 
-    def __init__(self, context: UnlearnContext) -> None:
+    def __init__(self, context: UnlearnContext, trajectory: TrajectoryLog | None) -> None:
         self.context = context
         self.rows: list[dict[str, float]] = []
+        self.trajectory = trajectory
 
     def on_round_end(self, record: RoundRecord) -> None:
         self.rows.append(self.context.record_round(record))
+        if self.trajectory is not None:
+            self.trajectory.add_record(record)
 
 
 @register("crab")
@@ -474,6 +483,12 @@ class Crab(SelectiveReplay):
             ", capped" if rb.capped else "",
         )
         start = context.start_from(t_star)
+        # the new history: rounds 1..t* as they are (only when C_u took no part in them),
+        # then the replayed rounds (calibrated: estimated), then the final tuning rounds
+        first = rb.first_forgotten_round
+        trajectory = TrajectoryLog(context) if first is None or t_star < first else None
+        for t in range(1, t_star + 1) if trajectory is not None else ():
+            trajectory.add_stored(t, forget)
         replay = stored[j_star:]
         participants = {s.round: [c for c in s.clients if c not in forget] for s in replay}
         trace: list[dict[str, Any]] | None = [] if self.params.bound_check else None
@@ -485,12 +500,13 @@ class Crab(SelectiveReplay):
             scope=self.params.norm_scope,
             participants=participants,
             trace=trace,
+            trajectory=trajectory,
         )
         replay_seconds = time.perf_counter() - clock - selection_seconds - rollback_seconds
         final = self.final_round_count(context, t_star, [len(p) for p in participants.values()])
         if final:
             # new rounds T+1..T+F: fresh seeds, the run's participation and aggregation rule
-            tuning = _RoundLog(context)
+            tuning = _RoundLog(context, trajectory)
             params = run_rounds(
                 context.clients,
                 context.aggregator,
@@ -512,7 +528,6 @@ class Crab(SelectiveReplay):
             - rollback_seconds
             - replay_seconds,
         }
-        first = rb.first_forgotten_round
         details = CrabDetails(
             timing=timing,
             selection_options=self.selection_options(context),
@@ -552,4 +567,9 @@ class Crab(SelectiveReplay):
             if trace is None
             else theorem1_bounds(context, start, trace, len(stored) - j_star),
         )
-        return RunOutput(params, rows, details)
+        return RunOutput(
+            params,
+            rows,
+            details,
+            None if trajectory is None else trajectory.trajectory(forget),
+        )
