@@ -1,4 +1,4 @@
-"""The ``fedunlearn`` command: train, info, verify, forget, unlearn, compare, audit, export, demo.
+"""The ``fedunlearn`` command: train, info, verify, forget, unlearn, apply, compare, audit, ....
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Every user-facing failure is one line on stderr naming the path or field and what to do, with
@@ -213,8 +213,10 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
 @app.command()
 @_friendly_errors
 def train(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="YAML run config")],
-    out: Annotated[Path, typer.Option("--out", help="run directory to write")],
+    config_path: Annotated[
+        Path | None, typer.Argument(metavar="CONFIG", help="YAML run config")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="run directory to write")] = None,
     seed: Annotated[int | None, typer.Option(help="override the config's seed")] = None,
     data_dir: Annotated[
         Path | None, typer.Option(help="override data.data_dir (where dataset files are)")
@@ -233,9 +235,34 @@ def train(
         Path | None,
         typer.Option(help="also write each round's metrics to this TensorBoard log directory"),
     ] = None,
+    continue_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--continue",
+            metavar="RUN",
+            help="train RUN further from its current model (after 'apply': the applied one); "
+            "re-run the same command after an interruption to finish it",
+        ),
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help="with --continue: how many rounds to add")
+    ] = None,
 ) -> None:
-    """Train a federation with history recording into a run directory."""
+    """Train a federation with history recording into a run directory (or --continue one)."""
     from fedunlearn.config import load_config
+
+    if continue_dir is not None:
+        if config_path is not None or out is not None or resume or repair:
+            raise ConfigError(
+                "--continue RUN takes the run directory only: drop CONFIG, --out, --resume and "
+                "--repair (e.g. fedunlearn train --continue runs/q --rounds 10)"
+            )
+        _continue(continue_dir, rounds, as_json)
+        return
+    if config_path is None or out is None:
+        raise ConfigError("give CONFIG and --out DIR (or --continue RUN --rounds N)")
+    if rounds is not None:
+        raise ConfigError("--rounds goes with --continue; set training.rounds in the config")
 
     overrides: dict[str, Any] = {}
     if seed is not None:
@@ -253,6 +280,62 @@ def train(
         print(json.dumps(summary, indent=2))
     else:
         _print_summary(summary, out)
+
+
+def _continue(run_dir: Path, rounds: int | None, as_json: bool) -> None:
+    from fedunlearn.runs import continue_run, continue_target
+
+    observer = _ProgressObserver(continue_target(run_dir, rounds), quiet=as_json)
+    try:
+        summary = continue_run(run_dir, rounds, observers=[observer])
+    finally:
+        observer.close()
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    metrics = ", ".join(
+        f"{k} {v:.4f}" for k, v in summary["final_metrics"].items() if isinstance(v, float)
+    )
+    resumed = summary["resumed_from_round"]
+    console.print(
+        f"{run_dir}: rounds {summary['from_round'] + 1}..{summary['target']} trained"
+        + (f" (resumed after round {resumed})" if resumed is not None else "")
+        + f" without forgotten client(s) {summary['forgotten_clients'] or '-'}; {metrics}"
+    )
+
+
+@app.command()
+@_friendly_errors
+def apply(
+    run_dir: RunArg,
+    result: Annotated[Path, typer.Option(help="result JSON written by 'fedunlearn unlearn --out'")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the event as JSON")] = False,
+) -> None:
+    """Make an unlearning result the run's current model; the forgotten clients leave it.
+
+    With the method's trajectory the run's rounds are replaced by it (the original rounds'
+    payloads are deleted); otherwise the model is appended as a new round. One transaction;
+    re-run the same command after an interruption.
+    """
+    from fedunlearn.runs import apply_result
+
+    event = apply_result(run_dir, result)
+    if as_json:
+        print(json.dumps(event, indent=2))
+        return
+    how = (
+        f"rounds 1..{event['rounds_before']} replaced by the {event['method']} trajectory "
+        f"(rounds 1..{event['rounds_after']}; {event['dropped_payloads']} original payloads, "
+        f"{event['dropped_bytes']:,} bytes, deleted)"
+        if event["kind"] == "trajectory"
+        else f"the {event['method']} model appended as round {event['rounds_after']} (no "
+        "trajectory: methods that read earlier rounds now refuse; retrain serves)"
+    )
+    console.print(
+        f"generation {event['generation']}"
+        + (" (applied before; nothing left to do)" if event["already_applied"] else "")
+        + f": forgotten {event['forget']} (new {event['new']}); {how}"
+    )
 
 
 @app.command()
@@ -350,6 +433,15 @@ def _print_info(data: dict[str, Any], run_dir: Path) -> None:
     ]
     rows.append(["rounds", f"{data['rounds_completed']} of {data['rounds_planned']}"])
     rows.append(["forgotten clients", ", ".join(map(str, data["forgotten_clients"])) or "-"])
+    for event in data.get("events", []):
+        rows.append(
+            [
+                f"generation {event['generation']}",
+                f"{event['method']} applied ({event['kind']}): forgot {event['forget']} "
+                f"(new {event['new']}), rounds {event['rounds_before']} -> "
+                f"{event['rounds_after']}",
+            ]
+        )
     rows.append(["stored bytes", f"{data['stored_bytes']:,} ({data['file_bytes']:,} on disk)"])
     for kind, size in data["stored_bytes_by_kind"].items():
         rows.append([f"  {kind}", f"{size:,}"])
@@ -582,6 +674,15 @@ def unlearn(
         save_result_model(save_model, run_dir, run_model(run_dir), result.params, summary)
         summary["model_file"] = str(save_model)
     out.parent.mkdir(parents=True, exist_ok=True)
+    from fedunlearn.experiments import save_for_apply
+
+    save_for_apply(out, summary, result)  # what 'fedunlearn apply --result' reads
+    req = summary["request"]
+    if req.get("earlier"):
+        console.print(
+            f"request: forget {req['forget']} (new {req['new']}; forgotten earlier "
+            f"{req['earlier']}, forgotten again)"
+        )
     out.write_text(json.dumps(summary, indent=2) + "\n")
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f}, "

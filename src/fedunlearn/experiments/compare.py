@@ -124,6 +124,7 @@ def compare_methods(
     started = time.perf_counter()
     with UnlearnSession(run_dir) as session:
         run = session.run_view
+        request = session.cumulative(request)  # every client forgotten earlier, too
         run.check_request(request)
         for method in unlearners.values():  # unsupported history fails before any work
             method.check_history(session.context(request))
@@ -170,6 +171,7 @@ def compare_methods(
             ).to_dict()
             rows.append(row)
         config = run.config.model_dump(mode="json")
+        session_request = session.request_summary(request)
         malicious = sorted(run.malicious)
         privacy = run_privacy(run.config, run.store)
     return {
@@ -178,7 +180,7 @@ def compare_methods(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "run_dir": str(run_dir),
-        "request": {"forget": sorted(request.forget), "kind": request.kind},
+        "request": session_request,
         "malicious_clients": malicious,
         "wall_seconds": time.perf_counter() - started,
         "methods": rows,
@@ -223,6 +225,7 @@ def unlearn_one(
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run_dir) as session:
         run = session.run_view
+        request = session.cumulative(request)  # every client forgotten earlier, too
         run.check_request(request)
         unlearner.check_history(session.context(request))
         total = 2 if verify and reference == "retrain" else 1
@@ -231,7 +234,8 @@ def unlearn_one(
         summary: dict[str, Any] = {
             "schema_version": RESULTS_SCHEMA_VERSION,
             "method": method,
-            "request": {"forget": sorted(request.forget), "kind": kind},
+            "request": session.request_summary(request),
+            "run": session.identity(),
             "params": unlearner.params.model_dump(mode="json"),
             **{k: finite_or_none(v) for k, v in quality.items()},
             "stored_bytes": unlearner.history_bytes_needed(session.context(request)),

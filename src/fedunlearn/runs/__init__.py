@@ -4,11 +4,19 @@
 names, looked up in the plugins and checked together), ``setup`` (what a config determines:
 data, poisoning, model, federation), ``train`` (training
 with recording, resume and repair), ``rundir`` (the directory's files, ``run_info`` and
-``check_run``), ``forget`` (erasing clients' stored updates and the evidence of it).
+``check_run``), ``forget`` (erasing clients' stored updates and the evidence of it),
+``lifecycle`` (applying an unlearning result, training on with ``--continue``).
 """
 
 from fedunlearn.runs.assembly import resolve_config
 from fedunlearn.runs.forget import deletion_evidence, forget_clients
+from fedunlearn.runs.lifecycle import (
+    apply_result,
+    continue_run,
+    continue_target,
+    receipt_sha256,
+    run_fingerprint,
+)
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
     HISTORY_DIR,
@@ -38,9 +46,12 @@ __all__ = [
     "MetricsWriter",
     "Setup",
     "wrap_privacy",
+    "apply_result",
     "build_setup",
     "check_run",
     "clients_loss",
+    "continue_run",
+    "continue_target",
     "deletion_evidence",
     "forget_clients",
     "holds_run",
@@ -48,9 +59,11 @@ __all__ = [
     "make_recording_policy",
     "metrics_line",
     "policy_env",
+    "receipt_sha256",
     "reference_set",
     "resolve_config",
     "restore_config",
+    "run_fingerprint",
     "run_info",
     "run_privacy",
     "stored_metrics_line",

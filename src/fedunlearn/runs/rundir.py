@@ -245,8 +245,10 @@ def check_run(run_dir: str | Path, *, full: bool = True) -> dict[str, Any]:
 def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str, Any]:
     """Describe a run and check it.
 
-    What it reports: config, rounds, stored bytes (total, per kind, per client), forgotten
-    clients, metrics, and a check of the store and of config.yaml against the store's copy.
+    What it reports: config, rounds (planned: the store's target after ``apply`` or
+    ``train --continue``), the applied events (generations), stored bytes (total, per kind, per
+    client), forgotten clients (erased or applied), metrics, and a check of the store and of
+    config.yaml against the store's copy.
 
     Args:
         run_dir: The run directory.
@@ -271,15 +273,21 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
             )
             seen["size_bytes"] += entry.size_bytes
         problems = ([config_problem] if config_problem else []) + list(check.problems)
+        target = int(store.meta.get("rounds_target", config.training.rounds))
+        events = [e.to_dict() for e in store.events()]
+        for client in store.forgotten_clients() - set(forgotten):  # applied, not erased yet
+            forgotten[client] = {"forgotten_at": None, "size_bytes": 0}
         info: dict[str, Any] = {
             "run_dir": str(run_dir),
             "dataset": config.data.dataset,
             "model": config.model.name,
             "num_params": store.meta.get("num_params"),
             "num_clients": config.data.num_clients,
-            "rounds_planned": config.training.rounds,
+            "rounds_planned": target,
             "rounds_completed": last or 0,
-            "complete": last == config.training.rounds,
+            "complete": last == target,
+            "generation": len(events),
+            "events": events,
             "history_policy": store.meta.get("history_policy", config.history.policy),
             "attack": config.attack.kind,
             "malicious_clients": store.meta.get("malicious", []),

@@ -160,6 +160,10 @@ class Unlearner(ABC):
     required_policies: ClassVar[frozenset[str] | None] = None
     # True: reads global models or aggregates of rounds 1..T-1, which forget() may drop
     reads_round_models: ClassVar[bool] = True
+    # True: reads stored payloads of rounds 1..T besides M_0; after a model-only apply those
+    # rounds carry earlier forgotten clients' influence, so such a method refuses
+    # (docs/lifecycle.md); False for methods that read M_0 and client records only (Retrain)
+    reads_stored_rounds: ClassVar[bool] = True
 
     def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
         if isinstance(params, self.params_type):
@@ -181,6 +185,14 @@ class Unlearner(ABC):
 
     def check_history(self, context: UnlearnContext) -> None:
         """Raise ``UnsupportedHistoryError`` unless the run recorded what this method needs."""
+        clean_from = int(context.history.meta.get("clean_from_round") or 0)
+        if clean_from and self.reads_stored_rounds:
+            raise UnsupportedHistoryError(
+                f"{self.name} reads the stored rounds 1..{clean_from - 1}, which carry the "
+                "influence of clients forgotten earlier (a result applied without its "
+                f"trajectory made round {clean_from} the run's model); use retrain (M_0 and the "
+                "client records only), or apply results of methods that return a trajectory"
+            )
         dropped = context.history.meta.get("dropped_models") or []
         if dropped and self.reads_round_models:
             rounds = sorted({int(r) for r, _ in dropped})

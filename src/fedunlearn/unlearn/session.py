@@ -16,6 +16,12 @@ Fresh updates on a ``dp_sgd`` run: the session wraps the federation's local trai
 (``Federation.with_local_training``) with ``ClippedTraining`` at the run's clip norm; the
 federation itself is not changed (docs/methods/fedadp.md, AD9 and AD22).
 
+A living run (docs/lifecycle.md): the session opens the run as it is now: its last round is the
+store's (after ``apply`` or ``train --continue`` it differs from ``config.training.rounds``),
+its final model the store's last one, and every client an earlier request or ``forget`` removed
+(``run_view.forgotten``) is forgotten again by every request (``cumulative``), never asked to
+train and never counted as remaining.
+
 Progress: ``run(method, request, progress=callback)`` calls ``callback(metrics)`` after each
 unlearning round the method evaluates (every built-in method evaluates each round it runs).
 Verification (the receipt) is one layer up: ``fedunlearn.eval.Verifier(session, request)``.
@@ -23,7 +29,6 @@ Verification (the receipt) is one layer up: ``fedunlearn.eval.Verifier(session, 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -31,11 +36,11 @@ from types import MappingProxyType
 import torch
 
 from fedunlearn.config import RunConfig
-from fedunlearn.errors import HistoryError
+from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.federation import Federation
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config
+from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.context import (
     CostMeter,
@@ -70,13 +75,18 @@ class UnlearnSession:
         store = HistoryStore.open(run_dir / HISTORY_DIR)
         try:
             last = store.last_round()
-            planned = config.training.rounds
+            planned = int(store.meta.get("rounds_target", config.training.rounds))
             if last != planned:
+                how = (
+                    f"'fedunlearn train --continue {run_dir}'"
+                    if store.meta.get("continuation")
+                    else f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} --resume'"
+                )
                 raise HistoryError(
                     f"{run_dir} finished {last or 0} of {planned} rounds; complete it with "
-                    f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} "
-                    "--resume' before unlearning"
+                    f"{how} before unlearning"
                 )
+            generation = store.generation()
             self._setup = build_setup(config)
             federation = self._setup.federation
             try:
@@ -94,14 +104,18 @@ class UnlearnSession:
             config=config,
             store=store,
             initial_params=store.read_model(0),
-            final_params=store.read_model(planned),
-            fingerprint=hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
+            final_params=store.read_model(planned),  # the store's last round (lifecycle)
+            fingerprint=run_fingerprint(config, generation, planned),
             model=federation.model,
             spec=federation.spec,
             client_sizes=MappingProxyType(
                 {c: federation.num_samples(c) for c in federation.client_ids}
             ),
             malicious=federation.malicious,
+            num_rounds=planned,
+            generation=generation,
+            forgotten=store.forgotten_clients(),
+            clean_from_round=store.clean_from_round(),
         )
         self.evaluation = EvaluationView(self._setup)
         self.federation: Federation = federation
@@ -118,6 +132,47 @@ class UnlearnSession:
             return metrics
 
         return evaluate
+
+    def cumulative(self, request: UnlearnRequest) -> UnlearnRequest:
+        """Return ``request`` forgetting also every client removed earlier in this run.
+
+        Raises:
+            ConfigError: Every client ``request`` names was forgotten before (nothing new).
+        """
+        earlier = self.run_view.forgotten
+        if request.forget and request.forget <= earlier:
+            raise ConfigError(
+                f"client(s) {sorted(request.forget)} were forgotten earlier in this run "
+                f"(forgotten: {sorted(earlier)}); nothing new to forget"
+            )
+        if earlier <= request.forget:
+            return request
+        return UnlearnRequest(request.forget | earlier, request.kind)
+
+    def request_summary(self, request: UnlearnRequest) -> dict[str, object]:
+        """Return ``{forget, new, earlier, kind}`` of a (cumulative) request, JSON-ready."""
+        earlier = self.run_view.forgotten & request.forget
+        return {
+            "forget": sorted(request.forget),
+            "new": sorted(request.forget - earlier),
+            "earlier": sorted(earlier),
+            "kind": request.kind,
+        }
+
+    def identity(self) -> dict[str, object]:
+        """Return what names the run as it is now (``fedunlearn apply`` checks it).
+
+        ``{"fingerprint", "generation", "last_round", "model_sha256"}`` (the last model's).
+        """
+        from fedunlearn.history.result_file import tensor_sha256
+
+        run = self.run_view
+        return {
+            "fingerprint": run.fingerprint,
+            "generation": run.generation,
+            "last_round": run.num_rounds,
+            "model_sha256": tensor_sha256(run.final_params),
+        }
 
     def context(
         self,
@@ -136,6 +191,7 @@ class UnlearnSession:
                 Flower's ``FlowerClients``); the context restricts and meters them alike.
         """
         run = self.run_view
+        request = self.cumulative(request)
         run.check_request(request)
         meter = CostMeter()
         training = run.config.training
@@ -143,7 +199,7 @@ class UnlearnSession:
             history=MeteredHistory(run.store, meter),
             clients=RemainingClients(clients or self._fresh, request.forget, meter),
             aggregator=self._aggregator,
-            num_rounds=training.rounds,
+            num_rounds=run.num_rounds,
             initial_params=run.initial_params,
             final_params=run.final_params,
             meter=meter,
@@ -169,6 +225,7 @@ class UnlearnSession:
             request: The clients to remove.
             progress: Called with the metrics of each unlearning round (see ``context``).
         """
+        request = self.cumulative(request)
         context = self.context(request, progress=progress)
         return method.unlearn(request, context)
 

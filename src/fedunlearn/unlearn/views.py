@@ -49,6 +49,13 @@ class RunView:
         spec: The run's local training hyperparameters.
         client_sizes: Client id -> n_c, for every client of the run (read-only mapping).
         malicious: The attacking clients (the ground truth a detector would name).
+        num_rounds: The run's last round now (the store's: after ``apply`` or
+            ``train --continue`` it differs from ``config.training.rounds``).
+        generation: How many unlearning results were applied to the run (docs/lifecycle.md).
+        forgotten: Every client an applied result or ``forget`` removed earlier: each later
+            request forgets them too.
+        clean_from_round: 0, or the round a model-only apply appended (the rounds before it
+            carry the earlier clients' influence).
     """
 
     run_dir: Path
@@ -61,6 +68,10 @@ class RunView:
     spec: LocalTrainingSpec
     client_sizes: Mapping[int, int]
     malicious: frozenset[int]
+    num_rounds: int = 0
+    generation: int = 0
+    forgotten: frozenset[int] = frozenset()
+    clean_from_round: int = 0
 
     @property
     def client_ids(self) -> tuple[int, ...]:

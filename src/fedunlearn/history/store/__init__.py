@@ -1,7 +1,8 @@
 """The on-disk history of a run.
 
 Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
-methods in ``erasure`` and its checks in ``integrity``), the evidence of deletions (``deletion``),
+methods in ``erasure``, its checks in ``integrity`` and its applied results in ``events``), the
+evidence of deletions (``deletion``),
 the reconstruction attack and what ``forget()`` drops against it (``reconstruction``) and the
 read-only protocol unlearning methods use (``reader``).
 """
@@ -12,6 +13,7 @@ from fedunlearn.history.store.deletion import (
     DeletionRecord,
     DroppedModel,
 )
+from fedunlearn.history.store.events import AppliedEvent
 from fedunlearn.history.store.reader import HistoryReader
 from fedunlearn.history.store.records import (
     ClientRecord,
@@ -33,6 +35,7 @@ __all__ = [
     "FILE_NAME",
     "LOCK_NAME",
     "SCHEMA_VERSION",
+    "AppliedEvent",
     "ClientRecord",
     "DeletedPayload",
     "DeletionCheck",

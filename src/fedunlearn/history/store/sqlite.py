@@ -50,6 +50,11 @@ Design:
       unreliable on some network file systems: keep run directories on a local disk. A caller
       that must hold the lock before the store exists (a run directory, before it writes
       anything) takes a ``WriterLock`` and hands it to ``create`` or ``open``.
+    * Applied unlearning results (``events.py``): ``apply()`` makes an unlearned model the
+      run's model in one transaction (replacing rounds 1..T by the method's trajectory, or
+      appending the model as round T+1) and records the event; ``forgotten_clients()`` is the
+      union every later request forgets. Stores written before the table get it on their first
+      writable open and read as having no events until then.
     * ``check()`` (``integrity.py``) looks for damage without changing anything (every
       checksum, or a quick pass over the catalog and the models) and names the first bad round,
       from which a run can be retrained (``truncate_after(first_bad_round - 1)``).
@@ -91,6 +96,7 @@ from fedunlearn.history.store.codec import (
 )
 from fedunlearn.history.store.deletion import fingerprints
 from fedunlearn.history.store.erasure import Erasure
+from fedunlearn.history.store.events import EVENT_SCHEMA, EVENT_TABLES, Generations
 from fedunlearn.history.store.integrity import Integrity
 from fedunlearn.history.store.records import (
     ClientRecord,
@@ -250,7 +256,7 @@ class WriterLock:
             self._fd = None
 
 
-class HistoryStore(Erasure, Integrity):
+class HistoryStore(Erasure, Integrity, Generations):
     """The history of one run in ``<dir>/history.sqlite``; build with ``create`` or ``open``.
 
     A writable store holds ``<dir>/history.lock`` until ``close()``; use it as a context manager.
@@ -318,7 +324,9 @@ class HistoryStore(Erasure, Integrity):
                 store._configure()
                 info = {"format": _FORMAT, "schema_version": str(SCHEMA_VERSION), "meta": meta_json}
                 # executescript leaves the transaction open
-                con.executescript("BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA)
+                con.executescript(
+                    "BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA
+                )
                 info["prints_from_round"] = "0"
                 con.executemany("INSERT INTO info VALUES (?, ?)", info.items())
                 con.execute("COMMIT")
@@ -854,7 +862,7 @@ class HistoryStore(Erasure, Integrity):
         return lock
 
     def _add_deletion_tables(self) -> None:
-        """Add the deletion-record tables to a store written before they existed."""
+        """Add the deletion-record and event tables to a store written before they existed."""
         tables = {
             r for (r,) in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
@@ -868,6 +876,8 @@ class HistoryStore(Erasure, Integrity):
                 (str(0 if last is None else last + 1),),
             )
             self._db.execute("COMMIT")
+        if not EVENT_TABLES <= tables:  # applied results (events.py), added the same way
+            self._db.executescript("BEGIN IMMEDIATE;" + EVENT_SCHEMA + "COMMIT;")
 
     @property
     def _ledger(self) -> bool:

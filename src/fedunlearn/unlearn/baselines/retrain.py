@@ -33,6 +33,7 @@ class Retrain(Unlearner):
     """Federated retraining from M_0 without the forgotten clients."""
 
     reads_round_models = False  # M_0 (or the last model) and updates only
+    reads_stored_rounds = False  # M_0 and the client records: serves any generation
 
     params_type = MethodParams
 

@@ -1,0 +1,48 @@
+"""Write an unlearning result so that ``fedunlearn apply`` can make it the run's model.
+
+``save_for_apply(out_json, summary, result)`` writes ``<out stem>.apply.safetensors`` beside the
+result JSON (the model and, where the method returned one, its trajectory:
+``fedunlearn.history.result_file``) and names it in ``summary["apply"]`` with the file's and the
+model's SHA-256; ``summary["run"]`` (``UnlearnSession.identity``) names the run state the result
+was computed on. ``fedunlearn.runs.apply_result(run_dir, out_json)`` checks both and applies it.
+The whole lifecycle: docs/lifecycle.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedunlearn.history.result_file import tensor_sha256, write_result_file
+from fedunlearn.unlearn import UnlearnResult
+
+__all__ = ["apply_file_path", "save_for_apply"]
+
+
+def apply_file_path(out_json: str | Path) -> Path:
+    """Return the apply file written beside ``out_json`` (``R.json`` -> ``R.apply.safetensors``)."""
+    out_json = Path(out_json)
+    return out_json.with_name(out_json.stem + ".apply.safetensors")
+
+
+def save_for_apply(
+    out_json: str | Path, summary: dict[str, Any], result: UnlearnResult
+) -> dict[str, Any]:
+    """Write the apply file of ``result`` beside ``out_json``; add ``summary["apply"]``.
+
+    Returns:
+        ``{"file", "sha256", "model_sha256", "trajectory_rounds", "estimated_updates"}``
+        (``trajectory_rounds`` None when the method returned no trajectory).
+    """
+    path = apply_file_path(out_json)
+    trajectory = result.trajectory
+    digest = write_result_file(path, result.params, trajectory)
+    spec = {
+        "file": path.name,
+        "sha256": digest,
+        "model_sha256": tensor_sha256(result.params),
+        "trajectory_rounds": None if trajectory is None else trajectory.length,
+        "estimated_updates": None if trajectory is None else trajectory.estimated_updates(),
+    }
+    summary["apply"] = spec
+    return spec

@@ -1,0 +1,365 @@
+"""Applied unlearning results: the store's events table and the one transaction that applies one.
+
+``Generations`` holds the ``HistoryStore`` methods of a living federation (docs/lifecycle.md).
+An *event* is one applied unlearning result; event ``g`` starts generation ``g`` (the run's
+training is generation 0). ``apply()`` commits, in ONE transaction, the event row and either
+
+- **a trajectory** (``fedunlearn.history.trajectory.Trajectory``): the run's rounds 1..T are
+  replaced by the trajectory's rounds 1..L (round 0, M_0, stays). The original rounds' payloads
+  go (``secure_delete`` zeroes their pages): their aggregates and global models carry the
+  forgotten clients' influence and, with the other updates, would let a deleted update be
+  rebuilt (``reconstruction.py``). The forgotten clients' own updates among them are recorded
+  like a ``forget()`` call (a deletion record with SHA-256 and page fingerprints, and the forget
+  log), so ``check_deletions()`` covers them; a later ``forget()`` of those clients deletes
+  nothing more. The history is then one generation without the forgotten clients:
+  ``clean_from_round()`` is 0;
+- **or a model only** (a method that computes no trajectory, or a model from elsewhere): one
+  round T+1 is appended whose global model is the applied model (no aggregate, no client).
+  Rounds 1..T still carry the forgotten clients' influence, so ``clean_from_round()`` is T+1 and
+  a method reading them refuses (``fedunlearn.unlearn.session``); ``forget()`` still deletes the
+  forgotten clients' stored updates.
+
+``forgotten_clients()`` is the union of every event's clients and every ``forget()``-ed client:
+a later request forgets them too, and continued training never asks them. A crash at any
+instant leaves the store before or after the whole apply (SQLite's atomic commit).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.history.store.codec import NO_CLIENT
+from fedunlearn.history.store.records import RoundEntry, format_ids
+
+__all__ = ["EVENT_SCHEMA", "EVENT_TABLES", "AppliedEvent", "Generations"]
+
+EVENT_SCHEMA = """
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY, applied_at REAL NOT NULL, kind TEXT NOT NULL
+    CHECK (kind IN ('trajectory', 'model')), forget TEXT NOT NULL, new TEXT NOT NULL,
+    method TEXT NOT NULL, request_kind TEXT NOT NULL, result_sha256 TEXT NOT NULL,
+    receipt_sha256 TEXT NOT NULL, model_sha256 TEXT NOT NULL, rounds_before INTEGER NOT NULL,
+    rounds_after INTEGER NOT NULL, clean_from_round INTEGER NOT NULL,
+    dropped_payloads INTEGER NOT NULL, dropped_bytes INTEGER NOT NULL);
+"""
+EVENT_TABLES = frozenset({"events"})
+APPLIED_KEY = "applied_event"  # round scalar of the round a model-only apply appends
+
+
+@dataclass(frozen=True)
+class AppliedEvent:
+    """One applied unlearning result (a row of the events table).
+
+    Attributes:
+        generation: The generation the event starts (1 for the first).
+        applied_at: Unix time of the commit.
+        kind: ``trajectory`` (rounds replaced) or ``model`` (one round appended).
+        forget: The request's full forget set (new and earlier clients).
+        new: The clients this request added.
+        method: The method that computed the result.
+        request_kind: ``forget`` or ``recover``.
+        result_sha256: SHA-256 of the result JSON file ("" when applied from memory).
+        receipt_sha256: SHA-256 of the receipt (canonical JSON; "" if unverified).
+        model_sha256: SHA-256 of the applied model's float32 bytes.
+        rounds_before: The run's last round before the event.
+        rounds_after: The run's last round after it.
+        clean_from_round: First round (after M_0) without any forgotten client's influence.
+        dropped_payloads: Payloads the event deleted.
+        dropped_bytes: Their bytes.
+    """
+
+    generation: int
+    applied_at: float
+    kind: str
+    forget: tuple[int, ...]
+    new: tuple[int, ...]
+    method: str
+    request_kind: str
+    result_sha256: str
+    receipt_sha256: str
+    model_sha256: str
+    rounds_before: int
+    rounds_after: int
+    clean_from_round: int
+    dropped_payloads: int
+    dropped_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the event as a JSON-ready dict."""
+        out = asdict(self)
+        out["forget"], out["new"] = list(self.forget), list(self.new)
+        return out
+
+
+class Generations:
+    """``HistoryStore``'s event methods (a mixin: see the module docstring)."""
+
+    def events(self) -> list[AppliedEvent]:
+        """Return every applied event, oldest first (none for a store without the table)."""
+        if not self._has_events_table():
+            return []
+        with self._sqlite("reading the events"):
+            rows = self._db.execute(
+                "SELECT id, applied_at, kind, forget, new, method, request_kind, result_sha256, "
+                "receipt_sha256, model_sha256, rounds_before, rounds_after, clean_from_round, "
+                "dropped_payloads, dropped_bytes FROM events ORDER BY id"
+            ).fetchall()
+        return [
+            AppliedEvent(
+                row[0],
+                row[1],
+                row[2],
+                tuple(json.loads(row[3])),
+                tuple(json.loads(row[4])),
+                *row[5:],
+            )
+            for row in rows
+        ]
+
+    def generation(self) -> int:
+        """Return the current generation (the number of applied events)."""
+        return len(self.events())
+
+    def forgotten_clients(self) -> frozenset[int]:
+        """Return every client an applied event or a ``forget()`` removed."""
+        out = {c for e in self.events() for c in e.forget}
+        out |= {e.client_id for e in self.forget_records()}
+        return frozenset(out)
+
+    def clean_from_round(self) -> int:
+        """Return the first round after which no stored round carries a forgotten influence.
+
+        0 when nothing was applied or the last event replaced the rounds with a trajectory
+        (every stored round is then free of them); the round a model-only apply appended
+        otherwise (the rounds before it carry the earlier clients' influence).
+        """
+        events = self.events()
+        return events[-1].clean_from_round if events else 0
+
+    def apply(
+        self,
+        *,
+        forget: Iterable[int],
+        new: Iterable[int],
+        method: str,
+        request_kind: str,
+        model: torch.Tensor,
+        model_sha256: str,
+        trajectory: Iterable[RoundEntry] | None = None,
+        result_sha256: str = "",
+        receipt_sha256: str = "",
+        expected_last_round: int | None = None,
+        scalars: Mapping[str, Any] | None = None,
+    ) -> AppliedEvent:
+        """Make an unlearned model the run's current model, in one transaction.
+
+        Args:
+            forget: The request's full forget set (new and earlier clients).
+            new: The part of ``forget`` this request added.
+            method: The method that computed the result.
+            request_kind: ``forget`` or ``recover``.
+            model: The applied model (the trajectory's last global model when there is one).
+            model_sha256: Its digest, as the result file names it.
+            trajectory: Rounds 1..L replacing the run's rounds 1..T, or None (model only).
+            result_sha256: Digest of the result file the event comes from.
+            receipt_sha256: Digest of the result's receipt.
+            expected_last_round: Refuse unless the store's last round is this one (the round
+                the result was computed on); None skips the check.
+            scalars: Metrics stored with the appended round of a model-only apply.
+
+        Returns:
+            The event.
+
+        Raises:
+            HistoryError: Read-only store, no round 0, or the last round is not
+                ``expected_last_round``; nothing was changed.
+            ConfigError: A trajectory round includes a forgotten client, or the rounds are
+                not 1..L; nothing was changed.
+        """
+        self._require_writable("apply an unlearning result")
+        forget_ids = sorted({int(c) for c in forget})
+        new_ids = sorted({int(c) for c in new})
+        if not forget_ids:
+            raise ConfigError("an applied result must forget at least one client")
+        rounds = list(trajectory) if trajectory is not None else None
+        if rounds is not None:
+            for expected, entry in enumerate(rounds, start=1):
+                if entry.round != expected:
+                    raise ConfigError(
+                        f"trajectory rounds must be 1..L in order; round {expected} is "
+                        f"numbered {entry.round}; nothing was changed"
+                    )
+                taken = sorted(
+                    ({c.client_id for c in entry.clients} | set(entry.updates)) & set(forget_ids)
+                )
+                if taken:
+                    raise ConfigError(
+                        f"trajectory round {expected} includes forgotten client(s) "
+                        f"{format_ids(taken)}; nothing was changed"
+                    )
+            if not rounds:
+                raise ConfigError("a trajectory needs at least one round; nothing was changed")
+        self._checkpoint_truncate("nothing was changed; close the other readers and retry")
+        before_bytes = self.file_bytes()
+        usable = self._usable_page_size()
+        with self._transaction("applying an unlearning result"):
+            last = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
+            if last is None:
+                raise HistoryError(f"{self._file}: no round 0 to apply a result to")
+            if expected_last_round is not None and last != expected_last_round:
+                raise HistoryError(
+                    f"{self._file}: the result was computed on round {expected_last_round} and "
+                    f"the run is at round {last} now (trained on or applied since); nothing "
+                    "was changed. Unlearn again on the run as it is."
+                )
+            now = time.time()
+            dropped = dropped_bytes = 0
+            if rounds is not None:
+                dropped, dropped_bytes = self._replace_rounds(
+                    rounds, forget_ids, now, usable, before_bytes
+                )
+                after, clean = len(rounds), 0
+            else:
+                after, clean = last + 1, last + 1
+                generation = self._db.execute("SELECT count(*) FROM events").fetchone()[0] + 1
+                self._db.execute(
+                    "INSERT INTO rounds VALUES (?, ?, ?)",
+                    (after, json.dumps({**dict(scalars or {}), APPLIED_KEY: generation}), now),
+                )
+                self._insert_payload(after, "global", NO_CLIENT, model.detach().cpu())
+            cursor = self._db.execute(
+                "INSERT INTO events (applied_at, kind, forget, new, method, request_kind, "
+                "result_sha256, receipt_sha256, model_sha256, rounds_before, rounds_after, "
+                "clean_from_round, dropped_payloads, dropped_bytes) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    "trajectory" if rounds is not None else "model",
+                    json.dumps(forget_ids),
+                    json.dumps(new_ids),
+                    method,
+                    request_kind,
+                    result_sha256,
+                    receipt_sha256,
+                    model_sha256,
+                    last,
+                    after,
+                    clean,
+                    dropped,
+                    dropped_bytes,
+                ),
+            )
+            meta = self.meta
+            meta["rounds_target"] = after
+            meta["clean_from_round"] = clean  # every method's view of the history sees it
+            if rounds is not None:  # the models forget() dropped are gone with their rounds
+                meta.pop("dropped_models", None)
+            meta.pop("continuation", None)
+            self._db.execute("UPDATE info SET value=? WHERE key='meta'", (self._meta_json(meta),))
+            if rounds is not None:
+                self._incremental_vacuum()
+            event_id = cursor.lastrowid
+        self._checkpoint_truncate("the result is applied; old WAL frames may hold copies")
+        if rounds is not None:
+            with self._transaction("recording the file size after applying"):
+                self._db.execute(
+                    "UPDATE forget_calls SET file_bytes_after=? WHERE id=(SELECT max(id) FROM "
+                    "forget_calls)",
+                    (self.file_bytes(),),
+                )
+            self._checkpoint_truncate("the result is applied; only its record is in the WAL")
+        return next(e for e in self.events() if e.generation == event_id)
+
+    def _replace_rounds(
+        self,
+        rounds: list[RoundEntry],
+        forget_ids: list[int],
+        now: float,
+        usable: int,
+        before_bytes: int,
+    ) -> tuple[int, int]:
+        """Drop rounds 1..T and insert ``rounds`` (inside the apply's transaction).
+
+        The forgotten clients' updates among the dropped payloads get a deletion record and a
+        forget-log entry (as ``forget()`` would give them); the other payloads' ledger rows go
+        with them (they were replaced, not deleted behind the record's back).
+        """
+        count, total = self._db.execute(
+            "SELECT count(*), coalesce(sum(size_bytes), 0) FROM payloads WHERE round > 0"
+        ).fetchone()
+        evidence = [self._evidence(pid, usable) for pid in self._payload_ids(forget_ids)]
+        evidence = [e for e in evidence if e[0] > 0]
+        call = self._db.execute(
+            "INSERT INTO forget_calls (forgotten_at, client_ids, size_bytes, file_bytes_before, "
+            "vacuum, page_size) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                json.dumps(forget_ids),
+                sum(e[2] for e in evidence),
+                before_bytes,
+                "incremental",
+                usable,
+            ),
+        ).lastrowid
+        self._db.executemany(
+            "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)", [(call, *e) for e in evidence]
+        )
+        logged = {c for (c,) in self._db.execute("SELECT DISTINCT client_id FROM forget_log")}
+        for cid in forget_ids:
+            mine = [e for e in evidence if e[1] == cid]
+            if mine or cid not in logged:
+                self._db.execute(
+                    "INSERT INTO forget_log (client_id, forgotten_at, size_bytes, num_payloads) "
+                    "VALUES (?, ?, ?, ?)",
+                    (cid, now, sum(e[2] for e in mine), len(mine)),
+                )
+        for table in ("payloads", "payload_prints", "clients", "rounds"):
+            self._db.execute(f"DELETE FROM {table} WHERE round > 0")
+        for entry in rounds:
+            self._insert_round(entry, now)
+        return int(count), int(total)
+
+    def _insert_round(self, entry: RoundEntry, now: float) -> None:
+        """Insert one round's rows and payloads (inside the caller's transaction)."""
+        from fedunlearn.history.store.codec import to_real
+
+        r = entry.round
+        self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), now))
+        self._db.executemany(
+            "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+            [
+                (
+                    r,
+                    c.client_id,
+                    c.status,
+                    c.num_samples,
+                    to_real(c.norm),
+                    to_real(c.loss),
+                    c.reason,
+                    json.dumps(dict(c.scalars)),
+                )
+                for c in entry.clients
+            ],
+        )
+        if entry.global_model is not None:
+            self._insert_payload(r, "global", NO_CLIENT, entry.global_model.detach().cpu())
+        if entry.aggregate is not None:
+            self._insert_payload(r, "aggregate", NO_CLIENT, entry.aggregate.detach().cpu())
+        for cid in sorted(entry.updates):
+            self._insert_payload(r, "update", cid, entry.updates[cid].detach().cpu())
+
+    def _has_events_table(self) -> bool:
+        with self._sqlite("reading the schema"):
+            return (
+                self._db.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='events'"
+                ).fetchone()
+                is not None
+            )

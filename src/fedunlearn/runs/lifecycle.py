@@ -1,0 +1,319 @@
+"""A living run: apply an unlearning result to it, and train it further (``--continue``).
+
+``apply_result(run_dir, result_json)`` makes the model a ``fedunlearn unlearn --out`` result
+names the run's current model (``HistoryStore.apply``, one transaction; with the method's
+trajectory the run's rounds are replaced by it). Before anything is written it checks the
+apply file's SHA-256, the model's, the run's config fingerprint, and that the result was
+computed on the run as it is now (same generation, same last round, same last model, and a
+forget set holding every client forgotten before), each refusal one line. Re-running the same
+apply after a crash (kill -9) finds the event committed, or not, and finishes it: the store is
+then exactly as after an uninterrupted apply.
+
+``continue_run(run_dir, rounds)`` trains ``rounds`` more rounds from the run's current model
+(after an apply: the applied one), with the run's recording policy, never asking a forgotten
+client (``HistoryStore.forgotten_clients``). The target round is committed before the first
+new round, so re-running the same ``--continue`` after a kill -9 resumes to that target and
+gives the uninterrupted run's models bit for bit (every random choice derives from (seed,
+round, client): ``fedunlearn.runs.train``). Refused, each in one line: DP runs (the privacy
+ledger of a continuation is not implemented) and deferred recording policies (Crab's windows,
+FedADP's stages: their open window is rebuilt from round 0, which would re-run applied rounds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fedunlearn.config import RunConfig
+from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.fl.engine import RoundObserver, run_rounds
+from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, build_policy
+from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
+from fedunlearn.history.store import FILE_NAME, HistoryStore
+from fedunlearn.runs.rundir import (
+    HISTORY_DIR,
+    METRICS_FILE,
+    MetricsWriter,
+    load_run_config,
+    stored_metrics_line,
+    write_text_atomic,
+)
+from fedunlearn.runs.setup import build_setup
+from fedunlearn.runs.train import _torch_threads, _WallClock, policy_env, training_evaluator
+
+__all__ = [
+    "apply_result",
+    "continue_run",
+    "continue_target",
+    "receipt_sha256",
+    "run_fingerprint",
+]
+
+
+def run_fingerprint(config: RunConfig, generation: int = 0, last_round: int | None = None) -> str:
+    """Return the SHA-256 naming a run as it is: its config, generation and last round.
+
+    A run as trained (generation 0, at the config's last round) keeps the config's digest
+    alone; an applied or continued run adds its generation and last round, so caches and
+    results of an earlier state never match it.
+    """
+    text = config.model_dump_json()
+    if generation or (last_round is not None and last_round != config.training.rounds):
+        text += f"|generation {generation}|round {last_round}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def receipt_sha256(verification: Any) -> str:
+    """Return the SHA-256 of a receipt's canonical JSON ("" for None)."""
+    if verification is None:
+        return ""
+    return hashlib.sha256(json.dumps(verification, sort_keys=True).encode()).hexdigest()
+
+
+def _store_dir(run_dir: Path) -> Path:
+    if not (run_dir / HISTORY_DIR / FILE_NAME).exists():
+        raise HistoryError(
+            f"{run_dir} is not a run directory (no {HISTORY_DIR}/{FILE_NAME}); name the "
+            "directory given to 'fedunlearn train --out'"
+        )
+    return run_dir / HISTORY_DIR
+
+
+def _rewrite_metrics(run_dir: Path, store: HistoryStore) -> None:
+    last = store.last_round() or 0
+    lines = [json.dumps(stored_metrics_line(store, r)) for r in range(1, last + 1)]
+    write_text_atomic(run_dir / METRICS_FILE, "".join(line + "\n" for line in lines))
+
+
+def _load_result(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"--result {path}: not a readable result JSON ({err})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("apply"), dict):
+        raise ConfigError(
+            f"--result {path}: holds no apply file; write the result with 'fedunlearn unlearn "
+            "--out R.json' (it saves R.apply.safetensors beside it)"
+        )
+    return doc
+
+
+def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]:
+    """Apply an unlearning result (the JSON ``fedunlearn unlearn --out`` wrote) to a run.
+
+    Args:
+        run_dir: The run directory the result was computed on.
+        result_json: The result JSON; its apply file lies beside it.
+
+    Returns:
+        The event as a dict, plus ``already_applied`` (True when this very result was
+        applied before: a re-run after a crash).
+
+    Raises:
+        ConfigError: The result holds no apply file, a digest does not match, or the result
+            was computed on another run or another state of this one; nothing was changed.
+        HistoryError: Not a run directory, or another process writes it.
+    """
+    run_dir, result_json = Path(run_dir), Path(result_json)
+    doc = _load_result(result_json)
+    spec, run, request = doc["apply"], doc.get("run") or {}, doc.get("request") or {}
+    file = result_json.parent / spec["file"]
+    if not file.is_file():
+        raise ConfigError(f"--result {result_json}: its apply file {file} is missing")
+    digest = file_sha256(file)
+    if digest != spec.get("sha256"):
+        raise ConfigError(
+            f"{file}: SHA-256 {digest[:12]}... does not match {spec.get('sha256', '')[:12]}... "
+            f"named in {result_json}: the file was changed or replaced; nothing was changed"
+        )
+    config = load_run_config(run_dir)
+    with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
+        generation, last = store.generation(), store.last_round()
+        events = store.events()
+        again = events and events[-1].result_sha256 == digest
+        if again and run.get("generation") == generation - 1:
+            _rewrite_metrics(run_dir, store)  # a re-run after a crash: finish what is left
+            return {**events[-1].to_dict(), "already_applied": True}
+        expected = run_fingerprint(config, run.get("generation", 0), run.get("last_round"))
+        if run.get("fingerprint") != expected:
+            raise ConfigError(
+                f"--result {result_json} was computed on another run (config fingerprint "
+                f"differs from {run_dir}'s); nothing was changed"
+            )
+        if run.get("generation") != generation or run.get("last_round") != last:
+            raise ConfigError(
+                f"--result {result_json} was computed on generation {run.get('generation')} at "
+                f"round {run.get('last_round')}; {run_dir} is at generation {generation}, round "
+                f"{last} now; unlearn again on the run as it is; nothing was changed"
+            )
+        if tensor_sha256(store.read_model(last)) != run.get("model_sha256"):
+            raise ConfigError(
+                f"--result {result_json}: the run's last model is not the one the result was "
+                "computed from; unlearn again; nothing was changed"
+            )
+        forget = {int(c) for c in request.get("forget", [])}
+        missing = sorted(store.forgotten_clients() - forget)
+        if missing:
+            raise ConfigError(
+                f"--result {result_json} does not forget client(s) {missing}, forgotten earlier "
+                "in this run; unlearn again (requests forget every earlier client); nothing was "
+                "changed"
+            )
+        content = read_result_file(file)
+        model = content.params
+        if tensor_sha256(model) != spec.get("model_sha256"):
+            raise ConfigError(f"{file}: the model's SHA-256 does not match {result_json}")
+        trajectory = content.trajectory
+        if trajectory is not None and not forget <= set(trajectory.forgotten):
+            raise ConfigError(
+                f"{file}: the trajectory was computed without {sorted(trajectory.forgotten)}, "
+                f"not the request's {sorted(forget)}; nothing was changed"
+            )
+        event = store.apply(
+            forget=forget,
+            new=request.get("new", sorted(forget)),
+            method=str(doc.get("method", "unknown")),
+            request_kind=str(request.get("kind", "forget")),
+            model=model,
+            model_sha256=spec["model_sha256"],
+            trajectory=None if trajectory is None else trajectory.rounds,
+            result_sha256=digest,
+            receipt_sha256=receipt_sha256(doc.get("verification")),
+            expected_last_round=last,
+            scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
+        )
+        _rewrite_metrics(run_dir, store)
+    return {**event.to_dict(), "already_applied": False}
+
+
+def _pending(store: HistoryStore) -> dict[str, int] | None:
+    """The recorded continuation that has not reached its target, or None."""
+    cont = store.meta.get("continuation")
+    if cont and int(cont["target"]) > (store.last_round() or 0):
+        return {k: int(v) for k, v in cont.items()}
+    return None
+
+
+def continue_target(run_dir: str | Path, rounds: int | None) -> int:
+    """Return the round ``continue_run(run_dir, rounds)`` trains to (0 if unknown yet)."""
+    try:
+        with HistoryStore.open(_store_dir(Path(run_dir))) as store:
+            pending = _pending(store)
+            return pending["target"] if pending else (store.last_round() or 0) + (rounds or 0)
+    except HistoryError:
+        return 0
+
+
+def continue_run(
+    run_dir: str | Path,
+    rounds: int | None,
+    *,
+    observers: Sequence[RoundObserver] = (),
+) -> dict[str, Any]:
+    """Train ``rounds`` more rounds from the run's current model, with history recording.
+
+    Args:
+        run_dir: A finished (or applied) run directory.
+        rounds: How many rounds to add (>= 1); None finishes an interrupted continuation.
+        observers: Extra round observers (e.g. a progress bar).
+
+    Returns:
+        ``{"from_round", "target", "resumed_from_round", "forgotten_clients",
+        "final_metrics", "wall_seconds"}``.
+
+    Raises:
+        ConfigError: ``rounds`` < 1, an interrupted continuation with another round count is
+            recorded, the run is unfinished, uses DP or a deferred recording policy.
+        HistoryError: Not a run directory, or another process writes it.
+    """
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    if rounds is not None and rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1; got {rounds}")
+    config = load_run_config(run_dir)
+    if config.privacy.enabled:
+        raise ConfigError(
+            f"{run_dir} was trained with DP; --continue does not extend its privacy ledger yet, "
+            "so it is refused; train a new run instead"
+        )
+    with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
+        last = store.last_round() or 0
+        pending = _pending(store)
+        resumed = None
+        if pending is not None:
+            if rounds is not None and rounds != pending["rounds"]:
+                raise ConfigError(
+                    f"{run_dir}: an interrupted --continue of {pending['rounds']} rounds (to "
+                    f"round {pending['target']}) is recorded; re-run it with --rounds "
+                    f"{pending['rounds']} (or without --rounds) to finish it first"
+                )
+            target, start, resumed = pending["target"], pending["from"], last
+        else:
+            wanted = store.meta.get("rounds_target", config.training.rounds)
+            if last != wanted:
+                raise ConfigError(
+                    f"{run_dir} finished {last} of {wanted} rounds; complete it with "
+                    f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} --resume' "
+                    "before continuing"
+                )
+            if rounds is None:
+                raise ConfigError(f"{run_dir}: nothing to finish; give --rounds N to continue")
+            target, start = last + rounds, last
+        forgotten = store.forgotten_clients()
+        with _torch_threads(store.meta.get("torch_threads")):
+            setup = build_setup(config)
+            try:
+                env = replace(policy_env(setup), final_round=target)
+                policy = build_policy(config.history, env)
+                if isinstance(policy, DeferredPolicy):
+                    raise ConfigError(
+                        f"{run_dir} records history with the deferred policy "
+                        f"'{config.history.policy}', whose windows --continue cannot extend yet; "
+                        "train a run with history.policy=all to continue it"
+                    )
+                remaining = [c for c in setup.federation.client_ids if c not in forgotten]
+                if pending is None:  # the target first: a re-run after a kill finds it
+                    store.update_meta(
+                        {
+                            "continuation": {
+                                "from": start,
+                                "rounds": target - start,
+                                "target": target,
+                            },
+                            "rounds_target": target,
+                        }
+                    )
+                _rewrite_metrics(run_dir, store)
+                clock = _WallClock(store, started)
+                run_rounds(
+                    setup.federation,
+                    setup.aggregator,
+                    store.read_model(last),
+                    num_rounds=target,
+                    start_round=last + 1,
+                    client_ids=remaining,
+                    participation=config.training.participation,
+                    join_rounds=setup.join_rounds,
+                    evaluate=training_evaluator(config, setup, None),
+                    observers=[
+                        HistoryRecorder(store, policy),
+                        clock,
+                        MetricsWriter(run_dir / METRICS_FILE),
+                        *observers,
+                    ],
+                )
+            finally:
+                setup.close()
+        return {
+            "from_round": start,
+            "target": target,
+            "resumed_from_round": resumed,
+            "forgotten_clients": sorted(forgotten),
+            "final_metrics": store.round_scalars(target),
+            "wall_seconds": time.perf_counter() - started,
+        }
