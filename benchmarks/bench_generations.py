@@ -53,13 +53,14 @@ def applied_history(path: Path, session: UnlearnSession, result, more: int) -> H
     for entry in result.trajectory.rounds:
         store.write_round(entry)
     last = result.trajectory.length
+    forgotten = result.trajectory.forgotten
     run_rounds(
         session.federation,
         session._aggregator,
         result.params,
         num_rounds=last + more,
         start_round=last + 1,
-        client_ids=[c for c in session.federation.client_ids if c not in result.trajectory.forgotten],
+        client_ids=[c for c in session.federation.client_ids if c not in forgotten],
         participation=run.config.training.participation,
         observers=[HistoryRecorder(store, RecordAll())],
     )

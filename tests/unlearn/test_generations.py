@@ -7,10 +7,13 @@ attacker and client 1 (cumulative): every method reads L = the store's rounds, n
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from trajectory_support import context_on, continue_training, write_trajectory
 
+from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 pytestmark = pytest.mark.slow
@@ -75,3 +78,48 @@ def test_federaser_keeps_the_stored_marks_of_its_uncalibrated_first_round(genera
     stored = {c.client_id: c.scalars["estimated"] for c in store.client_records(1)}
     first = {c.client_id: c.scalars["estimated"] for c in result.trajectory.rounds[0].clients}
     assert first == {c: stored[c] for c in first}
+
+
+@pytest.fixture(scope="module")
+def applied_run(run_all, tmp_path_factory):
+    """A copy of the shared run with FedRecover's trajectory (forgetting client 1) applied."""
+    from fedunlearn.history.store import HistoryStore
+    from fedunlearn.runs import HISTORY_DIR
+
+    copy = tmp_path_factory.mktemp("applied") / "run"
+    shutil.copytree(run_all, copy)
+    with UnlearnSession(copy, evaluate=False) as session:
+        result = session.run(make_method("fedrecover", FEDRECOVER), FIRST)
+    with HistoryStore.open(copy / HISTORY_DIR, writable=True) as store:
+        store.apply(
+            forget=FIRST.forget,
+            new=FIRST.forget,
+            method="fedrecover",
+            request_kind="forget",
+            model=result.params,
+            model_sha256="",
+            trajectory=result.trajectory.rounds,
+        )
+    return copy
+
+
+@pytest.mark.parametrize("name", ["fedadp", "starfish"])
+def test_a_method_needing_the_trained_rounds_refuses_an_applied_history(applied_run, name):
+    with UnlearnSession(applied_run, evaluate=False) as session:
+        request = UnlearnRequest.of([4])
+        context = session.context(request)
+        before = context.meter.costs
+        with pytest.raises(UnsupportedHistoryError) as err:
+            make_method(name).unlearn(request, context)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{name} needs the rounds the run recorded as it trained")
+    assert "crab, federaser, fedrecover, none, random or retrain" in message
+    assert context.meter.costs == before  # refused before any work
+
+
+def test_the_serving_methods_run_on_the_applied_history(applied_run):
+    with UnlearnSession(applied_run, evaluate=False) as session:
+        result = session.run(make_method("crab"), UnlearnRequest.of([4], "recover"))
+    assert result.trajectory is not None
+    assert result.trajectory.forgotten == frozenset({1, 4})

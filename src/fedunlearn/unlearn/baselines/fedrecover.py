@@ -358,6 +358,7 @@ class FedRecover(Unlearner):
     ``rejected_updates`` (non-finite exact updates left out).
     """
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = FedRecoverParams
     required_policies = frozenset({"all"})
 
