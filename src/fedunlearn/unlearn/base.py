@@ -261,5 +261,10 @@ def _generation_servers() -> str:
     """Return the registered methods that serve an applied history, as ``a, b or c``."""
     from fedunlearn.unlearn.registry import METHODS  # the registry imports this module
 
-    names = [n for n in METHODS.names() if getattr(METHODS.get(n), "serves_generations", False)]
+    names = [
+        n
+        for n in METHODS.names()
+        if n != "none"  # the no-unlearning control serves, but removes nothing
+        and getattr(METHODS.get(n), "serves_generations", False)
+    ]
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
