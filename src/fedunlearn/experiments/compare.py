@@ -15,6 +15,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -134,7 +135,10 @@ def compare_methods(
         results: dict[str, UnlearnResult] = {}
         order = ["retrain", *[n for n in names if n != "retrain"]]
         for index, name in enumerate(order, start=1):
-            results[name] = _run(session, unlearners[name], request, progress, index, len(order))
+            result = _run(session, unlearners[name], request, progress, index, len(order))
+            # a comparison applies nothing: drop the trajectory, (2 + n_t) d floats per round
+            # (docs/lifecycle.md), rather than hold one per method until the end
+            results[name] = replace(result, trajectory=None)
         if progress is not None:
             progress.on_step("verifying")
         membership = None
