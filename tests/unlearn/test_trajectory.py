@@ -192,3 +192,21 @@ def test_crab_keeps_the_run_s_rounds_before_its_rollback_point(tmp_path):
             assert sorted(entry.updates) == sorted(c for c, _ in store.iter_updates(entry.round))
             assert not any(c.scalars[ESTIMATED_KEY] for c in entry.clients)
         assert torch.equal(result.trajectory.final_model, result.params)
+
+
+def test_crab_returns_no_trajectory_when_its_rollback_model_saw_the_client(results):
+    import dataclasses
+
+    from fedunlearn.unlearn.crab.unlearner import Crab
+
+    class LateRollback(Crab):
+        """Crab rolled back to its last-but-one stored round, past the client's first round."""
+
+        def rollback(self, context, stored, forget):
+            rb = super().rollback(context, stored, forget)
+            return dataclasses.replace(rb, index=len(stored) - 1)
+
+    session, _ = results
+    result = session.run(LateRollback(), FORGET)
+    assert not result.details.rollback_free_of_forgotten
+    assert result.trajectory is None
