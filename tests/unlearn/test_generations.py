@@ -134,3 +134,15 @@ def test_the_client_test_reads_every_round_of_the_applied_history(applied_run, b
         assert session.run_view.num_rounds == base_config["training"]["rounds"] + MORE_ROUNDS
         assert len(participants) == session.run_view.num_rounds
         assert all(1 not in p for p in participants)
+
+
+def test_the_applied_store_keeps_the_estimated_marks(applied_run, base_config):
+    with UnlearnSession(applied_run, evaluate=False) as session:
+        store = session.run_view.store
+        marks = [
+            c.scalars.get("estimated")
+            for r in range(1, base_config["training"]["rounds"] + 1)
+            for c in store.client_records(r)
+        ]
+    assert marks.count(True) > 0  # FedRecover's estimates, as the trajectory marked them
+    assert set(marks) == {True, False}
