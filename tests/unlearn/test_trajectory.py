@@ -152,3 +152,43 @@ def test_retrain_s_trajectory_is_the_history_of_training_without_the_client(resu
         assert [(c.client_id, c.num_samples, c.norm) for c in applied.client_records(r)] == want
     applied.close()
     trained.close()
+
+
+PARTIAL = {
+    "seed": 3,
+    "data": {"dataset": "digits", "num_clients": 10},
+    "model": {"name": "mlp", "hidden": [16]},
+    "training": {
+        "rounds": 6,
+        "local_epochs": 1,
+        "lr": 0.3,
+        "batch_size": 32,
+        "participation": 0.3,
+        "executor": "serial",
+    },
+    "history": {"policy": "all"},
+}
+
+
+def test_crab_keeps_the_run_s_rounds_before_its_rollback_point(tmp_path):
+    from fedunlearn.config import parse_config
+    from fedunlearn.runs import train_run
+
+    train_run(parse_config(PARTIAL), tmp_path / "run")
+    with UnlearnSession(tmp_path / "run", evaluate=False) as session:
+        store = session.run_view.store
+        first = {}
+        for r in range(1, 7):
+            for c in store.client_records(r):
+                first.setdefault(c.client_id, r)
+        late = max(first, key=lambda c: (first[c], -c))  # the client that took part last
+        result = session.run(make_method("crab"), UnlearnRequest.of([late]))
+        t_star = result.details.rollback_round
+        assert 0 < t_star < first[late]
+        kept = result.trajectory.rounds[:t_star]
+        for entry in kept:
+            assert torch.equal(entry.global_model, store.read_model(entry.round))
+            assert torch.equal(entry.aggregate, store.read_model(entry.round, "aggregate"))
+            assert sorted(entry.updates) == sorted(c for c, _ in store.iter_updates(entry.round))
+            assert not any(c.scalars[ESTIMATED_KEY] for c in entry.clients)
+        assert torch.equal(result.trajectory.final_model, result.params)

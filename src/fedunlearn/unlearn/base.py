@@ -164,6 +164,10 @@ class Unlearner(ABC):
     # rounds carry earlier forgotten clients' influence, so such a method refuses
     # (docs/lifecycle.md); False for methods that read M_0 and client records only (Retrain)
     reads_stored_rounds: ClassVar[bool] = True
+    # True: serves a request on a history an applied result's trajectory replaced (rounds
+    # 1..L with estimated updates, L != the config's T; docs/lifecycle.md, "Methods on an
+    # applied history"); False: needs the rounds the run recorded as it trained, and refuses
+    serves_generations: ClassVar[bool] = False
 
     def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
         if isinstance(params, self.params_type):
@@ -192,6 +196,13 @@ class Unlearner(ABC):
                 "influence of clients forgotten earlier (a result applied without its "
                 f"trajectory made round {clean_from} the run's model); use retrain (M_0 and the "
                 "client records only), or apply results of methods that return a trajectory"
+            )
+        # an apply (the store's events) sets clean_from_round, with or without a trajectory
+        if "clean_from_round" in context.history.meta and not self.serves_generations:
+            raise UnsupportedHistoryError(
+                f"{self.name} needs the rounds the run recorded as it trained; an unlearning "
+                "result was applied to this run since (its history is a method's computed "
+                f"trajectory, or carries earlier forgotten clients). Use {_generation_servers()}."
             )
         dropped = context.history.meta.get("dropped_models") or []
         if dropped and self.reads_round_models:
@@ -244,3 +255,11 @@ class Unlearner(ABC):
     @abstractmethod
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         """Compute the unlearned model, its per-round metrics and details."""
+
+
+def _generation_servers() -> str:
+    """Return the registered methods that serve an applied history, as ``a, b or c``."""
+    from fedunlearn.unlearn.registry import METHODS  # the registry imports this module
+
+    names = [n for n in METHODS.names() if getattr(METHODS.get(n), "serves_generations", False)]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)

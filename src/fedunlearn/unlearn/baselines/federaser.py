@@ -66,6 +66,7 @@ class FedEraser(Unlearner):
 
     reads_round_models = False  # M_0 (or the last model) and updates only
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = FedEraserParams
     required_policies = frozenset({"all", "every"})
 

@@ -15,6 +15,11 @@ pair of client i in round t is ``(dw, dg) = (w_hat_t - w_bar_t, g_i - g_bar_i)
 Toolkit round r (1-based) is paper round t = r - 1: it starts from ``w_bar_{r-1}``
 (``history.read_model(r - 1)``) and its stored updates are ``history.read_update(r, i)``.
 
+Trajectory: the T replayed rounds are the result's trajectory (``UnlearnResult.trajectory``),
+each with the updates it aggregated; the L-BFGS estimates are marked estimated, the exact
+updates (warm-up, correction, abnormality fixing, no pair, final tuning) are not
+(docs/lifecycle.md). On an applied history T is the store's round count L.
+
 Paper: Cao, Jia, Zhang, Gong, "FedRecover: Recovering from Poisoning Attacks in Federated Learning
 using Historical Information", IEEE S&P 2023, arXiv:2210.10936, Algorithm 1 and its four
 strategies (warm-up, periodic correction, abnormality fixing, final tuning). The comments cite
@@ -358,6 +363,7 @@ class FedRecover(Unlearner):
     ``rejected_updates`` (non-finite exact updates left out).
     """
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = FedRecoverParams
     required_policies = frozenset({"all"})
 

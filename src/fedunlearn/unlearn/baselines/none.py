@@ -16,6 +16,7 @@ class NoUnlearning(Unlearner):
 
     reads_round_models = False  # M_0 (or the last model) and updates only
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = MethodParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:

@@ -50,6 +50,7 @@ class RandomRounds(Unlearner):
 
     reads_round_models = False  # M_0 (or the last model) and updates only
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = RandomRoundsParams
     required_policies = frozenset({"all"})
 

@@ -35,6 +35,7 @@ class Retrain(Unlearner):
     reads_round_models = False  # M_0 (or the last model) and updates only
     reads_stored_rounds = False  # M_0 and the client records: serves any generation
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = MethodParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:

@@ -231,6 +231,7 @@ class _RoundLog:
 class Crab(SelectiveReplay):
     """Selective storage, rollback, calibrated replay of the stored benign updates, final tuning."""
 
+    serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     params_type = CrabParams
     required_policies = frozenset({"all", "crab"})
 
