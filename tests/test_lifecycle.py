@@ -15,7 +15,14 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.experiments import save_for_apply, unlearn_one
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import apply_result, continue_run, forget_clients, run_info, train_run
+from fedunlearn.runs import (
+    apply_model,
+    apply_result,
+    continue_run,
+    forget_clients,
+    run_info,
+    train_run,
+)
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 SMALL = {
@@ -186,3 +193,24 @@ def test_continue_refuses_a_deferred_policy_and_a_dp_run_in_one_line(tmp_path):
         continue_run(tmp_path / "dp", 2)
     with HistoryStore.open(tmp_path / "crab" / "history") as store:
         assert store.last_round() == 2 and "continuation" not in store.meta
+
+
+def test_a_model_made_elsewhere_is_applied_as_the_next_round_and_forget_then_erases(
+    trained, tmp_path
+):
+    run = copy_run(trained, tmp_path)
+    with HistoryStore.open(run / "history") as store:
+        outside = store.read_model(0) + 0.5
+
+    event = apply_model(run, outside, [3], method="external")
+    record = forget_clients(run, [3])  # what apply did not erase: its stored updates
+
+    assert event["kind"] == "model" and event["forget"] == [3] and event["rounds_after"] == 5
+    assert len(record.payloads) == 4  # client 3's updates of rounds 1..4
+    with HistoryStore.open(run / "history") as store:
+        assert torch.equal(store.read_model(5), outside)
+        assert store.check_deletions([3]).ok
+    with pytest.raises(ConfigError, match="nothing new to forget"):
+        apply_model(run, outside, [3])
+    with pytest.raises(ConfigError, match="has 7 parameters"):
+        apply_model(run, torch.zeros(7), [4])
