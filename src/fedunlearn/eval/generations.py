@@ -9,10 +9,11 @@ client, each saying what this receipt shows about that client:
   distance checks for every client (these are measured on the whole forgotten set). An
   *earlier* client was removed by an applied result, so the run's current model (the checks'
   negative control, "original") no longer carries its influence: no check of this receipt has
-  power for it. Its entry is ``not_shown`` with that reason and names the event and the digest
-  of the receipt that did show it, unless a check flags the whole set (``remains``) or the
-  result was trained afresh from M_0 with an exact lineage (Retrain: ``removed`` by
-  construction; an exact lineage over an applied approximate trajectory is not enough);
+  power for it (nor can a check that flags the whole set be attributed to it). Its entry is
+  ``not_shown`` with that reason and names the event and the digest of the receipt that did
+  show it, unless the result was trained afresh from M_0 with an exact lineage (Retrain:
+  ``removed`` by construction; an exact lineage over an applied approximate trajectory is not
+  enough);
 - **store.** The client's update bytes still stored, its deleted payloads (the deletion
   records, including those an ``apply`` recorded) and the deleted updates the store could
   still rebuild (``history.store.reconstruction``).
@@ -112,9 +113,15 @@ def client_entries(
                 "receipt_sha256": event.receipt_sha256,
                 "result_sha256": event.result_sha256,
             }
-            if verdict != "remains" and not (fresh and _exact(receipt)):
+            if not (fresh and _exact(receipt)):
+                flagged = (
+                    "a check flags the whole forgotten set, which this receipt cannot attribute "
+                    "to it; "
+                    if verdict == "remains"
+                    else ""
+                )
                 verdict = "not_shown"
-                reason = (
+                reason = flagged + (
                     f"no negative control: client {client} was removed by generation "
                     f"{event.generation} ({event.method}), so the run's current model, the checks' "
                     "control, no longer carries its influence and no check here has power for it; "
