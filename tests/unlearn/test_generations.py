@@ -82,9 +82,9 @@ def test_federaser_keeps_the_stored_marks_of_its_uncalibrated_first_round(genera
 
 @pytest.fixture(scope="module")
 def applied_run(run_all, tmp_path_factory):
-    """A copy of the shared run with FedRecover's trajectory (forgetting client 1) applied."""
+    """The shared run with FedRecover's trajectory (forgetting client 1) applied, trained on."""
     from fedunlearn.history.store import HistoryStore
-    from fedunlearn.runs import HISTORY_DIR
+    from fedunlearn.runs import HISTORY_DIR, continue_run
 
     copy = tmp_path_factory.mktemp("applied") / "run"
     shutil.copytree(run_all, copy)
@@ -100,6 +100,7 @@ def applied_run(run_all, tmp_path_factory):
             model_sha256="",
             trajectory=result.trajectory.rounds,
         )
+    continue_run(copy, MORE_ROUNDS)
     return copy
 
 
@@ -123,3 +124,13 @@ def test_the_serving_methods_run_on_the_applied_history(applied_run):
         result = session.run(make_method("crab"), UnlearnRequest.of([4], "recover"))
     assert result.trajectory is not None
     assert result.trajectory.forgotten == frozenset({1, 4})
+
+
+def test_the_client_test_reads_every_round_of_the_applied_history(applied_run, base_config):
+    from fedunlearn.eval.mia.client_lira import _run_participants
+
+    with UnlearnSession(applied_run, evaluate=False) as session:
+        participants = _run_participants(session)
+        assert session.run_view.num_rounds == base_config["training"]["rounds"] + MORE_ROUNDS
+        assert len(participants) == session.run_view.num_rounds
+        assert all(1 not in p for p in participants)

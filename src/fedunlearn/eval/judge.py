@@ -94,7 +94,7 @@ class Judge:
         spec = run.spec
         training = run.config.training
         # each sample of the target took part in E local epochs per round it was sampled in
-        exposures = math.ceil(spec.epochs * training.rounds * training.participation)
+        exposures = math.ceil(spec.epochs * run.num_rounds * training.participation)
         self.shadow_epochs = max(1, min(max_shadow_epochs, exposures))
         self.attack = ShadowAttack.fit(
             run.model,

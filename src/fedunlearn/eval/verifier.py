@@ -223,7 +223,7 @@ def client_membership_check(
     original = session.run_view.final_params
     base = retrain if retrain is not None else session.run(make_method("retrain"), request)
     context = session.context(request)
-    rounds = session.run_view.num_rounds or session.run_view.config.training.rounds
+    rounds = session.run_view.num_rounds  # the store's last round (an applied or continued run)
     continued = run_rounds(
         context.clients,
         context.aggregator,

@@ -147,7 +147,7 @@ def _run_participants(session: UnlearnSession) -> list[frozenset[int]]:
     run = session.run_view
     return [
         frozenset(r.client_id for r in run.store.client_records(round_))
-        for round_ in range(1, (run.num_rounds or run.config.training.rounds) + 1)
+        for round_ in range(1, run.num_rounds + 1)  # the store's rounds (applied: L, not T)
     ]
 
 
