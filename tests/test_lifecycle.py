@@ -97,6 +97,10 @@ def test_apply_then_continue_trains_without_the_forgotten_clients(trained, tmp_p
             session.cumulative(UnlearnRequest.of([2]))
         request = session.cumulative(UnlearnRequest.of([4]))
         assert session.request_summary(request)["earlier"] == [2]
+        nobody = UnlearnRequest.of([])  # the current model; client 2 is still never asked
+        assert 2 not in session.context(nobody).clients.client_ids
+        kept = session.run(make_method("fedrecover"), nobody).params
+        assert torch.equal(kept, session.run_view.final_params)
         result = session.run(make_method("fedrecover"), UnlearnRequest.of([4]))
         assert result.trajectory is not None and len(result.trajectory.rounds) == 7
 

@@ -145,7 +145,9 @@ class UnlearnSession:
                 (nothing new to forget).
         """
         earlier, applied = self.run_view.forgotten, self.run_view.applied
-        if request.forget and request.forget <= applied:
+        if not request.forget:  # forgetting nobody: the current model, as on any run
+            return request
+        if request.forget <= applied:
             raise ConfigError(
                 f"client(s) {sorted(request.forget)} were forgotten by an applied result earlier "
                 f"in this run (forgotten: {sorted(applied)}); nothing new to forget"
@@ -205,7 +207,8 @@ class UnlearnSession:
         training = run.config.training
         return UnlearnContext(
             history=MeteredHistory(run.store, meter),
-            clients=RemainingClients(clients or self._fresh, request.forget, meter),
+            # never a client forgotten earlier, even for a request that forgets nobody
+            clients=RemainingClients(clients or self._fresh, request.forget | run.forgotten, meter),
             aggregator=self._aggregator,
             num_rounds=run.num_rounds,
             initial_params=run.initial_params,
