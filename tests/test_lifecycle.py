@@ -218,3 +218,50 @@ def test_a_model_made_elsewhere_is_applied_as_the_next_round_and_forget_then_era
         apply_model(run, outside, [3])
     with pytest.raises(ConfigError, match="has 7 parameters"):
         apply_model(run, torch.zeros(7), [4])
+
+
+_KILLED_CLI_APPLY = """
+import os, signal, sys
+from fedunlearn.history.store.events import Generations
+inserted = Generations._insert_round
+def insert_then_die(self, entry, now):
+    inserted(self, entry, now)
+    if entry.round == 2:  # inside the apply's one transaction
+        os.kill(os.getpid(), signal.SIGKILL)
+Generations._insert_round = insert_then_die
+from fedunlearn.cli.main import main
+sys.argv = ["fedunlearn", "apply", sys.argv[1], "--result", sys.argv[2]]
+main()
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_inside_fedunlearn_apply_then_the_same_command_equals_an_uninterrupted_apply(
+    trained, tmp_path
+):
+    full = copy_run(trained, tmp_path, "full")
+    unlearn_to_file(full, [1], "fedrecover", tmp_path / "r.json")
+    cut = copy_run(full, tmp_path, "cut")
+    apply_result(full, tmp_path / "r.json")
+
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_CLI_APPLY, str(cut), str(tmp_path / "r.json")],
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL
+    with HistoryStore.open(cut / "history") as store:
+        assert store.generation() == 0 and store.has_update(2, 1)  # nothing changed
+    cmd = [sys.executable, "-m", "fedunlearn.cli.main", "apply", str(cut), "--result"]
+    subprocess.run([*cmd, str(tmp_path / "r.json")], check=True, capture_output=True)
+
+    with HistoryStore.open(full / "history") as a, HistoryStore.open(cut / "history") as b:
+        assert a.rounds() == b.rounds() and a.stored_models() == b.stored_models()
+        for r, kind in a.stored_models():
+            assert torch.equal(a.read_model(r, kind), b.read_model(r, kind))
+        for r in a.rounds()[1:]:
+            ups_a, ups_b = dict(a.iter_updates(r)), dict(b.iter_updates(r))
+            assert ups_a.keys() == ups_b.keys()
+            assert all(torch.equal(ups_a[c], ups_b[c]) for c in ups_a)
+        assert [e.forget for e in a.events()] == [e.forget for e in b.events()] == [(1,)]
+        assert b.check_deletions([1]).ok
+    assert (full / "metrics.jsonl").read_text() == (cut / "metrics.jsonl").read_text()
