@@ -308,18 +308,42 @@ def _continue(run_dir: Path, rounds: int | None, as_json: bool) -> None:
 @_friendly_errors
 def apply(
     run_dir: RunArg,
-    result: Annotated[Path, typer.Option(help="result JSON written by 'fedunlearn unlearn --out'")],
+    result: Annotated[
+        Path | None, typer.Option(help="result JSON written by 'fedunlearn unlearn --out'")
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="instead of --result: a model made elsewhere (.safetensors or .pt)"),
+    ] = None,
+    forget: Annotated[
+        str | None,
+        typer.Option(help="with --model: the clients it forgot, '3,7' or 'malicious'"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the event as JSON")] = False,
 ) -> None:
     """Make an unlearning result the run's current model; the forgotten clients leave it.
 
     With the method's trajectory the run's rounds are replaced by it (the original rounds'
-    payloads are deleted); otherwise the model is appended as a new round. One transaction;
-    re-run the same command after an interruption.
+    payloads are deleted); otherwise (and for --model) the model is appended as a new round.
+    One transaction; re-run the same command after an interruption.
     """
-    from fedunlearn.runs import apply_result
+    from fedunlearn.runs import apply_model, apply_result
 
-    event = apply_result(run_dir, result)
+    if (result is None) == (model is None) or (model is None) != (forget is None):
+        raise ConfigError(
+            "give --result R.json (from 'fedunlearn unlearn --out'), or --model FILE with "
+            "--forget IDS"
+        )
+    if result is not None:
+        event = apply_result(run_dir, result)
+    else:
+        from fedunlearn.cli.export import run_model
+        from fedunlearn.experiments import read_model_file
+
+        assert model is not None and forget is not None  # checked above
+        ids, kind = parse_forget(forget, run_dir)
+        params = read_model_file(model, run_model(run_dir))
+        event = apply_model(run_dir, params, ids, method=f"external ({model.name})", kind=kind)
     if as_json:
         print(json.dumps(event, indent=2))
         return

@@ -120,6 +120,13 @@ def print_verification(
             f"  [{_STYLE[verdict]}]{_MARK[verdict]}[/] {check['title']}: {check['reason']}",
             highlight=False,
         )
+    for entry in verification.get("clients") or []:  # a living run: every forgotten client
+        out.print(
+            f"  client {entry['client']} ({entry['request']}, {entry['role']}): influence "
+            f"{verdict_text(entry['influence'])}, store {entry['store'].get('status')}: "
+            f"{entry['influence_reason']}",
+            highlight=False,
+        )
 
 
 def print_verdicts(doc: Mapping[str, Any], *, out: Console | None = None) -> None:

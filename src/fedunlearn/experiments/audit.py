@@ -34,6 +34,7 @@ from fedunlearn.eval import (
     client_membership_check,
     reference_retrain,
 )
+from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.verifier import lineage_from_dict
 from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
 from fedunlearn.models.flat import get_flat_params
@@ -227,6 +228,8 @@ def audit_model(
                     f"'malicious'); the store of {run_dir} has deleted none"
                 )
         request = UnlearnRequest.of(forget, kind)
+        # a living run: the clients forgotten earlier are checked too (docs/lifecycle.md)
+        request = UnlearnRequest(request.forget | session.run_view.forgotten, kind)
         session.run_view.check_request(request)
         warnings: list[str] | None = None
         lineage = None
@@ -255,6 +258,10 @@ def audit_model(
             client_membership=membership,
         )
         row, verification = verifier.audit(params, subject, warnings=warnings, lineage=lineage)
+        receipt = verification.to_dict()
+        receipt["clients"] = client_entries(
+            session.run_view, verification, verifier.deletion, request.forget
+        )
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "subject": subject,
@@ -264,5 +271,5 @@ def audit_model(
         "measures": row,
         "original": verifier.original_row,
         "retrain": verifier.retrain_row,
-        "verification": verification.to_dict(),
+        "verification": receipt,
     }

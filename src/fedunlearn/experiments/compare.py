@@ -27,6 +27,7 @@ from fedunlearn.eval import (
     client_membership_check,
     reference_retrain,
 )
+from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.judge import Judge, finite_or_none
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
@@ -275,6 +276,14 @@ def unlearn_one(
             result = verifier.verify(result)
             if result.verification is not None:
                 summary["verification"] = result.verification.to_dict()
+                # one entry per forgotten client, new and earlier (a living run: eval.generations)
+                summary["verification"]["clients"] = client_entries(
+                    run,
+                    result.verification,
+                    verifier.deletion,
+                    request.forget,
+                    history_bytes_read=result.costs.history_bytes_read,
+                )
             if verifier.retrain is not None and verifier.retrain_row is not None:
                 summary["retrain"] = {
                     "test_accuracy": verifier.retrain_row["test_accuracy"],

@@ -11,6 +11,7 @@ with recording, resume and repair), ``rundir`` (the directory's files, ``run_inf
 from fedunlearn.runs.assembly import resolve_config
 from fedunlearn.runs.forget import deletion_evidence, forget_clients
 from fedunlearn.runs.lifecycle import (
+    apply_model,
     apply_result,
     continue_run,
     continue_target,
@@ -46,6 +47,7 @@ __all__ = [
     "MetricsWriter",
     "Setup",
     "wrap_privacy",
+    "apply_model",
     "apply_result",
     "build_setup",
     "check_run",

@@ -17,6 +17,9 @@ gives the uninterrupted run's models bit for bit (every random choice derives fr
 round, client): ``fedunlearn.runs.train``). Refused, each in one line: DP runs (the privacy
 ledger of a continuation is not implemented) and deferred recording policies (Crab's windows,
 FedADP's stages: their open window is rebuilt from round 0, which would re-run applied rounds).
+
+``apply_model(run_dir, params, forget)`` applies a model computed elsewhere (no result file,
+no trajectory): it is appended as the run's next round, like a model-only result.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError, HistoryError
@@ -47,6 +52,7 @@ from fedunlearn.runs.setup import build_setup
 from fedunlearn.runs.train import _torch_threads, _WallClock, policy_env, training_evaluator
 
 __all__ = [
+    "apply_model",
     "apply_result",
     "continue_run",
     "continue_target",
@@ -186,6 +192,68 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
             receipt_sha256=receipt_sha256(doc.get("verification")),
             expected_last_round=last,
             scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
+        )
+        _rewrite_metrics(run_dir, store)
+    return {**event.to_dict(), "already_applied": False}
+
+
+def apply_model(
+    run_dir: str | Path,
+    params: torch.Tensor,
+    forget: Sequence[int],
+    *,
+    method: str = "external",
+    kind: str = "forget",
+) -> dict[str, Any]:
+    """Apply a model computed elsewhere (no trajectory): appended as the run's next round.
+
+    For a model from outside the toolkit, or a method that returns no trajectory. The forget
+    set is the request's; every client forgotten earlier is added to it (cumulative).
+
+    Args:
+        run_dir: The run directory.
+        params: The model's flat float32 parameters (the run's architecture).
+        forget: The clients the model is meant to have forgotten (at least one new one).
+        method: What computed it (recorded in the event).
+        kind: ``forget`` or ``recover``.
+
+    Raises:
+        ConfigError: Wrong parameter count, no client, an unknown client, or nothing new.
+        HistoryError: Not a run directory, or another process writes it.
+    """
+    run_dir = Path(run_dir)
+    named = {int(c) for c in forget}
+    with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
+        last = store.last_round() or 0
+        current = store.read_model(last)
+        if params.ndim != 1 or params.numel() != current.numel():
+            raise ConfigError(
+                f"the model has {params.numel()} parameters in shape {tuple(params.shape)}; "
+                f"{run_dir}'s model has {current.numel()} (a flat vector); nothing was changed"
+            )
+        known = {int(c) for c in store.meta.get("client_sizes", {})}
+        unknown = sorted(named - known) if known else []
+        if not named or unknown:
+            raise ConfigError(
+                f"--forget must name clients of this run (client ids {sorted(known)}); got "
+                f"{sorted(named)}; nothing was changed"
+            )
+        applied = store.applied_clients()
+        if named <= applied:
+            raise ConfigError(
+                f"client(s) {sorted(named)} were forgotten by an applied result earlier "
+                "(nothing new to forget); nothing was changed"
+            )
+        full = named | store.forgotten_clients()
+        model = params.detach().to(torch.float32).cpu()
+        event = store.apply(
+            forget=full,
+            new=full - applied,
+            method=method,
+            request_kind=kind,
+            model=model,
+            model_sha256=tensor_sha256(model),
+            expected_last_round=last,
         )
         _rewrite_metrics(run_dir, store)
     return {**event.to_dict(), "already_applied": False}

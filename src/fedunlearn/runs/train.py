@@ -209,6 +209,12 @@ def _check_resumable(
             f"({config_differences(config, stored)}; given vs stored); resume with "
             f"'fedunlearn train {run_dir / CONFIG_FILE} --out {run_dir} --resume'"
         )
+    if store.generation() or store.meta.get("continuation"):  # a living run (lifecycle.py)
+        raise ConfigError(
+            f"{run_dir} had results applied or rounds added with --continue, so it is no longer "
+            f"the run the config describes; finish or extend it with 'fedunlearn train "
+            f"--continue {run_dir}' instead of --resume"
+        )
     result = store.check(full=True)
     if result.ok:
         return None

@@ -116,6 +116,7 @@ class UnlearnSession:
             generation=generation,
             forgotten=store.forgotten_clients(),
             clean_from_round=store.clean_from_round(),
+            applied=store.applied_clients(),
         )
         self.evaluation = EvaluationView(self._setup)
         self.federation: Federation = federation
@@ -136,22 +137,31 @@ class UnlearnSession:
     def cumulative(self, request: UnlearnRequest) -> UnlearnRequest:
         """Return ``request`` forgetting also every client removed earlier in this run.
 
+        Earlier: an applied result's clients and ``forget``-ed ones (whose influence, until a
+        result is applied, is still in the model: this request removes it).
+
         Raises:
-            ConfigError: Every client ``request`` names was forgotten before (nothing new).
+            ConfigError: Every client ``request`` names was removed by an applied result
+                (nothing new to forget).
         """
-        earlier = self.run_view.forgotten
-        if request.forget and request.forget <= earlier:
+        earlier, applied = self.run_view.forgotten, self.run_view.applied
+        if not request.forget:  # forgetting nobody: the current model, as on any run
+            return request
+        if request.forget <= applied:
             raise ConfigError(
-                f"client(s) {sorted(request.forget)} were forgotten earlier in this run "
-                f"(forgotten: {sorted(earlier)}); nothing new to forget"
+                f"client(s) {sorted(request.forget)} were forgotten by an applied result earlier "
+                f"in this run (forgotten: {sorted(applied)}); nothing new to forget"
             )
         if earlier <= request.forget:
             return request
         return UnlearnRequest(request.forget | earlier, request.kind)
 
     def request_summary(self, request: UnlearnRequest) -> dict[str, object]:
-        """Return ``{forget, new, earlier, kind}`` of a (cumulative) request, JSON-ready."""
-        earlier = self.run_view.forgotten & request.forget
+        """Return ``{forget, new, earlier, kind}`` of a (cumulative) request, JSON-ready.
+
+        ``earlier``: removed by an applied result before; ``new``: the rest of ``forget``.
+        """
+        earlier = self.run_view.applied & request.forget
         return {
             "forget": sorted(request.forget),
             "new": sorted(request.forget - earlier),
@@ -197,7 +207,8 @@ class UnlearnSession:
         training = run.config.training
         return UnlearnContext(
             history=MeteredHistory(run.store, meter),
-            clients=RemainingClients(clients or self._fresh, request.forget, meter),
+            # never a client forgotten earlier, even for a request that forgets nobody
+            clients=RemainingClients(clients or self._fresh, request.forget | run.forgotten, meter),
             aggregator=self._aggregator,
             num_rounds=run.num_rounds,
             initial_params=run.initial_params,

@@ -54,6 +54,8 @@ class RunView:
         generation: How many unlearning results were applied to the run (docs/lifecycle.md).
         forgotten: Every client an applied result or ``forget`` removed earlier: each later
             request forgets them too.
+        applied: The clients an applied result removed (their influence left the run's
+            model already; a request naming only them has nothing new to forget).
         clean_from_round: 0, or the round a model-only apply appended (the rounds before it
             carry the earlier clients' influence).
     """
@@ -72,6 +74,7 @@ class RunView:
     generation: int = 0
     forgotten: frozenset[int] = frozenset()
     clean_from_round: int = 0
+    applied: frozenset[int] = frozenset()
 
     @property
     def client_ids(self) -> tuple[int, ...]:

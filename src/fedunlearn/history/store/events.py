@@ -127,6 +127,10 @@ class Generations:
         """Return the current generation (the number of applied events)."""
         return len(self.events())
 
+    def applied_clients(self) -> frozenset[int]:
+        """Return every client an applied event removed (its influence left the run's model)."""
+        return frozenset(c for e in self.events() for c in e.forget)
+
     def forgotten_clients(self) -> frozenset[int]:
         """Return every client an applied event or a ``forget()`` removed."""
         out = {c for e in self.events() for c in e.forget}
