@@ -30,9 +30,11 @@ class _Frozen(BaseModel):
 class DataConfig(_Frozen):
     """Dataset and its split across clients."""
 
-    dataset: Literal["digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic"] = (
-        "digits"
-    )
+    # node-local: the clients' data stays on their Flower nodes (a user's own Flower app
+    # recorded by fedunlearn.integrations.flower.Recording); no server loads it
+    dataset: Literal[
+        "digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic", "node-local"
+    ] = "digits"
     data_dir: str | None = None
     num_clients: int = Field(10, ge=1, le=100_000)
     partition: Literal["iid", "dirichlet", "label_bias", "shards"] = "iid"
@@ -49,6 +51,12 @@ class ModelConfig(_Frozen):
 
     name: Literal["logreg", "mlp", "cnn", "cnn_fmnist", "textcnn"] = "mlp"
     hidden: tuple[int, ...] = Field((128,), description="mlp hidden widths")
+    factory: str | None = Field(
+        None,
+        description="a user model: import path 'pkg.module:function', called as "
+        "function(input_shape, num_classes, **options); replaces name",
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="factory options")
 
 
 class AggregatorConfig(_Frozen):

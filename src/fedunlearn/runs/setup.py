@@ -99,6 +99,12 @@ def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tu
 def build_setup(config: RunConfig) -> Setup:
     """Load data, partition it, poison the malicious clients and build the federation."""
     cfg = config
+    if cfg.data.dataset == "node-local":
+        raise ConfigError(
+            "this run was recorded from a Flower app whose clients keep their data on their "
+            "nodes (data.dataset: node-local); nothing loads it here: unlearn it over the app "
+            "(docs/deployment.md, 'Your own Flower app')"
+        )
     dataset = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir, **cfg.data.options)
     x_train, y_train = _subsample(
         dataset.x_train,
