@@ -18,7 +18,15 @@ pytest.importorskip(
 )
 
 import own_app_support as own  # noqa: E402
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import (  # noqa: E402
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
 from fedunlearn.errors import ConfigError  # noqa: E402
@@ -52,7 +60,10 @@ class OwnGrid:
                 run_config={},
             )
             msg.metadata.__dict__["_message_id"] = f"m{len(self.sent)}"
-            reply = self.app(msg, context)
+            try:
+                reply = self.app(msg, context)
+            except Exception as err:  # noqa: BLE001 - a SuperNode turns it into an error reply
+                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
             if node in self.tamper:
                 reply = self.tamper[node](reply)
             if reply is not None:
@@ -245,3 +256,48 @@ def test_summary_and_metrics_are_written(tmp_path):
     assert summary["engine"] == "flower-app" and summary["rounds"] == 2
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("method", ["retrain", "fedrecover"])
+def test_unlearning_over_the_users_client_app(tmp_path, method):
+    from fedunlearn.integrations.flower.app_unlearn import unlearn_over_app
+
+    record(tmp_path, OwnGrid(NODES), rounds=2)
+    # a new flwr run: other node ids, the same partitions
+    grid = OwnGrid({11: {"partition-id": 1}, 12: {"partition-id": 0}, 13: {"partition-id": 2}})
+    own.TRAINED.clear()
+    out = unlearn_over_app(
+        grid,
+        tmp_path / "run",
+        method,
+        [1],
+        evaluate_fn=lambda r, arrays: MetricRecord({"test_accuracy": 0.25}),
+    )
+    trained = {cid for cid, _, _ in own.TRAINED}
+    assert trained and 1 not in trained  # the forgotten client never trains
+    assert {(lr, epochs) for _, lr, epochs in own.TRAINED} == {(0.2, 1)}  # the recorded settings
+    assert out["test_accuracy"] == 0.25 and out["request"]["forget"] == [1]
+    check = out["client_check"]["1"]
+    assert check["shown"] and check["samples"] == 40
+    assert check["loss_before"] != check["loss_after"]
+    from fedunlearn.models import get_flat_params, load_model
+
+    model = load_model(out["model_file"], factory=own.tiny_net)
+    assert get_flat_params(model).shape == (8 * 6 + 6 + 6 * 3 + 3,)
+
+
+def test_client_check_says_why_when_the_node_computes_no_losses(tmp_path):
+    from fedunlearn.integrations.flower.app_protocol import own_client_app
+    from fedunlearn.integrations.flower.app_unlearn import unlearn_over_app
+
+    record(tmp_path, OwnGrid(NODES), rounds=1)
+    bare = own_client_app()
+    bare.train()(own.train)
+    grid = OwnGrid(
+        {11: {"partition-id": 1}, 12: {"partition-id": 0}, 13: {"partition-id": 2}}, app=bare
+    )
+    out = unlearn_over_app(grid, tmp_path / "run", "retrain", [2])
+    check = out["client_check"]["2"]
+    assert not check["shown"]
+    assert check["reason"].startswith("not shown: the forgotten client's data is on its node")
+    assert "losses" in check["reason"]
