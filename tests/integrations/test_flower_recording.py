@@ -301,3 +301,38 @@ def test_client_check_says_why_when_the_node_computes_no_losses(tmp_path):
     assert not check["shown"]
     assert check["reason"].startswith("not shown: the forgotten client's data is on its node")
     assert "losses" in check["reason"]
+
+
+def test_a_node_that_stops_replying_is_recorded_missing(tmp_path):
+    calls = {"n": 0}
+
+    def silent_after_round_one(reply):
+        calls["n"] += 1
+        return reply if calls["n"] == 1 else None
+
+    record(tmp_path, OwnGrid(NODES, tamper={70_051: silent_after_round_one}), rounds=2)
+    with HistoryStore.open(tmp_path / "run" / "history") as store:
+        round2 = {c.client_id: c for c in store.client_records(2)}
+        assert round2[0].status == "missing" and "no reply" in round2[0].reason
+        assert sorted(dict(store.iter_updates(2))) == [1, 2]
+
+
+def test_unlearning_request_keys_are_checked(tmp_path):
+    from fedunlearn.integrations.flower.app_unlearn import unlearn_from_run_config
+
+    def context(**rc):
+        return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+
+    assert unlearn_from_run_config(OwnGrid(NODES), context(**{"unlearn-forget": ""})) is None
+    with pytest.raises(ConfigError, match="comma-separated client ids"):
+        unlearn_from_run_config(OwnGrid(NODES), context(**{"unlearn-forget": "one"}))
+    with pytest.raises(ConfigError, match="absolute directory"):
+        unlearn_from_run_config(
+            OwnGrid(NODES), context(**{"unlearn-forget": "1", "unlearn-run-dir": "rel"})
+        )
+    record(tmp_path, OwnGrid(NODES), rounds=1)
+    with pytest.raises(Exception, match="not in this run"):
+        unlearn_from_run_config(
+            OwnGrid(NODES),
+            context(**{"unlearn-forget": "7", "unlearn-run-dir": str(tmp_path / "run")}),
+        )
