@@ -60,7 +60,7 @@ def _changed(section: BaseModel, names: frozenset[str] | set[str]) -> list[str]:
 
 
 #: A name registered under the entry-point group ``fedunlearn.models`` / ``fedunlearn.datasets``.
-_REGISTERED = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_REGISTERED = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 #: What a built-in dataset's loading and partitioning read; a data source splits by itself.
 _PARTITION_FIELDS = frozenset(
     {

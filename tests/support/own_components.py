@@ -69,25 +69,26 @@ def wrong_classes(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return nn.Linear(int(np.prod(input_shape)), num_classes + 2)
 
 
-def wrong_ids(num_clients: int, seed: int) -> dict:
-    data = load(num_clients, seed)
+def wrong_ids(num_clients: int, seed: int, **options: int) -> dict:
+    data = load(num_clients, seed, **options)
     data["clients"] = {c + 1: v for c, v in data["clients"].items()}
+    data["held_out"] = {c + 1: v for c, v in data["held_out"].items()}
     return data
 
 
-def wrong_shapes(num_clients: int, seed: int) -> dict:
-    data = load(num_clients, seed)
+def wrong_shapes(num_clients: int, seed: int, **options: int) -> dict:
+    data = load(num_clients, seed, **options)
     x, y = data["clients"][1]
     data["clients"][1] = (x[:, :4], y)
     return data
 
 
-def wrong_type(num_clients: int, seed: int) -> list:
+def wrong_type(num_clients: int, seed: int, **options: int) -> list:
     return [1, 2, 3]
 
 
-def string_labels(num_clients: int, seed: int) -> dict:
-    data = load(num_clients, seed)
+def string_labels(num_clients: int, seed: int, **options: int) -> dict:
+    data = load(num_clients, seed, **options)
     x, y = data["test"]
     data["test"] = (x, y.astype(np.float32))
     return data

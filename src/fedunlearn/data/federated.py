@@ -103,32 +103,33 @@ class FederatedData:
     _digest: list[str] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        name = self.name
+        # messages name the data as the caller does ("data.source 'pkg:load'") or by its name
+        name = self.name if self.name.startswith(("data", "the data")) else f"data '{self.name}'"
         if not isinstance(self.clients, Mapping) or not self.clients:
             raise DataFormatError(
-                f"data '{name}': clients must be a non-empty mapping client_id -> (x, y); got "
+                f"{name}: clients must be a non-empty mapping client_id -> (x, y); got "
                 f"{type(self.clients).__name__}"
             )
         clients = {}
         for cid, pair in self.clients.items():
             if isinstance(cid, bool) or not isinstance(cid, int | np.integer) or cid < 0:
-                raise DataFormatError(f"data '{name}': client id {cid!r} is not a non-negative int")
-            clients[int(cid)] = _pair(pair, f"data '{name}' client {cid}")
-        test = _pair(self.test, f"data '{name}' test set")
+                raise DataFormatError(f"{name}: client id {cid!r} is not a non-negative int")
+            clients[int(cid)] = _pair(pair, f"{name} client {cid}")
+        test = _pair(self.test, f"{name} test set")
         held = None
         if self.held_out is not None:
             if not isinstance(self.held_out, Mapping):
                 raise DataFormatError(
-                    f"data '{name}': held_out must be a mapping client_id -> (x, y); got "
+                    f"{name}: held_out must be a mapping client_id -> (x, y); got "
                     f"{type(self.held_out).__name__}"
                 )
             held = {}
             for cid, pair in self.held_out.items():
                 if cid not in clients:
                     raise DataFormatError(
-                        f"data '{name}': held_out names client {cid!r}, which has no training set"
+                        f"{name}: held_out names client {cid!r}, which has no training set"
                     )
-                held[int(cid)] = _pair(pair, f"data '{name}' held-out set of client {cid}")
+                held[int(cid)] = _pair(pair, f"{name} held-out set of client {cid}")
         shape = tuple(test[0].shape[1:]) if self.input_shape is None else self.input_shape
         shape = tuple(int(d) for d in shape)
         labels = [p[1] for p in (*clients.values(), test, *(held or {}).values())]
@@ -141,24 +142,23 @@ class FederatedData:
         ]:
             if tuple(x.shape[1:]) != shape:
                 raise DataFormatError(
-                    f"data '{name}' {where}: examples have shape {tuple(x.shape[1:])}; the "
+                    f"{name} {where}: examples have shape {tuple(x.shape[1:])}; the "
                     f"federation's input shape is {shape} (every set must share it)"
                 )
             if x.dtype != test[0].dtype:
                 raise DataFormatError(
-                    f"data '{name}' {where}: x is {x.dtype}, the test set's x is {test[0].dtype}"
+                    f"{name} {where}: x is {x.dtype}, the test set's x is {test[0].dtype}"
                 )
             if int(y.min()) < 0 or int(y.max()) >= classes:
                 raise DataFormatError(
-                    f"data '{name}' {where}: labels must lie in 0..{classes - 1}; got "
+                    f"{name} {where}: labels must lie in 0..{classes - 1}; got "
                     f"{int(y.min())}..{int(y.max())}"
                 )
         if classes < 2:
-            raise DataFormatError(f"data '{name}': needs at least 2 classes; got {classes}")
+            raise DataFormatError(f"{name}: needs at least 2 classes; got {classes}")
         if self.trigger is not None and not callable(self.trigger):
             raise DataFormatError(
-                f"data '{name}': trigger must be a function x -> x; got "
-                f"{type(self.trigger).__name__}"
+                f"{name}: trigger must be a function x -> x; got {type(self.trigger).__name__}"
             )
         object.__setattr__(self, "clients", MappingProxyType(dict(sorted(clients.items()))))
         object.__setattr__(self, "test", test)

@@ -9,7 +9,8 @@ resolving.
 
 What a run records of each user component (``component_record``, kept in the history store's
 metadata under ``components``): its import path, the distribution that provides its module and
-that distribution's version (if any), and the SHA-256 of the module's source file; for data,
+that distribution's version (if any), and the SHA-256 of its source (the file of the module the
+path names, plus the file of the module defining the object when that is another one); for data,
 also the SHA-256 of the tensors themselves (``FederatedData.digest``). ``component_changes``
 compares a recorded entry with the component in hand, so ``UnlearnSession`` (and through it
 ``unlearn``, ``audit``, ``compare``) and ``export`` warn in one line when a component changed
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points, packages_distributions, version
@@ -83,22 +85,40 @@ def object_path(obj: Any) -> str:
     return f"{module}:{name}"
 
 
-def _source_digest(obj: Any) -> tuple[str | None, str | None]:
-    """Return (module name, SHA-256 of the module's source file) of ``obj`` (None if unknown)."""
-    module = inspect.getmodule(obj)
-    if module is None:
-        return None, None
+def _source_file(module: Any) -> str | None:
     try:
-        file = inspect.getsourcefile(module)
+        return inspect.getsourcefile(module)
     except TypeError:  # a built-in module
-        file = None
-    if file is None:
-        return module.__name__, None
-    try:
-        with open(file, "rb") as fh:
-            return module.__name__, hashlib.sha256(fh.read()).hexdigest()
-    except OSError:
-        return module.__name__, None
+        return None
+
+
+def _source_digest(obj: Any, path: str | None) -> tuple[str | None, str | None]:
+    """Return (module name, SHA-256 of the source) of ``obj``.
+
+    The source is the file of the module ``path`` names and, if ``obj`` is defined in another
+    module (a factory re-exported from a package's ``__init__``), that module's file too.
+    """
+    modules = []
+    if path and ":" in path:
+        named = sys.modules.get(path.partition(":")[0])
+        if named is not None:
+            modules.append(named)
+    defining = inspect.getmodule(obj)
+    if defining is not None and defining not in modules:
+        modules.append(defining)
+    if not modules:
+        return None, None
+    h = hashlib.sha256()
+    for module in modules:
+        file = _source_file(module)
+        if file is None:
+            return modules[0].__name__, None
+        try:
+            with open(file, "rb") as fh:
+                h.update(fh.read())
+        except OSError:
+            return modules[0].__name__, None
+    return modules[0].__name__, h.hexdigest()
 
 
 def component_record(obj: Any, path: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -112,7 +132,7 @@ def component_record(obj: Any, path: str | None = None, **extra: Any) -> dict[st
     """
     record: dict[str, Any] = {"path": path or (object_path(obj) if obj is not None else None)}
     if obj is not None:
-        module, digest = _source_digest(obj)
+        module, digest = _source_digest(obj, record["path"])
         record["source_sha256"] = digest
         top = (module or "").split(".")[0]
         dists = packages_distributions().get(top, []) if top else []
@@ -122,6 +142,7 @@ def component_record(obj: Any, path: str | None = None, **extra: Any) -> dict[st
     return record
 
 
+_LABELS = {"model": "model.factory", "data": "data.source"}
 _COMPARED = ("path", "version", "source_sha256", "data_sha256")
 
 
@@ -148,9 +169,9 @@ def component_changes(
                 "its source" if f == "source_sha256" else "its data" if f == "data_sha256" else f
                 for f in diffs
             )
-            lines.append(
-                f"{key} {new.get('path') or old.get('path')} changed since training ({what})"
-            )
+            path = new.get("path") or old.get("path")
+            name = f"{_LABELS.get(key, key)} {path}" if path else f"the {key} passed in"
+            lines.append(f"{name} changed since training ({what})")
     return lines
 
 
