@@ -239,7 +239,7 @@ def test_bad_reply_is_rejected_and_recorded_and_the_round_goes_on(
 def test_a_model_that_does_not_match_the_arrays_stops_before_round_one(tmp_path):
     with pytest.raises(ConfigError, match="must be the same"):
         record(tmp_path, OwnGrid(NODES), model_options={"hidden": 5})
-    with pytest.raises(ConfigError, match="does not resolve"):
+    with pytest.raises(ConfigError, match="own_app_support has no .nope."):
         Recording(
             FedAvg(),
             run_dir=tmp_path / "r2",

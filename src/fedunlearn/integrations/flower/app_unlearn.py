@@ -9,14 +9,14 @@ plain ``train`` message (``"arrays"``: the start model in the run's keys and sha
 the updates ``Δ_c = returned - start``. A client with no node, an error reply or a rejected
 reply is left out and listed in ``missing[round]`` with the reason.
 
-``unlearn_over_app(grid, run_dir, method, forget)`` opens the run read-only (no server-side
-data: the model comes from the recorded factory, evaluation from the user's ``evaluate_fn`` in
-Flower's form ``(round, ArrayRecord) -> MetricRecord``), runs a registered method (Retrain,
-FedRecover, FedEraser, ...) with its fresh client work going to the remaining clients' nodes,
-and writes the result JSON and the model (``.safetensors``) next to the run. When the forgotten
-client's node is reachable and its ClientApp computes losses, the result also holds the
-per-client check: the client's mean loss on its own data under M_T and under the unlearned
-model (``client_check``); otherwise it says why not.
+``unlearn_over_app(grid, run_dir, method, forget)`` opens the run with ``UnlearnSession`` (its
+data stays on the clients: the model comes from the recorded factory, evaluation from the
+user's ``evaluate_fn`` in Flower's form ``(round, ArrayRecord) -> MetricRecord``), runs a
+registered method (Retrain, FedRecover, FedEraser, ...) with its fresh client work going to
+the remaining clients' nodes, and writes the result JSON and the model (``.safetensors``) next
+to the run. When the forgotten client's node is reachable and its ClientApp computes losses,
+the result also holds the per-client check: the client's mean loss on its own data under M_T
+and under the unlearned model (``client_check``); otherwise it says why not.
 
 ``unlearn_from_run_config(grid, context, ...)`` is the one call a user's ServerApp makes to
 serve unlearning requests: with the run config key ``unlearn-forget`` set it runs the request
@@ -25,27 +25,23 @@ serve unlearning requests: with the run config key ``unlearn-forget`` set it run
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from torch import nn
 
 from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
-from fedunlearn.fl.aggregators import make_aggregator
-from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
-from fedunlearn.history.store import HistoryStore
 from fedunlearn.integrations.flower.app_protocol import (
     CLIENT_ID,
     CONFIG_CLIENT,
@@ -57,17 +53,9 @@ from fedunlearn.integrations.flower.app_protocol import (
     Reply,
     check_reply,
 )
-from fedunlearn.integrations.flower.recording import APP_META, import_factory
-from fedunlearn.models import build_model, save_model
-from fedunlearn.runs import HISTORY_DIR, load_run_config
-from fedunlearn.unlearn import UnlearnRequest, make_method
-from fedunlearn.unlearn.context import (
-    CostMeter,
-    MeteredHistory,
-    RemainingClients,
-    TrainingInfo,
-    UnlearnContext,
-)
+from fedunlearn.integrations.flower.recording import APP_META
+from fedunlearn.models import save_model
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 from fedunlearn.unlearn.views import RunView
 
 log = logging.getLogger(__name__)
@@ -254,57 +242,28 @@ class AppClients:
         """Nothing to release (the Grid belongs to Flower)."""
 
 
-def open_app_run(run_dir: str | Path) -> tuple[RunView, ArrayLayout, dict[str, Any]]:
-    """Open a run ``Recording`` wrote: its view (model from the recorded factory) and layout.
+def app_layout(session: UnlearnSession) -> tuple[ArrayLayout, dict[str, Any]]:
+    """Return the array layout and app facts ``Recording`` kept in the run's store.
 
     Raises:
-        HistoryError: the run is not complete or was not recorded from a Flower app.
+        HistoryError: the run was not recorded from a Flower app.
     """
-    run_dir = Path(run_dir)
-    config = load_run_config(run_dir)
-    store = HistoryStore.open(run_dir / HISTORY_DIR)
-    try:
-        app = store.meta.get(APP_META)
-        if app is None or config.model.factory is None:
-            raise HistoryError(
-                f"{run_dir} was not recorded from a Flower app (no '{APP_META}' in its store); "
-                "unlearn it with 'fedunlearn unlearn' or the fedunlearn ServerApp"
-            )
-        last, planned = store.last_round(), config.training.rounds
-        if last != planned:
-            raise HistoryError(f"{run_dir} finished {last or 0} of {planned} rounds")
-        model = build_model(
-            import_factory(config.model.factory),
-            tuple(app["input_shape"]),
-            int(app["num_classes"]),
-            seed=derive_seed(config.seed, "model"),
-            **config.model.options,
+    app = session.run_view.store.meta.get(APP_META)
+    if app is None:
+        raise HistoryError(
+            f"{session.run_view.run_dir} was not recorded from a Flower app (no '{APP_META}' in "
+            "its store); unlearn it with 'fedunlearn unlearn' or fedunlearn's own ServerApp"
         )
-        tr = config.training
-        view = RunView(
-            run_dir=run_dir,
-            config=config,
-            store=store,
-            initial_params=store.read_model(0),
-            final_params=store.read_model(planned),
-            fingerprint=hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
-            model=model,
-            spec=LocalTrainingSpec(
-                epochs=tr.local_epochs,
-                lr=tr.lr,
-                batch_size=tr.batch_size,
-                momentum=tr.momentum,
-                weight_decay=tr.weight_decay,
-            ),
-            client_sizes=MappingProxyType(
-                {int(c): int(n) for c, n in store.meta.get("client_sizes", {}).items()}
-            ),
-            malicious=frozenset(),
-        )
-    except BaseException:
-        store.close()
-        raise
-    return view, ArrayLayout.from_meta(app["layout"]), app
+    return ArrayLayout.from_meta(app["layout"]), app
+
+
+def flower_evaluator(evaluate_fn: EvaluateFn) -> Callable[[nn.Module], dict[str, float]]:
+    """Return ``UnlearnSession``'s ``evaluator(module)`` of a Flower ``evaluate_fn``."""
+
+    def evaluator(module: nn.Module) -> dict[str, float]:
+        return _scalar_metrics(evaluate_fn(0, ArrayRecord(module.state_dict())))
+
+    return evaluator
 
 
 def _scalar_metrics(record: MetricRecord | None) -> dict[str, float]:
@@ -349,9 +308,10 @@ def unlearn_over_app(
     """
     unlearner = make_method(method, params or {})
     request = UnlearnRequest.of(tuple(int(c) for c in forget), kind)
-    run, layout, app = open_app_run(run_dir)
-    try:
-        run.check_request(request)
+    evaluator = flower_evaluator(evaluate_fn) if evaluate_fn is not None else None
+    with UnlearnSession(run_dir, evaluator=evaluator, evaluate=evaluate_fn is not None) as session:
+        layout, app = app_layout(session)
+        run = session.run_view
         clients = AppClients(
             grid,
             run,
@@ -360,35 +320,13 @@ def unlearn_over_app(
             round_timeout=round_timeout,
             node_timeout=node_timeout,
         )
-
-        def evaluate(flat: torch.Tensor) -> dict[str, float]:
-            if evaluate_fn is None:
-                return {}
-            return _scalar_metrics(evaluate_fn(0, layout.record(flat)))
-
-        meter = CostMeter()
-        config = run.config
-        context = UnlearnContext(
-            history=MeteredHistory(run.store, meter),
-            clients=RemainingClients(clients, request.forget, meter),
-            aggregator=make_aggregator(config.training.aggregator.name),
-            num_rounds=config.training.rounds,
-            initial_params=run.initial_params,
-            final_params=run.final_params,
-            meter=meter,
-            evaluate=evaluate if evaluate_fn is not None else None,
-            training=TrainingInfo(config.training.participation, config.training.aggregator.name),
-            recording=config.history,
-            privacy=config.privacy,
-            fingerprint=run.fingerprint,
-        )
-        result = unlearner.unlearn(request, context)
+        result = unlearner.unlearn(request, session.context(request, clients=clients))
         summary: dict[str, Any] = {
             "engine": "flower-app",
             "method": method,
             "request": {"forget": sorted(request.forget), "kind": kind},
             "params": unlearner.params.model_dump(mode="json"),
-            **evaluate(result.params),
+            **session.evaluation.evaluate(result.params),
             "costs": result.costs.to_dict(),
             "round_metrics": [dict(r) for r in result.round_metrics],
             "missing": {
@@ -416,8 +354,6 @@ def unlearn_over_app(
         summary["model_file"] = str(model_file)
         target.write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
-    finally:
-        run.store.close()
 
 
 def client_check(

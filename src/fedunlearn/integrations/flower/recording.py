@@ -36,7 +36,6 @@ that read the clients' data on the server (Crab's, FedADP's) cannot run here.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import time
@@ -72,46 +71,12 @@ from fedunlearn.runs import (
     resolve_config,
 )
 from fedunlearn.runs.rundir import write_json
+from fedunlearn.runs.user import user_model
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("all", "every", "none")
 APP_META = "flower_app"  # store metadata: what unlearning over the app needs
-
-
-def import_factory(path: str) -> Callable[..., nn.Module]:
-    """Return the callable an import path ``"pkg.module:function"`` names.
-
-    Raises:
-        ConfigError: the path is malformed or does not resolve (one line naming it).
-    """
-    module_name, _, attr = str(path).partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"model must be an import path 'pkg.module:function'; got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"model {path!r} does not resolve: {err}") from None
-    if not callable(obj):
-        raise ConfigError(f"model {path!r} is not callable")
-    return obj
-
-
-def build_factory_model(
-    path: str, input_shape: tuple[int, ...], num_classes: int, options: dict[str, Any]
-) -> nn.Module:
-    """Return ``factory(input_shape, num_classes, **options)`` for an import path, checked."""
-    try:
-        model = import_factory(path)(tuple(input_shape), int(num_classes), **options)
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the user's factory: name it and what it raised
-        raise ConfigError(f"model {path!r} raised {type(err).__name__}: {err}") from None
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model {path!r} returned {type(model).__name__}, not a torch.nn.Module")
-    return model
 
 
 def check_model_layout(model: nn.Module, layout: ArrayLayout, path: str) -> None:
@@ -220,6 +185,7 @@ class Recording(Strategy):
         self._sizes: dict[int, int] = {}
         self._config: RunConfig | None = None
         self._started = 0.0
+        self._model_record: dict[str, Any] = {}
 
     # ----- Flower's loop -----------------------------------------------------------------
 
@@ -349,12 +315,13 @@ class Recording(Strategy):
         if (self.run_dir / HISTORY_DIR).exists():
             raise ConfigError(f"{self.run_dir} already holds a run; choose another run_dir")
         self.layout = ArrayLayout.of(initial)
-        model = build_factory_model(
-            self.model_path, self.input_shape, self.num_classes, self.model_options
-        )
-        check_model_layout(model, self.layout, self.model_path)
         num_clients = self.num_clients or max(1, len(list(grid.get_node_ids())))
         self._config = self._run_config(num_rounds, num_clients, train_config)
+        # the factory resolved, called and checked as for any run (fedunlearn.runs.user)
+        model, self._model_record = user_model(
+            self._config, None, self.input_shape, self.num_classes, None
+        )
+        check_model_layout(model, self.layout, self.model_path)
         self._policy = build_policy(
             self._config.history,
             PolicyEnv(
@@ -401,6 +368,16 @@ class Recording(Strategy):
             "client_sizes": {str(c): n for c, n in sorted(self._sizes.items())},
             "history_policy": self.history.policy,
             "history_every": self.history.every,
+            # what UnlearnSession reads to open a run whose data stays on the clients
+            "components": {
+                "model": self._model_record,
+                "data": {
+                    "path": None,
+                    "server_side": False,
+                    "input_shape": list(self.input_shape),
+                    "num_classes": self.num_classes,
+                },
+            },
             APP_META: {
                 "layout": self.layout.to_meta(),
                 "input_shape": list(self.input_shape),
