@@ -336,3 +336,25 @@ def test_unlearning_request_keys_are_checked(tmp_path):
             OwnGrid(NODES),
             context(**{"unlearn-forget": "7", "unlearn-run-dir": str(tmp_path / "run")}),
         )
+
+
+def test_receipt_says_the_forgotten_clients_data_is_on_its_node(tmp_path):
+    from fedunlearn.integrations.flower.app_protocol import own_client_app
+    from fedunlearn.integrations.flower.app_unlearn import unlearn_over_app
+
+    record(tmp_path, OwnGrid(NODES), rounds=1)
+    shown = unlearn_over_app(OwnGrid(NODES), tmp_path / "run", "retrain", [1])
+    bare = own_client_app()
+    bare.train()(own.train)
+    hidden = unlearn_over_app(OwnGrid(NODES, app=bare), tmp_path / "run", "retrain", [1])
+    for out, reported in ((shown, "node reports its mean loss"), (hidden, "computes no losses")):
+        checks = {c["name"]: c for c in out["verification"]["checks"]}
+        for name in ("membership", "client_membership"):
+            assert checks[name]["verdict"] == "n/a"
+            assert checks[name]["reason"].startswith(
+                "not shown: the forgotten client's data is on its node"
+            )
+            assert reported in checks[name]["reason"]
+        # the store still holds client 1's updates (policy all): the store check says so
+        assert checks["deletion"]["verdict"] == "warn"
+        assert "still in the store" in checks["deletion"]["reason"]

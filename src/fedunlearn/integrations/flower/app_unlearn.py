@@ -16,7 +16,8 @@ registered method (Retrain, FedRecover, FedEraser, ...) with its fresh client wo
 the remaining clients' nodes, and writes the result JSON and the model (``.safetensors``) next
 to the run. When the forgotten client's node is reachable and its ClientApp computes losses,
 the result also holds the per-client check: the client's mean loss on its own data under M_T
-and under the unlearned model (``client_check``); otherwise it says why not.
+and under the unlearned model (``client_check``); otherwise it says why not. The result's
+``verification`` is the receipt of what the server can check (``app_receipt``).
 
 ``unlearn_from_run_config(grid, context, ...)`` is the one call a user's ServerApp makes to
 serve unlearning requests: with the run config key ``unlearn-forget`` set it runs the request
@@ -53,6 +54,7 @@ from fedunlearn.integrations.flower.app_protocol import (
     Reply,
     check_reply,
 )
+from fedunlearn.integrations.flower.app_receipt import app_verification
 from fedunlearn.integrations.flower.recording import APP_META
 from fedunlearn.models import save_model
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
@@ -335,6 +337,8 @@ def unlearn_over_app(
             },
             "client_check": client_check(clients, request.forget, run.final_params, result.params),
         }
+        receipt = app_verification(session, request, result, summary["client_check"])
+        summary["verification"] = receipt.to_dict()
         target = Path(out) if out else run.run_dir / f"flower_{method}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         model_file = target.with_suffix(".safetensors")
