@@ -28,6 +28,17 @@ def tiny_net(input_shape: tuple[int, ...], num_classes: int, hidden: int = 6) ->
     )
 
 
+def bn_net(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A user model with BatchNorm buffers (running mean/var, num_batches_tracked)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(input_shape[0], 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, num_classes)
+    )
+
+
+FACTORY = {"net": tiny_net}  # the model the ClientApp builds (a test may swap in bn_net)
+
+
 def node_data(cid: int, n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``cid``'s own data (made on its node from its id)."""
     rng = np.random.default_rng(100 + cid)
@@ -38,8 +49,9 @@ def node_data(cid: int, n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
 
 def client_losses(arrays: ArrayRecord, cid: int, context: Context) -> list[float]:
     """Per-sample losses of client ``cid``'s own data under ``arrays``."""
-    net = tiny_net(INPUT_SHAPE, NUM_CLASSES)
+    net = FACTORY["net"](INPUT_SHAPE, NUM_CLASSES)
     net.load_state_dict(arrays.to_torch_state_dict())
+    net.eval()
     x, y = node_data(cid)
     with torch.no_grad():
         return F.cross_entropy(net(x), y, reduction="none").tolist()
@@ -53,7 +65,7 @@ TRAINED: list[tuple[int, float, int]] = []  # (client, lr, epochs) of each train
 def train(msg: Message, context: Context) -> Message:
     """Plain Flower training: load the arrays, a few SGD steps, return arrays and num-examples."""
     cid = client_id(msg, context)
-    net = tiny_net(INPUT_SHAPE, NUM_CLASSES)
+    net = FACTORY["net"](INPUT_SHAPE, NUM_CLASSES)
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     config = msg.content["config"]
     lr, epochs = float(config.get("lr", 0.1)), int(config.get("local-epochs", 1))

@@ -358,3 +358,30 @@ def test_receipt_says_the_forgotten_clients_data_is_on_its_node(tmp_path):
         # the store still holds client 1's updates (policy all): the store check says so
         assert checks["deletion"]["verdict"] == "warn"
         assert "still in the store" in checks["deletion"]["reason"]
+
+
+def test_a_batchnorm_model_is_recorded_with_its_buffers_and_unlearned(tmp_path, monkeypatch):
+    from fedunlearn.integrations.flower.app_unlearn import unlearn_over_app
+    from fedunlearn.models import get_flat_params, load_model
+
+    monkeypatch.setitem(own.FACTORY, "net", own.bn_net)
+    net = own.bn_net(own.INPUT_SHAPE, own.NUM_CLASSES)
+    strategy = Recording(
+        FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1),
+        run_dir=tmp_path / "run",
+        model="own_app_support:bn_net",
+        input_shape=own.INPUT_SHAPE,
+        num_classes=own.NUM_CLASSES,
+    )
+    result = strategy.start(OwnGrid(NODES), ArrayRecord(net.state_dict()), num_rounds=2)
+    with HistoryStore.open(tmp_path / "run" / "history") as store:
+        flat = store.read_model(2)
+        # the model's flat order: parameters, then running_mean, running_var, num_batches_tracked
+        assert flat.shape == get_flat_params(net).shape == (8 * 6 + 6 + 6 + 6 + 6 * 3 + 3 + 13,)
+        final = result.arrays.to_torch_state_dict()
+        torch.testing.assert_close(flat[-13:-7], final["1.running_mean"].float())
+        assert flat[-1] == 8.0  # 4 batches a round, 2 rounds: num_batches_tracked
+    out = unlearn_over_app(OwnGrid(NODES), tmp_path / "run", "retrain", [2])
+    model = load_model(out["model_file"], factory=own.bn_net)
+    assert int(model[1].num_batches_tracked) == 8
+    assert torch.isfinite(get_flat_params(model)).all()

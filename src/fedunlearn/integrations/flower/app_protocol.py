@@ -23,10 +23,11 @@ that honours ``lr`` and ``local-epochs`` (as Flower's PyTorch quickstart reads t
 asked.
 
 ``ArrayLayout`` maps a Flower ``ArrayRecord`` (a ``state_dict``'s keys and shapes) to the flat
-float32 vector fedunlearn's history stores (``fedunlearn.models.get_flat_params``'s order) and
-back. ``check_reply`` turns one train reply into ``(client id, flat arrays, num-examples,
-train loss)`` or one line saying why it is rejected (no client id, wrong keys or shapes,
-non-finite or huge values, no sample count).
+float32 vector fedunlearn's history stores (``fedunlearn.models.get_flat_params``'s order: the
+parameters, then the persistent buffers such as BatchNorm's running statistics, integer ones as
+float32) and back. ``check_reply`` turns one train reply into ``(client id, flat arrays,
+num-examples, train loss)`` or one line saying why it is rejected (no client id, wrong keys or
+shapes, non-finite or huge values, no sample count).
 """
 
 from __future__ import annotations
@@ -166,24 +167,34 @@ class ArrayLayout:
     dtypes: tuple[str, ...]
 
     @classmethod
-    def of(cls, record: ArrayRecord) -> ArrayLayout:
-        """Return the layout of ``record``.
+    def of(cls, record: ArrayRecord, order: Sequence[str] | None = None) -> ArrayLayout:
+        """Return the layout of ``record``, its arrays in ``order`` (default: the record's).
+
+        ``order`` is the model's flat-vector order (``fedunlearn.models.get_flat_params``: the
+        parameters, then the persistent buffers); a ``state_dict`` interleaves them.
 
         Raises:
-            ConfigError: an array is not floating point (a buffer such as BatchNorm's
-                ``num_batches_tracked``; the flat-update convention covers parameters only).
+            ConfigError: an array is neither floating point nor integer, or ``order`` does
+                not name the record's arrays.
         """
-        keys, shapes, dtypes = [], [], []
-        for key, array in record.items():
-            if not np.issubdtype(np.dtype(array.dtype), np.floating):
+        keys = tuple(order) if order is not None else tuple(record.keys())
+        if sorted(keys) != sorted(record.keys()):
+            raise ConfigError(
+                f"the arrays {sorted(record.keys())[:4]}... are not the model's "
+                f"{sorted(keys)[:4]}..."
+            )
+        shapes, dtypes = [], []
+        for key in keys:
+            array = record[key]
+            kind = np.dtype(array.dtype)
+            if not (np.issubdtype(kind, np.floating) or np.issubdtype(kind, np.integer)):
                 raise ConfigError(
-                    f"array {key!r} has dtype {array.dtype}: fedunlearn records floating-point "
-                    "parameters only (a model with integer buffers cannot be recorded here)"
+                    f"array {key!r} has dtype {array.dtype}: fedunlearn records numeric arrays "
+                    "(floating point, or integer buffers such as num_batches_tracked)"
                 )
-            keys.append(key)
             shapes.append(tuple(int(s) for s in array.shape))
             dtypes.append(str(array.dtype))
-        return cls(tuple(keys), tuple(shapes), tuple(dtypes))
+        return cls(keys, tuple(shapes), tuple(dtypes))
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ArrayLayout:
@@ -207,12 +218,10 @@ class ArrayLayout:
 
     def problem(self, record: ArrayRecord) -> str | None:
         """Return what makes ``record`` unlike this layout (None if it matches)."""
-        keys = tuple(record.keys())
-        if keys != self.keys:
-            extra, lacking = sorted(set(keys) - set(self.keys)), sorted(set(self.keys) - set(keys))
-            return (
-                f"arrays {keys[:3]}... do not match the model's (extra {extra}, missing {lacking})"
-            )
+        keys = set(record.keys())
+        if keys != set(self.keys):
+            extra, lacking = sorted(keys - set(self.keys)), sorted(set(self.keys) - keys)
+            return f"arrays do not match the model's (extra {extra}, missing {lacking})"
         for key, shape in zip(self.keys, self.shapes, strict=True):
             got = tuple(int(s) for s in record[key].shape)
             if got != shape:
@@ -234,7 +243,10 @@ class ArrayLayout:
         out, offset = {}, 0
         for key, shape, dtype in zip(self.keys, self.shapes, self.dtypes, strict=True):
             n = math.prod(shape)
-            out[key] = Array(values[offset : offset + n].reshape(shape).astype(dtype))
+            part = values[offset : offset + n].reshape(shape)
+            if np.issubdtype(np.dtype(dtype), np.integer):
+                part = np.rint(part)  # integer buffers travel as float32 (exact to 2^24)
+            out[key] = Array(np.asarray(part, dtype=dtype))
             offset += n
         return ArrayRecord(out)
 

@@ -19,9 +19,11 @@ writes a normal fedunlearn run directory (``config.yaml``, ``history/``, ``metri
   (the strategy's aggregated train metrics, the ``evaluate_fn`` results, Flower's federated
   evaluation prefixed ``federated_``);
 - the stored config: ``data.dataset: node-local`` (the server never loads the clients' data),
-  ``model.factory`` (the import path ``"pkg.module:function"``, checked against the arrays'
-  keys and shapes before round 1), the local training settings fresh unlearning work reuses
-  (``lr`` and ``local-epochs`` of the train config).
+  ``model.factory`` (the import path ``"pkg.module:function"``, built and checked as any run's
+  factory by ``fedunlearn.runs.user``, and against the arrays' keys and shapes before round 1;
+  the flat vectors follow the model's order: parameters, then persistent buffers), the local
+  training settings fresh unlearning work reuses (``lr`` and ``local-epochs`` of the train
+  config).
 
 Client ids are the stable ids a reply carries (``app_protocol``: the node config's
 ``partition-id`` by default), never Flower's node ids. A reply that names no client, repeats a
@@ -62,6 +64,7 @@ from fedunlearn.integrations.flower.app_protocol import (
     Reply,
     check_reply,
 )
+from fedunlearn.models import federated_buffers
 from fedunlearn.runs import (
     CONFIG_FILE,
     HISTORY_DIR,
@@ -79,16 +82,27 @@ POLICIES = ("all", "every", "none")
 APP_META = "flower_app"  # store metadata: what unlearning over the app needs
 
 
-def check_model_layout(model: nn.Module, layout: ArrayLayout, path: str) -> None:
-    """Raise ``ConfigError`` unless the model's parameters are the arrays' keys and shapes."""
-    names = tuple(n for n, _ in model.named_parameters())
-    shapes = tuple(tuple(p.shape) for _, p in model.named_parameters())
-    if names != layout.keys or shapes != layout.shapes:
+def model_layout(model: nn.Module, record: ArrayRecord, path: str) -> ArrayLayout:
+    """Return the layout of ``record`` in the model's flat order, checked against the model.
+
+    Raises:
+        ConfigError: the record's arrays are not the model's parameters and persistent buffers
+            (names and shapes).
+    """
+    state = dict(model.named_parameters()) | dict(federated_buffers(model))
+    order = list(dict(model.named_parameters())) + [n for n, _ in federated_buffers(model)]
+    mine = {n: tuple(t.shape) for n, t in state.items()}
+    theirs = {k: tuple(int(d) for d in record[k].shape) for k in record.keys()}
+    if mine != theirs:
+        lacking = sorted(set(mine) - set(theirs))
+        extra = sorted(set(theirs) - set(mine))
+        shapes = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
         raise ConfigError(
-            f"model {path!r} has parameters {list(names)[:4]}... of shapes {list(shapes)[:4]}..., "
-            f"the initial arrays hold {list(layout.keys)[:4]}... of shapes "
-            f"{list(layout.shapes)[:4]}...; they must be the same (in order)"
+            f"model {path!r} does not fit the initial arrays: they must be the same (the model's "
+            f"parameters and buffers); missing {lacking[:4]}, extra {extra[:4]}, other shapes "
+            f"{[(k, mine[k], theirs[k]) for k in shapes[:3]]}"
         )
+    return ArrayLayout.of(record, order)
 
 
 @dataclass
@@ -314,14 +328,13 @@ class Recording(Strategy):
         """Check the model against the arrays, create the store, keep M_0 (round 0)."""
         if (self.run_dir / HISTORY_DIR).exists():
             raise ConfigError(f"{self.run_dir} already holds a run; choose another run_dir")
-        self.layout = ArrayLayout.of(initial)
         num_clients = self.num_clients or max(1, len(list(grid.get_node_ids())))
         self._config = self._run_config(num_rounds, num_clients, train_config)
         # the factory resolved, called and checked as for any run (fedunlearn.runs.user)
         model, self._model_record = user_model(
             self._config, None, self.input_shape, self.num_classes, None
         )
-        check_model_layout(model, self.layout, self.model_path)
+        self.layout = model_layout(model, initial, self.model_path)
         self._policy = build_policy(
             self._config.history,
             PolicyEnv(
