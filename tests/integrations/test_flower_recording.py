@@ -385,3 +385,18 @@ def test_a_batchnorm_model_is_recorded_with_its_buffers_and_unlearned(tmp_path, 
     model = load_model(out["model_file"], factory=own.bn_net)
     assert int(model[1].num_batches_tracked) == 8
     assert torch.isfinite(get_flat_params(model)).all()
+
+
+def test_the_strategys_sampling_share_is_recorded_for_unlearning(tmp_path):
+    from fedunlearn.runs import load_run_config
+
+    strategy = Recording(
+        FedAvg(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1),
+        run_dir=tmp_path / "run",
+        model=own.MODEL,
+        input_shape=own.INPUT_SHAPE,
+        num_classes=own.NUM_CLASSES,
+    )
+    net = own.tiny_net(own.INPUT_SHAPE, own.NUM_CLASSES)
+    strategy.start(OwnGrid(NODES), ArrayRecord(net.state_dict()), num_rounds=1)
+    assert load_run_config(tmp_path / "run").training.participation == 0.5

@@ -363,6 +363,10 @@ class Recording(Strategy):
                         "local_epochs": epochs,
                         "lr": lr,
                         "batch_size": self.batch_size,
+                        # the share of clients the strategy samples (FedAvg's fraction_train)
+                        "participation": min(
+                            1.0, float(getattr(self.strategy, "fraction_train", 1.0) or 1.0)
+                        ),
                         "executor": "serial",
                         "device": "cpu",
                     },
