@@ -400,3 +400,16 @@ def test_the_strategys_sampling_share_is_recorded_for_unlearning(tmp_path):
     net = own.tiny_net(own.INPUT_SHAPE, own.NUM_CLASSES)
     strategy.start(OwnGrid(NODES), ArrayRecord(net.state_dict()), num_rounds=1)
     assert load_run_config(tmp_path / "run").training.participation == 0.5
+
+
+def test_unlearning_reaches_clients_on_a_shared_node_and_says_when_one_is_gone(tmp_path):
+    from fedunlearn.integrations.flower.app_unlearn import unlearn_over_app
+
+    record(tmp_path, OwnGrid(NODES), rounds=1)
+    # client 2 now shares a node with client 0; client 1's node is gone
+    grid = OwnGrid({21: {"partition-id": "0,2"}})
+    own.TRAINED.clear()
+    out = unlearn_over_app(grid, tmp_path / "run", "retrain", [1], node_timeout=0.1)
+    assert {cid for cid, _, _ in own.TRAINED} == {0, 2}
+    check = out["client_check"]["1"]
+    assert not check["shown"] and "no node hosts it now" in check["reason"]

@@ -120,28 +120,32 @@ class AppClients:
         return self._sizes[client_id]
 
     def node_of(self, client_id: int) -> int | None:
-        """Return the node hosting ``client_id`` (asking the nodes not asked yet), or None."""
-        if client_id not in self._nodes:
-            self._place()
-        return self._nodes.get(client_id)
+        """Return the node hosting ``client_id``, or None if none says so within ``node_timeout``.
 
-    def _place(self) -> None:
+        Nodes not asked yet get one ``query.fedunlearn`` (which clients do you host?); while
+        ``client_id`` is unplaced, newly connected nodes are asked until ``node_timeout``.
+        """
         deadline = time.monotonic() + self.node_timeout
-        nodes = set(self.grid.get_node_ids())
-        while len(nodes) < len(self._sizes) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            nodes = set(self.grid.get_node_ids())
-        fresh = sorted(nodes - self._asked_nodes)
-        if not fresh:
-            return
-        self._asked_nodes |= set(fresh)
+        while client_id not in self._nodes:
+            fresh = sorted(set(self.grid.get_node_ids()) - self._asked_nodes)
+            if fresh:
+                self._ask(fresh)
+            elif time.monotonic() > deadline:
+                return None
+            else:
+                time.sleep(0.5)
+        return self._nodes[client_id]
+
+    def _ask(self, nodes: Sequence[int]) -> None:
+        """Ask ``nodes`` which clients they host."""
+        self._asked_nodes |= set(nodes)
         query = [
             Message(
                 RecordDict({RECORD: ConfigRecord({"want": "client-ids"})}),
                 dst_node_id=n,
                 message_type=QUERY_TYPE,
             )
-            for n in fresh
+            for n in nodes
         ]
         for reply in self.grid.send_and_receive(query, timeout=self.round_timeout):
             node = int(reply.metadata.src_node_id)
