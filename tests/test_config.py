@@ -170,3 +170,34 @@ def test_the_budget_lives_in_privacy_budget_and_the_flat_keys_still_work(tmp_pat
         match="privacy.budget.schedule: unknown budget schedule 'constant'; available: fedadp",
     ):
         resolve_config(typo)
+
+
+# --- user components (issue 23) ---------------------------------------------------------------
+
+
+def test_user_components_are_stored_as_strings_and_survive_the_dumped_yaml():
+    import yaml
+
+    config = parse_config(
+        {
+            "data": {"source": "pkg.data:load", "options": {"path": "x.npz"}},
+            "model": {"factory": "pkg.nets:make", "options": {"width": 8}},
+        }
+    )
+    assert config.model.factory == "pkg.nets:make" and config.model.options == {"width": 8}
+    assert parse_config(yaml.safe_load(dump_config(config))) == config
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"model": {"factory": "pkg.nets"}}, "model.factory: must name a function"),
+        ({"model": {"factory": "pkg:make", "name": "cnn"}}, "model.name cannot apply"),
+        ({"model": {"options": {"width": 3}}}, "give model.factory or drop model.options"),
+        ({"data": {"source": "pkg:load", "partition": "dirichlet"}}, "data.partition cannot"),
+        ({"data": {"source": "a b"}}, "data.source: must name a function"),
+    ],
+)
+def test_user_components_are_refused_when_they_cannot_be_meant(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data)

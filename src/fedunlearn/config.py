@@ -13,12 +13,21 @@ validates the section where the run is assembled (docs/architecture.md, "The plu
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedunlearn.errors import ConfigError
 
@@ -27,12 +36,54 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+#: A user component: ``"pkg.module:function"`` (the attribute may be dotted: ``"pkg.m:Cls.make"``).
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_COMPONENT = rf"^{_DOTTED}:{_DOTTED}$"
+
+
+def _component(value: str | None) -> str | None:
+    """Return ``value`` if it is ``"pkg.module:function"`` or a registered name (None passes)."""
+    if value is not None and not (
+        re.fullmatch(_COMPONENT, value) or re.fullmatch(_REGISTERED, value)
+    ):
+        raise ValueError(
+            "must name a function as 'pkg.module:function' (module path, a colon, the "
+            "attribute) or by a name an installed package registers"
+        )
+    return value
+
+
+def _changed(section: BaseModel, names: frozenset[str] | set[str]) -> list[str]:
+    """Return which of ``names`` differ from their default in ``section`` (sorted)."""
+    fields = type(section).model_fields
+    return sorted(n for n in names if getattr(section, n) != fields[n].get_default())
+
+
+#: A name registered under the entry-point group ``fedunlearn.models`` / ``fedunlearn.datasets``.
+_REGISTERED = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+#: What a built-in dataset's loading and partitioning read; a data source splits by itself.
+_PARTITION_FIELDS = frozenset(
+    {
+        "dataset",
+        "data_dir",
+        "partition",
+        "alpha",
+        "bias",
+        "shards_per_client",
+        "max_train_samples",
+        "max_test_samples",
+    }
+)
+
+
 class DataConfig(_Frozen):
     """Dataset and its split across clients."""
 
-    dataset: Literal["digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic"] = (
-        "digits"
-    )
+    # node-local: the clients' data stays on their Flower nodes (a user's own Flower app
+    # recorded by fedunlearn.integrations.flower.Recording); no server loads it
+    dataset: Literal[
+        "digits", "mnist", "fashion-mnist", "cifar10", "ag_news", "synthetic", "node-local"
+    ] = "digits"
     data_dir: str | None = None
     num_clients: int = Field(10, ge=1, le=100_000)
     partition: Literal["iid", "dirichlet", "label_bias", "shards"] = "iid"
@@ -41,14 +92,71 @@ class DataConfig(_Frozen):
     shards_per_client: int = Field(2, ge=1)
     max_train_samples: int | None = Field(None, ge=1, description="subsample the train set")
     max_test_samples: int | None = Field(None, ge=1, description="subsample the test set")
-    options: dict[str, Any] = Field(default_factory=dict, description="loader options")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="loader options (of data.source when given)"
+    )
+    source: str | None = Field(
+        None,
+        description="a user data source 'pkg.module:function' called as function(num_clients, "
+        "seed, **options); returns the clients' data already split (fedunlearn.data."
+        "FederatedData); replaces dataset and partition",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_shape(cls, value: str | None) -> str | None:
+        return _component(value)
+
+    @model_validator(mode="after")
+    def _source_alone(self) -> DataConfig:
+        if self.source is not None:
+            clash = _changed(self, _PARTITION_FIELDS)
+            if clash:
+                raise ValueError(
+                    f"data.source '{self.source}' returns the clients' data already split; "
+                    f"data.{', data.'.join(clash)} cannot apply to it. Drop "
+                    f"{'it' if len(clash) == 1 else 'them'}; the source's own options go in "
+                    "data.options"
+                )
+        return self
 
 
 class ModelConfig(_Frozen):
-    """Model architecture, built by name."""
+    """Model architecture, built by name or by a user factory (``factory`` with ``options``)."""
 
     name: Literal["logreg", "mlp", "cnn", "cnn_fmnist", "textcnn"] = "mlp"
     hidden: tuple[int, ...] = Field((128,), description="mlp hidden widths")
+    factory: str | None = Field(
+        None,
+        description="a user model factory 'pkg.module:function' called as "
+        "function(input_shape, num_classes, **options) -> torch.nn.Module; replaces name",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of model.factory"
+    )
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_shape(cls, value: str | None) -> str | None:
+        return _component(value)
+
+    @model_validator(mode="after")
+    def _factory_alone(self) -> ModelConfig:
+        if self.factory is not None:
+            clash = _changed(self, {"name", "hidden"})
+            if clash:
+                raise ValueError(
+                    f"model.factory '{self.factory}' builds the model; model."
+                    f"{' and model.'.join(clash)} cannot apply to it. Drop "
+                    f"{'it' if len(clash) == 1 else 'them'}; the factory's options go in "
+                    "model.options"
+                )
+        elif self.options:
+            raise ValueError(
+                "model.options are the keyword options of model.factory; give model.factory "
+                "or drop model.options"
+            )
+        return self
 
 
 class AggregatorConfig(_Frozen):
@@ -315,11 +423,16 @@ class RunConfig(_Frozen):
                 f"attack.num_malicious ({self.attack.num_malicious}) must be smaller than "
                 f"data.num_clients ({n})"
             )
-        if self.model.name == "textcnn" and self.data.dataset != "ag_news":
+        builtin = self.model.factory is None and self.data.source is None
+        if builtin and self.model.name == "textcnn" and self.data.dataset != "ag_news":
             raise ValueError("model.name 'textcnn' needs data.dataset 'ag_news'")
-        if self.data.dataset == "ag_news" and self.model.name != "textcnn":
+        if builtin and self.data.dataset == "ag_news" and self.model.name != "textcnn":
             raise ValueError("data.dataset 'ag_news' needs model.name 'textcnn'")
-        if self.attack.kind == "backdoor" and self.data.dataset in ("ag_news", "synthetic"):
+        if (
+            self.attack.kind == "backdoor"
+            and self.data.source is None
+            and self.data.dataset in ("ag_news", "synthetic")
+        ):
             raise ValueError("attack.kind 'backdoor' (pixel trigger) needs an image dataset")
         for name in ("start_round", "join_round"):
             value = getattr(self.attack, name)

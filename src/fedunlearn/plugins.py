@@ -78,9 +78,7 @@ class Plugin:
         for path in [*paths, *([self.cli] if self.cli else [])]:
             module, _, attr = path.partition(":")
             if not module or not attr:
-                raise PluginError(
-                    f"plugin '{self.name}' names {path!r}; give a 'module:attr' path"
-                )
+                raise PluginError(f"plugin '{self.name}' names {path!r}; give a 'module:attr' path")
 
     def provides(self, kind: Kind) -> Mapping[str, str]:
         """Return the ``name -> "module:attr"`` contributions of one kind."""
@@ -97,9 +95,7 @@ def resolve(path: str, what: str = "object") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise PluginError(
-            f"{what} {path!r} cannot be loaded: {type(err).__name__}: {err}"
-        ) from err
+        raise PluginError(f"{what} {path!r} cannot be loaded: {type(err).__name__}: {err}") from err
     try:
         value: Any = module
         for part in attr.split("."):
@@ -117,8 +113,7 @@ def _load_entry(entry: EntryPoint) -> Plugin:
         raise PluginError(f"plugin {where} cannot be loaded: {type(err).__name__}: {err}") from err
     if not isinstance(plugin, Plugin):
         raise PluginError(
-            f"plugin {where} is a {type(plugin).__name__}; it must name a "
-            "fedunlearn.plugins.Plugin"
+            f"plugin {where} is a {type(plugin).__name__}; it must name a fedunlearn.plugins.Plugin"
         )
     if plugin.name != entry.name:
         raise PluginError(f"plugin {where} declares the name '{plugin.name}'; use one name")

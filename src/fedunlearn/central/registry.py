@@ -12,9 +12,7 @@ from fedunlearn.registry import ClassRegistry
 
 __all__ = ["METHODS", "available_methods", "get_method", "make_method", "register"]
 
-METHODS: ClassRegistry[type[CentralUnlearner]] = ClassRegistry(
-    "central method", UnknownMethodError
-)
+METHODS: ClassRegistry[type[CentralUnlearner]] = ClassRegistry("central method", UnknownMethodError)
 
 #: Class decorator: register a ``CentralUnlearner`` under ``name`` (one word, as its module).
 register = METHODS.register

@@ -114,9 +114,7 @@ class Judge:
         )
         self.members = _concat(self.forgotten_clean) if self.forgotten_clean else None
 
-    def judge(
-        self, result: UnlearnResult, retrain: torch.Tensor | None = None
-    ) -> dict[str, Any]:
+    def judge(self, result: UnlearnResult, retrain: torch.Tensor | None = None) -> dict[str, Any]:
         """Return the result row of one method: the model's measures and the cost ledger.
 
         Args:
@@ -201,5 +199,3 @@ class Judge:
         else:
             row["distance_to_retrain"] = row["cosine_to_retrain"] = None
         return {k: finite_or_none(v) for k, v in row.items()}
-
-

@@ -55,12 +55,12 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
         return torch.device("cpu")
     text = str(name)
     if not re.match(DEVICE_PATTERN, text):
-        raise ConfigError(
-            f"unknown device {text!r}; use auto, cpu, cuda, cuda:<index> or mps"
-        )
+        raise ConfigError(f"unknown device {text!r}; use auto, cpu, cuda, cuda:<index> or mps")
     if text == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if _has_cuda() else torch.device(
-            "cpu"
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if _has_cuda()
+            else torch.device("cpu")
         )
     device = torch.device(text)
     if device.type == "cuda":

@@ -146,8 +146,10 @@ class Federation:
         self.check_clients(client_ids)
         honest = round_ < self.attack_start_round
         tasks = [
-            (-1 - cid if honest and cid in self.honest_data else cid,
-             derive_seed(self.seed, "client", round_, cid, task.salt))
+            (
+                -1 - cid if honest and cid in self.honest_data else cid,
+                derive_seed(self.seed, "client", round_, cid, task.salt),
+            )
             for cid in client_ids
         ]
         spec = task.local_spec(self.spec)

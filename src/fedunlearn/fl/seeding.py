@@ -29,4 +29,3 @@ def torch_generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
-

@@ -60,8 +60,8 @@ def save_model(
         path: File to write (conventionally ``*.safetensors``).
         model: The module, or the run's template module when ``params`` is given; it is not
             modified.
-        params: Flat float32 parameters (the engine's representation, ``get_flat_params``
-            order) to write instead of the module's own; buffers come from ``model``.
+        params: The flat float32 vector (the engine's representation: parameters, then
+            buffers, ``get_flat_params`` order) to write instead of the module's own state.
         spec: How to rebuild the module (default: the spec ``build_model`` recorded).
         metadata: Extra string entries for the file's metadata.
 

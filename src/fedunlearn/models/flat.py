@@ -1,7 +1,12 @@
-"""Flat-vector view of a model's trainable parameters.
+"""Flat-vector view of a model's state: its trainable parameters, then its buffers.
 
-Every update, aggregate and stored model in fedunlearn is a 1-D float32 vector in the order of
-``model.parameters()``. Buffers (e.g. BatchNorm statistics) are not federated.
+Every update, aggregate and stored model in fedunlearn is a 1-D float32 vector of length d: the
+parameters in the order of ``model.parameters()``, then the persistent buffers (those
+``state_dict`` saves, e.g. BatchNorm's ``running_mean``, ``running_var`` and
+``num_batches_tracked``) in the order of ``model.named_buffers()``. A model without buffers has
+exactly its parameters, as before buffers were carried. Integer buffers travel as float32 (exact
+up to 2^24) and are rounded back when written into a module. How buffers are aggregated and
+unlearned: docs/models.md.
 """
 
 from __future__ import annotations
@@ -11,20 +16,53 @@ from torch import nn
 
 from fedunlearn.errors import ConfigError
 
+__all__ = [
+    "federated_buffers",
+    "get_flat_params",
+    "num_buffer_values",
+    "num_params",
+    "num_trainable",
+    "set_flat_params",
+]
 
-def num_params(model: nn.Module) -> int:
-    """Return the number of trainable scalars d."""
+
+def federated_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Return ``model``'s persistent buffers (name, tensor), in ``named_buffers`` order."""
+    skip = {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        for name in getattr(module, "_non_persistent_buffers_set", ())
+    }
+    return [(n, b) for n, b in model.named_buffers() if n not in skip]
+
+
+def num_trainable(model: nn.Module) -> int:
+    """Return the number of trainable scalars (the parameter part of the flat vector)."""
     return sum(p.numel() for p in model.parameters())
 
 
+def num_buffer_values(model: nn.Module) -> int:
+    """Return the number of buffer scalars (the tail of the flat vector)."""
+    return sum(b.numel() for _, b in federated_buffers(model))
+
+
+def num_params(model: nn.Module) -> int:
+    """Return d, the length of the flat vector: trainable scalars plus buffer scalars."""
+    return num_trainable(model) + num_buffer_values(model)
+
+
 def get_flat_params(model: nn.Module) -> torch.Tensor:
-    """Return a detached copy of all parameters as one float32 vector of length d."""
-    return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in model.parameters()])
+    """Return a detached float32 copy of the parameters, then the buffers, as one vector of d."""
+    parts = [p.detach().reshape(-1).to(torch.float32) for p in model.parameters()]
+    parts += [b.detach().reshape(-1).to(torch.float32) for _, b in federated_buffers(model)]
+    return torch.cat(parts)
 
 
 @torch.no_grad()
 def set_flat_params(model: nn.Module, flat: torch.Tensor) -> nn.Module:
-    """Copy a flat vector into the model's parameters in place and return the model.
+    """Copy a flat vector into the model's parameters and buffers in place; return the model.
+
+    Integer buffers (``num_batches_tracked``) receive the rounded value.
 
     Raises:
         ConfigError: if ``flat`` does not have exactly d elements.
@@ -38,5 +76,10 @@ def set_flat_params(model: nn.Module, flat: torch.Tensor) -> nn.Module:
     for p in model.parameters():
         n = p.numel()
         p.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+    for _, b in federated_buffers(model):
+        n = b.numel()
+        part = flat[offset : offset + n].view_as(b)
+        b.copy_(part if b.is_floating_point() else part.round())
         offset += n
     return model

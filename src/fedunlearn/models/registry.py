@@ -156,14 +156,47 @@ def build_model(
                 f"unknown model '{name}'; available: {', '.join(sorted(MODELS))}"
             )
         factory = MODELS[name]
-        spec = ModelSpec(name, tuple(input_shape), num_classes, dict(options))
     else:
         factory = name
-        spec = ModelSpec(
-            CUSTOM, tuple(input_shape), num_classes, dict(options), _factory_name(factory)
+    model = call_factory(factory, input_shape, num_classes, seed=seed, **options)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model factory {_factory_name(factory)} returned {type(model).__name__}, not a "
+            "torch.nn.Module"
         )
+    return attach_spec(model, name, input_shape, num_classes, options)
+
+
+def call_factory(
+    factory: ModelFactory,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    seed: int,
+    **options: Any,
+) -> Any:
+    """Call ``factory(input_shape, num_classes, **options)`` with torch's CPU RNG at ``seed``.
+
+    The caller's RNG state is restored afterwards; what the factory returns is not checked.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = factory(tuple(input_shape), num_classes, **options)
+        return factory(tuple(input_shape), num_classes, **options)
+
+
+def attach_spec(
+    model: nn.Module,
+    name: str | ModelFactory,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    options: Mapping[str, Any],
+) -> nn.Module:
+    """Record on ``model`` how it was built (``model_spec`` reads it) and return it."""
+    if isinstance(name, str):
+        spec = ModelSpec(name, tuple(input_shape), num_classes, dict(options))
+    else:
+        spec = ModelSpec(
+            CUSTOM, tuple(input_shape), num_classes, dict(options), _factory_name(name)
+        )
     setattr(model, SPEC_ATTRIBUTE, spec)
     return model

@@ -280,7 +280,7 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
         info: dict[str, Any] = {
             "run_dir": str(run_dir),
             "dataset": config.data.dataset,
-            "model": config.model.name,
+            "model": config.model.factory or config.model.name,
             "num_params": store.meta.get("num_params"),
             "num_clients": config.data.num_clients,
             "rounds_planned": target,

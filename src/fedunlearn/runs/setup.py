@@ -1,6 +1,7 @@
 """What a run's config determines before any training: data, poisoning, model, federation.
 
-``build_setup(config)`` loads and partitions the data, poisons the malicious clients, builds the
+``build_setup(config)`` loads and partitions the data (or takes the clients' data from a user
+data source, ``fedunlearn.runs.user``), poisons the malicious clients, builds the
 model, the federation and the aggregator, always the same way for the same config (every random
 choice derives from (seed, purpose, round, client)). ``reference_set`` and ``clients_loss`` are
 the two server-side views of the clients' data a recording policy or a privacy schedule may ask
@@ -9,6 +10,7 @@ for: a seeded clean subsample, and the clients' mean loss on their own data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.config import RunConfig
-from fedunlearn.data import Dataset, load_dataset, partition
+from fedunlearn.data import Dataset, FederatedData, load_dataset, partition
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator, make_aggregator
 from fedunlearn.fl.attacks import (
@@ -33,9 +35,19 @@ from fedunlearn.fl.federation import Federation, UpdateMod
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData
 from fedunlearn.fl.seeding import derive_seed, torch_generator
-from fedunlearn.models import build_model, get_flat_params
+from fedunlearn.models import build_model, federated_buffers, get_flat_params
+from fedunlearn.models.registry import ModelFactory
+from fedunlearn.runs.user import FunctionTrigger, user_data, user_model
 
-__all__ = ["DEFAULT_LOSS_SAMPLES", "Setup", "build_setup", "clients_loss", "reference_set"]
+__all__ = [
+    "DEFAULT_LOSS_SAMPLES",
+    "Setup",
+    "aggregator_of",
+    "build_setup",
+    "clients_loss",
+    "reference_set",
+    "training_spec",
+]
 
 # Seed purpose of the reference set. Named after its first user (Crab's R); renaming it would
 # change every result that uses a reference set.
@@ -52,16 +64,24 @@ class Setup:
     """
 
     config: RunConfig
-    dataset: Dataset
+    dataset: Dataset | FederatedData
     model: nn.Module
     initial_params: torch.Tensor
     federation: Federation
     aggregator: Aggregator
     x_test: torch.Tensor
     y_test: torch.Tensor
-    trigger: Trigger | None
+    trigger: Trigger | FunctionTrigger | None
     poisoned_originals: dict[int, ClientData]
     join_rounds: dict[int, int] = field(default_factory=dict)
+    components: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def held_out(self) -> Mapping[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Client id -> its held-out set, where the user's data gives them (else empty)."""
+        if isinstance(self.dataset, FederatedData) and self.dataset.held_out is not None:
+            return self.dataset.held_out
+        return {}
 
     def clean_data(self, client_id: int) -> ClientData:
         """Return a client's data before poisoning (its true labels, no trigger)."""
@@ -96,9 +116,10 @@ def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tu
     return x[idx], y[idx]
 
 
-def build_setup(config: RunConfig) -> Setup:
-    """Load data, partition it, poison the malicious clients and build the federation."""
-    cfg = config
+def _builtin_data(
+    cfg: RunConfig,
+) -> tuple[Dataset, dict[int, ClientData], np.ndarray, np.ndarray]:
+    """Load a registered dataset, subsample it and partition it among the clients."""
     dataset = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir, **cfg.data.options)
     x_train, y_train = _subsample(
         dataset.x_train,
@@ -128,11 +149,60 @@ def build_setup(config: RunConfig) -> Setup:
     )
     x_all, y_all = torch.from_numpy(np.ascontiguousarray(x_train)), torch.from_numpy(y_train)
     client_data = {c: ClientData(x_all[idx], y_all[idx]) for c, idx in enumerate(parts)}
+    return dataset, client_data, x_test, y_test
+
+
+def build_setup(
+    config: RunConfig,
+    *,
+    model: ModelFactory | None = None,
+    data: FederatedData | Mapping[str, Any] | None = None,
+) -> Setup:
+    """Load data, partition it, poison the malicious clients and build the federation.
+
+    Args:
+        config: The run's config.
+        model: A model factory ``(input_shape, num_classes, **options) -> nn.Module`` to use
+            instead of the config's ``model.factory`` / ``model.name``.
+        data: The federation's data (``FederatedData`` or the plain mapping) to use instead of
+            the config's ``data.source`` / ``data.dataset``.
+
+    Raises:
+        ConfigError: A user component cannot be resolved, raises, or returns what does not fit
+            (one line naming it; fedunlearn.runs.user), before any training.
+    """
+    cfg = config
+    components: dict[str, dict[str, Any]] = {}
+    if data is not None or cfg.data.source is not None:
+        user = user_data(cfg, data)
+        components["data"] = user.record
+        dataset: Dataset | FederatedData = user.data
+        client_data = {c: ClientData(x, y) for c, (x, y) in user.data.clients.items()}
+        x_test, y_test = user.data.test
+        input_shape, num_classes = user.data.input_shape, int(user.data.num_classes or 0)
+        user_trigger = user.data.trigger
+        if cfg.attack.kind != "none" and cfg.attack.target_label >= num_classes:
+            raise ConfigError(
+                f"attack.target_label {cfg.attack.target_label} is not a class of "
+                f"{user.what} (0..{num_classes - 1})"
+            )
+    elif cfg.data.dataset == "node-local":
+        raise ConfigError(
+            "this run was recorded from a Flower app whose clients keep their data on their "
+            "nodes (data.dataset: node-local); nothing loads it here: unlearn it over the app "
+            "(docs/deployment.md, 'Your own Flower app')"
+        )
+    else:
+        dataset, client_data, x_np, y_np = _builtin_data(cfg)
+        x_test = torch.from_numpy(np.ascontiguousarray(x_np))
+        y_test = torch.from_numpy(y_np)
+        input_shape, num_classes = dataset.input_shape, dataset.num_classes
+        user_trigger = None
 
     malicious = choose_malicious(
         cfg.data.num_clients, cfg.attack.num_malicious, derive_seed(cfg.seed, "attack", 0)
     )
-    trigger: Trigger | None = None
+    trigger: Trigger | FunctionTrigger | None = None
     mods: list[UpdateMod] = []
     atk = cfg.attack
     originals: dict[int, ClientData] = {}
@@ -141,13 +211,13 @@ def build_setup(config: RunConfig) -> Setup:
             originals[cid] = client_data[cid]
         gen = torch_generator(derive_seed(cfg.seed, "attack", 1, cid))
         if atk.kind == "backdoor":
-            trigger = Trigger(atk.trigger_size)
+            trigger = Trigger(atk.trigger_size) if user_trigger is None else user_trigger
             client_data[cid] = backdoor_data(
                 client_data[cid], trigger, atk.target_label, atk.poison_fraction, gen
             )
         elif atk.kind == "label_flip":
             client_data[cid] = label_flip_data(
-                client_data[cid], dataset.num_classes, atk.poison_fraction, gen
+                client_data[cid], num_classes, atk.poison_fraction, gen
             )
     if atk.kind in ("trim_random", "fang_trim"):
         mods.append(
@@ -163,28 +233,33 @@ def build_setup(config: RunConfig) -> Setup:
             )
         )
 
-    options: dict[str, Any] = {}
-    if cfg.model.name == "mlp":
-        options["hidden"] = tuple(cfg.model.hidden)
-    if cfg.model.name == "textcnn":
-        options["vocab_size"] = int(dataset.meta["vocab_size"])
-    model = build_model(
-        cfg.model.name,
-        dataset.input_shape,
-        dataset.num_classes,
-        seed=derive_seed(cfg.seed, "model"),
-        **options,
-    )
+    if model is not None or cfg.model.factory is not None:
+        net, components["model"] = user_model(cfg, model, input_shape, num_classes, x_test)
+    else:
+        options: dict[str, Any] = {}
+        if cfg.model.name == "mlp":
+            options["hidden"] = tuple(cfg.model.hidden)
+        if cfg.model.name == "textcnn":
+            meta = dataset.meta if isinstance(dataset, Dataset) else {}
+            options["vocab_size"] = int(meta.get("vocab_size", 25002))
+        net = build_model(
+            cfg.model.name,
+            input_shape,
+            num_classes,
+            seed=derive_seed(cfg.seed, "model"),
+            **options,
+        )
+    if cfg.privacy.enabled and federated_buffers(net):
+        raise ConfigError(
+            f"privacy.enabled cannot cover {type(net).__name__}: its buffers ("
+            f"{', '.join(n for n, _ in federated_buffers(net)[:3])}, ...) are statistics of the "
+            "clients' data that DP noise does not protect; use a model without BatchNorm "
+            "(e.g. GroupNorm) for DP training"
+        )
     tr = cfg.training
-    spec = LocalTrainingSpec(
-        epochs=tr.local_epochs,
-        lr=tr.lr,
-        batch_size=tr.batch_size,
-        momentum=tr.momentum,
-        weight_decay=tr.weight_decay,
-    )
+    spec = training_spec(cfg)
     federation = Federation(
-        model,
+        net,
         client_data,
         spec,
         seed=cfg.seed,
@@ -196,22 +271,40 @@ def build_setup(config: RunConfig) -> Setup:
         num_workers=tr.num_workers,
         device=tr.device,
     )
-    agg = tr.aggregator
-    aggregator = make_aggregator(
-        agg.name, trim=agg.trim, krum_f=agg.krum_f, multi_krum_m=agg.multi_krum_m
-    )
+    aggregator = aggregator_of(cfg)
     return Setup(
         config=cfg,
         dataset=dataset,
-        model=model,
-        initial_params=get_flat_params(model),
+        model=net,
+        initial_params=get_flat_params(net),
         federation=federation,
         aggregator=aggregator,
-        x_test=torch.from_numpy(np.ascontiguousarray(x_test)),
-        y_test=torch.from_numpy(y_test),
+        x_test=x_test,
+        y_test=y_test,
         trigger=trigger,
         poisoned_originals=originals,
         join_rounds={c: atk.join_round for c in malicious} if atk.join_round > 1 else {},
+        components=components,
+    )
+
+
+def training_spec(config: RunConfig) -> LocalTrainingSpec:
+    """Return the run's local training hyperparameters (E, η, B, momentum, weight decay)."""
+    tr = config.training
+    return LocalTrainingSpec(
+        epochs=tr.local_epochs,
+        lr=tr.lr,
+        batch_size=tr.batch_size,
+        momentum=tr.momentum,
+        weight_decay=tr.weight_decay,
+    )
+
+
+def aggregator_of(config: RunConfig) -> Aggregator:
+    """Return the run's aggregation rule."""
+    agg = config.training.aggregator
+    return make_aggregator(
+        agg.name, trim=agg.trim, krum_f=agg.krum_f, multi_krum_m=agg.multi_krum_m
     )
 
 

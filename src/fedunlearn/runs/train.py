@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from fedunlearn.config import RunConfig, dump_config
+from fedunlearn.data import FederatedData
 from fedunlearn.errors import ConfigError, HistoryCorruptError
 from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
@@ -48,6 +49,7 @@ from fedunlearn.history.policy import (
     resolve_history,
 )
 from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry, WriterLock
+from fedunlearn.models.registry import ModelFactory
 from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.runs.assembly import resolve_config
@@ -254,6 +256,7 @@ def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
         "history_every": config.history.every,
         "torch_threads": torch.get_num_threads(),
         "wall_seconds": 0.0,
+        **({"components": setup.components} if setup.components else {}),
     }
 
 
@@ -271,6 +274,8 @@ def train_run(
     resume: bool = False,
     repair: bool = False,
     observers: Sequence[RoundObserver] = (),
+    model: ModelFactory | None = None,
+    data: FederatedData | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train a run into ``run_dir`` with history recording and return its summary.
 
@@ -281,6 +286,11 @@ def train_run(
         repair: With ``resume``: if a stored payload is damaged, drop its round and every later
             one and retrain them (without it, a damaged store is refused).
         observers: Extra round observers (e.g. a progress bar).
+        model: A model factory ``(input_shape, num_classes, **options) -> nn.Module`` used
+            instead of the config's model (recorded in the run; ``UnlearnSession`` then needs
+            it again: ``UnlearnSession(run_dir, model=...)``).
+        data: The federation's data (``fedunlearn.data.FederatedData`` or the plain mapping)
+            used instead of the config's (recorded by its digest; pass it to the session too).
 
     Raises:
         ConfigError: ``run_dir`` already holds a run and ``resume`` is False, holds none and
@@ -318,7 +328,7 @@ def train_run(
             raise ConfigError(already)
         threads = None if store is None else store.meta.get("torch_threads")
         with _torch_threads(threads):
-            setup = build_setup(config)
+            setup = build_setup(config, model=model, data=data)
             if store is None:
                 store, lock = (
                     HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),

@@ -132,9 +132,7 @@ def calibrated_replay(
             steps = []
             for u in fresh:
                 stored = context.history.read_update(round_, u.client_id)
-                steps.append(
-                    (u.client_id, calibrate(stored, u.delta, scope, layer_sizes))
-                )
+                steps.append((u.client_id, calibrate(stored, u.delta, scope, layer_sizes)))
                 if trace is not None:
                     norms.append((u.client_id, float(stored.norm()), float(u.delta.norm())))
         step = context.aggregate(steps)

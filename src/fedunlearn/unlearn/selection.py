@@ -52,9 +52,7 @@ def count_floor(n: int, ratio: float) -> int:
     return max(1, min(n, math.floor(ratio * n + _GUARD)))
 
 
-def cosine_scores(
-    updates: Mapping[int, torch.Tensor], aggregate: torch.Tensor
-) -> dict[int, float]:
+def cosine_scores(updates: Mapping[int, torch.Tensor], aggregate: torch.Tensor) -> dict[int, float]:
     """Return each client's cosine of its delta with the round's aggregate (float64; 0 if zero).
 
     Crab's contribution score (Eq. 2) and FedADP's layer-2 score (Eq. 9).

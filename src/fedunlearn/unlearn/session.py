@@ -8,6 +8,15 @@ Requests are validated before any work: unknown client ids, forgetting every cli
 method needing history the run did not record each raise one clear error, and nothing on disk
 changes (the store is opened read-only).
 
+Runs on user components (``model.factory``, ``data.source``, or a factory and data passed to
+``train_run``): pass the same objects again (``UnlearnSession(run, model=make_net,
+data=my_data)``; a config naming them rebuilds them by itself); a component that changed since
+training is warned about in one line (``fedunlearn.runs.components``). A run whose clients keep
+their data (the store's ``components.data.server_side`` is false: nothing to rebuild on the
+server) opens without a federation: the model comes from ``model=`` (or the config) at the
+recorded input shape and class count, evaluation from ``evaluator=``, and fresh client work from
+the ``clients=`` given to ``context``/``run``.
+
 The session is composed of two views (``fedunlearn.unlearn.views``): ``run_view`` (what the run
 is: config, store, M_0 and M_T, the federation's public pieces) and ``evaluation`` (test set,
 clean client data, reference sets, ``evaluate``); the judge and the verifier read those.
@@ -29,18 +38,24 @@ Verification (the receipt) is one layer up: ``fedunlearn.eval.Verifier(session, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
 from fedunlearn.config import RunConfig
+from fedunlearn.data import FederatedData
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.federation import Federation
 from fedunlearn.history.store import HistoryStore
+from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
+from fedunlearn.runs.components import warn_changed_components
+from fedunlearn.runs.setup import aggregator_of, training_spec
+from fedunlearn.runs.user import model_from_record
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.context import (
     CostMeter,
@@ -50,7 +65,12 @@ from fedunlearn.unlearn.context import (
     TrainingInfo,
     UnlearnContext,
 )
-from fedunlearn.unlearn.views import EvaluationView, RunView
+from fedunlearn.unlearn.views import (
+    ClientSideEvaluation,
+    EvaluationView,
+    ModuleEvaluator,
+    RunView,
+)
 
 RoundProgress = Callable[[dict[str, float]], None]
 
@@ -61,6 +81,15 @@ class UnlearnSession:
     Args:
         run_dir: Directory written by ``fedunlearn train``.
         evaluate: Evaluate the model after every unlearning round (for per-round plots).
+        model: The model factory the run was trained with, when it was passed to ``train_run``
+            as an object (a run whose config names ``model.factory`` rebuilds it by itself).
+        data: The federation's data (``fedunlearn.data.FederatedData`` or the plain mapping)
+            the run was trained on, when it was passed to ``train_run`` as an object.
+        evaluator: ``evaluator(module) -> {metric: value}``, called with the run's module
+            holding a model to judge (eval mode). On a run whose data stays on the clients
+            (recorded ``components.data.server_side: false``, e.g. a Flower app's own
+            clients) it is the only evaluation; on other runs its metrics are added to the
+            built-in ones.
 
     Attributes:
         run_view: What the run is (``RunView``, read-only).
@@ -69,10 +98,26 @@ class UnlearnSession:
             session; a deployment builds its own ``Clients`` from their public pieces).
     """
 
-    def __init__(self, run_dir: str | Path, *, evaluate: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        evaluate: bool = True,
+        model: ModelFactory | None = None,
+        data: FederatedData | Mapping[str, Any] | None = None,
+        evaluator: ModuleEvaluator | None = None,
+    ) -> None:
         run_dir = Path(run_dir)
         config = load_run_config(run_dir)
         store = HistoryStore.open(run_dir / HISTORY_DIR)
+        recorded = store.meta.get("components")
+        if _data_on_clients(recorded) and data is None:
+            try:
+                self._open_without_data(run_dir, config, store, model, evaluator, evaluate)
+            except BaseException:
+                store.close()
+                raise
+            return
         try:
             last = store.last_round()
             planned = int(store.meta.get("rounds_target", config.training.rounds))
@@ -87,7 +132,9 @@ class UnlearnSession:
                     f"{how} before unlearning"
                 )
             generation = store.generation()
-            self._setup = build_setup(config)
+            _check_given(recorded, config, model, data, run_dir)
+            self._setup = build_setup(config, model=model, data=data)
+            warn_changed_components(recorded, self._setup.components, str(run_dir))
             federation = self._setup.federation
             try:
                 self._fresh = _fresh_training(federation, config, store, run_dir)
@@ -118,8 +165,55 @@ class UnlearnSession:
             clean_from_round=store.clean_from_round(),
             applied=store.applied_clients(),
         )
-        self.evaluation = EvaluationView(self._setup)
-        self.federation: Federation = federation
+        self.evaluation = EvaluationView(self._setup, evaluator=evaluator)
+        self.federation: Federation | None = federation
+
+    def _open_without_data(
+        self,
+        run_dir: Path,
+        config: RunConfig,
+        store: HistoryStore,
+        model: ModelFactory | None,
+        evaluator: ModuleEvaluator | None,
+        evaluate: bool,
+    ) -> None:
+        """Open a run whose clients keep their data: no federation, evaluation by the user."""
+        recorded = store.meta["components"]
+        net, record = model_from_record(config, recorded, model)
+        warn_changed_components(
+            {"model": recorded["model"]} if "model" in recorded else {},
+            {"model": record},
+            str(run_dir),
+        )
+        planned = int(store.meta.get("rounds_target", config.training.rounds))
+        last = store.last_round()
+        if last != planned:
+            raise HistoryError(f"{run_dir} finished {last or 0} of {planned} rounds")
+        generation = store.generation()
+        self._setup = None
+        self._fresh = None
+        self._evaluate_rounds = evaluate
+        self._aggregator = aggregator_of(config)
+        sizes = {int(c): int(n) for c, n in store.meta.get("client_sizes", {}).items()}
+        self.run_view = RunView(
+            run_dir=run_dir,
+            config=config,
+            store=store,
+            initial_params=store.read_model(0),
+            final_params=store.read_model(planned),
+            fingerprint=run_fingerprint(config, generation, planned),
+            model=net,
+            spec=training_spec(config),
+            client_sizes=MappingProxyType(sizes),
+            malicious=frozenset(int(c) for c in store.meta.get("malicious", [])),
+            num_rounds=planned,
+            generation=generation,
+            forgotten=store.forgotten_clients(),
+            clean_from_round=store.clean_from_round(),
+            applied=store.applied_clients(),
+        )
+        self.evaluation = ClientSideEvaluation(net, config, evaluator=evaluator)
+        self.federation = None
 
     def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
         if not self._evaluate_rounds:
@@ -203,6 +297,11 @@ class UnlearnSession:
         run = self.run_view
         request = self.cumulative(request)
         run.check_request(request)
+        if clients is None and self._fresh is None:
+            raise ConfigError(
+                f"{run.run_dir}: the clients keep this run's data, so fresh client work needs "
+                "them: pass clients= (e.g. the Flower app's clients) to context() or run()"
+            )
         meter = CostMeter()
         training = run.config.training
         return UnlearnContext(
@@ -228,6 +327,7 @@ class UnlearnSession:
         request: UnlearnRequest,
         *,
         progress: RoundProgress | None = None,
+        clients: RunClients | None = None,
     ) -> UnlearnResult:
         """Validate the request, check the history, run ``method`` and return its result.
 
@@ -235,16 +335,18 @@ class UnlearnSession:
             method: The unlearning method.
             request: The clients to remove.
             progress: Called with the metrics of each unlearning round (see ``context``).
+            clients: Where fresh client work goes (see ``context``).
         """
         request = self.cumulative(request)
-        context = self.context(request, progress=progress)
+        context = self.context(request, progress=progress, clients=clients)
         return method.unlearn(request, context)
 
     def close(self) -> None:
         """Close the store and stop worker processes."""
-        if self._fresh is not self._setup.federation:
-            self._fresh.close()
-        self._setup.close()
+        if self._setup is not None:
+            if self._fresh is not self._setup.federation and self._fresh is not None:
+                self._fresh.close()
+            self._setup.close()
         self.run_view.store.close()
 
     def __enter__(self) -> UnlearnSession:
@@ -252,6 +354,34 @@ class UnlearnSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _data_on_clients(recorded: Mapping[str, Any] | None) -> bool:
+    """Whether the run recorded that its clients keep their data (no server-side data)."""
+    data = (recorded or {}).get("data") or {}
+    return data.get("server_side") is False
+
+
+def _check_given(
+    recorded: Mapping[str, Any] | None,
+    config: RunConfig,
+    model: ModelFactory | None,
+    data: FederatedData | Mapping[str, Any] | None,
+    run_dir: Path,
+) -> None:
+    """Refuse to rebuild a run whose model or data was passed to ``train_run`` as an object."""
+    recorded = recorded or {}
+    for key, given, named, kwarg in (
+        ("model", model, config.model.factory, "model"),
+        ("data", data, config.data.source, "data"),
+    ):
+        entry = recorded.get(key)
+        if entry is not None and given is None and named is None:
+            raise ConfigError(
+                f"{run_dir} was trained with {key} {entry.get('path') or 'passed as an object'}"
+                f" given to train_run; pass it again: UnlearnSession({str(run_dir)!r}, "
+                f"{kwarg}=...)"
+            )
 
 
 def _fresh_training(

@@ -15,7 +15,8 @@ verifier (``fedunlearn.eval``) read them and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,11 @@ from fedunlearn.fl.attacks import Trigger
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData
 from fedunlearn.history.store import HistoryStore
+from fedunlearn.models import set_flat_params
 from fedunlearn.runs import Setup, reference_set
 from fedunlearn.unlearn.base import UnlearnRequest
 
-__all__ = ["EvaluationView", "RunView"]
+__all__ = ["ClientSideEvaluation", "EvaluationView", "ModuleEvaluator", "RunView", "module_with"]
 
 
 @dataclass(frozen=True)
@@ -97,16 +99,28 @@ class RunView:
             )
 
 
+#: A user's evaluation: the run's module holding the model to judge (eval mode) -> metrics.
+ModuleEvaluator = Callable[[nn.Module], dict[str, float]]
+
+
+def module_with(template: nn.Module, params: torch.Tensor) -> nn.Module:
+    """Return a copy of ``template`` holding the flat ``params`` (parameters and buffers), eval."""
+    return set_flat_params(copy.deepcopy(template).cpu(), params.detach().cpu()).eval()
+
+
 class EvaluationView:
     """How models of a run are judged: test set, trigger, clean client data, reference sets.
 
     Args:
         setup: The run's setup (``fedunlearn.runs.build_setup``); only read.
+        evaluator: Extra metrics of a model (``evaluator(module)``), added to the built-in
+            ones.
     """
 
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: Setup, *, evaluator: ModuleEvaluator | None = None) -> None:
         self._setup = setup
         self._references: dict[int, ClientData] = {}
+        self._evaluator = evaluator
 
     @property
     def model(self) -> nn.Module:
@@ -135,7 +149,15 @@ class EvaluationView:
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Return test accuracy, test loss and (with a backdoor attack) the backdoor ASR."""
-        return self._setup.evaluate(params)
+        metrics = self._setup.evaluate(params)
+        if self._evaluator is not None:
+            metrics.update(self._evaluator(module_with(self._setup.model, params)))
+        return metrics
+
+    def held_out(self, client_id: int) -> ClientData | None:
+        """Return the client's held-out set where the user's data gives one, else None."""
+        pair = self._setup.held_out.get(client_id)
+        return None if pair is None else ClientData(*pair)
 
     def clean_data(self, client_id: int) -> ClientData:
         """Return a client's training data before poisoning (true labels, no trigger)."""
@@ -146,3 +168,73 @@ class EvaluationView:
         if size not in self._references:
             self._references[size] = reference_set(self._setup, size)
         return self._references[size]
+
+
+class ClientSideEvaluation(EvaluationView):
+    """Judging a run whose clients keep their data: only the user's ``evaluator`` runs here.
+
+    What needs the clients' data on the server (test set, clean client data, reference sets)
+    raises ``ConfigError`` naming why; checks that need it say they cannot run.
+
+    Args:
+        model: The run's module (its structure).
+        config: The run's config.
+        evaluator: ``evaluator(module) -> metrics``; None: models are not evaluated ({}).
+    """
+
+    def __init__(
+        self, model: nn.Module, config: RunConfig, *, evaluator: ModuleEvaluator | None = None
+    ) -> None:
+        self._model = model
+        self._config = config
+        self._evaluator = evaluator
+        self._references = {}
+
+    def _absent(self, what: str) -> ConfigError:
+        return ConfigError(
+            f"{what} is not available: this run's data stays on its clients (the server never "
+            "loaded it); evaluate through the evaluator given to UnlearnSession or on the clients"
+        )
+
+    @property
+    def model(self) -> nn.Module:
+        """The model template."""
+        return self._model
+
+    @property
+    def x_test(self) -> torch.Tensor:
+        """Not available (raises ``ConfigError``)."""
+        raise self._absent("the test set")
+
+    @property
+    def y_test(self) -> torch.Tensor:
+        """Not available (raises ``ConfigError``)."""
+        raise self._absent("the test set")
+
+    @property
+    def trigger(self) -> Trigger | None:
+        """None: no trigger is known on the server."""
+        return None
+
+    @property
+    def target_label(self) -> int:
+        """The label a backdoor or targeted attack aims at."""
+        return self._config.attack.target_label
+
+    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
+        """Return the evaluator's metrics of ``params`` ({} without an evaluator)."""
+        if self._evaluator is None:
+            return {}
+        return dict(self._evaluator(module_with(self._model, params)))
+
+    def held_out(self, client_id: int) -> ClientData | None:
+        """None: held-out sets stay on the clients."""
+        return None
+
+    def clean_data(self, client_id: int) -> ClientData:
+        """Not available (raises ``ConfigError``)."""
+        raise self._absent(f"client {client_id}'s data")
+
+    def reference_set(self, size: int) -> ClientData:
+        """Not available (raises ``ConfigError``)."""
+        raise self._absent("a reference set of the clients' data")

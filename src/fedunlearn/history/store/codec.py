@@ -74,9 +74,7 @@ def decode(dtype_name: str, shape_json: str, size: int, crc: int, data: object) 
     if zlib.crc32(data) != crc:
         raise PayloadError("fails its checksum")
     if math.prod(shape) * dtype.itemsize != size:
-        raise PayloadError(
-            f"has {size} bytes, which does not fit dtype {dtype_name} shape {shape}"
-        )
+        raise PayloadError(f"has {size} bytes, which does not fit dtype {dtype_name} shape {shape}")
     if size == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)

@@ -11,6 +11,15 @@
 - ``simulation``: ``simulate(job, num_supernodes)``: ``flwr run`` on a local Simulation Runtime
   SuperLink, from Python.
 
+The user's own Flower app (their ClientApp, strategy and node-local data):
+
+- ``recording``: ``Recording(strategy, run_dir=..., model="pkg.module:factory", ...)`` wraps any
+  Message-API strategy in the user's ServerApp and records every round into a fedunlearn run;
+- ``app_protocol``: ``own_client_app()`` (the user's ClientApp, its replies tagged with stable
+  client ids) and ``client_id(message, context)``;
+- ``app_unlearn``: ``unlearn_over_app`` / ``unlearn_from_run_config``: an unlearning request
+  over the same app, fresh training sent to the same ClientApp.
+
 Deployment recipe: ``docs/deployment.md``.
 """
 
@@ -21,18 +30,31 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         'fedunlearn.integrations.flower needs Flower: pip install "fedunlearn[flower]"'
     ) from err
 
+from fedunlearn.integrations.flower.app_protocol import client_id, own_client_app
+from fedunlearn.integrations.flower.app_unlearn import (
+    AppClients,
+    unlearn_from_run_config,
+    unlearn_over_app,
+)
 from fedunlearn.integrations.flower.driver import FlowerClients
+from fedunlearn.integrations.flower.recording import Recording
 from fedunlearn.integrations.flower.server_app import FlowerJob, make_app, run_job
 from fedunlearn.integrations.flower.simulation import FlowerRunError, simulate
 from fedunlearn.integrations.flower.strategy import HistoryStrategy, MissingAwareRecorder
 
 __all__ = [
+    "AppClients",
     "FlowerClients",
     "FlowerJob",
     "FlowerRunError",
     "HistoryStrategy",
     "MissingAwareRecorder",
+    "Recording",
+    "client_id",
     "make_app",
+    "own_client_app",
     "run_job",
     "simulate",
+    "unlearn_from_run_config",
+    "unlearn_over_app",
 ]

@@ -159,7 +159,7 @@ class FlowerJob:
         if run_dir is None:
             raise ConfigError(
                 f"a job in mode {mode!r} needs run-dir, the absolute run directory "
-                '(--run-config \'run-dir="/abs/path"\')'
+                "(--run-config 'run-dir=\"/abs/path\"')"
             )
         config_path = Path(text("config-path")) if text("config-path") else None
         if config_path is not None and not config_path.is_absolute() and base_dir is not None:

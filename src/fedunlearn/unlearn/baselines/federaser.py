@@ -94,9 +94,7 @@ class FedEraser(Unlearner):
         clients = len(context.history.meta.get("client_sizes", {}))
         return (clients * len(self.retained_rounds(context)) + 1) * d * 4
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         rounds = self.retained_rounds(context)
         epochs = math.ceil(self.params.calibration_ratio * context.clients.spec.epochs)
         trajectory = TrajectoryLog(context)

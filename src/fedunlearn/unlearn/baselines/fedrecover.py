@@ -427,9 +427,7 @@ class FedRecover(Unlearner):
                 rejected.append({"round": round_, "client_id": update.client_id, "reason": reason})
         return out
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         p = self.params
         history, meter = context.history, context.meter
         num_rounds = context.num_rounds

@@ -23,7 +23,5 @@ class NoUnlearning(Unlearner):
         """Only the final model is kept."""
         return context.final_params.numel() * 4
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         return RunOutput(context.start_from(context.num_rounds))

@@ -60,9 +60,7 @@ class RandomRounds(Unlearner):
         rng = np.random.default_rng(self.params.seed)
         return sorted(int(r) for r in rng.choice(np.arange(1, num_rounds + 1), count, False))
 
-    def _run(
-        self, request: UnlearnRequest, context: UnlearnContext
-    ) -> RunOutput:
+    def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         rounds = self.chosen_rounds(context.num_rounds)
         params, rows = calibrated_replay(
             context,
