@@ -23,6 +23,8 @@ calibration):
 2. ``membership``: loss-threshold and shadow-model attacks on the forgotten clients' clean
    training data against unseen data (AUC), against Retrain's AUC (or chance, 0.5);
 3. ``client_membership``: the client-level membership test (``ClientMembershipEvidence``);
+3b. ``markers``: the forgotten clients' participation markers (``MarkerEvidence``): the share
+   of marked probe inputs sent to each client's secret target, against Retrain's;
 4. ``poisoning``: a non-backdoor poisoning's damage (test accuracy against Retrain's);
 5. ``distance``: ``||u - r|| / ||o - r||``; a model that stayed at the original fails, a pass
    needs ``distance_pass``; never decisive on its own;
@@ -46,6 +48,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.eval.markers import MarkerEvidence
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.unlearn.lineage import Lineage
 from fedunlearn.unlearn.receipt import BoundReport, Check, Verdict, Verification
@@ -63,6 +66,7 @@ CHECK_NAMES = (
     "backdoor",
     "membership",
     "client_membership",
+    "markers",
     "poisoning",
     "distance",
     "bound",
@@ -100,6 +104,11 @@ class VerificationThresholds(BaseModel):
             model (its relative distance is then at least ``1 - distance_unchanged``).
         bound_tolerance: Relative slack when comparing an observed distance with a certified
             bound (float rounding).
+        marker_warn: Excess marker rate (share of marked probe inputs classified as the
+            client's target) over the clean reference (Retrain's rate, else the model's rate
+            for never-embedded decoy patterns) above which the markers check warns; it must
+            also exceed 3 binomial standard errors.
+        marker_fail: Excess marker rate above which it fails (and 4 standard errors).
         utility_warn: Test accuracy drop (absolute) below the reference above which the
             utility check warns.
         utility_fail: Drop above which it fails.
@@ -121,12 +130,14 @@ class VerificationThresholds(BaseModel):
     bound_tolerance: float = Field(1e-6, ge=0)
     utility_warn: float = Field(0.02, ge=0, le=1)
     utility_fail: float = Field(0.05, ge=0, le=1)
+    marker_warn: float = Field(0.05, ge=0, le=1)
+    marker_fail: float = Field(0.10, ge=0, le=1)
     deletion_on_forget: Literal["warn", "fail"] = "warn"
     method_warning: Literal["warn", "fail"] = "warn"
 
     def model_post_init(self, _context: Any) -> None:
         """Check each warn threshold is at most its fail threshold."""
-        for name in ("backdoor", "mia_auc", "utility", "mia"):
+        for name in ("backdoor", "mia_auc", "utility", "mia", "marker"):
             suffix = "_z" if name == "mia" else ""
             warn = getattr(self, f"{name}_warn{suffix}")
             fail = getattr(self, f"{name}_fail{suffix}")
@@ -169,6 +180,8 @@ class Evidence:
         warnings_available: False when the method's warnings were not available (an audited
             model without its result file).
         lineage: The result's lineage, or None when none was available.
+        markers: The forgotten clients' participation-marker rates of the model and its
+            controls, or None when no forgotten client embedded a marker.
     """
 
     row: Mapping[str, Any]
@@ -191,6 +204,7 @@ class Evidence:
     client_membership: ClientMembershipEvidence | None = None
     warnings_available: bool = True
     lineage: Lineage | None = None
+    markers: MarkerEvidence | None = None
 
     def controls(self) -> dict[str, Mapping[str, Any]]:
         """Return the negative controls' rows by label (the original, and with noise)."""
@@ -567,6 +581,139 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
         )
     return Check(
         "client_membership",
+        title,
+        verdict,
+        value,
+        reference,
+        threshold,
+        reason,
+        evidence=evidence,
+        power=power,
+    )
+
+
+# --- 3b. participation markers ----------------------------------------------------------------
+
+
+def _marker_grade(
+    excess: float, base: float, probes: int, th: VerificationThresholds
+) -> tuple[Verdict, float, float]:
+    """Return the verdict of a marker-rate excess and the warn / fail margins used.
+
+    The margins are the fixed thresholds or 3 / 4 binomial standard errors of a difference of
+    two rates on ``probes`` inputs at the reference rate, whichever is larger.
+    """
+    p = min(max(base, 1.0 / max(probes, 1)), 1.0 - 1.0 / max(probes, 1))
+    se = math.sqrt(2 * p * (1 - p) / max(probes, 1))
+    warn, fail = max(th.marker_warn, 3 * se), max(th.marker_fail, 4 * se)
+    return _grade(excess, warn, fail), warn, fail
+
+
+def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
+    """Check 3b: the forgotten clients' participation markers no longer work.
+
+    Per marked forgotten client, the marker rate (marked probe inputs classified as the
+    client's secret target) is judged against Retrain's rate for the same marker. Without
+    Retrain the reference is the same model's rate for never-embedded decoy patterns: a rate
+    within the warn margin of it passes, and a model is flagged only if it also keeps the
+    original's rate (within the fail margin), since a clean model's rate for this pattern can
+    exceed the decoys'; in between it warns. The worst client decides. The
+    original (and the original plus noise) must be flagged for every marked client, and
+    Retrain must not be, or a model that is not flagged gets ``inconclusive``.
+    """
+    title = "participation markers"
+    mk = ev.markers
+    if mk is None or not mk.clients:
+        return Check(
+            "markers",
+            title,
+            "n/a",
+            reason=(
+                "no forgotten client embedded a participation marker (verification.markers in "
+                "the run config)"
+            ),
+        )
+    with_retrain = "retrain" in mk.rates
+
+    def grade(label: str) -> tuple[Verdict, dict[int, dict[str, Any]]]:
+        worst: Verdict = "pass"
+        per: dict[int, dict[str, Any]] = {}
+        for c in mk.clients:
+            rate = mk.rates[label][c]
+            base = mk.rates["retrain"][c] if with_retrain else mk.decoy_rates[label][c]
+            verdict, warn, fail = _marker_grade(rate - base, base, mk.probes[c], th)
+            per[c] = {"rate": rate, "reference": base, "warn": base + warn, "fail": base + fail}
+            if not with_retrain and verdict == "fail":
+                # a clean model's rate for this very pattern can sit well above the decoys'
+                # (measured: 28% against 7%), so without Retrain only a model that kept about
+                # the original's rate is flagged; in between, part of the marker may remain
+                keeps = mk.rates["original"][c] - fail
+                per[c]["fail"] = max(base + fail, keeps)
+                if rate < keeps:
+                    verdict = "warn"
+            if _SEVERITY_ORDER[verdict] > _SEVERITY_ORDER[worst]:
+                worst = verdict
+            per[c]["flagged"] = verdict == "fail"
+        return worst, per
+
+    candidate, per_client = grade("candidate")
+    graded = {label: grade(label) for label in mk.rates if label != "candidate"}
+    controls: dict[str, Verdict] = {
+        label: "fail" if all(p["flagged"] for p in per.values()) else "pass"
+        for label, (_, per) in graded.items()
+        if label.startswith("original")
+    }
+    if "original" not in controls:
+        return Check(
+            "markers", title, "inconclusive", reason="the original's marker rate was not measured"
+        )
+    positive = graded["retrain"][0] if with_retrain else None
+    verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
+    excess = {c: p["rate"] - p["reference"] for c, p in per_client.items()}
+    worst_client = max(excess, key=lambda c: excess[c])
+    value = per_client[worst_client]["rate"]
+    base_name = "Retrain" if with_retrain else "never-embedded decoy patterns"
+    reference = {
+        "original": {c: mk.rates["original"][c] for c in mk.clients},
+        "retrain": {c: mk.rates["retrain"][c] for c in mk.clients} if with_retrain else None,
+        "decoy": {c: mk.decoy_rates["candidate"][c] for c in mk.clients},
+    }
+    threshold = {
+        "warn": {c: p["warn"] for c, p in per_client.items()},
+        "fail": {c: p["fail"] for c, p in per_client.items()},
+    }
+    power = {
+        "original_flagged": controls["original"] == "fail",
+        "controls": controls,
+        "separation_points": {
+            c: 100 * (graded["original"][1][c]["rate"] - graded["original"][1][c]["reference"])
+            for c in mk.clients
+        },
+    }
+    evidence = {"per_client": per_client, "probes": dict(mk.probes)}
+    shown = ", ".join(
+        f"client {c} {_pct(p['rate'])} (reference {_pct(p['reference'])}, original "
+        f"{_pct(mk.rates['original'][c])})"
+        for c, p in per_client.items()
+    )
+    if verdict == "fail":
+        reason = (
+            f"client {worst_client}'s marker still works: {_pct(value)} of marked probe inputs "
+            f"go to its target against {_pct(per_client[worst_client]['reference'])} for "
+            f"{base_name} ({_pct(mk.rates['original'][worst_client])} before unlearning)"
+        )
+    elif verdict == "inconclusive":
+        reason = (
+            _no_power(ev, unflagged, f"marker rates {shown}; reference: {base_name}")
+            if unflagged
+            else f"the markers flag Retrain too ({shown})"
+        )
+    elif verdict == "pass":
+        reason = f"marker rates {shown}; reference: {base_name}"
+    else:
+        reason = f"part of a marker still works: {shown}; reference: {base_name}"
+    return Check(
+        "markers",
         title,
         verdict,
         value,
@@ -1106,6 +1253,7 @@ _CHECKS = (
     check_backdoor,
     check_membership,
     check_client_membership,
+    check_markers,
     check_poisoning,
     check_distance,
     check_bound,

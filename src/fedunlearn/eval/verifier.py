@@ -2,7 +2,8 @@
 
 ``Verifier(session, request, retrain=...)`` measures once what every receipt of the request
 shares: the membership attack (``Judge``), the rows of the controls (the original model, the
-original plus small Gaussian noise, Retrain's when a Retrain result is given), the clean backdoor
+original plus small Gaussian noise, Retrain's when a Retrain result is given; their
+participation-marker rates when a forgotten client embedded a marker), the clean backdoor
 ASR of the initial model M_0, ``||M_0 - Retrain||`` (a bound at least this large is vacuous) and
 the store's deletion evidence. Retrain is never run here: compute it first
 (``reference_retrain(session, request, "retrain")`` or ``session.run(make_method("retrain"),
@@ -36,6 +37,7 @@ from fedunlearn.errors import ConfigError, ForgottenDataError, HistoryError
 from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.distance import l2_distance
 from fedunlearn.eval.judge import Judge
+from fedunlearn.eval.markers import MarkerEvidence, MarkerProbe
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
@@ -295,12 +297,23 @@ class Verifier:
         self.original_row = self.judge.measure(run.final_params, "original", self.retrain_params)
         self.noise_std = noise_std
         self.noisy_original_row: dict[str, Any] | None = None
+        noisy = None
         if noise_std > 0:
             g = torch.Generator().manual_seed(seed)
             noise = torch.randn(run.final_params.shape, generator=g) * noise_std
+            noisy = run.final_params + noise
             self.noisy_original_row = self.judge.measure(
-                run.final_params + noise, "original + noise", self.retrain_params
+                noisy, "original + noise", self.retrain_params
             )
+        # participation markers of the forgotten clients: their controls' rates, measured once
+        self.marker_probe = MarkerProbe(session.evaluation, request)
+        self._marker_controls: dict[str, tuple[dict, dict]] = {}
+        if self.marker_probe:
+            self._marker_controls["original"] = self.marker_probe.rates(run.final_params)
+            if noisy is not None:
+                self._marker_controls["original + noise"] = self.marker_probe.rates(noisy)
+            if retrain is not None:
+                self._marker_controls["retrain"] = self.marker_probe.rates(retrain.params)
         self.initial_gap = (
             l2_distance(run.initial_params, retrain.params) if retrain is not None else None
         )
@@ -331,6 +344,7 @@ class Verifier:
         lineage: Lineage | None = None,
         warnings: Iterable[str] | None = None,
         client_membership: ClientMembershipEvidence | None = None,
+        markers: MarkerEvidence | None = None,
     ) -> Evidence:
         """Return the checks' evidence for a model's row (from this verifier's ``judge``).
 
@@ -354,6 +368,7 @@ class Verifier:
             client_membership=client_membership,
             warnings_available=details is not None or warnings is not None,
             lineage=lineage,
+            markers=markers,
             **self._attack,
         )
 
@@ -370,13 +385,21 @@ class Verifier:
         """Return the receipt of a model from its row (``judge.judge`` or ``judge.measure``).
 
         ``params`` (the model's flat parameters) feed the client-level membership test when
-        the verifier has one.
+        the verifier has one, and the participation markers of the forgotten clients.
         """
         membership = None
         if self.client_membership is not None and params is not None:
             membership = self.client_membership(params)
+        markers = None
+        if self.marker_probe and params is not None:
+            markers = self.marker_probe.evidence(params, self._marker_controls)
         evidence = self.evidence(
-            row, details, lineage=lineage, warnings=warnings, client_membership=membership
+            row,
+            details,
+            lineage=lineage,
+            warnings=warnings,
+            client_membership=membership,
+            markers=markers,
         )
         return build_verification(evidence, self.thresholds, subject=subject)
 

@@ -30,6 +30,7 @@ from fedunlearn.fl.attacks import (
 )
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.federation import Federation, UpdateMod
+from fedunlearn.fl.markers import Marker, make_marker, mark_data
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData
 from fedunlearn.fl.seeding import derive_seed, torch_generator
@@ -49,6 +50,9 @@ class Setup:
 
     ``join_rounds``: client -> the round it joins the federation (attackers with
     ``attack.join_round``; the training loop does not sample them before it).
+    ``markers``: client -> its participation marker (``verification.markers``); in a real
+    deployment it stays with the client, here the receipt reads it to probe for it.
+    ``unmarked``: client -> its clean data without the marked copies.
     """
 
     config: RunConfig
@@ -62,9 +66,13 @@ class Setup:
     trigger: Trigger | None
     poisoned_originals: dict[int, ClientData]
     join_rounds: dict[int, int] = field(default_factory=dict)
+    markers: dict[int, Marker] = field(default_factory=dict)
+    unmarked: dict[int, ClientData] = field(default_factory=dict)
 
     def clean_data(self, client_id: int) -> ClientData:
-        """Return a client's data before poisoning (its true labels, no trigger)."""
+        """Return a client's data before poisoning (its true labels, no trigger, no marker)."""
+        if client_id in self.unmarked:
+            return self.unmarked[client_id]
         return self.poisoned_originals.get(client_id, self.federation.client_data[client_id])
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
@@ -149,6 +157,7 @@ def build_setup(config: RunConfig) -> Setup:
             client_data[cid] = label_flip_data(
                 client_data[cid], dataset.num_classes, atk.poison_fraction, gen
             )
+    markers, unmarked = _embed_markers(cfg, dataset, client_data, originals)
     if atk.kind in ("trim_random", "fang_trim"):
         mods.append(
             UpdateAttack(
@@ -212,7 +221,54 @@ def build_setup(config: RunConfig) -> Setup:
         trigger=trigger,
         poisoned_originals=originals,
         join_rounds={c: atk.join_round for c in malicious} if atk.join_round > 1 else {},
+        markers=markers,
+        unmarked=unmarked,
     )
+
+
+def _embed_markers(
+    cfg: RunConfig,
+    dataset: Dataset,
+    client_data: dict[int, ClientData],
+    originals: dict[int, ClientData],
+) -> tuple[dict[int, Marker], dict[int, ClientData]]:
+    """Mix each marked client's marker into its data (in place); return markers, clean data.
+
+    An attacker's marked copies go into both its poisoned and its honest data (it trains on
+    the honest copy before ``attack.start_round``); the marked copies are drawn from its clean
+    samples.
+    """
+    spec = cfg.verification.markers
+    if spec is None:
+        return {}, {}
+    value = float(dataset.x_train.max())
+    markers: dict[int, Marker] = {}
+    unmarked: dict[int, ClientData] = {}
+    for cid in spec.clients:
+        secret = spec.seeds.get(cid, derive_seed(cfg.seed, "marker", cid))
+        marker = make_marker(
+            cid,
+            secret,
+            tuple(dataset.input_shape),
+            dataset.num_classes,
+            num_pixels=spec.pixels,
+            value=value,
+            num_samples=spec.samples,
+        )
+        clean = originals.get(cid, client_data[cid])
+        marked = mark_data(clean, marker)
+        extra = ClientData(marked.x[len(clean) :], marked.y[len(clean) :])
+        unmarked[cid] = clean
+        if cid in originals:
+            originals[cid] = marked
+            poisoned = client_data[cid]
+            client_data[cid] = ClientData(
+                torch.cat([poisoned.x, extra.x]), torch.cat([poisoned.y, extra.y])
+            )
+        else:
+            client_data[cid] = marked
+        markers[cid] = marker
+    return markers, unmarked
 
 
 def reference_set(setup: Setup, size: int) -> ClientData:
