@@ -27,7 +27,8 @@ calibration):
    of marked probe inputs sent to each client's secret target, against Retrain's;
 4. ``poisoning``: a non-backdoor poisoning's damage (test accuracy against Retrain's);
 5. ``distance``: ``||u - r|| / ||o - r||``; a model that stayed at the original fails, a pass
-   needs ``distance_pass``; never decisive on its own;
+   needs the band of independent exact retrains (``distance_band``, else the fixed
+   ``distance_pass``) with the original outside it; never decisive on its own;
 6. ``bound``: the method's certified bound, on the returned model's distance to Retrain, only
    when non-vacuous (below ``||M_0 - r||``);
 7. ``utility``: test accuracy against Retrain's (or the original's, unless the original is
@@ -48,6 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.eval.distance_band import DistanceBand
 from fedunlearn.eval.markers import MarkerEvidence
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.unlearn.lineage import Lineage
@@ -96,9 +98,9 @@ class VerificationThresholds(BaseModel):
             attacked sample sizes (Hanley-McNeil) to warn: sampling noise is not a trace.
         mia_fail_z: Standard errors the excess must exceed to fail.
         distance_pass: Relative distance ``||u - r|| / ||o - r||`` at or below which the
-            distance check passes (the original is at 1.0 and the original plus noise farther;
-            independent exact retrains of the quickstart land at 0.56-0.98, so a model between
-            this and 1 is ``inconclusive``).
+            distance check passes when no band of independent exact retrains was measured
+            (the original is at 1.0 and the original plus noise farther; exact retrains with
+            other batch orders land at 0.47-0.68 for an honest client of the quickstart).
         distance_unchanged: If the model moved less than this share of the original-to-Retrain
             gap away from the original, the distance check fails: it is still the original
             model (its relative distance is then at least ``1 - distance_unchanged``).
@@ -161,6 +163,9 @@ class Evidence:
         request_kind: ``forget`` (deletion request) or ``recover`` (poisoning).
         backdoor: Whether the run has a backdoor attack.
         attackers_forgotten: How many of the run's attacking clients the request removes.
+        clients_forgotten: How many clients the request removes (0: unknown, taken as every
+            one an attacker); with honest clients among them the backdoor check is not
+            decisive.
         attackers_total: How many attacking clients the run has.
         bound: The method's certified bound, if it provides one.
         warnings: The method's own warnings (``details.warnings``).
@@ -182,6 +187,8 @@ class Evidence:
         lineage: The result's lineage, or None when none was available.
         markers: The forgotten clients' participation-marker rates of the model and its
             controls, or None when no forgotten client embedded a marker.
+        distance_band: The spread of independent exact retrains around Retrain (the
+            distance check's pass line), or None: the fixed ``distance_pass`` applies.
     """
 
     row: Mapping[str, Any]
@@ -191,6 +198,7 @@ class Evidence:
     request_kind: str = "forget"
     backdoor: bool = False
     attackers_forgotten: int = 0
+    clients_forgotten: int = 0
     attackers_total: int = 0
     bound: BoundReport | None = None
     warnings: tuple[str, ...] = ()
@@ -205,6 +213,7 @@ class Evidence:
     warnings_available: bool = True
     lineage: Lineage | None = None
     markers: MarkerEvidence | None = None
+    distance_band: DistanceBand | None = None
 
     def controls(self) -> dict[str, Mapping[str, Any]]:
         """Return the negative controls' rows by label (the original, and with noise)."""
@@ -272,7 +281,8 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     The reference is Retrain's ASR; without Retrain, the clean ASR measured on the initial model
     M_0 when every attacker is forgotten, else ``inconclusive`` (other attackers keep the
     backdoor alive; only Retrain says how much). The original (and the original plus noise)
-    must exceed the fail line, or the check is ``inconclusive``.
+    must exceed the fail line, or the check is ``inconclusive``. When the request also names
+    honest clients, a pass is not decisive (the ASR says nothing about them).
     """
     title = "backdoor removed"
     if not ev.backdoor:
@@ -361,6 +371,11 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
             f"part of the backdoor survives: ASR {_pct(asr)} against {_pct(base)} for "
             f"{base_name} ({_pct(original)} before unlearning)"
         )
+    # the ASR measures the attack only: with honest clients in the request too, its pass
+    # says nothing about theirs (a model fine-tuned on an honest forgotten client passes)
+    honest = ev.clients_forgotten - ev.attackers_forgotten
+    if honest > 0 and verdict == "pass":
+        reason += f"; it says nothing about the {honest} honest forgotten client(s)"
     return Check(
         "backdoor",
         title,
@@ -371,6 +386,7 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
         reason,
         evidence=evidence,
         power=power,
+        decisive=honest <= 0,
     )
 
 
@@ -804,9 +820,11 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
     """Check 5: the model left the original and came close to Retrain.
 
     Fails a model that moved less than ``distance_unchanged`` of the original-to-Retrain gap
-    (the original plus small noise included); passes at most ``distance_pass`` of the
-    original's distance to Retrain; in between ``inconclusive`` (independent exact retrains
-    land there too). Never decisive: an interpolation of the original and Retrain is close too.
+    (the original plus small noise included). The pass line is the band of independent exact
+    retrains (``Evidence.distance_band``: where another exact retrain lands), else the fixed
+    ``distance_pass``; a model within it passes only if the original (and the original plus
+    noise) lies outside it, else ``inconclusive``; beyond it ``inconclusive``. Never decisive:
+    an interpolation of the original and Retrain is close too.
     """
     title = "distance to Retrain"
     moved = _num(ev.row.get("distance_to_original"))
@@ -864,23 +882,44 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
                 "relative": c_left / gap,
                 "flagged": c_moved / gap < th.distance_unchanged,
             }
+    band = ev.distance_band
+    line = band.band if band is not None else th.distance_pass
+    source = (
+        f"the spread of {len(band.relative)} independent exact retrains (at "
+        f"{min(band.relative):.2f}-{max(band.relative):.2f}x; {band.level:.0%} prediction "
+        f"bound {line:.2f}x)"
+        if band is not None
+        else f"the fixed pass line distance_pass ({line:g}x; no band was measured)"
+    )
+    if band is not None:
+        threshold["pass"] = line
+        evidence["band"] = band.to_dict()
+        for entry in power.values():
+            entry["outside_band"] = entry["relative"] > line
+    inside = [label for label, p in power.items() if not p.get("outside_band", True)]
     if moved_share < th.distance_unchanged:
         verdict = "fail"
         reason = (
             f"the model is still the original model: it moved {moved_share:.1%} of the "
             f"original-to-Retrain gap ({relative:.2f} of the original's distance to Retrain)"
         )
-    elif relative <= th.distance_pass:
+    elif relative <= line and inside:
+        verdict = "inconclusive"
+        reason = _no_power(
+            ev,
+            inside,
+            f"it lies at {power[inside[0]]['relative']:.2f}x, inside {source}",
+        )
+    elif relative <= line:
         verdict = "pass"
         reason = (
-            f"{relative:.2f} of the original's distance to Retrain (passes at "
-            f"{th.distance_pass:g}; distance alone does not show removal)"
+            f"{relative:.2f} of the original's distance to Retrain, within {source}; distance "
+            "alone does not show removal"
         )
     else:
         verdict = "inconclusive"
         reason = (
-            f"{relative:.2f}x the original's distance from Retrain: independent exact retrains "
-            f"land at 0.56-0.98x, so a distance above {th.distance_pass:g}x cannot tell"
+            f"{relative:.2f}x the original's distance from Retrain, beyond {source}: it cannot tell"
         )
     return Check(
         "distance",

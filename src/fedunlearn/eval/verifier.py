@@ -36,6 +36,7 @@ import torch
 from fedunlearn.errors import ConfigError, ForgottenDataError, HistoryError
 from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.distance import l2_distance
+from fedunlearn.eval.distance_band import DistanceBand, measure_distance_band
 from fedunlearn.eval.judge import Judge
 from fedunlearn.eval.markers import MarkerEvidence, MarkerProbe
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
@@ -262,6 +263,11 @@ class Verifier:
         client_membership: The client-level membership test of this request, as a function of
             a model's flat parameters returning ``ClientMembershipEvidence`` whose ``scores``
             include ``candidate`` (and ``original``, ``retrain``); None: the check is n/a.
+        distance_retrains: Independent exact retrains (other batch orders) to train for the
+            distance check's band (``eval.distance_band``; each costs one Retrain); 0 keeps the
+            fixed ``distance_pass``. Needs ``retrain``; at least 2 when not 0.
+        distance_band: A band measured before (e.g. shared by several verifiers of one
+            request); overrides ``distance_retrains``.
 
     Raises:
         ConfigError: for a ``retrain`` result of another method.
@@ -278,7 +284,14 @@ class Verifier:
         judge: Judge | None = None,
         noise_std: float = 1e-3,
         client_membership: Callable[[torch.Tensor], ClientMembershipEvidence] | None = None,
+        distance_retrains: int = 0,
+        distance_band: DistanceBand | None = None,
     ) -> None:
+        if distance_retrains == 1 or distance_retrains < 0:
+            raise ConfigError(
+                f"distance_retrains must be 0 (fixed pass line) or at least 2 (a measured "
+                f"spread); got {distance_retrains}"
+            )
         if retrain is not None and retrain.method != "retrain":
             raise ConfigError(f"retrain must be a result of 'retrain'; got '{retrain.method}'")
         run = session.run_view
@@ -314,6 +327,11 @@ class Verifier:
                 self._marker_controls["original + noise"] = self.marker_probe.rates(noisy)
             if retrain is not None:
                 self._marker_controls["retrain"] = self.marker_probe.rates(retrain.params)
+        self.distance_band = distance_band
+        if distance_band is None and distance_retrains and retrain is not None:
+            self.distance_band = measure_distance_band(
+                session, request, retrain, count=distance_retrains, seed=seed
+            )
         self.initial_gap = (
             l2_distance(run.initial_params, retrain.params) if retrain is not None else None
         )
@@ -326,6 +344,7 @@ class Verifier:
         self._attack = {
             "backdoor": session.evaluation.trigger is not None,
             "attackers_forgotten": len(malicious & request.forget),
+            "clients_forgotten": len(request.forget),
             "attackers_total": len(malicious),
             "attack_kind": run.config.attack.kind if malicious else None,
             "private_run": bool(run.config.privacy.enabled),
@@ -369,6 +388,7 @@ class Verifier:
             warnings_available=details is not None or warnings is not None,
             lineage=lineage,
             markers=markers,
+            distance_band=self.distance_band if self.retrain is not None else None,
             **self._attack,
         )
 
