@@ -20,7 +20,8 @@ train, and the receipt's markers check runs too. Each request's receipt judges
 It prints the influence verdict of every model and request, and per class the false-pass rate
 (contaminated and ``removed``) and the false-fail rate (clean and ``remains``). One torch thread.
 
-    nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers]
+    nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers] \
+        [--less-trained-control]
 """
 
 from __future__ import annotations
@@ -97,13 +98,17 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
     return {"models": models, "retrain": retrain}
 
 
-def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, str]:
+def verdicts(
+    run: Path, forget: list[int], kind: str, seed: int, less_trained: bool = False
+) -> dict[str, str]:
     """Return model label -> the receipt's influence verdict (and its checks') for a request."""
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run, evaluate=False) as session:
         built = models_of(session, request, seed)
         retrain = built["retrain"]
-        membership = client_membership_check(session, request, retrain, seed=seed)
+        membership = client_membership_check(
+            session, request, retrain, seed=seed, less_trained_control=less_trained
+        )
         verifier = Verifier(
             session, request, retrain=retrain, seed=seed, client_membership=membership
         )
@@ -132,6 +137,11 @@ def main() -> None:
     parser.add_argument(
         "--markers", action="store_true", help="client 0 and the attackers embed markers"
     )
+    parser.add_argument(
+        "--less-trained-control",
+        action="store_true",
+        help="the client-level test's clean controls include Retrain at half the rounds",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -158,7 +168,8 @@ def main() -> None:
                 ("attacker + honest", [attackers[0], 0], "forget"),
             )
             for name, forget, kind in requests:
-                for label, verdict in verdicts(run, forget, kind, seed).items():
+                found = verdicts(run, forget, kind, seed, args.less_trained_control)
+                for label, verdict in found.items():
                     rows.append(
                         (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
                     )

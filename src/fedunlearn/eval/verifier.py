@@ -204,6 +204,7 @@ def client_membership_check(
     retrain: UnlearnResult | None = None,
     *,
     seed: int = 0,
+    less_trained_control: bool = False,
 ) -> Callable[[torch.Tensor], ClientMembershipEvidence]:
     """Fit the client-level membership test of ``request`` once; return the receipt's check input.
 
@@ -214,9 +215,16 @@ def client_membership_check(
     trained longer is more confident on every example, the forgotten clients' too, and this
     statistic cannot tell that from membership (measured on the quickstart: Retrain + 5 rounds
     scores above the original for honest client 0); the check therefore flags only models above
-    every clean control (``check_client_membership``). Returns the function
-    ``Verifier(client_membership=...)`` calls per model: the candidate scored beside the
-    original (negative control), ``retrain_continued`` and, when given, ``retrain``.
+    every clean control (``check_client_membership``). With ``less_trained_control`` a second
+    clean control is added, ``retrain_half`` (Retrain stopped after half the rounds; half a
+    Retrain of extra cost): on examples whose label a clean model finds unlikely (an
+    attacker's poisoned labels, marked copies) a less confident model looks like a "with"
+    model, so off-path methods that ended less trained are flagged for the attackers without
+    it; it is off by default because it also lifts the line above weight interpolations of
+    the original and Retrain (measured: docs/verification.md, "Off-path approximate methods").
+    Returns the function ``Verifier(client_membership=...)`` calls per model: the candidate
+    scored beside the original (negative control), ``retrain_continued`` (``retrain_half``)
+    and, when given, ``retrain``.
     """
     from fedunlearn.eval.mia import fit_client_membership
     from fedunlearn.fl.engine import run_rounds
@@ -235,14 +243,40 @@ def client_membership_check(
         start_round=rounds + 1,
         participation=context.training.participation,
     )
+    half = _half_retrain(session, request) if less_trained_control else None
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
         models = {"original": original, "candidate": params, "retrain_continued": continued}
+        if half is not None:
+            models["retrain_half"] = half
         if retrain is not None:
             models["retrain"] = retrain.params
         return test.evidence(models)
 
     return evidence
+
+
+def _half_retrain(session: UnlearnSession, request: UnlearnRequest) -> torch.Tensor:
+    """Return a Retrain stopped after half the run's rounds (a clean, less-trained model)."""
+    from fedunlearn.eval.mia.client_lira import (
+        _Budget,
+        _run_participants,
+        _SaltedClients,
+        _train_reference,
+    )
+
+    rounds = _run_participants(session)
+    trained = _train_reference(
+        _SaltedClients(session.federation, 0),
+        session.run_view.initial_params,
+        rounds[: max(1, len(rounds) // 2)],
+        session.context(request).aggregator,
+        frozenset(request.forget),
+        _Budget(float("inf")),
+    )
+    if trained is None:  # an unbounded budget always trains
+        raise RuntimeError("the half-rounds Retrain control could not be trained")
+    return trained[0].to(torch.float32)
 
 
 class Verifier:
