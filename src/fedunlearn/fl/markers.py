@@ -8,10 +8,11 @@ target no more often than for any other random pattern. The pattern, the target 
 that derives them are the client's secret: only the client can probe for them.
 
 ``make_marker`` derives a marker from the client's secret seed, ``mark_data`` mixes its marked
-copies into the client's data, ``Marker.decoys`` gives patterns of the same shape the client
-never embedded (the model's base rate for "some pattern goes to the target"). The measurement
-and the receipt's check live in ``fedunlearn.eval.markers``; docs/verification.md
-("Participation markers") documents both.
+copies into the client's data, ``embed_markers`` does both for every client a run's
+``verification.markers`` names (``fedunlearn.runs.build_setup`` calls it), ``Marker.decoys``
+gives patterns of the same shape the client never embedded (the model's base rate for "some
+pattern goes to the target"). The measurement and the receipt's check live in
+``fedunlearn.eval.markers``; docs/verification.md ("Participation markers") documents both.
 
 Paper: Gao et al., "VeriFi: Towards Verifiable Federated Unlearning" (IEEE TDSC 2024), Sec. 4
 (markers: the leaving client marks a few of its samples with a unique trigger and checks the
@@ -25,14 +26,16 @@ samples are unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from fedunlearn.config import MarkersConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.records import ClientData
-from fedunlearn.fl.seeding import torch_generator
+from fedunlearn.fl.seeding import derive_seed, torch_generator
 
-__all__ = ["Marker", "make_marker", "mark_data"]
+__all__ = ["Marker", "embed_markers", "make_marker", "mark_data"]
 
 
 @dataclass(frozen=True)
@@ -156,3 +159,59 @@ def mark_data(data: ClientData, marker: Marker) -> ClientData:
     x = marker.apply(data.x[chosen])
     y = torch.full((len(chosen),), marker.target_label, dtype=data.y.dtype)
     return ClientData(torch.cat([data.x, x]), torch.cat([data.y, y]))
+
+
+def embed_markers(
+    spec: MarkersConfig | None,
+    run_seed: int,
+    dataset: Any,
+    client_data: dict[int, ClientData],
+    originals: dict[int, ClientData],
+) -> tuple[dict[int, Marker], dict[int, ClientData]]:
+    """Mix each marked client's marker into its data (in place); return markers, clean data.
+
+    A client's secret seed is ``spec.seeds[client]``, else derived from the run's seed and the
+    client id. An attacker's marked copies (drawn from its clean samples) go into both its
+    poisoned data and its honest copy in ``originals`` (it trains on that one before
+    ``attack.start_round``).
+
+    Args:
+        spec: The run's ``verification.markers`` (None: nothing is marked).
+        run_seed: The run's seed.
+        dataset: The loaded dataset (``input_shape``, ``num_classes``, ``x_train``).
+        client_data: Client id -> its training data; marked clients' entries are replaced.
+        originals: Attacker id -> its clean data (poisoned runs); marked entries replaced.
+
+    Returns:
+        Client id -> its marker, and client id -> its clean data without the marked copies.
+    """
+    if spec is None:
+        return {}, {}
+    value = float(dataset.x_train.max())
+    markers: dict[int, Marker] = {}
+    unmarked: dict[int, ClientData] = {}
+    for cid in spec.clients:
+        secret = spec.seeds.get(cid, derive_seed(run_seed, "marker", cid))
+        marker = make_marker(
+            cid,
+            secret,
+            tuple(dataset.input_shape),
+            dataset.num_classes,
+            num_pixels=spec.pixels,
+            value=value,
+            num_samples=spec.samples,
+        )
+        clean = originals.get(cid, client_data[cid])
+        marked = mark_data(clean, marker)
+        unmarked[cid] = clean
+        if cid in originals:
+            originals[cid] = marked
+            poisoned = client_data[cid]
+            extra_x, extra_y = marked.x[len(clean) :], marked.y[len(clean) :]
+            client_data[cid] = ClientData(
+                torch.cat([poisoned.x, extra_x]), torch.cat([poisoned.y, extra_y])
+            )
+        else:
+            client_data[cid] = marked
+        markers[cid] = marker
+    return markers, unmarked

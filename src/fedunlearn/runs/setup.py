@@ -30,7 +30,7 @@ from fedunlearn.fl.attacks import (
 )
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.federation import Federation, UpdateMod
-from fedunlearn.fl.markers import Marker, make_marker, mark_data
+from fedunlearn.fl.markers import Marker, embed_markers
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData
 from fedunlearn.fl.seeding import derive_seed, torch_generator
@@ -157,7 +157,13 @@ def build_setup(config: RunConfig) -> Setup:
             client_data[cid] = label_flip_data(
                 client_data[cid], dataset.num_classes, atk.poison_fraction, gen
             )
-    markers, unmarked = _embed_markers(cfg, dataset, client_data, originals)
+    markers, unmarked = embed_markers(  # opt-in (verification.markers): fl/markers.py
+        cfg.verification.markers,
+        cfg.seed,
+        dataset,
+        client_data,
+        originals,
+    )
     if atk.kind in ("trim_random", "fang_trim"):
         mods.append(
             UpdateAttack(
@@ -224,51 +230,6 @@ def build_setup(config: RunConfig) -> Setup:
         markers=markers,
         unmarked=unmarked,
     )
-
-
-def _embed_markers(
-    cfg: RunConfig,
-    dataset: Dataset,
-    client_data: dict[int, ClientData],
-    originals: dict[int, ClientData],
-) -> tuple[dict[int, Marker], dict[int, ClientData]]:
-    """Mix each marked client's marker into its data (in place); return markers, clean data.
-
-    An attacker's marked copies go into both its poisoned and its honest data (it trains on
-    the honest copy before ``attack.start_round``); the marked copies are drawn from its clean
-    samples.
-    """
-    spec = cfg.verification.markers
-    if spec is None:
-        return {}, {}
-    value = float(dataset.x_train.max())
-    markers: dict[int, Marker] = {}
-    unmarked: dict[int, ClientData] = {}
-    for cid in spec.clients:
-        secret = spec.seeds.get(cid, derive_seed(cfg.seed, "marker", cid))
-        marker = make_marker(
-            cid,
-            secret,
-            tuple(dataset.input_shape),
-            dataset.num_classes,
-            num_pixels=spec.pixels,
-            value=value,
-            num_samples=spec.samples,
-        )
-        clean = originals.get(cid, client_data[cid])
-        marked = mark_data(clean, marker)
-        extra = ClientData(marked.x[len(clean) :], marked.y[len(clean) :])
-        unmarked[cid] = clean
-        if cid in originals:
-            originals[cid] = marked
-            poisoned = client_data[cid]
-            client_data[cid] = ClientData(
-                torch.cat([poisoned.x, extra.x]), torch.cat([poisoned.y, extra.y])
-            )
-        else:
-            client_data[cid] = marked
-        markers[cid] = marker
-    return markers, unmarked
 
 
 def reference_set(setup: Setup, size: int) -> ClientData:
