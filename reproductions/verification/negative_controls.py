@@ -1,9 +1,13 @@
 """Calibrate the receipt with negative controls on the digits quickstart (issue 21, item 9, part).
 
-For each seed the quickstart (10 clients; clients 1 and 3 plant a backdoor) is trained, and two
-requests are verified with the receipt's default options (Retrain as reference, the client-level
-test on): forgetting honest client 0, and recovering from both attackers (1, 3). Each request's
-receipt judges
+For each seed the quickstart (10 clients; two seeded attackers plant a backdoor: 1 and 3 on seed
+0, 5 and 6 on seed 1, 1 and 8 on seed 2) is trained, and two requests are verified with the
+receipt's default options (Retrain as reference, the client-level test on): forgetting honest
+client 0, recovering from both of the seed's attackers, and forgetting one attacker together
+with honest client 0 (the request the calibration's first version ran by mistake on seeds 1 and
+2: it named clients 1 and 3, the attackers of seed 0 only). With ``--markers`` client 0 and both
+attackers embed participation markers (``verification.markers``, default options) when they
+train, and the receipt's markers check runs too. Each request's receipt judges
 
 - contaminated models (they still carry the forgotten clients' influence), which must never be
   ``removed``: the original plus Gaussian noise of std 1e-6, 1e-3 and 1e-2; the interpolations
@@ -16,7 +20,8 @@ receipt judges
 It prints the influence verdict of every model and request, and per class the false-pass rate
 (contaminated and ``removed``) and the false-fail rate (clean and ``remains``). One torch thread.
 
-    nice -n 5 python reproductions/verification/negative_controls.py --seeds 0 1 2
+    nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers] \
+        [--less-trained-control]
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import torch
 
 from fedunlearn.config import load_config
 from fedunlearn.eval import Verifier, client_membership_check
+from fedunlearn.fl.attacks import choose_malicious
 from fedunlearn.fl.client import local_update
 from fedunlearn.fl.engine import run_rounds
+from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
@@ -58,15 +65,21 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
     tuned = retrain.params.clone()
     for cid in sorted(request.forget):
         update = local_update(
-            federation.model, tuned, federation.client_data[cid],
-            replace(federation.spec, epochs=20), seed=seed + cid,
+            federation.model,
+            tuned,
+            federation.client_data[cid],
+            replace(federation.spec, epochs=20),
+            seed=seed + cid,
         )
         tuned = tuned + update.delta
     context = session.context(request)
     rounds = session.run_view.config.training.rounds
     continued = run_rounds(
-        context.clients, context.aggregator, retrain.params,
-        num_rounds=rounds + 5, start_round=rounds + 1,
+        context.clients,
+        context.aggregator,
+        retrain.params,
+        num_rounds=rounds + 5,
+        start_round=rounds + 1,
         participation=context.training.participation,
     )
     crab = session.run(make_method("crab", {"rollback": "paper"}), request)
@@ -85,13 +98,17 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
     return {"models": models, "retrain": retrain}
 
 
-def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, str]:
-    """Return model label -> the receipt's influence verdict for one request."""
+def verdicts(
+    run: Path, forget: list[int], kind: str, seed: int, less_trained: bool = False
+) -> dict[str, str]:
+    """Return model label -> the receipt's influence verdict (and its checks') for a request."""
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run, evaluate=False) as session:
         built = models_of(session, request, seed)
         retrain = built["retrain"]
-        membership = client_membership_check(session, request, retrain, seed=seed)
+        membership = client_membership_check(
+            session, request, retrain, seed=seed, less_trained_control=less_trained
+        )
         verifier = Verifier(
             session, request, retrain=retrain, seed=seed, client_membership=membership
         )
@@ -104,34 +121,67 @@ def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, st
                     label = f"crab paper ({'warned' if warned else 'no warning'})"
             else:
                 receipt = verifier.audit(model, label)[1]
-            out[label] = receipt.influence
+            checks = ("backdoor", "client_membership", "markers", "distance")
+            shown = " ".join(
+                f"{c}:{receipt.check(c).verdict}"
+                for c in checks
+                if receipt.check(c).verdict != "n/a"
+            )
+            out[label] = f"{receipt.influence} ({shown})"
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--markers", action="store_true", help="client 0 and the attackers embed markers"
+    )
+    parser.add_argument(
+        "--less-trained-control",
+        action="store_true",
+        help="the client-level test's clean controls include Retrain at half the rounds",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory(prefix="negative-controls-") as tmp:
         for seed in args.seeds:
             run = Path(tmp) / f"seed{seed}"
-            train_run(load_config(REPO / "configs/digits_quickstart.yaml", {"seed": seed}), run)
-            requests = (("honest 0", [0], "forget"), ("attackers", [1, 3], "recover"))
+            config = load_config(REPO / "configs/digits_quickstart.yaml", {"seed": seed})
+            attackers = sorted(
+                choose_malicious(
+                    config.data.num_clients,
+                    config.attack.num_malicious,
+                    derive_seed(seed, "attack", 0),
+                )
+            )
+            if args.markers:
+                spec = {"markers": {"clients": [0, *attackers]}}
+                config = load_config(
+                    REPO / "configs/digits_quickstart.yaml", {"seed": seed, "verification": spec}
+                )
+            train_run(config, run)
+            requests = (
+                ("honest 0", [0], "forget"),
+                ("attackers", attackers, "recover"),
+                ("attacker + honest", [attackers[0], 0], "forget"),
+            )
             for name, forget, kind in requests:
-                for label, verdict in verdicts(run, forget, kind, seed).items():
-                    rows.append((seed, name, label, verdict))
+                found = verdicts(run, forget, kind, seed, args.less_trained_control)
+                for label, verdict in found.items():
+                    rows.append(
+                        (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
+                    )
     print("| seed | request | model | class | influence |")
     print("|---|---|---|---|---|")
     for seed, name, label, verdict in rows:
-        cls = (
-            "contaminated" if label in CONTAMINATED else "clean" if label in CLEAN else "-"
-        )
+        cls = "contaminated" if label in CONTAMINATED else "clean" if label in CLEAN else "-"
         print(f"| {seed} | {name} | {label} | {cls} | {verdict} |")
-    for name in ("honest 0", "attackers"):
-        dirty = Counter(v for _, n, lab, v in rows if n == name and lab in CONTAMINATED)
-        clean = Counter(v for _, n, lab, v in rows if n == name and lab in CLEAN)
+    for name in ("honest 0", "attackers [", "attacker + honest"):
+        mine = [(lab, v) for _, n, lab, v in rows if n.startswith(name)]
+        dirty = Counter(v.split()[0] for lab, v in mine if lab in CONTAMINATED)
+        clean = Counter(v.split()[0] for lab, v in mine if lab in CLEAN)
         print(
             f"{name}: contaminated {dict(dirty)} -> false 'removed' "
             f"{dirty['removed']}/{sum(dirty.values())}; clean {dict(clean)} -> false 'remains' "

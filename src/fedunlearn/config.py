@@ -404,6 +404,40 @@ class PrivacyConfig(_Frozen):
         return self
 
 
+class MarkersConfig(_Frozen):
+    """Participation markers (``fedunlearn.fl.markers``; docs/verification.md).
+
+    Each listed client adds ``samples`` copies of its own samples stamped with a secret pattern
+    of ``pixels`` pixels and labelled with a secret target class, both derived from the
+    client's secret seed: ``seeds[client]`` when given, else derived from the run's seed and
+    the client id (a simulation stand-in for a seed only the client knows).
+    """
+
+    clients: list[int] = Field(min_length=1)
+    samples: int = Field(20, ge=1, description="marked copies each client adds")
+    pixels: int = Field(10, ge=1, description="pixels in each client's secret pattern")
+    seeds: dict[int, int] = Field(default_factory=dict, description="client -> secret seed")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MarkersConfig:
+        if len(set(self.clients)) != len(self.clients) or min(self.clients) < 0:
+            raise ValueError(
+                f"verification.markers.clients must be distinct client ids >= 0; got {self.clients}"
+            )
+        extra = sorted(set(self.seeds) - set(self.clients))
+        if extra:
+            raise ValueError(
+                f"verification.markers.seeds names client(s) {extra} not in markers.clients"
+            )
+        return self
+
+
+class VerificationConfig(_Frozen):
+    """What clients do during training so that their removal can be verified later."""
+
+    markers: MarkersConfig | None = None
+
+
 class RunConfig(_Frozen):
     """A whole training run."""
 
@@ -414,6 +448,21 @@ class RunConfig(_Frozen):
     attack: AttackConfig = AttackConfig()
     history: HistoryConfig = HistoryConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    verification: VerificationConfig = VerificationConfig()
+
+    @model_validator(mode="after")
+    def _markers_consistent(self) -> RunConfig:
+        markers = self.verification.markers
+        if markers is not None:
+            n = self.data.num_clients
+            if max(markers.clients) >= n:
+                raise ValueError(
+                    f"verification.markers.clients {markers.clients} names a client outside "
+                    f"0..{n - 1} (data.num_clients = {n})"
+                )
+            if self.data.dataset in ("ag_news", "synthetic"):
+                raise ValueError("verification.markers (pixel patterns) need an image dataset")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

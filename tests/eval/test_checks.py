@@ -56,6 +56,7 @@ def test_retrain_passes_every_check_against_itself():
         "backdoor": "pass",
         "membership": "pass",
         "client_membership": "n/a",
+        "markers": "n/a",
         "poisoning": "n/a",
         "distance": "pass",
         "bound": "n/a",
@@ -177,6 +178,40 @@ def test_distance_fails_the_original_passes_only_close_models():
     same = build_verification(evidence(ORIGINAL, retrain=False)).check("distance")
     assert same.verdict == "fail"
     assert "unchanged" in same.reason
+
+
+def test_the_distance_band_from_measured_retrains_sets_the_pass_line_and_needs_power():
+    from fedunlearn.eval.distance_band import DistanceBand
+
+    noisy = {**ORIGINAL, "distance_to_retrain": 1.64, "distance_to_original": 0.3}
+    tight = DistanceBand((0.53, 0.68, 0.62), cost_seconds=1.0, cost_client_epochs=3.0)
+    assert 0.68 < tight.band < 1.0
+    # 0.6x: inside the band of exact retrains, the original (1.0x) and the noisy one outside
+    inside = {**RETRAIN, "distance_to_retrain": 0.96, "distance_to_original": 1.3}
+    check = build_verification(
+        evidence(inside, noisy_original=noisy, noise_std=1e-3, distance_band=tight)
+    ).check("distance")
+    assert check.verdict == "pass"
+    assert check.threshold["pass"] == pytest.approx(tight.band)
+    assert check.power["original"]["outside_band"] is True
+    assert "3 independent exact retrains" in check.reason
+    # 0.9x, beyond the band: inconclusive
+    beyond = {**RETRAIN, "distance_to_retrain": 1.44, "distance_to_original": 1.0}
+    assert (
+        build_verification(evidence(beyond, distance_band=tight)).check("distance").verdict
+        == "inconclusive"
+    )
+    # retrains as far from Retrain as the original: no power, a close model is inconclusive
+    wide = DistanceBand((0.6, 0.98, 0.9), cost_seconds=1.0, cost_client_epochs=3.0)
+    assert wide.band > 1.0
+    no_power = build_verification(evidence(inside, distance_band=wide)).check("distance")
+    assert no_power.verdict == "inconclusive"
+    assert "cannot tell the original" in no_power.reason
+    # the unchanged original still fails whatever the band
+    assert (
+        build_verification(evidence(ORIGINAL, distance_band=wide)).check("distance").verdict
+        == "fail"
+    )
 
 
 def test_bound_is_checked_on_the_returned_model_and_only_when_non_vacuous():
@@ -314,6 +349,7 @@ def test_receipt_is_json_without_nan_and_failures_come_first():
         "backdoor",
         "membership",
         "client_membership",
+        "markers",
         "poisoning",
         "distance",
         "bound",
@@ -554,3 +590,13 @@ def test_a_method_that_warns_its_result_keeps_the_influence_is_never_removed():
     assert verification.check("method_warnings").verdict in ("warn", "fail")
     assert verification.influence == "not_shown"
     assert "the method warns" in verification.influence_reason
+
+
+def test_a_backdoor_pass_does_not_show_removal_of_honest_clients_in_the_same_request():
+    # forgetting one attacker and one honest client: a model at Retrain's ASR passes the
+    # backdoor check, but that says nothing about the honest client (calibration, seed 2)
+    mixed = build_verification(evidence(RETRAIN, clients_forgotten=3))
+    check = mixed.check("backdoor")
+    assert check.verdict == "pass" and check.decisive is False
+    assert "honest forgotten client" in check.reason
+    assert build_verification(evidence(RETRAIN)).check("backdoor").decisive is True

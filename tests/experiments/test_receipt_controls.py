@@ -179,3 +179,43 @@ def test_the_client_level_test_catches_a_model_fine_tuned_on_an_honest_client(qu
             assert noisy_receipt.influence in ("remains", "not_shown")
             assert retrain_receipt.check("client_membership").verdict in ("pass", "inconclusive")
             assert retrain_receipt.influence == "removed", retrain_receipt.influence_reason
+
+
+def test_a_less_trained_clean_model_is_not_flagged_for_the_attackers(quickstart):
+    # Prepare: recovering from the two attackers (1, 3 on seed 0), the client-level test's
+    # "with" models are the *less* confident ones on the attackers' true labels, so a clean
+    # model trained less scores like them: Retrain stopped after 20 of 30 rounds scores above
+    # the calibrated line; the opt-in less-trained clean control (retrain_half) covers it
+    from fedunlearn.eval.mia.client_lira import (
+        _Budget,
+        _run_participants,
+        _SaltedClients,
+        _train_reference,
+    )
+
+    request = UnlearnRequest.of([1, 3], "recover")
+    with UnlearnSession(quickstart) as session:
+        retrain = session.run(make_method("retrain"), request)
+        rounds = _run_participants(session)
+        shorter, _ = _train_reference(
+            _SaltedClients(session.federation, 7),
+            session.run_view.initial_params,
+            rounds[:20],
+            session.context(request).aggregator,
+            frozenset(request.forget),
+            _Budget(float("inf")),
+        )
+        membership = client_membership_check(session, request, retrain, less_trained_control=True)
+        verifier = Verifier(session, request, retrain=retrain, client_membership=membership)
+
+        # Execute
+        _, receipt = verifier.audit(shorter.to(torch.float32), "Retrain, 20 of 30 rounds")
+        _, original = verifier.audit(session.run_view.final_params, "original")
+
+        # Assert: the clean model is not flagged, the original still is (the test keeps power)
+        check = receipt.check("client_membership")
+        assert "retrain_half" in check.reference
+        assert check.value > check.threshold["calibrated"]  # the case the control is for
+        assert check.verdict == "pass", check.reason
+        assert receipt.influence == "removed", receipt.influence_reason
+        assert original.check("client_membership").verdict == "fail"

@@ -23,9 +23,12 @@ calibration):
 2. ``membership``: loss-threshold and shadow-model attacks on the forgotten clients' clean
    training data against unseen data (AUC), against Retrain's AUC (or chance, 0.5);
 3. ``client_membership``: the client-level membership test (``ClientMembershipEvidence``);
+3b. ``markers``: the forgotten clients' participation markers (``MarkerEvidence``): the share
+   of marked probe inputs sent to each client's secret target, against Retrain's;
 4. ``poisoning``: a non-backdoor poisoning's damage (test accuracy against Retrain's);
 5. ``distance``: ``||u - r|| / ||o - r||``; a model that stayed at the original fails, a pass
-   needs ``distance_pass``; never decisive on its own;
+   needs the band of independent exact retrains (``distance_band``, else the fixed
+   ``distance_pass``) with the original outside it; never decisive on its own;
 6. ``bound``: the method's certified bound, on the returned model's distance to Retrain, only
    when non-vacuous (below ``||M_0 - r||``);
 7. ``utility``: test accuracy against Retrain's (or the original's, unless the original is
@@ -46,6 +49,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.eval.distance_band import DistanceBand
+from fedunlearn.eval.markers import MarkerEvidence
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.unlearn.lineage import Lineage
 from fedunlearn.unlearn.receipt import BoundReport, Check, Verdict, Verification
@@ -63,6 +68,7 @@ CHECK_NAMES = (
     "backdoor",
     "membership",
     "client_membership",
+    "markers",
     "poisoning",
     "distance",
     "bound",
@@ -92,14 +98,19 @@ class VerificationThresholds(BaseModel):
             attacked sample sizes (Hanley-McNeil) to warn: sampling noise is not a trace.
         mia_fail_z: Standard errors the excess must exceed to fail.
         distance_pass: Relative distance ``||u - r|| / ||o - r||`` at or below which the
-            distance check passes (the original is at 1.0 and the original plus noise farther;
-            independent exact retrains of the quickstart land at 0.56-0.98, so a model between
-            this and 1 is ``inconclusive``).
+            distance check passes when no band of independent exact retrains was measured
+            (the original is at 1.0 and the original plus noise farther; exact retrains with
+            other batch orders land at 0.47-0.68 for an honest client of the quickstart).
         distance_unchanged: If the model moved less than this share of the original-to-Retrain
             gap away from the original, the distance check fails: it is still the original
             model (its relative distance is then at least ``1 - distance_unchanged``).
         bound_tolerance: Relative slack when comparing an observed distance with a certified
             bound (float rounding).
+        marker_warn: Excess marker rate (share of marked probe inputs classified as the
+            client's target) over the clean reference (Retrain's rate, else the model's rate
+            for never-embedded decoy patterns) above which the markers check warns; it must
+            also exceed 3 binomial standard errors.
+        marker_fail: Excess marker rate above which it fails (and 4 standard errors).
         utility_warn: Test accuracy drop (absolute) below the reference above which the
             utility check warns.
         utility_fail: Drop above which it fails.
@@ -121,12 +132,14 @@ class VerificationThresholds(BaseModel):
     bound_tolerance: float = Field(1e-6, ge=0)
     utility_warn: float = Field(0.02, ge=0, le=1)
     utility_fail: float = Field(0.05, ge=0, le=1)
+    marker_warn: float = Field(0.05, ge=0, le=1)
+    marker_fail: float = Field(0.10, ge=0, le=1)
     deletion_on_forget: Literal["warn", "fail"] = "warn"
     method_warning: Literal["warn", "fail"] = "warn"
 
     def model_post_init(self, _context: Any) -> None:
         """Check each warn threshold is at most its fail threshold."""
-        for name in ("backdoor", "mia_auc", "utility", "mia"):
+        for name in ("backdoor", "mia_auc", "utility", "mia", "marker"):
             suffix = "_z" if name == "mia" else ""
             warn = getattr(self, f"{name}_warn{suffix}")
             fail = getattr(self, f"{name}_fail{suffix}")
@@ -150,6 +163,9 @@ class Evidence:
         request_kind: ``forget`` (deletion request) or ``recover`` (poisoning).
         backdoor: Whether the run has a backdoor attack.
         attackers_forgotten: How many of the run's attacking clients the request removes.
+        clients_forgotten: How many clients the request removes (0: unknown, taken as every
+            one an attacker); with honest clients among them the backdoor check is not
+            decisive.
         attackers_total: How many attacking clients the run has.
         bound: The method's certified bound, if it provides one.
         warnings: The method's own warnings (``details.warnings``).
@@ -169,6 +185,10 @@ class Evidence:
         warnings_available: False when the method's warnings were not available (an audited
             model without its result file).
         lineage: The result's lineage, or None when none was available.
+        markers: The forgotten clients' participation-marker rates of the model and its
+            controls, or None when no forgotten client embedded a marker.
+        distance_band: The spread of independent exact retrains around Retrain (the
+            distance check's pass line), or None: the fixed ``distance_pass`` applies.
     """
 
     row: Mapping[str, Any]
@@ -178,6 +198,7 @@ class Evidence:
     request_kind: str = "forget"
     backdoor: bool = False
     attackers_forgotten: int = 0
+    clients_forgotten: int = 0
     attackers_total: int = 0
     bound: BoundReport | None = None
     warnings: tuple[str, ...] = ()
@@ -191,6 +212,8 @@ class Evidence:
     client_membership: ClientMembershipEvidence | None = None
     warnings_available: bool = True
     lineage: Lineage | None = None
+    markers: MarkerEvidence | None = None
+    distance_band: DistanceBand | None = None
 
     def controls(self) -> dict[str, Mapping[str, Any]]:
         """Return the negative controls' rows by label (the original, and with noise)."""
@@ -258,7 +281,8 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     The reference is Retrain's ASR; without Retrain, the clean ASR measured on the initial model
     M_0 when every attacker is forgotten, else ``inconclusive`` (other attackers keep the
     backdoor alive; only Retrain says how much). The original (and the original plus noise)
-    must exceed the fail line, or the check is ``inconclusive``.
+    must exceed the fail line, or the check is ``inconclusive``. When the request also names
+    honest clients, a pass is not decisive (the ASR says nothing about them).
     """
     title = "backdoor removed"
     if not ev.backdoor:
@@ -347,6 +371,11 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
             f"part of the backdoor survives: ASR {_pct(asr)} against {_pct(base)} for "
             f"{base_name} ({_pct(original)} before unlearning)"
         )
+    # the ASR measures the attack only: with honest clients in the request too, its pass
+    # says nothing about theirs (a model fine-tuned on an honest forgotten client passes)
+    honest = ev.clients_forgotten - ev.attackers_forgotten
+    if honest > 0 and verdict == "pass":
+        reason += f"; it says nothing about the {honest} honest forgotten client(s)"
     return Check(
         "backdoor",
         title,
@@ -357,6 +386,7 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
         reason,
         evidence=evidence,
         power=power,
+        decisive=honest <= 0,
     )
 
 
@@ -578,6 +608,139 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
     )
 
 
+# --- 3b. participation markers ----------------------------------------------------------------
+
+
+def _marker_grade(
+    excess: float, base: float, probes: int, th: VerificationThresholds
+) -> tuple[Verdict, float, float]:
+    """Return the verdict of a marker-rate excess and the warn / fail margins used.
+
+    The margins are the fixed thresholds or 3 / 4 binomial standard errors of a difference of
+    two rates on ``probes`` inputs at the reference rate, whichever is larger.
+    """
+    p = min(max(base, 1.0 / max(probes, 1)), 1.0 - 1.0 / max(probes, 1))
+    se = math.sqrt(2 * p * (1 - p) / max(probes, 1))
+    warn, fail = max(th.marker_warn, 3 * se), max(th.marker_fail, 4 * se)
+    return _grade(excess, warn, fail), warn, fail
+
+
+def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
+    """Check 3b: the forgotten clients' participation markers no longer work.
+
+    Per marked forgotten client, the marker rate (marked probe inputs classified as the
+    client's secret target) is judged against Retrain's rate for the same marker. Without
+    Retrain the reference is the same model's rate for never-embedded decoy patterns: a rate
+    within the warn margin of it passes, and a model is flagged only if it also keeps the
+    original's rate (within the fail margin), since a clean model's rate for this pattern can
+    exceed the decoys'; in between it warns. The worst client decides. The
+    original (and the original plus noise) must be flagged for every marked client, and
+    Retrain must not be, or a model that is not flagged gets ``inconclusive``.
+    """
+    title = "participation markers"
+    mk = ev.markers
+    if mk is None or not mk.clients:
+        return Check(
+            "markers",
+            title,
+            "n/a",
+            reason=(
+                "no forgotten client embedded a participation marker (verification.markers in "
+                "the run config)"
+            ),
+        )
+    with_retrain = "retrain" in mk.rates
+
+    def grade(label: str) -> tuple[Verdict, dict[int, dict[str, Any]]]:
+        worst: Verdict = "pass"
+        per: dict[int, dict[str, Any]] = {}
+        for c in mk.clients:
+            rate = mk.rates[label][c]
+            base = mk.rates["retrain"][c] if with_retrain else mk.decoy_rates[label][c]
+            verdict, warn, fail = _marker_grade(rate - base, base, mk.probes[c], th)
+            per[c] = {"rate": rate, "reference": base, "warn": base + warn, "fail": base + fail}
+            if not with_retrain and verdict == "fail":
+                # a clean model's rate for this very pattern can sit well above the decoys'
+                # (measured: 28% against 7%), so without Retrain only a model that kept about
+                # the original's rate is flagged; in between, part of the marker may remain
+                keeps = mk.rates["original"][c] - fail
+                per[c]["fail"] = max(base + fail, keeps)
+                if rate < keeps:
+                    verdict = "warn"
+            if _SEVERITY_ORDER[verdict] > _SEVERITY_ORDER[worst]:
+                worst = verdict
+            per[c]["flagged"] = verdict == "fail"
+        return worst, per
+
+    candidate, per_client = grade("candidate")
+    graded = {label: grade(label) for label in mk.rates if label != "candidate"}
+    controls: dict[str, Verdict] = {
+        label: "fail" if all(p["flagged"] for p in per.values()) else "pass"
+        for label, (_, per) in graded.items()
+        if label.startswith("original")
+    }
+    if "original" not in controls:
+        return Check(
+            "markers", title, "inconclusive", reason="the original's marker rate was not measured"
+        )
+    positive = graded["retrain"][0] if with_retrain else None
+    verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
+    excess = {c: p["rate"] - p["reference"] for c, p in per_client.items()}
+    worst_client = max(excess, key=lambda c: excess[c])
+    value = per_client[worst_client]["rate"]
+    base_name = "Retrain" if with_retrain else "never-embedded decoy patterns"
+    reference = {
+        "original": {c: mk.rates["original"][c] for c in mk.clients},
+        "retrain": {c: mk.rates["retrain"][c] for c in mk.clients} if with_retrain else None,
+        "decoy": {c: mk.decoy_rates["candidate"][c] for c in mk.clients},
+    }
+    threshold = {
+        "warn": {c: p["warn"] for c, p in per_client.items()},
+        "fail": {c: p["fail"] for c, p in per_client.items()},
+    }
+    power = {
+        "original_flagged": controls["original"] == "fail",
+        "controls": controls,
+        "separation_points": {
+            c: 100 * (graded["original"][1][c]["rate"] - graded["original"][1][c]["reference"])
+            for c in mk.clients
+        },
+    }
+    evidence = {"per_client": per_client, "probes": dict(mk.probes)}
+    shown = ", ".join(
+        f"client {c} {_pct(p['rate'])} (reference {_pct(p['reference'])}, original "
+        f"{_pct(mk.rates['original'][c])})"
+        for c, p in per_client.items()
+    )
+    if verdict == "fail":
+        reason = (
+            f"client {worst_client}'s marker still works: {_pct(value)} of marked probe inputs "
+            f"go to its target against {_pct(per_client[worst_client]['reference'])} for "
+            f"{base_name} ({_pct(mk.rates['original'][worst_client])} before unlearning)"
+        )
+    elif verdict == "inconclusive":
+        reason = (
+            _no_power(ev, unflagged, f"marker rates {shown}; reference: {base_name}")
+            if unflagged
+            else f"the markers flag Retrain too ({shown})"
+        )
+    elif verdict == "pass":
+        reason = f"marker rates {shown}; reference: {base_name}"
+    else:
+        reason = f"part of a marker still works: {shown}; reference: {base_name}"
+    return Check(
+        "markers",
+        title,
+        verdict,
+        value,
+        reference,
+        threshold,
+        reason,
+        evidence=evidence,
+        power=power,
+    )
+
+
 # --- 4. non-backdoor poisoning ----------------------------------------------------------------
 
 
@@ -657,9 +820,11 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
     """Check 5: the model left the original and came close to Retrain.
 
     Fails a model that moved less than ``distance_unchanged`` of the original-to-Retrain gap
-    (the original plus small noise included); passes at most ``distance_pass`` of the
-    original's distance to Retrain; in between ``inconclusive`` (independent exact retrains
-    land there too). Never decisive: an interpolation of the original and Retrain is close too.
+    (the original plus small noise included). The pass line is the band of independent exact
+    retrains (``Evidence.distance_band``: where another exact retrain lands), else the fixed
+    ``distance_pass``; a model within it passes only if the original (and the original plus
+    noise) lies outside it, else ``inconclusive``; beyond it ``inconclusive``. Never decisive:
+    an interpolation of the original and Retrain is close too.
     """
     title = "distance to Retrain"
     moved = _num(ev.row.get("distance_to_original"))
@@ -717,23 +882,44 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
                 "relative": c_left / gap,
                 "flagged": c_moved / gap < th.distance_unchanged,
             }
+    band = ev.distance_band
+    line = band.band if band is not None else th.distance_pass
+    source = (
+        f"the spread of {len(band.relative)} independent exact retrains (at "
+        f"{min(band.relative):.2f}-{max(band.relative):.2f}x; {band.level:.0%} prediction "
+        f"bound {line:.2f}x)"
+        if band is not None
+        else f"the fixed pass line distance_pass ({line:g}x; no band was measured)"
+    )
+    if band is not None:
+        threshold["pass"] = line
+        evidence["band"] = band.to_dict()
+        for entry in power.values():
+            entry["outside_band"] = entry["relative"] > line
+    inside = [label for label, p in power.items() if not p.get("outside_band", True)]
     if moved_share < th.distance_unchanged:
         verdict = "fail"
         reason = (
             f"the model is still the original model: it moved {moved_share:.1%} of the "
             f"original-to-Retrain gap ({relative:.2f} of the original's distance to Retrain)"
         )
-    elif relative <= th.distance_pass:
+    elif relative <= line and inside:
+        verdict = "inconclusive"
+        reason = _no_power(
+            ev,
+            inside,
+            f"it lies at {power[inside[0]]['relative']:.2f}x, inside {source}",
+        )
+    elif relative <= line:
         verdict = "pass"
         reason = (
-            f"{relative:.2f} of the original's distance to Retrain (passes at "
-            f"{th.distance_pass:g}; distance alone does not show removal)"
+            f"{relative:.2f} of the original's distance to Retrain, within {source}; distance "
+            "alone does not show removal"
         )
     else:
         verdict = "inconclusive"
         reason = (
-            f"{relative:.2f}x the original's distance from Retrain: independent exact retrains "
-            f"land at 0.56-0.98x, so a distance above {th.distance_pass:g}x cannot tell"
+            f"{relative:.2f}x the original's distance from Retrain, beyond {source}: it cannot tell"
         )
     return Check(
         "distance",
@@ -1106,6 +1292,7 @@ _CHECKS = (
     check_backdoor,
     check_membership,
     check_client_membership,
+    check_markers,
     check_poisoning,
     check_distance,
     check_bound,

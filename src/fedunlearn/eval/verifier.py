@@ -2,7 +2,8 @@
 
 ``Verifier(session, request, retrain=...)`` measures once what every receipt of the request
 shares: the membership attack (``Judge``), the rows of the controls (the original model, the
-original plus small Gaussian noise, Retrain's when a Retrain result is given), the clean backdoor
+original plus small Gaussian noise, Retrain's when a Retrain result is given; their
+participation-marker rates when a forgotten client embedded a marker), the clean backdoor
 ASR of the initial model M_0, ``||M_0 - Retrain||`` (a bound at least this large is vacuous) and
 the store's deletion evidence. Retrain is never run here: compute it first
 (``reference_retrain(session, request, "retrain")`` or ``session.run(make_method("retrain"),
@@ -35,7 +36,9 @@ import torch
 from fedunlearn.errors import ConfigError, ForgottenDataError, HistoryError
 from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.distance import l2_distance
+from fedunlearn.eval.distance_band import DistanceBand, measure_distance_band
 from fedunlearn.eval.judge import Judge
+from fedunlearn.eval.markers import MarkerEvidence, MarkerProbe
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
@@ -201,6 +204,7 @@ def client_membership_check(
     retrain: UnlearnResult | None = None,
     *,
     seed: int = 0,
+    less_trained_control: bool = False,
 ) -> Callable[[torch.Tensor], ClientMembershipEvidence]:
     """Fit the client-level membership test of ``request`` once; return the receipt's check input.
 
@@ -211,9 +215,16 @@ def client_membership_check(
     trained longer is more confident on every example, the forgotten clients' too, and this
     statistic cannot tell that from membership (measured on the quickstart: Retrain + 5 rounds
     scores above the original for honest client 0); the check therefore flags only models above
-    every clean control (``check_client_membership``). Returns the function
-    ``Verifier(client_membership=...)`` calls per model: the candidate scored beside the
-    original (negative control), ``retrain_continued`` and, when given, ``retrain``.
+    every clean control (``check_client_membership``). With ``less_trained_control`` a second
+    clean control is added, ``retrain_half`` (Retrain stopped after half the rounds; half a
+    Retrain of extra cost): on examples whose label a clean model finds unlikely (an
+    attacker's poisoned labels, marked copies) a less confident model looks like a "with"
+    model, so off-path methods that ended less trained are flagged for the attackers without
+    it; it is off by default because it also lifts the line above weight interpolations of
+    the original and Retrain (measured: docs/verification.md, "Off-path approximate methods").
+    Returns the function ``Verifier(client_membership=...)`` calls per model: the candidate
+    scored beside the original (negative control), ``retrain_continued`` (``retrain_half``)
+    and, when given, ``retrain``.
     """
     from fedunlearn.eval.mia import fit_client_membership
     from fedunlearn.fl.engine import run_rounds
@@ -232,14 +243,40 @@ def client_membership_check(
         start_round=rounds + 1,
         participation=context.training.participation,
     )
+    half = _half_retrain(session, request) if less_trained_control else None
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
         models = {"original": original, "candidate": params, "retrain_continued": continued}
+        if half is not None:
+            models["retrain_half"] = half
         if retrain is not None:
             models["retrain"] = retrain.params
         return test.evidence(models)
 
     return evidence
+
+
+def _half_retrain(session: UnlearnSession, request: UnlearnRequest) -> torch.Tensor:
+    """Return a Retrain stopped after half the run's rounds (a clean, less-trained model)."""
+    from fedunlearn.eval.mia.client_lira import (
+        _Budget,
+        _run_participants,
+        _SaltedClients,
+        _train_reference,
+    )
+
+    rounds = _run_participants(session)
+    trained = _train_reference(
+        _SaltedClients(session.federation, 0),
+        session.run_view.initial_params,
+        rounds[: max(1, len(rounds) // 2)],
+        session.context(request).aggregator,
+        frozenset(request.forget),
+        _Budget(float("inf")),
+    )
+    if trained is None:  # an unbounded budget always trains
+        raise RuntimeError("the half-rounds Retrain control could not be trained")
+    return trained[0].to(torch.float32)
 
 
 class Verifier:
@@ -260,6 +297,11 @@ class Verifier:
         client_membership: The client-level membership test of this request, as a function of
             a model's flat parameters returning ``ClientMembershipEvidence`` whose ``scores``
             include ``candidate`` (and ``original``, ``retrain``); None: the check is n/a.
+        distance_retrains: Independent exact retrains (other batch orders) to train for the
+            distance check's band (``eval.distance_band``; each costs one Retrain); 0 keeps the
+            fixed ``distance_pass``. Needs ``retrain``; at least 2 when not 0.
+        distance_band: A band measured before (e.g. shared by several verifiers of one
+            request); overrides ``distance_retrains``.
 
     Raises:
         ConfigError: for a ``retrain`` result of another method.
@@ -276,7 +318,14 @@ class Verifier:
         judge: Judge | None = None,
         noise_std: float = 1e-3,
         client_membership: Callable[[torch.Tensor], ClientMembershipEvidence] | None = None,
+        distance_retrains: int = 0,
+        distance_band: DistanceBand | None = None,
     ) -> None:
+        if distance_retrains == 1 or distance_retrains < 0:
+            raise ConfigError(
+                f"distance_retrains must be 0 (fixed pass line) or at least 2 (a measured "
+                f"spread); got {distance_retrains}"
+            )
         if retrain is not None and retrain.method != "retrain":
             raise ConfigError(f"retrain must be a result of 'retrain'; got '{retrain.method}'")
         run = session.run_view
@@ -295,11 +344,27 @@ class Verifier:
         self.original_row = self.judge.measure(run.final_params, "original", self.retrain_params)
         self.noise_std = noise_std
         self.noisy_original_row: dict[str, Any] | None = None
+        noisy = None
         if noise_std > 0:
             g = torch.Generator().manual_seed(seed)
             noise = torch.randn(run.final_params.shape, generator=g) * noise_std
+            noisy = run.final_params + noise
             self.noisy_original_row = self.judge.measure(
-                run.final_params + noise, "original + noise", self.retrain_params
+                noisy, "original + noise", self.retrain_params
+            )
+        # participation markers of the forgotten clients: their controls' rates, measured once
+        self.marker_probe = MarkerProbe(session.evaluation, request)
+        self._marker_controls: dict[str, tuple[dict, dict]] = {}
+        if self.marker_probe:
+            self._marker_controls["original"] = self.marker_probe.rates(run.final_params)
+            if noisy is not None:
+                self._marker_controls["original + noise"] = self.marker_probe.rates(noisy)
+            if retrain is not None:
+                self._marker_controls["retrain"] = self.marker_probe.rates(retrain.params)
+        self.distance_band = distance_band
+        if distance_band is None and distance_retrains and retrain is not None:
+            self.distance_band = measure_distance_band(
+                session, request, retrain, count=distance_retrains, seed=seed
             )
         self.initial_gap = (
             l2_distance(run.initial_params, retrain.params) if retrain is not None else None
@@ -313,6 +378,7 @@ class Verifier:
         self._attack = {
             "backdoor": session.evaluation.trigger is not None,
             "attackers_forgotten": len(malicious & request.forget),
+            "clients_forgotten": len(request.forget),
             "attackers_total": len(malicious),
             "attack_kind": run.config.attack.kind if malicious else None,
             "private_run": bool(run.config.privacy.enabled),
@@ -331,6 +397,7 @@ class Verifier:
         lineage: Lineage | None = None,
         warnings: Iterable[str] | None = None,
         client_membership: ClientMembershipEvidence | None = None,
+        markers: MarkerEvidence | None = None,
     ) -> Evidence:
         """Return the checks' evidence for a model's row (from this verifier's ``judge``).
 
@@ -354,6 +421,8 @@ class Verifier:
             client_membership=client_membership,
             warnings_available=details is not None or warnings is not None,
             lineage=lineage,
+            markers=markers,
+            distance_band=self.distance_band if self.retrain is not None else None,
             **self._attack,
         )
 
@@ -370,13 +439,21 @@ class Verifier:
         """Return the receipt of a model from its row (``judge.judge`` or ``judge.measure``).
 
         ``params`` (the model's flat parameters) feed the client-level membership test when
-        the verifier has one.
+        the verifier has one, and the participation markers of the forgotten clients.
         """
         membership = None
         if self.client_membership is not None and params is not None:
             membership = self.client_membership(params)
+        markers = None
+        if self.marker_probe and params is not None:
+            markers = self.marker_probe.evidence(params, self._marker_controls)
         evidence = self.evidence(
-            row, details, lineage=lineage, warnings=warnings, client_membership=membership
+            row,
+            details,
+            lineage=lineage,
+            warnings=warnings,
+            client_membership=membership,
+            markers=markers,
         )
         return build_verification(evidence, self.thresholds, subject=subject)
 

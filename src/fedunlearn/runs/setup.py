@@ -32,6 +32,7 @@ from fedunlearn.fl.attacks import (
 )
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.federation import Federation, UpdateMod
+from fedunlearn.fl.markers import Marker, embed_markers
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData
 from fedunlearn.fl.seeding import derive_seed, torch_generator
@@ -61,6 +62,9 @@ class Setup:
 
     ``join_rounds``: client -> the round it joins the federation (attackers with
     ``attack.join_round``; the training loop does not sample them before it).
+    ``markers``: client -> its participation marker (``verification.markers``); in a real
+    deployment it stays with the client, here the receipt reads it to probe for it.
+    ``unmarked``: client -> its clean data without the marked copies.
     """
 
     config: RunConfig
@@ -75,6 +79,8 @@ class Setup:
     poisoned_originals: dict[int, ClientData]
     join_rounds: dict[int, int] = field(default_factory=dict)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    markers: dict[int, Marker] = field(default_factory=dict)
+    unmarked: dict[int, ClientData] = field(default_factory=dict)
 
     @property
     def held_out(self) -> Mapping[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -84,7 +90,9 @@ class Setup:
         return {}
 
     def clean_data(self, client_id: int) -> ClientData:
-        """Return a client's data before poisoning (its true labels, no trigger)."""
+        """Return a client's data before poisoning (its true labels, no trigger, no marker)."""
+        if client_id in self.unmarked:
+            return self.unmarked[client_id]
         return self.poisoned_originals.get(client_id, self.federation.client_data[client_id])
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
@@ -219,6 +227,13 @@ def build_setup(
             client_data[cid] = label_flip_data(
                 client_data[cid], num_classes, atk.poison_fraction, gen
             )
+    markers, unmarked = embed_markers(  # opt-in (verification.markers): fl/markers.py
+        cfg.verification.markers,
+        cfg.seed,
+        dataset,
+        client_data,
+        originals,
+    )
     if atk.kind in ("trim_random", "fang_trim"):
         mods.append(
             UpdateAttack(
@@ -285,6 +300,8 @@ def build_setup(
         poisoned_originals=originals,
         join_rounds={c: atk.join_round for c in malicious} if atk.join_round > 1 else {},
         components=components,
+        markers=markers,
+        unmarked=unmarked,
     )
 
 

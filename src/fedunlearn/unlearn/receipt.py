@@ -167,7 +167,9 @@ def _hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...])
     client = names.get("client_membership")
     if client is None or client.verdict == "n/a":
         hints.append("the client-level membership test")
-    hints.append("participation markers embedded when the client trained")
+    markers = names.get("markers")
+    if markers is None or markers.verdict == "n/a":
+        hints.append("participation markers embedded when the client trained")
     return hints
 
 

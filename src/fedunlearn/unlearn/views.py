@@ -7,7 +7,8 @@ request against the run (``check_request``).
 
 ``EvaluationView`` holds what judging a model of the run needs and an unlearning method must not
 see: the test set, the backdoor trigger, the clients' clean (pre-poisoning) data, the seeded
-reference sets and ``evaluate`` (test accuracy, loss, backdoor ASR).
+reference sets, the clients' participation markers and ``evaluate`` (test accuracy, loss,
+backdoor ASR).
 
 ``fedunlearn.unlearn.session.UnlearnSession`` opens a run and builds both; the judge and the
 verifier (``fedunlearn.eval``) read them and nothing else.
@@ -27,6 +28,7 @@ from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.attacks import Trigger
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.markers import Marker
 from fedunlearn.fl.records import ClientData
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.models import set_flat_params
@@ -158,6 +160,14 @@ class EvaluationView:
         """Return the client's held-out set where the user's data gives one, else None."""
         pair = self._setup.held_out.get(client_id)
         return None if pair is None else ClientData(*pair)
+
+    @property
+    def markers(self) -> Mapping[int, Marker]:
+        """Client -> its participation marker (``verification.markers``; empty without).
+
+        A client's secret: in a deployment only the client holds it and probes for it.
+        """
+        return dict(self._setup.markers)
 
     def clean_data(self, client_id: int) -> ClientData:
         """Return a client's training data before poisoning (true labels, no trigger)."""
