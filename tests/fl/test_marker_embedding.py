@@ -87,3 +87,25 @@ def test_setup_adds_the_marked_copies_and_keeps_clean_data_and_other_clients_unc
     finally:
         plain.close()
         marked.close()
+
+
+def test_markers_embed_into_a_users_own_data_object():
+    """A user's data source (FederatedData / plain mapping) has no x_train: markers still work."""
+    g = torch.Generator().manual_seed(0)
+    clients = {c: (torch.rand(30, 1, 8, 8, generator=g), torch.arange(30) % 10) for c in range(3)}
+    test = (torch.rand(20, 1, 8, 8, generator=g), torch.arange(20) % 10)
+    data = {"clients": clients, "test": test}
+    config = RunConfig.model_validate(
+        {
+            "data": {"num_clients": 3},
+            "model": {"name": "mlp", "hidden": [8]},
+            "verification": {"markers": {"clients": [1], "samples": 4, "pixels": 6}},
+        }
+    )
+    setup = build_setup(config, data=data)
+    try:
+        assert len(setup.federation.client_data[1]) == 34  # 30 own + 4 marked copies
+        assert len(setup.clean_data(1)) == 30
+        assert 1 in setup.markers
+    finally:
+        setup.close()

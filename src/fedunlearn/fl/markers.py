@@ -192,11 +192,6 @@ def embed_markers(
         value = float(x_train.max())
     else:
         value = max(float(d.x.max()) for d in client_data.values() if len(d))
-    if len(tuple(dataset.input_shape)) < 2:
-        raise ConfigError(
-            f"verification.markers (pixel patterns) need image inputs; this data's input shape "
-            f"is {tuple(dataset.input_shape)}"
-        )
     markers: dict[int, Marker] = {}
     unmarked: dict[int, ClientData] = {}
     for cid in spec.clients:
