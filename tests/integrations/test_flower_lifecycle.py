@@ -147,6 +147,23 @@ def test_interrupted_continuation_over_a_grid_is_refused_then_resumed(tmp_path):
         assert all(2 not in ids for ids in trained_clients(got, range(3, 6)).values())
 
 
+@pytest.mark.slow
+def test_a_client_that_does_not_reply_in_a_continuation_is_recorded_missing(tmp_path):
+    # Prepare
+    run = tmp_path / "run"
+    train_run(small_config(num_clients=3, rounds=1), run)
+
+    # Execute: client 1's SuperNode never answers a train message
+    summary = continue_on_grid(LocalGrid(NODES, drop={1}), FlowerJob("continue", run, rounds=1))
+
+    # Assert: the round is committed from clients 0 and 2; client 1 has a missing record
+    assert list(summary["missing"]) == ["2"] and "no reply" in summary["missing"]["2"]["1"]
+    with HistoryStore.open(run / "history") as store:
+        status = {c.client_id: c.status for c in store.client_records(2)}
+        assert status == {0: "accepted", 1: "missing", 2: "accepted"}
+        assert not store.has_update(2, 1)
+
+
 def test_continue_job_round_trips_and_bad_rounds_are_named(tmp_path):
     job = FlowerJob(mode="continue", run_dir=tmp_path, rounds=4)
     assert FlowerJob.from_run_config(job.to_run_config()) == job
