@@ -18,6 +18,11 @@ round, client): ``fedunlearn.runs.train``). Refused, each in one line: DP runs (
 ledger of a continuation is not implemented) and deferred recording policies (Crab's windows,
 FedADP's stages: their open window is rebuilt from round 0, which would re-run applied rounds).
 
+The clients that train a continuation are the run's in-process federation, or any
+``RunClients`` the caller builds from it (``clients=``: the Flower ServerApp's clients over its
+Grid, ``integrations/flower/server_app.py``), with the recorder it pairs with (``recorder=``);
+the checks, the committed target and the sampling are the same.
+
 ``apply_model(run_dir, params, forget)`` applies a model computed elsewhere (no result file,
 no trajectory): it is appended as the run's next round, like a model-only result.
 """
@@ -27,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,8 +41,15 @@ import torch
 
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.engine import RoundObserver, run_rounds
-from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, build_policy
+from fedunlearn.fl.federation import Federation
+from fedunlearn.history.policy import (
+    DeferredPolicy,
+    HistoryRecorder,
+    RecordingPolicy,
+    build_policy,
+)
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.history.store import FILE_NAME, HistoryStore
 from fedunlearn.runs.rundir import (
@@ -59,6 +71,9 @@ __all__ = [
     "receipt_sha256",
     "run_fingerprint",
 ]
+
+ClientsFactory = Callable[[Federation], RunClients]
+RecorderFactory = Callable[[HistoryStore, RecordingPolicy], RoundObserver]
 
 
 def run_fingerprint(config: RunConfig, generation: int = 0, last_round: int | None = None) -> str:
@@ -282,6 +297,8 @@ def continue_run(
     rounds: int | None,
     *,
     observers: Sequence[RoundObserver] = (),
+    clients: ClientsFactory | None = None,
+    recorder: RecorderFactory = HistoryRecorder,
 ) -> dict[str, Any]:
     """Train ``rounds`` more rounds from the run's current model, with history recording.
 
@@ -289,6 +306,10 @@ def continue_run(
         run_dir: A finished (or applied) run directory.
         rounds: How many rounds to add (>= 1); None finishes an interrupted continuation.
         observers: Extra round observers (e.g. a progress bar).
+        clients: Builds the clients that train from the run's federation (default: the
+            federation itself, in-process); a forgotten client is never sampled either way.
+        recorder: Builds the observer that records each round into the store from the store
+            and the run's recording policy (default ``HistoryRecorder``).
 
     Returns:
         ``{"from_round", "target", "resumed_from_round", "forgotten_clients",
@@ -358,8 +379,9 @@ def continue_run(
                     )
                 _rewrite_metrics(run_dir, store)
                 clock = _WallClock(store, started)
+                trainers = setup.federation if clients is None else clients(setup.federation)
                 run_rounds(
-                    setup.federation,
+                    trainers,
                     setup.aggregator,
                     store.read_model(last),
                     num_rounds=target,
@@ -369,7 +391,7 @@ def continue_run(
                     join_rounds=setup.join_rounds,
                     evaluate=training_evaluator(config, setup, None),
                     observers=[
-                        HistoryRecorder(store, policy),
+                        recorder(store, policy),
                         clock,
                         MetricsWriter(run_dir / METRICS_FILE),
                         *observers,

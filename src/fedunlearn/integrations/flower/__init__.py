@@ -4,8 +4,8 @@
 - ``strategy``: ``HistoryStrategy``, the engine's server round with recording policies;
 - ``driver``: ``FlowerClients``, the federation over a Grid, which training and every
   unlearning method's fresh client work use;
-- ``server_app``: the ``ServerApp`` (``make_app``) and ``FlowerJob`` (train a run, or unlearn
-  from one), read from the Flower run config;
+- ``server_app``: the ``ServerApp`` (``make_app``) and ``FlowerJob`` (train a run, unlearn
+  from it, or continue it after ``fedunlearn apply``), read from the Flower run config;
 - ``bundle``: ``write_app(directory)``, the Flower App ``flwr run`` submits (the same as
   ``examples/flower-app``; ``python -m fedunlearn.integrations.flower.bundle DIR``);
 - ``simulation``: ``simulate(job, num_supernodes)``: ``flwr run`` on a local Simulation Runtime

@@ -53,7 +53,8 @@ clientapp = "{MODULE}:client_app"
 # What the ServerApp does (fedunlearn.integrations.flower.FlowerJob). Override per run:
 #   flwr run . local --run-config 'mode="unlearn" run-dir="/abs/run" forget="3"'
 [tool.flwr.app.config]
-mode = "train"                    # "train": a new run; "unlearn": a method on a finished run
+mode = "train"                    # "train": a new run; "unlearn": a method on a finished run;
+                                  # "continue": `rounds` more rounds of it (after fedunlearn apply)
 config-path = "{DEFAULT_CONFIG}"  # fedunlearn run config (YAML); relative = in this app
 run-dir = ""                      # absolute; "" = ~/fedunlearn-runs/flower-<run id> (train)
 method = "federaser"              # unlearn: a registered method (fedunlearn methods)
@@ -63,6 +64,7 @@ kind = "forget"                   # unlearn: "forget" or "recover" (poisoning re
 result-path = ""                  # unlearn: result JSON; "" = <run-dir>/flower_<method>.json
 round-timeout = 600.0             # seconds to wait for a round's replies
 node-timeout = 120.0              # seconds to wait for the SuperNodes to connect
+rounds = 0                        # continue: rounds to add; 0 = finish an interrupted continue
 """
 
 APP_MODULE = '''\

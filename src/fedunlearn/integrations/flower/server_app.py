@@ -1,4 +1,4 @@
-"""Flower ``ServerApp``: train a run with history recording, or unlearn from a recorded run.
+"""Flower ``ServerApp``: train a run with history recording, unlearn from it, or continue it.
 
 A job (``FlowerJob``) says what to do; the ServerApp reads it from the Flower run config
 (``flwr run``; keys in ``FlowerJob.from_run_config``, defaults in the app's ``pyproject.toml``).
@@ -41,7 +41,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedunlearn.config import RunConfig, dump_config, load_config
 from fedunlearn.errors import ConfigError
-from fedunlearn.history.policy import DeferredPolicy
+from fedunlearn.experiments.lifecycle import save_for_apply
+from fedunlearn.fl.federation import Federation
+from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.integrations.flower.driver import FlowerClients
 from fedunlearn.integrations.flower.strategy import (
@@ -58,12 +60,14 @@ from fedunlearn.runs import (
     SUMMARY_FILE,
     MetricsWriter,
     build_setup,
+    continue_run,
+    load_run_config,
     make_recording_policy,
     resolve_config,
 )
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
-MODES = ("train", "unlearn")
+MODES = ("train", "unlearn", "continue")
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ class FlowerJob:
     """What a fedunlearn ServerApp does.
 
     Attributes:
-        mode: ``train`` (a new run into ``run_dir``) or ``unlearn`` (a method on it).
+        mode: ``train`` (a new run into ``run_dir``), ``unlearn`` (a method on it) or
+            ``continue`` (``rounds`` more rounds of it).
         run_dir: Absolute run directory.
         config_path: Absolute path of the run config YAML (``train`` only).
         method: Unlearning method's registry name (``unlearn``).
@@ -83,6 +88,7 @@ class FlowerJob:
             ``.safetensors``).
         round_timeout: Seconds to wait for one round's replies; late clients are missing.
         node_timeout: Seconds to wait for the SuperNodes to connect.
+        rounds: ``continue``: how many rounds to add (0: finish an interrupted continuation).
     """
 
     mode: str
@@ -95,6 +101,7 @@ class FlowerJob:
     result_path: Path | None = None
     round_timeout: float = 600.0
     node_timeout: float = 120.0
+    rounds: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -110,6 +117,12 @@ class FlowerJob:
             raise ConfigError("a train job needs config-path, the run config YAML")
         if self.mode == "unlearn" and not self.forget:
             raise ConfigError('an unlearn job needs forget, e.g. forget="3,7"')
+        if self.rounds < 0 or (self.rounds and self.mode != "continue"):
+            raise ConfigError(
+                f"rounds is how many rounds a continue job adds (>= 1, or 0 to finish an "
+                f"interrupted one); got {self.rounds} in mode {self.mode!r} (a train job's rounds "
+                "are its config's training.rounds)"
+            )
 
     @classmethod
     def from_run_config(
@@ -123,7 +136,7 @@ class FlowerJob:
 
         Keys: ``mode``, ``run-dir``, ``config-path``, ``method``, ``method-params`` (JSON),
         ``forget`` (comma-separated ids), ``kind``, ``result-path``, ``round-timeout``,
-        ``node-timeout``; empty strings mean unset.
+        ``node-timeout``, ``rounds``; empty strings mean unset.
 
         Args:
             run_config: The run config (``context.run_config``).
@@ -152,6 +165,12 @@ class FlowerJob:
                 f"method-params must be a JSON object, e.g. '{{\"calibration_ratio\": 0.5}}'; "
                 f"got {text('method-params')!r} ({err})"
             ) from None
+        try:
+            rounds = int(text("rounds") or 0)
+        except ValueError:
+            raise ConfigError(
+                f"rounds takes a whole number, e.g. rounds=10; got {text('rounds')!r}"
+            ) from None
         mode = text("mode") or "train"
         run_dir = Path(text("run-dir")) if text("run-dir") else None
         if run_dir is None and mode == "train" and run_id is not None:
@@ -178,6 +197,7 @@ class FlowerJob:
             result_path=result_path,
             round_timeout=float(run_config.get("round-timeout", 600.0)),
             node_timeout=float(run_config.get("node-timeout", 120.0)),
+            rounds=rounds,
         )
 
     def to_run_config(self) -> dict[str, str | float]:
@@ -193,6 +213,7 @@ class FlowerJob:
             "result-path": str(self.result_path or ""),
             "round-timeout": float(self.round_timeout),
             "node-timeout": float(self.node_timeout),
+            "rounds": int(self.rounds),
         }
 
 
@@ -310,16 +331,18 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
 
     The session (history read-only, the run's setup, request checks) is ``UnlearnSession``'s;
     only the clients differ: the context wraps ``FlowerClients``, so the method's fresh
-    client work goes to the remaining clients' SuperNodes and is metered as in-process.
+    client work goes to the remaining clients' SuperNodes and is metered as in-process. The
+    request is cumulative (``UnlearnSession.cumulative``), and the result is written for
+    ``fedunlearn apply`` (``save_for_apply``), as ``fedunlearn unlearn --out`` writes it.
 
     Returns:
         The result summary written to ``job.result_path`` (the model goes next to it,
-        ``.safetensors``).
+        ``.safetensors``; the apply file ``.apply.safetensors``).
     """
     unlearner = make_method(job.method, job.method_params)
-    request = UnlearnRequest.of(job.forget, job.kind)
     out = job.result_path or job.run_dir / f"flower_{job.method}.json"
     with UnlearnSession(job.run_dir) as session:
+        request = session.cumulative(UnlearnRequest.of(job.forget, job.kind))
         clients = FlowerClients(
             grid,
             session.federation,
@@ -334,7 +357,8 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
         summary = {
             "engine": "flower",
             "method": job.method,
-            "request": {"forget": sorted(request.forget), "kind": job.kind},
+            "request": session.request_summary(request),
+            "run": session.identity(),
             "params": unlearner.params.model_dump(mode="json"),
             **quality,
             "costs": result.costs.to_dict(),
@@ -362,7 +386,76 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
         metadata={"fedunlearn.source": json.dumps(source, sort_keys=True)},
     )
     summary["model_file"] = str(model_file)
+    save_for_apply(out, summary, result)
     _write_json(out, json.loads(json.dumps(summary, default=_jsonable)))
+    return summary
+
+
+class _GridClients:
+    """Builds a continuation's ``FlowerClients`` and the recorder that notes their missing."""
+
+    def __init__(self, grid: Grid, config_yaml: str, job: FlowerJob) -> None:
+        self._grid, self._yaml, self._job = grid, config_yaml, job
+        self.clients: FlowerClients | None = None
+
+    def build(self, federation: Federation) -> FlowerClients:
+        """Return the run's clients over the Grid (``continue_run``'s ``clients``)."""
+        self.clients = FlowerClients(
+            self._grid,
+            federation,
+            self._yaml,
+            round_timeout=self._job.round_timeout,
+            node_timeout=self._job.node_timeout,
+        )
+        return self.clients
+
+    def recorder(self, store: HistoryStore, policy: RecordingPolicy) -> MissingAwareRecorder:
+        """Return the recorder (``continue_run``'s ``recorder``), after ``build``."""
+        if self.clients is None:
+            raise RuntimeError("the recorder is built after the clients")
+        return MissingAwareRecorder(store, policy, self.clients.missing)
+
+
+def continue_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
+    """Train ``job.rounds`` more rounds of the run in ``job.run_dir``, clients over the Grid.
+
+    ``fedunlearn.runs.continue_run`` with ``FlowerClients`` in place of the in-process
+    federation and ``MissingAwareRecorder`` as the recorder: same refusals (DP, deferred
+    policies, an unfinished run, another round count while a continuation is unfinished), the
+    target committed before the first round, and only never-forgotten clients sampled.
+    Writes ``<run-dir>/continue_summary.json``.
+
+    Returns:
+        ``continue_run``'s summary plus ``engine``, ``missing`` and ``wire``.
+    """
+    config = load_run_config(job.run_dir)
+    grid_clients = _GridClients(grid, dump_config(config), job)
+    summary = continue_run(
+        job.run_dir,
+        job.rounds or None,
+        clients=grid_clients.build,
+        recorder=grid_clients.recorder,
+    )
+    clients = grid_clients.clients
+    missing = {} if clients is None else clients.missing
+    summary = {
+        "engine": "flower",
+        **summary,
+        "missing": {
+            str(r): {str(c): why for c, why in sorted(m.items())}
+            for r, m in sorted(missing.items())
+        },
+        "wire": None
+        if clients is None
+        else {
+            "messages": clients.stats.messages,
+            "bytes_sent": clients.stats.bytes_sent,
+            "bytes_received": clients.stats.bytes_received,
+        },
+    }
+    _write_json(
+        job.run_dir / "continue_summary.json", json.loads(json.dumps(summary, default=_jsonable))
+    )
     return summary
 
 
@@ -379,6 +472,8 @@ def run_job(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     if job.mode == "train":
         config = load_config(job.config_path or "")  # FlowerJob requires it for train
         return train_on_grid(grid, config, job)
+    if job.mode == "continue":
+        return continue_on_grid(grid, job)
     return unlearn_on_grid(grid, job)
 
 
