@@ -31,11 +31,13 @@ from fedunlearn.privacy.accountant import (
     sampled_totals,
     totals,
 )
+from fedunlearn.privacy.local_training import RoundDPSGD
 
 __all__ = [
     "RELEASED_STATISTICS",
     "SCHEDULE_CAVEAT",
     "artefact_guarantees",
+    "dp_sgd_unlearning_ledger",
     "unlearned_model_guarantee",
     "upfront_totals",
 ]
@@ -202,4 +204,61 @@ def upfront_totals(
         "rdp_epsilon": t.rdp_epsilon,
         "basis": "a priori: every round at ε_max (Eq. 4 clamps ε_t to it), composed by PLD; "
         "holds whatever the loss did",
+    }
+
+
+def dp_sgd_unlearning_ledger(
+    config: PrivacyConfig, ledger: Mapping[str, Any], fresh: Mapping[int, RoundDPSGD]
+) -> dict[str, Any]:
+    """Return the guarantee of a model replayed from DP-SGD fresh updates (FedADP ``unlearn_dp``).
+
+    An example of a remaining client is released by every training round and by every
+    replayed round it trains in; the model's total composes both (an upper bound: a client
+    that does not replay a round is not released by it).
+
+    Args:
+        config: The run's ``privacy`` section (``dp_sgd``).
+        ledger: The run's ledger (``privacy_summary``, with ``rounds``).
+        fresh: Round -> the DP-SGD ledger row of each replayed round.
+
+    Returns:
+        ``replayed_rounds``, ``epsilon_per_round`` (the stated budget), the fresh rounds' own
+        PLD total, ``total_epsilon_with_training`` (with the run's realised rounds) and
+        ``guarantee_with_training`` (with the run's rounds at ε_max, a priori).
+    """
+    rows = list(ledger.get("rounds", []))
+    delta = config.delta
+    train = [
+        SampledGaussian(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
+        for r in rows
+    ]
+    achieved = [float(r["epsilon_achieved"]) for r in rows]
+    replay = [fresh[t] for t in sorted(fresh)]
+    events = [r.event for r in replay]
+    spent = [r.epsilon_achieved for r in replay]
+    own = sampled_totals(events, spent, delta) if events else None
+    realised = sampled_totals(train + events, achieved + spent, delta)
+    upfront_train = [
+        SampledGaussian(
+            calibrate_sampled_gaussian(e.sample_rate, e.steps, config.budget.epsilon_max, delta),
+            e.sample_rate,
+            e.steps,
+        )
+        for e in train
+    ]
+    upfront = sampled_totals(
+        upfront_train + events, [config.budget.epsilon_max] * len(train) + spent, delta
+    )
+    return {
+        "mechanism": "dp_sgd",
+        "replayed_rounds": len(replay),
+        "epsilon_per_round": [r.epsilon for r in replay],
+        "noise_multiplier_per_round": [r.noise_multiplier for r in replay],
+        "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
+        "total_epsilon_with_training": realised.pld_epsilon,
+        "guarantee_with_training": upfront.pld_epsilon,
+        "delta": delta,
+        "basis": "per example: the run's rounds and every replayed round composed by PLD; "
+        "guarantee_with_training takes the run's rounds at ε_max (a priori); the choice of the "
+        "replayed rounds (FedADP's stages) reads the non-private loss and is not covered",
     }

@@ -10,8 +10,10 @@ realised ε_t the run stored (the same noise mechanism, round for round), not a 
 schedule on the remaining clients' loss. ``dp_scope: store_only`` trained on the clean
 uploads, so its Retrain reference stays noise-free (None here).
 
-Used by ``fedunlearn.eval.reference_retrain`` (the receipt's Retrain of a DP run) and the
-FedADP reproduction. Paper: FedADP (Jiang et al.), Eq. 4-6; DP-SGD as Abadi et al. 2016;
+Used by ``fedunlearn.eval.reference_retrain`` (the receipt's Retrain of a DP run) and, at a
+stated budget, by unlearning sessions for DP fresh updates (``UnlearnContext.private_clients``,
+FedADP's ``unlearn_dp`` on a dp_sgd run); ``mechanism_stats`` returns the ledger rows of the
+rounds it trained. Paper: FedADP (Jiang et al.), Eq. 4-6; DP-SGD as Abadi et al. 2016;
 docs/privacy.md and docs/verification.md ("References").
 """
 
@@ -24,10 +26,10 @@ from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import HistoryError
 from fedunlearn.fl.federation import Federation
 from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS, SCALAR_KEYS
-from fedunlearn.privacy.local_training import DPSGDTraining
-from fedunlearn.privacy.uploads import ClipAndNoise
+from fedunlearn.privacy.local_training import DPSGDTraining, RoundDPSGD
+from fedunlearn.privacy.uploads import ClipAndNoise, RoundNoise
 
-__all__ = ["with_run_mechanism"]
+__all__ = ["mechanism_stats", "with_run_mechanism"]
 
 
 def with_run_mechanism(
@@ -36,6 +38,7 @@ def with_run_mechanism(
     round_scalars: Callable[[int], Mapping[str, Any]],
     *,
     seed: int,
+    epsilon_of: Callable[[int], float] | None = None,
 ) -> Federation | None:
     """Return ``federation`` training under the run's DP mechanism, or None if training had none.
 
@@ -44,6 +47,8 @@ def with_run_mechanism(
         config: The run's ``privacy`` section.
         round_scalars: The stored round scalars of a round (its ledger row, ``dp_*`` keys).
         seed: The run seed (``client_update``'s noise seeds derive from it).
+        epsilon_of: ε of a round; default: the run's stored ε_t (a DP Retrain). A stated
+            budget gives unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
 
     Raises:
         HistoryError: if a round's ledger entries are missing.
@@ -61,8 +66,10 @@ def with_run_mechanism(
             )
         return float(value)
 
-    def epsilon_of(round_: int) -> float:
+    def stored_epsilon(round_: int) -> float:
         return scalar(round_, "epsilon")
+
+    epsilon_of = epsilon_of or stored_epsilon
 
     clip_norm = scalar(1, "clip_norm")
     if config.mechanism == "dp_sgd":
@@ -83,3 +90,14 @@ def with_run_mechanism(
         epsilon_of=epsilon_of,
     )
     return federation.with_update_mod(mod)
+
+
+def mechanism_stats(federation: Federation) -> dict[int, RoundDPSGD | RoundNoise]:
+    """Return round -> the ledger row of the mechanism ``with_run_mechanism`` attached."""
+    training = federation.local_training
+    if isinstance(training, DPSGDTraining):
+        return dict(training.stats)
+    for mod in reversed(federation.update_mods):
+        if isinstance(mod, ClipAndNoise):
+            return dict(mod.stats)
+    return {}

@@ -63,7 +63,17 @@ class FedADPParams(MethodParams):
         0.5, gt=0, le=1, description="auto final rounds: total client epochs <= this x Retrain's"
     )
     clamp_negative_cos: bool = Field(False, description="U = 0 when cos θ < 0 (AD11)")
-    unlearn_dp: bool = Field(False, description="clip and noise the fresh updates (AD9)")
+    unlearn_dp: bool = Field(
+        False,
+        description="train the fresh updates under the run's DP mechanism, so the released "
+        "model is DP (AD9, AD25): client_update at the stored ε_τ, dp_sgd at unlearn_epsilon",
+    )
+    unlearn_epsilon: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="dp_sgd unlearn_dp: ε per replayed round (default: the run's ε_max)",
+    )
     local_epochs: int | None = Field(
         None, ge=1, le=1000, description="local epochs of the fresh updates; default: the run's E"
     )

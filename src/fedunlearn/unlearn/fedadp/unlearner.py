@@ -61,11 +61,11 @@ from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.privacy.accountant import totals
-from fedunlearn.privacy.guarantees import unlearned_model_guarantee
+from fedunlearn.privacy.guarantees import dp_sgd_unlearning_ledger, unlearned_model_guarantee
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
 from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
 from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
-from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.context import PrivateClients, UnlearnContext
 from fedunlearn.unlearn.fedadp.params import FedADPParams
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
 from fedunlearn.unlearn.registry import register
@@ -77,6 +77,9 @@ log = logging.getLogger(__name__)
 # Samples of the clean reference set that stands in for the server loss on an 'all' run trained
 # without it (the same seeded subsample as Crab's R at its default size).
 REFERENCE_SIZE = 2000
+#: Seed salt of DP-SGD fresh updates (``unlearn_dp`` on a dp_sgd run): their batches and noise
+#: differ from the stored round's, whose release they would otherwise repeat.
+UNLEARN_DP_SALT = 24
 
 
 def project(
@@ -194,12 +197,18 @@ class FedADP(SelectiveReplay):
                 "fedadp with unlearn_dp=true needs a run trained with privacy.enabled (its "
                 "per-round ε_t and S); drop unlearn_dp or train with a privacy section."
             )
-        if self.params.unlearn_dp and context.privacy.mechanism != "client_update":
+        dp_sgd = context.privacy.mechanism == "dp_sgd"
+        if self.params.unlearn_dp and dp_sgd and context.private_clients is None:
             raise UnsupportedHistoryError(
-                "fedadp with unlearn_dp=true re-applies the client_update mechanism (clip each "
-                "fresh update to S, Eq. 5-6); this run was trained with privacy.mechanism "
-                f"'{context.privacy.mechanism}', whose stored clip norm is a per-example C, "
-                "not an S. Drop unlearn_dp (docs/methods/fedadp.md, AD9)."
+                "fedadp with unlearn_dp=true on a dp_sgd run trains the fresh updates by DP-SGD "
+                "at the run's C; this context cannot (no private_clients): open the run with "
+                "UnlearnSession (docs/methods/fedadp.md, AD25)."
+            )
+        if self.params.unlearn_epsilon is not None and not (self.params.unlearn_dp and dp_sgd):
+            raise UnsupportedHistoryError(
+                "fedadp's unlearn_epsilon is the per-round budget of DP-SGD fresh updates "
+                "(unlearn_dp=true on a dp_sgd run); client_update's unlearn_dp uses each "
+                "round's stored ε_τ. Drop unlearn_epsilon."
             )
 
     def check_derivable(self, context: UnlearnContext) -> None:
@@ -314,6 +323,29 @@ class FedADP(SelectiveReplay):
                 "fedadp found no stored round with client updates in this run; record it with "
                 "history.policy=fedadp or all."
             )
+        private = None  # AD25: DP-SGD fresh updates at a stated budget (dp_sgd unlearn_dp)
+        if p.unlearn_dp and context.privacy.mechanism == "dp_sgd":
+            budget = p.unlearn_epsilon or context.privacy.budget.epsilon_max
+            if context.private_clients is None:  # check_history refuses this before any work
+                raise UnsupportedHistoryError("fedadp unlearn_dp needs context.private_clients")
+            private = context.private_clients(lambda _round: budget)
+        try:
+            return self._replay(request, context, stored, stages, private, clock, selection_seconds)
+        finally:
+            if private is not None:
+                private.close()
+
+    def _replay(
+        self,
+        request: UnlearnRequest,
+        context: UnlearnContext,
+        stored: list[StoredRound],
+        stages: list[Stage],
+        private: PrivateClients | None,
+        clock: float,
+        selection_seconds: float,
+    ) -> RunOutput:
+        p = self.params
         forget = request.forget
         history = context.history
         dp_history = context.privacy.enabled  # the stored updates are noised copies
@@ -336,8 +368,12 @@ class FedADP(SelectiveReplay):
                 log.info("fedadp: round %d has no remaining stored client; skipped", sr.round)
                 continue
             participants[str(sr.round)] = ids
-            fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
-            if p.unlearn_dp:
+            if private is not None:  # fresh seeds: the stored release's noise is not reused
+                task = TrainTask(params, ids, sr.round, spec=spec, salt=UNLEARN_DP_SALT)
+                fresh = private.clients.train(task)
+            else:
+                fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
+            if p.unlearn_dp and private is None:
                 clip_norm, std = self._noise_std(context, sr.round)
                 replay_eps.append(float(history.round_scalars(sr.round)[SCALAR_KEYS["epsilon"]]))
                 seed = context.clients.seed
@@ -394,7 +430,11 @@ class FedADP(SelectiveReplay):
         privacy = {k: v for k, v in ledger.items() if k != "rounds"} | {
             "epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]
         }
-        if p.unlearn_dp:
+        if private is not None:
+            privacy["unlearning_privacy"] = dp_sgd_unlearning_ledger(
+                context.privacy, ledger, private.stats()
+            )
+        elif p.unlearn_dp:
             privacy["unlearning_privacy"] = self._unlearning_ledger(context, ledger, replay_eps)
         details = FedADPDetails(
             variant="FedADP" if context.privacy.enabled else "FedADP-without-DP",
