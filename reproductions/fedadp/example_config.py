@@ -50,6 +50,7 @@ METHODS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "fedadp": ("fedadp", None),
     "fedadp_paper": ("fedadp", {"preset": "paper"}),
     "retrain": ("retrain", None),
+    "fedadp_dp": ("fedadp", {"unlearn_dp": True}),  # a DP released model (DP runs only)
 }
 
 
@@ -78,6 +79,8 @@ def measure(out: Path, seed: int, variant: str) -> dict[str, Any]:
     row["guarantee_epsilon"] = (privacy.get("epsilon_guarantee") or {}).get("pld_epsilon")
     with UnlearnSession(run_dir) as session:
         for key, (name, params) in METHODS.items():
+            if key == "fedadp_dp" and not privacy.get("enabled"):
+                continue
             result = session.run(make_method(name, params), request)
             q = session.evaluation.evaluate(result.params)
             row[f"{key}_ta"] = q["test_accuracy"]
@@ -87,6 +90,10 @@ def measure(out: Path, seed: int, variant: str) -> dict[str, Any]:
             for field in ("step_ratio", "final_rounds", "calibration", "released_model_dp"):
                 if field in details:
                     row[f"{key}_{field}"] = details[field]
+            extra = (details.get("privacy") or {}).get("unlearning_privacy")
+            if extra:
+                row[f"{key}_guarantee_epsilon"] = extra.get("guarantee_with_training")
+                row[f"{key}_fresh_epsilon"] = extra.get("fresh_total_epsilon")
         dp = reference_retrain(session, request, "retrain")  # DP Retrain on a DP run
         q = session.evaluation.evaluate(dp.params)
         row["retrain_dp_ta"] = q["test_accuracy"]
@@ -138,6 +145,23 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"| {pct(r['retrain_dp_ta'])} | {pct(r['retrain_dp_asr'])} "
             f"| {r['retrain_dp_epochs']} | {eps} |"
         )
+    private = [r for r in rows if "fedadp_dp_ta" in r]
+    if private:
+        lines += [
+            "",
+            "| mechanism | seed | FedADP unlearn_dp TA % | ASR % | client epochs | released model "
+            "DP | fresh ε (PLD) | model's ε with training, a priori (PLD) | noise-free default "
+            "TA % |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in private:
+            lines.append(
+                f"| `{r['variant']}` | {r['seed']} | {pct(r['fedadp_dp_ta'])} "
+                f"| {pct(r['fedadp_dp_asr'])} | {r['fedadp_dp_epochs']} "
+                f"| {r.get('fedadp_dp_released_model_dp')} "
+                f"| {_num(r.get('fedadp_dp_fresh_epsilon'))} "
+                f"| {_num(r.get('fedadp_dp_guarantee_epsilon'))} | {pct(r['fedadp_ta'])} |"
+            )
     dp = [r for r in rows if r["variant"] == "dp_sgd"]
     if dp:
         lines += ["", "| target (dp_sgd) | " + " | ".join(f"seed {r['seed']}" for r in dp) + " |"]
@@ -161,6 +185,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"| {med('retrain_dp_ta')} |"
         )
     return lines
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
 
 
 def main() -> None:
