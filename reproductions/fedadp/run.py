@@ -618,7 +618,7 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
             ("**FedADP** (default)", d["fedadp"], dp["client_epochs"], eps),
             ("FedADP, paper preset (Eq. 11)", d.get("fedadp_paper"), dp["client_epochs"], eps),
             ("FedADP, clamped cos θ (ablation)", d.get("fedadp_clamp"), dp["client_epochs"], eps),
-            ("Retrain, no noise (clipped SGD, AD22)", d.get("retrain_nodp"), dp["client_epochs"], None),
+            ("Retrain, no noise (clipped SGD)", d.get("retrain_nodp"), dp["client_epochs"], None),
             ("DP Retrain", dp, dp["client_epochs"], dp_eps),
         ]
         for label, r, base, e in rows:
