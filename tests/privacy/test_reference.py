@@ -8,6 +8,7 @@ import torch
 from fedunlearn.config import parse_config
 from fedunlearn.eval import Verifier, reference_retrain
 from fedunlearn.eval.verifier import DPRetrainDetails
+from fedunlearn.experiments.compare import compare_methods
 from fedunlearn.fl.engine import run_rounds
 from fedunlearn.history import HistoryStore
 from fedunlearn.privacy.reference import with_run_mechanism
@@ -80,3 +81,12 @@ def test_the_receipt_judges_a_dp_run_against_dp_retrain(runs):
     with UnlearnSession(runs["store_only"][0]) as session:  # trained on clean uploads
         same = reference_retrain(session, request, "retrain")
         assert torch.equal(same.params, session.run(make_method("retrain"), request).params)
+
+
+def test_compare_judges_a_dp_run_against_dp_retrain(runs):
+    doc = compare_methods(runs["client_update"][0], [0], ["fedadp"])
+    fedadp = next(r for r in doc["methods"] if r["method"] == "fedadp")
+    utility = next(c for c in fedadp["verification"]["checks"] if c["name"] == "utility")
+    assert "DP Retrain" in utility["reason"]
+    retrain = next(r for r in doc["methods"] if r["method"] == "retrain")
+    assert retrain["details"] == {}  # the table's Retrain row stays the noise-free one
