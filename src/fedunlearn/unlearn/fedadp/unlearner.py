@@ -29,8 +29,11 @@ Deviations:
     [REC] ||ĝ|| = 0 or ||ḡ|| = 0 gives U = 0; cos θ < 0 is kept (literal) unless
         ``clamp_negative_cos`` (AD11). Inner products in float64.
     [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, AD9); ``unlearn_dp``
-        applies the training mechanism with the round's stored ε_τ and S and its own seeds
-        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``. Fresh updates are never stored.
+        trains them under the run's mechanism so the released model is DP (AD25):
+        client_update clips to the stored S and noises at ε_τ with the seeds
+        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``; dp_sgd trains by DP-SGD at
+        ``unlearn_epsilon`` per round through ``context.private_clients`` (salt
+        ``UNLEARN_DP_SALT``). Fresh updates are never stored.
     [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, AD10).
         A round whose stored clients are all forgotten is skipped.
     [REC] Server step η_s = 1 (the toolkit's M_{t+1} = M_t + A(deltas)); deltas throughout, so
@@ -190,7 +193,7 @@ class FedADP(SelectiveReplay):
     # ----- step 1: the selection ----------------------------------------------------------
 
     def check_history(self, context: UnlearnContext) -> None:
-        """Also refuse unlearn_dp without a stored S (and what ``SelectiveReplay`` refuses)."""
+        """Also refuse unlearn_dp without DP training or private clients (and the base checks)."""
         super().check_history(context)
         if self.params.unlearn_dp and not context.privacy.enabled:
             raise UnsupportedHistoryError(
