@@ -41,13 +41,13 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from fedunlearn.config import RunConfig, parse_config
+from fedunlearn.eval import reference_retrain
 from fedunlearn.eval.judge import Judge
 from fedunlearn.fl.engine import run_rounds
-from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY, predict_logits
+from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.records import RoundRecord
-from fedunlearn.privacy.ledger import privacy_summary
 from fedunlearn.privacy.local_training import ClippedTraining
-from fedunlearn.runs import build_setup, resolve_config, train_run, wrap_privacy
+from fedunlearn.runs import build_setup, train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
 TARGETS = [0, 1, 2, 3, 4]  # MIA experiment: the clean clients to forget
@@ -400,74 +400,6 @@ def dpsgd_config(args: argparse.Namespace, seed: int, *, rounds: int | None = No
     )
 
 
-class _Scalars:
-    """Round observer keeping each round's metrics (the DP ledger rows among them)."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def on_round_end(self, record: RoundRecord) -> None:
-        self.rows.append(dict(record.metrics))
-
-
-def dp_retrain(cfg: RunConfig, forget: Sequence[int]) -> dict[str, Any]:
-    """Retrain from M_0 without ``forget`` under the run's own DP-SGD and ε_t schedule.
-
-    The toolkit's ``retrain`` method trains without DP (as unlearning methods do); the issue's
-    reference for FedADP on a DP run is a DP Retrain: the same config, seeds and M_0, the
-    remaining clients only, each round's ε_t from Eq. 4 on their server loss.
-    """
-    started = time.perf_counter()
-    cfg = resolve_config(cfg)  # the policy's options validated, as train_run does
-    setup = build_setup(cfg)
-    try:
-        privacy, setup = wrap_privacy(cfg, setup)
-        if privacy is None:
-            raise SystemExit("dp_retrain needs a config with privacy.enabled")
-        fed = setup.federation
-        remaining = [c for c in fed.client_ids if c not in set(forget)]
-        samples = cfg.history.options("fedadp").loss_samples
-
-        def server_loss(params: torch.Tensor) -> float:
-            parts = [fed.client_data[c] for c in remaining]
-            total = weight = 0.0
-            for part in parts:
-                logits = predict_logits(setup.model, params, part.x[:samples])
-                loss = torch.nn.functional.cross_entropy(logits, part.y[:samples])
-                total += len(part) * float(loss)
-                weight += len(part)
-            return total / weight
-
-        def evaluate(params: torch.Tensor) -> dict[str, Any]:
-            return {CLIENTS_LOSS_KEY: server_loss(params), **privacy.latest_scalars()}
-
-        privacy.resume([{CLIENTS_LOSS_KEY: server_loss(setup.initial_params)}])
-        scalars = _Scalars()
-        params = run_rounds(
-            fed,
-            setup.aggregator,
-            setup.initial_params,
-            num_rounds=cfg.training.rounds,
-            client_ids=remaining,
-            participation=cfg.training.participation,
-            evaluate=evaluate,
-            observers=[privacy, scalars],
-        )
-        quality = setup.evaluate(params)
-        ledger = privacy_summary(cfg.privacy, scalars.rows, fed.num_params)
-    finally:
-        setup.close()
-    return {
-        "test_accuracy": quality["test_accuracy"],
-        "backdoor_asr": quality.get("backdoor_asr"),
-        "client_epochs": cfg.training.rounds * len(remaining) * cfg.training.local_epochs,
-        "rounds": cfg.training.rounds,
-        "privacy": {k: v for k, v in ledger.items() if k != "rounds"},
-        "epsilon_per_round": [r["epsilon"] for r in ledger["rounds"]],
-        "seconds": time.perf_counter() - started,
-    }
-
-
 def clipped_training(cfg: RunConfig) -> dict[str, Any]:
     """Train ``cfg``'s federation, all clients, with DP-SGD's optimiser but no noise.
 
@@ -517,6 +449,9 @@ def _unlearn_row(session: UnlearnSession, result: UnlearnResult) -> dict[str, An
         "stored_rounds": details.get("stored_rounds"),
         "stored_update_fraction": details.get("stored_update_fraction"),
         "negative_cos_fraction": details.get("negative_cos_fraction"),
+        "step_ratio": details.get("step_ratio"),
+        "final_rounds": details.get("final_rounds"),
+        "calibration": details.get("calibration"),
         "seconds": result.costs.wall_seconds,
     }
 
@@ -529,9 +464,11 @@ def _fl_rounds(run_dir: Path) -> list[list[float]]:
 
 
 def dpsgd_seed(args: argparse.Namespace) -> dict[str, Any]:
-    """Train the DP-SGD CNN run of ``args.seed``; FedADP, its clamped ablation, Retrain, DP Retrain.
+    """Train the DP-SGD CNN run of ``args.seed``: FedADP (default, paper), Retrain, DP Retrain.
 
-    Also trains the same config without DP (is the backdoor learnable in this setting?). Writes
+    DP Retrain is the receipt's reference (``fedunlearn.eval.reference_retrain``: the run's
+    DP-SGD at its stored ε_t and seeds). With ``--dpsgd-extras`` also the clamped-cos ablation
+    and the same config without DP and with clipped noise-free SGD. Writes
     ``OUT/dpsgd/seed{S}.json`` after every part; a re-run reuses the finished training runs and
     computes only the parts that are missing.
     """
@@ -573,33 +510,44 @@ def dpsgd_seed(args: argparse.Namespace) -> dict[str, Any]:
         path.write_text(json.dumps(doc, indent=2, default=str))
 
     save()
-    parts = (
-        ("fedadp", "fedadp", None),
-        ("fedadp_clamp", "fedadp", {"clamp_negative_cos": True}),
+    parts: tuple[tuple[str, str, dict[str, Any] | None], ...] = (
+        ("fedadp", "fedadp", None),  # the default: calibration auto (fresh), final_rounds auto
+        ("fedadp_paper", "fedadp", {"preset": "paper"}),  # Eq. 11, no tuning (issue 13's row)
+        ("retrain_dp", "", None),  # the receipt's reference (saved before the slower extras)
         ("retrain_nodp", "retrain", None),
     )
+    if args.dpsgd_extras:
+        parts += (("fedadp_clamp", "fedadp", {"preset": "paper", "clamp_negative_cos": True}),)
     if any(key not in doc for key, _, _ in parts):
         with UnlearnSession(run_dir) as session:
             for key, method, params in parts:
                 if key in doc:
+                    continue
+                if key == "retrain_dp":  # the run's DP-SGD at its stored ε_t and seeds
+                    started = time.perf_counter()
+                    result = reference_retrain(session, request, "retrain")
+                    doc["retrain_dp"] = row = _unlearn_row(session, result)
+                    row["seconds"] = time.perf_counter() - started
+                    row["privacy"] = doc["privacy"]  # the same per-round ε_t as the run
+                    save()
+                    print(
+                        f"[dpsgd seed {seed}] DP retrain: TA {row['test_accuracy']:.4f} "
+                        f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']}",
+                        flush=True,
+                    )
                     continue
                 result = session.run(make_method(method, params), request)
                 doc[key] = row = _unlearn_row(session, result)
                 save()
                 print(
                     f"[dpsgd seed {seed}] {key}: TA {row['test_accuracy']:.4f} "
-                    f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']}",
+                    f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']} "
+                    f"step ratio {row['step_ratio']}",
                     flush=True,
                 )
-    if "retrain_dp" not in doc:
-        doc["retrain_dp"] = row = dp_retrain(cfg, forget)
-        save()
-        print(
-            f"[dpsgd seed {seed}] DP retrain: TA {row['test_accuracy']:.4f} "
-            f"ASR {row['backdoor_asr']:.4f} epochs {row['client_epochs']} "
-            f"eps PLD {row['privacy']['total_epsilon']:.2f}",
-            flush=True,
-        )
+    if not args.dpsgd_extras:
+        print("\n".join(dpsgd_tables([doc])), flush=True)
+        return doc
     if "fl_nodp" not in doc:  # the backdoor without DP, at the non-private lr of this setting
         nodp = parse_config(
             {
@@ -655,8 +603,9 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
     docs = sorted(docs, key=lambda d: d["seed"])
     lines = [
         "| seed | model | TA % | ASR % | rounds | client epochs | epochs / DP Retrain "
-        "| stored update fraction | negative cos θ | total ε PLD | total ε RDP |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| stored update fraction | negative cos θ | step ratio Σ‖U‖/Σ‖ĝ‖ | total ε PLD "
+        "| total ε RDP |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d in docs:
         dp = d["retrain_dp"]
@@ -666,9 +615,10 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
             (f"FL model without DP (lr {NODP_LR})", d.get("fl_nodp"), None, None),
             ("FL model, clipped SGD without noise", d.get("fl_clipped"), None, None),
             ("FL model (DP-SGD)", d["fl"], None, eps),
-            ("**FedADP**", d["fedadp"], dp["client_epochs"], eps),
-            ("FedADP, clamped cos θ (ablation)", d["fedadp_clamp"], dp["client_epochs"], eps),
-            ("Retrain, no noise (clipped SGD, AD22)", d["retrain_nodp"], dp["client_epochs"], None),
+            ("**FedADP** (default)", d["fedadp"], dp["client_epochs"], eps),
+            ("FedADP, paper preset (Eq. 11)", d.get("fedadp_paper"), dp["client_epochs"], eps),
+            ("FedADP, clamped cos θ (ablation)", d.get("fedadp_clamp"), dp["client_epochs"], eps),
+            ("Retrain, no noise (clipped SGD)", d.get("retrain_nodp"), dp["client_epochs"], None),
             ("DP Retrain", dp, dp["client_epochs"], dp_eps),
         ]
         for label, r, base, e in rows:
@@ -683,6 +633,7 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
                 f"| {num(epochs / base, '.2f') if base and epochs else '–'} "
                 f"| {num(r.get('stored_update_fraction'), '.3f')} "
                 f"| {num(r.get('negative_cos_fraction'), '.2f')} "
+                f"| {num(r.get('step_ratio'), '.3f')} "
                 f"| {num(e['pld_epsilon'], '.2f') if e else '–'} "
                 f"| {num(e['rdp_epsilon'], '.2f') if e else '–'} |"
             )
@@ -696,7 +647,8 @@ def dpsgd_tables(docs: Sequence[dict[str, Any]]) -> list[str]:
         ("FL model without DP", "fl_nodp"),
         ("FL model, clipped SGD without noise", "fl_clipped"),
         ("FL model (DP-SGD)", "fl"),
-        ("FedADP", "fedadp"),
+        ("FedADP (default)", "fedadp"),
+        ("FedADP, paper preset", "fedadp_paper"),
         ("FedADP, clamped cos θ", "fedadp_clamp"),
         ("Retrain, no noise (clipped SGD)", "retrain_nodp"),
         ("DP Retrain", "retrain_dp"),
@@ -839,6 +791,11 @@ def main() -> None:
     parser.add_argument("--dpsgd-rounds", type=int, default=CNN["rounds"], help="T (smoke tests)")
     parser.add_argument("--dpsgd-lr", type=float, default=1.0, help="SGD lr of the DP-SGD CNN")
     parser.add_argument("--dpsgd-clip", type=float, default=1.0, help="C per example")
+    parser.add_argument(
+        "--dpsgd-extras",
+        action="store_true",
+        help="also the clamped ablation, the no-DP and the clipped noise-free FL runs",
+    )
     parser.add_argument("--fresh", action="store_true", help="retrain runs that exist")
     parser.add_argument("--tables", action="store_true", help="only print the Markdown tables")
     parser.add_argument(

@@ -439,6 +439,19 @@ def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
         if totals.get(key) is not None
     ]
     rows.append([f"  total eps (delta {delta:g})", ", ".join(parts) or "-"])
+    guarantee = privacy.get("epsilon_guarantee")
+    if guarantee:  # the a-priori bound; the realised total above is data-dependent
+        rows.append(
+            [
+                "  guarantee (a priori)",
+                f"eps {guarantee['pld_epsilon']:.3f} (PLD): every round at eps_max = "
+                f"{guarantee['per_round_epsilon']:g}; the realised total is data-dependent and "
+                "the adaptive choice of eps_t is not covered",
+            ]
+        )
+    for name, artefact in (privacy.get("artefacts") or {}).items():
+        state = "DP" if artefact["dp"] else "not DP"
+        rows.append([f"  {name.replace('_', ' ')}", f"{state}: {artefact['guarantee']}"])
     return rows
 
 

@@ -180,6 +180,8 @@ class Evidence:
             Retrain).
         attack_kind: The run's attack (``backdoor``, ``label_flip``, ...; None: no attack).
         private_run: Whether the run was trained with DP (``privacy.enabled``).
+        private_reference: Whether Retrain ran under the run's DP mechanism (a DP Retrain,
+            ``reference_retrain`` on a DP run).
         client_membership: The client-level membership test's scores (label ``candidate`` is
             the judged model), or None if it was not run.
         warnings_available: False when the method's warnings were not available (an audited
@@ -214,6 +216,7 @@ class Evidence:
     lineage: Lineage | None = None
     markers: MarkerEvidence | None = None
     distance_band: DistanceBand | None = None
+    private_reference: bool = False
 
     def controls(self) -> dict[str, Mapping[str, Any]]:
         """Return the negative controls' rows by label (the original, and with noise)."""
@@ -1046,6 +1049,8 @@ def check_utility(ev: Evidence, th: VerificationThresholds) -> Check:
     dp_note = (
         "; Retrain trains without the run's DP noise, so part of a DP method's drop is the "
         "cost of privacy"
+        if ev.private_run and retrain is not None and not ev.private_reference
+        else "; Retrain ran under the run's DP mechanism (a DP Retrain)"
         if ev.private_run and retrain is not None
         else ""
     )

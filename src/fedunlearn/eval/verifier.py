@@ -42,6 +42,7 @@ from fedunlearn.eval.markers import MarkerEvidence, MarkerProbe
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
+from fedunlearn.privacy.reference import with_run_mechanism
 from fedunlearn.unlearn import (
     Details,
     UnlearnRequest,
@@ -54,6 +55,7 @@ from fedunlearn.unlearn.lineage import Lineage
 
 __all__ = [
     "REFERENCES",
+    "DPRetrainDetails",
     "Verifier",
     "client_membership_check",
     "deletion_evidence",
@@ -73,6 +75,11 @@ def reference_retrain(
 ) -> UnlearnResult | None:
     """Return the Retrain result a ``reference`` asks for: run it for ``retrain``, else None.
 
+    On a run trained with DP (``dp_scope: train_and_store``) Retrain trains under the run's
+    own mechanism at its stored per-round ε_t (``fedunlearn.privacy.reference``): a DP Retrain,
+    whose ``details`` are ``DPRetrainDetails``; a DP method is then judged against the same
+    noise. Other runs: the plain Retrain.
+
     Args:
         session: The opened run.
         request: The clients to remove.
@@ -87,7 +94,33 @@ def reference_retrain(
         raise ConfigError(f"reference must be one of {', '.join(REFERENCES)}; got {reference!r}")
     if reference == "original":
         return None
-    return session.run(make_method("retrain"), request, progress=progress)
+    run = session.run_view
+    private = with_run_mechanism(  # a DP run's reference: DP Retrain (None: no DP in training)
+        session.federation, run.config.privacy, run.store.round_scalars, seed=run.config.seed
+    )
+    if private is None:
+        return session.run(make_method("retrain"), request, progress=progress)
+    try:
+        context = session.context(request, progress=progress, clients=private)
+        result = make_method("retrain").unlearn(request, context)
+    finally:
+        private.close()
+    return replace(result, details=DPRetrainDetails(run.config.privacy.mechanism))
+
+
+@dataclasses.dataclass(frozen=True)
+class DPRetrainDetails(Details):
+    """A Retrain reference trained under the run's DP mechanism (``privacy.reference``).
+
+    Attributes:
+        mechanism: The run's ``privacy.mechanism``.
+        private: Always True (the receipt's utility check reads it).
+        note: The budgets used.
+    """
+
+    mechanism: str
+    private: bool = True
+    note: str = "each round at the run's stored ε_t, the run's clip norm and seeds"
 
 
 def _record_dict(record: Any) -> dict[str, Any]:
@@ -382,6 +415,9 @@ class Verifier:
             "attackers_total": len(malicious),
             "attack_kind": run.config.attack.kind if malicious else None,
             "private_run": bool(run.config.privacy.enabled),
+            "private_reference": bool(
+                retrain is not None and getattr(retrain.details, "private", False)
+            ),
         }
 
     @property

@@ -147,11 +147,15 @@ def compare_methods(
             if progress is not None:
                 progress.on_step("fitting the client-level membership test")
             membership = client_membership_check(session, request, results["retrain"], seed=seed)
+        reference = results["retrain"]
+        dp = run.config.privacy
+        if dp.enabled and dp.dp_scope == "train_and_store":  # a DP run: judge against DP Retrain
+            reference = reference_retrain(session, request, "retrain") or reference
         verifier = Verifier(
             session,
             request,
             thresholds=thresholds,
-            retrain=results["retrain"],
+            retrain=reference,
             judge=judge,
             client_membership=membership,
         )

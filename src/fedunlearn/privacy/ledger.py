@@ -13,6 +13,11 @@ mechanism). Totals: ``client_update`` composes one Gaussian event per round (RDP
 basic, at sensitivity S and 2S); ``dp_sgd`` composes each round's ``steps``-fold
 Poisson-sampled Gaussian (RDP, PLD, basic; add/remove one example only).
 
+What each artefact's guarantee is, the a-priori bound (every round at ε_max) and the status of
+every released statistic come from ``fedunlearn.privacy.guarantees`` (``artefacts``,
+``epsilon_guarantee``, ``released_statistics``); ``total_epsilon`` is the realised schedule's
+total, data-dependent (``schedule``).
+
 Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4-6 (per-round budgets only; the totals are
 deviation AD14 of docs/methods/fedadp.md). Fields: docs/privacy.md.
 """
@@ -31,6 +36,12 @@ from fedunlearn.privacy.accountant import (
     analytic_gaussian_epsilon,
     sampled_totals,
     totals,
+)
+from fedunlearn.privacy.guarantees import (
+    RELEASED_STATISTICS,
+    SCHEDULE_CAVEAT,
+    artefact_guarantees,
+    upfront_totals,
 )
 from fedunlearn.privacy.local_training import RoundDPSGD
 from fedunlearn.privacy.uploads import RoundNoise
@@ -142,9 +153,14 @@ def privacy_summary(
         "mechanism": config.mechanism,
         "guarantee": GUARANTEES[config.mechanism],
         "dp_scope": config.dp_scope,
-        "protects": "uploads, model and stored history"
+        "protects": "uploads, stored history and the original model (not an unlearned model: "
+        "see artefacts)"
         if config.dp_scope == "train_and_store"
         else "stored history only (training used the clean uploads)",
+        "artefacts": artefact_guarantees(config),
+        "epsilon_guarantee": upfront_totals(config, rows),
+        "schedule": SCHEDULE_CAVEAT,
+        "released_statistics": dict(RELEASED_STATISTICS),
         "noise_mode": config.noise_mode,
         "delta": delta,
         "sens_factor": config.sens_factor,
@@ -158,10 +174,13 @@ def privacy_summary(
         "noise_norm_per_client": std * math.sqrt(num_params)
         if std and num_params and not dp_sgd
         else None,
+        # the realised schedule's PLD total: data-dependent, not a guarantee (``schedule``)
         "total_epsilon": headline["pld_epsilon"] if headline else None,
         "totals": by_factor,
         "rounds": rows,
-        "unaccounted": "the server loss driving ε_t and the stages is not privatised"
+        "unaccounted": "the server loss driving ε_t and the stages is not privatised (the "
+        "adaptive choice of ε_t is not covered), nor are the statistics released_statistics "
+        "marks 'not private'"
         + ("; nor is the pilot that chose the clip norm" if config.clip_norm == "auto" else ""),
     }
     if dp_sgd:

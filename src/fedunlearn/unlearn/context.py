@@ -30,7 +30,7 @@ Which clients attacked is *not* in the context: a recovery request names them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,7 @@ __all__ = [
     "CostMeter",
     "Evaluator",
     "MeteredHistory",
+    "PrivateClients",
     "RemainingClients",
     "TrainingInfo",
     "UnlearnContext",
@@ -192,6 +193,25 @@ class TrainingInfo:
     aggregator: str = "fedavg"
 
 
+@dataclass(frozen=True)
+class PrivateClients:
+    """The remaining clients training under the run's DP mechanism at a stated budget.
+
+    Built by ``UnlearnContext.private_clients`` for a method that releases a DP model (FedADP's
+    ``unlearn_dp``); metered like ``clients``.
+
+    Attributes:
+        clients: The remaining clients, training with the mechanism.
+        stats: Round -> the mechanism's ledger row of each round they trained (RoundDPSGD or
+            RoundNoise of ``fedunlearn.privacy``).
+        close: Stops what the mechanism started; call it when done.
+    """
+
+    clients: RunClients
+    stats: Callable[[], Mapping[int, Any]]
+    close: Callable[[], None]
+
+
 @dataclass
 class UnlearnContext:
     """A finished run as an unlearning method sees it (see the module docstring)."""
@@ -209,6 +229,8 @@ class UnlearnContext:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     fingerprint: str = ""  # identifies the run (cache keys); empty: do not cache
     reference_provider: Callable[[int], ClientData] | None = None
+    # epsilon_of -> the remaining clients under the run's DP mechanism (None: no DP training)
+    private_clients: Callable[[Callable[[int], float]], PrivateClients] | None = None
 
     @property
     def has_reference_set(self) -> bool:

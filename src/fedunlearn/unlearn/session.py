@@ -61,6 +61,7 @@ from fedunlearn.unlearn.context import (
     CostMeter,
     Evaluator,
     MeteredHistory,
+    PrivateClients,
     RemainingClients,
     TrainingInfo,
     UnlearnContext,
@@ -319,7 +320,40 @@ class UnlearnSession:
             privacy=run.config.privacy,
             fingerprint=run.fingerprint,
             reference_provider=self.evaluation.reference_set,
+            private_clients=self._private_clients(request.forget, meter),
         )
+
+    def _private_clients(
+        self, forget: frozenset[int], meter: CostMeter
+    ) -> Callable[[Callable[[int], float]], PrivateClients] | None:
+        """Return the builder of the remaining clients under the run's DP mechanism, or None.
+
+        For a method that releases a DP model (FedADP's ``unlearn_dp``): the run's mechanism
+        (``fedunlearn.privacy.reference``) at the budget ``epsilon_of`` gives, metered; None when
+        training used no mechanism (no DP, or ``dp_scope: store_only``).
+        """
+        config = self.run_view.config
+        if not (config.privacy.enabled and config.privacy.dp_scope == "train_and_store"):
+            return None
+        from fedunlearn.privacy.reference import mechanism_stats, with_run_mechanism
+
+        store = self.run_view.store
+
+        def build(epsilon_of: Callable[[int], float]) -> PrivateClients:
+            fed = with_run_mechanism(
+                self.federation,
+                config.privacy,
+                store.round_scalars,
+                seed=config.seed,
+                epsilon_of=epsilon_of,
+            )
+            if fed is None:  # unreachable: the mechanism ran in training (checked above)
+                raise HistoryError("this run trained without a DP mechanism to re-run")
+            return PrivateClients(
+                RemainingClients(fed, forget, meter), lambda: mechanism_stats(fed), fed.close
+            )
+
+        return build
 
     def run(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -108,7 +110,7 @@ def test_overrides_on_a_live_selection_fail_before_any_work(dp_run):
 
 
 @pytest.mark.slow
-def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_refuses_unlearn_dp(tmp_path):
+def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_dp_sgd_unlearn_dp(tmp_path):
     cfg = {
         **DP_RUN,
         "training": {**DP_RUN["training"], "rounds": 3},
@@ -121,11 +123,31 @@ def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_refuses_unlea
         assert result.details.variant == "FedADP"
         assert result.details.privacy["mechanism"] == "dp_sgd"
         assert result.details.privacy["guarantee"].startswith("per example")
-        context = session.context(request)
-        # the stored clip norm is a per-example C; Eq. 5-6 on whole fresh updates would misuse it
-        with pytest.raises(UnsupportedHistoryError, match="mechanism 'dp_sgd', whose stored clip"):
+        private = session.run(make_method("fedadp", {"unlearn_dp": True}), request)
+        again = session.run(make_method("fedadp", {"unlearn_dp": True}), request)
+        cheaper = session.run(
+            make_method("fedadp", {"unlearn_dp": True, "unlearn_epsilon": 0.5}), request
+        )
+        # without the session's private clients, DP-SGD fresh updates cannot be trained
+        context = replace(session.context(request), private_clients=None)
+        with pytest.raises(UnsupportedHistoryError, match="no private_clients"):
             make_method("fedadp", {"unlearn_dp": True}).unlearn(request, context)
         assert context.meter.costs.client_epochs == 0
+        with pytest.raises(UnsupportedHistoryError, match="Drop unlearn_epsilon"):
+            make_method("fedadp", {"unlearn_epsilon": 1.0}).unlearn(
+                request, session.context(request)
+            )
+    assert torch.equal(private.params, again.params)
+    assert not torch.equal(private.params, cheaper.params)
+    d = private.details
+    assert d.released_model_dp is True and d.final_rounds == 0
+    ledger = d.privacy["unlearning_privacy"]
+    assert ledger["epsilon_per_round"] == [3.0] * len(d.participants)  # the run's ε_max
+    assert ledger["total_epsilon_with_training"] > d.privacy["total_epsilon"]
+    assert ledger["guarantee_with_training"] >= ledger["total_epsilon_with_training"]
+    small = cheaper.details.privacy["unlearning_privacy"]
+    assert small["fresh_total_epsilon"] < ledger["fresh_total_epsilon"]
+    assert result.details.released_model_dp is False
 
 
 def test_a_run_without_dp_gives_fedadp_without_dp(run_all):

@@ -43,7 +43,6 @@ then the final tuning rounds (fresh updates). None when the rollback model was t
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +50,7 @@ from typing import Any
 import torch
 
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
-from fedunlearn.fl.engine import run_rounds, sample_clients
+from fedunlearn.fl.engine import run_rounds
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
@@ -73,6 +72,7 @@ from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.replay import calibrated_replay
 from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
+from fedunlearn.unlearn.tuning import final_round_count
 
 log = logging.getLogger(__name__)
 
@@ -435,22 +435,13 @@ class Crab(SelectiveReplay):
             t_star: t_{j*}.
             replay_sizes: Participants of each replayed stored round.
         """
-        if self.params.final_rounds != "auto":
-            return int(self.params.final_rounds)
-        total = context.num_rounds
-        epochs = context.clients.spec.epochs
-        # Retrain's client epochs: every round's original participants minus the forgotten
-        retrain_sizes = [len(context.original_participants(t)) for t in range(1, total + 1)]
-        per_round = len(  # the clients of one final tuning round
-            sample_clients(
-                context.clients.client_ids, context.training.participation, context.clients.seed, 1
-            )
+        return final_round_count(  # the shared rule (fedunlearn.unlearn.tuning)
+            context,
+            self.params.final_rounds,
+            self.params.epoch_budget,
+            start_round=t_star,
+            replay_sizes=replay_sizes,
         )
-        replayed = sum(1 for n in replay_sizes if n)
-        gap = total - t_star - replayed
-        spare = (self.params.epoch_budget * sum(retrain_sizes) - sum(replay_sizes)) * epochs
-        within = math.floor(spare / (per_round * epochs) + 1e-9)
-        return max(0, min(gap, within))
 
     # ----- the whole method -------------------------------------------------------------------
 

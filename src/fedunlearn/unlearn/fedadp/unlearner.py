@@ -11,8 +11,13 @@ Steps, in the order ``FedADP._run`` calls them:
    calibrated against the stored (noisy) update ḡ by Eq. 10-11, in its projection form
    ``U = (<ḡ, ĝ> / ||ĝ||²) ĝ`` (= cos θ · ||ḡ|| / ||ĝ|| · ĝ); the run's aggregation rule combines
    them with weights n_c over the round's participants (Eq. 12) and the model steps.
-3. Reporting: the variant (``FedADP``, or ``FedADP-without-DP`` on a run trained without
-   ``privacy.enabled``), the privacy ledger of the run, the stored update fraction.
+3. Final tuning (AD23): FedAvg rounds of the remaining clients after the replay, sized by
+   the shared rule of :mod:`fedunlearn.unlearn.tuning` (Crab's) within ``epoch_budget`` x
+   Retrain's client epochs: ``final_rounds: auto`` does so on a DP-noised history only.
+4. Reporting: the variant (``FedADP``, or ``FedADP-without-DP`` on a run trained without
+   ``privacy.enabled``), the privacy ledger of the run with each artefact's guarantee and
+   whether the released model is DP (``released_model_dp``), the effective step ratio
+   Σ||U|| / Σ||ĝ||, the stored update fraction.
 
 Paper: Jiang, Tong, Liu, Ye, Tan, Lam, "Efficient Federated Unlearning with Adaptive Differential
 Privacy Preservation" (FedADP), Sec. IV-C, Alg. 2, Eq. 10-12. Design note and the deviation
@@ -24,8 +29,11 @@ Deviations:
     [REC] ||ĝ|| = 0 or ||ḡ|| = 0 gives U = 0; cos θ < 0 is kept (literal) unless
         ``clamp_negative_cos`` (AD11). Inner products in float64.
     [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, AD9); ``unlearn_dp``
-        applies the training mechanism with the round's stored ε_τ and S and its own seeds
-        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``. Fresh updates are never stored.
+        trains them under the run's mechanism so the released model is DP (AD25):
+        client_update clips to the stored S and noises at ε_τ with the seeds
+        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``; dp_sgd trains by DP-SGD at
+        ``unlearn_epsilon`` per round through ``context.private_clients`` (salt
+        ``UNLEARN_DP_SALT``). Fresh updates are never stored.
     [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, AD10).
         A round whose stored clients are all forgotten is skipped.
     [REC] Server step η_s = 1 (the toolkit's M_{t+1} = M_t + A(deltas)); deltas throughout, so
@@ -35,6 +43,10 @@ Deviations:
         set R (AD3's server-held validation option).
     [REC] ``calibration="fresh"`` (ĝ as is) and ``"norm"`` (FedEraser's ||ḡ|| ĝ / ||ĝ||) are
         ablations that isolate Eq. 11's cos θ factor (AD19).
+    [REC] ``calibration="auto"`` (default) is ``fresh`` on a DP-noised history (a DP run) and
+        Eq. 11 otherwise: under DP, Eq. 11 shrinks each step to ~0.29 of ĝ (AD24);
+        ``preset="paper"`` keeps Eq. 11 everywhere and no final tuning.
+    [REC] Final tuning after the replay, ``final_rounds="auto"`` on a DP-noised history (AD23).
 """
 
 from __future__ import annotations
@@ -51,20 +63,26 @@ from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.seeding import derive_seed, torch_generator
+from fedunlearn.privacy.accountant import totals
+from fedunlearn.privacy.guarantees import dp_sgd_unlearning_ledger, unlearned_model_guarantee
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
 from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
 from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
-from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.context import PrivateClients, UnlearnContext
 from fedunlearn.unlearn.fedadp.params import FedADPParams
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
+from fedunlearn.unlearn.tuning import final_round_count, final_tuning
 
 log = logging.getLogger(__name__)
 
 # Samples of the clean reference set that stands in for the server loss on an 'all' run trained
 # without it (the same seeded subsample as Crab's R at its default size).
 REFERENCE_SIZE = 2000
+#: Seed salt of DP-SGD fresh updates (``unlearn_dp`` on a dp_sgd run): their batches and noise
+#: differ from the stored round's, whose release they would otherwise repeat.
+UNLEARN_DP_SALT = 24
 
 
 def project(
@@ -123,9 +141,17 @@ class FedADPDetails(Details):
         participants: Round -> replayed clients (stored minus the forgotten).
         skipped_rounds: Stored rounds with no remaining client.
         negative_cos_fraction: Share of calibrations with cos θ < 0 (Eq. 10).
-        calibration: ``projection`` (Eq. 11) or an ablation.
+        calibration: The calibration applied: ``projection`` (Eq. 11), ``fresh`` or ``norm``
+            (``auto`` resolved, AD24).
         local_epochs: Local epochs of the fresh updates.
-        timing: Seconds of selection and replay.
+        timing: Seconds of selection, replay and final tuning.
+        preset: ``default`` or ``paper``.
+        step_ratio: Σ||U|| / Σ||ĝ|| over every calibrated update: how far the replay steps
+            relative to fresh training (1 for ``fresh``).
+        final_rounds: FedAvg rounds run after the replay (AD23).
+        epoch_budget: The cap of ``final_rounds: auto`` (share of Retrain's client epochs).
+        released_model_dp: Whether the unlearned model carries a DP guarantee.
+        released_model_reason: Why (or why not), in one sentence.
         stages: The loss stages (rounds, closed, kept) when derived from an ``all`` run.
     """
 
@@ -145,6 +171,12 @@ class FedADPDetails(Details):
     calibration: str
     local_epochs: int
     timing: dict[str, float] = field(compare=False)  # wall seconds: not part of the result
+    preset: str = "default"
+    step_ratio: float = 1.0
+    final_rounds: int = 0
+    epoch_budget: float = 0.5
+    released_model_dp: bool = False
+    released_model_reason: str = ""
     stages: tuple[dict[str, Any], ...] = ()
 
 
@@ -161,19 +193,25 @@ class FedADP(SelectiveReplay):
     # ----- step 1: the selection ----------------------------------------------------------
 
     def check_history(self, context: UnlearnContext) -> None:
-        """Also refuse unlearn_dp without a stored S (and what ``SelectiveReplay`` refuses)."""
+        """Also refuse unlearn_dp without DP training or private clients (and the base checks)."""
         super().check_history(context)
         if self.params.unlearn_dp and not context.privacy.enabled:
             raise UnsupportedHistoryError(
                 "fedadp with unlearn_dp=true needs a run trained with privacy.enabled (its "
                 "per-round ε_t and S); drop unlearn_dp or train with a privacy section."
             )
-        if self.params.unlearn_dp and context.privacy.mechanism != "client_update":
+        dp_sgd = context.privacy.mechanism == "dp_sgd"
+        if self.params.unlearn_dp and dp_sgd and context.private_clients is None:
             raise UnsupportedHistoryError(
-                "fedadp with unlearn_dp=true re-applies the client_update mechanism (clip each "
-                "fresh update to S, Eq. 5-6); this run was trained with privacy.mechanism "
-                f"'{context.privacy.mechanism}', whose stored clip norm is a per-example C, "
-                "not an S. Drop unlearn_dp (docs/methods/fedadp.md, AD9)."
+                "fedadp with unlearn_dp=true on a dp_sgd run trains the fresh updates by DP-SGD "
+                "at the run's C; this context cannot (no private_clients): open the run with "
+                "UnlearnSession (docs/methods/fedadp.md, AD25)."
+            )
+        if self.params.unlearn_epsilon is not None and not (self.params.unlearn_dp and dp_sgd):
+            raise UnsupportedHistoryError(
+                "fedadp's unlearn_epsilon is the per-round budget of DP-SGD fresh updates "
+                "(unlearn_dp=true on a dp_sgd run); client_update's unlearn_dp uses each "
+                "round's stored ε_τ. Drop unlearn_epsilon."
             )
 
     def check_derivable(self, context: UnlearnContext) -> None:
@@ -250,6 +288,33 @@ class FedADP(SelectiveReplay):
         z = noise_multiplier(float(sc[SCALAR_KEYS["epsilon"]]), cfg.delta)
         return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
 
+    @staticmethod
+    def _unlearning_ledger(
+        context: UnlearnContext, ledger: dict[str, Any], replay_eps: list[float]
+    ) -> dict[str, Any]:
+        """``unlearn_dp``: the replayed rounds' releases composed with the run's (per client).
+
+        Each replayed round releases every replaying client's update once more through the
+        training mechanism at its stored ε_τ (ζ ∝ 1/ε, Eq. 6); a client's total composes the
+        run's rounds and every replayed round (an upper bound: not every client replays).
+        """
+        cfg = context.privacy
+        f = cfg.sens_factor
+        train = [float(r["noise_multiplier"]) / f for r in ledger.get("rounds", [])]
+        zeta = {  # the stored ζ_τ of each replayed round: std over the round's S
+            float(r["epsilon"]): float(r["noise_multiplier"]) / f for r in ledger["rounds"]
+        }
+        replay = [zeta[e] for e in replay_eps]
+        both = totals(train + replay, cfg.delta, f) if train else None
+        return {
+            "replayed_rounds": len(replay),
+            "epsilon_per_round": replay_eps,
+            "total_epsilon_with_training": both.pld_epsilon if both else None,
+            "rdp_epsilon_with_training": both.rdp_epsilon if both else None,
+            "basis": "realised ε_t of the run and the replayed rounds, PLD; the adaptive "
+            "choice of ε_t is not covered",
+        }
+
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         clock = time.perf_counter()
         p = self.params
@@ -261,8 +326,33 @@ class FedADP(SelectiveReplay):
                 "fedadp found no stored round with client updates in this run; record it with "
                 "history.policy=fedadp or all."
             )
+        private = None  # AD25: DP-SGD fresh updates at a stated budget (dp_sgd unlearn_dp)
+        if p.unlearn_dp and context.privacy.mechanism == "dp_sgd":
+            budget = p.unlearn_epsilon or context.privacy.budget.epsilon_max
+            if context.private_clients is None:  # check_history refuses this before any work
+                raise UnsupportedHistoryError("fedadp unlearn_dp needs context.private_clients")
+            private = context.private_clients(lambda _round: budget)
+        try:
+            return self._replay(request, context, stored, stages, private, clock, selection_seconds)
+        finally:
+            if private is not None:
+                private.close()
+
+    def _replay(
+        self,
+        request: UnlearnRequest,
+        context: UnlearnContext,
+        stored: list[StoredRound],
+        stages: list[Stage],
+        private: PrivateClients | None,
+        clock: float,
+        selection_seconds: float,
+    ) -> RunOutput:
+        p = self.params
         forget = request.forget
         history = context.history
+        dp_history = context.privacy.enabled  # the stored updates are noised copies
+        mode = p.resolved_calibration(dp_history)
         start_round = 0 if p.init == "initial" else stored[0].round
         params = context.start_from(start_round).clone()
         spec = context.clients.spec
@@ -272,6 +362,8 @@ class FedADP(SelectiveReplay):
         participants: dict[str, list[int]] = {}
         skipped: list[int] = []
         negative = total_cos = 0
+        step_norm = fresh_norm = 0.0  # Σ||U||, Σ||ĝ|| (float64)
+        replay_eps: list[float] = []  # ε_τ of each noised replayed round (unlearn_dp)
         for sr in stored:
             ids = [c for c in sr.clients if c not in forget]
             if not ids:
@@ -279,9 +371,14 @@ class FedADP(SelectiveReplay):
                 log.info("fedadp: round %d has no remaining stored client; skipped", sr.round)
                 continue
             participants[str(sr.round)] = ids
-            fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
-            if p.unlearn_dp:
+            if private is not None:  # fresh seeds: the stored release's noise is not reused
+                task = TrainTask(params, ids, sr.round, spec=spec, salt=UNLEARN_DP_SALT)
+                fresh = private.clients.train(task)
+            else:
+                fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
+            if p.unlearn_dp and private is None:
                 clip_norm, std = self._noise_std(context, sr.round)
+                replay_eps.append(float(history.round_scalars(sr.round)[SCALAR_KEYS["epsilon"]]))
                 seed = context.clients.seed
                 fresh = [
                     replace(
@@ -302,14 +399,27 @@ class FedADP(SelectiveReplay):
                 update, cos = calibrate(
                     history.read_update(sr.round, u.client_id),
                     u.delta,
-                    p.calibration,
+                    mode,
                     p.clamp_negative_cos,
                 )
+                step_norm += float(update.to(torch.float64).norm())
+                fresh_norm += float(u.delta.to(torch.float64).norm())
                 negative += cos < 0
                 total_cos += 1
                 steps.append((u.client_id, update))
             params = params + context.aggregate(steps)  # Eq. 12, then M^ <- M^ - eta_s U
             rows.append(context.end_round(sr.round, params))
+        replay_seconds = time.perf_counter() - clock - selection_seconds
+        final = final_round_count(  # AD23: the shared rule (Crab's), within the epoch budget
+            context,
+            p.resolved_final_rounds(dp_history),
+            p.epoch_budget,
+            start_round=start_round,
+            replay_sizes=[len(ids) for ids in participants.values()],
+            replay_epochs=spec.epochs,
+        )
+        params, tuning_rows = final_tuning(context, params, final)
+        rows.extend(tuning_rows)
         num_clients = len(history.meta.get("client_sizes", {})) or len(context.clients.client_ids)
         num_updates = sum(len(s.clients) for s in stored)
         ledger = privacy_summary(
@@ -317,11 +427,22 @@ class FedADP(SelectiveReplay):
             [history.round_scalars(r) for r in range(1, context.num_rounds + 1)],
             context.clients.num_params,
         )
+        released_dp, released_reason = unlearned_model_guarantee(
+            context.privacy, p.unlearn_dp and final == 0
+        )
+        privacy = {k: v for k, v in ledger.items() if k != "rounds"} | {
+            "epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]
+        }
+        if private is not None:
+            privacy["unlearning_privacy"] = dp_sgd_unlearning_ledger(
+                context.privacy, ledger, private.stats()
+            )
+        elif p.unlearn_dp:
+            privacy["unlearning_privacy"] = self._unlearning_ledger(context, ledger, replay_eps)
         details = FedADPDetails(
             variant="FedADP" if context.privacy.enabled else "FedADP-without-DP",
             trained_with_dp=context.privacy.enabled,
-            privacy={k: v for k, v in ledger.items() if k != "rounds"}
-            | {"epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]},
+            privacy=privacy,
             selection_source=history.policy,
             selection_options=self.selection_options(context),
             stored_rounds=tuple(s.round for s in stored),
@@ -332,12 +453,19 @@ class FedADP(SelectiveReplay):
             participants=participants,
             skipped_rounds=tuple(skipped),
             negative_cos_fraction=negative / total_cos if total_cos else 0.0,
-            calibration=p.calibration,
+            calibration=mode,
             local_epochs=spec.epochs,
             timing={
                 "selection_seconds": selection_seconds,
-                "replay_seconds": time.perf_counter() - clock - selection_seconds,
+                "replay_seconds": replay_seconds,
+                "final_seconds": time.perf_counter() - clock - selection_seconds - replay_seconds,
             },
+            preset=p.preset,
+            step_ratio=step_norm / fresh_norm if fresh_norm > 0 else 0.0,
+            final_rounds=final,
+            epoch_budget=p.epoch_budget,
+            released_model_dp=released_dp,
+            released_model_reason=released_reason,
             stages=tuple(
                 {"rounds": list(s.rounds), "closed": s.closed, "kept": sorted(s.kept)}
                 for s in stages

@@ -1,0 +1,264 @@
+"""What a DP run's guarantee covers: each artefact, each released statistic, the a-priori bound.
+
+The ledger (``fedunlearn.privacy.ledger``) reports the realised schedule: ε_t of each round as
+Eq. 4 chose it from the server loss, composed. That loss is computed on the clients' data
+without noise, so the realised total is data-dependent and is not by itself a DP guarantee. The
+guarantee stated up front is the composition with every round at ε_max (``upfront_totals``):
+whatever the loss did, no round spent more (Eq. 4 clamps ε_t to ε_max), and σ_t is at least
+the σ of ε_max. It still does not cover the *choice* of ε_t (and of FedADP's stages), which
+reads the non-private loss: a release of its own that no mechanism noises
+(``SCHEDULE_CAVEAT``).
+
+``artefact_guarantees`` says, per artefact (uploads, stored history, original model, unlearned
+model), whether it is DP and why; ``unlearned_model_guarantee`` says so for a model an
+unlearning method releases; ``RELEASED_STATISTICS`` lists every statistic a run releases besides
+its models, with its status.
+
+Paper: FedADP (Jiang et al.), Sec. IV-B1, Eq. 4-6 (per-round ε_t only). User guide:
+docs/privacy.md ("What is protected, and what is not"); deviations AD14, AD23-AD25 of
+docs/methods/fedadp.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedunlearn.config import PrivacyConfig
+from fedunlearn.privacy.accountant import (
+    SampledGaussian,
+    calibrate_sampled_gaussian,
+    sampled_totals,
+    totals,
+)
+from fedunlearn.privacy.local_training import RoundDPSGD
+
+__all__ = [
+    "RELEASED_STATISTICS",
+    "SCHEDULE_CAVEAT",
+    "artefact_guarantees",
+    "dp_sgd_unlearning_ledger",
+    "unlearned_model_guarantee",
+    "upfront_totals",
+]
+
+SCHEDULE_CAVEAT = (
+    "ε_t is chosen by Eq. 4 from the server loss, computed on the clients' data without noise: "
+    "the realised total (total_epsilon) is data-dependent and not a DP guarantee by itself; the "
+    "guarantee is epsilon_guarantee (every round at ε_max), which covers the noised releases "
+    "but not the adaptive choice of ε_t nor FedADP's stage boundaries (both read that loss)"
+)
+
+#: Every statistic a DP run releases besides its models (round metrics by name, ledger rows
+#: without their ``dp_`` prefix), and what protects it.
+RELEASED_STATISTICS: dict[str, str] = {
+    "clients_loss": "not private: the server loss L(M_t) on the clients' data, without noise "
+    "(drives ε_t and the stages)",
+    "train_loss": "not private: the clients' mean local training loss, without noise",
+    "epsilon": "not private: ε_t, a function of clients_loss (Eq. 4)",
+    "epsilon_achieved": "not private: a function of ε_t and the public (q, steps)",
+    "round_epsilon_pld": "not private: a function of ε_t and the public (q, steps)",
+    "round_epsilon_exact": "not private: a function of ε_t",
+    "noise_multiplier": "not private: a function of ε_t and the public (q, steps)",
+    "noise_std": "not private: a function of ε_t and the clip norm",
+    "clip_norm": "public when configured; not private when 'auto' (a pilot or the median "
+    "per-example gradient norm at M_0)",
+    "sample_rate": "public: B / n_c of the client sample counts",
+    "steps": "public: ceil(E n_c / B) of the client sample counts",
+    "clipped_fraction": "not private: share of clipped gradients or updates, without noise",
+    "raw_norm_median": "not private: median unclipped norm, without noise",
+    "noise_to_signal": "not private: uses each round's clean (noise-free) signal",
+    "client_sizes": "treated as public: the client sample counts n_c (FedAvg weights, q)",
+    "client_records": "public: who took part in a round, accepted or rejected, stored or not",
+    "num_accepted": "public: how many uploads a round accepted",
+    "num_rejected": "public: how many uploads a round rejected",
+    "test_accuracy": "public data only (the server's test set)",
+    "test_loss": "public data only (the server's test set)",
+    "backdoor_asr": "public data only (the server's triggered test set)",
+}
+
+
+def _per_round_unit(config: PrivacyConfig) -> str:
+    if config.mechanism == "dp_sgd":
+        return "per training example of one client"
+    return "per client and round"
+
+
+def artefact_guarantees(config: PrivacyConfig) -> dict[str, dict[str, Any]]:
+    """Return, per artefact of a run, ``{"dp": bool, "guarantee": str}``.
+
+    Artefacts: ``uploads`` (what clients send), ``stored_history`` (the updates and models the
+    store keeps), ``original_model`` (M_T) and ``unlearned_model`` (a model an unlearning
+    method releases: not DP unless the method says so in its result, e.g. fedadp's
+    ``details.released_model_dp``).
+    """
+    if not config.enabled:
+        none = {"dp": False, "guarantee": "trained without DP"}
+        return {k: dict(none) for k in ("uploads", "stored_history", "original_model")} | {
+            "unlearned_model": {"dp": False, "guarantee": "trained without DP"}
+        }
+    unit = _per_round_unit(config)
+    dp = {
+        "dp": True,
+        "guarantee": f"(ε, δ)-DP {unit} at epsilon_guarantee (every round at ε_max); the "
+        "adaptive choice of ε_t is not covered (schedule)",
+    }
+    post = {
+        "dp": True,
+        "guarantee": f"post-processing of the DP uploads: the same (ε, δ) {unit}",
+    }
+    unlearned = {
+        "dp": False,
+        "guarantee": "unlearning methods train their fresh updates without noise (Retrain, "
+        "FedADP's replay and tuning; docs/methods/fedadp.md AD9, AD22); a result says "
+        "otherwise in its details (fedadp: released_model_dp)",
+    }
+    if config.dp_scope == "store_only":
+        clean = {
+            "dp": False,
+            "guarantee": "dp_scope store_only: training used the clean uploads",
+        }
+        return {
+            "uploads": clean,
+            "stored_history": {
+                "dp": True,
+                "guarantee": f"the stored copies are noised: (ε, δ)-DP {unit}, epsilon_guarantee",
+            },
+            "original_model": dict(clean),
+            "unlearned_model": unlearned,
+        }
+    return {
+        "uploads": dp,
+        "stored_history": post,
+        "original_model": dict(post),
+        "unlearned_model": unlearned,
+    }
+
+
+def unlearned_model_guarantee(config: PrivacyConfig, fresh_dp: bool) -> tuple[bool, str]:
+    """Return (DP?, why) for a model a replay method released (fresh updates noised or not).
+
+    Args:
+        config: The run's ``privacy`` section.
+        fresh_dp: Whether the method clipped and noised every fresh update it trained (and ran
+            no noise-free rounds).
+    """
+    if not config.enabled:
+        return False, "the run was trained without DP; no artefact carries a DP guarantee"
+    if not fresh_dp:
+        return False, (
+            "the remaining clients' fresh updates (and any final tuning) train without noise "
+            "(Alg. 2 as printed, AD9; clipped on a dp_sgd run, AD22): the unlearned model has "
+            "no DP guarantee; the run's ε covers its uploads, stored history and original model"
+        )
+    return True, (
+        "every fresh update is clipped and noised with the run's mechanism and no noise-free "
+        "round runs: (ε, δ)-DP "
+        + _per_round_unit(config)
+        + " at the composition of the run's rounds and the replayed ones (unlearning_privacy); "
+        "the adaptive ε_t and stage choices are not covered (they read the non-private loss)"
+    )
+
+
+def upfront_totals(
+    config: PrivacyConfig, rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """Return the a-priori guarantee: the run's rounds composed with every round at ε_max.
+
+    ``dp_sgd``: each round's (q, steps) (public: client sample counts) with σ calibrated to
+    ε_max; ``client_update``: each round's noise multiplier scaled to ε_max (ζ ∝ 1/ε, Eq. 6).
+
+    Args:
+        config: The run's ``privacy`` section (enabled).
+        rows: The ledger rows (``privacy_summary``'s ``rounds``).
+
+    Returns:
+        ``{"per_round_epsilon", "rounds", "pld_epsilon", "rdp_epsilon", "basis"}``, or None
+        without rows.
+    """
+    if not rows:
+        return None
+    eps_max = config.budget.epsilon_max
+    delta = config.delta
+    if config.mechanism == "dp_sgd":
+        events = [
+            SampledGaussian(
+                calibrate_sampled_gaussian(
+                    float(r["sample_rate"]), int(r["steps"]), eps_max, delta
+                ),
+                float(r["sample_rate"]),
+                int(r["steps"]),
+            )
+            for r in rows
+        ]
+        t = sampled_totals(events, [eps_max] * len(events), delta)
+    else:
+        f = config.sens_factor
+        zs = [float(r["noise_multiplier"]) * float(r["epsilon"]) / eps_max / f for r in rows]
+        t = totals(zs, delta, f)
+    return {
+        "per_round_epsilon": eps_max,
+        "rounds": len(rows),
+        "delta": delta,
+        "pld_epsilon": t.pld_epsilon,
+        "rdp_epsilon": t.rdp_epsilon,
+        "basis": "a priori: every round at ε_max (Eq. 4 clamps ε_t to it), composed by PLD; "
+        "holds whatever the loss did",
+    }
+
+
+def dp_sgd_unlearning_ledger(
+    config: PrivacyConfig, ledger: Mapping[str, Any], fresh: Mapping[int, RoundDPSGD]
+) -> dict[str, Any]:
+    """Return the guarantee of a model replayed from DP-SGD fresh updates (FedADP ``unlearn_dp``).
+
+    An example of a remaining client is released by every training round and by every
+    replayed round it trains in; the model's total composes both (an upper bound: a client
+    that does not replay a round is not released by it).
+
+    Args:
+        config: The run's ``privacy`` section (``dp_sgd``).
+        ledger: The run's ledger (``privacy_summary``, with ``rounds``).
+        fresh: Round -> the DP-SGD ledger row of each replayed round.
+
+    Returns:
+        ``replayed_rounds``, ``epsilon_per_round`` (the stated budget), the fresh rounds' own
+        PLD total, ``total_epsilon_with_training`` (with the run's realised rounds) and
+        ``guarantee_with_training`` (with the run's rounds at ε_max, a priori).
+    """
+    rows = list(ledger.get("rounds", []))
+    delta = config.delta
+    train = [
+        SampledGaussian(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
+        for r in rows
+    ]
+    achieved = [float(r["epsilon_achieved"]) for r in rows]
+    replay = [fresh[t] for t in sorted(fresh)]
+    events = [r.event for r in replay]
+    spent = [r.epsilon_achieved for r in replay]
+    own = sampled_totals(events, spent, delta) if events else None
+    realised = sampled_totals(train + events, achieved + spent, delta)
+    upfront_train = [
+        SampledGaussian(
+            calibrate_sampled_gaussian(e.sample_rate, e.steps, config.budget.epsilon_max, delta),
+            e.sample_rate,
+            e.steps,
+        )
+        for e in train
+    ]
+    upfront = sampled_totals(
+        upfront_train + events, [config.budget.epsilon_max] * len(train) + spent, delta
+    )
+    return {
+        "mechanism": "dp_sgd",
+        "replayed_rounds": len(replay),
+        "epsilon_per_round": [r.epsilon for r in replay],
+        "noise_multiplier_per_round": [r.noise_multiplier for r in replay],
+        "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
+        "total_epsilon_with_training": realised.pld_epsilon,
+        "guarantee_with_training": upfront.pld_epsilon,
+        "delta": delta,
+        "basis": "per example: the run's rounds and every replayed round composed by PLD; "
+        "guarantee_with_training takes the run's rounds at ε_max (a priori); the choice of the "
+        "replayed rounds (FedADP's stages) reads the non-private loss and is not covered",
+    }

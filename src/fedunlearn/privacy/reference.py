@@ -1,0 +1,103 @@
+"""The run's DP mechanism at its stored per-round budgets: the local training of a DP Retrain.
+
+Unlearning's fresh updates train without noise (docs/methods/fedadp.md, AD9 and AD22), so a
+plain Retrain of a DP run is a non-private model, and judging a DP method against it mixes the
+cost of privacy into the verdict. ``with_run_mechanism`` returns the run's clients training
+under the run's own mechanism instead: ``dp_sgd`` (DP-SGD at the run's C, σ_t calibrated so
+that each round costs the run's stored ε_t for the round's own sampling) or ``client_update``
+(clip to the stored S and add the seeded noise of the stored ε_t). The budget of round t is the
+realised ε_t the run stored (the same noise mechanism, round for round), not a new Eq. 4
+schedule on the remaining clients' loss. ``dp_scope: store_only`` trained on the clean
+uploads, so its Retrain reference stays noise-free (None here).
+
+Used by ``fedunlearn.eval.reference_retrain`` (the receipt's Retrain of a DP run) and, at a
+stated budget, by unlearning sessions for DP fresh updates (``UnlearnContext.private_clients``,
+FedADP's ``unlearn_dp`` on a dp_sgd run); ``mechanism_stats`` returns the ledger rows of the
+rounds it trained. Paper: FedADP (Jiang et al.), Eq. 4-6; DP-SGD as Abadi et al. 2016;
+docs/privacy.md and docs/verification.md ("References").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fedunlearn.config import PrivacyConfig
+from fedunlearn.errors import HistoryError
+from fedunlearn.fl.federation import Federation
+from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS, SCALAR_KEYS
+from fedunlearn.privacy.local_training import DPSGDTraining, RoundDPSGD
+from fedunlearn.privacy.uploads import ClipAndNoise, RoundNoise
+
+__all__ = ["mechanism_stats", "with_run_mechanism"]
+
+
+def with_run_mechanism(
+    federation: Federation,
+    config: PrivacyConfig,
+    round_scalars: Callable[[int], Mapping[str, Any]],
+    *,
+    seed: int,
+    epsilon_of: Callable[[int], float] | None = None,
+) -> Federation | None:
+    """Return ``federation`` training under the run's DP mechanism, or None if training had none.
+
+    Args:
+        federation: The run's clients (not changed; the caller closes the returned one).
+        config: The run's ``privacy`` section.
+        round_scalars: The stored round scalars of a round (its ledger row, ``dp_*`` keys).
+        seed: The run seed (``client_update``'s noise seeds derive from it).
+        epsilon_of: ε of a round; default: the run's stored ε_t (a DP Retrain). A stated
+            budget gives unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
+
+    Raises:
+        HistoryError: if a round's ledger entries are missing.
+    """
+    if not config.enabled or config.dp_scope != "train_and_store":
+        return None
+    keys = DP_SGD_SCALAR_KEYS if config.mechanism == "dp_sgd" else SCALAR_KEYS
+
+    def scalar(round_: int, name: str) -> float:
+        value = round_scalars(round_).get(keys[name])
+        if value is None:
+            raise HistoryError(
+                f"round {round_} has no '{keys[name]}' scalar; the run's privacy ledger is "
+                "incomplete, so its mechanism cannot be re-run"
+            )
+        return float(value)
+
+    def stored_epsilon(round_: int) -> float:
+        return scalar(round_, "epsilon")
+
+    epsilon_of = epsilon_of or stored_epsilon
+
+    clip_norm = scalar(1, "clip_norm")
+    if config.mechanism == "dp_sgd":
+        training = DPSGDTraining(
+            federation.model,
+            federation.training_data,
+            clip_norm=clip_norm,
+            delta=config.delta,
+            epsilon_of=epsilon_of,
+            device=federation.device,
+        )
+        return federation.with_local_training(training)
+    mod = ClipAndNoise(
+        clip_norm=clip_norm,
+        delta=config.delta,
+        noise_mode=config.noise_mode,
+        seed=seed,
+        epsilon_of=epsilon_of,
+    )
+    return federation.with_update_mod(mod)
+
+
+def mechanism_stats(federation: Federation) -> dict[int, RoundDPSGD | RoundNoise]:
+    """Return round -> the ledger row of the mechanism ``with_run_mechanism`` attached."""
+    training = federation.local_training
+    if isinstance(training, DPSGDTraining):
+        return dict(training.stats)
+    for mod in reversed(federation.update_mods):
+        if isinstance(mod, ClipAndNoise):
+            return dict(mod.stats)
+    return {}
