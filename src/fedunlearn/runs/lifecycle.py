@@ -40,12 +40,15 @@ from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, build_policy
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.history.store import FILE_NAME, HistoryStore
+from fedunlearn.history.store.events import APPLIED_KEY
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
     METRICS_FILE,
+    SUMMARY_FILE,
     MetricsWriter,
     load_run_config,
     stored_metrics_line,
+    write_json,
     write_text_atomic,
 )
 from fedunlearn.runs.setup import build_setup
@@ -96,6 +99,32 @@ def _rewrite_metrics(run_dir: Path, store: HistoryStore) -> None:
     write_text_atomic(run_dir / METRICS_FILE, "".join(line + "\n" for line in lines))
 
 
+def _rewrite_summary(run_dir: Path, store: HistoryStore) -> None:
+    """Make ``summary.json`` describe the run as it is now (after an apply or a continuation).
+
+    Training wrote it for the trained model; after ``apply`` the run serves another model and
+    after ``--continue`` it has more rounds, so the round count, the last round's metrics, the
+    generation, the forgotten clients and the stored bytes are rewritten from the store (the
+    other fields, e.g. the executor, are kept).
+    """
+    path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    last = store.last_round() or 0
+    metrics = {k: v for k, v in store.round_scalars(last).items() if k != APPLIED_KEY}
+    summary.update(
+        rounds=last,
+        final_metrics=metrics,
+        generation=store.generation(),
+        forgotten_clients=sorted(store.forgotten_clients()),
+        stored_bytes=store.stored_bytes(),
+        file_bytes=store.file_bytes(),
+    )
+    write_json(path, summary)
+
+
 def _load_result(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
@@ -144,6 +173,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         again = events and events[-1].result_sha256 == digest
         if again and run.get("generation") == generation - 1:
             _rewrite_metrics(run_dir, store)  # a re-run after a crash: finish what is left
+            _rewrite_summary(run_dir, store)
             return {**events[-1].to_dict(), "already_applied": True}
         expected = run_fingerprint(config, run.get("generation", 0), run.get("last_round"))
         if run.get("fingerprint") != expected:
@@ -194,6 +224,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
             scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
         )
         _rewrite_metrics(run_dir, store)
+        _rewrite_summary(run_dir, store)
     return {**event.to_dict(), "already_applied": False}
 
 
@@ -256,6 +287,7 @@ def apply_model(
             expected_last_round=last,
         )
         _rewrite_metrics(run_dir, store)
+        _rewrite_summary(run_dir, store)
     return {**event.to_dict(), "already_applied": False}
 
 
@@ -375,6 +407,7 @@ def continue_run(
                         *observers,
                     ],
                 )
+                _rewrite_summary(run_dir, store)
             finally:
                 setup.close()
         return {
