@@ -41,6 +41,7 @@ from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, build_pol
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.history.store import FILE_NAME, HistoryStore
 from fedunlearn.history.store.events import APPLIED_KEY
+from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
     METRICS_FILE,
@@ -367,6 +368,8 @@ def continue_run(
         forgotten = store.forgotten_clients()
         with _torch_threads(store.meta.get("torch_threads")):
             setup = build_setup(config)
+            # the continued rounds must train on what the run trained on (as a session warns)
+            warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
             try:
                 env = replace(policy_env(setup), final_round=target)
                 policy = build_policy(config.history, env)
