@@ -139,6 +139,29 @@ def _load_result(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
+    """Refuse a result that removed nobody's influence (applying it records a deletion).
+
+    An applied forget set counts as removed from then on: its clients leave the federation and
+    a later request naming them has nothing new to forget. So the no-unlearning control
+    (``none``: the run's model unchanged) and a result whose own receipt says the influence
+    remains are refused; ``apply --model FILE --forget IDS`` applies a model knowingly.
+    """
+    method = str(doc.get("method", ""))
+    receipt = doc.get("verification")
+    if method == "none":
+        why = "it is the no-unlearning control (the run's model unchanged): it removes no client"
+    elif isinstance(receipt, dict) and receipt.get("influence") == "remains":
+        why = f"its receipt says the forgotten clients' influence remains ({method})"
+    else:
+        return
+    raise ConfigError(
+        f"--result {result_json}: {why}; applying it would record the request as served. "
+        "Unlearn with another method (retrain always removes), or apply a model knowingly with "
+        "'fedunlearn apply RUN --model FILE --forget IDS'; nothing was changed"
+    )
+
+
 def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]:
     """Apply an unlearning result (the JSON ``fedunlearn unlearn --out`` wrote) to a run.
 
@@ -158,6 +181,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
     run_dir, result_json = Path(run_dir), Path(result_json)
     doc = _load_result(result_json)
     spec, run, request = doc["apply"], doc.get("run") or {}, doc.get("request") or {}
+    _check_removes(result_json, doc)
     file = result_json.parent / spec["file"]
     if not file.is_file():
         raise ConfigError(f"--result {result_json}: its apply file {file} is missing")
