@@ -1,4 +1,4 @@
-"""Review of issue 22: summary.json must describe the run as it is after apply and --continue.
+"""Review of issue 22: summary.json after apply and --continue; a non-finite model is not applied.
 
 ``summary.json`` is the run directory's one-file answer to "what is this run now" (README,
 docs/architecture.md). Before the fix ``apply`` and ``train --continue`` left it as training
@@ -11,6 +11,7 @@ import json
 import pytest
 
 from fedunlearn.config import parse_config
+from fedunlearn.errors import ConfigError
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import SUMMARY_FILE, apply_model, continue_run, train_run
 
@@ -51,3 +52,20 @@ def test_summary_follows_apply_and_continue(tmp_path):
     assert after_continue["rounds"] == 5
     assert after_continue["final_metrics"]["test_accuracy"] == last["test_accuracy"]
     assert after_continue["stored_bytes"] == stored
+
+
+@pytest.mark.slow
+def test_a_model_with_nan_is_not_applied(tmp_path):
+    """Review: 'apply --model' accepted a NaN model; the run served it and continued from it."""
+    run = tmp_path / "run"
+    train_run(parse_config(SMALL), run)
+    with HistoryStore.open(run / "history") as store:
+        model = store.read_model(2).clone()
+    model[3] = float("nan")
+
+    with pytest.raises(ConfigError, match="1 NaN or infinite value") as err:
+        apply_model(run, model, [1])
+
+    assert "nothing was changed" in str(err.value)
+    with HistoryStore.open(run / "history") as store:
+        assert store.generation() == 0 and store.last_round() == 2

@@ -139,6 +139,16 @@ def _load_result(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _check_finite(model: torch.Tensor, what: str) -> None:
+    """Refuse a model with NaN or infinite values (the run would serve and train from it)."""
+    bad = int((~torch.isfinite(model)).sum())
+    if bad:
+        raise ConfigError(
+            f"{what} holds {bad} NaN or infinite value(s); the run would serve it and train "
+            "further rounds from it; nothing was changed"
+        )
+
+
 def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
     """Refuse a result that removed nobody's influence (applying it records a deletion).
 
@@ -229,6 +239,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         model = content.params
         if tensor_sha256(model) != spec.get("model_sha256"):
             raise ConfigError(f"{file}: the model's SHA-256 does not match {result_json}")
+        _check_finite(model, f"{file}: the model")
         trajectory = content.trajectory
         if trajectory is not None and not forget <= set(trajectory.forgotten):
             raise ConfigError(
@@ -287,6 +298,7 @@ def apply_model(
                 f"the model has {params.numel()} parameters in shape {tuple(params.shape)}; "
                 f"{run_dir}'s model has {current.numel()} (a flat vector); nothing was changed"
             )
+        _check_finite(params, "the model")
         known = {int(c) for c in store.meta.get("client_sizes", {})}
         unknown = sorted(named - known) if known else []
         if not named or unknown:
