@@ -5,7 +5,7 @@ request counts them as ``earlier`` and a new request naming them stops with "not
 forget". Before the fix the no-unlearning control (``none``: the run's model unchanged) and a
 result whose own receipt says the influence REMAINS were applied like any other, so a deletion
 request was recorded as served while the client's influence stayed in the served model, and it
-could not be requested again.
+could not be requested again. Also: apply now returns (and the CLI prints) what the receipt flagged.
 """
 
 import json
@@ -74,3 +74,43 @@ def test_a_result_whose_receipt_says_the_influence_remains_is_not_applied(traine
 
     assert "--model" in str(err.value)  # the way to apply it anyway, knowingly
     assert _unchanged(run)
+
+
+@pytest.mark.slow
+def test_apply_says_what_the_results_receipt_warned_about(trained, tmp_path):
+    """Review: apply printed the event only; a receipt's warnings went unseen at apply time."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    summary = _result(run, "retrain", tmp_path / "r.json")
+    summary["verification"] = {
+        "influence": "removed",
+        "checks": [
+            {"name": "backdoor", "verdict": "pass", "reason": "removed"},
+            {"name": "utility", "verdict": "warn", "reason": "accuracy 9 points below"},
+        ],
+    }
+    (tmp_path / "r.json").write_text(json.dumps(summary))
+
+    event = apply_result(run, tmp_path / "r.json")
+
+    assert event["receipt"] == {
+        "influence": "removed",
+        "flagged": [{"check": "utility", "verdict": "warn", "reason": "accuracy 9 points below"}],
+    }
+    assert apply_result(run, tmp_path / "r.json")["receipt"] == event["receipt"]  # a re-run
+
+
+@pytest.mark.slow
+def test_the_note_leaves_out_the_store_check_that_apply_made_stale(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    summary = _result(run, "retrain", tmp_path / "r.json")
+    summary["verification"] = {
+        "influence": "removed",
+        "checks": [
+            {"name": "deletion", "verdict": "warn", "reason": "still stored", "scope": "store"}
+        ],
+    }
+    (tmp_path / "r.json").write_text(json.dumps(summary))
+
+    assert apply_result(run, tmp_path / "r.json")["receipt"]["flagged"] == []

@@ -149,6 +149,24 @@ def _check_finite(model: torch.Tensor, what: str) -> None:
         )
 
 
+def _receipt_note(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """What the result's receipt says, for the apply output: influence and non-passing checks.
+
+    The store checks are left out: they describe the store before this apply changed it.
+    """
+    receipt = doc.get("verification")
+    if not isinstance(receipt, dict):
+        return None
+    flagged = [
+        {"check": str(c.get("name")), "verdict": str(c.get("verdict")), "reason": c.get("reason")}
+        for c in receipt.get("checks") or []
+        if isinstance(c, dict)
+        and c.get("verdict") in ("warn", "fail")
+        and c.get("scope") != "store"  # the store before the apply, which changes it
+    ]
+    return {"influence": receipt.get("influence"), "flagged": flagged}
+
+
 def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
     """Refuse a result that removed nobody's influence (applying it records a deletion).
 
@@ -181,7 +199,8 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
 
     Returns:
         The event as a dict, plus ``already_applied`` (True when this very result was
-        applied before: a re-run after a crash).
+        applied before: a re-run after a crash) and ``receipt`` (the result's influence verdict
+        and its checks that warn or fail; None without a receipt).
 
     Raises:
         ConfigError: The result holds no apply file, a digest does not match, or the result
@@ -209,7 +228,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         if again and run.get("generation") == generation - 1:
             _rewrite_metrics(run_dir, store)  # a re-run after a crash: finish what is left
             _rewrite_summary(run_dir, store)
-            return {**events[-1].to_dict(), "already_applied": True}
+            return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
         expected = run_fingerprint(config, run.get("generation", 0), run.get("last_round"))
         if run.get("fingerprint") != expected:
             raise ConfigError(
@@ -261,7 +280,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         )
         _rewrite_metrics(run_dir, store)
         _rewrite_summary(run_dir, store)
-    return {**event.to_dict(), "already_applied": False}
+    return {**event.to_dict(), "already_applied": False, "receipt": _receipt_note(doc)}
 
 
 def apply_model(
