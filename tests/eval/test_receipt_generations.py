@@ -64,7 +64,7 @@ def test_a_flag_on_the_whole_set_is_not_attributed_to_an_earlier_client():
 
 
 def test_only_fresh_training_from_m0_with_an_exact_lineage_removes_an_earlier_client():
-    exact = receipt(lineage={"kind": "exact", "reason": "started from M_0"})
+    exact = receipt(lineage={"kind": "exact", "start_round": 0, "reason": "started from M_0"})
     fresh = client_entries(run_view(), exact, DELETION, frozenset({0, 1}), history_bytes_read=40)
     read_more = client_entries(
         run_view(), exact, DELETION, frozenset({0, 1}), history_bytes_read=41

@@ -360,6 +360,12 @@ def apply(
         + (" (applied before; nothing left to do)" if event["already_applied"] else "")
         + f": forgotten {event['forget']} (new {event['new']}); {how}"
     )
+    note = event.get("receipt")
+    if note:  # what the applied result's receipt said, so a warning is seen at apply time
+        flagged = ", ".join(f"{c['check']} {c['verdict'].upper()}" for c in note["flagged"])
+        console.print(
+            f"its receipt: influence {note['influence']}" + (f"; {flagged}" if flagged else "")
+        )
 
 
 @app.command()

@@ -56,6 +56,12 @@ def _pair(value: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = _tensor(value[0], f"{where} x"), _tensor(value[1], f"{where} y")
     if x.is_floating_point():
         x = x.to(torch.float32)
+        bad = int((~torch.isfinite(x)).sum())
+        if bad:  # one NaN input makes that client's every update non-finite (rejected)
+            raise DataFormatError(
+                f"{where} x holds {bad} NaN or infinite value(s) (after conversion to "
+                "float32); clean or impute them before training"
+            )
     elif x.dtype in (torch.int32, torch.int64, torch.int16, torch.uint8):
         x = x.to(torch.int64)
     else:

@@ -64,7 +64,11 @@ def _store(client: int, deletion: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _exact(receipt: Verification) -> bool:
-    return receipt.lineage is not None and receipt.lineage.get("kind") == "exact"
+    """An exact lineage that started from M_0 (one model's bytes read may be any model's)."""
+    lineage = receipt.lineage
+    return (
+        lineage is not None and lineage.get("kind") == "exact" and lineage.get("start_round") == 0
+    )
 
 
 def client_entries(

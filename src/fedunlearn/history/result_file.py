@@ -54,6 +54,21 @@ class ResultFile:
     trajectory: Trajectory | None
 
 
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copy each tensor whose storage an earlier one uses (safetensors refuses shared memory).
+
+    A trajectory round that trained nobody keeps the previous round's global model (the same
+    tensor); only such repeats are copied, not the whole trajectory.
+    """
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if ptr in seen else tensor
+        seen.add(ptr)
+    return out
+
+
 def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajectory | None) -> str:
     """Write the model (and trajectory) to ``path``; return the file's SHA-256."""
     # a copy: the model is often the trajectory's last global model (safetensors refuses
@@ -95,7 +110,7 @@ def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajec
             else {"forgotten": sorted(trajectory.forgotten), "rounds": rounds}
         ),
     }
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    tensors = _unshared({k: v.contiguous() for k, v in tensors.items()})
     save_file(tensors, str(path), metadata=meta)
     return file_sha256(path)
 

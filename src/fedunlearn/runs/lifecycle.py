@@ -52,12 +52,16 @@ from fedunlearn.history.policy import (
 )
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.history.store import FILE_NAME, HistoryStore
+from fedunlearn.history.store.events import APPLIED_KEY
+from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
     METRICS_FILE,
+    SUMMARY_FILE,
     MetricsWriter,
     load_run_config,
     stored_metrics_line,
+    write_json,
     write_text_atomic,
 )
 from fedunlearn.runs.setup import build_setup
@@ -111,6 +115,32 @@ def _rewrite_metrics(run_dir: Path, store: HistoryStore) -> None:
     write_text_atomic(run_dir / METRICS_FILE, "".join(line + "\n" for line in lines))
 
 
+def _rewrite_summary(run_dir: Path, store: HistoryStore) -> None:
+    """Make ``summary.json`` describe the run as it is now (after an apply or a continuation).
+
+    Training wrote it for the trained model; after ``apply`` the run serves another model and
+    after ``--continue`` it has more rounds, so the round count, the last round's metrics, the
+    generation, the forgotten clients and the stored bytes are rewritten from the store (the
+    other fields, e.g. the executor, are kept).
+    """
+    path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    last = store.last_round() or 0
+    metrics = {k: v for k, v in store.round_scalars(last).items() if k != APPLIED_KEY}
+    summary.update(
+        rounds=last,
+        final_metrics=metrics,
+        generation=store.generation(),
+        forgotten_clients=sorted(store.forgotten_clients()),
+        stored_bytes=store.stored_bytes(),
+        file_bytes=store.file_bytes(),
+    )
+    write_json(path, summary)
+
+
 def _load_result(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
@@ -124,6 +154,57 @@ def _load_result(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _check_finite(model: torch.Tensor, what: str) -> None:
+    """Refuse a model with NaN or infinite values (the run would serve and train from it)."""
+    bad = int((~torch.isfinite(model)).sum())
+    if bad:
+        raise ConfigError(
+            f"{what} holds {bad} NaN or infinite value(s); the run would serve it and train "
+            "further rounds from it; nothing was changed"
+        )
+
+
+def _receipt_note(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """What the result's receipt says, for the apply output: influence and non-passing checks.
+
+    The store checks are left out: they describe the store before this apply changed it.
+    """
+    receipt = doc.get("verification")
+    if not isinstance(receipt, dict):
+        return None
+    flagged = [
+        {"check": str(c.get("name")), "verdict": str(c.get("verdict")), "reason": c.get("reason")}
+        for c in receipt.get("checks") or []
+        if isinstance(c, dict)
+        and c.get("verdict") in ("warn", "fail")
+        and c.get("scope") != "store"  # the store before the apply, which changes it
+    ]
+    return {"influence": receipt.get("influence"), "flagged": flagged}
+
+
+def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
+    """Refuse a result that removed nobody's influence (applying it records a deletion).
+
+    An applied forget set counts as removed from then on: its clients leave the federation and
+    a later request naming them has nothing new to forget. So the no-unlearning control
+    (``none``: the run's model unchanged) and a result whose own receipt says the influence
+    remains are refused; ``apply --model FILE --forget IDS`` applies a model knowingly.
+    """
+    method = str(doc.get("method", ""))
+    receipt = doc.get("verification")
+    if method == "none":
+        why = "it is the no-unlearning control (the run's model unchanged): it removes no client"
+    elif isinstance(receipt, dict) and receipt.get("influence") == "remains":
+        why = f"its receipt says the forgotten clients' influence remains ({method})"
+    else:
+        return
+    raise ConfigError(
+        f"--result {result_json}: {why}; applying it would record the request as served. "
+        "Unlearn with another method (retrain always removes), or apply a model knowingly with "
+        "'fedunlearn apply RUN --model FILE --forget IDS'; nothing was changed"
+    )
+
+
 def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]:
     """Apply an unlearning result (the JSON ``fedunlearn unlearn --out`` wrote) to a run.
 
@@ -133,7 +214,8 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
 
     Returns:
         The event as a dict, plus ``already_applied`` (True when this very result was
-        applied before: a re-run after a crash).
+        applied before: a re-run after a crash) and ``receipt`` (the result's influence verdict
+        and its checks that warn or fail; None without a receipt).
 
     Raises:
         ConfigError: The result holds no apply file, a digest does not match, or the result
@@ -143,6 +225,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
     run_dir, result_json = Path(run_dir), Path(result_json)
     doc = _load_result(result_json)
     spec, run, request = doc["apply"], doc.get("run") or {}, doc.get("request") or {}
+    _check_removes(result_json, doc)
     file = result_json.parent / spec["file"]
     if not file.is_file():
         raise ConfigError(f"--result {result_json}: its apply file {file} is missing")
@@ -159,7 +242,8 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         again = events and events[-1].result_sha256 == digest
         if again and run.get("generation") == generation - 1:
             _rewrite_metrics(run_dir, store)  # a re-run after a crash: finish what is left
-            return {**events[-1].to_dict(), "already_applied": True}
+            _rewrite_summary(run_dir, store)
+            return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
         expected = run_fingerprint(config, run.get("generation", 0), run.get("last_round"))
         if run.get("fingerprint") != expected:
             raise ConfigError(
@@ -189,6 +273,7 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         model = content.params
         if tensor_sha256(model) != spec.get("model_sha256"):
             raise ConfigError(f"{file}: the model's SHA-256 does not match {result_json}")
+        _check_finite(model, f"{file}: the model")
         trajectory = content.trajectory
         if trajectory is not None and not forget <= set(trajectory.forgotten):
             raise ConfigError(
@@ -209,7 +294,8 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
             scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
         )
         _rewrite_metrics(run_dir, store)
-    return {**event.to_dict(), "already_applied": False}
+        _rewrite_summary(run_dir, store)
+    return {**event.to_dict(), "already_applied": False, "receipt": _receipt_note(doc)}
 
 
 def apply_model(
@@ -246,6 +332,7 @@ def apply_model(
                 f"the model has {params.numel()} parameters in shape {tuple(params.shape)}; "
                 f"{run_dir}'s model has {current.numel()} (a flat vector); nothing was changed"
             )
+        _check_finite(params, "the model")
         known = {int(c) for c in store.meta.get("client_sizes", {})}
         unknown = sorted(named - known) if known else []
         if not named or unknown:
@@ -271,6 +358,7 @@ def apply_model(
             expected_last_round=last,
         )
         _rewrite_metrics(run_dir, store)
+        _rewrite_summary(run_dir, store)
     return {**event.to_dict(), "already_applied": False}
 
 
@@ -356,6 +444,8 @@ def continue_run(
         forgotten = store.forgotten_clients()
         with _torch_threads(store.meta.get("torch_threads")):
             setup = build_setup(config)
+            # the continued rounds must train on what the run trained on (as a session warns)
+            warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
             try:
                 env = replace(policy_env(setup), final_round=target)
                 policy = build_policy(config.history, env)
@@ -397,6 +487,7 @@ def continue_run(
                         *observers,
                     ],
                 )
+                _rewrite_summary(run_dir, store)
             finally:
                 setup.close()
         return {

@@ -53,6 +53,7 @@ from fedunlearn.models.registry import ModelFactory
 from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.runs.assembly import resolve_config
+from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
     HISTORY_DIR,
@@ -329,6 +330,10 @@ def train_run(
         threads = None if store is None else store.meta.get("torch_threads")
         with _torch_threads(threads):
             setup = build_setup(config, model=model, data=data)
+            if store is not None:  # resumed rounds must train on what the first ones did
+                warn_changed_components(
+                    store.meta.get("components"), setup.components, str(run_dir)
+                )
             if store is None:
                 store, lock = (
                     HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),

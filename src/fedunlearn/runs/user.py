@@ -24,7 +24,7 @@ from fedunlearn.config import RunConfig
 from fedunlearn.data import FederatedData, as_federated_data
 from fedunlearn.errors import ConfigError, DataFormatError
 from fedunlearn.fl.seeding import derive_seed
-from fedunlearn.models import build_model
+from fedunlearn.models import build_model, federated_buffers
 from fedunlearn.models.registry import ModelFactory, attach_spec, call_factory
 from fedunlearn.runs.components import component_record, load_component, object_path
 
@@ -194,7 +194,8 @@ def check_model(net: Any, what: str, num_classes: int, probe: torch.Tensor | Non
     """Raise one ``ConfigError`` line if ``net`` cannot be the run's model.
 
     Raises:
-        ConfigError: Not an ``nn.Module``, no or non-float32 parameters, or the output on two
+        ConfigError: Not an ``nn.Module``, no or non-float32 parameters, a floating buffer
+            that is not float32, or the output on two
             ``probe`` inputs does not have shape ``(2, num_classes)``.
     """
     if not isinstance(net, nn.Module):
@@ -207,6 +208,12 @@ def check_model(net: Any, what: str, num_classes: int, probe: torch.Tensor | Non
             raise ConfigError(
                 f"{what}: parameter '{name}' is {p.dtype}; fedunlearn trains float32 models "
                 "(return module.float())"
+            )
+    for name, b in federated_buffers(net):  # carried in the float32 flat vector (models/flat.py)
+        if b.is_floating_point() and b.dtype != torch.float32:
+            raise ConfigError(
+                f"{what}: buffer '{name}' is {b.dtype}; the flat float32 vector that stores and "
+                "aggregates models would round it (keep float32 or integer buffers)"
             )
     if probe is None:
         return

@@ -318,6 +318,7 @@ def unlearn_over_app(
     with UnlearnSession(run_dir, evaluator=evaluator, evaluate=evaluate_fn is not None) as session:
         layout, app = app_layout(session)
         run = session.run_view
+        request = session.cumulative(request)  # and every client forgotten earlier
         clients = AppClients(
             grid,
             run,
@@ -330,7 +331,7 @@ def unlearn_over_app(
         summary: dict[str, Any] = {
             "engine": "flower-app",
             "method": method,
-            "request": {"forget": sorted(request.forget), "kind": kind},
+            "request": session.request_summary(request),
             "params": unlearner.params.model_dump(mode="json"),
             **session.evaluation.evaluate(result.params),
             "costs": result.costs.to_dict(),
