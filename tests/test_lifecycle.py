@@ -242,7 +242,11 @@ def test_kill_9_inside_fedunlearn_apply_then_the_same_command_equals_an_uninterr
     full = copy_run(trained, tmp_path, "full")
     unlearn_to_file(full, [1], "fedrecover", tmp_path / "r.json")
     cut = copy_run(full, tmp_path, "cut")
-    apply_result(full, tmp_path / "r.json")
+    twin = tmp_path / "twin"  # apply consumes its file: the uninterrupted apply gets a copy
+    twin.mkdir()
+    for name in ("r.json", "r.apply.safetensors"):
+        shutil.copy(tmp_path / name, twin / name)
+    apply_result(full, twin / "r.json")
 
     child = subprocess.run(
         [sys.executable, "-c", _KILLED_CLI_APPLY, str(cut), str(tmp_path / "r.json")],

@@ -1,11 +1,11 @@
-"""Review of issue 22: an earlier apply file keeps a later-forgotten client's updates.
+"""Review of issue 22: no apply file keeps a later-forgotten client's updates (apply consumes it).
 
 ``R.apply.safetensors`` holds the method's whole trajectory: every remaining client's update
 of every round (docs/lifecycle.md, "Apply"). Once applied, the same updates live in the store,
 where a later ``forget`` erases them with a deletion record and a page scan. The apply file
 is left beside ``R.json``: when a later request forgets one of those remaining clients (its
 result applied, ``forget`` run, the store check passing), the earlier apply file still holds
-that client's updates round by round, and nothing the toolkit reports says so.
+that client's updates round by round. Fixed: apply deletes the file once the store holds it.
 """
 
 import json
@@ -36,11 +36,6 @@ def _request(run, forget, out):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply leaves R.apply.safetensors (every remaining client's updates) beside R.json; "
-    "a client forgotten by a later request survives in it",
-)
 def test_no_apply_file_keeps_a_later_forgotten_clients_updates(tmp_path):
     run = tmp_path / "run"
     train_run(parse_config(SMALL), run)
@@ -58,3 +53,18 @@ def test_no_apply_file_keeps_a_later_forgotten_clients_updates(tmp_path):
             trajectory = read_result_file(file).trajectory
             kept += [(out, e.round) for e in trajectory.rounds if 2 in e.updates]
     assert kept == []
+    assert not apply_file_path(tmp_path / "r0.json").exists()
+
+
+@pytest.mark.slow
+def test_apply_consumes_its_file_and_a_rerun_says_it_was_applied(tmp_path):
+    run = tmp_path / "run"
+    train_run(parse_config(SMALL), run)
+    out = tmp_path / "r0.json"
+    result, summary = unlearn_one(run, [0], "retrain", verify=False)
+    save_for_apply(out, summary, result)
+    out.write_text(json.dumps(summary))
+    first = apply_result(run, out)
+    assert not first["already_applied"] and not apply_file_path(out).exists()
+    again = apply_result(run, out)  # e.g. the same command run twice: nothing happens
+    assert again["already_applied"] and again["generation"] == first["generation"]

@@ -411,7 +411,9 @@ class Verifier:
         self._attack = {
             "backdoor": session.evaluation.trigger is not None,
             "attackers_forgotten": len(malicious & request.forget),
-            "clients_forgotten": len(request.forget),
+            # an earlier client an applied result removed is not in the current model (the
+            # checks' control): it cannot make the backdoor check's pass indecisive
+            "clients_forgotten": len(request.forget - run.applied),
             "attackers_total": len(malicious),
             "attack_kind": run.config.attack.kind if malicious else None,
             "private_run": bool(run.config.privacy.enabled),

@@ -228,6 +228,9 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
     _check_removes(result_json, doc)
     file = result_json.parent / spec["file"]
     if not file.is_file():
+        done = _applied_before(run_dir, spec.get("sha256"), doc)
+        if done is not None:
+            return done  # applied, and the apply file consumed: nothing left to do
         raise ConfigError(f"--result {result_json}: its apply file {file} is missing")
     digest = file_sha256(file)
     if digest != spec.get("sha256"):
@@ -295,7 +298,32 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
         )
         _rewrite_metrics(run_dir, store)
         _rewrite_summary(run_dir, store)
-    return {**event.to_dict(), "already_applied": False, "receipt": _receipt_note(doc)}
+    # The apply file is a copy of the trajectory: every remaining client's update of every
+    # round. The store now holds them, where a later forget() erases them with a deletion
+    # record and a page scan; a copy left beside R.json would keep a later-forgotten client's
+    # updates (docs/lifecycle.md, "Apply"). So apply consumes it.
+    file.unlink(missing_ok=True)
+    return {
+        **event.to_dict(),
+        "already_applied": False,
+        "apply_file_deleted": str(file),
+        "receipt": _receipt_note(doc),
+    }
+
+
+def _applied_before(
+    run_dir: Path, digest: str | None, doc: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The last event, if it applied the result whose apply file had ``digest``; else None."""
+    if not digest:
+        return None
+    with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
+        events = store.events()
+        if not events or events[-1].result_sha256 != digest:
+            return None
+        _rewrite_metrics(run_dir, store)
+        _rewrite_summary(run_dir, store)
+        return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
 
 
 def apply_model(
