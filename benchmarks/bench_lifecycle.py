@@ -1,13 +1,14 @@
 """Benchmark a second request on a living run against the first, per method, side by side.
 
 On the digits quickstart (default) it trains once, then for each method (FedRecover, Crab,
-FedEraser) on its own copy of the run: request 1 forgets honest client 0, its result is applied
-(``fedunlearn.runs.apply_result``: the method's trajectory becomes the run's history), the run
-trains ``--continue`` more rounds without client 0, and request 2 recovers from the attackers
-(client 0 forgotten again: cumulative). It prints a table of client epochs (exact,
-load-independent), rounds and wall seconds of both requests and Retrain's epochs for each, and
-writes the figures as JSON with ``--out``. Target (issue 22): request 2 costs at most request 1
-in client epochs. One torch thread, as the tests use.
+FedEraser, and FedRecover followed by Crab: the issue's path) on its own copy of the run:
+request 1 forgets honest client 0, its result is applied (``fedunlearn.runs.apply_result``:
+the method's trajectory becomes the run's history), the run trains ``--continue`` more rounds
+without client 0, and request 2 recovers from the attackers (client 0 forgotten again:
+cumulative). It prints a table of client epochs (exact, load-independent), rounds and wall
+seconds of both requests and Retrain's epochs for each, and writes the figures as JSON with
+``--out``. Target (issue 22): request 2 costs at most request 1 in client epochs. One torch
+thread, as the tests use.
 
     nice -n 5 python benchmarks/bench_lifecycle.py [--config configs/digits_quickstart.yaml]
         [--continue 10] [--out lifecycle.json]
@@ -31,7 +32,13 @@ from fedunlearn.runs import apply_result, continue_run, run_info, train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("fedrecover", "crab", "federaser")
+# (request 1's method, request 2's method): each method against itself, and the issue's path
+PAIRS = (
+    ("fedrecover", "fedrecover"),
+    ("crab", "crab"),
+    ("federaser", "federaser"),
+    ("fedrecover", "crab"),
+)
 
 
 def request(run: Path, forget: list[int], method: str, out: Path) -> dict[str, object]:
@@ -66,14 +73,15 @@ def main() -> None:
         base = Path(tmp) / "base"
         train_run(load_config(args.config), base)
         attackers = run_info(base)["malicious_clients"]
-        for method in METHODS:
-            run = Path(tmp) / method
+        for one, two in PAIRS:
+            label = one if one == two else f"{one} -> {two}"
+            run = Path(tmp) / f"{one}-{two}"
             shutil.copytree(base, run)
-            first = request(run, [0], method, Path(tmp) / f"{method}1.json")
-            apply_result(run, Path(tmp) / f"{method}1.json")
+            first = request(run, [0], one, run.with_suffix(".1.json"))
+            apply_result(run, run.with_suffix(".1.json"))
             continue_run(run, args.more)
-            second = request(run, attackers, method, Path(tmp) / f"{method}2.json")
-            rows[method] = {"request 1": first, "request 2": second}
+            second = request(run, attackers, two, run.with_suffix(".2.json"))
+            rows[label] = {"request 1": first, "request 2": second}
     print(f"machine: {platform.machine()} {platform.processor()}, torch threads 1")
     print("| method | request 1 epochs (Retrain) | request 2 epochs (Retrain) | 2 / 1 |")
     print("|---|---|---|---|")
