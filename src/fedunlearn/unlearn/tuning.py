@@ -23,6 +23,7 @@ import torch
 from fedunlearn.fl.engine import run_rounds, sample_clients
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 __all__ = ["final_round_count", "final_tuning"]
 
@@ -72,22 +73,29 @@ def final_round_count(
 
 
 class _RoundLog:
-    """Counts and records the final tuning rounds."""
+    """Counts and records the final tuning rounds (and adds them to a trajectory, if any)."""
 
-    def __init__(self, context: UnlearnContext) -> None:
+    def __init__(self, context: UnlearnContext, trajectory: TrajectoryLog | None) -> None:
         self.context = context
         self.rows: list[dict[str, float]] = []
+        self.trajectory = trajectory
 
     def on_round_end(self, record: RoundRecord) -> None:
         self.rows.append(self.context.record_round(record))
+        if self.trajectory is not None:
+            self.trajectory.add_record(record)
 
 
 def final_tuning(
-    context: UnlearnContext, params: torch.Tensor, rounds: int
+    context: UnlearnContext,
+    params: torch.Tensor,
+    rounds: int,
+    trajectory: TrajectoryLog | None = None,
 ) -> tuple[torch.Tensor, list[dict[str, float]]]:
     """Run ``rounds`` FL rounds T+1..T+rounds of the remaining clients from ``params``.
 
     Fresh round numbers give fresh client seeds; the run's participation and aggregation rule.
+    With ``trajectory`` the rounds are added to it as extra rounds (fresh, not estimated).
 
     Returns:
         The model after the last round and one metrics row per round (``params`` and no rows
@@ -95,7 +103,7 @@ def final_tuning(
     """
     if rounds <= 0:
         return params, []
-    tuning = _RoundLog(context)
+    tuning = _RoundLog(context, trajectory)
     params = run_rounds(
         context.clients,
         context.aggregator,

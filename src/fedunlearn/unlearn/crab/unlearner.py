@@ -50,8 +50,6 @@ from typing import Any
 import torch
 
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
-from fedunlearn.fl.engine import run_rounds
-from fedunlearn.fl.records import RoundRecord
 from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.crab.bound import theorem1_bounds
@@ -72,7 +70,7 @@ from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.replay import calibrated_replay
 from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
-from fedunlearn.unlearn.tuning import final_round_count
+from fedunlearn.unlearn.tuning import final_round_count, final_tuning
 
 log = logging.getLogger(__name__)
 
@@ -211,20 +209,6 @@ def _spans(rounds: list[int]) -> str:
         else:
             parts.append(str(t))
     return ", ".join(parts)
-
-
-class _RoundLog:
-    """Counts and records the final tuning rounds."""
-
-    def __init__(self, context: UnlearnContext, trajectory: TrajectoryLog | None) -> None:
-        self.context = context
-        self.rows: list[dict[str, float]] = []
-        self.trajectory = trajectory
-
-    def on_round_end(self, record: RoundRecord) -> None:
-        self.rows.append(self.context.record_round(record))
-        if self.trajectory is not None:
-            self.trajectory.add_record(record)
 
 
 @register("crab")
@@ -498,18 +482,8 @@ class Crab(SelectiveReplay):
         final = self.final_round_count(context, t_star, [len(p) for p in participants.values()])
         if final:
             # new rounds T+1..T+F: fresh seeds, the run's participation and aggregation rule
-            tuning = _RoundLog(context, trajectory)
-            params = run_rounds(
-                context.clients,
-                context.aggregator,
-                params,
-                num_rounds=context.num_rounds + final,
-                start_round=context.num_rounds + 1,
-                participation=context.training.participation,
-                evaluate=context.evaluate,
-                observers=[tuning],
-            )
-            rows = [*rows, *tuning.rows]
+            params, tuned = final_tuning(context, params, final, trajectory)
+            rows = [*rows, *tuned]
         timing = {
             "selection_seconds": selection_seconds,
             "rollback_seconds": rollback_seconds,
