@@ -97,6 +97,15 @@ def test_audit_refuses_bad_input_with_one_clear_line(run, tmp_path):
             ["--model", str(files / "flat.pt"), "--forget", "1", "--reference", "best"],
             "reference must be one of original, retrain",
         ),
+        (  # a band around Retrain needs Retrain: refused before any work
+            ["--model", str(files / "flat.pt"), "--forget", "1", "--distance-retrains", "2"],
+            "add --reference retrain",
+        ),
+        (
+            ["--model", str(files / "flat.pt"), "--forget", "1", "--reference", "retrain",
+             "--distance-retrains", "1"],  # fmt: skip
+            "at least 2 (a measured spread); got 1",
+        ),
     ]
     for args, fragment in cases:
         res = runner.invoke(app, ["audit", str(run_dir), *args])
@@ -306,3 +315,22 @@ def test_exit_codes_of_real_processes(run, tmp_path):
     unlearn = ["unlearn", str(run_dir), "--forget", "malicious", "--out"]
     returncode, output = code(*unlearn, str(tmp_path / "r.json"), "--method", "retrain")
     assert returncode == 0, output
+
+
+@pytest.mark.slow
+def test_unlearn_measures_the_distance_band_from_independent_retrains(run, tmp_path):
+    """--distance-retrains K: the distance check's pass line from K exact retrains (issue 21)."""
+    run_dir, _ = run
+    res = runner.invoke(
+        app,
+        [
+            "unlearn", str(run_dir), "--forget", "malicious", "--method", "retrain",
+            "--reference", "retrain", "--distance-retrains", "2", "--no-client-test",
+            "--out", str(tmp_path / "r.json"),
+        ],  # fmt: skip
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "r.json").read_text())
+    distance = next(c for c in out["verification"]["checks"] if c["name"] == "distance")
+    assert len(distance["evidence"]["band"]["relative"]) == 2
+    assert "independent exact retrains" in distance["reason"]

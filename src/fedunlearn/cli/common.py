@@ -39,6 +39,7 @@ __all__ = [
     "ForgetOption",
     "ReferenceOption",
     "ClientTestOption",
+    "DistanceRetrainsOption",
     "RunArg",
     "ThresholdOption",
     "ThresholdsFileOption",
@@ -71,6 +72,14 @@ ClientTestOption = Annotated[
     typer.Option(
         "--client-test/--no-client-test",
         help="also run the client-level membership test (reference models; cost in the receipt)",
+    ),
+]
+DistanceRetrainsOption = Annotated[
+    int,
+    typer.Option(
+        "--distance-retrains",
+        help="with --reference retrain (compare: always): the distance check's pass band from "
+        "this many (>= 2) independent exact retrains; 0 keeps the fixed line",
     ),
 ]
 ThresholdOption = Annotated[

@@ -23,6 +23,7 @@ from rich.console import Console
 from fedunlearn import __version__
 from fedunlearn.cli.common import (
     ClientTestOption,
+    DistanceRetrainsOption,
     FinishedRunArg,
     ForgetOption,
     ReferenceOption,
@@ -683,6 +684,7 @@ def unlearn(
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
     client_test: ClientTestOption = True,
+    distance_retrains: DistanceRetrainsOption = 0,
 ) -> None:
     """Remove clients from a trained run with one method; verify it; write the result JSON.
 
@@ -710,6 +712,7 @@ def unlearn(
             thresholds=limits,
             progress=progress,
             client_test=client_test,
+            distance_retrains=distance_retrains,
         )
     if save_model is not None:
         from fedunlearn.cli.export import run_model, save_result_model
@@ -752,6 +755,7 @@ def compare(
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
     client_test: ClientTestOption = True,
+    distance_retrains: DistanceRetrainsOption = 0,
 ) -> None:
     """Run several methods on a run, verify each, write results.json/csv/md and PNG plots.
 
@@ -773,6 +777,7 @@ def compare(
         quiet=as_json,
         limits=limits,
         client_test=client_test,
+        distance_retrains=distance_retrains,
     )
     from fedunlearn.report import plot_results, write_results
 
@@ -821,6 +826,7 @@ def _compare(
     quiet: bool,
     client_test: bool = True,
     limits: Any = None,
+    distance_retrains: int = 0,
 ) -> dict[str, Any]:
     from fedunlearn.experiments import compare_methods
     from fedunlearn.runs import load_run_config
@@ -848,6 +854,7 @@ def _compare(
             thresholds=limits,
             progress=progress,
             client_test=client_test,
+            distance_retrains=distance_retrains,
         )
 
 

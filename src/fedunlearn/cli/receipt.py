@@ -26,6 +26,7 @@ from rich.table import Table
 
 from fedunlearn.cli.common import (
     ClientTestOption,
+    DistanceRetrainsOption,
     FinishedRunArg,
     ReferenceOption,
     ThresholdOption,
@@ -297,6 +298,7 @@ def audit_command(
     ] = None,
     reference: ReferenceOption = "original",
     client_test: ClientTestOption = True,
+    distance_retrains: DistanceRetrainsOption = 0,
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
     out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
@@ -332,6 +334,7 @@ def audit_command(
             progress=progress,
             result=result,
             client_test=client_test,
+            distance_retrains=distance_retrains,
         )
     if out is not None:
         write_text_atomic(out, json.dumps(doc, indent=2) + "\n")

@@ -36,7 +36,11 @@ from fedunlearn.eval import (
 )
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
+from fedunlearn.experiments.compare import (
+    RESULTS_SCHEMA_VERSION,
+    Progress,
+    check_distance_retrains,
+)
 from fedunlearn.models.flat import get_flat_params
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
@@ -181,6 +185,7 @@ def audit_model(
     progress: Progress | None = None,
     result: str | Path | Mapping[str, Any] | None = None,
     client_test: bool = True,
+    distance_retrains: int = 0,
 ) -> dict[str, Any]:
     """Return the receipt document of a model of the run's architecture.
 
@@ -197,6 +202,9 @@ def audit_model(
         client_test: Also fit the client-level membership test (reference models with and
             without the forgotten clients; its cost is reported in the receipt) and judge each
             model with it; False skips it (the check then says what it would have shown).
+        distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
+            retrains (other batch orders) and take the distance check's pass band from their
+            spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
         result: The method's result (the JSON ``fedunlearn unlearn --out`` wrote, its path, or
             the parsed document): its warnings and lineage go into the receipt. None: the
             receipt says that none were available.
@@ -208,6 +216,7 @@ def audit_model(
         ConfigError: if no client is named and the store deleted none, the model does not
             fit the run, or the result is of another request.
     """
+    check_distance_retrains(distance_retrains, reference)
     result_doc: Mapping[str, Any] | None = None
     source = "the result"
     if isinstance(result, str | Path):
@@ -256,6 +265,7 @@ def audit_model(
             retrain=retrain,
             seed=seed,
             client_membership=membership,
+            distance_retrains=distance_retrains,
         )
         row, verification = verifier.audit(params, subject, warnings=warnings, lineage=lineage)
         receipt = verification.to_dict()

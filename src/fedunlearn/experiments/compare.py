@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import fedunlearn
+from fedunlearn.errors import ConfigError
 from fedunlearn.eval import (
     VerificationThresholds,
     Verifier,
@@ -99,6 +100,7 @@ def compare_methods(
     thresholds: VerificationThresholds | None = None,
     progress: Progress | None = None,
     client_test: bool = True,
+    distance_retrains: int = 0,
 ) -> dict[str, Any]:
     """Run ``methods`` (plus ``none`` and ``retrain``) on a run and return the results document.
 
@@ -114,6 +116,9 @@ def compare_methods(
         client_test: Also fit the client-level membership test (reference models with and
             without the forgotten clients; its cost is reported in the receipt) and judge each
             model with it; False skips it (the check then says what it would have shown).
+        distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
+            retrains (other batch orders) and take the distance check's pass band from their
+            spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
 
     Returns:
         The ``results.json`` document (see ``docs/results_format.md``); every method row has a
@@ -158,6 +163,7 @@ def compare_methods(
             retrain=reference,
             judge=judge,
             client_membership=membership,
+            distance_retrains=distance_retrains,
         )
         rows = []
         retrain_epochs = results["retrain"].costs.client_epochs
@@ -198,6 +204,19 @@ def compare_methods(
     }
 
 
+def check_distance_retrains(count: int, reference: str) -> None:
+    """Refuse a distance band that cannot be measured (one line, before any work)."""
+    if count == 1 or count < 0:
+        raise ConfigError(
+            f"--distance-retrains must be 0 (the fixed pass line) or at least 2 (a measured "
+            f"spread); got {count}"
+        )
+    if count and reference != "retrain":
+        raise ConfigError(
+            "--distance-retrains measures the band around Retrain: add --reference retrain"
+        )
+
+
 def unlearn_one(
     run_dir: str | Path,
     forget: Sequence[int],
@@ -211,6 +230,7 @@ def unlearn_one(
     seed: int = 0,
     progress: Progress | None = None,
     client_test: bool = True,
+    distance_retrains: int = 0,
 ) -> tuple[UnlearnResult, dict[str, Any]]:
     """Run one method and return its result (verified) with a JSON summary.
 
@@ -229,7 +249,11 @@ def unlearn_one(
         client_test: Also fit the client-level membership test (reference models with and
             without the forgotten clients; its cost is reported in the receipt) and judge each
             model with it; False skips it (the check then says what it would have shown).
+        distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
+            retrains (other batch orders) and take the distance check's pass band from their
+            spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
     """
+    check_distance_retrains(distance_retrains, reference if verify else "retrain")
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run_dir) as session:
@@ -276,6 +300,7 @@ def unlearn_one(
                 retrain=retrain,
                 seed=seed,
                 client_membership=membership,
+                distance_retrains=distance_retrains,
             )
             result = verifier.verify(result)
             if result.verification is not None:
