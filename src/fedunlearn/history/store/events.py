@@ -332,26 +332,8 @@ class Generations:
 
     def _insert_round(self, entry: RoundEntry, now: float) -> None:
         """Insert one round's rows and payloads (inside the caller's transaction)."""
-        from fedunlearn.history.store.codec import to_real
-
         r = entry.round
-        self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), now))
-        self._db.executemany(
-            "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-            [
-                (
-                    r,
-                    c.client_id,
-                    c.status,
-                    c.num_samples,
-                    to_real(c.norm),
-                    to_real(c.loss),
-                    c.reason,
-                    json.dumps(dict(c.scalars)),
-                )
-                for c in entry.clients
-            ],
-        )
+        self._insert_round_rows(entry, now)
         if entry.global_model is not None:
             self._insert_payload(r, "global", NO_CLIENT, entry.global_model.detach().cpu())
         if entry.aggregate is not None:

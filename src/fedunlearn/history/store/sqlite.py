@@ -540,27 +540,30 @@ class HistoryStore(Erasure, Integrity, Generations):
                     )
             for rr in sorted(late):
                 self._check_attachable(rr, late[rr])
-            self._db.execute(
-                "INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), time.time())
-            )
-            self._db.executemany(
-                "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                [
-                    (
-                        r,
-                        c.client_id,
-                        c.status,
-                        c.num_samples,
-                        to_real(c.norm),
-                        to_real(c.loss),
-                        c.reason,
-                        json.dumps(dict(c.scalars)),
-                    )
-                    for c in entry.clients
-                ],
-            )
+            self._insert_round_rows(entry, time.time())
             for rr, kind, cid, tensor in payloads:
                 self._insert_payload(rr, kind, cid, tensor)
+
+    def _insert_round_rows(self, entry: RoundEntry, now: float) -> None:
+        """Insert a round's row and its clients' rows (inside the caller's transaction)."""
+        r = entry.round
+        self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), now))
+        self._db.executemany(
+            "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+            [
+                (
+                    r,
+                    c.client_id,
+                    c.status,
+                    c.num_samples,
+                    to_real(c.norm),
+                    to_real(c.loss),
+                    c.reason,
+                    json.dumps(dict(c.scalars)),
+                )
+                for c in entry.clients
+            ],
+        )
 
     def _check_attachable(self, round: int, updates: Mapping[int, torch.Tensor]) -> None:
         """Raise unless every update may be attached to committed ``round`` (in a transaction)."""
