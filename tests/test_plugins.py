@@ -29,6 +29,7 @@ def _loaded_after(code: str) -> list[str]:
     return json.loads(out.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_crab_config_is_assembled_without_importing_starfish_or_mpc():
     # Prepare / Execute: parse and assemble a config naming Crab's policy and its options
     loaded = _loaded_after(

@@ -114,6 +114,7 @@ class SlowRounds:
         time.sleep(self.seconds)
 
 
+@pytest.mark.slow
 def test_resume_accumulates_wall_time_over_sessions(tmp_path):
     cfg = parse_config(SMALL)
     with pytest.raises(KeyboardInterrupt):
@@ -214,6 +215,7 @@ def test_deletion_evidence_is_json_ready_and_checks_the_files(tmp_path):
         deletion_evidence(tmp_path / "nothing", [2])
 
 
+@pytest.mark.slow
 def test_after_forget_methods_that_read_round_models_refuse_and_retrain_serves(tmp_path):
     """forget() drops the models that would rebuild a deleted update; who can still serve."""
     from typer.testing import CliRunner

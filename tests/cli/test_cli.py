@@ -29,6 +29,7 @@ def write_config(path, cfg=CONFIG):
     return path
 
 
+@pytest.mark.slow
 def test_train_then_info_json(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
     res = runner.invoke(app, ["train", str(cfg), "--out", str(tmp_path / "run"), "--json"])
@@ -54,6 +55,7 @@ def test_bad_config_exits_2_with_the_field_named(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_seed_override_changes_the_run(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
     runner.invoke(app, ["train", str(cfg), "--out", str(tmp_path / "a"), "--json"])

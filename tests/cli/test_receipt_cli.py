@@ -49,6 +49,7 @@ def run(tmp_path_factory):
     return out, files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flat.pt", "m.safetensors"])
 def test_audit_of_the_original_model_fails_with_exit_code_1(run, name, tmp_path):
     run_dir, files = run
@@ -113,6 +114,7 @@ def test_audit_refuses_bad_input_with_one_clear_line(run, tmp_path):
         assert fragment in text(res.output), res.output
 
 
+@pytest.mark.slow
 def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
     run_dir, _ = run
     limits = tmp_path / "limits.yaml"
@@ -165,6 +167,7 @@ def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow
 def test_unlearn_with_a_retrain_reference_judges_against_it(run, tmp_path):
     run_dir, _ = run
     res = runner.invoke(
@@ -195,6 +198,7 @@ def test_unlearn_with_a_retrain_reference_judges_against_it(run, tmp_path):
     assert distance["value"] == 0.0
 
 
+@pytest.mark.slow
 def test_exit_codes_follow_the_influence_verdict(run, tmp_path):
     """unlearn exits 1 when the influence remains (it used to exit 0 on a failing receipt)."""
     run_dir, _ = run
@@ -239,6 +243,7 @@ def test_compare_exits_1_only_when_a_real_method_leaves_the_influence(run, tmp_p
     assert comparison_exit_code(bad) == 1
 
 
+@pytest.mark.slow
 def test_audit_result_carries_the_methods_warnings_and_lineage(run, tmp_path):
     run_dir, _ = run
     result = tmp_path / "crab.json"

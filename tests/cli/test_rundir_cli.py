@@ -70,6 +70,7 @@ def flip_payload_byte(run: Path, round_: int, client: int) -> None:
 # ----- verify and repair --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_verify_info_resume_and_repair_of_a_payload_damaged_mid_history(tmp_path, reference):
     cfg, ref = reference
     run = copy_run(ref, tmp_path / "run")

@@ -23,6 +23,7 @@ def test_every_exported_name_imports_and_registry_lists_all_datasets():
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_importing_the_package_does_not_import_sklearn_or_rich():
     code = "import sys, fedunlearn.data; print('sklearn' in sys.modules, 'rich' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

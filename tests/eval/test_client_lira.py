@@ -116,6 +116,7 @@ def test_leave_one_out_excludes_a_reference_from_its_own_gaussians():
     assert loo_in[0] == pytest.approx(_score(phi_in[0], *_fit(phi_in[1:], phi_out)))
 
 
+@pytest.mark.slow
 def test_same_seed_same_scores_other_seed_other_references(tiny_run):
     with UnlearnSession(tiny_run, evaluate=False) as session:
         models = {"original": session.run_view.final_params}

@@ -97,6 +97,7 @@ def test_loss_attack_is_at_chance_on_unseen_data(overfitted):
     assert 0.4 < result.auc < 0.6
 
 
+@pytest.mark.slow
 def test_shadow_attack_detects_members_of_an_overfitted_model(overfitted, shadow_attack):
     m = overfitted
 
@@ -112,6 +113,7 @@ def test_shadow_attack_detects_members_of_an_overfitted_model(overfitted, shadow
     assert shadow_attack.num_training_samples == SHADOWS.num_shadows * 60
 
 
+@pytest.mark.slow
 def test_shadow_attack_is_at_chance_on_unseen_data(overfitted, shadow_attack):
     m = overfitted
 
@@ -123,6 +125,7 @@ def test_shadow_attack_is_at_chance_on_unseen_data(overfitted, shadow_attack):
     assert abs(result.member_rate - result.nonmember_rate) < 0.1
 
 
+@pytest.mark.slow
 def test_shadow_attack_same_seed_same_result_and_inputs_untouched(overfitted, shadow_attack):
     m = overfitted
     params_before = m.params.clone()
@@ -144,6 +147,7 @@ def test_loss_attack_same_seed_same_split(overfitted):
     assert loss_threshold_attack(*args, seed=3) == loss_threshold_attack(*args, seed=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "attack", [AttackSpec(classifier="gboost"), AttackSpec(per_class=True)], ids=str
 )

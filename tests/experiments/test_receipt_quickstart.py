@@ -47,6 +47,7 @@ def receipts(tmp_path_factory):
         }
 
 
+@pytest.mark.slow
 def test_retrain_passes_every_check(receipts):
     for key in ("retrain", "retrain_alone"):
         receipt = receipts[key]
@@ -61,6 +62,7 @@ def test_retrain_passes_every_check(receipts):
     assert receipts["retrain"].check("distance").verdict == "pass"
 
 
+@pytest.mark.slow
 def test_crab_that_keeps_the_backdoor_is_flagged(receipts):
     receipt = receipts["crab"]
     assert receipt.verdict == "fail"

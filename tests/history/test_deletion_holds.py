@@ -237,6 +237,7 @@ with HistoryStore.open(sys.argv[1], writable=True) as store:
 """
 
 
+@pytest.mark.slow
 def test_kill_9_inside_forget_changes_nothing_and_a_second_forget_completes(tmp_path):
     fedavg_store(tmp_path)
     with HistoryStore.open(tmp_path) as store:

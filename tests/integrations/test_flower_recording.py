@@ -402,6 +402,7 @@ def test_the_strategys_sampling_share_is_recorded_for_unlearning(tmp_path):
     assert load_run_config(tmp_path / "run").training.participation == 0.5
 
 
+@pytest.mark.slow
 def test_unlearning_reaches_clients_on_a_shared_node_and_says_when_one_is_gone(tmp_path):
     from fedunlearn.integrations.flower.app_unlearn import unlearn_over_app
 

@@ -96,6 +96,7 @@ def assert_valid_triples(reports):
     np.testing.assert_array_equal(c, a * b)
 
 
+@pytest.mark.slow
 def test_third_parties_and_client_certificates_get_nothing(pki, dealer):
     # Execute: no certificate, then a clients certificate claiming server 0, then server 1
     no_cert = link_peers.tls_without_certificate(dealer.address)

@@ -87,6 +87,7 @@ def clients(handle, timeout_seconds=TIMEOUT):
     ]
 
 
+@pytest.mark.slow
 def test_three_processes_compute_secmul_secge_secmi_with_the_remote_dealer(dealer):
     # Prepare: party 0 here, party 1 and the dealer in spawned processes, loopback
     listener = TcpListener("127.0.0.1", 0)
@@ -227,6 +228,7 @@ def test_dealer_dying_mid_protocol_makes_both_parties_raise(dealer):
     assert elapsed < 5
 
 
+@pytest.mark.slow
 def test_a_silent_dealer_times_out():
     listener = TcpListener("127.0.0.1", 0)  # accepts, then never answers the hello
     try:

@@ -75,6 +75,7 @@ def accept_server1(listener, pki, accept_timeout_seconds=25):
     )
 
 
+@pytest.mark.slow
 def test_a_session_completes_during_a_flood_of_200_idle_and_slow_connections(pki, caplog):
     try:  # the flood's own loopback address (Linux routes all of 127/8 to lo)
         socket.create_server(("127.0.0.2", 0)).close()
@@ -150,6 +151,7 @@ def test_a_peer_closed_at_once_by_a_full_listener_retries_and_joins(pki):
     assert got.tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_listener_that_starts_accepting_late_is_joined_within_the_deadline(pki):
     # Prepare: the port is bound (as starfish-local hands it over), nobody accepts for 2 s,
     # four times the peer's handshake bound (which used to fail the session)
@@ -174,6 +176,7 @@ def test_a_listener_that_starts_accepting_late_is_joined_within_the_deadline(pki
     assert got.tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_peer_gives_up_at_its_join_deadline_when_nobody_listens():
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -190,6 +193,7 @@ def test_a_peer_gives_up_at_its_join_deadline_when_nobody_listens():
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_a_refusal_with_a_reason_is_final_not_retried(pki, tmp_path):
     # a listener of another deployment's CA: TLS fails for a reason, so the peer stops at once
     # instead of retrying until its join deadline

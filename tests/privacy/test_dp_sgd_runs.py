@@ -69,6 +69,7 @@ def test_dp_sgd_runs_are_bit_identical_and_resume_to_the_same_model(runs):
     assert run_info(runs / "cut")["privacy"] == run_info(runs / "dp_sgd")["privacy"]
 
 
+@pytest.mark.slow
 def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(runs):
     info = run_info(runs / "dp_sgd")
     ledger = info["privacy"]
@@ -115,6 +116,7 @@ def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(ru
     assert all(0 <= r["clipped_fraction"] <= 1 and r["noise_to_signal"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_info_shows_a_dp_sgd_ledger(runs):
     result = CliRunner().invoke(app, ["info", str(runs / "dp_sgd")], terminal_width=200)
     assert result.exit_code == 0, result.output
@@ -127,6 +129,7 @@ def test_info_shows_a_dp_sgd_ledger(runs):
     assert "C = 1 per example (config), sample rate q <= " in result.output
 
 
+@pytest.mark.slow
 def test_auto_clip_norm_is_the_median_per_example_gradient_norm(tmp_path):
     cfg = parse_config(
         {
@@ -172,6 +175,7 @@ def test_fedadp_example_config_trains_a_usable_model_under_dp(tmp_path):
     assert dp_sgd > 0.7 > 0.45 > client_update
 
 
+@pytest.mark.slow
 def test_dp_sgd_trains_attackers_honestly_before_the_attack_starts(tmp_path):
     # the honest attackers' clean copies (keys -1 - id) must reach DP-SGD's local training too
     attack = {"kind": "backdoor", "num_malicious": 1, "start_round": 3}

@@ -44,6 +44,7 @@ def _pld(events, delta=1e-5):
     return acc.get_epsilon(delta)
 
 
+@pytest.mark.slow
 def test_the_upfront_guarantee_composes_every_round_at_epsilon_max(dp_run):
     ledger = run_info(dp_run)["privacy"]
     g = ledger["epsilon_guarantee"]

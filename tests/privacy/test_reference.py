@@ -42,6 +42,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
 def test_the_run_mechanism_at_the_stored_budgets_reproduces_training(runs, mechanism):
     run_dir, cfg = runs[mechanism]
@@ -56,6 +57,7 @@ def test_the_run_mechanism_at_the_stored_budgets_reproduces_training(runs, mecha
         assert torch.equal(final, store.read_model(3))  # same noise, round for round
 
 
+@pytest.mark.slow
 def test_store_only_and_runs_without_dp_have_no_mechanism_to_rerun(runs):
     run_dir, cfg = runs["store_only"]
     with HistoryStore.open(run_dir / "history") as store:
@@ -83,6 +85,7 @@ def test_the_receipt_judges_a_dp_run_against_dp_retrain(runs):
         assert torch.equal(same.params, session.run(make_method("retrain"), request).params)
 
 
+@pytest.mark.slow
 def test_compare_judges_a_dp_run_against_dp_retrain(runs):
     doc = compare_methods(runs["client_update"][0], [0], ["fedadp"])
     fedadp = next(r for r in doc["methods"] if r["method"] == "fedadp")

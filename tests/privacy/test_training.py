@@ -56,12 +56,14 @@ def _models(run_dir):
         return [store.read_model(r) for r in store.rounds()]
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_bit_identical_dp_runs(runs):
     a, b = _models(runs["dp"]), _models(runs["dp_again"])
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[-1], _models(runs["clean"])[-1])  # the noise did change training
 
 
+@pytest.mark.slow
 def test_ledger_matches_the_schedule_and_dp_accounting_called_directly(runs):
     info = run_info(runs["dp"])
     ledger = info["privacy"]

@@ -47,6 +47,7 @@ def doc(run_dir):
     return compare_methods(run_dir, malicious, ["federaser"], kind="recover")
 
 
+@pytest.mark.slow
 def test_results_document_has_control_reference_and_documented_fields(doc):
     names = [m["method"] for m in doc["methods"]]
     assert names == ["none", "retrain", "federaser"]
@@ -78,6 +79,7 @@ def test_results_document_has_control_reference_and_documented_fields(doc):
     assert rows["none"]["distance_to_original"] == 0.0
 
 
+@pytest.mark.slow
 def test_written_files_and_plots(doc, tmp_path):
     paths = write_results(doc, tmp_path)
     assert json.loads(paths["json"].read_text())["methods"][0]["method"] == "none"
@@ -112,6 +114,7 @@ def test_bad_requests_fail_before_any_work(run_dir, tmp_path):
         compare_methods(every, [1], ["random"])
 
 
+@pytest.mark.slow
 def test_cli_unlearn_and_compare(run_dir, tmp_path):
     runner = CliRunner()
     res = runner.invoke(

@@ -131,6 +131,7 @@ def test_objects_passed_to_train_run_must_be_passed_to_the_session(tmp_path):
         UnlearnSession(tmp_path / "run", model=own.make_net, data=changed).close()
 
 
+@pytest.mark.slow
 def test_a_changed_factory_source_is_warned_about_in_one_line(tmp_path, monkeypatch):
     # Prepare: the user's package, in a directory on sys.path
     package = tmp_path / "pkg"
@@ -156,6 +157,7 @@ def test_a_changed_factory_source_is_warned_about_in_one_line(tmp_path, monkeypa
     assert "model.factory mynets:make changed since training (its source)" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_run_whose_clients_keep_their_data_opens_with_a_factory_and_an_evaluator(tmp_path):
     # Prepare: a run, then its record marked as having no server-side data (as the Flower
     # recording wrapper writes it)

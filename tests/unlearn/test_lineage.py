@@ -195,6 +195,7 @@ def test_a_context_over_an_unmetered_history_has_no_lineage(run_all):
 # ----- built-in methods on real runs ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_retrain_is_exact_on_the_quickstart(quickstart_run):
     with UnlearnSession(quickstart_run) as session:
         result = session.run(make_method("retrain"), UnlearnRequest.of([0]))
@@ -206,6 +207,7 @@ def test_retrain_is_exact_on_the_quickstart(quickstart_run):
     assert lineage.tainted_reads == {"updates": [], "aggregates": [], "models": []}
 
 
+@pytest.mark.slow
 def test_crab_default_on_the_quickstart_is_approximate_because_its_replay_reads_tainted_norms(
     quickstart_run,
 ):

@@ -121,6 +121,7 @@ def test_a_third_party_distribution_method_runs_by_name(tmp_path, run_all):
     assert result["costs"]["client_epochs"] > 0
 
 
+@pytest.mark.slow
 def test_without_the_distribution_the_name_is_unknown(tmp_path, run_all):
     out = tmp_path / "result.json"
     ran = _fedunlearn(

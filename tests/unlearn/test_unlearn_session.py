@@ -51,6 +51,7 @@ def test_retrain_excludes_the_forgotten_clients_and_removes_the_backdoor(run_all
     assert retrained["backdoor_asr"] < 0.1
 
 
+@pytest.mark.slow
 def test_fresh_training_on_a_dp_sgd_run_clips_per_example_like_training(tmp_path, base_config):
     # Issue 13: a dp_sgd run's lr is chosen for clipped steps; plain SGD at that lr diverged on
     # the paper's CNN (FedADP and Retrain at 10%). Fresh updates clip at the run's C, no noise.

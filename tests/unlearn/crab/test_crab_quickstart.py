@@ -55,6 +55,7 @@ def recover_against_retrain(run_dir: Path, params: dict | None = None):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("participation", [1.0, 0.5])
 @pytest.mark.parametrize("partition", ["iid", "label_bias"])
 @pytest.mark.parametrize("num_malicious", [1, 2, 5])

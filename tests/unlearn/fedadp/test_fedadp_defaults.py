@@ -58,6 +58,7 @@ def test_the_paper_preset_refuses_what_alg2_does_not_do():
         make_method("fedadp", {"unlearn_dp": True, "final_rounds": 1})
 
 
+@pytest.mark.slow
 def test_without_dp_the_default_is_the_eq11_replay_bit_for_bit(runs):
     request = UnlearnRequest.of([0])
     with UnlearnSession(runs["clean"]) as session:
@@ -76,6 +77,7 @@ def test_without_dp_the_default_is_the_eq11_replay_bit_for_bit(runs):
     assert "without DP" in d.released_model_reason
 
 
+@pytest.mark.slow
 def test_on_a_dp_run_auto_replays_fresh_updates_and_tunes_within_the_budget(runs):
     request = UnlearnRequest.of([0])
     with UnlearnSession(runs["dp"]) as session:

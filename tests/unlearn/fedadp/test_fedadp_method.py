@@ -67,6 +67,7 @@ def dp_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_fedadp_on_a_dp_run_replays_the_stored_rounds_without_the_forgotten(dp_run):
     with UnlearnSession(dp_run) as session:
         forget = sorted(session.run_view.malicious)
@@ -86,6 +87,7 @@ def test_fedadp_on_a_dp_run_replays_the_stored_rounds_without_the_forgotten(dp_r
     assert 0 < details.stored_update_fraction <= 1
 
 
+@pytest.mark.slow
 def test_unlearn_dp_and_options_change_the_result_deterministically(dp_run):
     request = UnlearnRequest.of([0])
     with UnlearnSession(dp_run) as session:

@@ -172,6 +172,7 @@ def live_and_all(tmp_path_factory):
     return live, full
 
 
+@pytest.mark.slow
 def test_live_policy_stores_exactly_the_selection_derived_from_the_full_history(live_and_all):
     live, full = live_and_all
     with UnlearnSession(full) as session:
@@ -186,6 +187,7 @@ def test_live_policy_stores_exactly_the_selection_derived_from_the_full_history(
         assert torch.equal(a.read_update(r, c), b.read_update(r, c))
 
 
+@pytest.mark.slow
 def test_resumed_live_run_equals_the_uninterrupted_one(live_and_all, tmp_path):
     live, _ = live_and_all
     partial = tmp_path / "partial"
