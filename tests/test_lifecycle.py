@@ -182,23 +182,6 @@ def test_kill_9_during_continue_then_the_same_command_gives_the_uninterrupted_ru
     assert (cut / "metrics.jsonl").read_text().count("\n") == 10
 
 
-@pytest.mark.slow
-def test_continue_refuses_a_deferred_policy_and_a_dp_run_in_one_line(tmp_path):
-    crab = {**SMALL, "training": {**SMALL["training"], "rounds": 2}}
-    crab["history"] = {"policy": "crab", "crab": {"reference_size": 200}}
-    train_run(parse_config(crab), tmp_path / "crab")
-    dp = {**SMALL, "training": {**SMALL["training"], "rounds": 1}}
-    dp["privacy"] = {"enabled": True, "clip_norm": 1.0}
-    train_run(parse_config(dp), tmp_path / "dp")
-
-    with pytest.raises(ConfigError, match="deferred policy 'crab'"):
-        continue_run(tmp_path / "crab", 2)
-    with pytest.raises(ConfigError, match="trained with DP"):
-        continue_run(tmp_path / "dp", 2)
-    with HistoryStore.open(tmp_path / "crab" / "history") as store:
-        assert store.last_round() == 2 and "continuation" not in store.meta
-
-
 def test_a_model_made_elsewhere_is_applied_as_the_next_round_and_forget_then_erases(
     trained, tmp_path
 ):

@@ -225,3 +225,22 @@ def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(tmp_path, flow
     assert doc["request"] == {"forget": [0, 1], "new": [1], "earlier": [0], "kind": "forget"}
     assert doc["run"]["last_round"] == 4 and doc["run"]["generation"] == 1
     assert doc["costs"]["client_participations"] == 4  # client 2 alone, rounds 1..4
+
+
+def test_dp_is_refused_over_the_grid_before_any_round(tmp_path):
+    """The ClientApp trains without the DP mechanism: a DP config trained over Flower held a
+    config saying DP, rounds that were not, and an empty ledger; now train and continue refuse."""
+    from fedunlearn.config import parse_config
+
+    doc = small_config(num_clients=3, rounds=1).model_dump(mode="json")
+    doc["privacy"] = {"enabled": True, "mechanism": "dp_sgd", "clip_norm": 1.0}
+    config = parse_config(doc)
+    with pytest.raises(ConfigError, match="DP is not implemented over Flower"):
+        train_on_grid(LocalGrid(NODES), config, FlowerJob("train", tmp_path / "f", Path("/u")))
+    assert not (tmp_path / "f").exists()
+
+    train_run(config, tmp_path / "inproc")  # in-process DP training, then over the Grid
+    with pytest.raises(ConfigError, match="mode 'continue' refuses a DP run"):
+        continue_on_grid(LocalGrid(NODES), FlowerJob("continue", tmp_path / "inproc", rounds=1))
+    with HistoryStore.open(tmp_path / "inproc" / "history") as store:
+        assert store.last_round() == 1 and "continuation" not in store.meta

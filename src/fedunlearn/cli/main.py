@@ -320,13 +320,22 @@ def apply(
         str | None,
         typer.Option(help="with --model: the clients it forgot, '3,7' or 'malicious'"),
     ] = None,
+    accept_non_dp: Annotated[
+        bool,
+        typer.Option(
+            "--accept-non-dp",
+            help="on a DP run: apply a model without a DP guarantee; the ledger records that "
+            "the run's guarantee ended",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the event as JSON")] = False,
 ) -> None:
     """Make an unlearning result the run's current model; the forgotten clients leave it.
 
     With the method's trajectory the run's rounds are replaced by it (the original rounds'
     payloads are deleted); otherwise (and for --model) the model is appended as a new round.
-    One transaction; re-run the same command after an interruption.
+    One transaction; re-run the same command after an interruption. On a DP run a model that
+    is not DP is refused unless --accept-non-dp.
     """
     from fedunlearn.runs import apply_model, apply_result
 
@@ -336,7 +345,7 @@ def apply(
             "--forget IDS"
         )
     if result is not None:
-        event = apply_result(run_dir, result)
+        event = apply_result(run_dir, result, accept_non_dp=accept_non_dp)
     else:
         from fedunlearn.cli.export import run_model
         from fedunlearn.experiments import read_model_file
@@ -344,7 +353,14 @@ def apply(
         assert model is not None and forget is not None  # checked above
         ids, kind = parse_forget(forget, run_dir)
         params = read_model_file(model, run_model(run_dir))
-        event = apply_model(run_dir, params, ids, method=f"external ({model.name})", kind=kind)
+        event = apply_model(
+            run_dir,
+            params,
+            ids,
+            method=f"external ({model.name})",
+            kind=kind,
+            accept_non_dp=accept_non_dp,
+        )
     if as_json:
         print(json.dumps(event, indent=2))
         return
@@ -454,6 +470,24 @@ def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
                 f"eps {guarantee['pld_epsilon']:.3f} (PLD): every round at eps_max = "
                 f"{guarantee['per_round_epsilon']:g}; the realised total is data-dependent and "
                 "the adaptive choice of eps_t is not covered",
+            ]
+        )
+        releases = guarantee.get("with_unlearning_releases")
+        if releases:
+            rows.append(
+                [
+                    "  with applied releases",
+                    f"eps {releases['epsilon']:.3f}, delta {releases['delta']:g}: the run's rounds "
+                    f"and {releases['releases']} applied DP result(s), composed sequentially",
+                ]
+            )
+    replaced = sum(1 for r in privacy["rounds"] if r.get("replaced_by_generation"))
+    if replaced:
+        rows.append(
+            [
+                "  replaced rounds",
+                f"{replaced} DP round(s) an applied trajectory replaced: still counted (their "
+                "uploads were released)",
             ]
         )
     for name, artefact in (privacy.get("artefacts") or {}).items():

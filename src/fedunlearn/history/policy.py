@@ -22,7 +22,8 @@ A per-round policy (``RecordingPolicy``) decides when the round ends. A deferred
 round, the updates of any buffered rounds to commit with it; the recorder writes them in the same
 transaction as the round (``write_round(..., attach=...)``), so a selection is stored whole or
 not at all. ``resume_round`` tells ``train --resume`` where its in-memory state can be rebuilt
-from (rounds after it are dropped and re-run, bit-identically).
+from (rounds after it are dropped and re-run, bit-identically); ``train --continue`` opens the
+first window of its new rounds at its start round (``PolicyEnv.first_round``).
 
 Whatever the policy, ``HistoryRecorder`` writes one ``ClientRecord`` per sampled client and round:
 status, n_c, the norm of the client's delta ||Δ_c|| and, in its scalars, ``<Δ_c, G_t>`` with the
@@ -66,7 +67,11 @@ class DeferredPolicy(Protocol):
     name: str
 
     def resume_round(self, store: HistoryStore) -> int:
-        """Set the policy's state from the store; return the round training continues after."""
+        """Set the policy's state from the store; return the round training continues after.
+
+        Called before the first round of every training session (a new run, ``--resume``,
+        ``--continue``); the state covers the rounds after ``PolicyEnv.first_round``.
+        """
         ...
 
     def select(self, record: RoundRecord) -> dict[int, dict[int, torch.Tensor]]:
@@ -128,6 +133,10 @@ class PolicyEnv:
             data (their data before any poisoning), the same for the same size and seed.
         store_transform: ``(round, client_id, delta) -> delta`` applied to the copies a policy
             stores, or None (FedADP's ``dp_scope: store_only`` stores noised copies).
+        first_round: The round whose global model the policy's first window opens after: 0
+            when training starts from M_0, the continuation's start round for ``train
+            --continue`` (its windows cover the new rounds only; the rounds before it were
+            selected, or applied, already).
     """
 
     model: nn.Module
@@ -135,6 +144,7 @@ class PolicyEnv:
     seed: int
     reference_set: Callable[[int], ClientData]
     store_transform: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
+    first_round: int = 0
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,10 @@ from fedunlearn.privacy.local_training import RoundDPSGD
 __all__ = [
     "RELEASED_STATISTICS",
     "SCHEDULE_CAVEAT",
+    "applied_privacy",
     "artefact_guarantees",
     "dp_sgd_unlearning_ledger",
+    "living_artefacts",
     "unlearned_model_guarantee",
     "upfront_totals",
 ]
@@ -84,14 +86,114 @@ def _per_round_unit(config: PrivacyConfig) -> str:
     return "per client and round"
 
 
-def artefact_guarantees(config: PrivacyConfig) -> dict[str, dict[str, Any]]:
+def artefact_guarantees(
+    config: PrivacyConfig, applied: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, dict[str, Any]]:
     """Return, per artefact of a run, ``{"dp": bool, "guarantee": str}``.
 
     Artefacts: ``uploads`` (what clients send), ``stored_history`` (the updates and models the
     store keeps), ``original_model`` (M_T) and ``unlearned_model`` (a model an unlearning
     method releases: not DP unless the method says so in its result, e.g. fedadp's
-    ``details.released_model_dp``).
+    ``details.released_model_dp``); on a living run (``applied``: the results applied to it,
+    ``applied_privacy`` rows) also ``current_model``, the model the run serves and trains on.
     """
+    base = _artefacts(config)
+    if not applied:
+        return base
+    return living_artefacts(config, base, applied)
+
+
+def applied_privacy(
+    *,
+    generation: int,
+    method: str,
+    kind: str,
+    released_model_dp: bool,
+    reason: str,
+    fresh_epsilon: float | None = None,
+) -> dict[str, Any]:
+    """Return the ledger's record of one result applied to a DP run (``applied`` rows).
+
+    Args:
+        generation: The generation the apply started.
+        method: The method that computed the model (or ``external``).
+        kind: ``trajectory`` (its rounds replaced the run's) or ``model``.
+        released_model_dp: Whether the applied model carries a DP guarantee.
+        reason: Why (the result's ``released_model_reason``, or why it is unknown).
+        fresh_epsilon: ε of the releases the method added (DP fresh updates), composed by PLD
+            on their own; None when it added none or is not DP.
+    """
+    return {
+        "generation": int(generation),
+        "method": str(method),
+        "kind": str(kind),
+        "released_model_dp": bool(released_model_dp),
+        "reason": str(reason),
+        "fresh_epsilon": None if fresh_epsilon is None else float(fresh_epsilon),
+    }
+
+
+def living_artefacts(
+    config: PrivacyConfig,
+    base: Mapping[str, Mapping[str, Any]],
+    applied: Sequence[Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Each artefact's guarantee after results were applied to a DP run (docs/privacy.md).
+
+    A model trained without noise ends the guarantee of everything computed from it: the
+    model the run serves, every later round's uploads (DP-SGD noises each step, but the model
+    it starts from is already a noise-free function of the clients' data) and, when its
+    trajectory replaced the run's rounds, the stored history. A DP model (FedADP
+    ``unlearn_dp``) keeps it, at the composition with the releases it added.
+    """
+    out = {k: dict(v) for k, v in base.items()}
+    if not config.enabled:
+        out["current_model"] = {"dp": False, "guarantee": "trained without DP"}
+        return out
+    plain = [a for a in applied if not a.get("released_model_dp")]
+    if not plain:
+        if any(a.get("fresh_epsilon") for a in applied):
+            composed = "epsilon_guarantee.with_unlearning_releases"
+            for name in ("uploads", "stored_history"):
+                out[name]["guarantee"] += (
+                    f"; rounds after an applied DP result start from its model: {composed}"
+                )
+        out["current_model"] = {
+            "dp": True,
+            "guarantee": "every applied model is DP (its method noised every fresh update): the "
+            "run's (ε, δ) composed with the applied results' releases "
+            "(epsilon_guarantee.with_unlearning_releases)",
+        }
+        return out
+    first = plain[0]
+    g, method = first["generation"], first["method"]
+    ended = (
+        f"since generation {g}, whose applied {method} model was trained without noise "
+        f"({first['reason']})"
+    )
+    out["current_model"] = {
+        "dp": False,
+        "guarantee": ended + "; every model trained from it is not DP either",
+    }
+    out["uploads"] = {
+        "dp": False,
+        "guarantee": f"rounds before generation {g}: {base['uploads']['guarantee']}; later "
+        "rounds start from a model trained without noise, so their uploads are not DP although "
+        "the mechanism still noises them",
+    }
+    replaced = [a for a in plain if a.get("kind") == "trajectory"]
+    if replaced:
+        out["stored_history"] = {
+            "dp": False,
+            "guarantee": f"since generation {replaced[0]['generation']}, whose "
+            f"{replaced[0]['method']} trajectory replaced the run's rounds (trained without "
+            "noise); the replaced rounds' ε still counts (their uploads were released)",
+        }
+    return out
+
+
+def _artefacts(config: PrivacyConfig) -> dict[str, dict[str, Any]]:
+    """The artefacts of a run as trained (nothing applied): ``artefact_guarantees``."""
     if not config.enabled:
         none = {"dp": False, "guarantee": "trained without DP"}
         return {k: dict(none) for k in ("uploads", "stored_history", "original_model")} | {

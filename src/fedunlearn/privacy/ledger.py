@@ -102,9 +102,20 @@ def round_scalars(noise: RoundNoise | RoundDPSGD, delta: float) -> dict[str, Any
 
 
 def privacy_summary(
-    config: PrivacyConfig, scalars: Sequence[Mapping[str, Any]], num_params: int | None = None
+    config: PrivacyConfig,
+    scalars: Sequence[Mapping[str, Any]],
+    num_params: int | None = None,
+    *,
+    replaced: Sequence[Mapping[str, Any]] = (),
+    applied: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """Summarise a run's ledger from its round scalars (``scalars[r]`` of round r, r >= 1).
+
+    On a living run, ``replaced`` holds the ledger scalars of DP rounds an applied trajectory
+    replaced in the store (each with its ``round`` and ``replaced_by_generation``): their
+    releases happened, so they stay in the rows and the totals. ``applied`` holds the results
+    applied to the run (``guarantees.applied_privacy``): they decide ``artefacts`` and add the
+    releases of DP results to ``epsilon_guarantee.with_unlearning_releases``.
 
     Returns:
         ``enabled``, the mechanism and its ``guarantee``, the settings, ``rounds`` (one row per
@@ -118,10 +129,18 @@ def privacy_summary(
     dp_sgd = config.mechanism == "dp_sgd"
     keys = DP_SGD_SCALAR_KEYS if dp_sgd else SCALAR_KEYS
     rows = []
-    for r, sc in enumerate(scalars, start=1):
+    stored = [({"round": r}, sc) for r, sc in enumerate(scalars, start=1)]
+    earlier = [
+        (
+            {"round": int(sc["round"]), "replaced_by_generation": sc.get("replaced_by_generation")},
+            sc,
+        )
+        for sc in replaced
+    ]
+    for label, sc in earlier + stored:
         if keys["epsilon"] not in sc:
             continue
-        rows.append({"round": r, **{name: sc.get(key) for name, key in keys.items()}})
+        rows.append({**label, **{name: sc.get(key) for name, key in keys.items()}})
         if not dp_sgd:
             rows[-1]["round_epsilon_exact"] = sc.get("dp_round_epsilon_exact")
     zs = [float(row["noise_multiplier"]) for row in rows]
@@ -157,8 +176,9 @@ def privacy_summary(
         "see artefacts)"
         if config.dp_scope == "train_and_store"
         else "stored history only (training used the clean uploads)",
-        "artefacts": artefact_guarantees(config),
-        "epsilon_guarantee": upfront_totals(config, rows),
+        "artefacts": artefact_guarantees(config, applied),
+        "applied": [dict(a) for a in applied],
+        "epsilon_guarantee": _with_releases(upfront_totals(config, rows), applied, config.delta),
         "schedule": SCHEDULE_CAVEAT,
         "released_statistics": dict(RELEASED_STATISTICS),
         "noise_mode": config.noise_mode,
@@ -190,6 +210,29 @@ def privacy_summary(
             (row["epsilon_achieved"] for row in rows), default=None
         )
     return summary
+
+
+def _with_releases(
+    upfront: dict[str, Any] | None, applied: Sequence[Mapping[str, Any]], delta: float
+) -> dict[str, Any] | None:
+    """Add the applied DP results' own releases to the a-priori guarantee (basic composition).
+
+    Each DP result's fresh updates were composed on their own (PLD, ``fresh_epsilon``); across
+    the run's rounds and those releases the ε add up and so do the δ (sequential composition).
+    """
+    fresh = [float(a["fresh_epsilon"]) for a in applied if a.get("fresh_epsilon") is not None]
+    if upfront is None or not fresh:
+        return upfront
+    return {
+        **upfront,
+        "with_unlearning_releases": {
+            "epsilon": upfront["pld_epsilon"] + sum(fresh),
+            "delta": delta * (1 + len(fresh)),
+            "releases": len(fresh),
+            "basis": "the run's rounds (a priori, PLD) plus each applied DP result's fresh "
+            "releases (PLD on their own), added by sequential composition",
+        },
+    }
 
 
 def _clip_source(config: PrivacyConfig) -> str:

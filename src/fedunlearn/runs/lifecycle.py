@@ -14,9 +14,16 @@ then exactly as after an uninterrupted apply.
 client (``HistoryStore.forgotten_clients``). The target round is committed before the first
 new round, so re-running the same ``--continue`` after a kill -9 resumes to that target and
 gives the uninterrupted run's models bit for bit (every random choice derives from (seed,
-round, client): ``fedunlearn.runs.train``). Refused, each in one line: DP runs (the privacy
-ledger of a continuation is not implemented) and deferred recording policies (Crab's windows,
-FedADP's stages: their open window is rebuilt from round 0, which would re-run applied rounds).
+round, client): ``fedunlearn.runs.train``). The run's recording policy goes on: a deferred one
+(Crab's windows, FedADP's stages) opens its first window at the continuation's start round. A
+DP run goes on under its mechanism: the budget schedule resumes from the stored server losses
+(computed here for rounds an apply put in) and the ledger (``privacy.json``) gains the new
+rounds.
+
+On a DP run, ``apply`` refuses a model without a DP guarantee (every method's but fedadp
+``unlearn_dp``) unless ``accept_non_dp``; the ledger then records that the guarantee of the
+run's model ended with that generation, and keeps the ε of DP rounds a trajectory replaced
+(their uploads were released): ``privacy.guarantees.living_artefacts``.
 
 The clients that train a continuation are the run's in-process federation, or any
 ``RunClients`` the caller builds from it (``clients=``: the Flower ServerApp's clients over its
@@ -32,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,7 @@ from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.federation import Federation
+from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.history.policy import (
     DeferredPolicy,
     HistoryRecorder,
@@ -53,19 +61,31 @@ from fedunlearn.history.policy import (
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.history.store import FILE_NAME, HistoryStore
 from fedunlearn.history.store.events import APPLIED_KEY
+from fedunlearn.privacy.guarantees import applied_privacy
+from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
     METRICS_FILE,
+    PRIVACY_FILE,
+    PRIVACY_LINEAGE_KEY,
     SUMMARY_FILE,
     MetricsWriter,
     load_run_config,
+    run_privacy,
     stored_metrics_line,
     write_json,
     write_text_atomic,
 )
-from fedunlearn.runs.setup import build_setup
-from fedunlearn.runs.train import _torch_threads, _WallClock, policy_env, training_evaluator
+from fedunlearn.runs.setup import Setup, build_setup, clients_loss
+from fedunlearn.runs.train import (
+    _clients_loss_samples,
+    _torch_threads,
+    _WallClock,
+    policy_env,
+    training_evaluator,
+    wrap_privacy,
+)
 
 __all__ = [
     "apply_model",
@@ -205,12 +225,95 @@ def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
     )
 
 
-def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]:
+def _released_dp(doc: Mapping[str, Any]) -> tuple[bool, str, float | None]:
+    """Whether a result's model is DP, why, and the ε of the releases its method added.
+
+    Only a method that says so in its details is DP (fedadp ``unlearn_dp``:
+    ``released_model_dp``); every other method's fresh training runs without noise.
+    """
+    details = doc.get("details") if isinstance(doc.get("details"), dict) else {}
+    method = str(doc.get("method", "unknown"))
+    if details.get("released_model_dp") is True:
+        ledger = (details.get("privacy") or {}).get("unlearning_privacy") or {}
+        fresh = ledger.get("fresh_total_epsilon")
+        return True, str(details.get("released_model_reason", "")), fresh
+    reason = details.get("released_model_reason") or (
+        f"{method} trains its fresh updates without the run's DP mechanism"
+    )
+    return False, str(reason), None
+
+
+def _dp_gate(
+    config: RunConfig,
+    store: HistoryStore,
+    *,
+    method: str,
+    kind: str,
+    dp: bool,
+    reason: str,
+    fresh_epsilon: float | None,
+    accept_non_dp: bool,
+    what: str,
+) -> dict[str, Any] | None:
+    """On a DP run: refuse a model without a DP guarantee unless accepted; the ledger entry.
+
+    Returns the store meta to merge in the apply's transaction (None on a run without DP):
+    the result applied, and the ledger scalars of the DP rounds a trajectory replaces (their
+    releases happened: they stay in the ledger's totals).
+    """
+    if not config.privacy.enabled:
+        return None
+    if not dp and not accept_non_dp:
+        raise ConfigError(
+            f"{what}: this run is trained with DP ({config.privacy.mechanism}) and the model "
+            f"is not DP ({reason}); applying it ends the DP guarantee of the run's model, of "
+            "every round trained from it and, with a trajectory, of the stored history. Use a "
+            "DP release (fedadp with unlearn_dp: true), or pass --accept-non-dp "
+            "(accept_non_dp=True) to apply it and record that the guarantee ended; nothing was "
+            "changed"
+        )
+    lineage = dict(store.meta.get(PRIVACY_LINEAGE_KEY) or {})
+    generation = store.generation() + 1
+    replaced = list(lineage.get("replaced", []))
+    if kind == "trajectory":
+        for r in range(1, (store.last_round() or 0) + 1):
+            scalars = store.round_scalars(r)
+            if "dp_epsilon" in scalars:
+                dp_part = {k: v for k, v in scalars.items() if k.startswith("dp_")}
+                replaced.append({"round": r, "replaced_by_generation": generation, **dp_part})
+    applied = [
+        *lineage.get("applied", []),
+        applied_privacy(
+            generation=generation,
+            method=method,
+            kind=kind,
+            released_model_dp=dp,
+            reason=reason,
+            fresh_epsilon=fresh_epsilon if dp else None,
+        ),
+    ]
+    return {PRIVACY_LINEAGE_KEY: {"replaced": replaced, "applied": applied}}
+
+
+def _rewrite_privacy(run_dir: Path, config: RunConfig, store: HistoryStore) -> None:
+    """Rewrite ``privacy.json`` for the run as it is now (after an apply or a continuation)."""
+    if config.privacy.enabled:
+        write_json(run_dir / PRIVACY_FILE, run_privacy(config, store))
+
+
+def apply_result(
+    run_dir: str | Path, result_json: str | Path, *, accept_non_dp: bool = False
+) -> dict[str, Any]:
     """Apply an unlearning result (the JSON ``fedunlearn unlearn --out`` wrote) to a run.
+
+    On a DP run a result whose model is not DP (every method but fedadp ``unlearn_dp``) is
+    refused unless ``accept_non_dp``; the privacy ledger then records that the guarantee of
+    the run's model ended with this generation (docs/privacy.md, "A living DP run").
 
     Args:
         run_dir: The run directory the result was computed on.
         result_json: The result JSON; its apply file lies beside it.
+        accept_non_dp: On a DP run, apply a model without a DP guarantee.
 
     Returns:
         The event as a dict, plus ``already_applied`` (True when this very result was
@@ -283,6 +386,18 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
                 f"{file}: the trajectory was computed without {sorted(trajectory.forgotten)}, "
                 f"not the request's {sorted(forget)}; nothing was changed"
             )
+        dp, why, fresh = _released_dp(doc)
+        privacy_meta = _dp_gate(
+            config,
+            store,
+            method=str(doc.get("method", "unknown")),
+            kind="model" if trajectory is None else "trajectory",
+            dp=dp,
+            reason=why,
+            fresh_epsilon=fresh,
+            accept_non_dp=accept_non_dp,
+            what=f"--result {result_json}",
+        )
         event = store.apply(
             forget=forget,
             new=request.get("new", sorted(forget)),
@@ -295,9 +410,11 @@ def apply_result(run_dir: str | Path, result_json: str | Path) -> dict[str, Any]
             receipt_sha256=receipt_sha256(doc.get("verification")),
             expected_last_round=last,
             scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
+            meta=privacy_meta,
         )
         _rewrite_metrics(run_dir, store)
         _rewrite_summary(run_dir, store)
+        _rewrite_privacy(run_dir, config, store)
     # The apply file is a copy of the trajectory: every remaining client's update of every
     # round. The store now holds them, where a later forget() erases them with a deletion
     # record and a page scan; a copy left beside R.json would keep a later-forgotten client's
@@ -333,11 +450,13 @@ def apply_model(
     *,
     method: str = "external",
     kind: str = "forget",
+    accept_non_dp: bool = False,
 ) -> dict[str, Any]:
     """Apply a model computed elsewhere (no trajectory): appended as the run's next round.
 
     For a model from outside the toolkit, or a method that returns no trajectory. The forget
-    set is the request's; every client forgotten earlier is added to it (cumulative).
+    set is the request's; every client forgotten earlier is added to it (cumulative). On a DP
+    run such a model has no known guarantee: refused unless ``accept_non_dp``.
 
     Args:
         run_dir: The run directory.
@@ -345,13 +464,16 @@ def apply_model(
         forget: The clients the model is meant to have forgotten (at least one new one).
         method: What computed it (recorded in the event).
         kind: ``forget`` or ``recover``.
+        accept_non_dp: On a DP run, apply it and record that the guarantee ended.
 
     Raises:
-        ConfigError: Wrong parameter count, no client, an unknown client, or nothing new.
+        ConfigError: Wrong parameter count, no client, an unknown client, nothing new, or a
+            DP run without ``accept_non_dp``.
         HistoryError: Not a run directory, or another process writes it.
     """
     run_dir = Path(run_dir)
     named = {int(c) for c in forget}
+    config = load_run_config(run_dir)
     with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
         last = store.last_round() or 0
         current = store.read_model(last)
@@ -376,6 +498,17 @@ def apply_model(
             )
         full = named | store.forgotten_clients()
         model = params.detach().to(torch.float32).cpu()
+        privacy_meta = _dp_gate(
+            config,
+            store,
+            method=method,
+            kind="model",
+            dp=False,
+            reason="a model made elsewhere: its privacy is not known",
+            fresh_epsilon=None,
+            accept_non_dp=accept_non_dp,
+            what="--model",
+        )
         event = store.apply(
             forget=full,
             new=full - applied,
@@ -384,9 +517,11 @@ def apply_model(
             model=model,
             model_sha256=tensor_sha256(model),
             expected_last_round=last,
+            meta=privacy_meta,
         )
         _rewrite_metrics(run_dir, store)
         _rewrite_summary(run_dir, store)
+        _rewrite_privacy(run_dir, config, store)
     return {**event.to_dict(), "already_applied": False}
 
 
@@ -396,6 +531,32 @@ def _pending(store: HistoryStore) -> dict[str, int] | None:
     if cont and int(cont["target"]) > (store.last_round() or 0):
         return {k: int(v) for k, v in cont.items()}
     return None
+
+
+def _add_server_losses(
+    store: HistoryStore,
+    config: RunConfig,
+    setup: Setup,
+    privacy: PrivateTraining | None,
+    last: int,
+) -> None:
+    """Store the server loss of every round up to ``last`` that lacks it (applied rounds).
+
+    Training records ``clients_loss`` with every round when something reads it (DP's budget
+    schedule, FedADP's stages); the rounds an ``apply`` put in were computed by a method, so
+    a continuation computes it for their models (deterministic: a re-run adds the same).
+    """
+    samples = _clients_loss_samples(config, privacy)
+    if samples is None:
+        return
+    missing = [r for r in range(last + 1) if CLIENTS_LOSS_KEY not in store.round_scalars(r)]
+    if missing:
+        store.add_round_scalars(
+            {
+                r: {CLIENTS_LOSS_KEY: clients_loss(setup, store.read_model(r), samples)}
+                for r in missing
+            }
+        )
 
 
 def continue_target(run_dir: str | Path, rounds: int | None) -> int:
@@ -433,7 +594,7 @@ def continue_run(
 
     Raises:
         ConfigError: ``rounds`` < 1, an interrupted continuation with another round count is
-            recorded, the run is unfinished, uses DP or a deferred recording policy.
+            recorded, or the run is unfinished.
         HistoryError: Not a run directory, or another process writes it.
     """
     started = time.perf_counter()
@@ -441,11 +602,6 @@ def continue_run(
     if rounds is not None and rounds < 1:
         raise ConfigError(f"--rounds must be >= 1; got {rounds}")
     config = load_run_config(run_dir)
-    if config.privacy.enabled:
-        raise ConfigError(
-            f"{run_dir} was trained with DP; --continue does not extend its privacy ledger yet, "
-            "so it is refused; train a new run instead"
-        )
     with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
         last = store.last_round() or 0
         pending = _pending(store)
@@ -474,15 +630,14 @@ def continue_run(
             setup = build_setup(config)
             # the continued rounds must train on what the run trained on (as a session warns)
             warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
+            private = setup
             try:
-                env = replace(policy_env(setup), final_round=target)
+                # DP: the run's mechanism, schedule and ledger go on (the schedule reads the
+                # server loss of every round so far: an applied round gets it computed here)
+                privacy, private = wrap_privacy(config, setup)
+                _add_server_losses(store, config, private, privacy, last)
+                env = replace(policy_env(private, privacy), final_round=target, first_round=start)
                 policy = build_policy(config.history, env)
-                if isinstance(policy, DeferredPolicy):
-                    raise ConfigError(
-                        f"{run_dir} records history with the deferred policy "
-                        f"'{config.history.policy}', whose windows --continue cannot extend yet; "
-                        "train a run with history.policy=all to continue it"
-                    )
                 remaining = [c for c in setup.federation.client_ids if c not in forgotten]
                 if pending is None:  # the target first: a re-run after a kill finds it
                     store.update_meta(
@@ -495,28 +650,41 @@ def continue_run(
                             "rounds_target": target,
                         }
                     )
+                if isinstance(policy, DeferredPolicy):
+                    # its open window is in memory only: re-run the rounds after the last
+                    # window it closed since the continuation's start (bit-identical)
+                    kept = policy.resume_round(store)
+                    if kept < last:
+                        store.truncate_after(kept)
+                        last = kept
+                if privacy is not None:
+                    privacy.resume([store.round_scalars(r) for r in range(last + 1)])
                 _rewrite_metrics(run_dir, store)
                 clock = _WallClock(store, started)
-                trainers = setup.federation if clients is None else clients(setup.federation)
+                trainers = private.federation if clients is None else clients(private.federation)
                 run_rounds(
                     trainers,
-                    setup.aggregator,
+                    private.aggregator,
                     store.read_model(last),
                     num_rounds=target,
                     start_round=last + 1,
                     client_ids=remaining,
                     participation=config.training.participation,
-                    join_rounds=setup.join_rounds,
-                    evaluate=training_evaluator(config, setup, None),
+                    join_rounds=private.join_rounds,
+                    evaluate=training_evaluator(config, private, privacy),
                     observers=[
                         recorder(store, policy),
                         clock,
                         MetricsWriter(run_dir / METRICS_FILE),
+                        *([privacy] if privacy is not None else []),
                         *observers,
                     ],
                 )
                 _rewrite_summary(run_dir, store)
+                _rewrite_privacy(run_dir, config, store)
             finally:
+                if private is not setup:
+                    private.close()
                 setup.close()
         return {
             "from_round": start,

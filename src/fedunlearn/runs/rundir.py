@@ -29,6 +29,7 @@ __all__ = [
     "HISTORY_DIR",
     "METRICS_FILE",
     "PRIVACY_FILE",
+    "PRIVACY_LINEAGE_KEY",
     "QUICK_CHECK_ABOVE_BYTES",
     "SUMMARY_FILE",
     "MetricsWriter",
@@ -56,11 +57,28 @@ CONFIG_FILE = "config.yaml"
 QUICK_CHECK_ABOVE_BYTES = 512 * 2**20
 
 
+#: Store meta key of a DP run's living-run ledger: the ledger scalars of rounds an applied
+#: trajectory replaced (``replaced``) and the results applied (``applied``); written by
+#: ``fedunlearn.runs.lifecycle`` in the apply's transaction.
+PRIVACY_LINEAGE_KEY = "privacy_lineage"
+
+
 def run_privacy(config: RunConfig, store: HistoryStore) -> dict[str, Any]:
-    """Return the run's privacy ledger summary from its stored round scalars."""
+    """Return the run's privacy ledger summary from its stored round scalars.
+
+    On a living run it also counts the DP rounds an applied trajectory replaced and states
+    what the applied results did to each artefact's guarantee (``PRIVACY_LINEAGE_KEY``).
+    """
     last = store.last_round() or 0
     scalars = [store.round_scalars(r) for r in range(1, last + 1)]
-    return privacy_summary(config.privacy, scalars, store.meta.get("num_params"))
+    lineage = store.meta.get(PRIVACY_LINEAGE_KEY) or {}
+    return privacy_summary(
+        config.privacy,
+        scalars,
+        store.meta.get("num_params"),
+        replaced=lineage.get("replaced", []),
+        applied=lineage.get("applied", []),
+    )
 
 
 class MetricsWriter:

@@ -161,6 +161,7 @@ class Generations:
         receipt_sha256: str = "",
         expected_last_round: int | None = None,
         scalars: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> AppliedEvent:
         """Make an unlearned model the run's current model, in one transaction.
 
@@ -177,6 +178,8 @@ class Generations:
             expected_last_round: Refuse unless the store's last round is this one (the round
                 the result was computed on); None skips the check.
             scalars: Metrics stored with the appended round of a model-only apply.
+            meta: Entries merged into the store's metadata in the same transaction (the
+                privacy ledger of a DP run: ``fedunlearn.runs.rundir.PRIVACY_LINEAGE_KEY``).
 
         Returns:
             The event.
@@ -260,7 +263,7 @@ class Generations:
                     dropped_bytes,
                 ),
             )
-            meta = self.meta
+            meta = self.meta | dict(meta or {})
             meta["rounds_target"] = after
             meta["clean_from_round"] = clean  # every method's view of the history sees it
             if rounds is not None:  # the models forget() dropped are gone with their rounds

@@ -223,6 +223,21 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def refuse_dp(config: RunConfig, what: str) -> None:
+    """Refuse a DP config over the Grid: the ClientApp trains without the run's mechanism.
+
+    DP-SGD and clip-and-noise run in fedunlearn's in-process training (``runs.wrap_privacy``);
+    a ClientApp's train handler trains plainly, so a DP run trained over Flower would carry
+    a config that says DP and rounds that are not (and an empty ledger).
+    """
+    if config.privacy.enabled:
+        raise ConfigError(
+            f"privacy.enabled: DP is not implemented over Flower (the ClientApp trains without "
+            f"the mechanism), so mode '{what}' refuses a DP run; train it in-process with "
+            "'fedunlearn train' (and '--continue'), or set privacy.enabled: false"
+        )
+
+
 def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, Any]:
     """Train ``config`` over the Grid into ``job.run_dir`` with recording; return the summary.
 
@@ -233,6 +248,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
         ConfigError: if ``run_dir`` already holds a run (resume is not supported over Flower).
     """
     config = resolve_config(config)  # as train_run: the stored config names every option
+    refuse_dp(config, "train")
     run_dir = job.run_dir
     history_dir = run_dir / HISTORY_DIR
     if history_dir.exists():
@@ -420,15 +436,17 @@ def continue_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     """Train ``job.rounds`` more rounds of the run in ``job.run_dir``, clients over the Grid.
 
     ``fedunlearn.runs.continue_run`` with ``FlowerClients`` in place of the in-process
-    federation and ``MissingAwareRecorder`` as the recorder: same refusals (DP, deferred
-    policies, an unfinished run, another round count while a continuation is unfinished), the
-    target committed before the first round, and only never-forgotten clients sampled.
-    Writes ``<run-dir>/continue_summary.json``.
+    federation and ``MissingAwareRecorder`` as the recorder: same refusals (an unfinished
+    run, another round count while a continuation is unfinished), the target committed before
+    the first round, and only never-forgotten clients sampled. A DP run is refused: the
+    ClientApp trains without the run's mechanism (``refuse_dp``). Writes
+    ``<run-dir>/continue_summary.json``.
 
     Returns:
         ``continue_run``'s summary plus ``engine``, ``missing`` and ``wire``.
     """
     config = load_run_config(job.run_dir)
+    refuse_dp(config, "continue")
     grid_clients = _GridClients(grid, dump_config(config), job)
     summary = continue_run(
         job.run_dir,

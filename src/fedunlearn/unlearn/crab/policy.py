@@ -315,6 +315,7 @@ class CrabPolicy:
         final_round: The run's last round T (the partial window is flushed there).
         rounding: P_b rounding.
         max_window: Optional window length cap.
+        first_round: The round the first window opens after (0; a ``--continue``'s start).
     """
 
     name = "crab"
@@ -329,26 +330,31 @@ class CrabPolicy:
         final_round: int,
         rounding: str = "half_up",
         max_window: int | None = None,
+        first_round: int = 0,
     ) -> None:
         self.selector = WindowSelector(
             scorer, alpha, round_ratio, client_ratio, rounding, max_window
         )
         self.final_round = final_round
+        self.first_round = first_round
         self._buffer: dict[int, Updates] = {}
 
     def resume_round(self, store: HistoryStore) -> int:
         """Return the round training continues after, and set the window state to it.
 
         That is the last committed round if training is complete or no window is open, else
-        the round that closed the last window (0 if none closed): the caller truncates the
-        store after it and re-runs the open window's rounds.
+        the round that closed the last window (``first_round`` if none closed since it): the
+        caller truncates the store after it and re-runs the open window's rounds. A
+        continuation's windows open at its start round: the earlier rounds' last window was
+        flushed when they ended (at their T).
         """
         last = store.last_round() or 0
         if last >= self.final_round:
             return last
-        losses = [self.selector.scorer.loss(store.read_model(t)) for t in range(last + 1)]
+        first = self.first_round
+        losses = [self.selector.scorer.loss(store.read_model(t)) for t in range(first, last + 1)]
         closes = close_windows(losses, self.selector.alpha, self.selector.max_window)
-        start = closes[-1] if closes else 0
+        start = first + closes[-1] if closes else first
         self.selector.start(store.read_model(start))
         self._buffer = {}
         return start
@@ -382,6 +388,7 @@ def build_crab_policy(history: HistoryConfig, env: PolicyEnv) -> CrabPolicy:
         final_round=env.final_round,
         rounding=opts.rounding,
         max_window=opts.max_window,
+        first_round=env.first_round,
     )
 
 

@@ -239,6 +239,7 @@ class FedADPPolicy:
         selection_mode: ``staged`` or ``global``.
         store_transform: ``(round, client_id, delta) -> stored copy``; with ``dp_scope:
             store_only`` it adds the seeded DP noise to the clean upload (default: identity).
+        first_round: The round the first stage opens after (0; a ``--continue``'s start).
     """
 
     name = "fedadp"
@@ -253,20 +254,33 @@ class FedADPPolicy:
         model_align: str = "params",
         selection_mode: str = "staged",
         store_transform: Transform | None = None,
+        first_round: int = 0,
     ) -> None:
         self.selector = StageSelector(
-            beta, round_ratio, client_ratio, model_align, selection_mode, final_round
+            beta,
+            round_ratio,
+            client_ratio,
+            model_align,
+            selection_mode,
+            final_round - first_round,  # ``global``: λ of this session's rounds
         )
         self.final_round = final_round
+        self.first_round = first_round
         self.store_transform = store_transform
 
     def resume_round(self, store: HistoryStore) -> int:
-        """Return the round training continues after, and set the stage state to it."""
+        """Return the round training continues after, and set the stage state to it.
+
+        A continuation's first stage opens at its start round (``first_round``): the earlier
+        rounds' last stage was flushed when they ended. Its loss must be stored (``train
+        --continue`` adds it to a round an apply put in).
+        """
         last = store.last_round() or 0
         if last >= self.final_round:
             return last
+        first = self.first_round
         losses = []
-        for t in range(last + 1):
+        for t in range(first, last + 1):
             sc = store.round_scalars(t)
             if LOSS_KEY not in sc:
                 raise HistoryError(
@@ -274,10 +288,14 @@ class FedADPPolicy:
                     "history.policy=fedadp"
                 )
             losses.append(float(sc[LOSS_KEY]))
-        ends = stage_ends(losses, self.selector.beta)
-        start = ends[-1] if ends and self.selector.selection_mode == "staged" else 0
-        previous = store.read_model(start, "aggregate") if start else None
-        self.selector.start(losses[start], previous)
+        ends = [first + e for e in stage_ends(losses, self.selector.beta)]
+        start = ends[-1] if ends and self.selector.selection_mode == "staged" else first
+        previous = (
+            store.read_model(start, "aggregate")
+            if start and (start, "aggregate") in store.stored_models()
+            else None  # M_0, or a model an apply appended (no aggregate)
+        )
+        self.selector.start(losses[start - first], previous)
         return start
 
     def select(self, record: RoundRecord) -> dict[int, dict[int, torch.Tensor]]:
@@ -315,6 +333,7 @@ def build_fedadp_policy(history: HistoryConfig, env: PolicyEnv) -> FedADPPolicy:
         model_align=opts.model_align,
         selection_mode=opts.selection_mode,
         store_transform=env.store_transform,
+        first_round=env.first_round,
     )
 
 

@@ -306,9 +306,11 @@ class FedADP(SelectiveReplay):
         }
         replay = [zeta[e] for e in replay_eps]
         both = totals(train + replay, cfg.delta, f) if train else None
+        own = totals(replay, cfg.delta, f) if replay else None
         return {
             "replayed_rounds": len(replay),
             "epsilon_per_round": replay_eps,
+            "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
             "total_epsilon_with_training": both.pld_epsilon if both else None,
             "rdp_epsilon_with_training": both.rdp_epsilon if both else None,
             "basis": "realised ε_t of the run and the replayed rounds, PLD; the adaptive "

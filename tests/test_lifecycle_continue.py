@@ -1,0 +1,210 @@
+"""A living run under its own recording policy and DP (runs/lifecycle.py): continue and apply.
+
+Issue 22 item 1 asks `train --continue` to keep "the same policies, the same resume/repair
+guarantees"; before this, a run recorded with Crab's or FedADP's selective policy, or trained
+with DP, could not be continued at all (refused in one line), and `apply` on a DP run replaced
+its DP history with noise-free updates while `info` dropped the privacy ledger.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from fedunlearn.config import parse_config
+from fedunlearn.errors import ConfigError
+from fedunlearn.experiments import save_for_apply, unlearn_one
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.runs import apply_result, continue_run, run_info, run_privacy, train_run
+from fedunlearn.runs.rundir import load_run_config
+from fedunlearn.runs.setup import build_setup, reference_set
+from fedunlearn.unlearn.crab.policy import ReferenceScorer, WindowSelector
+
+BASE = {
+    "seed": 2,
+    "data": {"dataset": "digits", "num_clients": 6},
+    "model": {"name": "mlp", "hidden": [16]},
+    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
+}
+DP = {"enabled": True, "mechanism": "dp_sgd", "clip_norm": 2.0, "delta": 1e-5}
+CRAB = {"policy": "crab", "crab": {"reference_size": 200, "alpha": 0.05}}
+
+
+def config(rounds=3, history=None, privacy=None):
+    doc = {**BASE, "training": {**BASE["training"], "rounds": rounds}}
+    doc["history"] = history or {"policy": "all"}
+    if privacy:
+        doc["privacy"] = privacy
+    return parse_config(doc)
+
+
+class StopAfter:
+    """Round observer that stops a continuation after a round (a crash, without a process)."""
+
+    def __init__(self, round_):
+        self.round = round_
+
+    def on_round_end(self, record):
+        if record.round == self.round:
+            raise KeyboardInterrupt
+
+
+def stored(run):
+    """{round: (model, stored update ids, scalars)} of a run."""
+    with HistoryStore.open(run / "history") as store:
+        return {
+            r: (store.read_model(r), sorted(c for c, _ in store.iter_updates(r)))
+            for r in store.rounds()
+        }
+
+
+def test_a_dp_run_continued_equals_the_same_run_trained_longer(tmp_path):
+    short, long = tmp_path / "short", tmp_path / "long"
+    train_run(config(3, privacy=DP), short)
+    train_run(config(5, privacy=DP), long)
+
+    done = continue_run(short, 2)
+
+    assert done["target"] == 5
+    a, b = stored(short), stored(long)
+    assert a.keys() == b.keys()
+    for r in a:
+        assert torch.equal(a[r][0], b[r][0]) and a[r][1] == b[r][1]  # same DP-SGD, same ε_t
+    cfg = load_run_config(short)
+    with HistoryStore.open(short / "history") as s1, HistoryStore.open(long / "history") as s2:
+        rows1, rows2 = run_privacy(cfg, s1)["rounds"], run_privacy(cfg, s2)["rounds"]
+    assert len(rows1) == 5 and rows1 == rows2
+    assert json.loads((short / "privacy.json").read_text())["num_rounds"] == 5
+
+
+def test_a_crab_policy_continuation_selects_windows_of_its_own_rounds(tmp_path):
+    crab, every = tmp_path / "crab", tmp_path / "all"
+    train_run(config(3, history=CRAB), crab)
+    trained = stored(crab)
+    train_run(config(3), every)  # the same rounds, every update kept
+
+    continue_run(crab, 4)
+    continue_run(every, 4)
+
+    # what the live selector keeps when its first window opens at M_3, over rounds 4..7
+    cfg = load_run_config(crab)
+    opts = cfg.history.options("crab")
+    setup = build_setup(cfg)
+    try:
+        ref = reference_set(setup, opts.reference_size)
+        scorer = ReferenceScorer(setup.model, ref.x, ref.y, opts.divergence)
+        selector = WindowSelector(
+            scorer, opts.alpha, opts.round_ratio, opts.client_ratio, opts.rounding
+        )
+        expected: dict[int, list[int]] = {}
+        with HistoryStore.open(every / "history") as store:
+            selector.start(store.read_model(3))
+            for t in range(4, 8):
+                updates = dict(store.iter_updates(t))
+                kept = selector.observe(
+                    t,
+                    store.read_model(t),
+                    store.read_model(t, "aggregate"),
+                    lambda u=updates: u,
+                    final=t == 7,
+                )
+                expected.update({r: sorted(ids) for r, ids in (kept or {}).items()})
+    finally:
+        setup.close()
+    got = stored(crab)
+    assert {r: got[r][1] for r in range(4, 8) if got[r][1]} == {
+        r: ids for r, ids in expected.items() if ids
+    }
+    assert expected  # the continuation kept a selection
+    for r in range(4):  # training's own selection is left as it was
+        assert torch.equal(got[r][0], trained[r][0]) and got[r][1] == trained[r][1]
+
+
+@pytest.mark.parametrize(
+    "history,privacy",
+    [(CRAB, None), ({"policy": "fedadp"}, DP)],
+    ids=["crab", "fedadp-dp"],
+)
+def test_an_interrupted_continuation_resumes_to_the_uninterrupted_one(tmp_path, history, privacy):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train_run(config(3, history=history, privacy=privacy), whole)
+    shutil.copytree(whole, cut)
+    continue_run(whole, 5)
+
+    with pytest.raises(KeyboardInterrupt):
+        continue_run(cut, 5, observers=[StopAfter(6)])
+    with HistoryStore.open(cut / "history") as store:
+        assert store.last_round() == 6
+    continue_run(cut, None)  # finishes the recorded continuation to round 8
+
+    a, b = stored(whole), stored(cut)
+    assert a.keys() == b.keys() == set(range(9))
+    for r in a:
+        assert torch.equal(a[r][0], b[r][0]) and a[r][1] == b[r][1], r
+    assert any(a[r][1] for r in range(4, 9))  # the policy stored a selection of new rounds
+    if privacy:
+        cfg = load_run_config(whole)
+        with HistoryStore.open(whole / "history") as s1, HistoryStore.open(cut / "history") as s2:
+            assert run_privacy(cfg, s1)["rounds"] == run_privacy(cfg, s2)["rounds"]
+
+
+def _result(run, tmp_path, method, name, **params):
+    result, summary = unlearn_one(run, [0], method, params=params or None, verify=False)
+    path = tmp_path / f"{name}.json"
+    save_for_apply(path, summary, result)
+    path.write_text(json.dumps(summary))
+    return path
+
+
+def test_apply_on_a_dp_run_refuses_a_noise_free_model_unless_accepted_and_keeps_the_ledger(
+    tmp_path,
+):
+    """The defect: apply put Retrain's noise-free updates into a DP store, and info's ledger
+    vanished (no round kept its ε); the result was accepted without a word."""
+    run = tmp_path / "run"
+    train_run(config(3, privacy=DP), run)
+    cfg = load_run_config(run)
+    with HistoryStore.open(run / "history") as store:
+        before = run_privacy(cfg, store)
+    path = _result(run, tmp_path, "retrain", "retrain")
+
+    with pytest.raises(ConfigError, match="is not DP .*--accept-non-dp"):
+        apply_result(run, path)
+    with HistoryStore.open(run / "history") as store:
+        assert store.generation() == 0  # nothing was changed
+
+    event = apply_result(run, path, accept_non_dp=True)
+    continue_run(run, 2)
+
+    assert event["kind"] == "trajectory"
+    info = run_info(run)["privacy"]
+    rows = info["rounds"]
+    assert [r.get("replaced_by_generation") for r in rows] == [1, 1, 1, None, None]
+    assert [r["epsilon"] for r in rows[:3]] == [r["epsilon"] for r in before["rounds"]]
+    assert info["epsilon_guarantee"]["rounds"] == 5  # the replaced rounds still count
+    artefacts = info["artefacts"]
+    assert not artefacts["current_model"]["dp"] and "generation 1" in (
+        artefacts["current_model"]["guarantee"]
+    )
+    assert not artefacts["stored_history"]["dp"] and not artefacts["uploads"]["dp"]
+    assert json.loads((run / "privacy.json").read_text())["applied"][0]["method"] == "retrain"
+
+
+def test_a_dp_release_applies_on_a_dp_run_and_composes_with_its_ledger(tmp_path):
+    run = tmp_path / "run"
+    train_run(config(3, history={"policy": "fedadp"}, privacy=DP), run)
+    path = _result(run, tmp_path, "fedadp", "fedadp_dp", unlearn_dp=True)
+
+    event = apply_result(run, path)  # DP: no flag needed
+    continue_run(run, 1)
+
+    assert event["kind"] == "model"
+    info = run_info(run)["privacy"]
+    fresh = info["applied"][0]["fresh_epsilon"]
+    guarantee = info["epsilon_guarantee"]
+    assert info["artefacts"]["current_model"]["dp"] and fresh > 0
+    assert guarantee["with_unlearning_releases"]["epsilon"] == pytest.approx(
+        guarantee["pld_epsilon"] + fresh
+    )
+    assert info["artefacts"]["uploads"]["dp"] and info["artefacts"]["stored_history"]["dp"]
