@@ -12,7 +12,7 @@ with ``model=factory``), so they hold the same clients' data; one repeat is one 
 disturbs less).
 
     python benchmarks/bench_user_model.py                       # MNIST if present, else digits
-    python benchmarks/bench_user_model.py --mnist /work/shared/data/mnist.npz --repeats 7
+    python benchmarks/bench_user_model.py --mnist ../shared/data/mnist.npz --repeats 7
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.runs import build_setup
 
-DEFAULT_MNIST = Path("/work/shared/data/mnist.npz")
+DEFAULT_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist.npz"
 
 
 class UserMLP(nn.Module):

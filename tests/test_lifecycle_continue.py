@@ -27,6 +27,8 @@ BASE = {
     "model": {"name": "mlp", "hidden": [16]},
     "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
 }
+pytestmark = pytest.mark.slow  # each test trains a run (3-8 s on 2 cores)
+
 DP = {"enabled": True, "mechanism": "dp_sgd", "clip_norm": 2.0, "delta": 1e-5}
 CRAB = {"policy": "crab", "crab": {"reference_size": 200, "alpha": 0.05}}
 

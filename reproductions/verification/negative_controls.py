@@ -22,6 +22,10 @@ It prints the influence verdict of every model and request, and per class the fa
 
     nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers] \
         [--less-trained-control]
+
+``--config`` runs another setting the same way, e.g. the MNIST CNN (reduced for a CPU:
+``reproductions/verification/mnist_cnn_small.yaml``, with ``--data-dir`` naming the folder of
+``mnist.npz``).
 """
 
 from __future__ import annotations
@@ -142,13 +146,22 @@ def main() -> None:
         action="store_true",
         help="the client-level test's clean controls include Retrain at half the rounds",
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=REPO / "configs/digits_quickstart.yaml",
+        help="the run config (default: the digits quickstart)",
+    )
+    parser.add_argument("--data-dir", help="data.data_dir (a folder with mnist.npz)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    base = {"data.data_dir": args.data_dir} if args.data_dir else {}
     rows = []
     with tempfile.TemporaryDirectory(prefix="negative-controls-") as tmp:
         for seed in args.seeds:
             run = Path(tmp) / f"seed{seed}"
-            config = load_config(REPO / "configs/digits_quickstart.yaml", {"seed": seed})
+            config = load_config(args.config, {**base, "seed": seed})
             attackers = sorted(
                 choose_malicious(
                     config.data.num_clients,
@@ -158,9 +171,7 @@ def main() -> None:
             )
             if args.markers:
                 spec = {"markers": {"clients": [0, *attackers]}}
-                config = load_config(
-                    REPO / "configs/digits_quickstart.yaml", {"seed": seed, "verification": spec}
-                )
+                config = load_config(args.config, {**base, "seed": seed, "verification": spec})
             train_run(config, run)
             requests = (
                 ("honest 0", [0], "forget"),

@@ -227,6 +227,7 @@ def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(tmp_path, flow
     assert doc["costs"]["client_participations"] == 4  # client 2 alone, rounds 1..4
 
 
+@pytest.mark.slow
 def test_dp_is_refused_over_the_grid_before_any_round(tmp_path):
     """The ClientApp trains without the DP mechanism: a DP config trained over Flower held a
     config saying DP, rounds that were not, and an empty ledger; now train and continue refuse."""
