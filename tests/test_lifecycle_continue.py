@@ -16,9 +16,16 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.experiments import save_for_apply, unlearn_one
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs import apply_result, continue_run, run_info, run_privacy, train_run
+from fedunlearn.runs import (
+    apply_result,
+    continue_run,
+    forget_clients,
+    run_info,
+    run_privacy,
+    train_run,
+)
 from fedunlearn.runs.rundir import load_run_config
-from fedunlearn.runs.setup import build_setup, reference_set
+from fedunlearn.runs.setup import build_setup, clients_loss, reference_set
 from fedunlearn.unlearn.crab.policy import ReferenceScorer, WindowSelector
 
 BASE = {
@@ -210,3 +217,92 @@ def test_a_dp_release_applies_on_a_dp_run_and_composes_with_its_ledger(tmp_path)
         guarantee["pld_epsilon"] + fresh
     )
     assert info["artefacts"]["uploads"]["dp"] and info["artefacts"]["stored_history"]["dp"]
+
+
+def test_a_continuation_after_forgetting_reads_no_forgotten_clients_data(tmp_path):
+    """Review defect: the continued rounds' server loss (which sets ε_t, hence σ_t, and
+    FedADP's stages) averaged over every client, forgotten ones included, and an 'auto' clip
+    norm was recalibrated on every client's data."""
+    run = tmp_path / "run"
+    train_run(config(3, privacy={**DP, "clip_norm": "auto"}), run)
+    with HistoryStore.open(run / "history") as store:
+        clip = store.round_scalars(1)["dp_clip_norm"]
+    path = _result(run, tmp_path, "retrain", "retrain")
+    apply_result(run, path, accept_non_dp=True)
+    forget_clients(run, [0])  # drops the applied rounds' models: the continuation needs none
+
+    continue_run(run, 2)
+
+    cfg = load_run_config(run)
+    setup = build_setup(cfg)
+    try:
+        with HistoryStore.open(run / "history") as store:
+            meta = store.meta["budget_restart"]
+            for r in (4, 5):
+                scalars = store.round_scalars(r)
+                model = store.read_model(r)
+                remaining = clients_loss(setup, model, 512, [1, 2, 3, 4, 5])
+                everyone = clients_loss(setup, model, 512)
+                assert scalars["clients_loss"] == remaining != everyone
+                assert scalars["dp_clip_norm"] == clip
+            first = store.round_scalars(4)["dp_epsilon"]
+    finally:
+        setup.close()
+    assert meta["round"] == 3 and meta["forgotten"] == [0]
+    assert first == cfg.privacy.budget.epsilon_initial  # the schedule restarted at ε_0
+
+
+def test_a_round_a_trajectory_keeps_is_counted_once_and_privacy_json_follows_a_rerun(tmp_path):
+    """Review defects: Crab's kept prefix (round 1 carried with its ε) was counted twice in the
+    ledger; a re-run of an apply after a crash left privacy.json without the new generation."""
+    doc = config(4, privacy=DP).model_dump(mode="json")
+    doc["attack"] = {"kind": "backdoor", "num_malicious": 1, "join_round": 3}
+    run = tmp_path / "run"
+    train_run(parse_config(doc), run)
+    with HistoryStore.open(run / "history") as store:
+        attacker = store.meta["malicious"]
+    result, summary = unlearn_one(run, attacker, "crab", verify=False)
+    assert result.trajectory is not None and result.trajectory.rounds[0].scalars.get("dp_epsilon")
+    path = tmp_path / "crab.json"
+    save_for_apply(path, summary, result)
+    path.write_text(json.dumps(summary))
+
+    apply_result(run, path, accept_non_dp=True)
+    (run / "privacy.json").write_text("{}")  # as if killed before privacy.json was written
+    again = apply_result(run, path, accept_non_dp=True)
+
+    assert again["already_applied"]
+    ledger = json.loads((run / "privacy.json").read_text())
+    assert ledger["applied"][0]["method"] == "crab"
+    carried = [r["round"] for r in ledger["rounds"] if not r.get("replaced_by_generation")]
+    replaced = [r["round"] for r in ledger["rounds"] if r.get("replaced_by_generation")]
+    assert carried and not set(carried) & set(replaced)  # each release once
+    assert sorted(carried + replaced) == [1, 2, 3, 4]
+
+
+def test_store_only_runs_apply_a_model_freely_and_state_the_current_model_honestly(tmp_path):
+    """Review defect: on dp_scope store_only, a DP release followed by continued rounds (which
+    train on the clean uploads) was reported as a DP current model; the fresh releases' ε
+    was the realised, data-dependent total instead of the a-priori one."""
+    store_only = {
+        "enabled": True,
+        "mechanism": "client_update",
+        "clip_norm": 1.0,
+        "dp_scope": "store_only",
+    }
+    run = tmp_path / "run"
+    train_run(config(4, history={"policy": "fedadp"}, privacy=store_only), run)
+    plain = _result(run, tmp_path, "fedadp", "plain")  # not DP, no trajectory
+    released = _result(run, tmp_path, "fedadp", "released", unlearn_dp=True)
+    details = json.loads(released.read_text())["details"]["privacy"]["unlearning_privacy"]
+    assert details["fresh_guarantee_epsilon"] >= details["fresh_total_epsilon"]
+
+    apply_result(run, released)
+    before = run_info(run)["privacy"]
+    continue_run(run, 1)
+    after = run_info(run)["privacy"]
+
+    assert before["applied"][0]["fresh_epsilon"] == details["fresh_guarantee_epsilon"]
+    assert before["artefacts"]["current_model"]["dp"]  # the release itself, untrained since
+    assert not after["artefacts"]["current_model"]["dp"]  # trained on clean uploads since
+    assert plain.exists()

@@ -34,8 +34,8 @@ let a method bound a client's influence on rounds whose updates were not kept (C
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -137,6 +137,10 @@ class PolicyEnv:
             when training starts from M_0, the continuation's start round for ``train
             --continue`` (its windows cover the new rounds only; the rounds before it were
             selected, or applied, already).
+        first_scalars: The metrics of M_{first_round} as the continuation measures them
+            (``clients_loss`` over the clients never forgotten); a policy reads them instead of
+            the stored round's, which may hold a forgotten client's data or nothing (a round
+            an apply put in).
     """
 
     model: nn.Module
@@ -145,6 +149,7 @@ class PolicyEnv:
     reference_set: Callable[[int], ClientData]
     store_transform: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
     first_round: int = 0
+    first_scalars: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

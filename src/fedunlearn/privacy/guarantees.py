@@ -87,7 +87,9 @@ def _per_round_unit(config: PrivacyConfig) -> str:
 
 
 def artefact_guarantees(
-    config: PrivacyConfig, applied: Sequence[Mapping[str, Any]] = ()
+    config: PrivacyConfig,
+    applied: Sequence[Mapping[str, Any]] = (),
+    last_round: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Return, per artefact of a run, ``{"dp": bool, "guarantee": str}``.
 
@@ -100,7 +102,7 @@ def artefact_guarantees(
     base = _artefacts(config)
     if not applied:
         return base
-    return living_artefacts(config, base, applied)
+    return living_artefacts(config, base, applied, last_round)
 
 
 def applied_privacy(
@@ -111,6 +113,7 @@ def applied_privacy(
     released_model_dp: bool,
     reason: str,
     fresh_epsilon: float | None = None,
+    round_: int | None = None,
 ) -> dict[str, Any]:
     """Return the ledger's record of one result applied to a DP run (``applied`` rows).
 
@@ -121,10 +124,13 @@ def applied_privacy(
         released_model_dp: Whether the applied model carries a DP guarantee.
         reason: Why (the result's ``released_model_reason``, or why it is unknown).
         fresh_epsilon: ε of the releases the method added (DP fresh updates), composed by PLD
-            on their own; None when it added none or is not DP.
+            on their own, a priori (each replayed round at its largest budget); None when it
+            added none or is not DP.
+        round_: The round whose model the apply made current (the run's last round after it).
     """
     return {
         "generation": int(generation),
+        "round": None if round_ is None else int(round_),
         "method": str(method),
         "kind": str(kind),
         "released_model_dp": bool(released_model_dp),
@@ -137,6 +143,7 @@ def living_artefacts(
     config: PrivacyConfig,
     base: Mapping[str, Mapping[str, Any]],
     applied: Sequence[Mapping[str, Any]],
+    last_round: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each artefact's guarantee after results were applied to a DP run (docs/privacy.md).
 
@@ -144,13 +151,48 @@ def living_artefacts(
     model the run serves, every later round's uploads (DP-SGD noises each step, but the model
     it starts from is already a noise-free function of the clients' data) and, when its
     trajectory replaced the run's rounds, the stored history. A DP model (FedADP
-    ``unlearn_dp``) keeps it, at the composition with the releases it added.
+    ``unlearn_dp``) keeps it, at the composition with the releases it added. Under
+    ``dp_scope: store_only`` training uses the clean uploads: the current model is DP only
+    while it is a DP release no round has trained from since (``last_round``).
     """
     out = {k: dict(v) for k, v in base.items()}
     if not config.enabled:
         out["current_model"] = {"dp": False, "guarantee": "trained without DP"}
         return out
     plain = [a for a in applied if not a.get("released_model_dp")]
+    if config.dp_scope == "store_only":
+        latest = applied[-1]
+        fresh = latest.get("released_model_dp") and (
+            last_round is None or latest.get("round") is None or last_round <= latest["round"]
+        )
+        out["current_model"] = (
+            {
+                "dp": True,
+                "guarantee": f"the DP release applied in generation {latest['generation']}, "
+                "untrained since (epsilon_guarantee.with_unlearning_releases)",
+            }
+            if fresh
+            else {
+                "dp": False,
+                "guarantee": "dp_scope store_only: training uses the clean uploads, and the "
+                "current model is "
+                + (
+                    "trained from the applied one since"
+                    if latest.get("released_model_dp")
+                    else f"the {latest['method']} model applied in generation "
+                    f"{latest['generation']}, trained without noise"
+                ),
+            }
+        )
+        replaced = [a for a in plain if a.get("kind") == "trajectory"]
+        if replaced:
+            out["stored_history"] = {
+                "dp": False,
+                "guarantee": f"since generation {replaced[0]['generation']}, whose "
+                f"{replaced[0]['method']} trajectory replaced the stored rounds (trained "
+                "without noise)",
+            }
+        return out
     if not plain:
         if any(a.get("fresh_epsilon") for a in applied):
             composed = "epsilon_guarantee.with_unlearning_releases"
@@ -357,6 +399,9 @@ def dp_sgd_unlearning_ledger(
         "epsilon_per_round": [r.epsilon for r in replay],
         "noise_multiplier_per_round": [r.noise_multiplier for r in replay],
         "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
+        # each replayed round's σ is calibrated to its stated budget (unlearn_epsilon, chosen
+        # before the run), so the fresh releases' own total is a priori as well
+        "fresh_guarantee_epsilon": own.pld_epsilon if own else 0.0,
         "total_epsilon_with_training": realised.pld_epsilon,
         "guarantee_with_training": upfront.pld_epsilon,
         "delta": delta,

@@ -176,7 +176,7 @@ def privacy_summary(
         "see artefacts)"
         if config.dp_scope == "train_and_store"
         else "stored history only (training used the clean uploads)",
-        "artefacts": artefact_guarantees(config, applied),
+        "artefacts": artefact_guarantees(config, applied, len(scalars)),
         "applied": [dict(a) for a in applied],
         "epsilon_guarantee": _with_releases(upfront_totals(config, rows), applied, config.delta),
         "schedule": SCHEDULE_CAVEAT,

@@ -63,8 +63,13 @@ def epsilon_sequence(
 class BudgetSchedule:
     """The server's budget state: feed it L(M_0), L(M_1), ...; ask it for ε of a round.
 
+    A schedule may start after round 0 (``reset(losses, start=s)``): its first loss is L(M_s)
+    and round s + 1 runs at ε_0. A continuation of a run with forgotten clients restarts it
+    there (``fedunlearn.runs.lifecycle``), so no loss computed on a forgotten client's data
+    chooses a later budget.
+
     Args:
-        epsilon_initial: ε_0, the budget of round 1 (clamped to the bounds).
+        epsilon_initial: ε_0, the budget of round ``start`` + 1 (clamped to the bounds).
         epsilon_min: ε_min.
         epsilon_max: ε_max.
         signed_delta: Use the signed loss change (AD5 option).
@@ -75,6 +80,7 @@ class BudgetSchedule:
     epsilon_max: float = 3.0
     signed_delta: bool = False
     losses: list[float] = field(default_factory=list)
+    start: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.epsilon_min <= self.epsilon_max:
@@ -85,26 +91,27 @@ class BudgetSchedule:
 
     def observe(self, round_: int, loss: float) -> None:
         """Record L(M_round) (round 0 is the initial model); rounds must come in order."""
-        if round_ != len(self.losses):
+        expected = self.start + len(self.losses)
+        if round_ != expected:
             raise ConfigError(
-                f"the budget schedule expects the loss of round {len(self.losses)}; got round "
-                f"{round_}"
+                f"the budget schedule expects the loss of round {expected}; got round {round_}"
             )
         self.losses.append(float(loss))
 
-    def reset(self, losses: Sequence[float]) -> None:
-        """Rebuild the state from the losses of rounds 0..n-1 (``train --resume``)."""
+    def reset(self, losses: Sequence[float], start: int = 0) -> None:
+        """Rebuild the state from the losses of rounds start..start+n-1 (``--resume``)."""
         self.losses = [float(v) for v in losses]
+        self.start = int(start)
 
     def epsilon(self, round_: int) -> float:
-        """Return ε of round ``round_`` (1-based); needs the losses of rounds 0..round-1."""
-        if not 1 <= round_ <= len(self.losses):
+        """Return ε of round ``round_`` (1-based); needs the losses of rounds start..round-1."""
+        if not self.start + 1 <= round_ <= self.start + len(self.losses):
             raise ConfigError(
-                f"epsilon of round {round_} needs the losses of rounds 0..{round_ - 1}; the "
-                f"schedule has {len(self.losses)}"
+                f"epsilon of round {round_} needs the losses of rounds {self.start}.."
+                f"{round_ - 1}; the schedule has {len(self.losses)} from round {self.start}"
             )
         return epsilon_sequence(
-            self.losses[:round_],
+            self.losses[: round_ - self.start],
             self.epsilon_initial,
             self.epsilon_min,
             self.epsilon_max,

@@ -58,8 +58,12 @@ class EpsilonSchedule(Protocol):
         """Record L(M_round), the loss after ``round_`` (round 0: the initial model)."""
         ...
 
-    def reset(self, losses: Sequence[float]) -> None:
-        """Rebuild the state from the losses of rounds 0..last (``train --resume``)."""
+    def reset(self, losses: Sequence[float], start: int = 0) -> None:
+        """Rebuild the state from the losses of rounds start..last (``--resume``, ``--continue``).
+
+        ``start`` > 0: the schedule restarts after round ``start`` (its first loss is
+        L(M_start) and round start + 1 runs at the initial budget).
+        """
         ...
 
 
@@ -174,15 +178,29 @@ class PrivateTraining:
         else:
             self.accountant.compose(noise.noise_multiplier, noise.sample_rate, noise.steps)
 
-    def resume(self, scalars: Sequence[Mapping[str, Any]]) -> None:
-        """Rebuild the schedule and accountant from the scalars of rounds 0..last."""
-        missing = [r for r, sc in enumerate(scalars) if LOSS_KEY not in sc]
+    def resume(
+        self,
+        scalars: Sequence[Mapping[str, Any]],
+        restart: tuple[int, float] | None = None,
+    ) -> None:
+        """Rebuild the schedule and accountant from the scalars of rounds 0..last.
+
+        Args:
+            scalars: The stored scalars of rounds 0..last.
+            restart: ``(s, L(M_s))``: the schedule restarts after round s at ε_0 from that
+                loss and reads the stored losses of rounds s+1..last only (a continuation of
+                a run with forgotten clients); None: every round's stored loss.
+        """
+        start, first = (0, None) if restart is None else (int(restart[0]), float(restart[1]))
+        read = range(start + 1 if first is not None else 0, len(scalars))
+        missing = [r for r in read if LOSS_KEY not in scalars[r]]
         if missing:
             raise HistoryError(
                 f"rounds {missing} have no '{LOSS_KEY}' scalar; this run was not trained with "
                 "privacy enabled and cannot be resumed with it"
             )
-        self.schedule.reset([float(sc[LOSS_KEY]) for sc in scalars])
+        losses = [float(scalars[r][LOSS_KEY]) for r in read]
+        self.schedule.reset(losses if first is None else [first, *losses], start)
         self.accountant = PrivacyAccountant()
         key = SCALAR_KEYS["noise_multiplier"]
         for sc in scalars[1:]:

@@ -16,9 +16,12 @@ new round, so re-running the same ``--continue`` after a kill -9 resumes to that
 gives the uninterrupted run's models bit for bit (every random choice derives from (seed,
 round, client): ``fedunlearn.runs.train``). The run's recording policy goes on: a deferred one
 (Crab's windows, FedADP's stages) opens its first window at the continuation's start round. A
-DP run goes on under its mechanism: the budget schedule resumes from the stored server losses
-(computed here for rounds an apply put in) and the ledger (``privacy.json``) gains the new
-rounds.
+DP run goes on under its mechanism at its stored clip norm and the ledger (``privacy.json``)
+gains the new rounds. Once a client is forgotten, nothing a continuation decides reads its data:
+the server loss (``clients_loss``), Crab's reference set and FedADP's stage start are measured
+over the clients never forgotten, and the DP budget schedule restarts at ε_0 at the first
+continuation after the forgetting (``_budget_restart``); with nobody forgotten a continuation
+equals the same run trained longer, bit for bit.
 
 On a DP run, ``apply`` refuses a model without a DP guarantee (every method's but fedadp
 ``unlearn_dp``) unless ``accept_non_dp``; the ledger then records that the guarantee of the
@@ -59,10 +62,9 @@ from fedunlearn.history.policy import (
     build_policy,
 )
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
-from fedunlearn.history.store import FILE_NAME, HistoryStore
+from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry
 from fedunlearn.history.store.events import APPLIED_KEY
 from fedunlearn.privacy.guarantees import applied_privacy
-from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
@@ -77,7 +79,7 @@ from fedunlearn.runs.rundir import (
     write_json,
     write_text_atomic,
 )
-from fedunlearn.runs.setup import Setup, build_setup, clients_loss
+from fedunlearn.runs.setup import build_setup, clients_loss
 from fedunlearn.runs.train import (
     _clients_loss_samples,
     _torch_threads,
@@ -235,8 +237,10 @@ def _released_dp(doc: Mapping[str, Any]) -> tuple[bool, str, float | None]:
     method = str(doc.get("method", "unknown"))
     if details.get("released_model_dp") is True:
         ledger = (details.get("privacy") or {}).get("unlearning_privacy") or {}
-        fresh = ledger.get("fresh_total_epsilon")
-        return True, str(details.get("released_model_reason", "")), fresh
+        fresh = ledger.get("fresh_guarantee_epsilon")  # a priori (not the realised total)
+        if fresh is not None:
+            return True, str(details.get("released_model_reason", "")), float(fresh)
+        return False, "the result states no a-priori ε for its fresh releases", None
     reason = details.get("released_model_reason") or (
         f"{method} trains its fresh updates without the run's DP mechanism"
     )
@@ -248,7 +252,7 @@ def _dp_gate(
     store: HistoryStore,
     *,
     method: str,
-    kind: str,
+    trajectory: Sequence[RoundEntry] | None,
     dp: bool,
     reason: str,
     fresh_epsilon: float | None,
@@ -257,29 +261,49 @@ def _dp_gate(
 ) -> dict[str, Any] | None:
     """On a DP run: refuse a model without a DP guarantee unless accepted; the ledger entry.
 
+    ``train_and_store``: the run's model is DP, so any model that is not is refused unless
+    accepted. ``store_only``: only the stored copies are DP (training used the clean uploads),
+    so only a trajectory that is not DP is refused (it would put noise-free updates in the
+    store); a model alone changes no guarantee the run had.
+
     Returns the store meta to merge in the apply's transaction (None on a run without DP):
     the result applied, and the ledger scalars of the DP rounds a trajectory replaces (their
-    releases happened: they stay in the ledger's totals).
+    releases happened: they stay in the ledger's totals). A round the trajectory carries over
+    unchanged (Crab's kept prefix: the same ``dp_*`` scalars) is not a replaced one: its row
+    stays the stored round's, counted once.
     """
-    if not config.privacy.enabled:
+    cfg = config.privacy
+    if not cfg.enabled:
         return None
-    if not dp and not accept_non_dp:
+    kind = "model" if trajectory is None else "trajectory"
+    store_only = cfg.dp_scope == "store_only"
+    if not dp and not accept_non_dp and (kind == "trajectory" or not store_only):
+        ends = (
+            "its trajectory would put noise-free updates into the store, whose copies are DP "
+            "(dp_scope store_only)"
+            if store_only
+            else "applying it ends the DP guarantee of the run's model, of every round trained "
+            "from it and, with a trajectory, of the stored history"
+        )
         raise ConfigError(
-            f"{what}: this run is trained with DP ({config.privacy.mechanism}) and the model "
-            f"is not DP ({reason}); applying it ends the DP guarantee of the run's model, of "
-            "every round trained from it and, with a trajectory, of the stored history. Use a "
-            "DP release (fedadp with unlearn_dp: true), or pass --accept-non-dp "
-            "(accept_non_dp=True) to apply it and record that the guarantee ended; nothing was "
-            "changed"
+            f"{what}: this run is trained with DP ({cfg.mechanism}) and the model is not DP "
+            f"({reason}); {ends}. Use a DP release (fedadp with unlearn_dp: true), or pass "
+            "--accept-non-dp (accept_non_dp=True) to apply it and record that the guarantee "
+            "ended; nothing was changed"
         )
     lineage = dict(store.meta.get(PRIVACY_LINEAGE_KEY) or {})
     generation = store.generation() + 1
+    last = store.last_round() or 0
     replaced = list(lineage.get("replaced", []))
-    if kind == "trajectory":
-        for r in range(1, (store.last_round() or 0) + 1):
+    if trajectory is not None:
+        carried = {
+            entry.round: {k: v for k, v in entry.scalars.items() if k.startswith("dp_")}
+            for entry in trajectory
+        }
+        for r in range(1, last + 1):
             scalars = store.round_scalars(r)
-            if "dp_epsilon" in scalars:
-                dp_part = {k: v for k, v in scalars.items() if k.startswith("dp_")}
+            dp_part = {k: v for k, v in scalars.items() if k.startswith("dp_")}
+            if "dp_epsilon" in dp_part and carried.get(r) != dp_part:
                 replaced.append({"round": r, "replaced_by_generation": generation, **dp_part})
     applied = [
         *lineage.get("applied", []),
@@ -290,6 +314,7 @@ def _dp_gate(
             released_model_dp=dp,
             reason=reason,
             fresh_epsilon=fresh_epsilon if dp else None,
+            round_=last + 1 if trajectory is None else len(trajectory),
         ),
     ]
     return {PRIVACY_LINEAGE_KEY: {"replaced": replaced, "applied": applied}}
@@ -349,6 +374,7 @@ def apply_result(
         if again and run.get("generation") == generation - 1:
             _rewrite_metrics(run_dir, store)  # a re-run after a crash: finish what is left
             _rewrite_summary(run_dir, store)
+            _rewrite_privacy(run_dir, config, store)
             return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
         expected = run_fingerprint(config, run.get("generation", 0), run.get("last_round"))
         if run.get("fingerprint") != expected:
@@ -391,7 +417,7 @@ def apply_result(
             config,
             store,
             method=str(doc.get("method", "unknown")),
-            kind="model" if trajectory is None else "trajectory",
+            trajectory=None if trajectory is None else trajectory.rounds,
             dp=dp,
             reason=why,
             fresh_epsilon=fresh,
@@ -440,6 +466,7 @@ def _applied_before(
             return None
         _rewrite_metrics(run_dir, store)
         _rewrite_summary(run_dir, store)
+        _rewrite_privacy(run_dir, load_run_config(run_dir), store)
         return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
 
 
@@ -502,7 +529,7 @@ def apply_model(
             config,
             store,
             method=method,
-            kind="model",
+            trajectory=None,
             dp=False,
             reason="a model made elsewhere: its privacy is not known",
             fresh_epsilon=None,
@@ -533,30 +560,45 @@ def _pending(store: HistoryStore) -> dict[str, int] | None:
     return None
 
 
-def _add_server_losses(
-    store: HistoryStore,
-    config: RunConfig,
-    setup: Setup,
-    privacy: PrivateTraining | None,
-    last: int,
-) -> None:
-    """Store the server loss of every round up to ``last`` that lacks it (applied rounds).
+#: Store meta key of the budget schedule's restart point (see ``_budget_restart``).
+BUDGET_RESTART_KEY = "budget_restart"
 
-    Training records ``clients_loss`` with every round when something reads it (DP's budget
-    schedule, FedADP's stages); the rounds an ``apply`` put in were computed by a method, so
-    a continuation computes it for their models (deterministic: a re-run adds the same).
+
+def _stored_clip_norm(store: HistoryStore) -> float | None:
+    """The clip norm the run's DP rounds used (a ledger row's ``dp_clip_norm``), or None."""
+    lineage = store.meta.get(PRIVACY_LINEAGE_KEY) or {}
+    for row in lineage.get("replaced", []):
+        if row.get("dp_clip_norm") is not None:
+            return float(row["dp_clip_norm"])
+    for r in range(1, (store.last_round() or 0) + 1):
+        value = store.round_scalars(r).get("dp_clip_norm")
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _budget_restart(
+    store: HistoryStore,
+    forgotten: frozenset[int],
+    start: int,
+    first: Mapping[str, float],
+) -> dict[str, Any] | None:
+    """Where the DP budget schedule restarts, so no forgotten client's data chooses ε_t.
+
+    The schedule (Eq. 4) chains the server loss of every round; rounds trained before a client
+    was forgotten measured it on that client's data too, and a round an apply put in has none.
+    So once a client is forgotten, a continuation restarts the schedule at its start round s:
+    round s + 1 runs at ε_0 and Eq. 4 follows the losses measured since, over the clients never
+    forgotten. Recorded in the store with the forgotten set; a later continuation with the same
+    set reads the same chain (a run continued twice equals one continued once, and a re-run
+    after a kill resumes it). None when nobody was forgotten: the chain goes on from round 0.
     """
-    samples = _clients_loss_samples(config, privacy)
-    if samples is None:
-        return
-    missing = [r for r in range(last + 1) if CLIENTS_LOSS_KEY not in store.round_scalars(r)]
-    if missing:
-        store.add_round_scalars(
-            {
-                r: {CLIENTS_LOSS_KEY: clients_loss(setup, store.read_model(r), samples)}
-                for r in missing
-            }
-        )
+    if not forgotten or CLIENTS_LOSS_KEY not in first:
+        return None
+    recorded = store.meta.get(BUDGET_RESTART_KEY)
+    if recorded and recorded.get("forgotten") == sorted(forgotten):
+        return dict(recorded)
+    return {"round": start, "forgotten": sorted(forgotten), "loss": first[CLIENTS_LOSS_KEY]}
 
 
 def continue_target(run_dir: str | Path, rounds: int | None) -> int:
@@ -630,15 +672,30 @@ def continue_run(
             setup = build_setup(config)
             # the continued rounds must train on what the run trained on (as a session warns)
             warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
+            remaining = [c for c in setup.federation.client_ids if c not in forgotten]
             private = setup
             try:
-                # DP: the run's mechanism, schedule and ledger go on (the schedule reads the
-                # server loss of every round so far: an applied round gets it computed here)
-                privacy, private = wrap_privacy(config, setup)
-                _add_server_losses(store, config, private, privacy, last)
-                env = replace(policy_env(private, privacy), final_round=target, first_round=start)
+                # DP: the run's mechanism at its stored clip norm (an 'auto' one is not
+                # recalibrated: that would read every client's data, forgotten ones too)
+                privacy, private = wrap_privacy(config, setup, _stored_clip_norm(store))
+                samples = _clients_loss_samples(config, privacy)
+                first = (
+                    {}
+                    if samples is None
+                    else {
+                        CLIENTS_LOSS_KEY: clients_loss(
+                            private, store.read_model(start), samples, remaining
+                        )
+                    }
+                )
+                restart = _budget_restart(store, forgotten, start, first)
+                env = replace(
+                    policy_env(private, privacy, remaining),
+                    final_round=target,
+                    first_round=start,
+                    first_scalars=first,
+                )
                 policy = build_policy(config.history, env)
-                remaining = [c for c in setup.federation.client_ids if c not in forgotten]
                 if pending is None:  # the target first: a re-run after a kill finds it
                     store.update_meta(
                         {
@@ -648,6 +705,7 @@ def continue_run(
                                 "target": target,
                             },
                             "rounds_target": target,
+                            **({BUDGET_RESTART_KEY: restart} if restart else {}),
                         }
                     )
                 if isinstance(policy, DeferredPolicy):
@@ -658,7 +716,10 @@ def continue_run(
                         store.truncate_after(kept)
                         last = kept
                 if privacy is not None:
-                    privacy.resume([store.round_scalars(r) for r in range(last + 1)])
+                    privacy.resume(
+                        [store.round_scalars(r) for r in range(last + 1)],
+                        None if restart is None else (restart["round"], restart["loss"]),
+                    )
                 _rewrite_metrics(run_dir, store)
                 clock = _WallClock(store, started)
                 trainers = private.federation if clients is None else clients(private.federation)
@@ -671,7 +732,7 @@ def continue_run(
                     client_ids=remaining,
                     participation=config.training.participation,
                     join_rounds=private.join_rounds,
-                    evaluate=training_evaluator(config, private, privacy),
+                    evaluate=training_evaluator(config, private, privacy, remaining),
                     observers=[
                         recorder(store, policy),
                         clock,

@@ -10,7 +10,7 @@ for: a seeded clean subsample, and the clients' mean loss on their own data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,15 +325,17 @@ def aggregator_of(config: RunConfig) -> Aggregator:
     )
 
 
-def reference_set(setup: Setup, size: int) -> ClientData:
+def reference_set(setup: Setup, size: int, clients: Collection[int] | None = None) -> ClientData:
     """Return a seeded clean subsample R of the clients' training data, of ``size`` samples.
 
     R is drawn without replacement (seed derived from the run's seed) from the union of every
     client's training data *before* poisoning; it stands in for the clients computing losses
     and predictions on their own data (Crab's F and p(M), paper Alg. 1). The same size and seed
     give the same R, so a recording policy and an unlearning method asking for it agree.
+    ``clients`` restricts it to those clients (a continuation: never a forgotten client's data).
     """
-    parts = [setup.clean_data(c) for c in sorted(setup.federation.client_ids)]
+    ids = setup.federation.client_ids if clients is None else clients
+    parts = [setup.clean_data(c) for c in sorted(ids)]
     total = sum(len(p) for p in parts)
     if size < total:
         rng = np.random.default_rng(derive_seed(setup.config.seed, _REFERENCE_PURPOSE))
@@ -351,14 +353,21 @@ def reference_set(setup: Setup, size: int) -> ClientData:
     return ClientData(torch.cat(xs), torch.cat(ys))
 
 
-def clients_loss(setup: Setup, params: torch.Tensor, samples: int = DEFAULT_LOSS_SAMPLES) -> float:
+def clients_loss(
+    setup: Setup,
+    params: torch.Tensor,
+    samples: int = DEFAULT_LOSS_SAMPLES,
+    clients: Collection[int] | None = None,
+) -> float:
     """Return the n_c-weighted mean of each client's loss on its first ``samples`` samples.
 
     The server-side loss that FedADP's budget schedule (Eq. 4) and stage selection read; it is
-    non-private metadata (not accounted).
+    non-private metadata (not accounted). ``clients`` restricts it to those clients (a
+    continuation: never a forgotten client's data).
     """
     fed = setup.federation
-    parts = [fed.client_data[c] for c in fed.client_ids]
+    ids = fed.client_ids if clients is None else [c for c in fed.client_ids if c in clients]
+    parts = [fed.client_data[c] for c in ids]
     x = torch.cat([p.x[:samples] for p in parts])
     y = torch.cat([p.y[:samples] for p in parts])
     logits = predict_logits(setup.model, params, x, device=fed.device)

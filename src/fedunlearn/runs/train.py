@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -80,12 +80,17 @@ from fedunlearn.runs.setup import (
 __all__ = ["wrap_privacy", "make_recording_policy", "policy_env", "train_run"]
 
 
-def policy_env(setup: Setup, privacy: PrivateTraining | None = None) -> PolicyEnv:
+def policy_env(
+    setup: Setup,
+    privacy: PrivateTraining | None = None,
+    clients: Collection[int] | None = None,
+) -> PolicyEnv:
     """Return what the run's recording policy may ask for (model, reference set, last round).
 
     With ``privacy.dp_scope: store_only`` the stored copies are the seeded noisy ones made by
     ``privacy``'s mod (a policy whose spec ``applies_store_transform`` stores them;
-    ``resolve_config`` refuses the others).
+    ``resolve_config`` refuses the others). ``clients`` restricts the reference set to them
+    (a continuation: the clients never forgotten).
     """
     mod = privacy.mod if privacy is not None else None
     store_only = mod is not None and not mod.perturb
@@ -93,7 +98,7 @@ def policy_env(setup: Setup, privacy: PrivateTraining | None = None) -> PolicyEn
         model=setup.model,
         final_round=setup.config.training.rounds,
         seed=setup.config.seed,
-        reference_set=lambda size: reference_set(setup, size),
+        reference_set=lambda size: reference_set(setup, size, clients),
         store_transform=(lambda r, c, d: mod.privatize(r, c, d)[0])
         if store_only and mod is not None
         else None,
@@ -116,7 +121,9 @@ def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) ->
     return DEFAULT_LOSS_SAMPLES if privacy is not None else None
 
 
-def wrap_privacy(config: RunConfig, setup: Setup) -> tuple[PrivateTraining | None, Setup]:
+def wrap_privacy(
+    config: RunConfig, setup: Setup, clip_norm: float | None = None
+) -> tuple[PrivateTraining | None, Setup]:
     """Resolve the clip norm and return the run's DP mechanism with a setup that trains under it.
 
     ``privacy.mechanism: dp_sgd`` wraps the federation with DP-SGD as its local training (C: the
@@ -124,12 +131,16 @@ def wrap_privacy(config: RunConfig, setup: Setup) -> tuple[PrivateTraining | Non
     clip-and-noise update mod (S: the pilot's median update norm if ``auto``). ``setup`` and its
     federation are left as they are (a wrapper, never a change in place): unlearning sessions
     build their own federation without either. Without DP, ``(None, setup)``; otherwise the
-    caller closes the returned setup's federation as well as its own.
+    caller closes the returned setup's federation as well as its own. ``clip_norm`` (the run's
+    stored one) skips the ``auto`` calibration (a continuation: its pilot would train, and its
+    median read, every client's data, forgotten ones included).
     """
     cfg = config.privacy
     if not cfg.enabled:
         return None, setup
-    if cfg.clip_norm != "auto":
+    if clip_norm is not None:
+        clip_norm = float(clip_norm)
+    elif cfg.clip_norm != "auto":
         clip_norm = float(cfg.clip_norm)
     elif cfg.mechanism == "dp_sgd":
         fed = setup.federation
@@ -143,15 +154,21 @@ def wrap_privacy(config: RunConfig, setup: Setup) -> tuple[PrivateTraining | Non
 
 
 def training_evaluator(
-    config: RunConfig, setup: Setup, privacy: PrivateTraining | None
+    config: RunConfig,
+    setup: Setup,
+    privacy: PrivateTraining | None,
+    clients: Collection[int] | None = None,
 ) -> Callable[[torch.Tensor], dict[str, Any]]:
-    """Return the round evaluation of training: test metrics, server loss, the DP ledger."""
+    """Return the round evaluation of training: test metrics, server loss, the DP ledger.
+
+    ``clients`` restricts the server loss to them (a continuation: the clients never forgotten).
+    """
     loss_samples = _clients_loss_samples(config, privacy)
 
     def evaluate(params: torch.Tensor) -> dict[str, Any]:
         out: dict[str, Any] = dict(setup.evaluate(params))
         if loss_samples is not None:
-            out[CLIENTS_LOSS_KEY] = clients_loss(setup, params, loss_samples)
+            out[CLIENTS_LOSS_KEY] = clients_loss(setup, params, loss_samples, clients)
         if privacy is not None:
             out.update(privacy.latest_scalars())
         return out

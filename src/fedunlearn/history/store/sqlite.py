@@ -456,32 +456,6 @@ class HistoryStore(Erasure, Integrity, Generations):
         with self._transaction("updating meta"):
             self._db.execute("UPDATE info SET value=? WHERE key='meta'", (text,))
 
-    def add_round_scalars(self, values: Mapping[int, Mapping[str, Scalar]]) -> None:
-        """Add metrics to committed rounds, never replacing one they hold; one transaction.
-
-        For a metric training records for every round and a round it did not train holds
-        no copy of: ``train --continue`` adds the server loss of the rounds an ``apply`` put
-        in (the budget schedule and FedADP's stages read it).
-
-        Args:
-            values: ``{round: {name: value}}``; names a round already holds are left as they are.
-
-        Raises:
-            HistoryError: The store is read-only or a round is not stored.
-        """
-        self._require_writable("add round metrics")
-        with self._transaction("adding round metrics"):
-            for round_, scalars in values.items():
-                row = self._db.execute(
-                    "SELECT scalars FROM rounds WHERE round=?", (int(round_),)
-                ).fetchone()
-                if row is None:
-                    raise self._missing_round(int(round_))
-                merged = {**dict(scalars), **json.loads(row[0])}
-                self._db.execute(
-                    "UPDATE rounds SET scalars=? WHERE round=?", (json.dumps(merged), int(round_))
-                )
-
     # ----- writing ------------------------------------------------------------------------
 
     def write_round(

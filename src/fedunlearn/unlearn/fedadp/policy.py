@@ -240,6 +240,8 @@ class FedADPPolicy:
         store_transform: ``(round, client_id, delta) -> stored copy``; with ``dp_scope:
             store_only`` it adds the seeded DP noise to the clean upload (default: identity).
         first_round: The round the first stage opens after (0; a ``--continue``'s start).
+        first_loss: L(M_{first_round}) as the continuation measures it (over the clients never
+            forgotten); None: the stored round's.
     """
 
     name = "fedadp"
@@ -255,7 +257,9 @@ class FedADPPolicy:
         selection_mode: str = "staged",
         store_transform: Transform | None = None,
         first_round: int = 0,
+        first_loss: float | None = None,
     ) -> None:
+        self.first_loss = first_loss
         self.selector = StageSelector(
             beta,
             round_ratio,
@@ -272,8 +276,8 @@ class FedADPPolicy:
         """Return the round training continues after, and set the stage state to it.
 
         A continuation's first stage opens at its start round (``first_round``): the earlier
-        rounds' last stage was flushed when they ended. Its loss must be stored (``train
-        --continue`` adds it to a round an apply put in).
+        rounds' last stage was flushed when they ended. Its loss is ``first_loss`` (the
+        continuation's measure, over the clients never forgotten) when given.
         """
         last = store.last_round() or 0
         if last >= self.final_round:
@@ -281,6 +285,9 @@ class FedADPPolicy:
         first = self.first_round
         losses = []
         for t in range(first, last + 1):
+            if t == first and self.first_loss is not None:
+                losses.append(self.first_loss)
+                continue
             sc = store.round_scalars(t)
             if LOSS_KEY not in sc:
                 raise HistoryError(
@@ -334,6 +341,7 @@ def build_fedadp_policy(history: HistoryConfig, env: PolicyEnv) -> FedADPPolicy:
         selection_mode=opts.selection_mode,
         store_transform=env.store_transform,
         first_round=env.first_round,
+        first_loss=env.first_scalars.get(LOSS_KEY),
     )
 
 

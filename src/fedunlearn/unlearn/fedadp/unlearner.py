@@ -307,10 +307,19 @@ class FedADP(SelectiveReplay):
         replay = [zeta[e] for e in replay_eps]
         both = totals(train + replay, cfg.delta, f) if train else None
         own = totals(replay, cfg.delta, f) if replay else None
+        # a priori: each replayed round at ε_max (ζ ∝ 1/ε, Eq. 6); the stored ε_τ it reuses
+        # followed the non-private loss
+        eps_max = cfg.budget.epsilon_max
+        upfront = (
+            totals([z * e / eps_max for z, e in zip(replay, replay_eps, strict=True)], cfg.delta, f)
+            if replay
+            else None
+        )
         return {
             "replayed_rounds": len(replay),
             "epsilon_per_round": replay_eps,
             "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
+            "fresh_guarantee_epsilon": upfront.pld_epsilon if upfront else 0.0,
             "total_epsilon_with_training": both.pld_epsilon if both else None,
             "rdp_epsilon_with_training": both.rdp_epsilon if both else None,
             "basis": "realised ε_t of the run and the replayed rounds, PLD; the adaptive "
