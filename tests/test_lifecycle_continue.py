@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from fedunlearn.config import parse_config
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.experiments import save_for_apply, unlearn_one
+from fedunlearn.history.result_file import read_result_file
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import (
     apply_result,
@@ -193,8 +194,9 @@ def test_apply_on_a_dp_run_refuses_a_noise_free_model_unless_accepted_and_keeps_
     assert [r["epsilon"] for r in rows[:3]] == [r["epsilon"] for r in before["rounds"]]
     assert info["epsilon_guarantee"]["rounds"] == 5  # the replaced rounds still count
     artefacts = info["artefacts"]
-    assert not artefacts["current_model"]["dp"] and "generation 1" in (
-        artefacts["current_model"]["guarantee"]
+    assert (
+        not artefacts["current_model"]["dp"]
+        and "generation 1" in (artefacts["current_model"]["guarantee"])
     )
     assert not artefacts["stored_history"]["dp"] and not artefacts["uploads"]["dp"]
     assert json.loads((run / "privacy.json").read_text())["applied"][0]["method"] == "retrain"
@@ -306,3 +308,41 @@ def test_store_only_runs_apply_a_model_freely_and_state_the_current_model_honest
     assert before["artefacts"]["current_model"]["dp"]  # the release itself, untrained since
     assert not after["artefacts"]["current_model"]["dp"]  # trained on clean uploads since
     assert plain.exists()
+
+
+def test_dp_retrain_is_a_dp_release_that_serves_request_after_request(tmp_path):
+    """A DP run had one DP-preserving deletion (FedADP unlearn_dp, model only: after it only
+    the noise-free Retrain served). Retrain dp=true retrains under the run's mechanism: it is
+    the receipt's DP Retrain bit for bit, applies without --accept-non-dp, and serves every
+    later request; each release composes into the guarantee."""
+    from fedunlearn.eval import reference_retrain
+    from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+
+    run = tmp_path / "run"
+    train_run(config(3, privacy=DP), run)
+    with UnlearnSession(run) as session:
+        reference = reference_retrain(session, UnlearnRequest.of([0]), "retrain")
+    first = _result(run, tmp_path, "retrain", "dp0", dp=True)
+    doc = json.loads(first.read_text())
+    assert doc["details"]["released_model_dp"] is True
+    assert torch.equal(read_result_file(tmp_path / doc["apply"]["file"]).params, reference.params)
+
+    apply_result(run, first)  # a DP release: no flag
+    continue_run(run, 2)  # a session on this history used to fail: round 1 has no dp_clip_norm
+    result, summary = unlearn_one(run, [1], "retrain", params={"dp": True}, verify=False)
+    second = tmp_path / "dp1.json"
+    save_for_apply(second, summary, result)
+    second.write_text(json.dumps(summary))
+    apply_result(run, second)
+
+    info = run_info(run)["privacy"]
+    fresh = [a["fresh_epsilon"] for a in info["applied"]]
+    assert [a["method"] for a in info["applied"]] == ["retrain", "retrain"] and all(fresh)
+    releases = info["epsilon_guarantee"]["with_unlearning_releases"]
+    assert releases["epsilon"] == pytest.approx(
+        info["epsilon_guarantee"]["pld_epsilon"] + sum(fresh)
+    )
+    assert info["artefacts"]["current_model"]["dp"]
+    train_run(config(2), tmp_path / "plain")
+    with pytest.raises(UnsupportedHistoryError, match="not trained with DP on its uploads"):
+        unlearn_one(tmp_path / "plain", [0], "retrain", params={"dp": True}, verify=False)

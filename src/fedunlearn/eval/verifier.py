@@ -43,6 +43,7 @@ from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.privacy.reference import with_run_mechanism
+from fedunlearn.runs.rundir import stored_clip_norm
 from fedunlearn.unlearn import (
     Details,
     UnlearnRequest,
@@ -96,7 +97,11 @@ def reference_retrain(
         return None
     run = session.run_view
     private = with_run_mechanism(  # a DP run's reference: DP Retrain (None: no DP in training)
-        session.federation, run.config.privacy, run.store.round_scalars, seed=run.config.seed
+        session.federation,
+        run.config.privacy,
+        run.store.round_scalars,
+        seed=run.config.seed,
+        clip_norm=stored_clip_norm(run.store),
     )
     if private is None:
         return session.run(make_method("retrain"), request, progress=progress)

@@ -39,6 +39,7 @@ def with_run_mechanism(
     *,
     seed: int,
     epsilon_of: Callable[[int], float] | None = None,
+    clip_norm: float | None = None,
 ) -> Federation | None:
     """Return ``federation`` training under the run's DP mechanism, or None if training had none.
 
@@ -47,11 +48,14 @@ def with_run_mechanism(
         config: The run's ``privacy`` section.
         round_scalars: The stored round scalars of a round (its ledger row, ``dp_*`` keys).
         seed: The run seed (``client_update``'s noise seeds derive from it).
-        epsilon_of: ε of a round; default: the run's stored ε_t (a DP Retrain). A stated
-            budget gives unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
+        epsilon_of: ε of a round; default: the run's stored ε_t (a DP Retrain), ε_max for a
+            round that stores none (a round an applied result put in). A stated budget gives
+            unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
+        clip_norm: The run's clip norm; default: round 1's stored one (a living run whose
+            round 1 an applied trajectory replaced passes the ledger's).
 
     Raises:
-        HistoryError: if a round's ledger entries are missing.
+        HistoryError: if the clip norm is neither given nor stored with round 1.
     """
     if not config.enabled or config.dp_scope != "train_and_store":
         return None
@@ -67,11 +71,12 @@ def with_run_mechanism(
         return float(value)
 
     def stored_epsilon(round_: int) -> float:
-        return scalar(round_, "epsilon")
+        value = round_scalars(round_).get(keys["epsilon"])
+        return float(value) if value is not None else config.budget.epsilon_max
 
     epsilon_of = epsilon_of or stored_epsilon
 
-    clip_norm = scalar(1, "clip_norm")
+    clip_norm = scalar(1, "clip_norm") if clip_norm is None else float(clip_norm)
     if config.mechanism == "dp_sgd":
         training = DPSGDTraining(
             federation.model,

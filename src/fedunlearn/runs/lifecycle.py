@@ -75,6 +75,7 @@ from fedunlearn.runs.rundir import (
     MetricsWriter,
     load_run_config,
     run_privacy,
+    stored_clip_norm,
     stored_metrics_line,
     write_json,
     write_text_atomic,
@@ -564,19 +565,6 @@ def _pending(store: HistoryStore) -> dict[str, int] | None:
 BUDGET_RESTART_KEY = "budget_restart"
 
 
-def _stored_clip_norm(store: HistoryStore) -> float | None:
-    """The clip norm the run's DP rounds used (a ledger row's ``dp_clip_norm``), or None."""
-    lineage = store.meta.get(PRIVACY_LINEAGE_KEY) or {}
-    for row in lineage.get("replaced", []):
-        if row.get("dp_clip_norm") is not None:
-            return float(row["dp_clip_norm"])
-    for r in range(1, (store.last_round() or 0) + 1):
-        value = store.round_scalars(r).get("dp_clip_norm")
-        if value is not None:
-            return float(value)
-    return None
-
-
 def _budget_restart(
     store: HistoryStore,
     forgotten: frozenset[int],
@@ -677,7 +665,7 @@ def continue_run(
             try:
                 # DP: the run's mechanism at its stored clip norm (an 'auto' one is not
                 # recalibrated: that would read every client's data, forgotten ones too)
-                privacy, private = wrap_privacy(config, setup, _stored_clip_norm(store))
+                privacy, private = wrap_privacy(config, setup, stored_clip_norm(store))
                 samples = _clients_loss_samples(config, privacy)
                 first = (
                     {}

@@ -41,6 +41,7 @@ __all__ = [
     "restore_config",
     "run_info",
     "run_privacy",
+    "stored_clip_norm",
     "stored_config",
     "stored_metrics_line",
     "write_json",
@@ -61,6 +62,22 @@ QUICK_CHECK_ABOVE_BYTES = 512 * 2**20
 #: trajectory replaced (``replaced``) and the results applied (``applied``); written by
 #: ``fedunlearn.runs.lifecycle`` in the apply's transaction.
 PRIVACY_LINEAGE_KEY = "privacy_lineage"
+
+
+def stored_clip_norm(store: HistoryStore) -> float | None:
+    """The clip norm the run's DP rounds used (a ledger row's ``dp_clip_norm``), or None.
+
+    Read from the stored rounds, else from the rows of rounds an applied trajectory replaced
+    (``PRIVACY_LINEAGE_KEY``): on a living run round 1 may be a method's, without one.
+    """
+    for r in range(1, (store.last_round() or 0) + 1):
+        value = store.round_scalars(r).get("dp_clip_norm")
+        if value is not None:
+            return float(value)
+    for row in (store.meta.get(PRIVACY_LINEAGE_KEY) or {}).get("replaced", []):
+        if row.get("dp_clip_norm") is not None:
+            return float(row["dp_clip_norm"])
+    return None
 
 
 def run_privacy(config: RunConfig, store: HistoryStore) -> dict[str, Any]:

@@ -336,6 +336,7 @@ class UnlearnSession:
         if not (config.privacy.enabled and config.privacy.dp_scope == "train_and_store"):
             return None
         from fedunlearn.privacy.reference import mechanism_stats, with_run_mechanism
+        from fedunlearn.runs.rundir import stored_clip_norm
 
         store = self.run_view.store
 
@@ -346,6 +347,7 @@ class UnlearnSession:
                 store.round_scalars,
                 seed=config.seed,
                 epsilon_of=epsilon_of,
+                clip_norm=stored_clip_norm(store),
             )
             if fed is None:  # unreachable: the mechanism ran in training (checked above)
                 raise HistoryError("this run trained without a DP mechanism to re-run")
@@ -432,14 +434,14 @@ def _fresh_training(
     privacy = config.privacy
     if not (privacy.enabled and privacy.mechanism == "dp_sgd"):
         return federation
-    from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS
     from fedunlearn.privacy.local_training import ClippedTraining
+    from fedunlearn.runs.rundir import stored_clip_norm
 
-    clip = store.round_scalars(1).get(DP_SGD_SCALAR_KEYS["clip_norm"])
+    clip = stored_clip_norm(store)  # round 1's, or the ledger's once a trajectory replaced it
     if clip is None:
         raise HistoryError(
-            f"{run_dir} was trained with privacy.mechanism 'dp_sgd' but round 1 has no "
-            f"'{DP_SGD_SCALAR_KEYS['clip_norm']}' scalar; its ledger is incomplete"
+            f"{run_dir} was trained with privacy.mechanism 'dp_sgd' but no round of its ledger "
+            "has a 'dp_clip_norm' scalar; its ledger is incomplete"
         )
     clipped = ClippedTraining(
         federation.model, federation.training_data, clip_norm=float(clip), device=federation.device

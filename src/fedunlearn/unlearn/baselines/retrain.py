@@ -12,6 +12,15 @@ Trajectory: the result carries the rounds Retrain ran (``UnlearnResult.trajector
 update a real one computed by a remaining client; a round with no remaining participant is a
 round with a zero aggregate, so the new history has the run's T rounds (docs/lifecycle.md).
 
+DP Retrain (``dp: true``, on a run trained with DP on its uploads): every round retrains under
+the run's own mechanism (``fedunlearn.privacy.reference``: DP-SGD or clip-and-noise at the
+run's clip norm) at the run's stored ε_t of that round (ε_max where the current history has
+none, e.g. after an applied trajectory). Its model is a DP release: ``details`` say so
+(``released_model_dp``) with the fresh rounds' ledger, realised and a priori (every round at
+ε_max), so ``fedunlearn apply`` takes it on a DP run and composes it
+(docs/privacy.md, "A living DP run"). With the stored ε_t on the run as trained it is the
+receipt's DP Retrain reference, bit for bit.
+
 Deviation: [REC] resampling a fraction of the *remaining* clients (the earlier behaviour) gave a
 different set, and a different number, of participants each round than the run had, so Retrain
 differed from the original even when the forgotten client never took part.
@@ -19,13 +28,53 @@ differed from the original even when the forgotten client never took part.
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
+from pydantic import Field
+
+from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.engine import run_round
-from fedunlearn.unlearn.base import MethodParams, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.privacy.ledger import privacy_summary, round_scalars
+from fedunlearn.unlearn.base import (
+    Details,
+    MethodParams,
+    RunOutput,
+    Unlearner,
+    UnlearnRequest,
+)
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
+
+
+class RetrainParams(MethodParams):
+    """Retrain's options."""
+
+    dp: bool = Field(
+        False,
+        description="DP Retrain: train under the run's DP mechanism at its stored eps_t (a run "
+        "trained with DP on its uploads); the released model is DP",
+    )
+
+
+@dataclass(frozen=True)
+class RetrainDetails(Details):
+    """What a DP Retrain released (``dp: true``; plain Retrain has no details).
+
+    Attributes:
+        released_model_dp: True: every round trained under the run's mechanism.
+        released_model_reason: Why.
+        privacy: ``unlearning_privacy``: the fresh rounds' own ledger (``rounds``,
+            ``fresh_total_epsilon`` realised, ``fresh_guarantee_epsilon`` a priori with every
+            round at ε_max, both PLD at the run's δ).
+    """
+
+    released_model_dp: bool = True
+    released_model_reason: str = ""
+    privacy: dict[str, Any] = field(default_factory=dict)
 
 
 @register("retrain")
@@ -36,13 +85,67 @@ class Retrain(Unlearner):
     reads_stored_rounds = False  # M_0 and the client records: serves any generation
 
     serves_generations = True  # an applied trajectory (docs/lifecycle.md)
-    params_type = MethodParams
+    params_type = RetrainParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
         """Only M_0 must be kept."""
         return context.initial_params.numel() * 4
 
+    def check_history(self, context: UnlearnContext) -> None:
+        """Also refuse ``dp: true`` on a run whose uploads were not trained under DP."""
+        super().check_history(context)
+        if self.params.dp and context.private_clients is None:
+            raise UnsupportedHistoryError(
+                "retrain dp=true retrains under the run's DP mechanism; this run was not "
+                "trained with DP on its uploads (privacy.enabled with dp_scope "
+                "train_and_store), so there is none to re-run. Use retrain without dp."
+            )
+
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
+        if not self.params.dp:
+            return self._retrain(request, context, context.clients)
+        privacy = context.privacy
+        eps_max = privacy.budget.epsilon_max
+
+        def budget(round_: int) -> float:  # the run's stored ε_t; ε_max where none is stored
+            stored = context.history.round_scalars(round_).get("dp_epsilon")
+            return float(stored) if stored is not None else eps_max
+
+        assert context.private_clients is not None  # check_history refused otherwise
+        private = context.private_clients(budget)
+        try:
+            out = self._retrain(request, context, private.clients)
+            stats = private.stats()
+        finally:
+            private.close()
+        fresh = privacy_summary(
+            privacy, [round_scalars(stats[r], privacy.delta) for r in sorted(stats)]
+        )
+        guarantee = fresh.get("epsilon_guarantee") or {}
+        details = RetrainDetails(
+            released_model_reason=f"every round retrained under the run's mechanism "
+            f"({privacy.mechanism}) at its stored ε_t (ε_max where none is stored): "
+            "(ε, δ)-DP at the composition of the run's rounds and these "
+            "(fresh_guarantee_epsilon, a priori)",
+            privacy={
+                "unlearning_privacy": {
+                    "mechanism": privacy.mechanism,
+                    "retrained_rounds": len(stats),
+                    "epsilon_per_round": [budget(r) for r in sorted(stats)],
+                    "fresh_total_epsilon": fresh.get("total_epsilon") or 0.0,
+                    "fresh_guarantee_epsilon": guarantee.get("pld_epsilon", 0.0),
+                    "delta": privacy.delta,
+                    "basis": "the retrained rounds alone, composed by PLD; the guarantee takes "
+                    "every round at ε_max (a priori); the stored ε_t followed the "
+                    "non-private loss",
+                }
+            },
+        )
+        return RunOutput(out.params, out.round_metrics, details, out.trajectory)
+
+    def _retrain(
+        self, request: UnlearnRequest, context: UnlearnContext, clients: RunClients
+    ) -> RunOutput:
         params = context.start_from(0)
         rows: list[dict[str, float]] = []
         log = TrajectoryLog(context)
@@ -53,7 +156,7 @@ class Retrain(Unlearner):
                 log.add(params, torch.zeros_like(params), [], scalars=rows[-1])
                 continue
             record = run_round(
-                context.clients,
+                clients,
                 context.aggregator,
                 params,
                 round_,
