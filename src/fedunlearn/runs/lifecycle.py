@@ -288,7 +288,8 @@ def _dp_gate(
         )
         raise ConfigError(
             f"{what}: this run is trained with DP ({cfg.mechanism}) and the model is not DP "
-            f"({reason}); {ends}. Use a DP release (fedadp with unlearn_dp: true), or pass "
+            f"({reason}); {ends}. Use a DP release (retrain with dp=true, or fedadp with "
+            "unlearn_dp: true), or pass "
             "--accept-non-dp (accept_non_dp=True) to apply it and record that the guarantee "
             "ended; nothing was changed"
         )
