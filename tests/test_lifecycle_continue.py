@@ -312,9 +312,9 @@ def test_store_only_runs_apply_a_model_freely_and_state_the_current_model_honest
 
 def test_dp_retrain_is_a_dp_release_that_serves_request_after_request(tmp_path):
     """A DP run had one DP-preserving deletion (FedADP unlearn_dp, model only: after it only
-    the noise-free Retrain served). Retrain dp=true retrains under the run's mechanism: it is
-    the receipt's DP Retrain bit for bit, applies without --accept-non-dp, and serves every
-    later request; each release composes into the guarantee."""
+    the noise-free Retrain served). Retrain dp=true retrains under the run's mechanism with
+    noise of its own, applies without --accept-non-dp, and serves every later request; each
+    release composes into the guarantee."""
     from fedunlearn.eval import reference_retrain
     from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
@@ -325,7 +325,17 @@ def test_dp_retrain_is_a_dp_release_that_serves_request_after_request(tmp_path):
     first = _result(run, tmp_path, "retrain", "dp0", dp=True)
     doc = json.loads(first.read_text())
     assert doc["details"]["released_model_dp"] is True
-    assert torch.equal(read_result_file(tmp_path / doc["apply"]["file"]).params, reference.params)
+    # its own noise: round 1 starts from M_0 with the same batches, so re-drawing the run's
+    # noise made client 1's retrained upload equal its original one (review defect: the two
+    # releases' difference was noise-free in every round); now they differ by noise
+    retrained = read_result_file(tmp_path / doc["apply"]["file"]).trajectory.rounds[0]
+    with HistoryStore.open(run / "history") as store:
+        original = store.read_update(1, 1)
+    difference = float((retrained.updates[1] - original).norm())
+    assert difference > 0.5 * float(original.norm())
+    assert not torch.equal(
+        reference.params, read_result_file(tmp_path / doc["apply"]["file"]).params
+    )
 
     apply_result(run, first)  # a DP release: no flag
     continue_run(run, 2)  # a session on this history used to fail: round 1 has no dp_clip_norm
@@ -346,3 +356,26 @@ def test_dp_retrain_is_a_dp_release_that_serves_request_after_request(tmp_path):
     train_run(config(2), tmp_path / "plain")
     with pytest.raises(UnsupportedHistoryError, match="not trained with DP on its uploads"):
         unlearn_one(tmp_path / "plain", [0], "retrain", params={"dp": True}, verify=False)
+
+
+def test_continued_rounds_draw_new_noise_where_an_applied_trajectory_reuses_round_numbers(
+    tmp_path,
+):
+    """Review defect: FedEraser's trajectory (every 2nd round) is 2 rounds long on a 4-round
+    run, so the continuation trained rounds 3 and 4 again with the noise seeds of the original
+    rounds 3 and 4, whose uploads the server had received: their difference was noise-free."""
+    run = tmp_path / "run"
+    train_run(config(4, history={"policy": "every", "every": 2}, privacy=DP), run)
+    with HistoryStore.open(run / "history") as store:
+        original = store.read_update(3, 1)
+    path = _result(run, tmp_path, "federaser", "fe")
+    event = apply_result(run, path, accept_non_dp=True)
+    assert event["rounds_after"] == 2  # the continuation re-uses round numbers 3 and 4
+
+    continue_run(run, 2)
+
+    with HistoryStore.open(run / "history") as store:
+        again = store.read_update(3, 1)
+        info = run_privacy(load_run_config(run), store)
+    assert float((again - original).norm()) > 0.5 * float(original.norm())
+    assert info["epsilon_guarantee"]["ended_at_generation"] == 1  # a noise-free model applied

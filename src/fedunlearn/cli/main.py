@@ -472,6 +472,8 @@ def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
                 "the adaptive choice of eps_t is not covered",
             ]
         )
+        if guarantee.get("ended_at_generation") is not None:
+            rows.append(["  guarantee ended", str(guarantee["note"])])
         releases = guarantee.get("with_unlearning_releases")
         if releases:
             rows.append(

@@ -77,8 +77,15 @@ def batch_generator(task_seed: int) -> torch.Generator:
     return torch_generator(derive_seed(task_seed, "dp_sgd_batches"))
 
 
-def noise_generator(task_seed: int) -> torch.Generator:
-    """Return the generator of a task's noise draws."""
+def noise_generator(task_seed: int, salt: int = 0) -> torch.Generator:
+    """Return the generator of a task's Gaussian noise draws.
+
+    ``salt`` != 0 gives another release its own noise: a DP release re-running a round (DP
+    Retrain, a continuation after an applied trajectory) must not reuse the noise of the
+    round's earlier release, or the difference of the two cancels it.
+    """
+    if salt:
+        return torch_generator(derive_seed(task_seed, "dp_sgd_noise", salt))
     return torch_generator(derive_seed(task_seed, "dp_sgd_noise"))
 
 
@@ -184,6 +191,7 @@ def dp_sgd_update(
     noise_multiplier: float,
     seed: int,
     client_id: int = -1,
+    noise_salt: int = 0,
 ) -> tuple[ClientUpdate, ClientNoise]:
     """Train one client by DP-SGD from ``global_params`` (see module doc); the reference path.
 
@@ -196,6 +204,7 @@ def dp_sgd_update(
         noise_multiplier: σ, noise std over C.
         seed: The task seed (batches and noise derive from it).
         client_id: Id recorded in the update.
+        noise_salt: A release's own noise (``noise_generator``); 0: the task seed's.
 
     Returns:
         The update (delta, n_c, mean loss of the sampled examples) and its ``ClientNoise``.
@@ -213,7 +222,7 @@ def dp_sgd_update(
     noise_delta = torch.zeros_like(params)
     n = len(data)
     batches = poisson_batches(n, spec, batch_generator(seed))
-    noises = noise_generator(seed)
+    noises = noise_generator(seed, noise_salt)
     scale = noise_multiplier * clip_norm
     expected = sample_rate(n, spec.batch_size) * n if n else 1.0
     draw = torch.zeros(layout.num_params, dtype=torch.float32)

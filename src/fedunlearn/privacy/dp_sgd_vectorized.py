@@ -124,8 +124,11 @@ class VectorizedDPSGD:
         *,
         clip_norm: float,
         noise_multiplier: float,
+        noise_salt: int = 0,
     ) -> list[tuple[ClientUpdate, ClientNoise]]:
         """Train every ``(client_id, task_seed)`` task; results in task order.
+
+        ``noise_salt``: a release's own noise (``dp_sgd.noise_generator``); 0: the task seed's.
 
         Raises:
             ConfigError: if ``global_params`` is not a flat vector of this model's size.
@@ -143,7 +146,7 @@ class VectorizedDPSGD:
         out: list[tuple[ClientUpdate, ClientNoise]] = []
         for first in range(0, len(tasks), chunk):
             part = tasks[first : first + chunk]
-            out += self._run_chunk(start, part, spec, clip_norm, noise_multiplier)
+            out += self._run_chunk(start, part, spec, clip_norm, noise_multiplier, noise_salt)
         return [
             (
                 ClientUpdate(
@@ -216,6 +219,7 @@ class VectorizedDPSGD:
         spec: LocalTrainingSpec,
         clip_norm: float,
         noise_multiplier: float,
+        noise_salt: int = 0,
     ) -> list[tuple[ClientUpdate, ClientNoise]]:
         k = len(tasks)
         dev = self.device
@@ -250,7 +254,7 @@ class VectorizedDPSGD:
         views = self.layout.views(params)
         momentum_buffer, noise_buffer = torch.zeros_like(params), torch.zeros_like(params)
         noise_delta = torch.zeros_like(params)
-        generators = [noise_generator(seed) for _, seed in tasks]
+        generators = [noise_generator(seed, noise_salt) for _, seed in tasks]
         draws = torch.zeros((k, d), dtype=torch.float32)
         coef = noise_multiplier * clip_norm / expected  # noise std on the averaged gradient
         plain_sgd = spec.momentum == 0 and spec.weight_decay == 0

@@ -162,8 +162,10 @@ def living_artefacts(
     plain = [a for a in applied if not a.get("released_model_dp")]
     if config.dp_scope == "store_only":
         latest = applied[-1]
-        fresh = latest.get("released_model_dp") and (
-            last_round is None or latest.get("round") is None or last_round <= latest["round"]
+        fresh = (
+            not plain  # a model released without noise ends it for good, as on train_and_store
+            and latest.get("released_model_dp")
+            and (last_round is None or latest.get("round") is None or last_round <= latest["round"])
         )
         out["current_model"] = (
             {
@@ -177,10 +179,10 @@ def living_artefacts(
                 "guarantee": "dp_scope store_only: training uses the clean uploads, and the "
                 "current model is "
                 + (
-                    "trained from the applied one since"
-                    if latest.get("released_model_dp")
-                    else f"the {latest['method']} model applied in generation "
-                    f"{latest['generation']}, trained without noise"
+                    f"not DP since generation {plain[0]['generation']}, whose applied "
+                    f"{plain[0]['method']} model was trained without noise"
+                    if plain
+                    else "trained from the applied DP release since"
                 ),
             }
         )
@@ -215,7 +217,8 @@ def living_artefacts(
     )
     out["current_model"] = {
         "dp": False,
-        "guarantee": ended + "; every model trained from it is not DP either",
+        "guarantee": ended + "; no later release restores it (the remaining clients' data was "
+        "released without noise then), whether trained from that model or a DP release",
     }
     out["uploads"] = {
         "dp": False,

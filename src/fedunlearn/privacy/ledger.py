@@ -221,6 +221,15 @@ def _with_releases(
     the run's rounds and those releases the ε add up and so do the δ (sequential composition).
     """
     fresh = [float(a["fresh_epsilon"]) for a in applied if a.get("fresh_epsilon") is not None]
+    plain = [a for a in applied if not a.get("released_model_dp")]
+    if upfront is not None and plain:  # the figures bound the DP releases, not the run any more
+        upfront = {
+            **upfront,
+            "ended_at_generation": plain[0]["generation"],
+            "note": f"the run's guarantee ended at generation {plain[0]['generation']} (a "
+            f"{plain[0]['method']} model trained without noise was applied): these figures "
+            "bound the DP releases only, not what the run has revealed",
+        }
     if upfront is None or not fresh:
         return upfront
     return {

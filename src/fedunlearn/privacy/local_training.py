@@ -121,6 +121,8 @@ class DPSGDTraining:
         device: Where the vectorised path trains (default CPU; the reference runs where the
             global parameters are).
         vectorize: Use ``VectorizedDPSGD`` (``None``: when the model allows it).
+        noise_salt: A release's own noise draws (``dp_sgd.noise_generator``); 0: the task
+            seed's, as training. A DP release that re-runs rounds passes its own.
 
     Raises:
         ConfigError: if the model has no per-example gradients, C <= 0, or ``vectorize=True``
@@ -139,8 +141,10 @@ class DPSGDTraining:
         epsilon_of: Callable[[int], float],
         device: torch.device | str | None = None,
         vectorize: bool | None = None,
+        noise_salt: int = 0,
     ) -> None:
         check_per_example_model(model)
+        self.noise_salt = int(noise_salt)
         if not clip_norm > 0 or not math.isfinite(clip_norm):
             raise ConfigError(
                 f"the DP-SGD clip norm C must be a finite number > 0; got {clip_norm}"
@@ -190,6 +194,7 @@ class DPSGDTraining:
                 spec,
                 clip_norm=self.clip_norm,
                 noise_multiplier=plan.noise_multiplier,
+                noise_salt=self.noise_salt,
             )
         else:
             results = [
@@ -202,6 +207,7 @@ class DPSGDTraining:
                     noise_multiplier=plan.noise_multiplier,
                     seed=seed,
                     client_id=cid,
+                    noise_salt=self.noise_salt,
                 )
                 for cid, seed in tasks
             ]
@@ -312,6 +318,7 @@ class ClippedTraining:
                     noise_multiplier=0.0,
                     seed=seed,
                     client_id=cid,
+                    noise_salt=self.noise_salt,
                 )
                 for cid, seed in tasks
             ]

@@ -40,6 +40,7 @@ def with_run_mechanism(
     seed: int,
     epsilon_of: Callable[[int], float] | None = None,
     clip_norm: float | None = None,
+    noise_salt: int = 0,
 ) -> Federation | None:
     """Return ``federation`` training under the run's DP mechanism, or None if training had none.
 
@@ -53,6 +54,9 @@ def with_run_mechanism(
             unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
         clip_norm: The run's clip norm; default: round 1's stored one (a living run whose
             round 1 an applied trajectory replaced passes the ledger's).
+        noise_salt: 0 re-draws the run's own noise (a reference that is never released); a
+            DP release passes its own salt, or its noise would repeat the run's rounds' noise
+            and the difference of the two releases would cancel it.
 
     Raises:
         HistoryError: if the clip norm is neither given nor stored with round 1.
@@ -85,6 +89,7 @@ def with_run_mechanism(
             delta=config.delta,
             epsilon_of=epsilon_of,
             device=federation.device,
+            noise_salt=noise_salt,
         )
         return federation.with_local_training(training)
     mod = ClipAndNoise(
@@ -93,6 +98,7 @@ def with_run_mechanism(
         noise_mode=config.noise_mode,
         seed=seed,
         epsilon_of=epsilon_of,
+        noise_salt=noise_salt,
     )
     return federation.with_update_mod(mod)
 

@@ -105,11 +105,16 @@ class PrivateTraining:
         config: The run's ``privacy`` section (enabled).
         seed: Run seed.
         clip_norm: S (``client_update``) or C (``dp_sgd``), resolved: a number, not ``"auto"``.
+        noise_salt: The noise draws' salt (0: the run's own; a continuation after an applied
+            trajectory passes its generation, so re-used round numbers draw new noise).
     """
 
-    def __init__(self, config: PrivacyConfig, *, seed: int, clip_norm: float) -> None:
+    def __init__(
+        self, config: PrivacyConfig, *, seed: int, clip_norm: float, noise_salt: int = 0
+    ) -> None:
         self.config = config
         self.seed = seed
+        self.noise_salt = int(noise_salt)
         self._clip_norm = float(clip_norm)
         self.schedule = budget_schedule(config.budget)
         self.mod: ClipAndNoise | None = None
@@ -122,6 +127,7 @@ class PrivateTraining:
                 seed=seed,
                 epsilon_of=self.schedule.epsilon,
                 perturb=config.dp_scope == "train_and_store",
+                noise_salt=self.noise_salt,
             )
         self.accountant = PrivacyAccountant()
 
@@ -146,6 +152,7 @@ class PrivateTraining:
             delta=self.config.delta,
             epsilon_of=self.schedule.epsilon,
             device=federation.device,
+            noise_salt=self.noise_salt,
         )
         return federation.with_local_training(self.local_training)
 

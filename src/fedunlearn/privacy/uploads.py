@@ -63,6 +63,9 @@ class ClipAndNoise:
         epsilon_of: Returns ε of a round (the budget schedule).
         perturb: Return the noisy uploads (``train_and_store``); False returns them unchanged
             and only measures (``store_only``).
+        noise_salt: A release's own noise draws; 0: the run's, as training. A DP release that
+            re-runs rounds (DP Retrain, a continuation after an applied trajectory) passes its
+            own: reusing a round's noise with other data lets the difference cancel it.
     """
 
     def __init__(
@@ -74,7 +77,9 @@ class ClipAndNoise:
         seed: int,
         epsilon_of: Callable[[int], float],
         perturb: bool = True,
+        noise_salt: int = 0,
     ) -> None:
+        self.noise_salt = int(noise_salt)
         self.clip_norm = float(clip_norm)
         self.delta = delta
         self.noise_mode = noise_mode
@@ -95,7 +100,8 @@ class ClipAndNoise:
         self, round_: int, client_id: int, delta: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (noisy, clipped) of a client's delta in a round; the noise is seeded."""
-        generator = torch_generator(derive_seed(self.seed, "dp_noise", round_, client_id))
+        keys = (round_, client_id, self.noise_salt) if self.noise_salt else (round_, client_id)
+        generator = torch_generator(derive_seed(self.seed, "dp_noise", *keys))
         return privatize(delta, self.clip_norm, self.std(round_), generator)
 
     def __call__(

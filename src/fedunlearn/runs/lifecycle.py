@@ -666,7 +666,11 @@ def continue_run(
             try:
                 # DP: the run's mechanism at its stored clip norm (an 'auto' one is not
                 # recalibrated: that would read every client's data, forgotten ones too)
-                privacy, private = wrap_privacy(config, setup, stored_clip_norm(store))
+                # after an applied trajectory round numbers repeat (L < T): the generation's
+                # own noise, never the noise an earlier upload of that round drew
+                privacy, private = wrap_privacy(
+                    config, setup, stored_clip_norm(store), noise_salt=store.generation()
+                )
                 samples = _clients_loss_samples(config, privacy)
                 first = (
                     {}

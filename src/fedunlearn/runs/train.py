@@ -122,7 +122,7 @@ def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) ->
 
 
 def wrap_privacy(
-    config: RunConfig, setup: Setup, clip_norm: float | None = None
+    config: RunConfig, setup: Setup, clip_norm: float | None = None, noise_salt: int = 0
 ) -> tuple[PrivateTraining | None, Setup]:
     """Resolve the clip norm and return the run's DP mechanism with a setup that trains under it.
 
@@ -133,7 +133,8 @@ def wrap_privacy(
     build their own federation without either. Without DP, ``(None, setup)``; otherwise the
     caller closes the returned setup's federation as well as its own. ``clip_norm`` (the run's
     stored one) skips the ``auto`` calibration (a continuation: its pilot would train, and its
-    median read, every client's data, forgotten ones included).
+    median read, every client's data, forgotten ones included). ``noise_salt``: the noise
+    draws' salt (``PrivateTraining``).
     """
     cfg = config.privacy
     if not cfg.enabled:
@@ -149,7 +150,7 @@ def wrap_privacy(
         clip_norm, _ = pilot_clip_norm(
             setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
         )
-    privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm)
+    privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm, noise_salt=noise_salt)
     return privacy, replace(setup, federation=privacy.wrap(setup.federation))
 
 

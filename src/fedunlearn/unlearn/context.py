@@ -30,6 +30,7 @@ Which clients attacked is *not* in the context: a recovery request names them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,8 +230,24 @@ class UnlearnContext:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     fingerprint: str = ""  # identifies the run (cache keys); empty: do not cache
     reference_provider: Callable[[int], ClientData] | None = None
-    # epsilon_of -> the remaining clients under the run's DP mechanism (None: no DP training)
-    private_clients: Callable[[Callable[[int], float]], PrivateClients] | None = None
+    # (epsilon_of, noise_salt=0) -> the remaining clients under the run's DP mechanism (None:
+    # no DP training); a DP release passes its own noise_salt (``release_noise_salt``)
+    private_clients: Callable[..., PrivateClients] | None = None
+
+    def release_noise_salt(self, method: str, forget: frozenset[int]) -> int:
+        """Return the noise salt of a DP release: its own noise, never a round's earlier one.
+
+        A DP release that re-runs rounds of the run (DP Retrain) must not draw the noise those
+        rounds' uploads drew: with the same noise and other data the difference of the two
+        releases cancels it. The salt derives from the method, the forget set and the model
+        the run is at (one per generation), so two requests never share it, and the same
+        request computed twice gives the same (identical) release.
+        """
+        digest = hashlib.sha256(
+            f"{method}|{sorted(forget)}|".encode()
+            + self.final_params.detach().to(torch.float32).cpu().numpy().tobytes()
+        ).digest()
+        return int.from_bytes(digest[:7], "little") or 1
 
     @property
     def has_reference_set(self) -> bool:

@@ -325,7 +325,7 @@ class UnlearnSession:
 
     def _private_clients(
         self, forget: frozenset[int], meter: CostMeter
-    ) -> Callable[[Callable[[int], float]], PrivateClients] | None:
+    ) -> Callable[..., PrivateClients] | None:
         """Return the builder of the remaining clients under the run's DP mechanism, or None.
 
         For a method that releases a DP model (FedADP's ``unlearn_dp``): the run's mechanism
@@ -340,7 +340,7 @@ class UnlearnSession:
 
         store = self.run_view.store
 
-        def build(epsilon_of: Callable[[int], float]) -> PrivateClients:
+        def build(epsilon_of: Callable[[int], float], noise_salt: int = 0) -> PrivateClients:
             fed = with_run_mechanism(
                 self.federation,
                 config.privacy,
@@ -348,6 +348,7 @@ class UnlearnSession:
                 seed=config.seed,
                 epsilon_of=epsilon_of,
                 clip_norm=stored_clip_norm(store),
+                noise_salt=noise_salt,
             )
             if fed is None:  # unreachable: the mechanism ran in training (checked above)
                 raise HistoryError("this run trained without a DP mechanism to re-run")

@@ -15,11 +15,12 @@ round with a zero aggregate, so the new history has the run's T rounds (docs/lif
 DP Retrain (``dp: true``, on a run trained with DP on its uploads): every round retrains under
 the run's own mechanism (``fedunlearn.privacy.reference``: DP-SGD or clip-and-noise at the
 run's clip norm) at the run's stored ε_t of that round (ε_max where the current history has
-none, e.g. after an applied trajectory). Its model is a DP release: ``details`` say so
-(``released_model_dp``) with the fresh rounds' ledger, realised and a priori (every round at
-ε_max), so ``fedunlearn apply`` takes it on a DP run and composes it
-(docs/privacy.md, "A living DP run"). With the stored ε_t on the run as trained it is the
-receipt's DP Retrain reference, bit for bit.
+none, e.g. after an applied trajectory), with noise of its own (``release_noise_salt``: the
+run's rounds' noise drawn again with other data would cancel in the difference of the two
+releases; the receipt's DP Retrain reference, never released, re-draws the run's). Its model
+is a DP release: ``details`` say so (``released_model_dp``) with the fresh rounds' ledger,
+realised and a priori (every round at ε_max), so ``fedunlearn apply`` takes it on a DP run
+and composes it (docs/privacy.md, "A living DP run").
 
 Deviation: [REC] resampling a fraction of the *remaining* clients (the earlier behaviour) gave a
 different set, and a different number, of participants each round than the run had, so Retrain
@@ -112,7 +113,10 @@ class Retrain(Unlearner):
             return float(stored) if stored is not None else eps_max
 
         assert context.private_clients is not None  # check_history refused otherwise
-        private = context.private_clients(budget)
+        # its own noise: the run's rounds' noise again, with other data, would cancel out
+        private = context.private_clients(
+            budget, noise_salt=context.release_noise_salt(self.name, request.forget)
+        )
         try:
             out = self._retrain(request, context, private.clients)
             stats = private.stats()
