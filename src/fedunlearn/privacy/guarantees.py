@@ -186,14 +186,7 @@ def living_artefacts(
                 ),
             }
         )
-        replaced = [a for a in plain if a.get("kind") == "trajectory"]
-        if replaced:
-            out["stored_history"] = {
-                "dp": False,
-                "guarantee": f"since generation {replaced[0]['generation']}, whose "
-                f"{replaced[0]['method']} trajectory replaced the stored rounds (trained "
-                "without noise)",
-            }
+        out.update(_replaced_history(plain))
         return out
     if not plain:
         if any(a.get("fresh_epsilon") for a in applied):
@@ -226,15 +219,23 @@ def living_artefacts(
         "rounds start from a model trained without noise, so their uploads are not DP although "
         "the mechanism still noises them",
     }
+    out.update(_replaced_history(plain))
+    return out
+
+
+def _replaced_history(plain: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``stored_history`` once a noise-free trajectory replaced the stored rounds (else {})."""
     replaced = [a for a in plain if a.get("kind") == "trajectory"]
-    if replaced:
-        out["stored_history"] = {
+    if not replaced:
+        return {}
+    return {
+        "stored_history": {
             "dp": False,
             "guarantee": f"since generation {replaced[0]['generation']}, whose "
-            f"{replaced[0]['method']} trajectory replaced the run's rounds (trained without "
+            f"{replaced[0]['method']} trajectory replaced the stored rounds (trained without "
             "noise); the replaced rounds' ε still counts (their uploads were released)",
         }
-    return out
+    }
 
 
 def _artefacts(config: PrivacyConfig) -> dict[str, dict[str, Any]]:

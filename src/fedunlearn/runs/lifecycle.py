@@ -56,7 +56,6 @@ from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.history.policy import (
-    DeferredPolicy,
     HistoryRecorder,
     RecordingPolicy,
     build_policy,
@@ -86,6 +85,7 @@ from fedunlearn.runs.train import (
     _torch_threads,
     _WallClock,
     policy_env,
+    resume_state,
     training_evaluator,
     wrap_privacy,
 )
@@ -701,18 +701,15 @@ def continue_run(
                             **({BUDGET_RESTART_KEY: restart} if restart else {}),
                         }
                     )
-                if isinstance(policy, DeferredPolicy):
-                    # its open window is in memory only: re-run the rounds after the last
-                    # window it closed since the continuation's start (bit-identical)
-                    kept = policy.resume_round(store)
-                    if kept < last:
-                        store.truncate_after(kept)
-                        last = kept
-                if privacy is not None:
-                    privacy.resume(
-                        [store.round_scalars(r) for r in range(last + 1)],
-                        None if restart is None else (restart["round"], restart["loss"]),
-                    )
+                # a deferred policy re-runs the rounds after the last window it closed since
+                # the continuation's start (bit-identical)
+                last = resume_state(
+                    store,
+                    policy,
+                    privacy,
+                    last,
+                    None if restart is None else (restart["round"], restart["loss"]),
+                )
                 _rewrite_metrics(run_dir, store)
                 clock = _WallClock(store, started)
                 trainers = private.federation if clients is None else clients(private.federation)

@@ -154,6 +154,29 @@ def wrap_privacy(
     return privacy, replace(setup, federation=privacy.wrap(setup.federation))
 
 
+def resume_state(
+    store: HistoryStore,
+    policy: RecordingPolicy | DeferredPolicy,
+    privacy: PrivateTraining | None,
+    last: int,
+    restart: tuple[int, float] | None = None,
+) -> int:
+    """Set the policy's and the DP schedule's state from the store; the round to train after.
+
+    A deferred policy's open window is in memory only: the store is truncated after the round
+    it can be rebuilt from (Crab: the last closed window) and the rest is re-run, bit for bit.
+    ``restart``: the DP budget schedule's restart point (``PrivateTraining.resume``).
+    """
+    if isinstance(policy, DeferredPolicy):
+        start = policy.resume_round(store)
+        if start < last:
+            store.truncate_after(start)
+            last = start
+    if privacy is not None:
+        privacy.resume([store.round_scalars(r) for r in range(last + 1)], restart)
+    return last
+
+
 def training_evaluator(
     config: RunConfig,
     setup: Setup,
@@ -421,15 +444,7 @@ def _train(
             )
         write_text_atomic(config_path, config_text)
     policy = make_recording_policy(config, setup, privacy)
-    if isinstance(policy, DeferredPolicy):
-        # a deferred policy's open window is in memory only: restart where it can be
-        # rebuilt from the store (Crab: after the last closed window) and re-run the rest
-        start = policy.resume_round(store)
-        if start < last:
-            store.truncate_after(start)
-            last = start
-    if privacy is not None:
-        privacy.resume([store.round_scalars(r) for r in range(last + 1)])
+    last = resume_state(store, policy, privacy, last)
     params = store.read_model(last)
     # metrics.jsonl is derived from the store, so a crash between the two never disagrees
     with (run_dir / METRICS_FILE).open("w") as fh:
