@@ -23,10 +23,11 @@ over the clients never forgotten, and the DP budget schedule restarts at ε_0 at
 continuation after the forgetting (``_budget_restart``); with nobody forgotten a continuation
 equals the same run trained longer, bit for bit.
 
-On a DP run, ``apply`` refuses a model without a DP guarantee (every method's but fedadp
-``unlearn_dp``) unless ``accept_non_dp``; the ledger then records that the guarantee of the
-run's model ended with that generation, and keeps the ε of DP rounds a trajectory replaced
-(their uploads were released): ``privacy.guarantees.living_artefacts``.
+On a DP run, ``apply`` refuses a model without a DP guarantee (every method's but the DP
+releases: retrain ``dp``, fedadp ``unlearn_dp``) unless ``accept_non_dp``; the ledger then
+records that the guarantee of the run's model ended with that generation, and keeps the ε of
+DP rounds a trajectory replaced (their uploads were released):
+``privacy.guarantees.living_artefacts``.
 
 The clients that train a continuation are the run's in-process federation, or any
 ``RunClients`` the caller builds from it (``clients=``: the Flower ServerApp's clients over its
@@ -231,8 +232,8 @@ def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
 def _released_dp(doc: Mapping[str, Any]) -> tuple[bool, str, float | None]:
     """Whether a result's model is DP, why, and the ε of the releases its method added.
 
-    Only a method that says so in its details is DP (fedadp ``unlearn_dp``:
-    ``released_model_dp``); every other method's fresh training runs without noise.
+    Only a method that says so in its details is DP (``released_model_dp``: retrain ``dp``,
+    fedadp ``unlearn_dp``); every other method's fresh training runs without noise.
     """
     details = doc.get("details") if isinstance(doc.get("details"), dict) else {}
     method = str(doc.get("method", "unknown"))
@@ -333,7 +334,7 @@ def apply_result(
 ) -> dict[str, Any]:
     """Apply an unlearning result (the JSON ``fedunlearn unlearn --out`` wrote) to a run.
 
-    On a DP run a result whose model is not DP (every method but fedadp ``unlearn_dp``) is
+    On a DP run a result whose model is not DP (every method but the DP releases) is
     refused unless ``accept_non_dp``; the privacy ledger then records that the guarantee of
     the run's model ended with this generation (docs/privacy.md, "A living DP run").
 

@@ -231,7 +231,8 @@ class UnlearnContext:
     fingerprint: str = ""  # identifies the run (cache keys); empty: do not cache
     reference_provider: Callable[[int], ClientData] | None = None
     # (epsilon_of, noise_salt=0) -> the remaining clients under the run's DP mechanism (None:
-    # no DP training); a DP release passes its own noise_salt (``release_noise_salt``)
+    # no DP training); epsilon_of None: the run's stored ε_t (ε_max where none is stored); a
+    # DP release passes its own noise_salt (``release_noise_salt``)
     private_clients: Callable[..., PrivateClients] | None = None
 
     def release_noise_salt(self, method: str, forget: frozenset[int]) -> int:

@@ -340,7 +340,7 @@ class UnlearnSession:
 
         store = self.run_view.store
 
-        def build(epsilon_of: Callable[[int], float], noise_salt: int = 0) -> PrivateClients:
+        def build(epsilon_of: Callable[[int], float] | None, noise_salt: int = 0) -> PrivateClients:
             fed = with_run_mechanism(
                 self.federation,
                 config.privacy,

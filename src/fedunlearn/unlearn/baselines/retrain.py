@@ -106,16 +106,11 @@ class Retrain(Unlearner):
         if not self.params.dp:
             return self._retrain(request, context, context.clients)
         privacy = context.privacy
-        eps_max = privacy.budget.epsilon_max
-
-        def budget(round_: int) -> float:  # the run's stored ε_t; ε_max where none is stored
-            stored = context.history.round_scalars(round_).get("dp_epsilon")
-            return float(stored) if stored is not None else eps_max
-
         assert context.private_clients is not None  # check_history refused otherwise
-        # its own noise: the run's rounds' noise again, with other data, would cancel out
+        # the run's stored ε_t (ε_max where none is stored: privacy.reference), and its own
+        # noise: the run's rounds' noise again, with other data, would cancel out
         private = context.private_clients(
-            budget, noise_salt=context.release_noise_salt(self.name, request.forget)
+            None, noise_salt=context.release_noise_salt(self.name, request.forget)
         )
         try:
             out = self._retrain(request, context, private.clients)
@@ -135,7 +130,7 @@ class Retrain(Unlearner):
                 "unlearning_privacy": {
                     "mechanism": privacy.mechanism,
                     "retrained_rounds": len(stats),
-                    "epsilon_per_round": [budget(r) for r in sorted(stats)],
+                    "epsilon_per_round": [stats[r].epsilon for r in sorted(stats)],
                     "fresh_total_epsilon": fresh.get("total_epsilon") or 0.0,
                     "fresh_guarantee_epsilon": guarantee.get("pld_epsilon", 0.0),
                     "delta": privacy.delta,
