@@ -15,13 +15,15 @@ train, and the receipt's markers check runs too. Each request's receipt judges
   clients' own data; Crab in its paper mode (``rollback: paper``) when it warns that its
   rollback model contains the forgotten clients (without the warning it is not counted);
 - clean models (they never saw the forgotten clients), which must never be ``remains``:
-  Retrain itself and Retrain continued 5 FedAvg rounds by the remaining clients.
+  Retrain itself (its result, with its exact lineage), Retrain continued 1, 2 and 5 FedAvg rounds
+  by the remaining clients, two independent exact retrains (other batch orders; audited as bare
+  models, without a lineage), and Retrain stopped after half the rounds (a clean model less
+  trained than any the client-level test calibrates on).
 
 It prints the influence verdict of every model and request, and per class the false-pass rate
 (contaminated and ``removed``) and the false-fail rate (clean and ``remains``). One torch thread.
 
-    nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers] \
-        [--less-trained-control]
+    nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers]
 
 ``--config`` runs another setting the same way, e.g. the MNIST CNN (reduced for a CPU:
 ``reproductions/verification/mnist_cnn_small.yaml``, with ``--data-dir`` naming the folder of
@@ -40,6 +42,13 @@ import torch
 
 from fedunlearn.config import load_config
 from fedunlearn.eval import Verifier, client_membership_check
+from fedunlearn.eval.distance_band import independent_retrains
+from fedunlearn.eval.mia.client_lira import (
+    _Budget,
+    _run_participants,
+    _SaltedClients,
+    _train_reference,
+)
 from fedunlearn.fl.attacks import choose_malicious
 from fedunlearn.fl.client import local_update
 from fedunlearn.fl.engine import run_rounds
@@ -57,7 +66,32 @@ CONTAMINATED = (
     "fine-tuned",
     "crab paper (warned)",
 )
-CLEAN = ("retrain", "retrain + 5 rounds")
+CLEAN = (
+    "retrain",
+    "retrain + 1 round",
+    "retrain + 2 rounds",
+    "retrain + 5 rounds",
+    "independent retrain 1",
+    "independent retrain 2",
+    "retrain, half the rounds",
+)
+
+
+def half_rounds_retrain(
+    session: UnlearnSession, request: UnlearnRequest, seed: int
+) -> torch.Tensor:
+    """Return Retrain stopped after half the run's rounds (a clean, less-trained model)."""
+    rounds = _run_participants(session)
+    trained = _train_reference(
+        _SaltedClients(session.federation, derive_seed(seed, "half_rounds")),
+        session.run_view.initial_params,
+        rounds[: max(1, len(rounds) // 2)],
+        session.context(request).aggregator,
+        frozenset(request.forget),
+        _Budget(float("inf")),
+    )
+    assert trained is not None  # an unbounded budget always trains
+    return trained[0].to(torch.float32)
 
 
 def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> dict:
@@ -78,15 +112,19 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
         tuned = tuned + update.delta
     context = session.context(request)
     rounds = session.run_view.config.training.rounds
-    continued = run_rounds(
-        context.clients,
-        context.aggregator,
-        retrain.params,
-        num_rounds=rounds + 5,
-        start_round=rounds + 1,
-        participation=context.training.participation,
-    )
+    continued = {
+        extra: run_rounds(
+            context.clients,
+            context.aggregator,
+            retrain.params,
+            num_rounds=rounds + extra,
+            start_round=rounds + 1,
+            participation=context.training.participation,
+        )
+        for extra in (1, 2, 5)
+    }
     crab = session.run(make_method("crab", {"rollback": "paper"}), request)
+    others, _ = independent_retrains(session, request, 2, seed=seed + 50)
     models = {
         **{
             f"noise {text}": original + torch.randn(original.shape, generator=g) * float(text)
@@ -97,22 +135,21 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
         "fine-tuned": tuned,
         "crab paper": crab,
         "retrain": retrain,
-        "retrain + 5 rounds": continued,
+        **{f"retrain + {k} round{'s' if k > 1 else ''}": m for k, m in continued.items()},
+        # exact retrains with other batch orders, audited without their lineage
+        **{f"independent retrain {i + 1}": m for i, m in enumerate(others)},
+        "retrain, half the rounds": half_rounds_retrain(session, request, seed),
     }
     return {"models": models, "retrain": retrain}
 
 
-def verdicts(
-    run: Path, forget: list[int], kind: str, seed: int, less_trained: bool = False
-) -> dict[str, str]:
+def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, str]:
     """Return model label -> the receipt's influence verdict (and its checks') for a request."""
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run, evaluate=False) as session:
         built = models_of(session, request, seed)
         retrain = built["retrain"]
-        membership = client_membership_check(
-            session, request, retrain, seed=seed, less_trained_control=less_trained
-        )
+        membership = client_membership_check(session, request, retrain, seed=seed)
         verifier = Verifier(
             session, request, retrain=retrain, seed=seed, client_membership=membership
         )
@@ -140,11 +177,6 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--markers", action="store_true", help="client 0 and the attackers embed markers"
-    )
-    parser.add_argument(
-        "--less-trained-control",
-        action="store_true",
-        help="the client-level test's clean controls include Retrain at half the rounds",
     )
     parser.add_argument(
         "--config",
@@ -179,7 +211,7 @@ def main() -> None:
                 ("attacker + honest", [attackers[0], 0], "forget"),
             )
             for name, forget, kind in requests:
-                found = verdicts(run, forget, kind, seed, args.less_trained_control)
+                found = verdicts(run, forget, kind, seed)
                 for label, verdict in found.items():
                     rows.append(
                         (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)

@@ -7,13 +7,14 @@ client-level score beside what the other evidence says about the same model: its
 its relative distance to Retrain, its rate for the attackers' participation markers (the run is
 trained with markers on both attackers: ``verification.markers``) against Retrain's, and the
 scores of *clean off-path* models that never saw the attackers but left Retrain's path in other
-ways: Retrain continued 5 rounds (the receipt's own clean control), Retrain with half the
-rounds (with ``--less-trained-control`` also a clean control of the receipt's test:
-``retrain_half``), and two independent exact retrains (other batch orders). If clean off-path
-models score where the methods do, the methods' flags may be false; if the methods sit above
-every clean model, the flag says they keep a measurable trace of the attackers' data.
+ways: Retrain with half the rounds and two independent exact retrains (other batch orders).
+Each row also shows where the model's fitness (its mean logit confidence on the remaining
+clients' examples) lies against the test's reference models (``below``, ``within``, ``above``:
+the test judges only models within) and its share of the way from Retrain to the original
+(``toward``: 0 at Retrain, 1 at the original; the distance check warns above the exact
+retrains' line).
 
-    nice -n 10 python reproductions/verification/off_path.py --seeds 0 1 2 [--less-trained-control]
+    nice -n 10 python reproductions/verification/off_path.py --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -59,15 +60,13 @@ def half_rounds_retrain(session: UnlearnSession, request: UnlearnRequest) -> tor
     return trained[0].to(torch.float32)
 
 
-def rows_of(run: Path, attackers: list[int], seed: int, less_trained: bool) -> list[dict]:
+def rows_of(run: Path, attackers: list[int], seed: int) -> list[dict]:
     """Return one row per judged model of the attackers' recovery request."""
     request = UnlearnRequest.of(attackers, "recover")
     rows = []
     with UnlearnSession(run, evaluate=False) as session:
         retrain = session.run(make_method("retrain"), request)
-        membership = client_membership_check(
-            session, request, retrain, seed=seed, less_trained_control=less_trained
-        )
+        membership = client_membership_check(session, request, retrain, seed=seed)
         verifier = Verifier(
             session, request, retrain=retrain, seed=seed, client_membership=membership
         )
@@ -102,6 +101,9 @@ def rows_of(run: Path, attackers: list[int], seed: int, less_trained: bool) -> l
                     "calibrated": cm.threshold.get("calibrated"),
                     "continued": (cm.reference or {}).get("retrain_continued"),
                     "client_membership": cm.verdict,
+                    "region": cm.evidence.get("region", "-"),
+                    "toward": receipt.check("distance").evidence.get("toward_original"),
+                    "distance": receipt.check("distance").verdict,
                     "markers": marks.verdict,
                     "marker_rate": marks.value,
                     "influence": receipt.influence,
@@ -114,11 +116,6 @@ def rows_of(run: Path, attackers: list[int], seed: int, less_trained: bool) -> l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument(
-        "--less-trained-control",
-        action="store_true",
-        help="client_membership_check(less_trained_control=True): Retrain at half the rounds",
-    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -136,18 +133,19 @@ def main() -> None:
             )
             run = Path(tmp) / f"seed{seed}"
             train_run(config, run)
-            rows += rows_of(run, attackers, seed, args.less_trained_control)
+            rows += rows_of(run, attackers, seed)
     print(
         "| seed | model | backdoor ASR | test acc | distance (x o) | client-level score "
-        "(flag line; calibrated threshold) | client-level | marker rate (worst attacker) | "
-        "markers | influence |"
+        "(flag line; calibrated threshold) | fitness | client-level | toward | distance | "
+        "marker rate (worst attacker) | markers | influence |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['seed']} | {r['model']} | {100 * r['asr']:.1f}% | {100 * r['accuracy']:.1f}% | "
             f"{r['relative']:.2f} | {r['score']:.0f} ({r['line']:.0f}; {r['calibrated']:.0f}) | "
-            f"{r['client_membership']} | {100 * r['marker_rate']:.1f}% | {r['markers']} | "
+            f"{r['region']} | {r['client_membership']} | {r['toward']:.2f} | {r['distance']} | "
+            f"{100 * r['marker_rate']:.1f}% | {r['markers']} | "
             f"{r['influence']} |"
         )
 

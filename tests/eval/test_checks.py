@@ -1,6 +1,8 @@
 """The receipt's rules on hand-made rows: each verdict, its reason, the thresholds, the controls."""
 
+import dataclasses
 import json
+import math
 
 import pytest
 
@@ -161,7 +163,7 @@ def test_distance_fails_the_original_passes_only_close_models():
     assert "still the original model" in original.reason
     closer = {**RETRAIN, "distance_to_retrain": 0.4, "distance_to_original": 1.5}
     assert build_verification(evidence(closer)).check("distance").verdict == "pass"
-    elsewhere = {**RETRAIN, "distance_to_retrain": 2.4, "distance_to_original": 2.5}
+    elsewhere = {**RETRAIN, "distance_to_retrain": 2.4, "distance_to_original": 2.9}
     far = build_verification(evidence(elsewhere)).check("distance")
     assert far.verdict == "inconclusive"
     assert far.value == pytest.approx(1.5)
@@ -169,7 +171,7 @@ def test_distance_fails_the_original_passes_only_close_models():
     noisy = {**ORIGINAL, "distance_to_retrain": 1.61, "distance_to_original": 0.1}
     assert build_verification(evidence(noisy)).check("distance").verdict == "fail"
     # between the pass line and the original: inconclusive, and never decisive on its own
-    mid = {**RETRAIN, "distance_to_retrain": 1.2, "distance_to_original": 0.9}
+    mid = {**RETRAIN, "distance_to_retrain": 1.2, "distance_to_original": 1.8}
     check = build_verification(evidence(mid)).check("distance")
     assert check.verdict == "inconclusive"
     assert check.decisive is False
@@ -187,7 +189,7 @@ def test_the_distance_band_from_measured_retrains_sets_the_pass_line_and_needs_p
     tight = DistanceBand((0.53, 0.68, 0.62), cost_seconds=1.0, cost_client_epochs=3.0)
     assert 0.68 < tight.band < 1.0
     # 0.6x: inside the band of exact retrains, the original (1.0x) and the noisy one outside
-    inside = {**RETRAIN, "distance_to_retrain": 0.96, "distance_to_original": 1.3}
+    inside = {**RETRAIN, "distance_to_retrain": 0.96, "distance_to_original": 1.6}
     check = build_verification(
         evidence(inside, noisy_original=noisy, noise_std=1e-3, distance_band=tight)
     ).check("distance")
@@ -196,7 +198,7 @@ def test_the_distance_band_from_measured_retrains_sets_the_pass_line_and_needs_p
     assert check.power["original"]["outside_band"] is True
     assert "3 independent exact retrains" in check.reason
     # 0.9x, beyond the band: inconclusive
-    beyond = {**RETRAIN, "distance_to_retrain": 1.44, "distance_to_original": 1.0}
+    beyond = {**RETRAIN, "distance_to_retrain": 1.44, "distance_to_original": 2.0}
     assert (
         build_verification(evidence(beyond, distance_band=tight)).check("distance").verdict
         == "inconclusive"
@@ -600,3 +602,258 @@ def test_a_backdoor_pass_does_not_show_removal_of_honest_clients_in_the_same_req
     assert check.verdict == "pass" and check.decisive is False
     assert "honest forgotten client" in check.reason
     assert build_verification(evidence(RETRAIN)).check("backdoor").decisive is True
+
+
+def test_a_half_way_interpolation_that_passes_the_backdoor_check_is_not_removed():
+    # The MNIST CNN calibration's one false `removed`: 0.5 original + 0.5 Retrain, recovering
+    # from both attackers, with a backdoor ASR at Retrain's (a decisive pass) and a pass of the
+    # client-level test. Its distances put it half-way along the line from Retrain to the
+    # original (||u - r|| = ||u - o|| = gap / 2); the client-level test's references trained
+    # without the attackers (exact retrains) lie at 0.01-0.03 on that line
+    half = {**RETRAIN, "distance_to_retrain": 0.8, "distance_to_original": 0.8}
+    cm = dataclasses.replace(client_test(0.5), reference_toward=(0.018, 0.031, 0.012, 0.02))
+    v = build_verification(evidence(half, client_membership=cm))
+    assert v.check("backdoor").verdict == "pass"
+    assert v.check("client_membership").verdict == "pass"
+    distance = v.check("distance")
+    assert distance.verdict == "warn"
+    assert distance.evidence["toward_original"] == pytest.approx(0.5)
+    assert distance.threshold["toward"] < 0.06
+    assert "0.50 of the original's offset" in distance.reason
+    assert v.influence == "not_shown"
+    assert "distance to Retrain warns" in v.influence_reason
+    # the controls lie at the original's end of the line
+    assert distance.power["original"]["toward_original"] == pytest.approx(1.0)
+    # an exact retrain with another batch order: far from Retrain, but orthogonal to o - r
+    other = {**RETRAIN, "distance_to_retrain": 0.2, "distance_to_original": 1.61}
+    v = build_verification(evidence(other, client_membership=cm))
+    assert v.check("distance").evidence["toward_original"] == pytest.approx(0.0015, abs=1e-3)
+    assert v.check("distance").verdict == "pass"
+    assert v.influence == "removed"
+    # without measured retrains the fixed line (0.4: exact retrains stay below 0.5, and were
+    # measured up to 0.31) warns at the half-way model too
+    check = build_verification(evidence(half)).check("distance")
+    assert check.verdict == "warn"
+    assert check.threshold["toward"] == VerificationThresholds().distance_toward == 0.4
+    assert "fewer than 3 exact retrains" in check.reason
+    # two references are too few for a measured line (the Student-t factor is 6.3): fixed line
+    two = dataclasses.replace(client_test(0.5), reference_toward=(0.1, 0.5))
+    check = build_verification(evidence(half, client_membership=two)).check("distance")
+    assert check.verdict == "warn"
+    assert check.threshold["toward"] == 0.4
+    # a wide measured spread is capped at the fixed line
+    wide = dataclasses.replace(client_test(0.5), reference_toward=(0.25, 0.32, 0.1))
+    check = build_verification(evidence(half, client_membership=wide)).check("distance")
+    assert check.threshold["toward"] == 0.4
+    assert "capped at distance_toward" in check.reason
+    assert check.verdict == "warn"
+    # a position that cannot be computed (NaN) is never cleared
+    nan = dataclasses.replace(client_test(0.5), reference_toward=(0.01, math.nan, 0.02))
+    check = build_verification(evidence(half, client_membership=nan)).check("distance")
+    assert check.verdict == "warn"
+    odd = {**half, "toward_original": math.nan}
+    assert build_verification(evidence(odd)).check("distance").verdict == "warn"
+    # the judge's row carries the position computed from the parameters, which the check uses
+    exact = {**half, "toward_original": 0.01}
+    assert build_verification(evidence(exact)).check("distance").verdict != "warn"
+
+
+def test_the_toward_line_comes_from_measured_exact_retrains():
+    from fedunlearn.eval.distance_band import DistanceBand
+
+    quarter = {**RETRAIN, "distance_to_retrain": 0.4, "distance_to_original": 1.2}  # at 0.25
+    tight = DistanceBand(
+        (0.11, 0.12, 0.11), cost_seconds=1.0, cost_client_epochs=3.0, toward=(0.004, 0.005, 0.006)
+    )
+    check = build_verification(evidence(quarter, distance_band=tight)).check("distance")
+    assert check.verdict == "warn"
+    assert check.threshold["toward"] == pytest.approx(tight.toward_line)
+    assert tight.toward_line < 0.02
+    assert "independent exact retrains" in check.reason
+    # the client-level test's "without" references serve when no band was measured
+    cm = dataclasses.replace(client_test(0.5), reference_toward=(0.01, 0.02, 0.015, 0.03))
+    check = build_verification(evidence(quarter, client_membership=cm)).check("distance")
+    assert check.verdict == "warn"
+    assert "client-level test's references" in check.reason
+    # retrains that spread widely along o - r leave no warning for a quarter-way model
+    wide = DistanceBand(
+        (0.5, 0.6, 0.55), cost_seconds=1.0, cost_client_epochs=3.0, toward=(0.2, 0.35, 0.3)
+    )
+    check = build_verification(evidence(quarter, distance_band=wide)).check("distance")
+    assert check.verdict != "warn"
+
+
+def ranged(candidate, fitness, *, original=5.0, in_max=6.0, continued=None, cont_fit=1.4):
+    scores = {"candidate": candidate, "original": original, "retrain": 0.1}
+    fit = {"candidate": fitness, "original": 1.38, "retrain": 1.86}
+    if continued is not None:
+        scores["retrain_continued"] = continued
+        fit["retrain_continued"] = cont_fit
+    return dataclasses.replace(
+        client_test(candidate, original=original),
+        scores=scores,
+        fitness=fit,
+        domain=(1.3, 1.95),
+        in_max=in_max,
+    )
+
+
+def test_the_client_level_test_judges_only_models_trained_like_its_references():
+    # a clean model less trained than every reference scores like a "with" model on the
+    # attackers' poisoned examples: it used to be flagged (the demo's false `remains`); above
+    # the line it is not cleared either (warn: never `removed`)
+    less = build_verification(evidence(RETRAIN, client_membership=ranged(3.5, 0.3)))
+    check = less.check("client_membership")
+    assert check.verdict == "warn"
+    assert check.evidence["region"] == "below"
+    assert check.threshold["fail"] == pytest.approx(6.0)  # the line applied: every "with" ref
+    assert check.threshold["line"] == pytest.approx(2.0)
+    assert "less trained than every reference model" in check.reason
+    assert less.influence == "not_shown"
+    # below the line: inconclusive, never pass
+    low = build_verification(evidence(RETRAIN, client_membership=ranged(1.0, 0.3)))
+    assert low.check("client_membership").verdict == "inconclusive"
+    assert "says nothing either way" in low.check("client_membership").reason
+    # ... but a less trained model above every "with" reference (fine-tuned on the client) is
+    tuned = build_verification(evidence(RETRAIN, client_membership=ranged(50.0, -3.0)))
+    assert tuned.check("client_membership").verdict == "fail"
+    assert "yet above every model trained with them" in tuned.check("client_membership").reason
+    assert tuned.influence == "remains"
+    # a model trained more than the references: inconclusive, never pass; flagged only above
+    # every clean control, the one trained longer included
+    more = build_verification(evidence(RETRAIN, client_membership=ranged(0.5, 2.5)))
+    assert more.check("client_membership").verdict == "inconclusive"
+    assert "more trained" in more.check("client_membership").reason
+    longer = ranged(3.5, 2.5, continued=4.0, cont_fit=2.5)
+    check = build_verification(evidence(RETRAIN, client_membership=longer)).check(
+        "client_membership"
+    )
+    assert check.verdict == "inconclusive"
+    # the threshold plus the clean score growth from Retrain (0.1) to the control (4.0)
+    assert check.threshold["fail"] == pytest.approx(2.0 + 3.9)
+    beyond = ranged(9.0, 2.5, continued=4.0, cont_fit=2.5)
+    v = build_verification(evidence(RETRAIN, client_membership=beyond))
+    assert v.check("client_membership").verdict == "fail"
+    assert v.influence == "remains"
+    # within the range: the calibrated rule
+    within = build_verification(evidence(RETRAIN, client_membership=ranged(0.5, 1.5)))
+    assert within.check("client_membership").verdict == "pass"
+    # a clean control more fit than the model does not raise its line
+    outside = ranged(3.0, 1.5, continued=4.0, cont_fit=2.5)
+    check = build_verification(evidence(RETRAIN, client_membership=outside)).check(
+        "client_membership"
+    )
+    assert check.threshold["fail"] == pytest.approx(2.0)
+    assert check.verdict == "fail"
+    # the original is judged at the line the model faces
+    assert check.power["controls"]["original"] == "fail"
+    # a model whose outputs are not finite is never cleared by this test
+    nan = dataclasses.replace(
+        ranged(0.5, 1.5), fitness={"candidate": math.nan, "original": 1.38, "retrain": 1.86}
+    )
+    check = build_verification(evidence(RETRAIN, client_membership=nan)).check("client_membership")
+    assert check.verdict == "inconclusive"
+    assert "not a finite number" in check.reason
+    nan_score = ranged(math.nan, 1.5)
+    check = build_verification(evidence(RETRAIN, client_membership=nan_score)).check(
+        "client_membership"
+    )
+    assert check.verdict == "inconclusive"
+    # an original outside the range leaves the test without power
+    blind = dataclasses.replace(ranged(0.5, 1.5), fitness={"candidate": 1.5, "original": 0.2})
+    check = build_verification(evidence(RETRAIN, client_membership=blind)).check(
+        "client_membership"
+    )
+    assert check.verdict == "inconclusive"
+    assert "cannot tell the original" in check.reason
+
+
+def quickstart_controls(**changes):
+    # the client-level evidence of the quickstart, honest client 0 (seed 0): Retrain and the
+    # receipt's clean controls, Retrain continued 1..5 rounds, with their fitness
+    scores = {"candidate": 1.6, "original": 0.97, "retrain": -0.91}
+    fitness = {"candidate": 1.47, "original": 1.365, "retrain": 1.387}
+    for k, (score, fit) in enumerate(
+        [(-0.2, 1.42), (1.2, 1.47), (1.9, 1.55), (2.4, 1.66), (2.86, 1.76)], start=1
+    ):
+        scores[f"retrain_continued_{k}"] = score
+        fitness[f"retrain_continued_{k}"] = fit
+    scores.update(changes.pop("scores", {}))
+    fitness.update(changes.pop("fitness", {}))
+    return ClientMembershipEvidence(
+        scores=scores,
+        threshold=-0.31,
+        target_fpr=0.05,
+        power=1.0,
+        num_reference_models=8,
+        cost_seconds=3.0,
+        cost_client_epochs=100.0,
+        notes={"reference_scores": {"out": [-0.68, -1.24, -1.23, -0.9], "in": [1.2, 1.0, 0.8]}},
+        fitness=fitness,
+        domain=(1.26, 1.54),
+        in_max=1.23,
+        **changes,
+    )
+
+
+def client_check(cm):
+    v = build_verification(honest(QS_RETRAIN, client_membership=cm))
+    return v, v.check("client_membership")
+
+
+def test_a_clean_model_trained_a_little_longer_is_judged_against_clean_controls_as_fit():
+    # The quickstart calibration, seed 0, honest client 0: Retrain + 2 rounds (clean) lies
+    # within the references' fitness range and scored above the calibrated threshold: it was
+    # `remains`. The line at a model's fitness is the threshold plus what training that much
+    # adds to a clean model's score (the controls' envelope, from Retrain's score)
+    v, check = client_check(quickstart_controls())
+    assert check.threshold["fail"] == pytest.approx(-0.31 + (1.2 + 0.91))
+    assert v.influence != "remains"
+    # ... and the original (0.97), below that line, cannot show the test's power there
+    assert check.verdict == "inconclusive", check.reason
+    assert check.power["controls"]["original"] == "pass"
+    # a model as fit but far more confident on the client's data is flagged
+    v, check = client_check(quickstart_controls(scores={"candidate": 11.3}))
+    assert check.verdict == "fail" and v.influence == "remains"
+    # between two controls the growth is interpolated
+    _, check = client_check(quickstart_controls(fitness={"candidate": 1.51}))
+    assert check.threshold["fail"] == pytest.approx(-0.31 + (1.55 + 0.91))
+    # a model less fit than Retrain (the original's case) faces the calibrated threshold, and
+    # a contaminated model there is caught with the original as its control
+    v, check = client_check(
+        quickstart_controls(scores={"candidate": 0.9}, fitness={"candidate": 1.37})
+    )
+    assert check.threshold["fail"] == pytest.approx(-0.31)
+    assert check.verdict == "fail" and v.influence == "remains"
+    # a contaminated model more fit than the original whose score the controls' line covers:
+    # the original is not flagged at that line, so no pass (it used to pass, then `removed`)
+    v, check = client_check(quickstart_controls(scores={"candidate": 1.5}))
+    assert check.verdict == "inconclusive"
+    assert v.influence != "removed"
+
+
+def test_clean_models_at_the_edges_of_the_controls_are_not_flagged():
+    # trained beyond the last control (Retrain + 7 rounds on the clean trend): the line follows
+    # the last segment's growth, and off the references' range it is never a pass
+    _, check = client_check(
+        quickstart_controls(scores={"candidate": 3.73}, fitness={"candidate": 1.95})
+    )
+    assert check.threshold["fail"] == pytest.approx(-0.31 + (2.86 + 4.6 * 0.19 + 0.91), abs=1e-6)
+    assert check.verdict == "inconclusive"
+    # two controls at one fitness: the line uses the higher score (not the first segment's)
+    tied = quickstart_controls(
+        scores={"candidate": 1.2}, fitness={"retrain_continued_1": 1.47, "candidate": 1.47}
+    )
+    _, check = client_check(tied)
+    assert check.threshold["fail"] == pytest.approx(-0.31 + (1.2 + 0.91))
+    assert check.verdict != "fail"
+    # a clean Retrain that scores above the threshold: the test flags clean models here, so a
+    # flag is not cleared but not shown either (warn), and a pass is inconclusive
+    noisy = quickstart_controls(
+        scores={"retrain": 1.0, "candidate": 0.9}, fitness={"candidate": 1.38}
+    )
+    v, check = client_check(noisy)
+    assert check.power["retrain_flagged"] is True
+    assert check.verdict == "warn"
+    assert "Retrain, which never saw" in check.reason
+    assert v.influence == "not_shown"

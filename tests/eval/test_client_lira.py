@@ -14,7 +14,7 @@ from fedunlearn.eval.mia import (
     fit_client_membership,
     measure_client_membership,
 )
-from fedunlearn.eval.mia.client_lira import _fit, _score, leave_one_out_scores
+from fedunlearn.eval.mia.client_lira import _fit, _score, leave_one_out_scores, share_toward
 from fedunlearn.fl.client import local_update
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
@@ -35,6 +35,9 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lira_tiny") / "run"
     train_run(parse_config(TINY), out)
     return out
+
+
+evidence_models: dict[str, torch.Tensor] = {}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +69,7 @@ def quickstart(tmp_path_factory):
         }
         evidence = measure_client_membership(session, [0], models, seed=0)
         size = session.run_view.client_sizes[0]
+    evidence_models.update(models)
     return evidence, retrain, size
 
 
@@ -76,6 +80,27 @@ def test_quickstart_original_and_its_noisy_copy_flagged_retrain_not(quickstart):
     assert evidence.flagged("noisy")
     assert not evidence.flagged("retrain")
     assert evidence.power is not None and evidence.power >= 0.75
+
+
+@pytest.mark.slow
+def test_quickstart_fitness_range_holds_the_original_and_retrain(quickstart):
+    evidence, _, _ = quickstart
+    low, high = evidence.domain
+    assert low < high
+    # the models trained as the run was lie within the references' range
+    assert evidence.region("original") == "within"
+    assert evidence.region("retrain") == "within"
+    assert evidence.region("noisy") == "within"
+    assert set(evidence.notes["reference_fitness"]) == {"in", "out"}
+    # the "without" references are exact retrains: near Retrain along o - r, the original at 1
+    toward = evidence.reference_toward
+    assert len(toward) == 4
+    assert all(-0.3 < t < 0.3 for t in toward), toward
+    assert share_toward(
+        0.25 * evidence_models["original"] + 0.75 * evidence_models["retrain"],
+        evidence_models["retrain"],
+        evidence_models["original"],
+    ) == pytest.approx(0.25, abs=1e-6)
 
 
 @pytest.mark.slow
@@ -221,3 +246,22 @@ def test_a_test_fitted_once_scores_later_models_as_one_call_does(tiny_run):
     assert later.cost_client_epochs == at_once.cost_client_epochs
     assert first.scores["original"] == at_once.scores["original"]
     assert set(later.notes["client_scores"]["candidate"]) == {1, 2}
+
+
+@pytest.mark.slow
+def test_the_fitness_range_needs_three_references_per_side(tiny_run):
+    # with 2 per side the two-sided 99% Student-t factor (63.7) makes a range that holds every
+    # model: it is not measured, and the receipt judges every model as before
+    with UnlearnSession(tiny_run, evaluate=False) as session:
+        run = session.run_view
+        models = {"original": run.final_params, "candidate": run.initial_params}
+        two = measure_client_membership(session, [1], models, num_reference=4, seed=2)
+        three = measure_client_membership(session, [1], models, num_reference=6, seed=2)
+    assert two.domain is None
+    assert "fewer than 3 references per side" in two.notes["fitness_range"]
+    assert two.region("candidate") == "unknown"
+    assert three.domain is not None and three.domain[0] < three.domain[1]
+    assert len(three.notes["reference_fitness"]["in"]) == 3
+    # the untrained M_0 is far less fit than any reference trained as the run was
+    assert three.region("candidate") == "below"
+    assert three.region("original") == "within"

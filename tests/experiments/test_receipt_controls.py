@@ -185,7 +185,9 @@ def test_a_less_trained_clean_model_is_not_flagged_for_the_attackers(quickstart)
     # Prepare: recovering from the two attackers (1, 3 on seed 0), the client-level test's
     # "with" models are the *less* confident ones on the attackers' true labels, so a clean
     # model trained less scores like them: Retrain stopped after 20 of 30 rounds scores above
-    # the calibrated line; the opt-in less-trained clean control (retrain_half) covers it
+    # the calibrated line and was flagged (influence "remains": the demo's false alarms for
+    # Crab, FedADP, random rounds and Starfish). It is less trained than every reference
+    # model, so the test's calibration does not cover it: not cleared (warn), never fail
     from fedunlearn.eval.mia.client_lira import (
         _Budget,
         _run_participants,
@@ -205,17 +207,21 @@ def test_a_less_trained_clean_model_is_not_flagged_for_the_attackers(quickstart)
             frozenset(request.forget),
             _Budget(float("inf")),
         )
-        membership = client_membership_check(session, request, retrain, less_trained_control=True)
+        membership = client_membership_check(session, request, retrain)
         verifier = Verifier(session, request, retrain=retrain, client_membership=membership)
 
         # Execute
         _, receipt = verifier.audit(shorter.to(torch.float32), "Retrain, 20 of 30 rounds")
         _, original = verifier.audit(session.run_view.final_params, "original")
 
-        # Assert: the clean model is not flagged, the original still is (the test keeps power)
+        # Assert: the clean model is not flagged (it is off the references' fitness range),
+        # the original still is (the test keeps power)
         check = receipt.check("client_membership")
-        assert "retrain_half" in check.reference
-        assert check.value > check.threshold["calibrated"]  # the case the control is for
-        assert check.verdict == "pass", check.reason
-        assert receipt.influence == "removed", receipt.influence_reason
+        assert check.value > check.threshold["calibrated"]  # the case the range is for
+        assert check.evidence["region"] == "below"
+        assert check.verdict == "warn", check.reason  # not cleared, never flagged
+        assert "less trained than every reference model" in check.reason
+        assert "not cleared" in check.reason
+        assert receipt.influence == "not_shown", receipt.influence_reason
         assert original.check("client_membership").verdict == "fail"
+        assert original.check("client_membership").evidence["region"] == "within"

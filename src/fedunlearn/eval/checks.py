@@ -22,13 +22,16 @@ calibration):
    no Retrain;
 2. ``membership``: loss-threshold and shadow-model attacks on the forgotten clients' clean
    training data against unseen data (AUC), against Retrain's AUC (or chance, 0.5);
-3. ``client_membership``: the client-level membership test (``ClientMembershipEvidence``);
+3. ``client_membership``: the client-level membership test (``ClientMembershipEvidence``),
+   judged at the model's fitness: against clean controls no more trained than it, and
+   ``inconclusive`` (or ``warn``) for a model trained less than every reference model;
 3b. ``markers``: the forgotten clients' participation markers (``MarkerEvidence``): the share
    of marked probe inputs sent to each client's secret target, against Retrain's;
 4. ``poisoning``: a non-backdoor poisoning's damage (test accuracy against Retrain's);
 5. ``distance``: ``||u - r|| / ||o - r||``; a model that stayed at the original fails, a pass
    needs the band of independent exact retrains (``distance_band``, else the fixed
-   ``distance_pass``) with the original outside it; never decisive on its own;
+   ``distance_pass``) with the original outside it; it warns when the model lies farther
+   along the line from Retrain to the original than exact retrains do; never decisive;
 6. ``bound``: the method's certified bound, on the returned model's distance to Retrain, only
    when non-vacuous (below ``||M_0 - r||``);
 7. ``utility``: test accuracy against Retrain's (or the original's, unless the original is
@@ -49,7 +52,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval.distance_band import DistanceBand
+from fedunlearn.eval.distance_band import DistanceBand, upper_bound
 from fedunlearn.eval.markers import MarkerEvidence
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.unlearn.lineage import Lineage
@@ -101,6 +104,16 @@ class VerificationThresholds(BaseModel):
             distance check passes when no band of independent exact retrains was measured
             (the original is at 1.0 and the original plus noise farther; exact retrains with
             other batch orders land at 0.47-0.68 for an honest client of the quickstart).
+        distance_toward: Share of the way from Retrain to the original, along their
+            difference (``<u - r, o - r> / ||o - r||^2``: 0 at Retrain, 1 at the original,
+            lambda for the weight interpolation ``lambda o + (1 - lambda) r``), above which the
+            distance check warns when no independent exact retrains were measured (their
+            spread sets the line otherwise). An exact retrain with other batch orders,
+            ``r' = r + n' - n``, lies at about ``E||n||^2 / (||d||^2 + 2 E||n||^2)`` (``d``
+            the influence), below 0.5 and near it when the batch-order noise dominates
+            (measured: 0.004-0.03 for backdoor attackers, 0.01-0.09 for an honest client of
+            the quickstart, 0.30-0.31 for one of the reduced MNIST CNN); a measured line is
+            capped at this value.
         distance_unchanged: If the model moved less than this share of the original-to-Retrain
             gap away from the original, the distance check fails: it is still the original
             model (its relative distance is then at least ``1 - distance_unchanged``).
@@ -129,6 +142,7 @@ class VerificationThresholds(BaseModel):
     mia_fail_z: float = Field(4.0, ge=0)
     distance_pass: float = Field(0.5, gt=0, lt=1)
     distance_unchanged: float = Field(0.1, ge=0, le=1)
+    distance_toward: float = Field(0.4, gt=0, lt=1)
     bound_tolerance: float = Field(1e-6, ge=0)
     utility_warn: float = Field(0.02, ge=0, le=1)
     utility_fail: float = Field(0.05, ge=0, le=1)
@@ -529,16 +543,121 @@ def check_membership(ev: Evidence, th: VerificationThresholds) -> Check:
 # --- 3. client-level membership ---------------------------------------------------------------
 
 
+def _fitness_words(cm: ClientMembershipEvidence, label: str) -> str:
+    low, high = cm.domain or (math.nan, math.nan)
+    side = "less" if cm.region(label) == "below" else "more"
+    return (
+        f"it is {side} trained than every reference model (mean logit confidence "
+        f"{cm.fitness[label]:.3g} on the remaining clients' examples; references "
+        f"{low:.3g} to {high:.3g})"
+    )
+
+
+def _envelope(cm: ClientMembershipEvidence) -> list[tuple[float, float]]:
+    """The clean controls' (fitness, running-max score), by fitness; ties keep the highest."""
+    points = sorted(
+        (cm.fitness[k], cm.scores[k])
+        for k in cm.scores
+        if k.startswith("retrain")
+        and k in cm.fitness
+        and math.isfinite(cm.scores[k])
+        and math.isfinite(cm.fitness[k])
+    )
+    envelope: list[tuple[float, float]] = []
+    top = -math.inf
+    for f, score in points:
+        top = max(top, score)
+        if envelope and envelope[-1][0] == f:
+            envelope.pop()
+        envelope.append((f, top))
+    return envelope
+
+
+def _clean_line(cm: ClientMembershipEvidence, fitness: float | None) -> float:
+    """The flag line for a model of ``fitness``: the threshold plus the clean score growth.
+
+    The clean controls (``retrain*``: Retrain, and Retrain trained 1 to 5 rounds more) with
+    their fitness trace how a clean model's score grows with training. The line is the
+    calibrated threshold plus that growth from the least fit control to ``fitness`` (the
+    upper envelope of their scores, linear between controls, extended beyond the most fit
+    one along its last segment; none below the least fit): a model is compared with clean
+    models trained as much, with the references' spread already in the threshold. Without
+    fitness (not measured): the highest of the threshold and every clean score.
+    """
+    if fitness is None or not cm.fitness:
+        clean = [v for k, v in cm.scores.items() if k.startswith("retrain") and math.isfinite(v)]
+        return max([cm.threshold, *clean])
+    envelope = _envelope(cm)
+    if not envelope or fitness <= envelope[0][0]:
+        return cm.threshold
+    base = envelope[0][1]
+    last_f, last_s = envelope[-1]
+    if fitness >= last_f:
+        slope = 0.0
+        if len(envelope) > 1:
+            prev_f, prev_s = envelope[-2]
+            slope = max(0.0, (last_s - prev_s) / (last_f - prev_f))
+        level = last_s + slope * (fitness - last_f)
+    else:
+        level = base
+        for (f0, s0), (f1, s1) in zip(envelope, envelope[1:], strict=False):
+            if f0 <= fitness <= f1:
+                level = s0 + (s1 - s0) * (fitness - f0) / (f1 - f0)
+                break
+    return cm.threshold + max(0.0, level - base)
+
+
+def _line_words(cm: ClientMembershipEvidence, line: float, region: str) -> str:
+    if region == "below":
+        return f"{line:.3g} (every model trained with them, and the calibrated threshold)"
+    if region == "unknown" and line > cm.threshold:
+        return f"{line:.3g} (the highest clean control; no fitness was measured)"
+    if line > cm.threshold:
+        return (
+            f"{line:.3g} (the calibrated threshold {cm.threshold:.3g} plus what training as "
+            "much as the model adds to a clean model's score, from the clean controls)"
+        )
+    return f"{line:.3g} (the calibrated threshold)"
+
+
+def _client_line(cm: ClientMembershipEvidence, label: str) -> float:
+    """The score above which the test flags ``label``, by where its fitness lies.
+
+    Within the references' fitness range, trained more than them, or unmeasured: the clean
+    line at its fitness (``_clean_line``); trained less than every reference: the calibrated
+    threshold and every "with" reference's score; not a finite fitness: never (inf).
+    """
+    region = cm.region(label)
+    if region in ("within", "above", "unknown"):
+        return _clean_line(cm, cm.fitness.get(label) if region != "unknown" else None)
+    if region == "below" and cm.in_max is not None and math.isfinite(cm.in_max):
+        return max(cm.threshold, cm.in_max)
+    return math.inf
+
+
 def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
     """Check 3: the client-level membership test no longer flags the model.
 
-    Reads ``Evidence.client_membership``. Scores labelled ``retrain*`` are clean controls:
-    models that never saw the forgotten clients (Retrain; Retrain trained a few rounds more by
-    the remaining clients, which tells "trained longer" from "saw the client"). A model is
-    flagged when it scores above the test's calibrated threshold *and* above every clean
-    control (the flag line), so a clean model off Retrain's training path is never called
-    contaminated. The original (and ``original*`` copies) must be flagged, or a model below the
-    line gets ``inconclusive``.
+    Reads ``Evidence.client_membership``. The score rises with any training that makes a
+    model more confident, not only with membership, so a model is judged by its fitness
+    (``ClientMembershipEvidence.fitness``: its mean logit confidence on the remaining clients'
+    examples) against the reference models' range (``region``):
+
+    - within the range or trained more: flagged above the line at its fitness
+      (``_clean_line``): the calibrated threshold, raised to the upper envelope of the clean
+      controls (``retrain*``: Retrain, Retrain trained 1 to 5 rounds more) no more fit than
+      the model plus the references' spread. A model trained more than every reference and
+      not flagged gets ``inconclusive``, never pass;
+    - less trained than every reference: such a model looks like a "with" model on examples
+      whose label a clean model finds unlikely (an attacker's poisoned labels, marked copies),
+      so it is flagged only above every "with" reference too (nothing less trained scores
+      there; a model fine-tuned on the client does); otherwise ``warn`` above the calibrated
+      threshold (not cleared, never ``remains``), else ``inconclusive``;
+    - a NaN score or fitness: ``inconclusive``.
+
+    The original (and ``original*`` copies), judged by the same rule, must be flagged, or a
+    model below its line gets ``inconclusive``. Without a measured range (older evidence)
+    every model is judged against the calibrated threshold and every clean control's score.
     """
     title = "client-level membership"
     cm = ev.client_membership
@@ -558,45 +677,106 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
         )
     value = cm.scores["candidate"]
     clean = {k: v for k, v in cm.scores.items() if k.startswith("retrain")}
-    line = max([cm.threshold, *clean.values()])
+    region = cm.region("candidate")
+    applied = _client_line(cm, "candidate")
+    line = cm.threshold if region == "below" else applied
+    # the negative controls must be flagged at the line the candidate faces, and at their own
+    # (an original less trained than the references scores high without the clients' help)
     controls: dict[str, Verdict] = {
-        label: "fail" if score > line else "pass"
-        for label, score in cm.scores.items()
+        label: "fail" if cm.scores[label] > max(applied, _client_line(cm, label)) else "pass"
+        for label in cm.scores
         if label.startswith("original")
     }
-    candidate: Verdict = "fail" if value > line else "pass"
-    verdict, unflagged, _ = _controlled(candidate, controls, None)
+    candidate: Verdict = "fail" if value > applied else "pass"
+    # the positive control: Retrain, at the line of its own fitness
+    positive: Verdict | None = None
+    if "retrain" in cm.scores and math.isfinite(cm.scores["retrain"]):
+        positive = "fail" if cm.scores["retrain"] > _client_line(cm, "retrain") else "pass"
+    verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
+    if verdict == "fail" and positive_flagged:
+        verdict = "warn"  # the test flags a clean Retrain too: not cleared, not shown to remain
+    off_range = verdict != "fail" and region in ("below", "above")
+    invalid = not math.isfinite(value) or region == "invalid"
+    if invalid:
+        verdict = "inconclusive"
+    elif off_range:
+        # above the calibrated line it is not cleared (warn), never `remains`
+        verdict = "warn" if region == "below" and value > cm.threshold else "inconclusive"
     clean_flagged = sorted(k for k, v in clean.items() if v > cm.threshold)
     reference = {k: v for k, v in cm.scores.items() if k != "candidate"}
-    threshold = {"fail": line, "calibrated": cm.threshold, "target_fpr": cm.target_fpr}
+    threshold = {
+        "fail": applied,
+        "line": line,
+        "calibrated": cm.threshold,
+        "target_fpr": cm.target_fpr,
+    }
     power = {
         "original_flagged": controls["original"] == "fail",
         "controls": controls,
+        "retrain_flagged": positive_flagged,
         "clean_controls_above_threshold": clean_flagged,
         "power": cm.power,
         "reference_models": cm.num_reference_models,
     }
-    evidence = {"cost_seconds": cm.cost_seconds, "cost_client_epochs": cm.cost_client_epochs}
-    raised = (
-        f" (raised from {cm.threshold:.3g} by the clean control(s) {', '.join(clean_flagged)})"
-        if clean_flagged
-        else ""
-    )
-    if verdict == "fail":
+    evidence: dict[str, Any] = {
+        "cost_seconds": cm.cost_seconds,
+        "cost_client_epochs": cm.cost_client_epochs,
+    }
+    if cm.domain is not None:
+        evidence["fitness"] = dict(cm.fitness)
+        evidence["reference_fitness_range"] = list(cm.domain)
+        evidence["region"] = region
+        evidence["in_max"] = cm.in_max
+    if invalid:
+        reason = (
+            f"the model's score ({value:.3g}) or its fitness on the remaining clients' examples "
+            "is not a finite number (NaN or infinite outputs): the test cannot place it"
+        )
+    elif positive_flagged:
+        reason = (
+            f"Retrain, which never saw {_clients(ev)}, scores {cm.scores['retrain']:.3g}, above "
+            "its own flag line: the test flags a clean model here, so its "
+            + ("flag of this model (score " if verdict == "warn" else "pass of this model (score ")
+            + f"{value:.3g}, line {applied:.3g}) shows nothing either way"
+        )
+    elif verdict == "fail":
+        beyond = ""
+        if region == "below":
+            beyond = (
+                f"; {_fitness_words(cm, 'candidate')}, yet above every model trained with them "
+                f"({cm.in_max:.3g})"
+            )
+        elif region == "above":
+            beyond = f"; {_fitness_words(cm, 'candidate')}, yet above the clean models"
         reason = (
             f"the test still finds {_clients(ev)} in the model: score {value:.3g} above "
-            f"{line:.3g}{raised} (original {cm.scores['original']:.3g})"
+            f"{_line_words(cm, applied, region)} (original {cm.scores['original']:.3g}){beyond}"
+        )
+    elif off_range and verdict == "warn":
+        reason = (
+            f"{_fitness_words(cm, 'candidate')}: it scores {value:.3g}, above the calibrated "
+            f"threshold {cm.threshold:.3g} that flags a model trained as the run was, but a "
+            f"less trained model scores high on these examples without {_clients(ev)} (it "
+            f"would be flagged above every model trained with them, {applied:.3g}); not cleared"
+        )
+    elif off_range:
+        reason = (
+            f"{_fitness_words(cm, 'candidate')}: the test is calibrated on models trained as the "
+            f"run was, and its score ({value:.3g}; line {applied:.3g}) says nothing either way "
+            "about such a model"
         )
     elif verdict == "inconclusive":
-        reason = _no_power(
-            ev,
-            unflagged,
-            f"original score {cm.scores['original']:.3g}, flag line {line:.3g}{raised}",
+        first = unflagged[0]
+        detail = (
+            f"{first} score {cm.scores[first]:.3g}, at or below the model's flag line "
+            f"{_line_words(cm, applied, region)}"
         )
+        reason = _no_power(ev, unflagged, detail)
     else:
         reason = (
-            f"score {value:.3g} below {line:.3g} (original {cm.scores['original']:.3g}, "
-            f"flagged; power {cm.power if cm.power is not None else 'not measured'})"
+            f"score {value:.3g} below {_line_words(cm, applied, region)} (original "
+            f"{cm.scores['original']:.3g}, above it; power "
+            f"{cm.power if cm.power is not None else 'not measured'})"
         )
     return Check(
         "client_membership",
@@ -819,6 +999,40 @@ def check_poisoning(ev: Evidence, th: VerificationThresholds) -> Check:
 # --- 5. distance ------------------------------------------------------------------------------
 
 
+MIN_TOWARD_RETRAINS = 3  # with 2, the 95% Student-t factor is 6.3 x the spread
+
+
+def _toward_line(ev: Evidence, th: VerificationThresholds) -> tuple[float, str]:
+    """Return the line of the share toward the original, and where it comes from.
+
+    The 95% prediction bound of at least ``MIN_TOWARD_RETRAINS`` exact retrains' positions,
+    capped at ``distance_toward``; the fixed ``distance_toward`` when fewer were measured.
+    """
+    band = ev.distance_band
+    cm = ev.client_membership
+    candidates = (
+        (band.toward if band is not None else (), "independent exact retrains (distance band)"),
+        (
+            cm.reference_toward if cm is not None else (),
+            "exact retrains (the client-level test's references trained without the clients)",
+        ),
+    )
+    for measured, where in candidates:
+        finite = [float(v) for v in measured if math.isfinite(v)]
+        if len(finite) >= MIN_TOWARD_RETRAINS:
+            bound = upper_bound(finite)
+            line = min(bound, th.distance_toward)
+            capped = f", capped at distance_toward {th.distance_toward:g}" if bound > line else ""
+            return line, (
+                f"{len(finite)} {where} lie at {min(finite):.2f} to {max(finite):.2f} (95% "
+                f"prediction bound {bound:.2f}{capped})"
+            )
+    return th.distance_toward, (
+        f"the fixed line distance_toward ({th.distance_toward:g}; fewer than "
+        f"{MIN_TOWARD_RETRAINS} exact retrains were measured)"
+    )
+
+
 def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
     """Check 5: the model left the original and came close to Retrain.
 
@@ -828,6 +1042,14 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
     ``distance_pass``; a model within it passes only if the original (and the original plus
     noise) lies outside it, else ``inconclusive``; beyond it ``inconclusive``. Never decisive:
     an interpolation of the original and Retrain is close too.
+
+    It also measures where the model lies along the line from Retrain to the original
+    (``<u - r, o - r> / ||o - r||^2``, from the three distances): a model that keeps more of
+    the original's offset than independent exact retrains do (their 95% prediction bound,
+    from the distance band or the client-level test's "without" references, else the fixed
+    ``distance_toward``) gets ``warn``, so no other check's pass makes its influence
+    ``removed``: the half-way weight interpolation of the original and Retrain lies at 0.5
+    and can pass the backdoor and membership checks.
     """
     title = "distance to Retrain"
     moved = _num(ev.row.get("distance_to_original"))
@@ -874,16 +1096,24 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
         )
     relative = left / gap
     moved_share = moved / gap
+    measured_toward = _num(ev.row.get("toward_original"))
+    toward = measured_toward if measured_toward is not None else _toward(left, moved, gap)
+    toward_line, toward_source = _toward_line(ev, th)
     evidence["moved_share_of_gap"] = moved_share
+    evidence["toward_original"] = toward
     reference = {"original": 1.0, "retrain": 0.0}
     power: dict[str, Any] = {}
     for label, row in ev.controls().items():
         c_left = _num(row.get("distance_to_retrain"))
         c_moved = _num(row.get("distance_to_original"))
         if c_left is not None and c_moved is not None:
+            c_toward = _num(row.get("toward_original"))
             power[label] = {
                 "relative": c_left / gap,
                 "flagged": c_moved / gap < th.distance_unchanged,
+                "toward_original": c_toward
+                if c_toward is not None
+                else _toward(c_left, c_moved, gap),
             }
     band = ev.distance_band
     line = band.band if band is not None else th.distance_pass
@@ -900,11 +1130,21 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
         for entry in power.values():
             entry["outside_band"] = entry["relative"] > line
     inside = [label for label, p in power.items() if not p.get("outside_band", True)]
+    threshold["toward"] = toward_line
     if moved_share < th.distance_unchanged:
         verdict = "fail"
         reason = (
             f"the model is still the original model: it moved {moved_share:.1%} of the "
             f"original-to-Retrain gap ({relative:.2f} of the original's distance to Retrain)"
+        )
+    elif not toward < toward_line:  # NaN included: it cannot be placed, so it is not cleared
+        verdict = "warn"
+        reason = (
+            f"it keeps {toward:.2f} of the original's offset from Retrain (its position along "
+            f"the line from Retrain, 0, to the original, 1), at or beyond {toward_line:.2f}, "
+            f"where exact retrains stop: {toward_source}; part of the forgotten clients' "
+            "influence may remain where the other checks do not look (the half-way weight "
+            "average of the original and Retrain is at 0.50)"
         )
     elif relative <= line and inside:
         verdict = "inconclusive"
@@ -936,6 +1176,11 @@ def check_distance(ev: Evidence, th: VerificationThresholds) -> Check:
         power=power,
         decisive=False,
     )
+
+
+def _toward(left: float, moved: float, gap: float) -> float:
+    """``<u - r, o - r> / ||o - r||^2`` from ``||u - r||``, ``||u - o||`` and ``||o - r||``."""
+    return (left * left + gap * gap - moved * moved) / (2.0 * gap * gap)
 
 
 # --- 6. certified bound -----------------------------------------------------------------------

@@ -34,11 +34,12 @@ from fedunlearn.eval.mia.client_lira import (
     _SaltedClients,
     _threshold,
     _train_reference,
+    share_toward,
 )
 from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession
 
-__all__ = ["DistanceBand", "independent_retrains", "measure_distance_band"]
+__all__ = ["DistanceBand", "independent_retrains", "measure_distance_band", "upper_bound"]
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,21 @@ class DistanceBand:
         level: The prediction level of the band (0.95).
         cost_seconds: Wall seconds spent training them.
         cost_client_epochs: Client epochs spent.
+        toward: Each one's share of the way from Retrain to the original along their
+            difference (``share_toward``: 0 at Retrain, 1 at the original); empty when not
+            measured.
     """
 
     relative: tuple[float, ...]
     cost_seconds: float
     cost_client_epochs: float
     level: float = 0.95
+    toward: tuple[float, ...] = ()
+
+    @property
+    def toward_line(self) -> float | None:
+        """The prediction bound of ``toward`` at ``level`` (None: fewer than 2 measured)."""
+        return upper_bound(self.toward, self.level) if len(self.toward) >= 2 else None
 
     @property
     def band(self) -> float:
@@ -71,7 +81,13 @@ class DistanceBand:
             "level": self.level,
             "cost_seconds": self.cost_seconds,
             "cost_client_epochs": self.cost_client_epochs,
+            "toward": list(self.toward),
         }
+
+
+def upper_bound(values: tuple[float, ...] | list[float], level: float = 0.95) -> float:
+    """Return the one-sided Student-t prediction bound at ``level`` of one more draw."""
+    return _threshold(np.asarray(values, dtype=np.float64), 1.0 - level)
 
 
 def independent_retrains(
@@ -145,4 +161,6 @@ def measure_distance_band(
     if len(models) < 2 or gap == 0.0:
         return None
     relative = tuple(l2_distance(m, retrain.params) / gap for m in models)
-    return DistanceBand(relative, time.perf_counter() - began, epochs)
+    original = session.run_view.final_params
+    toward = tuple(share_toward(m, retrain.params, original) for m in models)
+    return DistanceBand(relative, time.perf_counter() - began, epochs, toward=toward)

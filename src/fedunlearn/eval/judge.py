@@ -7,7 +7,8 @@ backdoor ASR on triggered non-target test inputs and on the forgotten clients' o
 data; membership inference on the forgotten clients' *clean* training data against unseen test
 data (shadow-model attack: member rate, AUC, precision, recall; loss-threshold attack AUC and
 member rate); the L2 distance to the original model and, given the retrained model
-(``retrain=``, computed by the caller), L2 and cosine distance to it; the cost ledger. The judge
+(``retrain=``, computed by the caller), L2 and cosine distance to it and the model's position
+along the line from Retrain to the original (``toward_original``); the cost ledger. The judge
 keeps no reference between calls: the same call gives the same row. Fractions are in [0, 1]; a
 figure that does not apply is ``None``. Row format: docs/results_format.md.
 
@@ -30,6 +31,7 @@ import torch
 from fedunlearn.eval.backdoor import client_backdoor_success_rate
 from fedunlearn.eval.distance import cosine_similarity, l2_distance
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec, loss_threshold_attack
+from fedunlearn.eval.mia.client_lira import share_toward
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult
@@ -196,6 +198,8 @@ class Judge:
             m0 = self.run.initial_params
             row["distance_to_retrain"] = l2_distance(params, retrain)
             row["cosine_to_retrain"] = cosine_similarity(params - m0, retrain - m0)
+            row["toward_original"] = share_toward(params, retrain, self.run.final_params)
         else:
             row["distance_to_retrain"] = row["cosine_to_retrain"] = None
+            row["toward_original"] = None
         return {k: finite_or_none(v) for k, v in row.items()}

@@ -242,27 +242,21 @@ def client_membership_check(
     retrain: UnlearnResult | None = None,
     *,
     seed: int = 0,
-    less_trained_control: bool = False,
 ) -> Callable[[torch.Tensor], ClientMembershipEvidence]:
     """Fit the client-level membership test of ``request`` once; return the receipt's check input.
 
     Trains the test's reference models (``eval.mia.fit_client_membership``: with and without
-    the forgotten clients, its cost bounded by its ``max_seconds``) and a clean control off
-    Retrain's path: Retrain (``retrain``, or one trained here) continued for
-    ``CONTINUED_ROUNDS`` FedAvg rounds of the remaining clients (new round seeds). A model
-    trained longer is more confident on every example, the forgotten clients' too, and this
-    statistic cannot tell that from membership (measured on the quickstart: Retrain + 5 rounds
-    scores above the original for honest client 0); the check therefore flags only models above
-    every clean control (``check_client_membership``). With ``less_trained_control`` a second
-    clean control is added, ``retrain_half`` (Retrain stopped after half the rounds; half a
-    Retrain of extra cost): on examples whose label a clean model finds unlikely (an
-    attacker's poisoned labels, marked copies) a less confident model looks like a "with"
-    model, so off-path methods that ended less trained are flagged for the attackers without
-    it; it is off by default because it also lifts the line above weight interpolations of
-    the original and Retrain (measured: docs/verification.md, "Off-path approximate methods").
+    the forgotten clients, its cost bounded by its ``max_seconds``; it also measures their
+    fitness range, within which its threshold is valid) and clean controls off Retrain's
+    path: Retrain (``retrain``, or one trained here) continued for 1 to ``CONTINUED_ROUNDS``
+    FedAvg rounds of the remaining clients (new round seeds; ``retrain_continued_k``). A model
+    trained longer is more confident on every example, the forgotten clients' too; with their
+    fitness these controls trace how a clean model's score grows with training, and a model is
+    compared with the clean controls no more trained than it (``check_client_membership``).
     Returns the function ``Verifier(client_membership=...)`` calls per model: the candidate
-    scored beside the original (negative control), ``retrain_continued`` (``retrain_half``)
-    and, when given, ``retrain``.
+    scored beside the original (negative control), ``retrain`` and the continued controls
+    (scoring Retrain also places the "without" references between Retrain and the original,
+    for the distance check).
     """
     from fedunlearn.eval.mia import fit_client_membership
     from fedunlearn.fl.engine import run_rounds
@@ -273,48 +267,25 @@ def client_membership_check(
     base = retrain if retrain is not None else session.run(make_method("retrain"), request)
     context = session.context(request)
     rounds = session.run_view.num_rounds  # the store's last round (an applied or continued run)
-    continued = run_rounds(
-        context.clients,
-        context.aggregator,
-        base.params,
-        num_rounds=rounds + CONTINUED_ROUNDS,
-        start_round=rounds + 1,
-        participation=context.training.participation,
-    )
-    half = _half_retrain(session, request) if less_trained_control else None
+    continued: dict[str, torch.Tensor] = {}
+    params = base.params
+    for extra in range(1, CONTINUED_ROUNDS + 1):
+        params = run_rounds(
+            context.clients,
+            context.aggregator,
+            params,
+            num_rounds=rounds + extra,
+            start_round=rounds + extra,
+            participation=context.training.participation,
+        )
+        continued[f"retrain_continued_{extra}"] = params
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
-        models = {"original": original, "candidate": params, "retrain_continued": continued}
-        if half is not None:
-            models["retrain_half"] = half
-        if retrain is not None:
-            models["retrain"] = retrain.params
+        # Retrain (given, or trained here) is the least trained clean control
+        models = {"original": original, "candidate": params, "retrain": base.params, **continued}
         return test.evidence(models)
 
     return evidence
-
-
-def _half_retrain(session: UnlearnSession, request: UnlearnRequest) -> torch.Tensor:
-    """Return a Retrain stopped after half the run's rounds (a clean, less-trained model)."""
-    from fedunlearn.eval.mia.client_lira import (
-        _Budget,
-        _run_participants,
-        _SaltedClients,
-        _train_reference,
-    )
-
-    rounds = _run_participants(session)
-    trained = _train_reference(
-        _SaltedClients(session.federation, 0),
-        session.run_view.initial_params,
-        rounds[: max(1, len(rounds) // 2)],
-        session.context(request).aggregator,
-        frozenset(request.forget),
-        _Budget(float("inf")),
-    )
-    if trained is None:  # an unbounded budget always trains
-        raise RuntimeError("the half-rounds Retrain control could not be trained")
-    return trained[0].to(torch.float32)
 
 
 class Verifier:

@@ -48,6 +48,7 @@ CSV_FIELDS = (
     "distance_to_retrain",
     "distance_to_original",
     "cosine_to_retrain",
+    "toward_original",
     "rounds",
     "client_participations",
     "client_epochs",

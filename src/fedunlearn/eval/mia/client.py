@@ -8,6 +8,7 @@ which carries the influence) to be flagged before it may say the influence is re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,15 @@ class ClientMembershipEvidence:
         cost_seconds: Wall time of the measurement.
         cost_client_epochs: Client epochs spent training reference models.
         notes: Free-form details for the receipt (per-client scores, sample counts).
+        fitness: Each scored model's mean logit-scaled confidence on a sample of the remaining
+            clients' training examples (how well trained it is, apart from the forgotten
+            clients); empty when not measured.
+        domain: The reference models' fitness range (low, high): the models the threshold is
+            calibrated for. A model outside it is less (or more) trained than every reference,
+            and its score says nothing about membership (see ``region``). None: not measured.
+        in_max: The highest leave-one-out score of a reference trained *with* the clients.
+        reference_toward: Each "out" reference's (independent exact retrain's) share of the
+            way from Retrain to the original (``share_toward``), when Retrain was scored.
     """
 
     scores: dict[str, float]
@@ -41,10 +51,29 @@ class ClientMembershipEvidence:
     cost_seconds: float
     cost_client_epochs: float
     notes: dict[str, Any] = field(default_factory=dict)
+    fitness: dict[str, float] = field(default_factory=dict)
+    domain: tuple[float, float] | None = None
+    in_max: float | None = None
+    reference_toward: tuple[float, ...] = ()
 
     def flagged(self, label: str) -> bool:
         """Whether the model ``label`` scores above the threshold (influence detected)."""
         return self.scores[label] > self.threshold
+
+    def region(self, label: str) -> str:
+        """Where the model's fitness lies against the references' range.
+
+        ``below``, ``within``, ``above``, ``unknown`` (not measured), or ``invalid`` (the
+        model's fitness is not a finite number: its outputs on the remaining clients' examples
+        are NaN or infinite).
+        """
+        value = self.fitness.get(label)
+        if self.domain is None or value is None:
+            return "unknown"
+        if not math.isfinite(value):
+            return "invalid"
+        low, high = self.domain
+        return "below" if value < low else "above" if value > high else "within"
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -57,4 +86,8 @@ class ClientMembershipEvidence:
             "cost_seconds": self.cost_seconds,
             "cost_client_epochs": self.cost_client_epochs,
             "notes": dict(self.notes),
+            "fitness": dict(self.fitness),
+            "domain": list(self.domain) if self.domain is not None else None,
+            "in_max": self.in_max,
+            "reference_toward": list(self.reference_toward),
         }

@@ -92,11 +92,16 @@ __all__ = [
     "fit_client_membership",
     "leave_one_out_scores",
     "measure_client_membership",
+    "share_toward",
 ]
 
 DEFAULT_NUM_REFERENCE = 8  # 4 "in" + 4 "out"
 DEFAULT_MAX_SECONDS = 300.0
 MIN_PER_SIDE = 2  # leave-one-out needs another reference of the same side
+CONTROL_EXAMPLES = 2000  # remaining clients' examples that measure a model's fitness
+DOMAIN_LEVEL = 0.99  # prediction level of the references' fitness range
+# with 2 per side the two-sided 99% Student-t factor is 63.7: a range that holds everything
+MIN_PER_SIDE_FOR_RANGE = 3
 
 
 class _SaltedClients(ClientsWrapper):
@@ -149,6 +154,24 @@ def _run_participants(session: UnlearnSession) -> list[frozenset[int]]:
         frozenset(r.client_id for r in run.store.client_records(round_))
         for round_ in range(1, run.num_rounds + 1)  # the store's rounds (applied: L, not T)
     ]
+
+
+def _control_sample(
+    session: UnlearnSession,
+    forgotten: frozenset[int],
+    rounds: Sequence[frozenset[int]],
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Step 8: a seeded sample of the remaining clients' training examples (as trained on)."""
+    remaining = sorted(set().union(*rounds) - forgotten) if rounds else []
+    if not remaining:
+        return None
+    data = session.federation.client_data
+    x = torch.cat([data[c].x for c in remaining])
+    y = torch.cat([data[c].y for c in remaining])
+    g = torch.Generator().manual_seed(derive_seed(seed, "client_lira_control"))
+    keep = torch.randperm(len(y), generator=g)[:CONTROL_EXAMPLES]
+    return x[keep], y[keep]
 
 
 def _client_epochs(rounds: Sequence[frozenset[int]], excluded: frozenset[int], epochs: int) -> int:
@@ -271,6 +294,25 @@ def _check_models(models: Mapping[str, torch.Tensor], size: int) -> None:
             )
 
 
+def _domain(fitness: Mapping[str, Sequence[float]], level: float) -> tuple[float, float]:
+    """Step 8: the references' range of fitness.
+
+    Per side, the two-sided Student-t prediction bounds at ``level`` for one more draw; the
+    union of the sides' ranges.
+    """
+    from scipy.stats import t as student_t
+
+    lows, highs = [], []
+    for values in fitness.values():
+        k = len(values)
+        mean = float(np.mean(values))
+        spread = float(np.std(values, ddof=1)) * math.sqrt(1.0 + 1.0 / k) if k > 1 else 0.0
+        half = float(student_t.ppf(0.5 + level / 2.0, df=max(k - 1, 1))) * spread
+        lows.append(mean - half)
+        highs.append(mean + half)
+    return min(lows), max(highs)
+
+
 class ClientMembershipTest:
     """The test fitted once for one run and request: reference statistics and calibration.
 
@@ -286,6 +328,11 @@ class ClientMembershipTest:
         data: Forgotten client id -> its training data (inputs, labels), scored per example.
         phi_in: Logit-scaled confidences (references x examples) of the "in" references.
         phi_out: The same for the "out" references.
+        control: Inputs and training labels of the remaining clients (a seeded sample): each
+            model's mean logit-scaled confidence on them is its *fitness* (step 8).
+        fitness: The references' fitness, per side ("in", "out").
+        out_params: The "out" references' flat parameters (independent exact retrains), for
+            their positions between Retrain and the original (``toward``).
         target_fpr: The false-positive rate the threshold is set for.
         cost_seconds: Wall time of the fit.
         cost_client_epochs: Client epochs the references cost.
@@ -301,6 +348,9 @@ class ClientMembershipTest:
         phi_in: np.ndarray,
         phi_out: np.ndarray,
         *,
+        control: tuple[torch.Tensor, torch.Tensor] | None = None,
+        fitness: Mapping[str, Sequence[float]] | None = None,
+        out_params: Sequence[torch.Tensor] = (),
         target_fpr: float,
         cost_seconds: float,
         cost_client_epochs: float,
@@ -326,6 +376,11 @@ class ClientMembershipTest:
         }
         self.threshold = math.inf
         self.power: float | None = None
+        self._control = control
+        self._out_params = tuple(out_params)
+        self.fitness = {side: [float(v) for v in vals] for side, vals in (fitness or {}).items()}
+        self.domain: tuple[float, float] | None = None
+        self.in_max: float | None = None
         if min(len(phi_in), len(phi_out)) < MIN_PER_SIDE:
             self.inconclusive = inconclusive or (
                 f"only {len(phi_in)} 'in' and {len(phi_out)} 'out' reference model(s); need "
@@ -343,6 +398,19 @@ class ClientMembershipTest:
         self.power = float(np.mean(np.array(loo_in) > self.threshold))
         self.notes["reference_scores"] = {"in": loo_in, "out": loo_out}
         self.notes["variance"] = self._var
+        self.in_max = float(max(loo_in))
+        # Step 8: the fitness range of the references (the models the calibration is valid for)
+        if control is not None and self.fitness:
+            self.notes["reference_fitness"] = self.fitness
+            values = [v for side in self.fitness.values() for v in side]
+            if min(len(v) for v in self.fitness.values()) < MIN_PER_SIDE_FOR_RANGE:
+                self.notes["fitness_range"] = (
+                    f"not measured: fewer than {MIN_PER_SIDE_FOR_RANGE} references per side"
+                )
+            elif not all(math.isfinite(v) for v in values):
+                self.notes["fitness_range"] = "not measured: a reference's fitness is not finite"
+            else:
+                self.domain = _domain(self.fitness, DOMAIN_LEVEL)
 
     def evidence(self, models: Mapping[str, torch.Tensor]) -> ClientMembershipEvidence:
         """Score ``models`` (label -> flat parameters; ``"original"`` required).
@@ -356,6 +424,8 @@ class ClientMembershipTest:
         """
         _check_models(models, self.num_params)
         notes = dict(self.notes)
+        fitness: dict[str, float] = {}
+        toward: tuple[float, ...] = ()
         if self.power is None:
             scores = {label: math.nan for label in models}
         else:
@@ -375,6 +445,18 @@ class ClientMembershipTest:
                 }
                 for label, phi in phis.items()
             }
+            if self.domain is not None and self._control is not None:
+                cx, cy = self._control
+                fitness = {
+                    label: float(
+                        np.mean(_logit_confidence(self._template, p.to(torch.float32), cx, cy))
+                    )
+                    for label, p in models.items()
+                }
+        if "retrain" in models and self._out_params:
+            toward = tuple(
+                share_toward(r, models["retrain"], models["original"]) for r in self._out_params
+            )
         return ClientMembershipEvidence(
             scores=scores,
             threshold=self.threshold,
@@ -384,7 +466,26 @@ class ClientMembershipTest:
             cost_seconds=self.cost_seconds,
             cost_client_epochs=self.cost_client_epochs,
             notes=notes,
+            fitness=fitness,
+            domain=self.domain,
+            in_max=self.in_max,
+            reference_toward=toward,
         )
+
+
+def share_toward(model: torch.Tensor, retrain: torch.Tensor, original: torch.Tensor) -> float:
+    """Return how far ``model`` lies from Retrain toward the original, along their difference.
+
+    ``<m - r, o - r> / ||o - r||^2``: 0 at Retrain, 1 at the original, lambda for the weight
+    interpolation ``lambda * o + (1 - lambda) * r``; a move orthogonal to ``o - r`` (noise,
+    another batch order) adds nothing. NaN when the original equals Retrain.
+    """
+    r = retrain.detach().to(torch.float64)
+    gap = original.detach().to(torch.float64) - r
+    norm = float(gap @ gap)
+    if norm == 0.0:
+        return math.nan
+    return float((model.detach().to(torch.float64) - r) @ gap) / norm
 
 
 def fit_client_membership(
@@ -426,6 +527,9 @@ def fit_client_membership(
     x = torch.cat([x for x, _ in data.values()])
     y = torch.cat([y for _, y in data.values()])
     phis: dict[str, list[np.ndarray]] = {"out": [], "in": []}
+    control = _control_sample(session, forgotten, rounds, seed)
+    fitness: dict[str, list[float]] = {"out": [], "in": []}
+    out_params: list[torch.Tensor] = []
     client_epochs = 0.0
     reason = None
     if skip:
@@ -459,6 +563,13 @@ def fit_client_membership(
             client_epochs += epochs
             # Step 2: logit-scaled confidence on every forgotten client's training example.
             phis[side].append(_logit_confidence(template, params.to(torch.float32), x, y))
+            # Step 8: fitness on the remaining clients' examples
+            if control is not None:
+                fitness[side].append(
+                    float(np.mean(_logit_confidence(template, params.float(), *control)))
+                )
+            if side == "out":
+                out_params.append(params.to(torch.float32))
         if min(len(phis["in"]), len(phis["out"])) < MIN_PER_SIDE:
             reason = (
                 f"only {len(phis['in'])} 'in' and {len(phis['out'])} 'out' reference model(s) "
@@ -472,6 +583,9 @@ def fit_client_membership(
         data,
         np.array(phis["in"]).reshape(-1, width),
         np.array(phis["out"]).reshape(-1, width),
+        control=control,
+        fitness=fitness,
+        out_params=out_params,
         target_fpr=target_fpr,
         cost_seconds=budget.elapsed(),
         cost_client_epochs=client_epochs,
