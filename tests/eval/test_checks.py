@@ -683,12 +683,17 @@ def test_the_toward_line_comes_from_measured_exact_retrains():
     assert check.verdict != "warn"
 
 
-def ranged(candidate, fitness, *, original=5.0, in_max=6.0, continued=None, cont_fit=1.4):
+def ranged(
+    candidate, fitness, *, original=5.0, in_max=6.0, continued=None, cont_fit=1.4, path=None
+):
     scores = {"candidate": candidate, "original": original, "retrain": 0.1}
     fit = {"candidate": fitness, "original": 1.38, "retrain": 1.86}
     if continued is not None:
         scores["retrain_continued"] = continued
         fit["retrain_continued"] = cont_fit
+    for t, score in (path or {}).items():  # Retrain's earlier global models
+        scores[f"clean_round_{t}"] = score
+        fit[f"clean_round_{t}"] = 0.2 * t
     return dataclasses.replace(
         client_test(candidate, original=original),
         scores=scores,
@@ -714,11 +719,30 @@ def test_the_client_level_test_judges_only_models_trained_like_its_references():
     low = build_verification(evidence(RETRAIN, client_membership=ranged(1.0, 0.3)))
     assert low.check("client_membership").verdict == "inconclusive"
     assert "says nothing either way" in low.check("client_membership").reason
-    # ... but a less trained model above every "with" reference (fine-tuned on the client) is
-    tuned = build_verification(evidence(RETRAIN, client_membership=ranged(50.0, -3.0)))
-    assert tuned.check("client_membership").verdict == "fail"
-    assert "yet above every model trained with them" in tuned.check("client_membership").reason
+    # ... but a less trained model above every "with" reference and every clean, less trained
+    # model (Retrain's earlier rounds) is: a model fine-tuned on the client
+    tuned = build_verification(
+        evidence(RETRAIN, client_membership=ranged(50.0, -3.0, path={1: 4.0, 3: 7.0}))
+    )
+    check = tuned.check("client_membership")
+    assert check.verdict == "fail"
+    assert "yet above every model trained with them" in check.reason
+    assert "Retrain's rounds 1, 3: up to 7" in check.reason
+    assert check.threshold["fail"] == pytest.approx(7.0)
     assert tuned.influence == "remains"
+    # a clean, less trained model scoring as high: the line rises to it
+    matched = ranged(6.5, 0.3, path={1: 4.0, 3: 7.0})
+    check = build_verification(evidence(RETRAIN, client_membership=matched)).check(
+        "client_membership"
+    )
+    assert check.verdict == "warn"
+    # without Retrain's earlier rounds nothing as little trained was measured: above every
+    # "with" reference is not enough (Retrain at half the rounds scored there on the CNN)
+    unmatched = build_verification(evidence(RETRAIN, client_membership=ranged(50.0, -3.0)))
+    check = unmatched.check("client_membership")
+    assert check.verdict == "warn"
+    assert "no clean model this little trained was measured" in check.reason
+    assert unmatched.influence == "not_shown"
     # a model trained more than the references: inconclusive, never pass; flagged only above
     # every clean control, the one trained longer included
     more = build_verification(evidence(RETRAIN, client_membership=ranged(0.5, 2.5)))
@@ -857,3 +881,53 @@ def test_clean_models_at_the_edges_of_the_controls_are_not_flagged():
     assert check.verdict == "warn"
     assert "Retrain, which never saw" in check.reason
     assert v.influence == "not_shown"
+
+
+def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_backdoor():
+    # Retrain stopped at half the rounds of the reduced MNIST CNN had a backdoor ASR far above
+    # Retrain's (a clean, under-trained model sends the trigger to the target class on its own):
+    # it was a false `remains`. A model less trained than every reference is compared with
+    # Retrain's earlier global models as well
+    less = ranged(-5.0, 0.3)  # fitness below the references' range, client test silent
+    path = {"clean_round_2": {"backdoor_asr": 0.35}, "clean_round_5": {"backdoor_asr": 0.20}}
+    half = {**RETRAIN, "backdoor_asr": 0.38}
+    check = build_verification(evidence(half, client_membership=less, clean_path=path)).check(
+        "backdoor"
+    )
+    # 3 points above the worst clean, less trained model: not flagged, and not cleared either
+    # (a pass still needs Retrain's ASR)
+    assert check.verdict == "warn"
+    assert check.reference["clean_path"] == {"clean_round_2": 0.35, "clean_round_5": 0.20}
+    assert check.threshold["fail"] == pytest.approx(0.35 + VerificationThresholds().backdoor_fail)
+    assert "a clean, less trained model comes as close" in check.reason
+    near = {**RETRAIN, "backdoor_asr": 0.03}
+    check = build_verification(evidence(near, client_membership=less, clean_path=path)).check(
+        "backdoor"
+    )
+    assert check.verdict == "pass"
+    # far above every clean model and near the original: still caught
+    kept = {**RETRAIN, "backdoor_asr": 0.78}
+    v = build_verification(evidence(kept, client_membership=less, clean_path=path))
+    assert v.check("backdoor").verdict == "fail"
+    assert v.influence == "remains"
+    # a clean less-trained model as high as the original leaves the check without power
+    blind = {"clean_round_1": {"backdoor_asr": 0.72}}
+    beyond = {**RETRAIN, "backdoor_asr": 0.95}
+    check = build_verification(evidence(beyond, client_membership=less, clean_path=blind)).check(
+        "backdoor"
+    )
+    assert check.verdict == "fail"  # above every clean model: a flag stays a flag ...
+    check = build_verification(evidence(half, client_membership=less, clean_path=blind)).check(
+        "backdoor"
+    )
+    assert check.verdict == "warn"  # ... and below it, a warning
+    # without Retrain's earlier rounds a flag on a less trained model is not `remains`
+    v = build_verification(evidence(half, client_membership=less))
+    assert v.check("backdoor").verdict == "warn"
+    assert "no clean model this little trained was measured" in v.check("backdoor").reason
+    assert v.influence == "not_shown"
+    # a model trained like the references is judged against Retrain alone, as before
+    within = ranged(-5.0, 1.5)
+    v = build_verification(evidence(half, client_membership=within, clean_path=path))
+    assert v.check("backdoor").verdict == "fail"
+    assert "clean_path" not in v.check("backdoor").reference

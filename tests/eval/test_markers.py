@@ -104,3 +104,45 @@ def test_markers_flag_the_original_and_not_retrain_on_the_quickstart(tmp_path):
         assert clean.check("markers").verdict == "pass"
         assert clean.influence == "removed"
         assert "participation markers" in clean.influence_reason
+
+
+def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_markers():
+    # an under-trained clean CNN hits a marker's target more often than Retrain does; a model
+    # less trained than the client-level test's references is compared with Retrain's earlier
+    # global models as well, or a flag on it is only a warning
+    import dataclasses
+
+    from fedunlearn.eval.mia.client import ClientMembershipEvidence
+
+    less = ClientMembershipEvidence(
+        scores={"candidate": 0.0, "original": 5.0, "retrain": 0.1},
+        threshold=2.0,
+        target_fpr=0.05,
+        power=1.0,
+        num_reference_models=8,
+        cost_seconds=1.0,
+        cost_client_epochs=1.0,
+        fitness={"candidate": 0.3, "original": 1.4, "retrain": 1.8},
+        domain=(1.3, 1.9),
+        in_max=6.0,
+    )
+    plain = evidence(0.3)
+    assert check_markers(plain, Th()).verdict == "fail"  # against Retrain's 5%
+    unmatched = dataclasses.replace(plain, client_membership=less)
+    check = check_markers(unmatched, Th())
+    assert check.verdict == "warn"
+    assert "no clean model this little trained was measured" in check.reason
+    path = dataclasses.replace(
+        plain.markers,
+        rates={**plain.markers.rates, "clean_round_3": {0: 0.28}},
+        decoy_rates={**plain.markers.decoy_rates, "clean_round_3": {0: 0.04}},
+    )
+    matched = dataclasses.replace(unmatched, markers=path)
+    check = check_markers(matched, Th())
+    assert check.verdict == "warn"  # not flagged, not cleared: a pass needs Retrain's rate
+    assert check.reference["clean_path"] == {"clean_round_3": {0: 0.28}}
+    assert "a clean, less trained model comes as close" in check.reason
+    kept = dataclasses.replace(
+        matched, markers=dataclasses.replace(path, rates={**path.rates, "candidate": {0: 0.6}})
+    )
+    assert check_markers(kept, Th()).verdict == "fail"

@@ -210,9 +210,23 @@ def test_a_less_trained_clean_model_is_not_flagged_for_the_attackers(quickstart)
         membership = client_membership_check(session, request, retrain)
         verifier = Verifier(session, request, retrain=retrain, client_membership=membership)
 
+        tuned = retrain.params.clone()
+        for cid in request.forget:  # fine-tuned on the attackers: less fit on the others
+            tuned = (
+                tuned
+                + local_update(
+                    session.federation.model,
+                    tuned,
+                    session.federation.client_data[cid],
+                    replace(session.federation.spec, epochs=20),
+                    seed=cid,
+                ).delta
+            )
+
         # Execute
         _, receipt = verifier.audit(shorter.to(torch.float32), "Retrain, 20 of 30 rounds")
         _, original = verifier.audit(session.run_view.final_params, "original")
+        _, tuned_receipt = verifier.audit(tuned, "fine-tuned on the attackers")
 
         # Assert: the clean model is not flagged (it is off the references' fitness range),
         # the original still is (the test keeps power)
@@ -225,3 +239,12 @@ def test_a_less_trained_clean_model_is_not_flagged_for_the_attackers(quickstart)
         assert receipt.influence == "not_shown", receipt.influence_reason
         assert original.check("client_membership").verdict == "fail"
         assert original.check("client_membership").evidence["region"] == "within"
+        # ... and a model fine-tuned on the attackers, less trained than every reference too,
+        # is flagged beyond every clean, less trained model (Retrain's earlier rounds)
+        check = tuned_receipt.check("client_membership")
+        assert check.evidence["region"] == "below"
+        assert len(check.evidence["clean_path"]) == 6  # after rounds 1, 5, 10, 15, 20, 25 of 30
+        assert check.verdict == "fail", check.reason
+        assert check.value > max(check.evidence["clean_path"].values())
+        assert tuned_receipt.check("backdoor").verdict == "fail"
+        assert tuned_receipt.influence == "remains", tuned_receipt.influence_reason

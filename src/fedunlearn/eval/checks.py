@@ -44,7 +44,7 @@ calibration):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -205,6 +205,10 @@ class Evidence:
             controls, or None when no forgotten client embedded a marker.
         distance_band: The spread of independent exact retrains around Retrain (the
             distance check's pass line), or None: the fixed ``distance_pass`` applies.
+        clean_path: The rows (``backdoor_asr``, ...) of Retrain's earlier global models
+            (``clean_round_<t>``): clean models less trained than Retrain. A model less
+            trained than every reference of the client-level test is compared with them
+            (``_less_trained``).
     """
 
     row: Mapping[str, Any]
@@ -231,6 +235,7 @@ class Evidence:
     markers: MarkerEvidence | None = None
     distance_band: DistanceBand | None = None
     private_reference: bool = False
+    clean_path: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def controls(self) -> dict[str, Mapping[str, Any]]:
         """Return the negative controls' rows by label (the original, and with noise)."""
@@ -289,6 +294,43 @@ def _controlled(
     return candidate, unflagged, positive_flagged
 
 
+def _less_trained(ev: Evidence) -> bool:
+    """Whether the model is less trained than every reference of the client-level test.
+
+    Such a model is off the ground the checks' lines were drawn on: an under-trained clean
+    model can send triggered inputs to the target class, hit a marker's target, or score like a
+    "with" model on its own (measured on the reduced MNIST CNN: Retrain stopped at half the
+    rounds). The backdoor, markers and client-level checks then compare it with the least
+    trained clean models the receipt measured, Retrain's earlier global models
+    (``Evidence.clean_path``): it is flagged only beyond every one of them; without them a flag
+    is ``warn`` (not cleared, never ``remains``). Unknown (no client-level test): False.
+    """
+    cm = ev.client_membership
+    return cm is not None and cm.region("candidate") == "below"
+
+
+def _less_trained_words(path: Mapping[str, Any], show: Callable[[float], str]) -> str:
+    """The reason a flag on a less-trained model is only a warning."""
+    if not path:
+        return (
+            "; the model is less trained than every reference model and no clean model this "
+            "little trained was measured (Retrain's earlier rounds: needs Retrain), so the flag "
+            "is not evidence of the forgotten clients (an under-trained clean model can show "
+            "it); not cleared"
+        )
+    top = max(float(v) for v in path.values())
+    return (
+        f"; the model is less trained than every reference model, and a clean, less trained "
+        f"model comes as close ({_path_words(path)}: up to {show(top)}), so the flag is not "
+        "evidence of the forgotten clients; not cleared"
+    )
+
+
+def _path_words(labels: Iterable[str]) -> str:
+    rounds = sorted(int(label.rsplit("_", 1)[1]) for label in labels)
+    return "Retrain's rounds " + ", ".join(str(t) for t in rounds)
+
+
 # --- 1. backdoor ------------------------------------------------------------------------------
 
 
@@ -344,7 +386,18 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     reference = {"original": original, "retrain": retrain}
     if retrain is None:
         reference["clean_measured"] = base
+    less = _less_trained(ev)
+    path = {
+        label: value
+        for label, value in ((k, _num(r.get("backdoor_asr"))) for k, r in ev.clean_path.items())
+        if value is not None
+    }
     threshold = {"warn": base + th.backdoor_warn, "fail": base + th.backdoor_fail}
+    if less and path:
+        # a less-trained model is flagged only beyond the clean, less trained models too
+        # (Retrain's earlier rounds); its pass still needs Retrain's ASR
+        reference["clean_path"] = dict(path)
+        threshold["fail"] = max(base, *path.values()) + th.backdoor_fail
     evidence = {
         "asr_forgotten_data": _num(ev.row.get("backdoor_asr_forgotten")),
         "original_asr_forgotten_data": _num(ev.original.get("backdoor_asr_forgotten")),
@@ -357,11 +410,15 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     controls = {label: grade(row) for label, row in ev.controls().items()}
     positive = grade(ev.retrain) if ev.retrain is not None else None
     verdict, unflagged, positive_flagged = _controlled(grade(ev.row), controls, positive)
+    demoted = less and verdict == "fail" and (not path or asr <= threshold["fail"])
+    if demoted:
+        verdict = "warn"
     power = {
         "original_flagged": controls["original"] == "fail",
         "controls": controls,
         "separation_points": 100 * (original - base),
         "fail_line_points": 100 * th.backdoor_fail,
+        "less_trained": less,
     }
     if original - base > 0:
         evidence["share_removed"] = (original - asr) / (original - base)
@@ -387,6 +444,13 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
         reason = (
             f"part of the backdoor survives: ASR {_pct(asr)} against {_pct(base)} for "
             f"{base_name} ({_pct(original)} before unlearning)"
+        )
+    if demoted:
+        reason += _less_trained_words(path, _pct)
+    elif less and path and verdict == "fail":
+        reason += (
+            "; the model is less trained than every reference model, and above every clean, "
+            f"less trained one too ({_path_words(path)}: ASR up to {_pct(max(path.values()))})"
         )
     # the ASR measures the attack only: with honest clients in the request too, its pass
     # says nothing about theirs (a model fine-tuned on an honest forgotten client passes)
@@ -609,7 +673,10 @@ def _clean_line(cm: ClientMembershipEvidence, fitness: float | None) -> float:
 
 def _line_words(cm: ClientMembershipEvidence, line: float, region: str) -> str:
     if region == "below":
-        return f"{line:.3g} (every model trained with them, and the calibrated threshold)"
+        return (
+            f"{line:.3g} (every model trained with them, every clean less trained one measured, "
+            "and the calibrated threshold)"
+        )
     if region == "unknown" and line > cm.threshold:
         return f"{line:.3g} (the highest clean control; no fitness was measured)"
     if line > cm.threshold:
@@ -631,8 +698,13 @@ def _client_line(cm: ClientMembershipEvidence, label: str) -> float:
     if region in ("within", "above", "unknown"):
         return _clean_line(cm, cm.fitness.get(label) if region != "unknown" else None)
     if region == "below" and cm.in_max is not None and math.isfinite(cm.in_max):
-        return max(cm.threshold, cm.in_max)
+        return max(cm.threshold, cm.in_max, *_path_scores(cm).values())
     return math.inf
+
+
+def _path_scores(cm: ClientMembershipEvidence) -> dict[str, float]:
+    """The scores of Retrain's earlier global models (clean, less trained), finite ones."""
+    return {k: v for k, v in cm.scores.items() if k.startswith("clean_round_") and math.isfinite(v)}
 
 
 def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
@@ -650,9 +722,12 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
       not flagged gets ``inconclusive``, never pass;
     - less trained than every reference: such a model looks like a "with" model on examples
       whose label a clean model finds unlikely (an attacker's poisoned labels, marked copies),
-      so it is flagged only above every "with" reference too (nothing less trained scores
-      there; a model fine-tuned on the client does); otherwise ``warn`` above the calibrated
-      threshold (not cleared, never ``remains``), else ``inconclusive``;
+      so it is flagged only above every "with" reference and every clean, less trained model
+      measured (Retrain's earlier global models, ``clean_round_<t>``; a model fine-tuned on
+      the client scores there); without those clean models such a flag is ``warn`` (on the
+      reduced MNIST CNN, Retrain stopped at half the rounds scored above every "with"
+      reference); otherwise ``warn`` above the calibrated threshold (not cleared, never
+      ``remains``), else ``inconclusive``;
     - a NaN score or fitness: ``inconclusive``.
 
     The original (and ``original*`` copies), judged by the same rule, must be flagged, or a
@@ -695,6 +770,12 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
     verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
     if verdict == "fail" and positive_flagged:
         verdict = "warn"  # the test flags a clean Retrain too: not cleared, not shown to remain
+    path = _path_scores(cm) if region == "below" else {}
+    # less trained than every reference and no clean model as little trained measured: a
+    # flag above every "with" reference is not enough (an under-trained CNN scores there)
+    demoted = verdict == "fail" and region == "below" and not path
+    if demoted:
+        verdict = "warn"
     off_range = verdict != "fail" and region in ("below", "above")
     invalid = not math.isfinite(value) or region == "invalid"
     if invalid:
@@ -727,6 +808,8 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
         evidence["reference_fitness_range"] = list(cm.domain)
         evidence["region"] = region
         evidence["in_max"] = cm.in_max
+    if path:
+        evidence["clean_path"] = dict(path)
     if invalid:
         reason = (
             f"the model's score ({value:.3g}) or its fitness on the remaining clients' examples "
@@ -739,12 +822,20 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
             + ("flag of this model (score " if verdict == "warn" else "pass of this model (score ")
             + f"{value:.3g}, line {applied:.3g}) shows nothing either way"
         )
+    elif demoted:
+        reason = (
+            f"{_fitness_words(cm, 'candidate')}: it scores {value:.3g}, above every model "
+            f"trained with {_clients(ev)} ({applied:.3g}), but no clean model this little "
+            "trained was measured (Retrain's earlier rounds: needs Retrain), and an "
+            "under-trained clean model can score there too; not cleared"
+        )
     elif verdict == "fail":
         beyond = ""
         if region == "below":
             beyond = (
                 f"; {_fitness_words(cm, 'candidate')}, yet above every model trained with them "
-                f"({cm.in_max:.3g})"
+                f"({cm.in_max:.3g}) and every clean, less trained one ({_path_words(path)}: "
+                f"up to {max(path.values()):.3g})"
             )
         elif region == "above":
             beyond = f"; {_fitness_words(cm, 'candidate')}, yet above the clean models"
@@ -757,7 +848,8 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
             f"{_fitness_words(cm, 'candidate')}: it scores {value:.3g}, above the calibrated "
             f"threshold {cm.threshold:.3g} that flags a model trained as the run was, but a "
             f"less trained model scores high on these examples without {_clients(ev)} (it "
-            f"would be flagged above every model trained with them, {applied:.3g}); not cleared"
+            f"would be flagged above every model trained with them and every clean, less "
+            f"trained one measured, {applied:.3g}); not cleared"
         )
     elif off_range:
         reason = (
@@ -833,8 +925,14 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
             ),
         )
     with_retrain = "retrain" in mk.rates
+    less = _less_trained(ev)
+    # a model less trained than the references is flagged only beyond the clean, less
+    # trained models too (Retrain's earlier rounds); its pass still needs Retrain's rate
+    path = [label for label in mk.rates if label.startswith("clean_round_")] if less else []
+    demoted = False
 
     def grade(label: str) -> tuple[Verdict, dict[int, dict[str, Any]]]:
+        nonlocal demoted
         worst: Verdict = "pass"
         per: dict[int, dict[str, Any]] = {}
         for c in mk.clients:
@@ -850,6 +948,12 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
                 per[c]["fail"] = max(base + fail, keeps)
                 if rate < keeps:
                     verdict = "warn"
+            if label == "candidate" and less and verdict == "fail":
+                top = max([base, *(mk.rates[p][c] for p in path)])
+                line = top + _marker_grade(0.0, top, mk.probes[c], th)[2]
+                per[c]["fail"] = max(per[c]["fail"], line)
+                if not path or rate <= line:
+                    verdict, demoted = "warn", True
             if _SEVERITY_ORDER[verdict] > _SEVERITY_ORDER[worst]:
                 worst = verdict
             per[c]["flagged"] = verdict == "fail"
@@ -877,6 +981,8 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
         "retrain": {c: mk.rates["retrain"][c] for c in mk.clients} if with_retrain else None,
         "decoy": {c: mk.decoy_rates["candidate"][c] for c in mk.clients},
     }
+    if path:
+        reference["clean_path"] = {p: dict(mk.rates[p]) for p in path}
     threshold = {
         "warn": {c: p["warn"] for c, p in per_client.items()},
         "fail": {c: p["fail"] for c, p in per_client.items()},
@@ -911,6 +1017,10 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
         reason = f"marker rates {shown}; reference: {base_name}"
     else:
         reason = f"part of a marker still works: {shown}; reference: {base_name}"
+    if demoted and verdict == "warn":
+        top = {p: max(mk.rates[p].values()) for p in path}
+        reason += _less_trained_words(top, _pct)
+    power["less_trained"] = less
     return Check(
         "markers",
         title,

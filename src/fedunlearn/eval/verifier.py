@@ -58,6 +58,7 @@ __all__ = [
     "REFERENCES",
     "DPRetrainDetails",
     "Verifier",
+    "clean_path",
     "client_membership_check",
     "deletion_evidence",
     "lineage_from_dict",
@@ -234,6 +235,29 @@ def _method_warnings(details: Details | None) -> tuple[str, ...]:
 
 
 CONTINUED_ROUNDS = 5  # rounds the clean control trains beyond Retrain
+CLEAN_PATH_POINTS = 6  # Retrain's earlier global models kept as clean, less-trained controls
+
+
+def clean_path(retrain: UnlearnResult | None) -> dict[str, torch.Tensor]:
+    """Return clean models less trained than Retrain: its own earlier global models.
+
+    Retrain's trajectory holds the global model after each of its L rounds; the receipt keeps
+    those after rounds 1 and about L/6, 2L/6, ... 5L/6 (``clean_round_<t>``), clean by
+    construction, from barely trained to nearly Retrain. A model less trained than every
+    reference model of the client-level test is compared with them (``fedunlearn.eval.checks``):
+    an under-trained clean model can have a high backdoor ASR, marker rate or membership score
+    of its own. Empty without Retrain or its trajectory.
+    """
+    if retrain is None or retrain.trajectory is None:
+        return {}
+    rounds = retrain.trajectory.rounds
+    total = len(rounds)
+    picks = {max(1, round(total * i / CLEAN_PATH_POINTS)) for i in range(CLEAN_PATH_POINTS)}
+    return {
+        f"clean_round_{t}": rounds[t - 1].global_model.detach().to(torch.float32)
+        for t in sorted(picks - {total})
+        if rounds[t - 1].global_model is not None
+    }
 
 
 def client_membership_check(
@@ -253,10 +277,11 @@ def client_membership_check(
     trained longer is more confident on every example, the forgotten clients' too; with their
     fitness these controls trace how a clean model's score grows with training, and a model is
     compared with the clean controls no more trained than it (``check_client_membership``).
-    Returns the function ``Verifier(client_membership=...)`` calls per model: the candidate
-    scored beside the original (negative control), ``retrain`` and the continued controls
-    (scoring Retrain also places the "without" references between Retrain and the original,
-    for the distance check).
+    Retrain's earlier global models (``clean_path``) are scored too: the clean models less
+    trained than the references. Returns the function ``Verifier(client_membership=...)``
+    calls per model: the candidate scored beside the original (negative control), ``retrain``
+    and the continued controls (scoring Retrain also places the "without" references between
+    Retrain and the original, for the distance check).
     """
     from fedunlearn.eval.mia import fit_client_membership
     from fedunlearn.fl.engine import run_rounds
@@ -279,10 +304,17 @@ def client_membership_check(
             participation=context.training.participation,
         )
         continued[f"retrain_continued_{extra}"] = params
+    path = clean_path(base)
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
         # Retrain (given, or trained here) is the least trained clean control
-        models = {"original": original, "candidate": params, "retrain": base.params, **continued}
+        models = {
+            "original": original,
+            "candidate": params,
+            "retrain": base.params,
+            **continued,
+            **path,
+        }
         return test.evidence(models)
 
     return evidence
@@ -370,6 +402,16 @@ class Verifier:
                 self._marker_controls["original + noise"] = self.marker_probe.rates(noisy)
             if retrain is not None:
                 self._marker_controls["retrain"] = self.marker_probe.rates(retrain.params)
+        # Retrain's earlier global models: clean, less trained controls (``clean_path``)
+        path = clean_path(retrain)
+        self.clean_path_rows: dict[str, dict[str, Any]] = {}
+        if session.evaluation.trigger is not None:
+            self.clean_path_rows = {
+                label: dict(session.evaluation.evaluate(params)) for label, params in path.items()
+            }
+        if self.marker_probe:
+            for label, params in path.items():
+                self._marker_controls[label] = self.marker_probe.rates(params)
         self.distance_band = distance_band
         if distance_band is None and distance_retrains and retrain is not None:
             self.distance_band = measure_distance_band(
@@ -437,6 +479,7 @@ class Verifier:
             lineage=lineage,
             markers=markers,
             distance_band=self.distance_band if self.retrain is not None else None,
+            clean_path=self.clean_path_rows,
             **self._attack,
         )
 
