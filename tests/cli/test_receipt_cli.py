@@ -103,8 +103,16 @@ def test_audit_refuses_bad_input_with_one_clear_line(run, tmp_path):
             "add --reference retrain",
         ),
         (
-            ["--model", str(files / "flat.pt"), "--forget", "1", "--reference", "retrain",
-             "--distance-retrains", "1"],  # fmt: skip
+            [
+                "--model",
+                str(files / "flat.pt"),
+                "--forget",
+                "1",
+                "--reference",
+                "retrain",
+                "--distance-retrains",
+                "1",
+            ],  # fmt: skip
             "at least 2 (a measured spread); got 1",
         ),
     ]
@@ -329,9 +337,19 @@ def test_unlearn_measures_the_distance_band_from_independent_retrains(run, tmp_p
     res = runner.invoke(
         app,
         [
-            "unlearn", str(run_dir), "--forget", "malicious", "--method", "retrain",
-            "--reference", "retrain", "--distance-retrains", "2", "--no-client-test",
-            "--out", str(tmp_path / "r.json"),
+            "unlearn",
+            str(run_dir),
+            "--forget",
+            "malicious",
+            "--method",
+            "retrain",
+            "--reference",
+            "retrain",
+            "--distance-retrains",
+            "2",
+            "--no-client-test",
+            "--out",
+            str(tmp_path / "r.json"),
         ],  # fmt: skip
     )
     assert res.exit_code == 0, res.output

@@ -931,3 +931,146 @@ def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_backdoo
     v = build_verification(evidence(half, client_membership=within, clean_path=path))
     assert v.check("backdoor").verdict == "fail"
     assert "clean_path" not in v.check("backdoor").reference
+
+
+# --- review of the clean-path rule: each case failed before its fix ---------------------------
+
+
+def _less_cm(score=0.0, path=None):
+    scores = {"candidate": score, "original": 5.0, "retrain": 0.1, **(path or {})}
+    fit = {"candidate": 0.3, "original": 1.4, "retrain": 1.8, **{k: 0.2 for k in (path or {})}}
+    return ClientMembershipEvidence(
+        scores=scores,
+        threshold=2.0,
+        target_fpr=0.05,
+        power=0.9,
+        num_reference_models=8,
+        cost_seconds=1.0,
+        cost_client_epochs=1.0,
+        fitness=fit,
+        domain=(1.3, 1.9),
+        in_max=6.0,
+    )
+
+
+def _markers(cand, original, extra=None):
+    from fedunlearn.eval.markers import MarkerEvidence
+
+    rates = {
+        "candidate": cand,
+        "original": original,
+        "original + noise": original,
+        "retrain": {c: 0.05 for c in cand},
+        **(extra or {}),
+    }
+    return MarkerEvidence(
+        rates=rates,
+        decoy_rates={k: {c: 0.04 for c in cand} for k in rates},
+        probes={c: 400 for c in cand},
+        targets={c: 3 for c in cand},
+    )
+
+
+def _marker_ev(markers, cm):
+    return Evidence(
+        row=RETRAIN,
+        original=ORIGINAL,
+        retrain=RETRAIN,
+        retrain_gap=1.6,
+        request_kind="recover",
+        markers=markers,
+        client_membership=cm,
+    )
+
+
+def test_a_demoted_marker_flag_with_a_weak_original_is_a_warning_not_a_removal():
+    # the flag was turned into a warning before the controls were applied, and a warning with
+    # an unflagged original became `inconclusive`: the receipt said `removed`
+    ev = _marker_ev(_markers({0: 0.5}, {0: 0.09}), _less_cm())
+    from fedunlearn.eval.checks import check_markers
+
+    assert check_markers(ev, VerificationThresholds()).verdict == "warn"
+    assert build_verification(ev).influence == "not_shown"
+
+
+def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
+    from fedunlearn.eval.checks import check_markers
+
+    th = VerificationThresholds()
+    ev = _marker_ev(
+        _markers({0: 0.70, 1: 0.50}, {0: 0.9, 1: 0.9}, {"clean_round_3": {0: 0.65, 1: 0.05}}),
+        _less_cm(),
+    )
+    check = check_markers(ev, th)
+    assert check.verdict == "fail"
+    assert check.reason.startswith("client 1's marker still works")
+    assert check.value == 0.50
+    # the raised line is reported whatever the model's rate
+    low, high = (
+        check_markers(
+            _marker_ev(_markers({0: r}, {0: 0.9}, {"clean_round_3": {0: 0.3}}), _less_cm()), th
+        )
+        for r in (0.12, 0.3)
+    )
+    assert low.threshold["fail"][0] == pytest.approx(high.threshold["fail"][0])
+    # a warning quotes the demoted client's clean rate, not another client's
+    ev = _marker_ev(
+        _markers({0: 0.02, 1: 0.30}, {0: 0.9, 1: 0.9}, {"clean_round_3": {0: 0.80, 1: 0.28}}),
+        _less_cm(),
+    )
+    check = check_markers(ev, th)
+    assert check.verdict == "warn"
+    assert "up to 28.0%" in check.reason
+
+
+def test_the_client_level_warning_never_promises_an_unreachable_line():
+    ev = Evidence(row=RETRAIN, original=ORIGINAL, retrain=RETRAIN, client_membership=_less_cm(3.0))
+    check = build_verification(ev).check("client_membership")
+    assert check.verdict == "warn"
+    assert "no score flags it" in check.reason
+
+
+def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
+    flip_o = {**ORIGINAL, "test_accuracy": 0.85, "backdoor_asr": None}
+    flip_r = {**RETRAIN, "test_accuracy": 0.92, "backdoor_asr": None}
+    half = {**flip_r, "test_accuracy": 0.84}
+    base = dict(
+        row=half,
+        original=flip_o,
+        retrain=flip_r,
+        retrain_gap=1.6,
+        request_kind="recover",
+        attackers_forgotten=1,
+        attackers_total=1,
+        attack_kind="label_flip",
+    )
+    assert build_verification(Evidence(**base)).check("poisoning").verdict == "fail"
+    less = Evidence(
+        **base,
+        client_membership=_less_cm(),
+        clean_path={"clean_round_5": {"test_accuracy": 0.84}},
+    )
+    v = build_verification(less)
+    assert v.check("poisoning").verdict == "warn"
+    assert "as inaccurate" in v.check("poisoning").reason
+    assert v.influence != "remains"
+    # far below every clean, less trained model: still flagged
+    worse = dataclasses.replace(less, row={**flip_r, "test_accuracy": 0.60})
+    assert build_verification(worse).check("poisoning").verdict == "fail"
+
+
+def test_a_backdoor_flag_on_a_less_trained_model_stays_when_no_clean_model_is_higher():
+    retrain = {**RETRAIN, "backdoor_asr": 0.438}
+    ev = Evidence(
+        row={**retrain, "backdoor_asr": 0.538},
+        original=ORIGINAL,
+        retrain=retrain,
+        retrain_gap=1.6,
+        request_kind="recover",
+        backdoor=True,
+        attackers_forgotten=2,
+        attackers_total=2,
+        client_membership=_less_cm(),
+        clean_path={"clean_round_1": {"backdoor_asr": 0.2}},
+    )
+    assert build_verification(ev).check("backdoor").verdict == "fail"

@@ -40,9 +40,7 @@ def receipts(tmp_path_factory):
             .verify(retrain)
             .verification,
             "crab": verifier.verify(crab).verification,
-            "crab_default": verifier.verify(
-                session.run(make_method("crab"), request)
-            ).verification,
+            "crab_default": verifier.verify(session.run(make_method("crab"), request)).verification,
             "original": verifier.audit(session.run_view.final_params, "original")[1],
         }
 

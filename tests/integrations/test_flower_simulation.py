@@ -33,7 +33,7 @@ EXAMPLE_APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 FAILING_CLIENT, FAILING_ROUND = 1, 2
 
 # The app module with a Flower client mod that crashes one client in one round.
-FAILING_APP_MODULE = f'''
+FAILING_APP_MODULE = f"""
 from pathlib import Path
 
 from fedunlearn.integrations.flower.client_app import make_client_app
@@ -52,7 +52,7 @@ def fail_once(message, context, call_next):
 
 client_app = make_client_app([fail_once])
 server_app = make_app(base_dir=Path(__file__).parent)
-'''
+"""
 
 
 def test_example_app_under_flwr_run_records_the_in_process_history(tmp_path, flower_lock):
@@ -90,9 +90,7 @@ def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flow
     (app / f"{MODULE}.py").write_text(FAILING_APP_MODULE)
 
     # Execute
-    simulate(
-        FlowerJob(mode="train", run_dir=run_dir, config_path=path), 3, num_cpus=2, app_dir=app
-    )
+    simulate(FlowerJob(mode="train", run_dir=run_dir, config_path=path), 3, num_cpus=2, app_dir=app)
 
     # Assert: every round committed; the failing client is missing in its round only
     with HistoryStore.open(run_dir / "history") as store:

@@ -42,7 +42,6 @@ def pki(tmp_path_factory):
     return directory
 
 
-
 def connect_server1(port, pki, results, **limits):
     try:
         link = connect_peer(

@@ -154,9 +154,7 @@ def test_cli_unlearn_and_compare(run_dir, tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "cmp" / "results.md").exists()
-    assert ((
-        tmp_path / "cmp" / "quality.png"
-    ).exists())
+    assert (tmp_path / "cmp" / "quality.png").exists()
     assert "verdict" in res.stdout
     assert "none: influence REMAINS" in " ".join(res.stdout.split())
     for args, fragment in [

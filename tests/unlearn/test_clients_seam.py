@@ -82,8 +82,6 @@ def test_every_implementation_has_the_protocols_train():
         assert inspect.signature(cls.train) == expected, name
 
 
-
-
 def test_the_in_process_remote_and_remaining_clients_are_run_clients(run_all):
     with UnlearnSession(run_all) as session:
         remaining = session.context(UnlearnRequest.of([1])).clients

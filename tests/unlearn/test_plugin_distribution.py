@@ -65,11 +65,11 @@ class TinyFineTune(Unlearner):
         return RunOutput(params, [], TinyDetails(rounds=self.params.rounds))
 '''
 
-DECLARATION = '''
+DECLARATION = """
 from fedunlearn.plugins import Plugin
 
 PLUGIN = Plugin(name="tinyforget", methods={"tiny_finetune": "tinyforget.method:TinyFineTune"})
-'''
+"""
 
 
 def _install(site: Path) -> None:
@@ -108,8 +108,17 @@ def test_a_third_party_distribution_method_runs_by_name(tmp_path, run_all):
     listed = _fedunlearn(site, "methods")
     out = tmp_path / "result.json"
     ran = _fedunlearn(
-        site, "unlearn", str(run_all), "--method", "tiny_finetune", "--forget", "0",
-        "--param", "rounds=2", "--out", str(out),
+        site,
+        "unlearn",
+        str(run_all),
+        "--method",
+        "tiny_finetune",
+        "--forget",
+        "0",
+        "--param",
+        "rounds=2",
+        "--out",
+        str(out),
     )
     # Assert: it is listed beside the built-in ones, ran two rounds and reported them
     assert listed.returncode == 0, listed.stderr
@@ -125,8 +134,15 @@ def test_a_third_party_distribution_method_runs_by_name(tmp_path, run_all):
 def test_without_the_distribution_the_name_is_unknown(tmp_path, run_all):
     out = tmp_path / "result.json"
     ran = _fedunlearn(
-        tmp_path, "unlearn", str(run_all), "--method", "tiny_finetune", "--forget", "0",
-        "--out", str(out),
+        tmp_path,
+        "unlearn",
+        str(run_all),
+        "--method",
+        "tiny_finetune",
+        "--forget",
+        "0",
+        "--out",
+        str(out),
     )
     assert ran.returncode != 0
     assert "unknown unlearning method 'tiny_finetune'; available: crab" in ran.stderr

@@ -410,7 +410,13 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     controls = {label: grade(row) for label, row in ev.controls().items()}
     positive = grade(ev.retrain) if ev.retrain is not None else None
     verdict, unflagged, positive_flagged = _controlled(grade(ev.row), controls, positive)
-    demoted = less and verdict == "fail" and (not path or asr <= threshold["fail"])
+    top = max(path.values()) if path else None
+    # the same arithmetic as ``grade``: beyond the highest clean, less trained model too
+    demoted = (
+        less
+        and verdict == "fail"
+        and (top is None or (top > base and asr - top <= th.backdoor_fail))
+    )
     if demoted:
         verdict = "warn"
     power = {
@@ -673,10 +679,8 @@ def _clean_line(cm: ClientMembershipEvidence, fitness: float | None) -> float:
 
 def _line_words(cm: ClientMembershipEvidence, line: float, region: str) -> str:
     if region == "below":
-        return (
-            f"{line:.3g} (every model trained with them, every clean less trained one measured, "
-            "and the calibrated threshold)"
-        )
+        path = " every clean less trained one measured," if _path_scores(cm) else ""
+        return f"{line:.3g} (every model trained with them,{path} and the calibrated threshold)"
     if region == "unknown" and line > cm.threshold:
         return f"{line:.3g} (the highest clean control; no fitness was measured)"
     if line > cm.threshold:
@@ -844,12 +848,17 @@ def check_client_membership(ev: Evidence, th: VerificationThresholds) -> Check:
             f"{_line_words(cm, applied, region)} (original {cm.scores['original']:.3g}){beyond}"
         )
     elif off_range and verdict == "warn":
+        flag_words = (
+            f"it would be flagged above every model trained with them and every clean, less "
+            f"trained one measured, {applied:.3g}"
+            if _path_scores(cm)
+            else "no clean model this little trained was measured, so no score flags it"
+        )
         reason = (
             f"{_fitness_words(cm, 'candidate')}: it scores {value:.3g}, above the calibrated "
             f"threshold {cm.threshold:.3g} that flags a model trained as the run was, but a "
-            f"less trained model scores high on these examples without {_clients(ev)} (it "
-            f"would be flagged above every model trained with them and every clean, less "
-            f"trained one measured, {applied:.3g}); not cleared"
+            f"less trained model scores high on these examples without {_clients(ev)} "
+            f"({flag_words}); not cleared"
         )
     elif off_range:
         reason = (
@@ -929,10 +938,8 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
     # a model less trained than the references is flagged only beyond the clean, less
     # trained models too (Retrain's earlier rounds); its pass still needs Retrain's rate
     path = [label for label in mk.rates if label.startswith("clean_round_")] if less else []
-    demoted = False
 
     def grade(label: str) -> tuple[Verdict, dict[int, dict[str, Any]]]:
-        nonlocal demoted
         worst: Verdict = "pass"
         per: dict[int, dict[str, Any]] = {}
         for c in mk.clients:
@@ -948,12 +955,19 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
                 per[c]["fail"] = max(base + fail, keeps)
                 if rate < keeps:
                     verdict = "warn"
-            if label == "candidate" and less and verdict == "fail":
-                top = max([base, *(mk.rates[p][c] for p in path)])
-                line = top + _marker_grade(0.0, top, mk.probes[c], th)[2]
-                per[c]["fail"] = max(per[c]["fail"], line)
-                if not path or rate <= line:
-                    verdict, demoted = "warn", True
+            if label == "candidate" and less:
+                # flagged only beyond every clean, less trained model too (same arithmetic
+                # as the grade above); a flag short of that is only a warning
+                per[c]["clean_path_top"] = None
+                if path:
+                    top = max(mk.rates[p][c] for p in path)
+                    per[c]["clean_path_top"] = top
+                    if top > base:
+                        beyond, _, margin = _marker_grade(rate - top, top, mk.probes[c], th)
+                        per[c]["fail"] = max(per[c]["fail"], top + margin)
+                        per[c]["demoted"] = verdict == "fail" and beyond != "fail"
+                else:
+                    per[c]["demoted"] = verdict == "fail"
             if _SEVERITY_ORDER[verdict] > _SEVERITY_ORDER[worst]:
                 worst = verdict
             per[c]["flagged"] = verdict == "fail"
@@ -972,8 +986,14 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
         )
     positive = graded["retrain"][0] if with_retrain else None
     verdict, unflagged, positive_flagged = _controlled(candidate, controls, positive)
+    flagged = [c for c, p in per_client.items() if p["flagged"]]
+    demoted = [c for c in flagged if per_client[c].get("demoted")]
+    if verdict == "fail" and flagged and len(demoted) == len(flagged):
+        verdict = "warn"  # every flag is on a less trained model a clean one comes as close to
     excess = {c: p["rate"] - p["reference"] for c, p in per_client.items()}
-    worst_client = max(excess, key=lambda c: excess[c])
+    # the client named is a flagged one (not demoted) first, else the largest excess
+    named = [c for c in flagged if c not in demoted] or flagged or list(excess)
+    worst_client = max(named, key=lambda c: excess[c])
     value = per_client[worst_client]["rate"]
     base_name = "Retrain" if with_retrain else "never-embedded decoy patterns"
     reference = {
@@ -1007,6 +1027,12 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
             f"go to its target against {_pct(per_client[worst_client]['reference'])} for "
             f"{base_name} ({_pct(mk.rates['original'][worst_client])} before unlearning)"
         )
+        top = per_client[worst_client].get("clean_path_top")
+        if less and top is not None:
+            reason += (
+                "; the model is less trained than every reference model, and beyond every "
+                f"clean, less trained one too ({_path_words(path)}: up to {_pct(top)})"
+            )
     elif verdict == "inconclusive":
         reason = (
             _no_power(ev, unflagged, f"marker rates {shown}; reference: {base_name}")
@@ -1018,7 +1044,7 @@ def check_markers(ev: Evidence, th: VerificationThresholds) -> Check:
     else:
         reason = f"part of a marker still works: {shown}; reference: {base_name}"
     if demoted and verdict == "warn":
-        top = {p: max(mk.rates[p].values()) for p in path}
+        top = {p: max(mk.rates[p][c] for c in demoted) for p in path}
         reason += _less_trained_words(top, _pct)
     power["less_trained"] = less
     return Check(
@@ -1081,8 +1107,27 @@ def check_poisoning(ev: Evidence, th: VerificationThresholds) -> Check:
 
     controls = {label: grade(row) for label, row in ev.controls().items()}
     verdict, unflagged, _ = _controlled(grade(ev.row), controls, None)
-    reference = {"original": original, "retrain": retrain}
+    reference: dict[str, Any] = {"original": original, "retrain": retrain}
     threshold = {"warn": retrain - th.utility_warn, "fail": retrain - th.utility_fail}
+    # a less-trained model is less accurate without any poisoning: it is flagged only below
+    # every clean, less trained model too (Retrain's earlier rounds), else a flag is a warning
+    less = _less_trained(ev)
+    path = {
+        label: value
+        for label, value in ((k, _num(r.get("test_accuracy"))) for k, r in ev.clean_path.items())
+        if value is not None
+    }
+    demoted = False
+    if less:
+        low = min(path.values()) if path else None
+        if low is not None:
+            reference["clean_path"] = dict(path)
+            threshold["fail"] = min(threshold["fail"], low - th.utility_fail)
+        demoted = verdict == "fail" and (
+            low is None or (low < retrain and low - acc <= th.utility_fail)
+        )
+        if demoted:
+            verdict = "warn"
     power = {
         "original_flagged": controls["original"] == "fail",
         "controls": controls,
@@ -1103,6 +1148,18 @@ def check_poisoning(ev: Evidence, th: VerificationThresholds) -> Check:
         reason = f"test accuracy {_pct(acc)}, Retrain {_pct(retrain)}: part of the damage remains"
     else:
         reason = f"test accuracy {_pct(acc)}, Retrain {_pct(retrain)} (original {_pct(original)})"
+    if demoted:
+        reason += (
+            _less_trained_words(path, _pct)
+            if not path
+            else (
+                "; the model is less trained than every reference model, and a clean, less "
+                f"trained model is as inaccurate ({_path_words(path)}: down to "
+                f"{_pct(min(path.values()))}), so the drop is not evidence of the poisoning; "
+                "not cleared"
+            )
+        )
+    power["less_trained"] = less
     return Check("poisoning", title, verdict, acc, reference, threshold, reason, power=power)
 
 

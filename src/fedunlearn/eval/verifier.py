@@ -307,7 +307,8 @@ def client_membership_check(
     path = clean_path(base)
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
-        # Retrain (given, or trained here) is the least trained clean control
+        # clean controls: Retrain (given, or trained here), Retrain continued (more trained)
+        # and Retrain's earlier global models (less trained)
         models = {
             "original": original,
             "candidate": params,
@@ -405,7 +406,7 @@ class Verifier:
         # Retrain's earlier global models: clean, less trained controls (``clean_path``)
         path = clean_path(retrain)
         self.clean_path_rows: dict[str, dict[str, Any]] = {}
-        if session.evaluation.trigger is not None:
+        if session.evaluation.trigger is not None or run.malicious:  # backdoor, poisoning
             self.clean_path_rows = {
                 label: dict(session.evaluation.evaluate(params)) for label, params in path.items()
             }

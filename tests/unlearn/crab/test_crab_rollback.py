@@ -126,9 +126,7 @@ def test_phi_subtracts_the_previous_stored_rounds_aggregate(run_all, client_rati
     with UnlearnSession(run_all) as session:
         forget = set(session.run_view.malicious)
         history = session.run_view.store
-        sizes = {
-            c: session.federation.num_samples(c) for c in session.federation.client_ids
-        }
+        sizes = {c: session.federation.num_samples(c) for c in session.federation.client_ids}
         size = session.run_view.initial_params.numel()
         previous = torch.zeros(size, dtype=torch.float64)  # Gbar_0
         expected = []

@@ -87,7 +87,6 @@ def assert_mirror(result, plain):
 # ---- a flood during the session -------------------------------------------------------------
 
 
-
 def test_a_flood_of_200_connections_during_the_session_leaves_its_result_unchanged(
     run_dir, plain, tmp_path
 ):
