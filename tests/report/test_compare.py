@@ -77,6 +77,10 @@ def test_results_document_has_control_reference_and_documented_fields(doc):
     checks = {c["name"]: c for c in rows["none"]["verification"]["checks"]}
     assert checks["distance"]["verdict"] == "fail"
     assert rows["none"]["distance_to_original"] == 0.0
+    # the receipts keep Retrain's earlier global models as clean, less trained controls even
+    # though the comparison drops Retrain's trajectory (it did not: none were scored)
+    client = checks["client_membership"]
+    assert {"clean_round_1", "clean_round_2", "clean_round_3"} <= set(client["reference"])
 
 
 @pytest.mark.slow

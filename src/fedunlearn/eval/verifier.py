@@ -266,6 +266,7 @@ def client_membership_check(
     retrain: UnlearnResult | None = None,
     *,
     seed: int = 0,
+    path: Mapping[str, torch.Tensor] | None = None,
 ) -> Callable[[torch.Tensor], ClientMembershipEvidence]:
     """Fit the client-level membership test of ``request`` once; return the receipt's check input.
 
@@ -277,8 +278,9 @@ def client_membership_check(
     trained longer is more confident on every example, the forgotten clients' too; with their
     fitness these controls trace how a clean model's score grows with training, and a model is
     compared with the clean controls no more trained than it (``check_client_membership``).
-    Retrain's earlier global models (``clean_path``) are scored too: the clean models less
-    trained than the references. Returns the function ``Verifier(client_membership=...)``
+    Retrain's earlier global models (``clean_path``; ``path`` when the caller kept them and
+    dropped Retrain's trajectory) are scored too: the clean models less trained than the
+    references. Returns the function ``Verifier(client_membership=...)``
     calls per model: the candidate scored beside the original (negative control), ``retrain``
     and the continued controls (scoring Retrain also places the "without" references between
     Retrain and the original, for the distance check).
@@ -304,7 +306,7 @@ def client_membership_check(
             participation=context.training.participation,
         )
         continued[f"retrain_continued_{extra}"] = params
-    path = clean_path(base)
+    path = dict(clean_path(base) if path is None else path)
 
     def evidence(params: torch.Tensor) -> ClientMembershipEvidence:
         # clean controls: Retrain (given, or trained here), Retrain continued (more trained)
@@ -344,6 +346,8 @@ class Verifier:
             fixed ``distance_pass``. Needs ``retrain``; at least 2 when not 0.
         distance_band: A band measured before (e.g. shared by several verifiers of one
             request); overrides ``distance_retrains``.
+        clean_path_models: Retrain's earlier global models (``clean_path``), when the caller
+            kept them and dropped ``retrain``'s trajectory; None takes them from ``retrain``.
 
     Raises:
         ConfigError: for a ``retrain`` result of another method.
@@ -362,6 +366,7 @@ class Verifier:
         client_membership: Callable[[torch.Tensor], ClientMembershipEvidence] | None = None,
         distance_retrains: int = 0,
         distance_band: DistanceBand | None = None,
+        clean_path_models: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         if distance_retrains == 1 or distance_retrains < 0:
             raise ConfigError(
@@ -404,7 +409,7 @@ class Verifier:
             if retrain is not None:
                 self._marker_controls["retrain"] = self.marker_probe.rates(retrain.params)
         # Retrain's earlier global models: clean, less trained controls (``clean_path``)
-        path = clean_path(retrain)
+        path = clean_path(retrain) if clean_path_models is None else dict(clean_path_models)
         self.clean_path_rows: dict[str, dict[str, Any]] = {}
         if session.evaluation.trigger is not None or run.malicious:  # backdoor, poisoning
             self.clean_path_rows = {

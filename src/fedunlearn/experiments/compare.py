@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 import fedunlearn
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import (
@@ -30,6 +32,7 @@ from fedunlearn.eval import (
 )
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.judge import Judge, finite_or_none
+from fedunlearn.eval.verifier import clean_path
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
@@ -140,8 +143,11 @@ def compare_methods(
         judge = Judge(run, session.evaluation, request, seed)
         results: dict[str, UnlearnResult] = {}
         order = ["retrain", *[n for n in names if n != "retrain"]]
+        retrain_path: dict[str, torch.Tensor] = {}
         for index, name in enumerate(order, start=1):
             result = _run(session, unlearners[name], request, progress, index, len(order))
+            if name == "retrain":  # the receipt's clean, less trained controls: 6 models
+                retrain_path = clean_path(result)
             # a comparison applies nothing: drop the trajectory, (2 + n_t) d floats per round
             # (docs/lifecycle.md), rather than hold one per method until the end
             results[name] = replace(result, trajectory=None)
@@ -151,11 +157,15 @@ def compare_methods(
         if client_test:
             if progress is not None:
                 progress.on_step("fitting the client-level membership test")
-            membership = client_membership_check(session, request, results["retrain"], seed=seed)
+            membership = client_membership_check(
+                session, request, results["retrain"], seed=seed, path=retrain_path
+            )
         reference = results["retrain"]
+        reference_path: dict[str, torch.Tensor] | None = retrain_path
         dp = run.config.privacy
         if dp.enabled and dp.dp_scope == "train_and_store":  # a DP run: judge against DP Retrain
             reference = reference_retrain(session, request, "retrain") or reference
+            reference_path = None  # the DP Retrain's own trajectory
         verifier = Verifier(
             session,
             request,
@@ -164,6 +174,7 @@ def compare_methods(
             judge=judge,
             client_membership=membership,
             distance_retrains=distance_retrains,
+            clean_path_models=reference_path,
         )
         rows = []
         retrain_epochs = results["retrain"].costs.client_epochs
