@@ -936,23 +936,6 @@ def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_backdoo
 # --- review of the clean-path rule: each case failed before its fix ---------------------------
 
 
-def _less_cm(score=0.0, path=None):
-    scores = {"candidate": score, "original": 5.0, "retrain": 0.1, **(path or {})}
-    fit = {"candidate": 0.3, "original": 1.4, "retrain": 1.8, **{k: 0.2 for k in (path or {})}}
-    return ClientMembershipEvidence(
-        scores=scores,
-        threshold=2.0,
-        target_fpr=0.05,
-        power=0.9,
-        num_reference_models=8,
-        cost_seconds=1.0,
-        cost_client_epochs=1.0,
-        fitness=fit,
-        domain=(1.3, 1.9),
-        in_max=6.0,
-    )
-
-
 def _markers(cand, original, extra=None):
     from fedunlearn.eval.markers import MarkerEvidence
 
@@ -986,7 +969,7 @@ def _marker_ev(markers, cm):
 def test_a_demoted_marker_flag_with_a_weak_original_is_a_warning_not_a_removal():
     # the flag was turned into a warning before the controls were applied, and a warning with
     # an unflagged original became `inconclusive`: the receipt said `removed`
-    ev = _marker_ev(_markers({0: 0.5}, {0: 0.09}), _less_cm())
+    ev = _marker_ev(_markers({0: 0.5}, {0: 0.09}), ranged(0.0, 0.3))
     from fedunlearn.eval.checks import check_markers
 
     assert check_markers(ev, VerificationThresholds()).verdict == "warn"
@@ -999,7 +982,7 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
     th = VerificationThresholds()
     ev = _marker_ev(
         _markers({0: 0.70, 1: 0.50}, {0: 0.9, 1: 0.9}, {"clean_round_3": {0: 0.65, 1: 0.05}}),
-        _less_cm(),
+        ranged(0.0, 0.3),
     )
     check = check_markers(ev, th)
     assert check.verdict == "fail"
@@ -1008,7 +991,8 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
     # the raised line is reported whatever the model's rate
     low, high = (
         check_markers(
-            _marker_ev(_markers({0: r}, {0: 0.9}, {"clean_round_3": {0: 0.3}}), _less_cm()), th
+            _marker_ev(_markers({0: r}, {0: 0.9}, {"clean_round_3": {0: 0.3}}), ranged(0.0, 0.3)),
+            th,
         )
         for r in (0.12, 0.3)
     )
@@ -1016,7 +1000,7 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
     # a warning quotes the demoted client's clean rate, not another client's
     ev = _marker_ev(
         _markers({0: 0.02, 1: 0.30}, {0: 0.9, 1: 0.9}, {"clean_round_3": {0: 0.80, 1: 0.28}}),
-        _less_cm(),
+        ranged(0.0, 0.3),
     )
     check = check_markers(ev, th)
     assert check.verdict == "warn"
@@ -1024,7 +1008,9 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
 
 
 def test_the_client_level_warning_never_promises_an_unreachable_line():
-    ev = Evidence(row=RETRAIN, original=ORIGINAL, retrain=RETRAIN, client_membership=_less_cm(3.0))
+    ev = Evidence(
+        row=RETRAIN, original=ORIGINAL, retrain=RETRAIN, client_membership=ranged(3.0, 0.3)
+    )
     check = build_verification(ev).check("client_membership")
     assert check.verdict == "warn"
     assert "no score flags it" in check.reason
@@ -1047,7 +1033,7 @@ def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
     assert build_verification(Evidence(**base)).check("poisoning").verdict == "fail"
     less = Evidence(
         **base,
-        client_membership=_less_cm(),
+        client_membership=ranged(0.0, 0.3),
         clean_path={"clean_round_5": {"test_accuracy": 0.84}},
     )
     v = build_verification(less)
@@ -1070,7 +1056,7 @@ def test_a_backdoor_flag_on_a_less_trained_model_stays_when_no_clean_model_is_hi
         backdoor=True,
         attackers_forgotten=2,
         attackers_total=2,
-        client_membership=_less_cm(),
+        client_membership=ranged(0.0, 0.3),
         clean_path={"clean_round_1": {"backdoor_asr": 0.2}},
     )
     assert build_verification(ev).check("backdoor").verdict == "fail"

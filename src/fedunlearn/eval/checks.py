@@ -326,6 +326,12 @@ def _less_trained_words(path: Mapping[str, Any], show: Callable[[float], str]) -
     )
 
 
+def _path_values(ev: Evidence, key: str) -> dict[str, float]:
+    """The clean-path models' finite ``key`` values (``Evidence.clean_path``), by label."""
+    values = {label: _num(row.get(key)) for label, row in ev.clean_path.items()}
+    return {label: v for label, v in values.items() if v is not None}
+
+
 def _path_words(labels: Iterable[str]) -> str:
     rounds = sorted(int(label.rsplit("_", 1)[1]) for label in labels)
     return "Retrain's rounds " + ", ".join(str(t) for t in rounds)
@@ -387,11 +393,7 @@ def check_backdoor(ev: Evidence, th: VerificationThresholds) -> Check:
     if retrain is None:
         reference["clean_measured"] = base
     less = _less_trained(ev)
-    path = {
-        label: value
-        for label, value in ((k, _num(r.get("backdoor_asr"))) for k, r in ev.clean_path.items())
-        if value is not None
-    }
+    path = _path_values(ev, "backdoor_asr")
     threshold = {"warn": base + th.backdoor_warn, "fail": base + th.backdoor_fail}
     if less and path:
         # a less-trained model is flagged only beyond the clean, less trained models too
@@ -1112,11 +1114,7 @@ def check_poisoning(ev: Evidence, th: VerificationThresholds) -> Check:
     # a less-trained model is less accurate without any poisoning: it is flagged only below
     # every clean, less trained model too (Retrain's earlier rounds), else a flag is a warning
     less = _less_trained(ev)
-    path = {
-        label: value
-        for label, value in ((k, _num(r.get("test_accuracy"))) for k, r in ev.clean_path.items())
-        if value is not None
-    }
+    path = _path_values(ev, "test_accuracy")
     demoted = False
     if less:
         low = min(path.values()) if path else None
