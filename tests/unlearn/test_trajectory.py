@@ -2,13 +2,14 @@
 
 Each round of a trajectory is consistent (model = previous model + aggregate; the aggregate is the
 run's rule over the round's updates, weighted by n_c), no forgotten client appears, estimated
-updates are marked, and the methods' models are those of the code before trajectories existed.
+updates are marked, the trajectory rebuilds the method's model bit for bit, and the model repeats
+bit for bit when the method runs again. Both sides of every comparison are computed here, on the
+machine that runs the test: float32 kernels round differently on other CPUs (AVX-512 and AVX2
+kernels of the same torch wheel), so a digest recorded on one machine proves nothing on another
+(issue 42; ``tests/test_no_pinned_digests.py`` keeps such digests out).
 """
 
 from __future__ import annotations
-
-import hashlib
-import platform
 
 import pytest
 import torch
@@ -23,17 +24,7 @@ pytestmark = pytest.mark.slow
 
 FORGET = UnlearnRequest.of([1])
 FEDRECOVER_ESTIMATING = {"warmup_rounds": 3, "final_rounds": 1, "correction_period": None}
-
-# sha256 of the models main (3b39f8d, before trajectories) returns on the shared 5-round run
-# forgetting client 1, taken under this suite's one torch thread with torch 2.13.0 on x86_64
-# (other kernels round differently): returning a trajectory must not change a method's result
-DIGESTS_PLATFORM = ("2.13.0", "x86_64")
-MAIN_DIGESTS = {
-    "retrain": "17f41dec69eedada612d98fa9ed9eca6b498c84a0ac7ea06e3c7cc8abc044302",
-    "fedrecover": "b0917d817346d62690f63405aa2b799d054a223157605d43d0bf9a6a02eae8f6",
-    "federaser": "a721788c9e708b2bbbd62c1956b5df926af278c1e8e39e9cfeeb3cb25480549d",
-    "crab": "a85cd60cdaba346af5665d25300de6157f72d60d6e9a27f736d5e8a528c06995",
-}
+METHODS = ("crab", "federaser", "fedrecover", "retrain")
 
 
 def _method(name):
@@ -43,21 +34,31 @@ def _method(name):
 @pytest.fixture(scope="module")
 def results(run_all):
     with UnlearnSession(run_all, evaluate=False) as session:
-        yield session, {m: session.run(_method(m), FORGET) for m in MAIN_DIGESTS}
+        yield session, {m: session.run(_method(m), FORGET) for m in METHODS}
 
 
-@pytest.mark.parametrize("name", sorted(MAIN_DIGESTS))
-def test_model_is_main_s_and_the_trajectory_ends_at_it(results, name):
-    _, by_method = results
+@pytest.mark.parametrize("name", METHODS)
+def test_the_trajectory_rebuilds_the_model_bit_for_bit(results, name):
+    session, by_method = results
     result = by_method[name]
     assert result.trajectory is not None
-    if (torch.__version__.split("+")[0], platform.machine()) == DIGESTS_PLATFORM:
-        digest = hashlib.sha256(result.params.numpy().tobytes()).hexdigest()
-        assert digest == MAIN_DIGESTS[name]
+    rebuilt = session.run_view.initial_params
+    for entry in result.trajectory.rounds:
+        rebuilt = rebuilt + entry.aggregate
+    assert torch.equal(rebuilt, result.params)
     assert torch.equal(result.trajectory.final_model, result.params)
 
 
-@pytest.mark.parametrize("name", sorted(MAIN_DIGESTS))
+@pytest.mark.parametrize("name", METHODS)
+def test_the_model_repeats_bit_for_bit_in_a_new_session(results, run_all, name):
+    with UnlearnSession(run_all, evaluate=False) as again:
+        second = again.run(_method(name), FORGET)
+    assert torch.equal(second.params, results[1][name].params)
+    assert second.trajectory is not None
+    assert second.trajectory.length == results[1][name].trajectory.length
+
+
+@pytest.mark.parametrize("name", METHODS)
 def test_each_round_applies_the_rule_to_its_updates(results, name):
     session, by_method = results
     trajectory = by_method[name].trajectory
@@ -74,7 +75,7 @@ def test_each_round_applies_the_rule_to_its_updates(results, name):
         previous = entry.global_model
 
 
-@pytest.mark.parametrize("name", sorted(MAIN_DIGESTS))
+@pytest.mark.parametrize("name", METHODS)
 def test_no_forgotten_client_appears(results, name):
     trajectory = results[1][name].trajectory
     assert trajectory.forgotten == FORGET.forget
@@ -141,6 +142,7 @@ def test_retrain_s_trajectory_is_the_history_of_training_without_the_client(resu
         observers=[HistoryRecorder(trained, RecordAll())],
     )
     assert applied.rounds() == trained.rounds()
+    assert torch.equal(by_method["retrain"].params, trained.read_model(trained.rounds()[-1]))
     for r in trained.rounds()[1:]:
         assert torch.equal(applied.read_model(r), trained.read_model(r))
         assert torch.equal(applied.read_model(r, "aggregate"), trained.read_model(r, "aggregate"))
