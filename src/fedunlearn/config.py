@@ -169,7 +169,17 @@ class AggregatorConfig(_Frozen):
 
 
 class TrainingConfig(_Frozen):
-    """Federated training: rounds, local SGD, participation, aggregation, execution."""
+    """Federated training: rounds, local SGD, participation, aggregation, execution.
+
+    ``sampling``: ``fraction`` (default) samples ``participation`` of the clients without
+    replacement and weighs uploads by n_c; ``tv_stable`` is FATS's deletion-ready sampling
+    (docs/deletion_ready.md): K = ``participation`` x ``data.num_clients`` draws with
+    replacement per round, weights by multiplicity, and ``local_steps`` local iterations on
+    fresh mini-batches of ``batch_size`` samples, so most deletion requests recompute nothing
+    (method ``tv_exact``). ``shards``: clients split into that many isolated sub-federations
+    (``shard_map``, or a seeded balanced split), each training its own model; the run's model is
+    their weight average, and a request retrains only the affected shards (``shard_retrain``).
+    """
 
     rounds: int = Field(20, ge=1, le=100_000)
     local_epochs: int = Field(1, ge=1)
@@ -178,6 +188,22 @@ class TrainingConfig(_Frozen):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     participation: float = Field(1.0, gt=0, le=1)
+    sampling: Literal["fraction", "tv_stable"] = Field(
+        "fraction",
+        description="fraction: participation without replacement, FedAvg by n_c; tv_stable: "
+        "FATS's K draws with replacement and local_steps fresh mini-batches (deletion-ready)",
+    )
+    local_steps: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="tv_stable: local iterations per round (FATS's E), each on a fresh "
+        "mini-batch of batch_size samples drawn without replacement",
+    )
+    shards: int = Field(1, ge=1, le=10_000, description="isolated sub-federations (SISA for FL)")
+    shard_map: dict[int, int] | None = Field(
+        None, description="client -> shard (0..shards-1); default: a seeded balanced split"
+    )
     aggregator: AggregatorConfig = AggregatorConfig()
     executor: Literal["auto", "serial", "vectorized", "pool"] = "auto"
     num_workers: int | None = Field(None, ge=1)
@@ -187,6 +213,40 @@ class TrainingConfig(_Frozen):
         description="local training, evaluation and unlearning's client work: auto (CUDA if "
         "torch sees a GPU, else the CPU), cpu, cuda, cuda:<index> or mps",
     )
+
+    @model_validator(mode="after")
+    def _deletion_ready(self) -> TrainingConfig:
+        if self.sampling == "tv_stable":
+            if self.local_steps is None:
+                raise ValueError(
+                    "training.sampling 'tv_stable' needs training.local_steps (E, local "
+                    "iterations per round on fresh mini-batches; the FATS paper uses 10)"
+                )
+            if self.local_epochs != 1:
+                raise ValueError(
+                    "training.local_epochs does not apply to sampling 'tv_stable' (local work is "
+                    "training.local_steps mini-batches); drop training.local_epochs"
+                )
+            if self.aggregator.name != "fedavg":
+                raise ValueError(
+                    f"training.sampling 'tv_stable' aggregates by multiplicity (FedAvg over the "
+                    f"round's draws); training.aggregator '{self.aggregator.name}' would change "
+                    "what a deletion recomputes. Use aggregator fedavg"
+                )
+        elif self.local_steps is not None:
+            raise ValueError(
+                "training.local_steps applies to sampling 'tv_stable'; set training.sampling: "
+                "tv_stable or drop training.local_steps"
+            )
+        if self.shard_map is not None:
+            if self.shards == 1:
+                raise ValueError("training.shard_map needs training.shards > 1")
+            bad = sorted({s for s in self.shard_map.values() if not 0 <= s < self.shards})
+            if bad:
+                raise ValueError(
+                    f"training.shard_map names shard(s) {bad}; shards are 0..{self.shards - 1}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _pool_needs_cpu(self) -> TrainingConfig:
@@ -483,6 +543,7 @@ class RunConfig(_Frozen):
             and self.data.dataset in ("ag_news", "synthetic")
         ):
             raise ValueError("attack.kind 'backdoor' (pixel trigger) needs an image dataset")
+        _check_deletion_ready(self)
         for name in ("start_round", "join_round"):
             value = getattr(self.attack, name)
             if value > self.training.rounds:
@@ -491,6 +552,40 @@ class RunConfig(_Frozen):
                     f"{self.training.rounds}); use a round in 1..{self.training.rounds}"
                 )
         return self
+
+
+def _check_deletion_ready(config: RunConfig) -> None:
+    """Refuse what TV-stable sampling and shards cannot serve exactly (one line each)."""
+    tr, n = config.training, config.data.num_clients
+    if tr.sampling == "tv_stable":
+        if config.privacy.enabled:
+            raise ValueError(
+                "training.sampling 'tv_stable' and privacy.enabled do not combine yet (DP-SGD "
+                "draws Poisson batches, not FATS's mini-batches); use one of them"
+            )
+        if config.attack.join_round > 1:
+            raise ValueError(
+                "training.sampling 'tv_stable' draws from every client every round; "
+                "attack.join_round > 1 is not supported with it"
+            )
+    if tr.shards > 1:
+        if tr.shards > n:
+            raise ValueError(f"training.shards ({tr.shards}) exceeds data.num_clients ({n})")
+        if config.privacy.enabled:
+            raise ValueError("training.shards > 1 and privacy.enabled do not combine yet")
+        if config.attack.join_round > 1:
+            raise ValueError("training.shards > 1 does not support attack.join_round > 1")
+        if tr.shard_map is not None:
+            missing = sorted(set(range(n)) - set(tr.shard_map))
+            extra = sorted(set(tr.shard_map) - set(range(n)))
+            if missing or extra:
+                raise ValueError(
+                    f"training.shard_map must assign every client 0..{n - 1} exactly once "
+                    f"(missing {missing[:10]}, unknown {extra[:10]})"
+                )
+            empty = sorted(set(range(tr.shards)) - set(tr.shard_map.values()))
+            if empty:
+                raise ValueError(f"training.shard_map leaves shard(s) {empty} without clients")
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

@@ -65,7 +65,7 @@ def backdoor_data(
     x, y = data.x.clone(), data.y.clone()
     x[chosen] = trigger.apply(x[chosen])
     y[chosen] = target_label
-    return ClientData(x, y)
+    return ClientData(x, y, data.ids)
 
 
 def label_flip_data(
@@ -76,7 +76,7 @@ def label_flip_data(
     chosen = torch.randperm(len(data), generator=generator)[:count]
     y = data.y.clone()
     y[chosen] = num_classes - 1 - y[chosen]
-    return ClientData(data.x, y)
+    return ClientData(data.x, y, data.ids)
 
 
 def trim_random(

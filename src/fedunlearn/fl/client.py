@@ -5,6 +5,10 @@ code runs in-process, in a worker pool, vectorised (checked against this loop) o
 Batching: each epoch draws ``torch.randperm(n, generator)`` from a generator seeded with ``seed``
 and walks it in chunks of ``batch_size`` (the last chunk may be smaller); the loss is the mean
 cross-entropy of the chunk; the optimiser is ``torch.optim.SGD(lr, momentum, weight_decay)``.
+With ``spec.steps`` set (TV-stable training, FATS Alg. 1 lines 11-14), local training is instead
+``steps`` iterations, each on a fresh mini-batch of exactly ``batch_size`` samples drawn without
+replacement by ``fl.sampling.step_batches`` (deletion-consistent: keyed by the samples' stable
+ids), with a fresh optimiser each round.
 Training runs where the client's data lives (``data.x.device``: executors place it once); the
 batch order is drawn on the CPU whatever the device, and the delta comes back on the CPU.
 """
@@ -21,19 +25,25 @@ from torch.nn import functional as F  # noqa: N812
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.device import cuda_determinism, sum_dtype
 from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.sampling import step_batches
 from fedunlearn.fl.seeding import torch_generator
 from fedunlearn.models.flat import get_flat_params, set_flat_params
 
 
 @dataclass(frozen=True)
 class LocalTrainingSpec:
-    """Hyperparameters of one client's local training (E, η, B, momentum, L2 weight decay)."""
+    """Hyperparameters of one client's local training (E, η, B, momentum, L2 weight decay).
+
+    ``steps``: when set, local training is that many mini-batch steps of exactly
+    ``batch_size`` samples each (TV-stable training) instead of ``epochs`` passes.
+    """
 
     epochs: int = 1
     lr: float = 0.05
     batch_size: int = 64
     momentum: float = 0.0
     weight_decay: float = 0.0
+    steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 0:
@@ -46,6 +56,33 @@ class LocalTrainingSpec:
             raise ConfigError(f"momentum must be in [0, 1); got {self.momentum}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0; got {self.weight_decay}")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"local steps must be >= 1; got {self.steps}")
+
+
+def batch_plan(
+    data: ClientData,
+    spec: LocalTrainingSpec,
+    generator: torch.Generator,
+    seed: int,
+    device: torch.device | None = None,
+) -> list[torch.Tensor]:
+    """Return every mini-batch of one client's local training, as row indices, in order.
+
+    Epoch mode: ``epochs`` seeded permutations cut into ``batch_size`` chunks
+    (``epoch_batches``). Step mode (``spec.steps``): ``fl.sampling.step_batches``.
+    """
+    if spec.steps is None:
+        return [
+            b
+            for _ in range(spec.epochs)
+            for b in epoch_batches(len(data), spec.batch_size, generator, device)
+        ]
+    ids = data.sample_ids().cpu().numpy()
+    plan = [torch.from_numpy(p) for p in step_batches(seed, ids, spec.batch_size, spec.steps)]
+    if device is not None and device.type != "cpu":
+        plan = [p.to(device) for p in plan]
+    return plan
 
 
 def epoch_batches(
@@ -100,14 +137,13 @@ def local_update(
     rng_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=rng_devices), cuda_determinism(device):
         torch.manual_seed(seed)  # dropout and other in-model randomness
-        for _ in range(spec.epochs):
-            for idx in epoch_batches(n, spec.batch_size, generator, device):
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(local(data.x[idx]), data.y[idx])
-                loss.backward()
-                opt.step()
-                loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
-                seen += len(idx)
+        for idx in batch_plan(data, spec, generator, seed, device):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(local(data.x[idx]), data.y[idx])
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach().to(loss_sum.dtype) * len(idx)
+            seen += len(idx)
     delta = (get_flat_params(local) - start).cpu()
     return ClientUpdate(
         client_id=client_id,

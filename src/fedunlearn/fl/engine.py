@@ -1,13 +1,15 @@
 """The federated training loop: sample, train, screen, aggregate, observe.
 
 One round (``run_round``):
-1. sample the participants among the clients present (seeded by run seed and round; full
-   participation by default; a client with a join round is absent before it);
+1. sample the participants among the clients present (a ``fl.sampling.ClientSampler``: a seeded
+   fraction without replacement by default, full participation unless asked; TV-stable sampling
+   draws a multiset with replacement; a client with a join round is absent before it);
 2. ask them to train (``fl.clients.Clients.train``; in-process ``Federation.train``: executor,
    then update mods such as attacks);
 3. screen the uploads: a delta with NaN/Inf or of the wrong shape is rejected, logged and kept
    out of the aggregate (and recorded as rejected by the history recorder);
-4. aggregate the accepted deltas and apply ``M_{t+1} = M_t + aggregate``;
+4. aggregate the accepted deltas (weighted by n_c, or by multiplicity under TV-stable
+   sampling) and apply ``M_{t+1} = M_t + aggregate``;
 5. evaluate and hand a frozen ``RoundRecord`` to every observer (history recording, metrics,
    progress bars, later methods).
 """
@@ -15,18 +17,16 @@ One round (``run_round``):
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.clients import Clients, RunClients, TrainTask
 from fedunlearn.fl.records import ClientUpdate, RejectedUpdate, RoundRecord
-from fedunlearn.fl.seeding import derive_seed
+from fedunlearn.fl.sampling import ClientDraw, ClientSampler, FractionSampler
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,7 @@ class RoundObserver(Protocol):
 
 def sample_clients(client_ids: Sequence[int], fraction: float, seed: int, round_: int) -> list[int]:
     """Return the sorted participants of a round: all clients, or a seeded fraction (at least 1)."""
-    if not 0 < fraction <= 1:
-        raise ConfigError(f"participation fraction must be in (0, 1]; got {fraction}")
-    ids = sorted(client_ids)
-    if fraction >= 1:
-        return ids
-    count = max(1, math.ceil(fraction * len(ids)))
-    rng = np.random.default_rng(derive_seed(seed, "sampling", round_))
-    return sorted(int(c) for c in rng.choice(ids, size=count, replace=False))
+    return list(FractionSampler(fraction, seed).draw(round_, client_ids).ids)
 
 
 def screen_update(update: ClientUpdate, num_params: int) -> str | None:
@@ -72,12 +65,19 @@ def run_round(
     aggregator: Aggregator,
     global_params: torch.Tensor,
     round_: int,
-    participants: Sequence[int],
+    participants: Sequence[int] | ClientDraw,
     *,
     evaluate: Evaluator | None = None,
 ) -> RoundRecord:
-    """Run one FL round from ``global_params`` with ``participants`` and return its record."""
-    uploads = federation.train(TrainTask(global_params, participants, round_))
+    """Run one FL round from ``global_params`` with ``participants`` and return its record.
+
+    ``participants``: client ids (each once, FedAvg weights n_c), or a ``ClientDraw`` (its
+    multiplicities, and its weights when it is not size-weighted).
+    """
+    draw = participants if isinstance(participants, ClientDraw) else None
+    ids = draw.ids if draw is not None else participants
+    by_weight = draw.weights() if draw is not None else None
+    uploads = federation.train(TrainTask(global_params, ids, round_))
     accepted: list[ClientUpdate] = []
     rejected: list[RejectedUpdate] = []
     for update in uploads:
@@ -89,7 +89,12 @@ def run_round(
             rejected.append(RejectedUpdate(update.client_id, reason, update.num_samples))
     if accepted:
         deltas = torch.stack([u.delta.to(torch.float32) for u in accepted])
-        weights = torch.tensor([float(u.num_samples) for u in accepted])
+        weights = torch.tensor(
+            [
+                float(u.num_samples if by_weight is None else by_weight[u.client_id])
+                for u in accepted
+            ]
+        )
         aggregate = aggregator(deltas, weights)
     else:
         log.warning("round %d: no usable update; the global model is unchanged", round_)
@@ -109,6 +114,7 @@ def run_round(
         updates=tuple(accepted),
         rejected=tuple(rejected),
         metrics=metrics,
+        multiplicity=dict(draw.multiplicity) if draw is not None and not draw.size_weighted else {},
     )
 
 
@@ -124,6 +130,7 @@ def run_rounds(
     evaluate: Evaluator | None = None,
     observers: Sequence[RoundObserver] = (),
     join_rounds: Mapping[int, int] | None = None,
+    sampler: ClientSampler | None = None,
 ) -> torch.Tensor:
     """Run rounds ``start_round..num_rounds`` and return the final flat global model.
 
@@ -139,15 +146,19 @@ def run_rounds(
         observers: Told about each finished round, in order.
         join_rounds: Client -> the first round it may be sampled in (clients that join the
             federation late); others are present from round 1.
+        sampler: Draws each round's participants among the clients present (default: a
+            ``FractionSampler`` of ``participation`` with the federation's seed).
     """
     ids = list(federation.client_ids if client_ids is None else client_ids)
     if not ids:
         raise ConfigError("no clients to train with; at least one client must remain")
     joins = dict(join_rounds or {})
+    draws = sampler if sampler is not None else FractionSampler(participation, federation.seed)
     params = initial_params
     for round_ in range(start_round, num_rounds + 1):
         present = [c for c in ids if joins.get(c, 1) <= round_] if joins else ids
-        participants = sample_clients(present, participation, federation.seed, round_)
+        draw = draws.draw(round_, present)
+        participants = draw if not draw.size_weighted else list(draw.ids)
         record = run_round(federation, aggregator, params, round_, participants, evaluate=evaluate)
         for observer in observers:
             observer.on_round_end(record)

@@ -103,7 +103,7 @@ def _placed(data: ClientData, device: torch.device) -> ClientData:
     """Return ``data`` on ``device`` (the same object when it is already there)."""
     if data.x.device == device and data.y.device == device:
         return data
-    return ClientData(data.x.to(device), data.y.to(device))
+    return ClientData(data.x.to(device), data.y.to(device), data.ids)
 
 
 def executor_device(kind: str, device: str | torch.device | None) -> torch.device:

@@ -12,7 +12,7 @@ before the attack's start round they train on their clean data (``honest_data``)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -184,17 +184,45 @@ class Federation:
             local_training=self.local_training, update_mods=(*self.update_mods, mod)
         )
 
+    def without_samples(self, samples: Mapping[int, Collection[int]]) -> Federation:
+        """Return these clients with the listed samples deleted from their data (by stable id).
+
+        A sample-level deletion: the clients keep the other samples' ids, so deletion-consistent
+        mini-batches (``fl.sampling.step_batches``) draw what they drew before wherever a deleted
+        sample was not drawn. This federation is unchanged; the two share no executor.
+
+        Raises:
+            UnknownClientError: a listed client is not in this federation.
+        """
+        self.check_clients(list(samples))
+        data, honest = dict(self.client_data), dict(self.honest_data)
+        for client, ids in samples.items():
+            data[client] = data[client].without(ids)
+            if client in honest:
+                honest[client] = honest[client].without(ids)
+        return self._derived(
+            local_training=self.local_training,
+            update_mods=self.update_mods,
+            client_data=data,
+            honest_data=honest,
+        )
+
     def _derived(
-        self, *, local_training: LocalTraining | None, update_mods: Sequence[UpdateMod]
+        self,
+        *,
+        local_training: LocalTraining | None,
+        update_mods: Sequence[UpdateMod],
+        client_data: Mapping[int, ClientData] | None = None,
+        honest_data: Mapping[int, ClientData] | None = None,
     ) -> Federation:
         return Federation(
             self.model,
-            self.client_data,
+            self.client_data if client_data is None else client_data,
             self.spec,
             seed=self.seed,
             malicious=self.malicious,
             update_mods=update_mods,
-            honest_data=self.honest_data,
+            honest_data=self.honest_data if honest_data is None else honest_data,
             attack_start_round=self.attack_start_round,
             executor=self._executor_kind,
             num_workers=self._num_workers,

@@ -48,7 +48,7 @@ from fedunlearn.models.flat import num_params
 
 __all__ = ["WorkerPoolExecutor", "available_cpus"]
 
-_ClientArrays = dict[int, tuple[np.ndarray, np.ndarray]]
+_ClientArrays = dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
 # State of a worker process, set once by ``_init_worker`` (never used in the parent process).
 _worker_model: nn.Module | None = None
@@ -128,7 +128,10 @@ def _init_worker(model: nn.Module, arrays: _ClientArrays, owner_pid: int) -> Non
     threading.Thread(target=_exit_with_owner, args=(owner_pid,), daemon=True).start()
     _worker_model = model
     _worker_data = {
-        cid: ClientData(torch.from_numpy(x), torch.from_numpy(y)) for cid, (x, y) in arrays.items()
+        cid: ClientData(
+            torch.from_numpy(x), torch.from_numpy(y), None if ids is None else torch.from_numpy(ids)
+        )
+        for cid, (x, y, ids) in arrays.items()
     }
 
 
@@ -189,7 +192,11 @@ class WorkerPoolExecutor:
         self._num_params = num_params(model)
         self._sizes = {cid: len(data) for cid, data in client_data.items()}
         arrays: _ClientArrays = {
-            cid: (data.x.detach().cpu().numpy(), data.y.detach().cpu().numpy())
+            cid: (
+                data.x.detach().cpu().numpy(),
+                data.y.detach().cpu().numpy(),
+                None if data.ids is None else data.ids.numpy(),
+            )
             for cid, data in client_data.items()
         }
         self._pool: _ProcessPool | None = _ProcessPool(

@@ -9,6 +9,7 @@ uploads, a flat float32 vector; the papers' "gradient" (Crab Sec. II-A, Starfish
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -17,13 +18,32 @@ import torch
 
 @dataclass(frozen=True)
 class ClientData:
-    """One client's local training set: inputs and int64 labels as torch tensors."""
+    """One client's local training set: inputs and int64 labels as torch tensors.
+
+    ``ids``: each row's stable sample id within the client (ascending), when rows were deleted
+    (a sample-level deletion keeps the others' ids); None means ``0..n-1``. Deletion-consistent
+    mini-batches (``fl.sampling.step_batches``) key their draws by these ids, not by position.
+    """
 
     x: torch.Tensor
     y: torch.Tensor
+    ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    def sample_ids(self) -> torch.Tensor:
+        """Return the rows' stable sample ids (int64, ascending)."""
+        if self.ids is None:
+            return torch.arange(len(self), dtype=torch.int64)
+        return self.ids
+
+    def without(self, sample_ids: Iterable[int]) -> ClientData:
+        """Return this data without the rows whose stable ids are in ``sample_ids``."""
+        ids = self.sample_ids()
+        drop = torch.tensor(sorted({int(i) for i in sample_ids}), dtype=torch.int64)
+        keep = ~torch.isin(ids, drop)
+        return ClientData(self.x[keep], self.y[keep], ids[keep].clone())
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,8 @@ class RoundRecord:
     updates: tuple[ClientUpdate, ...]
     rejected: tuple[RejectedUpdate, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
+    # client -> draws it won this round (TV-stable sampling with replacement); empty: one each
+    multiplicity: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def participants(self) -> tuple[int, ...]:

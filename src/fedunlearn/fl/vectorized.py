@@ -36,6 +36,7 @@ import copy
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
@@ -45,6 +46,7 @@ from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.device import cuda_determinism, resolve_device, sum_dtype
 from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.sampling import step_batches
 from fedunlearn.fl.seeding import torch_generator
 from fedunlearn.models.flat import num_params
 
@@ -127,6 +129,7 @@ class VectorizedExecutor:
         self._shapes = [p.shape for _, p in model.named_parameters()]
         self._num_params = num_params(model)
         x, y, self._offsets, self._sizes = _stack_clients(client_data)
+        self._sample_ids = {cid: d.sample_ids().cpu().numpy() for cid, d in client_data.items()}
         self._x, self._y = x.to(self.device), y.to(self.device)
         self._step = vmap(grad_and_value(self._batch_loss))
 
@@ -189,12 +192,13 @@ class VectorizedExecutor:
         """Train one chunk of K clients in lock-step and return their updates."""
         k = len(tasks)
         sizes = [self._sizes[cid] for cid, _ in tasks]
-        rows, row_weights, counts, active = _batch_plan(
-            [self._offsets[cid] for cid, _ in tasks],
-            sizes,
-            [seed for _, seed in tasks],
-            spec,
-        )
+        offsets = [self._offsets[cid] for cid, _ in tasks]
+        seeds = [seed for _, seed in tasks]
+        if spec.steps is None:
+            rows, row_weights, counts, active = _batch_plan(offsets, sizes, seeds, spec)
+        else:
+            ids = [self._sample_ids[cid] for cid, _ in tasks]
+            rows, row_weights, counts, active = _step_plan(offsets, ids, seeds, spec)
         device = self.device
         accumulate = sum_dtype(device)
         # the plan is built on the CPU; copy it to the device once (active stays on the CPU too,
@@ -312,6 +316,29 @@ def _batch_plan(
             row_weights[first : first + num, i] = weights
             counts[first : first + num, i] = per_batch.to(torch.float64)
             active[first : first + num, i] = True
+    return rows.view(total, k * batch), row_weights, counts, active
+
+
+def _step_plan(
+    offsets: Sequence[int],
+    sample_ids: Sequence[np.ndarray],
+    seeds: Sequence[int],
+    spec: LocalTrainingSpec,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_batch_plan`` for step mode: ``spec.steps`` full batches per client, no padding.
+
+    Each client's step i takes the rows ``fl.sampling.step_batches`` chooses, as in
+    ``local_update``; every batch holds exactly ``batch_size`` real rows.
+    """
+    assert spec.steps is not None
+    batch, k, total = spec.batch_size, len(offsets), spec.steps
+    rows = torch.empty((total, k, batch), dtype=torch.int64)
+    for i, (offset, ids, seed) in enumerate(zip(offsets, sample_ids, seeds, strict=True)):
+        plan = step_batches(seed, ids, batch, total)
+        rows[:, i, :] = torch.from_numpy(np.stack(plan)) + offset
+    row_weights = torch.full((total, k, batch), 1.0 / batch, dtype=torch.float32)
+    counts = torch.full((total, k), float(batch), dtype=torch.float64)
+    active = torch.ones((total, k), dtype=torch.bool)
     return rows.view(total, k * batch), row_weights, counts, active
 
 

@@ -48,6 +48,8 @@ from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.registry import Registry
 
 DOT_AGGREGATE_KEY = "dot_aggregate"
+# a client record's draws in its round under TV-stable sampling (absent: one draw)
+MULTIPLICITY_KEY = "multiplicity"
 
 
 class RecordingPolicy(Protocol):
@@ -255,6 +257,18 @@ register_policy(PolicySpec("every", lambda history, env: RecordEvery(history.eve
 register_policy(PolicySpec("none", lambda history, env: RecordNone()))
 
 
+def multiplicity_scalar(record: RoundRecord, client_id: int) -> dict[str, int]:
+    """Return ``{MULTIPLICITY_KEY: m}`` for a client of a TV-stable round, else ``{}``."""
+    if not record.multiplicity:
+        return {}
+    return {MULTIPLICITY_KEY: int(record.multiplicity.get(client_id, 1))}
+
+
+def record_multiplicity(record: ClientRecord) -> int:
+    """Return how many of its round's draws a stored client record won (1 when unrecorded)."""
+    return int(record.scalars.get(MULTIPLICITY_KEY, 1) or 1)
+
+
 class HistoryRecorder:
     """Round observer that commits each finished round to a ``HistoryStore`` atomically."""
 
@@ -285,7 +299,10 @@ class HistoryRecorder:
                 norm=float(u.delta.norm()),
                 loss=float(u.train_loss),
                 reason=None,
-                scalars={DOT_AGGREGATE_KEY: float(u.delta.to(torch.float64) @ aggregate)},
+                scalars={
+                    DOT_AGGREGATE_KEY: float(u.delta.to(torch.float64) @ aggregate),
+                    **multiplicity_scalar(record, u.client_id),
+                },
             )
             for u in record.updates
         ]
@@ -297,7 +314,7 @@ class HistoryRecorder:
                 norm=None,
                 loss=None,
                 reason=r.reason,
-                scalars={},
+                scalars=multiplicity_scalar(record, r.client_id),
             )
             for r in record.rejected
         ]

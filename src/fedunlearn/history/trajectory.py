@@ -9,8 +9,11 @@ dropped (docs/lifecycle.md).
 Conventions:
 
 - ``rounds`` are rounds 1..L of the new history, numbered consecutively from 1; round 0 (M_0) is
-  the run's own and is not repeated. L may differ from the original run's length (a method's
-  final tuning rounds are extra rounds; a replay that skips rounds is shorter).
+  the run's own and is not repeated. A trajectory may keep a prefix of the run's own rounds
+  unchanged (``kept``: rounds 1..kept are the run's, which no forgotten client or deleted sample
+  touched; an exact replay from a later round); ``rounds`` then holds rounds kept+1..L only.
+  L may differ from the original run's length (a method's final tuning rounds are extra rounds;
+  a replay that skips rounds is shorter).
 - Each round holds ``global_model`` (the model after it), the ``aggregate`` it applied, the
   ``updates`` of the clients it used (never a forgotten client's) and one ``ClientRecord`` per
   client in it. An update the method estimated rather than had a client compute (FedRecover's
@@ -37,19 +40,23 @@ class Trajectory:
     """Rounds 1..L of an unlearned history, without any of ``forgotten``.
 
     Attributes:
-        rounds: The rounds, in order, numbered 1..L.
+        rounds: The computed rounds, in order, numbered kept+1..L.
         forgotten: The clients the trajectory was computed without.
+        kept: Rounds 1..kept are the run's own rounds, kept unchanged (0: none).
     """
 
     rounds: tuple[RoundEntry, ...]
     forgotten: frozenset[int]
+    kept: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rounds", tuple(self.rounds))
         object.__setattr__(self, "forgotten", frozenset(int(c) for c in self.forgotten))
-        if not self.rounds:
+        if self.kept < 0:
+            raise ConfigError(f"a trajectory keeps >= 0 rounds; got {self.kept}")
+        if not self.rounds and not self.kept:
             raise ConfigError("a trajectory needs at least one round")
-        for expected, entry in enumerate(self.rounds, start=1):
+        for expected, entry in enumerate(self.rounds, start=self.kept + 1):
             if entry.round != expected:
                 raise ConfigError(
                     f"trajectory rounds must be numbered 1..L in order; round {expected} is "
@@ -66,12 +73,18 @@ class Trajectory:
 
     @property
     def length(self) -> int:
-        """L, the number of rounds."""
-        return len(self.rounds)
+        """L, the number of rounds (kept and computed)."""
+        return self.kept + len(self.rounds)
 
     @property
     def final_model(self) -> torch.Tensor:
-        """M̂_L, the model after the last round (the result's model)."""
+        """M̂_L, the model after the last computed round (the result's model).
+
+        Raises:
+            ConfigError: every round is kept (the model is the run's own last one).
+        """
+        if not self.rounds:
+            raise ConfigError("this trajectory keeps every round; its model is the run's own")
         model = self.rounds[-1].global_model
         assert model is not None  # checked in __post_init__
         return model

@@ -35,6 +35,12 @@ from fedunlearn.fl.federation import Federation, UpdateMod
 from fedunlearn.fl.markers import Marker, embed_markers
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData
+from fedunlearn.fl.sampling import (
+    ClientSampler,
+    FractionSampler,
+    TvStableSampler,
+    tv_clients_per_round,
+)
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.models import build_model, federated_buffers, get_flat_params
 from fedunlearn.models.registry import ModelFactory
@@ -47,6 +53,7 @@ __all__ = [
     "build_setup",
     "clients_loss",
     "reference_set",
+    "sampler_of",
     "training_spec",
 ]
 
@@ -273,6 +280,16 @@ def build_setup(
         )
     tr = cfg.training
     spec = training_spec(cfg)
+    if spec.steps is not None:
+        small = {c: len(d) for c, d in client_data.items() if len(d) < spec.batch_size}
+        if small:
+            c = min(small, key=lambda k: (small[k], k))
+            raise ConfigError(
+                f"training.sampling 'tv_stable' draws mini-batches of training.batch_size "
+                f"({spec.batch_size}) samples without replacement; {len(small)} client(s) hold "
+                f"fewer (client {c}: {small[c]}). Lower training.batch_size or give every client "
+                "at least that many samples"
+            )
     federation = Federation(
         net,
         client_data,
@@ -306,7 +323,10 @@ def build_setup(
 
 
 def training_spec(config: RunConfig) -> LocalTrainingSpec:
-    """Return the run's local training hyperparameters (E, η, B, momentum, weight decay)."""
+    """Return the run's local training hyperparameters (E, η, B, momentum, weight decay).
+
+    Under ``training.sampling: tv_stable`` local work is ``local_steps`` mini-batch steps.
+    """
     tr = config.training
     return LocalTrainingSpec(
         epochs=tr.local_epochs,
@@ -314,7 +334,26 @@ def training_spec(config: RunConfig) -> LocalTrainingSpec:
         batch_size=tr.batch_size,
         momentum=tr.momentum,
         weight_decay=tr.weight_decay,
+        steps=tr.local_steps if tr.sampling == "tv_stable" else None,
     )
+
+
+def sampler_of(
+    config: RunConfig, num_clients: int | None = None, key: tuple[int, ...] = ()
+) -> ClientSampler:
+    """Return the run's client sampler (``fl.sampling``).
+
+    Args:
+        config: The run config.
+        num_clients: Clients the sampler draws among (a shard's size); default the run's.
+            TV-stable sampling's K is ``participation`` x this, frozen with the config.
+        key: Extra seed keys (a shard's index).
+    """
+    tr = config.training
+    if tr.sampling == "tv_stable":
+        m = config.data.num_clients if num_clients is None else num_clients
+        return TvStableSampler(tv_clients_per_round(tr.participation, m), config.seed, key)
+    return FractionSampler(tr.participation, config.seed, key)
 
 
 def aggregator_of(config: RunConfig) -> Aggregator:

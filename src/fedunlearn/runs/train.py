@@ -75,6 +75,7 @@ from fedunlearn.runs.setup import (
     build_setup,
     clients_loss,
     reference_set,
+    sampler_of,
 )
 
 __all__ = ["wrap_privacy", "make_recording_policy", "policy_env", "train_run"]
@@ -458,6 +459,7 @@ def _train(
         num_rounds=config.training.rounds,
         start_round=last + 1,
         participation=config.training.participation,
+        sampler=sampler_of(config),
         join_rounds=setup.join_rounds,
         evaluate=evaluate,
         observers=[

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar
 
@@ -56,17 +56,56 @@ class MethodParams(BaseModel):
 
 @dataclass(frozen=True)
 class UnlearnRequest:
-    """Which clients to remove: a deletion request, or the detected malicious set (recovery)."""
+    """What to remove: whole clients, and/or some samples of clients (sample-level deletion).
+
+    Attributes:
+        forget: Clients removed entirely (a deletion request, or the detected malicious set).
+        kind: ``forget`` (right to be forgotten) or ``recover`` (poisoning).
+        samples: ``((client, (sample id, ...)), ...)``, sorted: samples a client asks to delete
+            while it stays in the federation (ids index the client's local training set as the
+            run built it, 0..n_c-1). Only methods with ``serves_samples`` serve them.
+    """
 
     forget: frozenset[int]
     kind: str = "forget"  # "forget" (right to be forgotten) or "recover" (poisoning)
+    samples: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        merged: dict[int, set[int]] = {}
+        for client, ids in self.samples:
+            merged.setdefault(int(client), set()).update(int(i) for i in ids)
+        object.__setattr__(
+            self,
+            "samples",
+            tuple((c, tuple(sorted(ids))) for c, ids in sorted(merged.items()) if ids),
+        )
 
     @classmethod
-    def of(cls, client_ids: Sequence[int], kind: str = "forget") -> UnlearnRequest:
-        """Build a request from any sequence of ids."""
+    def of(
+        cls,
+        client_ids: Sequence[int],
+        kind: str = "forget",
+        samples: Mapping[int, Iterable[int]] | None = None,
+    ) -> UnlearnRequest:
+        """Build a request from any sequence of client ids (and client -> sample ids)."""
         if kind not in ("forget", "recover"):
             raise ConfigError(f"request kind must be 'forget' or 'recover'; got {kind!r}")
-        return cls(frozenset(int(c) for c in client_ids), kind)
+        pairs = tuple((int(c), tuple(int(i) for i in ids)) for c, ids in (samples or {}).items())
+        return cls(frozenset(int(c) for c in client_ids), kind, pairs)
+
+    @property
+    def sample_map(self) -> dict[int, frozenset[int]]:
+        """Client -> the sample ids it asks to delete."""
+        return {c: frozenset(ids) for c, ids in self.samples}
+
+    @property
+    def empty(self) -> bool:
+        """Whether the request removes nothing (no client, no sample)."""
+        return not self.forget and not self.samples
+
+    def with_forget(self, forget: frozenset[int]) -> UnlearnRequest:
+        """Return this request forgetting ``forget`` (its samples and kind kept)."""
+        return UnlearnRequest(frozenset(forget), self.kind, self.samples)
 
 
 @dataclass(frozen=True)
@@ -168,6 +207,9 @@ class Unlearner(ABC):
     # 1..L with estimated updates, L != the config's T; docs/lifecycle.md, "Methods on an
     # applied history"); False: needs the rounds the run recorded as it trained, and refuses
     serves_generations: ClassVar[bool] = False
+    # True: serves sample-level requests (``UnlearnRequest.samples``) exactly; False: refuses
+    # them before any work, naming the methods that can
+    serves_samples: ClassVar[bool] = False
 
     def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
         if isinstance(params, self.params_type):
@@ -229,8 +271,14 @@ class Unlearner(ABC):
 
     def unlearn(self, request: UnlearnRequest, context: UnlearnContext) -> UnlearnResult:
         """Remove ``request.forget`` from the run and return the unlearned model and costs."""
+        if request.samples and not self.serves_samples:
+            raise ConfigError(
+                f"{self.name} removes whole clients only; a sample-level request (samples of "
+                f"client(s) {', '.join(str(c) for c, _ in request.samples)}) is served exactly by "
+                f"{_sample_servers()}"
+            )
         self.check_history(context)
-        if not request.forget:
+        if request.empty:
             return UnlearnResult(
                 self.name,
                 context.final_params.clone(),
@@ -248,13 +296,21 @@ class Unlearner(ABC):
             costs=replace(context.meter.costs, wall_seconds=wall),
             round_metrics=tuple(out.round_metrics),
             details=out.details,
-            lineage=context.lineage(request.forget, out.params),
+            lineage=context.lineage(request.forget, out.params, samples=request.sample_map),
             trajectory=out.trajectory,
         )
 
     @abstractmethod
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         """Compute the unlearned model, its per-round metrics and details."""
+
+
+def _sample_servers() -> str:
+    """Return the registered methods that serve sample-level requests, as ``a, b or c``."""
+    from fedunlearn.unlearn.registry import METHODS  # the registry imports this module
+
+    names = [n for n in METHODS.names() if getattr(METHODS.get(n), "serves_samples", False)]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _generation_servers() -> str:

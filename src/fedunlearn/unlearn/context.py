@@ -42,6 +42,7 @@ from fedunlearn.errors import FedUnlearnError, UnsupportedHistoryError
 from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
+from fedunlearn.fl.sampling import ClientDraw, ClientSampler
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
 from fedunlearn.unlearn.costs import CostMeter
 from fedunlearn.unlearn.lineage import (
@@ -188,10 +189,19 @@ class TrainingInfo:
     Attributes:
         participation: Share of clients sampled per round.
         aggregator: Name of the run's aggregation rule (``context.aggregate`` applies it).
+        sampler: The run's client sampler when it re-draws on the remaining clients
+            (TV-stable sampling: ``UnlearnContext.draw``); None: the original run's
+            participants are kept (minus the forgotten).
     """
 
     participation: float = 1.0
     aggregator: str = "fedavg"
+    sampler: ClientSampler | None = None
+
+    @property
+    def deletion_ready(self) -> bool:
+        """Whether the run was trained with TV-stable (deletion-consistent) sampling."""
+        return self.sampler is not None
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,9 @@ class UnlearnContext:
     # no DP training); epsilon_of None: the run's stored ε_t (ε_max where none is stored); a
     # DP release passes its own noise_salt (``release_noise_salt``)
     private_clients: Callable[..., PrivateClients] | None = None
+    # (client, sample ids) -> the first round whose local training used one of them (the
+    # client's own answer: it regenerates its mini-batches), None if none did
+    first_sample_use: Callable[[int, frozenset[int]], int | None] | None = None
 
     def release_noise_salt(self, method: str, forget: frozenset[int]) -> int:
         """Return the noise salt of a DP release: its own noise, never a round's earlier one.
@@ -280,6 +293,51 @@ class UnlearnContext:
             {r.client_id for r in self.history.client_records(round_) if r.client_id in remaining}
         )
 
+    def draw(self, round_: int) -> ClientDraw:
+        """Return round ``round_``'s participants on the remaining clients.
+
+        A run trained with TV-stable sampling re-draws the round with its own sampler on the
+        remaining clients (deletion-consistent: a slot a forgotten client had won moves to the
+        remaining client of next-smallest key; every other slot is the original run's). Other
+        runs keep the original run's participants of the round, minus the forgotten ones
+        (``original_participants``), each weighted by n_c.
+        """
+        sampler = self.training.sampler
+        if sampler is None:
+            return ClientDraw(dict.fromkeys(self.original_participants(round_), 1))
+        return sampler.draw(round_, self.clients.client_ids)
+
+    def first_drawn_round(self, forget: frozenset[int]) -> int | None:
+        """Return the first round whose client records hold a client of ``forget`` (any status)."""
+        for t in range(1, self.num_rounds + 1):
+            if any(r.client_id in forget for r in self.history.client_records(t)):
+                return t
+        return None
+
+    def first_use(
+        self, forget: frozenset[int], samples: Mapping[int, frozenset[int]]
+    ) -> int | None:
+        """Return the first round that drew a client of ``forget`` or used a listed sample.
+
+        The point from which training on the reduced data can differ from the run's own rounds
+        (docs/deletion_ready.md): before it, every draw and every mini-batch is the same.
+
+        Raises:
+            UnsupportedHistoryError: samples are listed and this context cannot ask the clients
+                which rounds used them (``first_sample_use`` not given).
+        """
+        rounds = [] if not forget else [self.first_drawn_round(forget)]
+        if samples and self.first_sample_use is None:
+            raise UnsupportedHistoryError(
+                "this context cannot ask the clients which rounds used the deleted samples; "
+                "open the run with UnlearnSession"
+            )
+        for client, ids in samples.items():
+            assert self.first_sample_use is not None
+            rounds.append(self.first_sample_use(client, ids))
+        found = [r for r in rounds if r is not None]
+        return min(found) if found else None
+
     def start_from(self, round_: int) -> torch.Tensor:
         """Read the stored global model M_``round_`` and declare it the model the method starts at.
 
@@ -297,17 +355,25 @@ class UnlearnContext:
         """The log of what the method read; None when ``history`` is not a ``MeteredHistory``."""
         return self.history.log if isinstance(self.history, MeteredHistory) else None
 
-    def lineage(self, forget: frozenset[int], params: torch.Tensor) -> Lineage | None:
+    def lineage(
+        self,
+        forget: frozenset[int],
+        params: torch.Tensor,
+        *,
+        samples: Mapping[int, frozenset[int]] | None = None,
+    ) -> Lineage | None:
         """Return what the result ``params`` was computed from (``fedunlearn.unlearn.lineage``).
 
-        The first tainted round comes from the store's client records (accepted updates). A
-        result bitwise equal to ``final_params`` that never read M_T counts as a read of M_T
-        (the context's copy returned as is). None when the history is not metered (nothing was
-        logged).
+        The first tainted round comes from the store's client records (accepted updates) and,
+        for deleted samples, from the first round whose local training used one of them
+        (``first_sample_use``). A result bitwise equal to ``final_params`` that never read M_T
+        counts as a read of M_T (the context's copy returned as is). None when the history is
+        not metered (nothing was logged).
 
         Args:
-            forget: The clients being forgotten (non-empty).
+            forget: The clients being forgotten.
             params: The method's result.
+            samples: Client -> sample ids being deleted (sample-level requests).
         """
         log = self.read_log
         if log is None:
@@ -318,6 +384,9 @@ class UnlearnContext:
             for t in range(1, self.num_rounds + 1)
         ]
         first = first_tainted_round(accepted, forget)
+        if samples:
+            used = self.first_use(frozenset(), samples)
+            first = used if first is None else (first if used is None else min(first, used))
         final = Read(self.num_rounds, "global")
         returned = (
             [final]
@@ -327,7 +396,9 @@ class UnlearnContext:
             and torch.equal(params.detach().cpu(), self.final_params.cpu())
             else []
         )
-        return trace_lineage(log, forget, first, self.num_rounds, returned=returned)
+        return trace_lineage(
+            log, forget, first, self.num_rounds, returned=returned, samples=samples or {}
+        )
 
     def end_round(self, round_: int, params: torch.Tensor) -> dict[str, float]:
         """Close unlearning round ``round_`` at model ``params``: count it, return its row.

@@ -41,7 +41,7 @@ Deviations:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -158,9 +158,13 @@ def first_tainted_round(
     return min(rounds) if rounds else None
 
 
-def _ids(clients: Iterable[int]) -> str:
+def _ids(clients: Iterable[int], samples: Mapping[int, Collection[int]] | None = None) -> str:
     ids = sorted(clients)
-    return f"client{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+    parts = [f"client{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"] if ids else []
+    for client, sample_ids in sorted((samples or {}).items()):
+        n = len(sample_ids)
+        parts.append(f"{n} sample{'s' if n > 1 else ''} of client {client}")
+    return " and ".join(parts) or "nothing"
 
 
 def _model_name(round_: int, num_rounds: int) -> str:
@@ -196,6 +200,7 @@ def trace_lineage(
     num_rounds: int,
     *,
     returned: Sequence[Read] = (),
+    samples: Mapping[int, Collection[int]] | None = None,
 ) -> Lineage:
     """Classify what a method read (see the module docstring for the rules).
 
@@ -206,13 +211,15 @@ def trace_lineage(
         num_rounds: T, the run's rounds (names M_T "final").
         returned: Payloads the result is bitwise equal to without having read them (the
             context's final model returned as is); classified like reads.
+        samples: Client -> sample ids deleted (a sample-level request): ``first_tainted`` is
+            then the first round that used one of them; named in the reason.
 
     Returns:
         The ``Lineage``: ``exact`` or ``approximate`` with the tainted reads (at most
         ``MAX_LISTED`` per kind) and a sentence saying why.
     """
     gone = frozenset(forget)
-    who = _ids(gone)
+    who = _ids(gone, samples)
     tainted = [r for r in (*log.reads, *returned) if _tainted(r, gone, first_tainted)]
     own = sorted(r for r in tainted if r.kind == "update" and r.client_id in gone)
     others = sorted(r for r in tainted if r.kind == "update" and r.client_id not in gone)
@@ -232,6 +239,7 @@ def trace_lineage(
         if first_tainted is not None
         else "never aggregated"
     )
+    plural = len(gone) > 1 or bool(samples)
     problems: list[str] = []
     if tainted:
         parts = [
@@ -266,13 +274,13 @@ def trace_lineage(
         )
     if first_tainted is None:
         reason = (
-            f"{who} {'were' if len(gone) > 1 else 'was'} never aggregated and the method read "
+            f"{who} {'were' if plural else 'was'} never aggregated and the method read "
             "no update of theirs: the result cannot depend on them"
         )
     else:
         reason = (
             f"the method started from the {start}, before round {first_tainted} (the first "
-            f"round {who} {'were' if len(gone) > 1 else 'was'} aggregated in), and read no "
+            f"round {who} {'were' if plural else 'was'} aggregated in), and read no "
             f"update of theirs and no update, aggregate or global model from round "
             f"{first_tainted} on"
         )

@@ -50,11 +50,13 @@ from fedunlearn.data import FederatedData
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.federation import Federation
+from fedunlearn.fl.sampling import batches_use
+from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
 from fedunlearn.runs.components import warn_changed_components
-from fedunlearn.runs.setup import aggregator_of, training_spec
+from fedunlearn.runs.setup import aggregator_of, sampler_of, training_spec
 from fedunlearn.runs.user import model_from_record
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.context import (
@@ -168,6 +170,7 @@ class UnlearnSession:
         )
         self.evaluation = EvaluationView(self._setup, evaluator=evaluator)
         self.federation: Federation | None = federation
+        self._reduced: dict[tuple[tuple[int, tuple[int, ...]], ...], Federation] = {}
 
     def _open_without_data(
         self,
@@ -215,6 +218,7 @@ class UnlearnSession:
         )
         self.evaluation = ClientSideEvaluation(net, config, evaluator=evaluator)
         self.federation = None
+        self._reduced = {}
 
     def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
         if not self._evaluate_rounds:
@@ -240,7 +244,7 @@ class UnlearnSession:
                 (nothing new to forget).
         """
         earlier, applied = self.run_view.forgotten, self.run_view.applied
-        if not request.forget:  # forgetting nobody: the current model, as on any run
+        if not request.forget:  # no client: the current model, as on any run (or samples)
             return request
         if request.forget <= applied:
             raise ConfigError(
@@ -249,7 +253,7 @@ class UnlearnSession:
             )
         if earlier <= request.forget:
             return request
-        return UnlearnRequest(request.forget | earlier, request.kind)
+        return request.with_forget(request.forget | earlier)
 
     def request_summary(self, request: UnlearnRequest) -> dict[str, object]:
         """Return ``{forget, new, earlier, kind}`` of a (cumulative) request, JSON-ready.
@@ -305,23 +309,98 @@ class UnlearnSession:
             )
         meter = CostMeter()
         training = run.config.training
+        fresh: RunClients | None = clients or self._fresh
+        if request.samples:
+            fresh = self._without_samples(request, clients)
+        assert fresh is not None
         return UnlearnContext(
             history=MeteredHistory(run.store, meter),
             # never a client forgotten earlier, even for a request that forgets nobody
-            clients=RemainingClients(clients or self._fresh, request.forget | run.forgotten, meter),
+            clients=RemainingClients(fresh, request.forget | run.forgotten, meter),
             aggregator=self._aggregator,
             num_rounds=run.num_rounds,
             initial_params=run.initial_params,
             final_params=run.final_params,
             meter=meter,
             evaluate=self._evaluator(progress),
-            training=TrainingInfo(training.participation, training.aggregator.name),
+            training=TrainingInfo(
+                training.participation,
+                training.aggregator.name,
+                sampler_of(run.config) if training.sampling == "tv_stable" else None,
+            ),
             recording=run.config.history,
             privacy=run.config.privacy,
             fingerprint=run.fingerprint,
             reference_provider=self.evaluation.reference_set,
             private_clients=self._private_clients(request.forget, meter),
+            first_sample_use=self._first_sample_use if self.federation is not None else None,
         )
+
+    def _without_samples(self, request: UnlearnRequest, clients: RunClients | None) -> Federation:
+        """Return the run's fresh-training clients with the request's samples deleted.
+
+        Raises:
+            ConfigError: the clients keep their data (Flower), or a listed client or sample is
+                not in the run, is forgotten by the request, or would be left with no sample
+                (or, under TV-stable sampling, fewer than one mini-batch).
+        """
+        if clients is not None or self._fresh is None or self.federation is None:
+            raise ConfigError(
+                "sample-level deletion needs the clients' data in this process; a run whose "
+                "clients keep their data cannot serve it yet"
+            )
+        fed = self.federation
+        steps = self.run_view.spec.steps
+        for client, ids in request.samples:
+            fed.check_clients([client])
+            if client in request.forget:
+                raise ConfigError(
+                    f"client {client} is forgotten entirely by this request; drop its samples "
+                    "from --forget-samples"
+                )
+            present = set(fed.client_data[client].sample_ids().tolist())
+            unknown = sorted(set(ids) - present)
+            if unknown:
+                shown = ", ".join(map(str, unknown[:10]))
+                raise ConfigError(
+                    f"client {client} holds no sample with id(s) {shown} (its ids are "
+                    f"0..{len(fed.client_data[client]) - 1} as the run built its data, minus "
+                    "samples deleted earlier); nothing was changed"
+                )
+            left = len(present) - len(ids)
+            if left < 1 or (steps is not None and left < self.run_view.spec.batch_size):
+                raise ConfigError(
+                    f"deleting {len(ids)} samples of client {client} leaves {left}, fewer than "
+                    "its local training needs (one mini-batch); forget the client instead "
+                    f"(--forget {client})"
+                )
+        key = request.samples
+        if key not in self._reduced:
+            source = self._fresh
+            self._reduced[key] = source.without_samples(request.sample_map)
+        return self._reduced[key]
+
+    def _first_sample_use(self, client: int, sample_ids: frozenset[int]) -> int | None:
+        """Return the first round whose local training of ``client`` drew one of ``sample_ids``.
+
+        The client's own computation (it alone knows its batches, docs/deletion_ready.md): for
+        each round whose records hold the client, it regenerates that round's mini-batches from
+        the run's seeds (``fl.sampling.batches_use``); in epoch mode every participation uses
+        every sample.
+        """
+        assert self.federation is not None
+        fed, store, spec = self.federation, self.run_view.store, self.run_view.spec
+        ids = fed.client_data[client].sample_ids().numpy()
+        for t in range(1, self.run_view.num_rounds + 1):
+            if any(r.client_id == client for r in store.client_records(t)) and batches_use(
+                derive_seed(fed.seed, "client", t, client, 0),
+                ids,
+                sample_ids,
+                spec.batch_size,
+                spec.steps,
+            ):
+                return t
+        return None
 
     def _private_clients(
         self, forget: frozenset[int], meter: CostMeter
@@ -380,6 +459,8 @@ class UnlearnSession:
 
     def close(self) -> None:
         """Close the store and stop worker processes."""
+        for reduced in self._reduced.values():
+            reduced.close()
         if self._setup is not None:
             if self._fresh is not self._setup.federation and self._fresh is not None:
                 self._fresh.close()

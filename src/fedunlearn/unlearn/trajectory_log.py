@@ -29,7 +29,7 @@ from collections.abc import Collection, Mapping, Sequence
 import torch
 
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
-from fedunlearn.history.policy import DOT_AGGREGATE_KEY
+from fedunlearn.history.policy import DOT_AGGREGATE_KEY, multiplicity_scalar
 from fedunlearn.history.store import ClientRecord, RoundEntry
 from fedunlearn.history.trajectory import ESTIMATED_KEY, Trajectory
 from fedunlearn.unlearn.context import UnlearnContext
@@ -45,6 +45,7 @@ def _record(
     *,
     estimated: bool,
     loss: float | None = None,
+    extra: Mapping[str, int] | None = None,
 ) -> ClientRecord:
     return ClientRecord(
         client_id=client_id,
@@ -55,6 +56,7 @@ def _record(
         scalars={
             DOT_AGGREGATE_KEY: float(delta.to(torch.float64) @ aggregate.to(torch.float64)),
             ESTIMATED_KEY: estimated,
+            **(extra or {}),
         },
     )
 
@@ -69,11 +71,25 @@ class TrajectoryLog:
     def __init__(self, context: UnlearnContext) -> None:
         self._context = context
         self._rounds: list[RoundEntry] = []
+        self._kept = 0
 
     @property
     def length(self) -> int:
-        """Rounds recorded so far."""
-        return len(self._rounds)
+        """Rounds recorded so far (kept and computed)."""
+        return self._kept + len(self._rounds)
+
+    def keep(self, rounds: int) -> None:
+        """Keep the run's rounds ``1..rounds`` unchanged, by reference (nothing is read).
+
+        For an exact replay: no forgotten client and no deleted sample touched those rounds,
+        so the new history shares them with the run's (``Trajectory.kept``). Call it first.
+
+        Raises:
+            ValueError: rounds were recorded already.
+        """
+        if self._rounds or self._kept:
+            raise ValueError("keep() comes before any recorded round")
+        self._kept = int(rounds)
 
     def add(
         self,
@@ -116,11 +132,18 @@ class TrajectoryLog:
                 record.aggregate,
                 estimated=estimated,
                 loss=float(u.train_loss),
+                extra=multiplicity_scalar(record, u.client_id),
             )
             for u in record.updates
         ]
         clients += [
-            ClientRecord(r.client_id, UpdateStatus.REJECTED.value, r.num_samples, reason=r.reason)
+            ClientRecord(
+                r.client_id,
+                UpdateStatus.REJECTED.value,
+                r.num_samples,
+                reason=r.reason,
+                scalars=multiplicity_scalar(record, r.client_id),
+            )
             for r in record.rejected
         ]
         updates = {u.client_id: u.delta for u in record.updates}
@@ -176,7 +199,7 @@ class TrajectoryLog:
     ) -> None:
         self._rounds.append(
             RoundEntry(
-                round=len(self._rounds) + 1,
+                round=self.length + 1,
                 global_model=params,
                 aggregate=aggregate,
                 updates=dict(updates),
@@ -187,6 +210,6 @@ class TrajectoryLog:
 
     def trajectory(self, forgotten: frozenset[int]) -> Trajectory | None:
         """Return the recorded rounds as a ``Trajectory`` without ``forgotten`` (None if empty)."""
-        if not self._rounds:
+        if not self._rounds and not self._kept:
             return None
-        return Trajectory(tuple(self._rounds), forgotten)
+        return Trajectory(tuple(self._rounds), forgotten, kept=self._kept)

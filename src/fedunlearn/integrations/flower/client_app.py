@@ -90,7 +90,7 @@ def _placed_client(
     training = parse_config(yaml.safe_load(config_yaml), "<server run config>").training
     device = executor_device(training.executor, training.device)
     data = client_data[client_id]
-    return model, ClientData(data.x.to(device), data.y.to(device))
+    return model, ClientData(data.x.to(device), data.y.to(device), data.ids)
 
 
 def load_client(config_yaml: str, context: Context) -> tuple[nn.Module, ClientData]:

@@ -6,7 +6,12 @@ so the remaining clients follow the batch orders they would have used. Under par
 participation each round's participants are the original run's participants of that round minus
 the forgotten clients (as the replay methods use them), read from the history's client records;
 a round whose participants were all forgotten leaves the model unchanged. Needs no client
-update (only M_0 and the client records every policy keeps).
+update (only M_0 and the client records every policy keeps). On a run trained with TV-stable
+sampling (``training.sampling: tv_stable``) each round is re-drawn on the remaining clients with
+the run's own deletion-consistent sampler, which is what training without them from scratch
+draws (``UnlearnContext.draw``). A sample-level request retrains on the clients' data without
+the deleted samples (``serves_samples``). The loop is ``fedunlearn.unlearn.exact.replay_from``
+from round 1, which the deletion-ready methods run from a later round.
 
 Trajectory: the result carries the rounds Retrain ran (``UnlearnResult.trajectory``), every
 update a real one computed by a remaining client; a round with no remaining participant is a
@@ -32,12 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from pydantic import Field
 
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import RunClients
-from fedunlearn.fl.engine import run_round
 from fedunlearn.privacy.ledger import privacy_summary, round_scalars
 from fedunlearn.unlearn.base import (
     Details,
@@ -47,8 +50,8 @@ from fedunlearn.unlearn.base import (
     UnlearnRequest,
 )
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.exact import replay_from
 from fedunlearn.unlearn.registry import register
-from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 
 class RetrainParams(MethodParams):
@@ -86,6 +89,7 @@ class Retrain(Unlearner):
     reads_stored_rounds = False  # M_0 and the client records: serves any generation
 
     serves_generations = True  # an applied trajectory (docs/lifecycle.md)
+    serves_samples = True  # retrains on the reduced data
     params_type = RetrainParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
@@ -145,24 +149,4 @@ class Retrain(Unlearner):
     def _retrain(
         self, request: UnlearnRequest, context: UnlearnContext, clients: RunClients
     ) -> RunOutput:
-        params = context.start_from(0)
-        rows: list[dict[str, float]] = []
-        log = TrajectoryLog(context)
-        for round_ in range(1, context.num_rounds + 1):
-            participants = context.original_participants(round_)
-            if not participants:  # only forgotten clients took part: nothing to redo
-                rows.append(context.end_round(round_, params))
-                log.add(params, torch.zeros_like(params), [], scalars=rows[-1])
-                continue
-            record = run_round(
-                clients,
-                context.aggregator,
-                params,
-                round_,
-                participants,
-                evaluate=context.evaluate,
-            )
-            rows.append(context.record_round(record))
-            log.add_record(record)
-            params = record.global_after
-        return RunOutput(params, rows, trajectory=log.trajectory(request.forget))
+        return replay_from(context, request, 1, clients)

@@ -1,0 +1,13 @@
+"""The ``deletion_ready`` plugin's declaration: exact unlearning of deletion-ready runs.
+
+Entry point ``deletion_ready`` of the group ``fedunlearn.plugins`` (pyproject.toml).
+"""
+
+from fedunlearn.plugins import Plugin
+
+PLUGIN = Plugin(
+    name="deletion_ready",
+    methods={
+        "tv_exact": "fedunlearn.unlearn.deletion_ready.tv_exact:TvExact",
+    },
+)

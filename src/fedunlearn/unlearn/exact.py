@@ -1,0 +1,69 @@
+"""Exact replay: train the run again on the reduced data from the first round that can differ.
+
+Shared by Retrain (from round 1) and the deletion-ready methods (``tv_exact``, ``shard_retrain``:
+from the first round that drew a forgotten client or used a deleted sample). Round t of the replay
+asks the remaining clients of ``context.draw(t)`` to train from the replayed model, with the run's
+own seeds for round t, and aggregates them with the run's rule; the rounds before the start are the
+run's own, kept as they are (``TrajectoryLog.keep``: by reference, nothing is read), and the replay
+starts from their last stored global model. Why that is exact: before the start round no draw and no
+mini-batch involved the deleted data, and every draw is a pure function of (seed, round, ids) with
+deletion-consistent samplers (``fl.sampling``), so training on the reduced data from scratch would
+have produced those rounds bit for bit; from the start round on the replay *is* that training
+(docs/deletion_ready.md, "What exact means"). For a run trained with the default sampler (the
+original participants minus the forgotten, weighted by n_c), starting at the first round a forgotten
+client was drawn reproduces Retrain bit for bit as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedunlearn.fl.clients import RunClients
+from fedunlearn.fl.engine import run_round
+from fedunlearn.fl.sampling import ClientDraw
+from fedunlearn.unlearn.base import RunOutput, UnlearnRequest
+from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.trajectory_log import TrajectoryLog
+
+__all__ = ["replay_from"]
+
+
+def replay_from(
+    context: UnlearnContext,
+    request: UnlearnRequest,
+    start_round: int,
+    clients: RunClients | None = None,
+) -> RunOutput:
+    """Keep rounds ``1..start_round-1`` and retrain rounds ``start_round..T`` on the reduced data.
+
+    Args:
+        context: The method's context (its clients are the remaining ones, on the reduced data).
+        request: The request (its forgotten clients never appear in the new history).
+        start_round: The first round to retrain (1: Retrain); ``T + 1`` keeps every round.
+        clients: Who trains instead of ``context.clients`` (DP Retrain's private clients).
+
+    Returns:
+        The model after round T, the replayed rounds' metrics, and the whole new history
+        (kept rounds, then replayed ones) as its trajectory.
+    """
+    clients = context.clients if clients is None else clients
+    log = TrajectoryLog(context)
+    log.keep(start_round - 1)
+    params = context.start_from(start_round - 1)
+    rows: list[dict[str, float]] = []
+    for round_ in range(start_round, context.num_rounds + 1):
+        draw = context.draw(round_)
+        if not draw.ids:  # only forgotten clients took part: nothing to redo
+            rows.append(context.end_round(round_, params))
+            log.add(params, torch.zeros_like(params), [], scalars=rows[-1])
+            continue
+        participants: Sequence[int] | ClientDraw = list(draw.ids) if draw.size_weighted else draw
+        record = run_round(
+            clients, context.aggregator, params, round_, participants, evaluate=context.evaluate
+        )
+        rows.append(context.record_round(record))
+        log.add_record(record)
+        params = record.global_after
+    return RunOutput(params, rows, trajectory=log.trajectory(request.forget))
