@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -27,6 +28,7 @@ from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.clients import Clients, RunClients, TrainTask
 from fedunlearn.fl.records import ClientUpdate, RejectedUpdate, RoundRecord
 from fedunlearn.fl.sampling import ClientDraw, ClientSampler, FractionSampler
+from fedunlearn.fl.shards import ShardPlan, combine
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,8 @@ def run_rounds(
     observers: Sequence[RoundObserver] = (),
     join_rounds: Mapping[int, int] | None = None,
     sampler: ClientSampler | None = None,
+    sharding: Sharding | None = None,
+    shard_params: Mapping[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run rounds ``start_round..num_rounds`` and return the final flat global model.
 
@@ -148,10 +152,26 @@ def run_rounds(
             federation late); others are present from round 1.
         sampler: Draws each round's participants among the clients present (default: a
             ``FractionSampler`` of ``participation`` with the federation's seed).
+        sharding: Train isolated shards (``fl.shards``) instead of one federation; the
+            returned model is their combination.
+        shard_params: With ``sharding``: each shard's model before ``start_round`` (default:
+            ``initial_params`` for every shard, a fresh run).
     """
     ids = list(federation.client_ids if client_ids is None else client_ids)
     if not ids:
         raise ConfigError("no clients to train with; at least one client must remain")
+    if sharding is not None:
+        return _run_sharded_rounds(
+            federation,
+            aggregator,
+            initial_params,
+            sharding,
+            shard_params,
+            range(start_round, num_rounds + 1),
+            ids,
+            evaluate,
+            observers,
+        )
     joins = dict(join_rounds or {})
     draws = sampler if sampler is not None else FractionSampler(participation, federation.seed)
     params = initial_params
@@ -164,3 +184,116 @@ def run_rounds(
             observer.on_round_end(record)
         params = record.global_after
     return params
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a sharded run trains: its shard assignment, each shard's sampler, extra metrics.
+
+    Attributes:
+        plan: The clients of each shard (``fl.shards.ShardPlan``).
+        samplers: Shard -> the sampler drawing its participants among its present clients.
+        ensemble: ``ensemble(shard models) -> metrics`` added to each round's metrics (the
+            prediction ensemble's accuracy), or None.
+    """
+
+    plan: ShardPlan
+    samplers: Mapping[int, ClientSampler]
+    ensemble: Callable[[Mapping[int, torch.Tensor]], dict[str, float]] | None = None
+
+
+def run_sharded_round(
+    federation: Clients,
+    aggregator: Aggregator,
+    shard_params: Mapping[int, torch.Tensor],
+    round_: int,
+    draws: Mapping[int, ClientDraw],
+    *,
+    fixed: Mapping[int, torch.Tensor] | None = None,
+    evaluate: Evaluator | None = None,
+    ensemble: Callable[[Mapping[int, torch.Tensor]], dict[str, float]] | None = None,
+) -> RoundRecord:
+    """Run one round of every shard and return the run's record of it.
+
+    Each shard ``s`` with a non-empty ``draws[s]`` trains from ``shard_params[s]`` alone (one
+    ``run_round`` over its participants); a shard with no participant keeps its model; a shard in
+    ``fixed`` takes the given model without training (a replay keeps the stored models of the
+    shards it does not recompute). The record's global models are ``combine`` of the shard models
+    before and after, its aggregate their difference, its updates every shard's, and
+    ``shard_models`` the shards' models after the round.
+    """
+    fixed = dict(fixed or {})
+    after: dict[int, torch.Tensor] = {}
+    updates: list[ClientUpdate] = []
+    rejected: list[RejectedUpdate] = []
+    multiplicity: dict[int, int] = {}
+    for shard in sorted(shard_params):
+        if shard in fixed:
+            after[shard] = fixed[shard]
+            continue
+        draw = draws.get(shard)
+        if draw is None or not draw.ids:
+            after[shard] = shard_params[shard]
+            continue
+        participants = draw if not draw.size_weighted else list(draw.ids)
+        record = run_round(federation, aggregator, shard_params[shard], round_, participants)
+        after[shard] = record.global_after
+        updates += record.updates
+        rejected += record.rejected
+        multiplicity.update(record.multiplicity)
+    before, new = combine(shard_params), combine(after)
+    metrics: dict[str, float] = {}
+    if updates:
+        total = sum(u.num_samples for u in updates)
+        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in updates) / total
+    if evaluate is not None:
+        metrics.update(evaluate(new))
+    if ensemble is not None:
+        metrics.update(ensemble(after))
+    return RoundRecord(
+        round=round_,
+        global_before=before,
+        global_after=new,
+        aggregate=new - before,
+        updates=tuple(updates),
+        rejected=tuple(rejected),
+        metrics=metrics,
+        multiplicity=multiplicity,
+        shard_models=after,
+    )
+
+
+def _run_sharded_rounds(
+    federation: RunClients,
+    aggregator: Aggregator,
+    initial_params: torch.Tensor,
+    sharding: Sharding,
+    shard_params: Mapping[int, torch.Tensor] | None,
+    rounds: range,
+    ids: Sequence[int],
+    evaluate: Evaluator | None,
+    observers: Sequence[RoundObserver],
+) -> torch.Tensor:
+    present = set(ids)
+    params = dict(shard_params) if shard_params is not None else {}
+    params = {s: params.get(s, initial_params) for s in sharding.plan.shards}
+    for round_ in rounds:
+        draws = {
+            s: sharding.samplers[s].draw(
+                round_, [c for c in sharding.plan.members(s) if c in present]
+            )
+            for s in sharding.plan.shards
+        }
+        record = run_sharded_round(
+            federation,
+            aggregator,
+            params,
+            round_,
+            draws,
+            evaluate=evaluate,
+            ensemble=sharding.ensemble,
+        )
+        for observer in observers:
+            observer.on_round_end(record)
+        params = dict(record.shard_models)
+    return combine(params)

@@ -86,6 +86,8 @@ class RoundRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     # client -> draws it won this round (TV-stable sampling with replacement); empty: one each
     multiplicity: Mapping[int, int] = field(default_factory=dict)
+    # shard -> its model after the round (a sharded run; ``global_after`` is their combination)
+    shard_models: Mapping[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def participants(self) -> tuple[int, ...]:

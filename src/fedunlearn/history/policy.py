@@ -326,6 +326,7 @@ class HistoryRecorder:
                 updates=current,
                 clients=clients,
                 scalars=dict(record.metrics),
+                shard_models=dict(record.shard_models),
             ),
             attach=attach,
         )

@@ -31,6 +31,7 @@ from fedunlearn.fl.attacks import (
     label_flip_data,
 )
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.engine import Sharding
 from fedunlearn.fl.federation import Federation, UpdateMod
 from fedunlearn.fl.markers import Marker, embed_markers
 from fedunlearn.fl.metrics import accuracy_and_loss, backdoor_success_rate, predict_logits
@@ -42,6 +43,7 @@ from fedunlearn.fl.sampling import (
     tv_clients_per_round,
 )
 from fedunlearn.fl.seeding import derive_seed, torch_generator
+from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.models import build_model, federated_buffers, get_flat_params
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs.user import FunctionTrigger, user_data, user_model
@@ -54,6 +56,8 @@ __all__ = [
     "clients_loss",
     "reference_set",
     "sampler_of",
+    "shard_plan",
+    "shard_samplers",
     "training_spec",
 ]
 
@@ -118,6 +122,25 @@ class Setup:
                 device,
             )
         return out
+
+    def ensemble_metrics(self, shard_params: Mapping[int, torch.Tensor]) -> dict[str, float]:
+        """Return the test accuracy of the shards' prediction ensemble (mean softmax)."""
+        device = self.federation.device
+        probs = None
+        for shard in sorted(shard_params):
+            logits = predict_logits(self.model, shard_params[shard], self.x_test, device=device)
+            p = torch.softmax(logits.to(torch.float64), dim=1)
+            probs = p if probs is None else probs + p
+        assert probs is not None
+        correct = (probs.argmax(dim=1) == self.y_test.to(probs.device)).to(torch.float64)
+        return {"ensemble_test_accuracy": float(correct.mean())}
+
+    def sharding(self) -> Sharding | None:
+        """Return how a sharded run trains (None for an unsharded run)."""
+        plan = shard_plan(self.config)
+        if plan is None:
+            return None
+        return Sharding(plan, shard_samplers(self.config, plan), self.ensemble_metrics)
 
     def close(self) -> None:
         """Stop the federation's worker processes."""
@@ -336,6 +359,21 @@ def training_spec(config: RunConfig) -> LocalTrainingSpec:
         weight_decay=tr.weight_decay,
         steps=tr.local_steps if tr.sampling == "tv_stable" else None,
     )
+
+
+def shard_plan(config: RunConfig) -> ShardPlan | None:
+    """Return a sharded run's assignment (``training.shard_map`` or seeded balanced), else None."""
+    tr = config.training
+    if tr.shards <= 1:
+        return None
+    if tr.shard_map is not None:
+        return ShardPlan(tr.shards, tr.shard_map)
+    return ShardPlan.balanced(range(config.data.num_clients), tr.shards, config.seed)
+
+
+def shard_samplers(config: RunConfig, plan: ShardPlan) -> dict[int, ClientSampler]:
+    """Return each shard's sampler (keyed by the shard: independent draws per shard)."""
+    return {s: sampler_of(config, len(plan.members(s)), key=(s,)) for s in plan.shards}
 
 
 def sampler_of(

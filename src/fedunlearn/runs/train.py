@@ -452,6 +452,12 @@ def _train(
         for r in range(1, last + 1):
             fh.write(json.dumps(stored_metrics_line(store, r)) + "\n")
     recorder = HistoryRecorder(store, policy)
+    sharding = setup.sharding()
+    shard_params = (
+        None
+        if sharding is None or last == 0
+        else {s: store.read_shard_model(last, s) for s in sharding.plan.shards}
+    )
     params = run_rounds(
         setup.federation,
         setup.aggregator,
@@ -460,6 +466,8 @@ def _train(
         start_round=last + 1,
         participation=config.training.participation,
         sampler=sampler_of(config),
+        sharding=sharding,
+        shard_params=shard_params,
         join_rounds=setup.join_rounds,
         evaluate=evaluate,
         observers=[

@@ -210,6 +210,9 @@ class Unlearner(ABC):
     # True: serves sample-level requests (``UnlearnRequest.samples``) exactly; False: refuses
     # them before any work, naming the methods that can
     serves_samples: ClassVar[bool] = False
+    # True: serves a sharded run (``training.shards`` > 1: S isolated sub-federations whose
+    # combined model is the run's); False: refuses it (its rounds are not one federation's)
+    serves_shards: ClassVar[bool] = False
 
     def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
         if isinstance(params, self.params_type):
@@ -254,6 +257,12 @@ class Unlearner(ABC):
                 f"{len(dropped)} models and aggregates (rounds {rounds[0]}..{rounds[-1]}) so that "
                 "no deleted update can be rebuilt. Use retrain or federaser (M_0 and the "
                 "remaining clients' updates only)."
+            )
+        if context.training.shards is not None and not self.serves_shards:
+            raise UnsupportedHistoryError(
+                f"{self.name} reads the rounds of one federation; this run trained "
+                f"{context.training.shards.count} isolated shards, whose combined rounds are not "
+                f"one federation's. Use {_servers('serves_shards')}."
             )
         if self.required_policies is None:
             return
@@ -305,22 +314,19 @@ class Unlearner(ABC):
         """Compute the unlearned model, its per-round metrics and details."""
 
 
-def _sample_servers() -> str:
-    """Return the registered methods that serve sample-level requests, as ``a, b or c``."""
+def _servers(flag: str) -> str:
+    """Return the registered methods whose class sets ``flag``, as ``a, b or c``."""
     from fedunlearn.unlearn.registry import METHODS  # the registry imports this module
 
-    names = [n for n in METHODS.names() if getattr(METHODS.get(n), "serves_samples", False)]
+    names = [n for n in METHODS.names() if n != "none" and getattr(METHODS.get(n), flag, False)]
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def _sample_servers() -> str:
+    """Return the registered methods that serve sample-level requests, as ``a, b or c``."""
+    return _servers("serves_samples")
 
 
 def _generation_servers() -> str:
     """Return the registered methods that serve an applied history, as ``a, b or c``."""
-    from fedunlearn.unlearn.registry import METHODS  # the registry imports this module
-
-    names = [
-        n
-        for n in METHODS.names()
-        if n != "none"  # the no-unlearning control serves, but removes nothing
-        and getattr(METHODS.get(n), "serves_generations", False)
-    ]
-    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+    return _servers("serves_generations")

@@ -43,6 +43,7 @@ from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
 from fedunlearn.fl.sampling import ClientDraw, ClientSampler
+from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
 from fedunlearn.unlearn.costs import CostMeter
 from fedunlearn.unlearn.lineage import (
@@ -114,6 +115,12 @@ class MeteredHistory:
         """Return a stored client delta."""
         tensor = self._count(self._store.read_update(round, client_id))
         self.log.record("update", round, client_id)
+        return tensor
+
+    def read_shard_model(self, round: int, shard: int) -> torch.Tensor:
+        """Return a shard's stored model after ``round`` (a sharded run)."""
+        tensor = self._count(self._store.read_shard_model(round, shard))
+        self.log.record("global" if round == 0 else "shard", round, shard if round else None)
         return tensor
 
     def has_update(self, round: int, client_id: int) -> bool:
@@ -192,16 +199,20 @@ class TrainingInfo:
         sampler: The run's client sampler when it re-draws on the remaining clients
             (TV-stable sampling: ``UnlearnContext.draw``); None: the original run's
             participants are kept (minus the forgotten).
+        shards: A sharded run's assignment (``fl.shards.ShardPlan``), else None.
+        shard_samplers: Shard -> its sampler, when the shards re-draw (TV-stable sampling).
     """
 
     participation: float = 1.0
     aggregator: str = "fedavg"
     sampler: ClientSampler | None = None
+    shards: ShardPlan | None = None
+    shard_samplers: Mapping[int, ClientSampler] = field(default_factory=dict)
 
     @property
     def deletion_ready(self) -> bool:
         """Whether the run was trained with TV-stable (deletion-consistent) sampling."""
-        return self.sampler is not None
+        return self.sampler is not None or bool(self.shard_samplers)
 
 
 @dataclass(frozen=True)
@@ -293,19 +304,32 @@ class UnlearnContext:
             {r.client_id for r in self.history.client_records(round_) if r.client_id in remaining}
         )
 
-    def draw(self, round_: int) -> ClientDraw:
-        """Return round ``round_``'s participants on the remaining clients.
+    def draw(self, round_: int, shard: int | None = None) -> ClientDraw:
+        """Return round ``round_``'s participants on the remaining clients (of ``shard``).
 
         A run trained with TV-stable sampling re-draws the round with its own sampler on the
         remaining clients (deletion-consistent: a slot a forgotten client had won moves to the
         remaining client of next-smallest key; every other slot is the original run's). Other
         runs keep the original run's participants of the round, minus the forgotten ones
-        (``original_participants``), each weighted by n_c.
+        (``original_participants``), each weighted by n_c. ``shard``: a sharded run's shard
+        (its members only, its own sampler).
         """
-        sampler = self.training.sampler
+        shards = self.training.shards
+        if shard is not None and shards is None:
+            raise UnsupportedHistoryError(f"shard {shard} asked for on a run without shards")
+        members = None if shard is None or shards is None else set(shards.members(shard))
+        sampler = (
+            self.training.sampler if shard is None else self.training.shard_samplers.get(shard)
+        )
         if sampler is None:
-            return ClientDraw(dict.fromkeys(self.original_participants(round_), 1))
-        return sampler.draw(round_, self.clients.client_ids)
+            ids = self.original_participants(round_)
+            if members is not None:
+                ids = [c for c in ids if c in members]
+            return ClientDraw(dict.fromkeys(ids, 1))
+        present = self.clients.client_ids
+        if members is not None:
+            present = tuple(c for c in present if c in members)
+        return sampler.draw(round_, present)
 
     def first_drawn_round(self, forget: frozenset[int]) -> int | None:
         """Return the first round whose client records hold a client of ``forget`` (any status)."""
@@ -383,10 +407,21 @@ class UnlearnContext:
             (t, [r.client_id for r in history.client_records(t) if r.status == "accepted"])
             for t in range(1, self.num_rounds + 1)
         ]
-        first = first_tainted_round(accepted, forget)
-        if samples:
-            used = self.first_use(frozenset(), samples)
-            first = used if first is None else (first if used is None else min(first, used))
+        first = _earliest(
+            first_tainted_round(accepted, forget),
+            self.first_use(frozenset(), samples) if samples else None,
+        )
+        shard_first: dict[int, int | None] | None = None
+        shards = self.training.shards
+        if shards is not None:
+            shard_first = {}
+            for s in shards.shards:
+                members = set(shards.members(s))
+                mine = {c: ids for c, ids in (samples or {}).items() if c in members}
+                shard_first[s] = _earliest(
+                    first_tainted_round(accepted, forget & members),
+                    self.first_use(frozenset(), mine) if mine else None,
+                )
         final = Read(self.num_rounds, "global")
         returned = (
             [final]
@@ -397,7 +432,14 @@ class UnlearnContext:
             else []
         )
         return trace_lineage(
-            log, forget, first, self.num_rounds, returned=returned, samples=samples or {}
+            log,
+            forget,
+            first,
+            self.num_rounds,
+            returned=returned,
+            samples=samples or {},
+            shard_first=shard_first,
+            shard_of=None if shards is None else shards.shard_of,
         )
 
     def end_round(self, round_: int, params: torch.Tensor) -> dict[str, float]:
@@ -426,3 +468,9 @@ class UnlearnContext:
         deltas = torch.stack([d.to(torch.float32) for _, d in updates])
         weights = torch.tensor([float(self.clients.num_samples(c)) for c, _ in updates])
         return self.aggregator(deltas, weights)
+
+
+def _earliest(*rounds: int | None) -> int | None:
+    """Return the smallest of the rounds given, None if all are None."""
+    found = [r for r in rounds if r is not None]
+    return min(found) if found else None

@@ -16,18 +16,18 @@ client was drawn reproduces Retrain bit for bit as well.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from fedunlearn.fl.clients import RunClients
-from fedunlearn.fl.engine import run_round
+from fedunlearn.fl.engine import run_round, run_sharded_round
 from fedunlearn.fl.sampling import ClientDraw
 from fedunlearn.unlearn.base import RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
-__all__ = ["replay_from"]
+__all__ = ["replay_from", "replay_shards"]
 
 
 def replay_from(
@@ -65,5 +65,63 @@ def replay_from(
         )
         rows.append(context.record_round(record))
         log.add_record(record)
+        params = record.global_after
+    return RunOutput(params, rows, trajectory=log.trajectory(request.forget))
+
+
+def replay_shards(
+    context: UnlearnContext,
+    request: UnlearnRequest,
+    starts: Mapping[int, int | None],
+    clients: RunClients | None = None,
+) -> RunOutput:
+    """Exact replay of a sharded run: retrain each shard from its own start round only.
+
+    Shard ``s`` with ``starts[s]`` = r retrains rounds r..T on its remaining clients from its
+    stored model after round r - 1; a shard whose start is None (it never held the deleted
+    data) keeps its stored models. From the earliest start on, each round's model is the
+    combination of the shard models (``fl.shards.combine``), and the new history's round keeps
+    the run's own records and stored updates of the shards it did not retrain.
+
+    Args:
+        context: The method's context (a sharded run: ``context.training.shards``).
+        request: The request.
+        starts: Shard -> its first round to retrain (None: keep it).
+        clients: Who trains instead of ``context.clients``.
+    """
+    plan = context.training.shards
+    assert plan is not None
+    clients = context.clients if clients is None else clients
+    history = context.history
+    total = context.num_rounds
+    affected = {s: r for s, r in starts.items() if r is not None}
+    first = min(affected.values(), default=total + 1)
+    log = TrajectoryLog(context)
+    log.keep(first - 1)
+    params = context.start_from(first - 1)
+    shards = {s: history.read_shard_model(first - 1, s) for s in plan.shards}
+    rows: list[dict[str, float]] = []
+    for round_ in range(first, total + 1):
+        live = {s for s, r in affected.items() if round_ >= r}
+        fixed = {s: history.read_shard_model(round_, s) for s in plan.shards if s not in live}
+        draws = {s: context.draw(round_, shard=s) for s in live}
+        record = run_sharded_round(
+            clients,
+            context.aggregator,
+            shards,
+            round_,
+            draws,
+            fixed=fixed,
+            evaluate=context.evaluate,
+        )
+        kept = [
+            r
+            for r in history.client_records(round_)
+            if plan.shard_of.get(r.client_id) not in live and r.client_id not in request.forget
+        ]
+        stored = {r.client_id: history.read_update(round_, r.client_id) for r in kept if r.stored}
+        rows.append(context.record_round(record))
+        log.add_record(record, carried=kept, carried_updates=stored)
+        shards = dict(record.shard_models)
         params = record.global_after
     return RunOutput(params, rows, trajectory=log.trajectory(request.forget))

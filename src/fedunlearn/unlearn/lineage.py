@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 LineageKind = Literal["exact", "approximate"]
-PayloadKind = Literal["global", "aggregate", "update"]
+PayloadKind = Literal["global", "aggregate", "update", "shard"]
 MAX_LISTED = 20  # entries per kind in ``tainted_reads``
 
 
@@ -187,9 +187,20 @@ def nothing_to_forget(num_rounds: int) -> Lineage:
     )
 
 
-def _tainted(read: Read, forget: frozenset[int], first: int | None) -> bool:
+def _tainted(
+    read: Read,
+    forget: frozenset[int],
+    first: int | None,
+    shard_first: Mapping[int, int | None] | None = None,
+    shard_of: Mapping[int, int] | None = None,
+) -> bool:
     if read.kind == "update" and read.client_id in forget:
         return True
+    if shard_first is not None and read.kind in ("update", "shard"):
+        # a sharded run: a shard's models and its clients' updates carry only its own clients
+        shard = read.client_id if read.kind == "shard" else (shard_of or {}).get(read.client_id)
+        since = shard_first.get(shard) if shard is not None else first
+        return since is not None and read.round >= since
     return first is not None and read.round >= first
 
 
@@ -201,6 +212,8 @@ def trace_lineage(
     *,
     returned: Sequence[Read] = (),
     samples: Mapping[int, Collection[int]] | None = None,
+    shard_first: Mapping[int, int | None] | None = None,
+    shard_of: Mapping[int, int] | None = None,
 ) -> Lineage:
     """Classify what a method read (see the module docstring for the rules).
 
@@ -213,6 +226,10 @@ def trace_lineage(
             context's final model returned as is); classified like reads.
         samples: Client -> sample ids deleted (a sample-level request): ``first_tainted`` is
             then the first round that used one of them; named in the reason.
+        shard_first: A sharded run: shard -> the first round its clients' forgotten data was
+            aggregated in (None: never). A shard's models and its clients' updates are tainted
+            from that round on only; the run's combined models from ``first_tainted`` on.
+        shard_of: A sharded run: client -> its shard.
 
     Returns:
         The ``Lineage``: ``exact`` or ``approximate`` with the tainted reads (at most
@@ -220,11 +237,15 @@ def trace_lineage(
     """
     gone = frozenset(forget)
     who = _ids(gone, samples)
-    tainted = [r for r in (*log.reads, *returned) if _tainted(r, gone, first_tainted)]
+    tainted = [
+        r
+        for r in (*log.reads, *returned)
+        if _tainted(r, gone, first_tainted, shard_first, shard_of)
+    ]
     own = sorted(r for r in tainted if r.kind == "update" and r.client_id in gone)
     others = sorted(r for r in tainted if r.kind == "update" and r.client_id not in gone)
     aggregates = sorted({r.round for r in tainted if r.kind == "aggregate"})
-    models = sorted({r.round for r in tainted if r.kind == "global"})
+    models = sorted({r.round for r in tainted if r.kind in ("global", "shard")})
     updates = [*own, *others]
     listed = {
         "updates": [[r.round, r.client_id] for r in updates[:MAX_LISTED]],

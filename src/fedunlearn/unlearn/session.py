@@ -56,7 +56,13 @@ from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
 from fedunlearn.runs.components import warn_changed_components
-from fedunlearn.runs.setup import aggregator_of, sampler_of, training_spec
+from fedunlearn.runs.setup import (
+    aggregator_of,
+    sampler_of,
+    shard_plan,
+    shard_samplers,
+    training_spec,
+)
 from fedunlearn.runs.user import model_from_record
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.context import (
@@ -308,7 +314,6 @@ class UnlearnSession:
                 "them: pass clients= (e.g. the Flower app's clients) to context() or run()"
             )
         meter = CostMeter()
-        training = run.config.training
         fresh: RunClients | None = clients or self._fresh
         if request.samples:
             fresh = self._without_samples(request, clients)
@@ -323,11 +328,7 @@ class UnlearnSession:
             final_params=run.final_params,
             meter=meter,
             evaluate=self._evaluator(progress),
-            training=TrainingInfo(
-                training.participation,
-                training.aggregator.name,
-                sampler_of(run.config) if training.sampling == "tv_stable" else None,
-            ),
+            training=_training_info(run.config),
             recording=run.config.history,
             privacy=run.config.privacy,
             fingerprint=run.fingerprint,
@@ -529,3 +530,17 @@ def _fresh_training(
         federation.model, federation.training_data, clip_norm=float(clip), device=federation.device
     )
     return federation.with_local_training(clipped)
+
+
+def _training_info(config: RunConfig) -> TrainingInfo:
+    """Return what a method may know of how the run trained (sampling, shards, rule)."""
+    training = config.training
+    tv = training.sampling == "tv_stable"
+    plan = shard_plan(config)
+    return TrainingInfo(
+        training.participation,
+        training.aggregator.name,
+        sampler_of(config) if tv and plan is None else None,
+        plan,
+        shard_samplers(config, plan) if tv and plan is not None else {},
+    )

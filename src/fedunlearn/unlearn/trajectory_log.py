@@ -122,8 +122,19 @@ class TrajectoryLog:
         ]
         self._append(params, aggregate, dict(updates), clients, scalars or {})
 
-    def add_record(self, record: RoundRecord, *, estimated: bool = False) -> None:
-        """Record a round the FL engine ran (its accepted updates and rejected uploads)."""
+    def add_record(
+        self,
+        record: RoundRecord,
+        *,
+        estimated: bool = False,
+        carried: Sequence[ClientRecord] = (),
+        carried_updates: Mapping[int, torch.Tensor] | None = None,
+    ) -> None:
+        """Record a round the FL engine ran (its accepted updates and rejected uploads).
+
+        ``carried``/``carried_updates``: the run's own records and stored updates of clients the
+        round did not recompute (a sharded replay keeps the shards it does not retrain).
+        """
         clients = [
             _record(
                 u.client_id,
@@ -146,8 +157,16 @@ class TrajectoryLog:
             )
             for r in record.rejected
         ]
-        updates = {u.client_id: u.delta for u in record.updates}
-        self._append(record.global_after, record.aggregate, updates, clients, record.metrics)
+        clients += list(carried)
+        updates = {u.client_id: u.delta for u in record.updates} | dict(carried_updates or {})
+        self._append(
+            record.global_after,
+            record.aggregate,
+            updates,
+            clients,
+            record.metrics,
+            record.shard_models,
+        )
 
     def add_stored(self, round_: int, forget: frozenset[int]) -> None:
         """Keep round ``round_`` of the run's history as it is (no client of ``forget`` in it).
@@ -196,6 +215,7 @@ class TrajectoryLog:
         updates: Mapping[int, torch.Tensor],
         clients: Sequence[ClientRecord],
         scalars: Mapping[str, object],
+        shard_models: Mapping[int, torch.Tensor] | None = None,
     ) -> None:
         self._rounds.append(
             RoundEntry(
@@ -205,6 +225,7 @@ class TrajectoryLog:
                 updates=dict(updates),
                 clients=clients,
                 scalars={k: v for k, v in scalars.items() if k != "round"},
+                shard_models=dict(shard_models or {}),
             )
         )
 

@@ -15,9 +15,29 @@ import zlib
 
 import torch
 
-__all__ = ["DTYPES", "NO_CLIENT", "PayloadError", "decode", "encode", "from_real", "to_real"]
+__all__ = [
+    "DTYPES",
+    "NO_CLIENT",
+    "PayloadError",
+    "decode",
+    "encode",
+    "from_real",
+    "shard_key",
+    "to_real",
+]
 
 NO_CLIENT = -1  # client_id of the payloads that belong to no client (global model, aggregate)
+
+
+def shard_key(shard: int) -> int:
+    """Return the ``client_id`` column value of shard ``shard``'s model (kind ``global``).
+
+    A sharded run stores each shard's model of a round as a ``global`` payload keyed by a
+    negative id below ``NO_CLIENT`` (-2 - shard), so no query for a client's updates (ids >= 0)
+    or for the run's model (``NO_CLIENT``) ever sees it.
+    """
+    return -2 - int(shard)
+
 
 DTYPES = {
     name: getattr(torch, name)

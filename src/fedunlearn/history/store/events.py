@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from fedunlearn.errors import ConfigError, HistoryError
-from fedunlearn.history.store.codec import NO_CLIENT
+from fedunlearn.history.store.codec import NO_CLIENT, shard_key
 from fedunlearn.history.store.records import RoundEntry, format_ids
 
 __all__ = ["EVENT_SCHEMA", "EVENT_TABLES", "AppliedEvent", "Generations"]
@@ -341,6 +341,10 @@ class Generations:
             self._insert_payload(r, "global", NO_CLIENT, entry.global_model.detach().cpu())
         if entry.aggregate is not None:
             self._insert_payload(r, "aggregate", NO_CLIENT, entry.aggregate.detach().cpu())
+        for shard in sorted(entry.shard_models):
+            self._insert_payload(
+                r, "global", shard_key(shard), entry.shard_models[shard].detach().cpu()
+            )
         for cid in sorted(entry.updates):
             self._insert_payload(r, "update", cid, entry.updates[cid].detach().cpu())
 

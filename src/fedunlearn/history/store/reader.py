@@ -43,6 +43,10 @@ class HistoryReader(Protocol):
         """A stored client delta."""
         ...
 
+    def read_shard_model(self, round: int, shard: int) -> torch.Tensor:
+        """A shard's model after ``round`` (a sharded run)."""
+        ...
+
     def has_update(self, round: int, client_id: int) -> bool:
         """Whether a client's delta of ``round`` is stored."""
         ...

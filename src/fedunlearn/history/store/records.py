@@ -147,6 +147,8 @@ class RoundEntry:
             whose status is not ``"missing"``.
         clients: One record per sampled client, including those not stored.
         scalars: Round metrics (str keys; int, float, str, bool or None values).
+        shard_models: Shard -> its model after the round (a sharded run, whose
+            ``global_model`` is their combination); empty otherwise.
     """
 
     round: int
@@ -155,6 +157,7 @@ class RoundEntry:
     updates: Mapping[int, torch.Tensor] = field(default_factory=dict)
     clients: Sequence[ClientRecord] = ()
     scalars: Mapping[str, Scalar] = field(default_factory=dict)
+    shard_models: Mapping[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -194,6 +197,11 @@ class RoundEntry:
                     "with status accepted or rejected."
                 )
         set_(self, "scalars", check_scalars(self.scalars, f"round {r} scalars"))
+        shards = {
+            check_int(s, f"round {r} shard"): check_tensor(t, f"round {r} shard {s} model")
+            for s, t in dict(self.shard_models).items()
+        }
+        set_(self, "shard_models", MappingProxyType(shards))
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ from fedunlearn.history.store.codec import (
     decode,
     encode,
     from_real,
+    shard_key,
     to_real,
 )
 from fedunlearn.history.store.deletion import fingerprints
@@ -504,6 +505,9 @@ class HistoryStore(Erasure, Integrity, Generations):
             ("aggregate", NO_CLIENT, entry.aggregate),
         ]
         payloads = [(r, k, c, t) for k, c, t in named if t is not None]
+        payloads += [
+            (r, "global", shard_key(s), entry.shard_models[s]) for s in sorted(entry.shard_models)
+        ]
         payloads += [(r, "update", cid, entry.updates[cid]) for cid in sorted(entry.updates)]
         payloads += [
             (rr, "update", cid, late[rr][cid]) for rr in sorted(late) for cid in sorted(late[rr])
@@ -726,13 +730,35 @@ class HistoryStore(Erasure, Integrity, Generations):
             raise self._missing_update(round, client_id)
         return self._decode(row)
 
+    def read_shard_model(self, round: int, shard: int) -> torch.Tensor:
+        """Return shard ``shard``'s model after ``round`` (a sharded run; round 0: M_0).
+
+        Raises:
+            HistoryError: Not stored (not a sharded run, or not that round or shard).
+            HistoryCorruptError: The payload fails its checksum.
+        """
+        if round == 0:
+            return self.read_model(0)
+        row = self._payload_row(
+            "round=? AND kind='global' AND client_id=?",
+            (round, shard_key(check_int(shard, "shard"))),
+        )
+        if row is None:
+            self._require_round(round)
+            raise HistoryError(
+                f"{self._file}: round {round} has no model of shard {shard} (not a sharded run, "
+                "or the shard does not exist)"
+            )
+        return self._decode(row)
+
     def stored_models(self) -> set[tuple[int, str]]:
         """Return ``(round, kind)`` of every stored global model and aggregate."""
         with self._sqlite("listing models"):
             return {
                 (r, kind)
                 for r, kind in self._db.execute(
-                    "SELECT round, kind FROM payloads WHERE kind != 'update'"
+                    "SELECT round, kind FROM payloads WHERE kind != 'update' AND client_id=?",
+                    (NO_CLIENT,),
                 )
             }
 

@@ -17,6 +17,7 @@ class NoUnlearning(Unlearner):
     reads_round_models = False  # M_0 (or the last model) and updates only
 
     serves_generations = True  # an applied trajectory (docs/lifecycle.md)
+    serves_shards = True  # returns the run's model, whatever it is
     params_type = MethodParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:

@@ -50,7 +50,7 @@ from fedunlearn.unlearn.base import (
     UnlearnRequest,
 )
 from fedunlearn.unlearn.context import UnlearnContext
-from fedunlearn.unlearn.exact import replay_from
+from fedunlearn.unlearn.exact import replay_from, replay_shards
 from fedunlearn.unlearn.registry import register
 
 
@@ -90,6 +90,7 @@ class Retrain(Unlearner):
 
     serves_generations = True  # an applied trajectory (docs/lifecycle.md)
     serves_samples = True  # retrains on the reduced data
+    serves_shards = True  # retrains every shard
     params_type = RetrainParams
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
@@ -149,4 +150,7 @@ class Retrain(Unlearner):
     def _retrain(
         self, request: UnlearnRequest, context: UnlearnContext, clients: RunClients
     ) -> RunOutput:
+        shards = context.training.shards
+        if shards is not None:  # every shard from M_0
+            return replay_shards(context, request, dict.fromkeys(shards.shards, 1), clients)
         return replay_from(context, request, 1, clients)

@@ -8,6 +8,7 @@ from fedunlearn.plugins import Plugin
 PLUGIN = Plugin(
     name="deletion_ready",
     methods={
+        "shard_retrain": "fedunlearn.unlearn.deletion_ready.tv_exact:ShardRetrain",
         "tv_exact": "fedunlearn.unlearn.deletion_ready.tv_exact:TvExact",
     },
 )

@@ -31,15 +31,17 @@ round the data touched, and read nothing after it) and the first-use table in ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.unlearn.base import Details, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
-from fedunlearn.unlearn.exact import replay_from
+from fedunlearn.unlearn.exact import replay_from, replay_shards
 from fedunlearn.unlearn.registry import register
 
-__all__ = ["ExactReplayDetails", "TvExact", "first_use_table"]
+__all__ = ["ExactReplayDetails", "ShardRetrain", "TvExact", "first_use_table", "shard_starts"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class ExactReplayDetails(Details):
         kept_rounds: Rounds kept as the run's own (untouched by the deleted data).
         first_use: ``"client 3"`` / ``"samples of client 4"`` -> the first round that drew the
             client or used one of the samples (None: never), the evidence for the kept rounds.
+        retrained_shards: A sharded run: shard -> the first round it retrained (only the shards
+            that held the data).
+        shard_rounds_retrained: A sharded run: the shard-rounds retrained, summed.
         evidence: One sentence saying what was recomputed and why.
     """
 
@@ -59,6 +64,8 @@ class ExactReplayDetails(Details):
     recomputed_rounds: int = 0
     kept_rounds: int = 0
     first_use: dict[str, int | None] = field(default_factory=dict)
+    retrained_shards: dict[str, int] = field(default_factory=dict)
+    shard_rounds_retrained: int = 0
     evidence: str = ""
 
 
@@ -73,11 +80,34 @@ def first_use_table(context: UnlearnContext, request: UnlearnRequest) -> dict[st
 
 
 def exact_details(
-    context: UnlearnContext, request: UnlearnRequest, table: dict[str, int | None]
+    context: UnlearnContext,
+    request: UnlearnRequest,
+    table: dict[str, int | None],
+    shard_starts: Mapping[int, int | None] | None = None,
 ) -> ExactReplayDetails:
     """Return the details of a replay that starts at the first round of ``table`` (or none)."""
     used = [r for r in table.values() if r is not None]
     total = context.num_rounds
+    if shard_starts is not None:
+        retrained = {s: r for s, r in shard_starts.items() if r is not None}
+        shards = context.training.shards
+        assert shards is not None
+        work = sum(total - r + 1 for r in retrained.values())
+        return ExactReplayDetails(
+            recomputed_from_round=min(retrained.values(), default=None),
+            recomputed_rounds=max((total - r + 1 for r in retrained.values()), default=0),
+            kept_rounds=min(retrained.values(), default=total + 1) - 1,
+            first_use=table,
+            retrained_shards={str(s): r for s, r in sorted(retrained.items())},
+            shard_rounds_retrained=work,
+            evidence=(
+                f"only shard(s) {', '.join(map(str, sorted(retrained)))} of {shards.count} "
+                "held the deleted data; each was retrained from its first use, the others "
+                "kept their models"
+                if retrained
+                else f"no shard of the {shards.count} used the deleted data; nothing recomputed"
+            ),
+        )
     if not used:
         return ExactReplayDetails(
             recomputed_from_round=None,
@@ -105,6 +135,7 @@ class TvExact(Unlearner):
 
     serves_generations = True  # an applied replay leaves a history without the data
     serves_samples = True
+    serves_shards = True  # each shard from its own first use
 
     def check_history(self, context: UnlearnContext) -> None:
         """Refuse a DP run (its kept rounds are noised, a replay would not be: use DP Retrain)."""
@@ -122,7 +153,40 @@ class TvExact(Unlearner):
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         table = first_use_table(context, request)
+        shards = context.training.shards
+        if shards is not None:
+            starts = shard_starts(context, request, shards)
+            out = replay_shards(context, request, starts)
+            details = exact_details(context, request, table, starts)
+            return RunOutput(out.params, out.round_metrics, details, out.trajectory)
         details = exact_details(context, request, table)
         start = details.recomputed_from_round or context.num_rounds + 1
         out = replay_from(context, request, start)
         return RunOutput(out.params, out.round_metrics, details, out.trajectory)
+
+
+def shard_starts(
+    context: UnlearnContext, request: UnlearnRequest, shards: ShardPlan
+) -> dict[int, int | None]:
+    """Return each shard's first round to retrain: its members' first use (None: untouched)."""
+    starts: dict[int, int | None] = {}
+    for shard in shards.shards:
+        members = set(shards.members(shard))
+        forget = frozenset(request.forget & members)
+        samples = {c: ids for c, ids in request.sample_map.items() if c in members}
+        starts[shard] = context.first_use(forget, samples) if forget or samples else None
+    return starts
+
+
+@register("shard_retrain")
+class ShardRetrain(TvExact):
+    """Retrain only the shards that held the deleted data, each from its first use (SISA)."""
+
+    def check_history(self, context: UnlearnContext) -> None:
+        """Refuse a run without shards (there is nothing smaller than a Retrain to redo)."""
+        super().check_history(context)
+        if context.training.shards is None:
+            raise UnsupportedHistoryError(
+                "shard_retrain serves runs trained with training.shards > 1; this run is one "
+                "federation. Use tv_exact (exact, from the data's first use) or retrain"
+            )
