@@ -37,6 +37,7 @@ from fedunlearn.errors import ConfigError, FedUnlearnError, OutputError
 __all__ = [
     "FinishedRunArg",
     "ForgetOption",
+    "ForgetSamplesOption",
     "ReferenceOption",
     "ClientTestOption",
     "DistanceRetrainsOption",
@@ -51,6 +52,7 @@ __all__ = [
     "one_line",
     "parse_client_ids",
     "parse_forget",
+    "parse_forget_samples",
     "parse_params",
     "set_debug",
 ]
@@ -61,6 +63,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 RunArg = Annotated[Path, typer.Argument(metavar="RUN", help="run directory")]
 FinishedRunArg = Annotated[Path, typer.Argument(help="finished run directory")]
 ForgetOption = Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")]
+#: ``--forget-samples CLIENT:FILE``: samples a client asks to delete (sample-level requests).
+ForgetSamplesOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="delete samples of a client that stays: CLIENT:FILE (a file of its sample ids) or "
+        "CLIENT:3,17; repeatable. Served exactly by retrain, tv_exact and shard_retrain"
+    ),
+]
 ReferenceOption = Annotated[
     str, typer.Option(help="verify against 'original' (cheap) or 'retrain' (also runs Retrain)")
 ]
@@ -263,6 +273,46 @@ def parse_forget(value: str, run_dir: Path, option: str = "--forget") -> tuple[l
             raise ConfigError(f"{option} malicious: {run_dir} has no malicious clients")
         return malicious, "recover"
     return parse_client_ids(value, option), "forget"
+
+
+def parse_forget_samples(items: Sequence[str]) -> dict[int, list[int]]:
+    """Parse ``--forget-samples CLIENT:FILE`` items (or ``CLIENT:3,17,40``) into client -> ids.
+
+    FILE holds the client's sample ids (its local training set's row numbers as the run built
+    them), separated by commas, spaces or new lines; ``#`` starts a comment.
+
+    Raises:
+        ConfigError: An item is not ``CLIENT:FILE`` or ``CLIENT:ids``, the file cannot be read,
+            or an id is not a non-negative decimal integer.
+    """
+    out: dict[int, set[int]] = {}
+    for item in items:
+        client, sep, rest = item.partition(":")
+        if not sep or not client.strip().isascii() or not client.strip().isdigit():
+            raise ConfigError(
+                f"--forget-samples takes CLIENT:FILE (a file of sample ids) or CLIENT:3,17; "
+                f"got {item!r}"
+            )
+        path = Path(rest)
+        if path.is_file():
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise ConfigError(f"--forget-samples {item}: cannot read {path} ({err})") from None
+        else:
+            text = rest
+        tokens = [
+            t for line in text.splitlines() for t in line.split("#", 1)[0].replace(",", " ").split()
+        ]
+        bad = [t for t in tokens if not (t.isascii() and t.isdigit())]
+        if bad or not tokens:
+            what = f"{path} (no such file, and not ids)" if not path.is_file() else str(path)
+            raise ConfigError(
+                f"--forget-samples {item}: {what}: sample ids are non-negative integers"
+                + (f"; got {bad[0]!r}" if bad else "; none given")
+            )
+        out.setdefault(int(client), set()).update(int(t) for t in tokens)
+    return {c: sorted(ids) for c, ids in sorted(out.items())}
 
 
 def parse_params(items: Sequence[str]) -> dict[str, Any]:

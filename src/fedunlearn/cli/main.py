@@ -26,6 +26,7 @@ from fedunlearn.cli.common import (
     DistanceRetrainsOption,
     FinishedRunArg,
     ForgetOption,
+    ForgetSamplesOption,
     ReferenceOption,
     RunArg,
     ThresholdOption,
@@ -36,6 +37,7 @@ from fedunlearn.cli.common import (
     install_warning_format,
     parse_client_ids,
     parse_forget,
+    parse_forget_samples,
     parse_params,
     set_debug,
 )
@@ -364,18 +366,31 @@ def apply(
     if as_json:
         print(json.dumps(event, indent=2))
         return
+    kept = int(event.get("kept_rounds") or 0)
+    replaced = (
+        f"rounds {kept + 1}..{event['rounds_before']} replaced by the {event['method']} "
+        f"trajectory (rounds 1..{kept} kept: the deleted data never touched them; "
+        if kept
+        else f"rounds 1..{event['rounds_before']} replaced by the {event['method']} trajectory ("
+    )
     how = (
-        f"rounds 1..{event['rounds_before']} replaced by the {event['method']} trajectory "
-        f"(rounds 1..{event['rounds_after']}; {event['dropped_payloads']} original payloads, "
-        f"{event['dropped_bytes']:,} bytes, deleted)"
+        f"{replaced}now rounds 1..{event['rounds_after']}; {event['dropped_payloads']} original "
+        f"payloads, {event['dropped_bytes']:,} bytes, deleted)"
         if event["kind"] == "trajectory"
         else f"the {event['method']} model appended as round {event['rounds_after']} (no "
         "trajectory: methods that read earlier rounds now refuse; retrain serves)"
     )
+    samples = event.get("samples") or {}
+    removed = (
+        f"forgotten {event['forget']} (new {event['new']})"
+        if event["forget"] or not samples
+        else "deleted "
+        + ", ".join(f"{len(ids)} sample(s) of client {c}" for c, ids in samples.items())
+    )
     console.print(
         f"generation {event['generation']}"
         + (" (applied before; nothing left to do)" if event["already_applied"] else "")
-        + f": forgotten {event['forget']} (new {event['new']}); {how}"
+        + f": {removed}; {how}"
     )
     note = event.get("receipt")
     if note:  # what the applied result's receipt said, so a warning is seen at apply time
@@ -708,9 +723,10 @@ def methods() -> None:
 @_friendly_errors
 def unlearn(
     run_dir: FinishedRunArg,
-    forget: ForgetOption,
     method: Annotated[str, typer.Option(help="registered method (see 'fedunlearn methods')")],
     out: Annotated[Path, typer.Option(help="result JSON to write")],
+    forget: ForgetOption = "",
+    forget_samples: ForgetSamplesOption = None,
     param: Annotated[list[str] | None, typer.Option(help="method parameter key=value")] = None,
     save_model: Annotated[
         Path | None,
@@ -732,7 +748,13 @@ def unlearn(
     if save_model is not None:
         check_model_path(save_model, "--save-model")
         ensure_writable_output(save_model, "file", "--save-model")
-    ids, kind = parse_forget(forget, run_dir)
+    samples = parse_forget_samples(forget_samples or [])
+    if not forget.strip() and not samples:
+        raise ConfigError(
+            "name what to remove: --forget 3,7 (clients), --forget malicious, or "
+            "--forget-samples CLIENT:FILE (samples of a client)"
+        )
+    ids, kind = parse_forget(forget, run_dir) if forget.strip() else ([], "forget")
     from fedunlearn.cli import receipt
     from fedunlearn.experiments import unlearn_one
 
@@ -749,6 +771,7 @@ def unlearn(
             progress=progress,
             client_test=client_test,
             distance_retrains=distance_retrains,
+            samples=samples,
         )
     if save_model is not None:
         from fedunlearn.cli.export import run_model, save_result_model

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -242,6 +242,7 @@ def unlearn_one(
     progress: Progress | None = None,
     client_test: bool = True,
     distance_retrains: int = 0,
+    samples: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[UnlearnResult, dict[str, Any]]:
     """Run one method and return its result (verified) with a JSON summary.
 
@@ -263,10 +264,11 @@ def unlearn_one(
         distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
             retrains (other batch orders) and take the distance check's pass band from their
             spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
+        samples: Client -> sample ids to delete (a sample-level request).
     """
     check_distance_retrains(distance_retrains, reference if verify else "retrain")
     unlearner = make_method(method, params)
-    request = UnlearnRequest.of(forget, kind)
+    request = UnlearnRequest.of(forget, kind, samples)
     with UnlearnSession(run_dir) as session:
         run = session.run_view
         request = session.cumulative(request)  # every client forgotten earlier, too
@@ -299,9 +301,11 @@ def unlearn_one(
             )
             if progress is not None:
                 progress.on_step("verifying")
+            # an exact lineage is shown by construction: no reference models to train for it
+            exact = result.lineage is not None and result.lineage.exact
             membership = (
                 client_membership_check(session, request, retrain, seed=seed)
-                if client_test
+                if client_test and not exact and request.forget
                 else None
             )
             verifier = Verifier(

@@ -6,9 +6,11 @@ digest and reads it back with ``read_result_file``. One safetensors file (no pic
 no code) holds
 
 - ``params``: the unlearned model, the flat float32 parameter vector;
-- with a trajectory (``fedunlearn.history.trajectory.Trajectory``), per round t:
-  ``r{t}.global``, ``r{t}.aggregate`` (if any) and ``r{t}.u{client}`` for each update kept;
-  the rounds' client records and scalars and the forgotten set are in the metadata (JSON).
+- with a trajectory (``fedunlearn.history.trajectory.Trajectory``), per computed round t:
+  ``r{t}.global``, ``r{t}.aggregate`` (if any), ``r{t}.u{client}`` for each update kept and,
+  for a sharded run, ``r{t}.s{shard}`` for each shard's model; the rounds' client records and
+  scalars, the forgotten set and how many of the run's own rounds the trajectory keeps
+  (``kept``, an exact replay's untouched prefix, not copied) are in the metadata (JSON).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajec
                 tensors[f"r{t}.aggregate"] = entry.aggregate.detach().cpu()
             for cid, delta in entry.updates.items():
                 tensors[f"r{t}.u{cid}"] = delta.detach().cpu()
+            for shard, model in entry.shard_models.items():
+                tensors[f"r{t}.s{shard}"] = model.detach().cpu()
             rounds.append(
                 {
                     "round": t,
@@ -107,7 +111,11 @@ def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajec
         "trajectory": json.dumps(
             None
             if trajectory is None
-            else {"forgotten": sorted(trajectory.forgotten), "rounds": rounds}
+            else {
+                "forgotten": sorted(trajectory.forgotten),
+                "rounds": rounds,
+                "kept": trajectory.kept,
+            }
         ),
     }
     tensors = _unshared({k: v.contiguous() for k, v in tensors.items()})
@@ -140,8 +148,11 @@ def read_result_file(path: str | Path) -> ResultFile:
     entries = []
     for row in spec["rounds"]:
         t = row["round"]
-        prefix = f"r{t}.u"
+        prefix, shard_prefix = f"r{t}.u", f"r{t}.s"
         updates = {int(k[len(prefix) :]): v for k, v in tensors.items() if k.startswith(prefix)}
+        shards = {
+            int(k[len(shard_prefix) :]): v for k, v in tensors.items() if k.startswith(shard_prefix)
+        }
         entries.append(
             RoundEntry(
                 round=t,
@@ -150,6 +161,10 @@ def read_result_file(path: str | Path) -> ResultFile:
                 updates=updates,
                 clients=[ClientRecord(**c) for c in row["clients"]],
                 scalars=row["scalars"],
+                shard_models=shards,
             )
         )
-    return ResultFile(tensors["params"], Trajectory(tuple(entries), frozenset(spec["forgotten"])))
+    trajectory = Trajectory(
+        tuple(entries), frozenset(spec["forgotten"]), kept=int(spec.get("kept", 0))
+    )
+    return ResultFile(tensors["params"], trajectory)

@@ -80,7 +80,7 @@ from fedunlearn.runs.rundir import (
     write_json,
     write_text_atomic,
 )
-from fedunlearn.runs.setup import build_setup, clients_loss
+from fedunlearn.runs.setup import Setup, build_setup, clients_loss, sampler_of
 from fedunlearn.runs.train import (
     _clients_loss_samples,
     _torch_threads,
@@ -440,6 +440,8 @@ def apply_result(
             expected_last_round=last,
             scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
             meta=privacy_meta,
+            kept=0 if trajectory is None else trajectory.kept,
+            samples={int(c): ids for c, ids in (request.get("samples") or {}).items()},
         )
         _rewrite_metrics(run_dir, store)
         _rewrite_summary(run_dir, store)
@@ -454,6 +456,8 @@ def apply_result(
         "already_applied": False,
         "apply_file_deleted": str(file),
         "receipt": _receipt_note(doc),
+        "kept_rounds": 0 if trajectory is None else trajectory.kept,
+        "samples": dict(request.get("samples") or {}),
     }
 
 
@@ -591,6 +595,16 @@ def _budget_restart(
     return {"round": start, "forgotten": sorted(forgotten), "loss": first[CLIENTS_LOSS_KEY]}
 
 
+def _without_forgotten_samples(setup: Setup, store: HistoryStore) -> Setup:
+    """Return ``setup`` training on the data without the samples applied results deleted."""
+    gone = store.forgotten_samples()
+    if not gone:
+        return setup
+    reduced = setup.federation.without_samples(gone)
+    setup.federation.close()
+    return replace(setup, federation=reduced)
+
+
 def continue_target(run_dir: str | Path, rounds: int | None) -> int:
     """Return the round ``continue_run(run_dir, rounds)`` trains to (0 if unknown yet)."""
     try:
@@ -659,7 +673,7 @@ def continue_run(
             target, start = last + rounds, last
         forgotten = store.forgotten_clients()
         with _torch_threads(store.meta.get("torch_threads")):
-            setup = build_setup(config)
+            setup = _without_forgotten_samples(build_setup(config), store)
             # the continued rounds must train on what the run trained on (as a session warns)
             warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
             remaining = [c for c in setup.federation.client_ids if c not in forgotten]
@@ -714,6 +728,7 @@ def continue_run(
                 _rewrite_metrics(run_dir, store)
                 clock = _WallClock(store, started)
                 trainers = private.federation if clients is None else clients(private.federation)
+                sharding = private.sharding()
                 run_rounds(
                     trainers,
                     private.aggregator,
@@ -722,6 +737,11 @@ def continue_run(
                     start_round=last + 1,
                     client_ids=remaining,
                     participation=config.training.participation,
+                    sampler=sampler_of(config),  # frozen K: never recomputed from who remains
+                    sharding=sharding,
+                    shard_params=None
+                    if sharding is None
+                    else {s: store.read_shard_model(last, s) for s in sharding.plan.shards},
                     join_rounds=private.join_rounds,
                     evaluate=training_evaluator(config, private, privacy, remaining),
                     observers=[

@@ -145,6 +145,11 @@ class UnlearnSession:
             self._setup = build_setup(config, model=model, data=data)
             warn_changed_components(recorded, self._setup.components, str(run_dir))
             federation = self._setup.federation
+            gone = store.forgotten_samples()
+            if gone:  # the run's data now: without the samples applied results deleted
+                federation = federation.without_samples(gone)
+                self._setup.federation.close()
+                self._setup.federation = federation
             try:
                 self._fresh = _fresh_training(federation, config, store, run_dir)
             except BaseException:
@@ -267,12 +272,15 @@ class UnlearnSession:
         ``earlier``: removed by an applied result before; ``new``: the rest of ``forget``.
         """
         earlier = self.run_view.applied & request.forget
-        return {
+        summary: dict[str, object] = {
             "forget": sorted(request.forget),
             "new": sorted(request.forget - earlier),
             "earlier": sorted(earlier),
             "kind": request.kind,
         }
+        if request.samples:
+            summary["samples"] = {str(c): list(ids) for c, ids in request.samples}
+        return summary
 
     def identity(self) -> dict[str, object]:
         """Return what names the run as it is now (``fedunlearn apply`` checks it).
@@ -363,10 +371,12 @@ class UnlearnSession:
             unknown = sorted(set(ids) - present)
             if unknown:
                 shown = ", ".join(map(str, unknown[:10]))
+                gone = sorted(self.run_view.store.forgotten_samples().get(client, ()))
+                earlier = f"; {len(gone)} deleted earlier" if gone else ""
                 raise ConfigError(
-                    f"client {client} holds no sample with id(s) {shown} (its ids are "
-                    f"0..{len(fed.client_data[client]) - 1} as the run built its data, minus "
-                    "samples deleted earlier); nothing was changed"
+                    f"client {client} holds no sample with id(s) {shown} (it holds "
+                    f"{len(present)} samples, ids {min(present)}..{max(present)} as the run "
+                    f"built its data{earlier}); nothing was changed"
                 )
             left = len(present) - len(ids)
             if left < 1 or (steps is not None and left < self.run_view.spec.batch_size):

@@ -51,6 +51,7 @@ CREATE TABLE events (
 """
 EVENT_TABLES = frozenset({"events"})
 APPLIED_KEY = "applied_event"  # round scalar of the round a model-only apply appends
+FORGOTTEN_SAMPLES_KEY = "forgotten_samples"  # meta: client -> sample ids applied results deleted
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,11 @@ class Generations:
         out |= {e.client_id for e in self.forget_records()}
         return frozenset(out)
 
+    def forgotten_samples(self) -> dict[int, frozenset[int]]:
+        """Return client -> the sample ids applied results deleted (sample-level requests)."""
+        stored = self.meta.get(FORGOTTEN_SAMPLES_KEY) or {}
+        return {int(c): frozenset(int(i) for i in ids) for c, ids in stored.items()}
+
     def clean_from_round(self) -> int:
         """Return the first round after which no stored round carries a forgotten influence.
 
@@ -162,6 +168,8 @@ class Generations:
         expected_last_round: int | None = None,
         scalars: Mapping[str, Any] | None = None,
         meta: Mapping[str, Any] | None = None,
+        kept: int = 0,
+        samples: Mapping[int, Iterable[int]] | None = None,
     ) -> AppliedEvent:
         """Make an unlearned model the run's current model, in one transaction.
 
@@ -180,6 +188,12 @@ class Generations:
             scalars: Metrics stored with the appended round of a model-only apply.
             meta: Entries merged into the store's metadata in the same transaction (the
                 privacy ledger of a DP run: ``fedunlearn.runs.rundir.PRIVACY_LINEAGE_KEY``).
+            kept: The trajectory keeps the run's rounds 1..kept as they are (an exact replay's
+                untouched prefix) and replaces rounds kept+1..T by its own, numbered from
+                kept+1. No forgotten client may appear in the kept rounds.
+            samples: Client -> sample ids the result deleted (a sample-level request); merged
+                into ``forgotten_samples()``, so later requests and continued training work on
+                the data without them.
 
         Returns:
             The event.
@@ -193,11 +207,12 @@ class Generations:
         self._require_writable("apply an unlearning result")
         forget_ids = sorted({int(c) for c in forget})
         new_ids = sorted({int(c) for c in new})
-        if not forget_ids:
-            raise ConfigError("an applied result must forget at least one client")
+        deleted = {int(c): sorted({int(i) for i in ids}) for c, ids in (samples or {}).items()}
+        if not forget_ids and not any(deleted.values()):
+            raise ConfigError("an applied result must forget at least one client or sample")
         rounds = list(trajectory) if trajectory is not None else None
         if rounds is not None:
-            for expected, entry in enumerate(rounds, start=1):
+            for expected, entry in enumerate(rounds, start=kept + 1):
                 if entry.round != expected:
                     raise ConfigError(
                         f"trajectory rounds must be 1..L in order; round {expected} is "
@@ -211,7 +226,7 @@ class Generations:
                         f"trajectory round {expected} includes forgotten client(s) "
                         f"{format_ids(taken)}; nothing was changed"
                     )
-            if not rounds:
+            if not rounds and not kept:
                 raise ConfigError("a trajectory needs at least one round; nothing was changed")
         self._checkpoint_truncate("nothing was changed; close the other readers and retry")
         before_bytes = self.file_bytes()
@@ -230,9 +245,9 @@ class Generations:
             dropped = dropped_bytes = 0
             if rounds is not None:
                 dropped, dropped_bytes = self._replace_rounds(
-                    rounds, forget_ids, now, usable, before_bytes
+                    rounds, forget_ids, now, usable, before_bytes, kept
                 )
-                after, clean = len(rounds), 0
+                after, clean = kept + len(rounds), 0
             else:
                 after, clean = last + 1, last + 1
                 generation = self._db.execute("SELECT count(*) FROM events").fetchone()[0] + 1
@@ -264,6 +279,11 @@ class Generations:
                 ),
             )
             meta = self.meta | dict(meta or {})
+            if any(deleted.values()):
+                merged = {c: set(ids) for c, ids in self.forgotten_samples().items()}
+                for c, ids in deleted.items():
+                    merged.setdefault(c, set()).update(ids)
+                meta[FORGOTTEN_SAMPLES_KEY] = {str(c): sorted(v) for c, v in sorted(merged.items())}
             meta["rounds_target"] = after
             meta["clean_from_round"] = clean  # every method's view of the history sees it
             if rounds is not None:  # the models forget() dropped are gone with their rounds
@@ -291,15 +311,33 @@ class Generations:
         now: float,
         usable: int,
         before_bytes: int,
+        kept: int = 0,
     ) -> tuple[int, int]:
-        """Drop rounds 1..T and insert ``rounds`` (inside the apply's transaction).
+        """Drop rounds kept+1..T and insert ``rounds`` (inside the apply's transaction).
 
         The forgotten clients' updates among the dropped payloads get a deletion record and a
         forget-log entry (as ``forget()`` would give them); the other payloads' ledger rows go
         with them (they were replaced, not deleted behind the record's back).
+
+        Raises:
+            ConfigError: A forgotten client has a record in a kept round (the trajectory cannot
+                keep it); the caller's transaction rolls back.
         """
+        if kept and forget_ids:
+            marks = ",".join("?" * len(forget_ids))
+            clash = self._db.execute(
+                f"SELECT round, client_id FROM clients WHERE round BETWEEN 1 AND ? AND "
+                f"client_id IN ({marks}) LIMIT 1",
+                (kept, *forget_ids),
+            ).fetchone()
+            if clash:
+                raise ConfigError(
+                    f"the trajectory keeps rounds 1..{kept}, but client {clash[1]} took part in "
+                    f"round {clash[0]}; nothing was changed"
+                )
         count, total = self._db.execute(
-            "SELECT count(*), coalesce(sum(size_bytes), 0) FROM payloads WHERE round > 0"
+            "SELECT count(*), coalesce(sum(size_bytes), 0) FROM payloads WHERE round > ?",
+            (kept,),
         ).fetchone()
         evidence = [self._evidence(pid, usable) for pid in self._payload_ids(forget_ids)]
         evidence = [e for e in evidence if e[0] > 0]
@@ -328,7 +366,7 @@ class Generations:
                     (cid, now, sum(e[2] for e in mine), len(mine)),
                 )
         for table in ("payloads", "payload_prints", "clients", "rounds"):
-            self._db.execute(f"DELETE FROM {table} WHERE round > 0")
+            self._db.execute(f"DELETE FROM {table} WHERE round > ?", (kept,))
         for entry in rounds:
             self._insert_round(entry, now)
         return int(count), int(total)
