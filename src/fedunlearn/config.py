@@ -70,6 +70,7 @@ _PARTITION_FIELDS = frozenset(
         "alpha",
         "bias",
         "shards_per_client",
+        "min_client_samples",
         "max_train_samples",
         "max_test_samples",
     }
@@ -90,6 +91,12 @@ class DataConfig(_Frozen):
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
     bias: float = Field(0.5, ge=0, le=1, description="label_bias q")
     shards_per_client: int = Field(2, ge=1)
+    min_client_samples: int = Field(
+        1,
+        ge=0,
+        description="smallest client size the partition draws (redraws until met); TV-stable "
+        "runs need at least training.batch_size",
+    )
     max_train_samples: int | None = Field(None, ge=1, description="subsample the train set")
     max_test_samples: int | None = Field(None, ge=1, description="subsample the test set")
     options: dict[str, Any] = Field(

@@ -115,7 +115,7 @@ def test_a_method_needing_the_trained_rounds_refuses_an_applied_history(applied_
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"{name} needs the rounds the run recorded as it trained")
-    assert "Use crab, federaser, fedrecover, random or retrain." in message
+    assert "Use crab, federaser, fedrecover, random, retrain, shard_retrain or tv_exact." in message
     assert context.meter.costs == before  # refused before any work
 
 

@@ -243,6 +243,7 @@ def unlearn_one(
     client_test: bool = True,
     distance_retrains: int = 0,
     samples: Mapping[int, Sequence[int]] | None = None,
+    evaluate_rounds: bool = True,
 ) -> tuple[UnlearnResult, dict[str, Any]]:
     """Run one method and return its result (verified) with a JSON summary.
 
@@ -265,11 +266,13 @@ def unlearn_one(
             retrains (other batch orders) and take the distance check's pass band from their
             spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
         samples: Client -> sample ids to delete (a sample-level request).
+        evaluate_rounds: Evaluate the model after every unlearning round (round metrics and
+            progress); False evaluates the result only (a benchmark's wall time is the method's).
     """
     check_distance_retrains(distance_retrains, reference if verify else "retrain")
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind, samples)
-    with UnlearnSession(run_dir) as session:
+    with UnlearnSession(run_dir, evaluate=evaluate_rounds) as session:
         run = session.run_view
         request = session.cumulative(request)  # every client forgotten earlier, too
         run.check_request(request)

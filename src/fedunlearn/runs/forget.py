@@ -69,6 +69,15 @@ def forget_clients(
     """
     ids = _client_ids(client_ids)
     with HistoryStore.open(_store_dir(Path(run_dir)), writable=True) as store:
+        shards = int(((store.meta.get("config") or {}).get("training") or {}).get("shards", 1))
+        pending = sorted(set(ids) - store.applied_clients())
+        if shards > 1 and pending:
+            raise ConfigError(
+                f"{run_dir} trained {shards} isolated shards, whose stored shard models would let "
+                f"client(s) {pending}'s updates be rebuilt; apply a shard_retrain (or retrain) "
+                "result for them first (it replaces every round that used them, leaving nothing "
+                "to forget); nothing was changed"
+            )
         return store.forget(ids, vacuum=vacuum)
 
 

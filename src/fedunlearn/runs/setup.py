@@ -184,6 +184,7 @@ def _builtin_data(
         alpha=cfg.data.alpha,
         bias=cfg.data.bias,
         shards_per_client=cfg.data.shards_per_client,
+        min_size=cfg.data.min_client_samples,
     )
     x_all, y_all = torch.from_numpy(np.ascontiguousarray(x_train)), torch.from_numpy(y_train)
     client_data = {c: ClientData(x_all[idx], y_all[idx]) for c, idx in enumerate(parts)}
@@ -310,8 +311,8 @@ def build_setup(
             raise ConfigError(
                 f"training.sampling 'tv_stable' draws mini-batches of training.batch_size "
                 f"({spec.batch_size}) samples without replacement; {len(small)} client(s) hold "
-                f"fewer (client {c}: {small[c]}). Lower training.batch_size or give every client "
-                "at least that many samples"
+                f"fewer (client {c}: {small[c]}). Lower training.batch_size or set "
+                f"data.min_client_samples: {spec.batch_size}"
             )
     federation = Federation(
         net,

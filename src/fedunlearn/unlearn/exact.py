@@ -16,7 +16,7 @@ client was drawn reproduces Retrain bit for bit as well.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -27,7 +27,24 @@ from fedunlearn.unlearn.base import RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
-__all__ = ["replay_from", "replay_shards"]
+__all__ = ["policy_keeps", "replay_from", "replay_shards"]
+
+
+def policy_keeps(context: UnlearnContext) -> Callable[[int], bool] | None:
+    """Return round -> whether the run's recording policy keeps its updates (None: every round).
+
+    The built-in policies ``none`` (global models only) and ``every`` (every k-th round) keep
+    fewer updates than a replay computes; a replayed history keeps what the run would have
+    kept, so applying it does not store what the run chose not to (and its apply file stays
+    small). Other policies keep every replayed update.
+    """
+    policy = context.recording.policy
+    if policy == "none":
+        return lambda round_: False
+    if policy == "every":
+        every = context.recording.every
+        return lambda round_: (round_ - 1) % every == 0
+    return None
 
 
 def replay_from(
@@ -49,7 +66,7 @@ def replay_from(
         (kept rounds, then replayed ones) as its trajectory.
     """
     clients = context.clients if clients is None else clients
-    log = TrajectoryLog(context)
+    log = TrajectoryLog(context, keeps_updates=policy_keeps(context))
     log.keep(start_round - 1)
     params = context.start_from(start_round - 1)
     rows: list[dict[str, float]] = []
@@ -96,7 +113,7 @@ def replay_shards(
     total = context.num_rounds
     affected = {s: r for s, r in starts.items() if r is not None}
     first = min(affected.values(), default=total + 1)
-    log = TrajectoryLog(context)
+    log = TrajectoryLog(context, keeps_updates=policy_keeps(context))
     log.keep(first - 1)
     params = context.start_from(first - 1)
     shards = {s: history.read_shard_model(first - 1, s) for s in plan.shards}

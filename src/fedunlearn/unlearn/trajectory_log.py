@@ -24,7 +24,7 @@ and updates, (2 + n_t) d float32 values per round (docs/lifecycle.md gives sizes
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
@@ -66,12 +66,17 @@ class TrajectoryLog:
 
     Args:
         context: The method's context (client sizes n_c).
+        keeps_updates: Round -> whether its updates go into the trajectory (the run's recording
+            policy, so an applied history keeps what the run would have kept); None: all.
     """
 
-    def __init__(self, context: UnlearnContext) -> None:
+    def __init__(
+        self, context: UnlearnContext, keeps_updates: Callable[[int], bool] | None = None
+    ) -> None:
         self._context = context
         self._rounds: list[RoundEntry] = []
         self._kept = 0
+        self._keeps_updates = keeps_updates
 
     @property
     def length(self) -> int:
@@ -217,6 +222,8 @@ class TrajectoryLog:
         scalars: Mapping[str, object],
         shard_models: Mapping[int, torch.Tensor] | None = None,
     ) -> None:
+        if self._keeps_updates is not None and not self._keeps_updates(self.length + 1):
+            updates = {}
         self._rounds.append(
             RoundEntry(
                 round=self.length + 1,

@@ -111,8 +111,22 @@ def test_approximate_methods_refuse_a_sharded_run(sharded):
             session.run(make_method("fedrecover"), UnlearnRequest.of([3]))
 
 
-def test_shard_retrain_refuses_an_unsharded_run(tmp_path):
-    train_run(_config({**FRACTION, "shards": 1, "rounds": 2}), tmp_path / "run")
+def test_on_an_unsharded_run_shard_retrain_is_tv_exact(tmp_path):
+    train_run(_config({**TV, "shards": 1, "rounds": 3}), tmp_path / "run")
     with UnlearnSession(tmp_path / "run", evaluate=False) as session:
-        with pytest.raises(UnsupportedHistoryError, match="training.shards > 1"):
-            session.run(make_method("shard_retrain"), UnlearnRequest.of([3]))
+        a = session.run(make_method("shard_retrain"), UnlearnRequest.of([3]))
+        b = session.run(make_method("tv_exact"), UnlearnRequest.of([3]))
+    assert torch.equal(a.params, b.params)
+    assert a.details.recomputed_from_round == b.details.recomputed_from_round
+
+
+def test_forget_before_apply_on_a_sharded_run_is_refused_in_one_line(sharded, tmp_path):
+    import shutil
+
+    from fedunlearn.runs.forget import forget_clients
+
+    _, _, path = sharded
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    with pytest.raises(ConfigError, match="apply a shard_retrain"):
+        forget_clients(copy, [3])

@@ -180,13 +180,8 @@ def shard_starts(
 
 @register("shard_retrain")
 class ShardRetrain(TvExact):
-    """Retrain only the shards that held the deleted data, each from its first use (SISA)."""
+    """Retrain only the shards that held the deleted data, each from its first use (SISA).
 
-    def check_history(self, context: UnlearnContext) -> None:
-        """Refuse a run without shards (there is nothing smaller than a Retrain to redo)."""
-        super().check_history(context)
-        if context.training.shards is None:
-            raise UnsupportedHistoryError(
-                "shard_retrain serves runs trained with training.shards > 1; this run is one "
-                "federation. Use tv_exact (exact, from the data's first use) or retrain"
-            )
+    The same replay as ``tv_exact`` under the name sharded runs are documented with; a run
+    without shards is one shard, where it is ``tv_exact``.
+    """
