@@ -42,6 +42,7 @@ launcher binds the ephemeral ports itself and starts all four processes at once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -73,6 +74,7 @@ from fedunlearn.unlearn.starfish.deploy.shares import (
     share_settings,
     share_store_dir,
 )
+from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS
 
 __all__ = ["run_server", "serve_clients"]
 
@@ -264,13 +266,17 @@ def run_server(
         record = SharedStageOneRecord(history, party, info)  # the sharing bound above
         out = method.replay(request, context, backend, record, gateway)
         finished = True
+        details = dataclasses.replace(
+            out.details,
+            assumptions=(*out.details.assumptions, ASSUMPTIONS["simulated_clients"]),
+        )
         online = link.transport.counters.online
         return {
             "party": party_id,
             "session": job.session_id,
             "security": security.describe(),
             "params": out.params.tolist(),
-            "details": out.details.to_dict(),
+            "details": details.to_dict(),
             "costs": meter.counts(),
             "rounds": backend.round_costs,
             "links": {
