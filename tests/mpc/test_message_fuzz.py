@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.peer_fuzz import FUZZ, json_values, one_line
 
 from fedunlearn.errors import FedUnlearnError, MalformedFrameError
 from fedunlearn.mpc import Link, TcpTransport
@@ -38,34 +39,8 @@ from fedunlearn.mpc.link import check_ready
 from fedunlearn.mpc.remote_dealer import RemoteDealer
 from fedunlearn.mpc.session import Hello, SessionBinding, decode_message
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SMALL_MATERIAL = 1 << 16  # derive material for accepted requests up to this many bytes
-
-# JSON values a peer can send: scalars of every kind (integers past 40 digits, unicode digits
-# such as "²" and "١٢"), nested lists and objects
-SCALARS = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.integers(min_value=-(10**60), max_value=10**60)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=30)
-    | st.sampled_from(["²", "١٢", "9" * 5_000, "server0", "dealer", "fedunlearn-mpc", "\n"])
-)
-JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
-    ),
-    max_leaves=12,
-)
-
-
-def one_line(exc: BaseException) -> None:
-    """The error is the library's, on one bounded line."""
-    assert isinstance(exc, FedUnlearnError), repr(exc)
-    text = str(exc)
-    assert "\n" not in text and len(text) < 4_000, text[:300]
+JSON = json_values(["server0", "dealer", "fedunlearn-mpc"])
 
 
 def as_frame(doc) -> np.ndarray:

@@ -135,6 +135,23 @@ def _owner_problem(info: os.stat_result) -> str | None:
     return None
 
 
+def _check_private(path: Path, what: str, mode_fix: str, harm: str) -> None:
+    """Refuse ``path`` unless the running user owns it and nobody else may access it."""
+    info = path.stat()
+    owner = _owner_problem(info)
+    if owner is not None:
+        raise ConfigError(
+            f"{what} {path} {owner}: that user {harm}. Use one you own "
+            f"(chown $USER {path}; chmod {mode_fix} {path})"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise ConfigError(
+            f"{what} {path} has mode {mode:04o}: group or others may access it and {harm}. "
+            f"Fix it with: chmod {mode_fix} {path}"
+        )
+
+
 def check_private_directory(directory: str | Path) -> None:
     """Refuse a PKI directory that another user owns or that group or others may access.
 
@@ -146,20 +163,9 @@ def check_private_directory(directory: str | Path) -> None:
         ConfigError: One line naming the directory, what is wrong and the command that fixes
             it (``chmod 700 DIR``; ``chown`` for the owner).
     """
-    path = Path(directory)
-    info = path.stat()
-    owner = _owner_problem(info)
-    if owner is not None:
-        raise ConfigError(
-            f"the PKI directory {path} {owner}: that user could replace its CA certificate or "
-            f"keys. Use a directory you own (chown $USER {path}; chmod 700 {path})"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"the PKI directory {path} has mode {mode:04o}: group or others may access it and "
-            f"could replace its CA certificate or keys. Fix it with: chmod 700 {path}"
-        )
+    _check_private(
+        Path(directory), "the PKI directory", "700", "could replace its CA certificate or keys"
+    )
 
 
 def check_private_key(key: str | Path) -> None:
@@ -169,20 +175,7 @@ def check_private_key(key: str | Path) -> None:
         ConfigError: One line naming the key and the command that fixes it (``chmod 600
             KEY``; ``chown`` for the owner).
     """
-    path = Path(key)
-    info = path.stat()
-    owner = _owner_problem(info)
-    if owner is not None:
-        raise ConfigError(
-            f"the private key {path} {owner}. Use a key you own (chown $USER {path}; "
-            f"chmod 600 {path})"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"the private key {path} has mode {mode:04o}: group or others may read or change "
-            f"it. Fix it with: chmod 600 {path}"
-        )
+    _check_private(Path(key), "the private key", "600", "could read or replace it")
 
 
 def _check_certificate_file(cert: Path) -> None:

@@ -19,43 +19,27 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from starfish_support import FORGET, LR, ROUNDS
+from tests.support.peer_fuzz import FUZZ, json_values, one_line
 
 from fedunlearn.errors import (
-    FedUnlearnError,
     MalformedFrameError,
     PeerDisconnectedError,
     SecureComputationError,
 )
 from fedunlearn.mpc import FixedPoint, Link, SessionBinding
 from fedunlearn.mpc.session import Hello
-from fedunlearn.unlearn.starfish.deploy.clients import ClientSimulator, RemoteClients, check_answer
-
-FUZZ = settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+from fedunlearn.unlearn.starfish.deploy.clients import (
+    ClientSimulator,
+    RemoteClients,
+    check_answer,
+    remaining_participants,
 )
+
 NUM_PARAMS = 4
-
-SCALARS = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.integers(min_value=-(10**60), max_value=10**60)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
-    | st.sampled_from(["²", "١٢", "12", "9" * 5_000, "model", "exact", "bye", "a" * 64])
-)
-JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
+JSON = json_values(["model", "exact", "bye"])
 IDS = st.integers(0, 12) | st.integers(-(2**70), 2**70) | st.sampled_from(["²", "١٢", "3", True])
 
 
@@ -92,12 +76,6 @@ def frame_of(doc) -> np.ndarray:
 def link_of(transport, role="clients") -> Link:
     hello = Hello(role, SessionBinding.unbound(), {})
     return Link(transport, role, hello, True, f"{role} at memory")  # type: ignore[arg-type]
-
-
-def one_line(exc: BaseException) -> None:
-    assert isinstance(exc, FedUnlearnError), repr(exc)
-    text = str(exc)
-    assert "\n" not in text and len(text) < 5_000, text[:300]
 
 
 # ---- the servers' view: any answer of the clients service -------------------------------------
@@ -187,15 +165,7 @@ def test_a_valid_answer_returns_integer_ids_and_reasons_and_an_error_stops_in_on
 def simulator_parts(session):
     context = session.context(FORGET)
     remaining = set(context.clients.client_ids)
-    participants = {
-        r: sorted(
-            rec.client_id
-            for rec in session.run_view.store.client_records(r)
-            if rec.status == "accepted" and rec.client_id in remaining
-        )
-        for r in range(1, ROUNDS + 1)
-    }
-    return context, participants
+    return context, remaining_participants(session.run_view.store, remaining, ROUNDS)
 
 
 def simulator(parts) -> ClientSimulator:

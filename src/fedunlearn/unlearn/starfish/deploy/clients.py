@@ -53,7 +53,7 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
 from fedunlearn.mpc.wire import parse_object, peer_text
 from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
+from fedunlearn.unlearn.starfish.deploy.binding import PublicHistory
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -77,6 +78,7 @@ __all__ = [
     "check_answer",
     "check_request",
     "model_digest",
+    "remaining_participants",
     "recv_array",
     "recv_doc",
     "send_doc",
@@ -129,6 +131,20 @@ def recv_array(
             f"{peer} sent a {frame.dtype} array of shape {frame.shape}; expected {wanted} {shape}"
         )
     return frame
+
+
+def remaining_participants(
+    history: PublicHistory, remaining: Collection[int], num_rounds: int
+) -> dict[int, list[int]]:
+    """Round -> the remaining clients whose round-r update was accepted (public records)."""
+    return {
+        r: sorted(
+            rec.client_id
+            for rec in history.client_records(r)
+            if rec.status == "accepted" and rec.client_id in remaining
+        )
+        for r in range(1, num_rounds + 1)
+    }
 
 
 def model_digest(model: np.ndarray) -> str:

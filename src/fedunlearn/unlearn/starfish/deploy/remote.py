@@ -65,7 +65,11 @@ from fedunlearn.unlearn.context import CostMeter, MeteredHistory
 from fedunlearn.unlearn.session import UnlearnSession
 from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
 from fedunlearn.unlearn.starfish.deploy.binding import read_sharing
-from fedunlearn.unlearn.starfish.deploy.clients import ClientSimulator, RemoteClients
+from fedunlearn.unlearn.starfish.deploy.clients import (
+    ClientSimulator,
+    RemoteClients,
+    remaining_participants,
+)
 from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.shares import (
     SharedStageOneRecord,
@@ -104,15 +108,9 @@ def serve_clients(job: StarfishJob, security: Security, options: DeployOptions) 
         context = session.context(request)
         run_view = session.run_view
         binding = job.binding(run_view.config, run_view.store, read_sharing(job.run_dir))
-        remaining = set(context.clients.client_ids)
-        participants = {
-            r: sorted(
-                rec.client_id
-                for rec in session.run_view.store.client_records(r)
-                if rec.status == "accepted" and rec.client_id in remaining
-            )
-            for r in range(1, context.num_rounds + 1)
-        }
+        participants = remaining_participants(
+            run_view.store, set(context.clients.client_ids), context.num_rounds
+        )
         simulator = ClientSimulator(
             context.clients,
             method.scale(context.clients.spec.lr),
