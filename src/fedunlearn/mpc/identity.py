@@ -21,8 +21,8 @@ key that is not owned by the running user or that its group or others may access
 600``), and certificates that group or others may write; ``Identity.from_directory``,
 ``create_trial_pki`` and ``starfish-local --tls-dir`` refuse a PKI directory not owned by the
 running user or accessible to group or others (``chmod 700``): whoever can write there can
-swap ``ca.pem`` (the only trust anchor) or move a key away (``check_private_directory``,
-``check_private_key``). Each refusal is one line saying how to fix the permissions.
+swap ``ca.pem`` (the only trust anchor) or move a key away (``mpc.key_files``). Each refusal is
+one line saying how to fix the permissions.
 
 Plain TCP exists only behind an explicit ``insecure=True`` (``require_security``), which gives
 up, on every link: authentication of the peer's role (anyone who can reach a port can claim to
@@ -41,7 +41,6 @@ import os
 import secrets
 import socket
 import ssl
-import stat
 import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -53,14 +52,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedunlearn.errors import ConfigError, PeerAuthenticationError
+from fedunlearn.mpc.key_files import (
+    check_certificate_file,
+    check_private_directory,
+    check_private_key,
+)
 
 __all__ = [
     "INSECURE_WARNING",
     "ROLES",
     "ROLE_URI_PREFIX",
     "Identity",
-    "check_private_directory",
-    "check_private_key",
     "create_trial_pki",
     "main",
     "party_role",
@@ -125,69 +127,6 @@ def _role_of_file(cert_path: Path) -> str:
     return peer_role({"subjectAltName": [("URI", u) for u in uris]}, f"certificate {cert_path}")
 
 
-def _owner_problem(info: os.stat_result) -> str | None:
-    """Why a file's owner is not acceptable (None where ownership cannot be checked)."""
-    if not hasattr(os, "geteuid"):  # pragma: no cover - not POSIX
-        return None
-    uid = os.geteuid()
-    if info.st_uid != uid:
-        return f"is owned by uid {info.st_uid}, not by the user running this process (uid {uid})"
-    return None
-
-
-def _check_private(path: Path, what: str, mode_fix: str, harm: str) -> None:
-    """Refuse ``path`` unless the running user owns it and nobody else may access it."""
-    info = path.stat()
-    owner = _owner_problem(info)
-    if owner is not None:
-        raise ConfigError(
-            f"{what} {path} {owner}: that user {harm}. Use one you own "
-            f"(chown $USER {path}; chmod {mode_fix} {path})"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"{what} {path} has mode {mode:04o}: group or others may access it and {harm}. "
-            f"Fix it with: chmod {mode_fix} {path}"
-        )
-
-
-def check_private_directory(directory: str | Path) -> None:
-    """Refuse a PKI directory that another user owns or that group or others may access.
-
-    Whoever can write there can replace ``ca.pem`` (the trust anchor) or a certificate, or move
-    a key away; whoever can read or list it sees which keys it holds. As OpenSSH does for
-    ``~/.ssh``.
-
-    Raises:
-        ConfigError: One line naming the directory, what is wrong and the command that fixes
-            it (``chmod 700 DIR``; ``chown`` for the owner).
-    """
-    _check_private(
-        Path(directory), "the PKI directory", "700", "could replace its CA certificate or keys"
-    )
-
-
-def check_private_key(key: str | Path) -> None:
-    """Refuse a private key that another user owns or that group or others may access.
-
-    Raises:
-        ConfigError: One line naming the key and the command that fixes it (``chmod 600
-            KEY``; ``chown`` for the owner).
-    """
-    _check_private(Path(key), "the private key", "600", "could read or replace it")
-
-
-def _check_certificate_file(cert: Path) -> None:
-    """Refuse a certificate group or others may write (anyone could swap the trust anchor)."""
-    mode = stat.S_IMODE(cert.stat().st_mode)
-    if mode & 0o022:
-        raise ConfigError(
-            f"the certificate {cert} has mode {mode:04o}: group or others may replace it. "
-            f"Fix it with: chmod 644 {cert}"
-        )
-
-
 @dataclass(frozen=True)
 class Identity:
     """One process's credentials: CA, its certificate and key, and the role the certificate binds.
@@ -221,7 +160,7 @@ class Identity:
         try:
             check_private_key(key)
             for certificate in (ca, cert):
-                _check_certificate_file(certificate)
+                check_certificate_file(certificate)
             role = _role_of_file(cert)
             identity = cls(ca, cert, key, role)
             identity._context(server_side=True)

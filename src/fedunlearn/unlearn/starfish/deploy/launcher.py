@@ -45,7 +45,7 @@ import yaml
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.mpc import create_trial_pki
-from fedunlearn.mpc.identity import check_private_directory, check_private_key
+from fedunlearn.mpc.key_files import check_private_directory, check_private_key
 from fedunlearn.unlearn.starfish.deploy.binding import new_session_id
 from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares
