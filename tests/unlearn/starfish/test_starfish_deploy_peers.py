@@ -79,7 +79,8 @@ def test_a_clients_service_answering_a_non_integer_id_stops_both_servers_in_one_
     def clients_service():
         security = Security(identity=Identity.from_directory(tls["clients"], "clients"))
         listen = Listen(listen_fd=sockets.pop("clients").detach())  # the service closes it
-        own = DeployOptions(timeout_seconds=TIMEOUT, idle_timeout_seconds=60.0, listen=listen)
+        # it listens from now on: wait for the servers as long as they may take to start
+        own = DeployOptions(timeout_seconds=180.0, idle_timeout_seconds=60.0, listen=listen)
         try:
             clients["summary"] = serve_clients(job, security, own)
         except Exception as exc:  # reported to the test
