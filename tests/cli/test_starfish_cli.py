@@ -1,5 +1,6 @@
 """``fedunlearn starfish-*`` commands (the processes themselves: tests/unlearn/starfish)."""
 
+import os
 import stat
 
 import pytest
@@ -157,6 +158,27 @@ def test_a_process_needs_tls_of_its_own_role_or_an_explicit_insecure_flag(tmp_pa
     assert "needs exactly one of" in flat(both.output)
     assert local_both.exit_code == 2
     assert "not both" in flat(local_both.output)
+
+
+def test_a_tls_dir_others_may_access_stops_each_command_with_the_chmod_that_fixes_it(tmp_path):
+    # issue 41: the PKI directory was accepted at any mode (a group-writable one let another
+    # user replace ca.pem); keys at any mode (0666 too)
+    pki = tmp_path / "pki"
+    assert runner.invoke(app, ["starfish-certs", str(pki)]).exit_code == 0
+    os.chmod(pki, 0o755)
+    dealer = runner.invoke(app, ["starfish-dealer", "--timeout", "0.3", f"--tls-dir={pki}"])
+    local = runner.invoke(app, ["starfish-local", str(tmp_path), "--forget", "0",
+                                f"--tls-dir={pki}"])  # fmt: skip
+    certs = runner.invoke(app, ["starfish-certs", str(pki), "--overwrite"])
+    for res in (dealer, local, certs):
+        assert res.exit_code == 2, res.output
+        assert f"Fix it with: chmod 700 {pki}" in flat(res.output)
+        assert len(res.output.strip().splitlines()) == 1, res.output
+    os.chmod(pki, 0o700)
+    os.chmod(pki / "dealer.key", 0o644)
+    dealer = runner.invoke(app, ["starfish-dealer", "--timeout", "0.3", f"--tls-dir={pki}"])
+    assert dealer.exit_code == 2
+    assert f"Fix it with: chmod 600 {pki / 'dealer.key'}" in flat(dealer.output)
 
 
 def test_an_insecure_dealer_warns_and_gives_up_when_no_server_joins():

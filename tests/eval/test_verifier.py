@@ -101,6 +101,24 @@ def test_the_bound_and_warnings_hooks_of_a_methods_details_are_read(run_dir):
     assert warning.reason == "rollback kept round 2"
 
 
+def test_a_methods_assumptions_reach_its_receipt_verbatim(run_dir):
+    # issue 41: Starfish's threat model ("semi-honest servers: a server that alters its shares
+    # is not detected") was in no result or receipt
+    request = UnlearnRequest.of([2])
+    with UnlearnSession(run_dir) as session:
+        verifier = Verifier(session, request)
+        starfish = verifier.verify(session.run(make_method("starfish"), request))
+        final = session.run_view.final_params.clone()
+        _, audited = verifier.audit(final, "m.pt", assumptions=["threat model: semi-honest"])
+        plain = verifier.verify(session.run(make_method("federaser"), request))
+    receipt = starfish.verification
+    assert receipt.assumptions == starfish.details.assumptions
+    assert receipt.assumptions[0].startswith("plaintext mirror: ")
+    assert receipt.to_dict()["assumptions"] == list(starfish.details.assumptions)
+    assert audited.to_dict()["assumptions"] == ["threat model: semi-honest"]
+    assert plain.verification.assumptions == ()  # a method that states none
+
+
 def test_audit_of_the_original_model_fails_and_bad_models_are_refused(run_dir):
     request = UnlearnRequest.of([1])
     with UnlearnSession(run_dir) as session:

@@ -130,6 +130,7 @@ def write_leaf_without_role(pki, directory):
             serialization.NoEncryption(),
         )
     )
+    (directory / "leaf.key").chmod(0o600)  # a key only its owner may read (issue 41)
     return directory / "leaf.pem", directory / "leaf.key"
 
 
@@ -189,7 +190,7 @@ def test_keys_are_0600_under_umask_000_with_a_leftover_tmp_and_a_planted_symlink
     # Prepare: a leftover world-readable ca.key.tmp and a server0.key.tmp symlink planted by
     # someone else, pointing at a file they can read (the old writer reused and followed both)
     out = tmp_path / "pki"
-    out.mkdir(mode=0o755)
+    out.mkdir(mode=0o700)  # a 0755 directory is refused since issue 41
     leftover = out / "ca.key.tmp"
     leftover.write_bytes(b"old")
     os.chmod(leftover, 0o644)
@@ -229,6 +230,56 @@ def test_a_directory_writable_by_others_is_refused(tmp_path, umask_000):
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    with pytest.raises(ConfigError, match="writable by others"):
+    with pytest.raises(ConfigError, match="group or others may access it.*chmod 700"):
         create_trial_pki(shared)
     assert not list(shared.iterdir())
+
+
+# ---- who may touch the key material (issue 41) -------------------------------------------------
+
+
+@pytest.fixture
+def own_pki(tmp_path):
+    """A fresh trial PKI in a 0700 directory of this user (as create_trial_pki makes it)."""
+    directory = tmp_path / "pki"
+    create_trial_pki(directory, roles=["server0"])
+    return directory
+
+
+@pytest.mark.parametrize("mode", [0o750, 0o755, 0o770, 0o701], ids=oct)
+def test_a_pki_directory_group_or_others_may_access_is_refused_with_the_fix(own_pki, mode):
+    # before: any mode was loaded (only create_trial_pki looked, at the world-write bit)
+    Identity.from_directory(own_pki, "server0")
+    os.chmod(own_pki, mode)
+    with pytest.raises(ConfigError, match=f"mode {mode:04o}.*chmod 700 {own_pki}$") as caught:
+        Identity.from_directory(own_pki, "server0")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="chmod 700"):
+        create_trial_pki(own_pki, roles=["server0"], overwrite=True)
+
+
+def test_a_pki_directory_or_key_of_another_user_is_refused(own_pki, monkeypatch):
+    # before: a directory owned by another user was accepted (that user replaced ca.pem)
+    owner = own_pki.stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)  # as if another user ran it
+    with pytest.raises(ConfigError, match=f"is owned by uid {owner}, not by the user"):
+        Identity.from_directory(own_pki, "server0")
+    with pytest.raises(ConfigError, match="private key .* is owned by uid"):
+        Identity.load(own_pki / "ca.pem", own_pki / "server0.pem", own_pki / "server0.key")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o666], ids=oct)
+def test_a_key_group_or_others_may_access_is_refused_with_the_fix(own_pki, mode):
+    # before: keys were loaded at any permission (0666 accepted)
+    key = own_pki / "server0.key"
+    os.chmod(key, mode)
+    with pytest.raises(ConfigError, match=f"mode {mode:04o}.*chmod 600 {key}$"):
+        Identity.load(own_pki / "ca.pem", own_pki / "server0.pem", key)
+    os.chmod(key, 0o400)  # read-only for its owner is fine
+    assert Identity.load(own_pki / "ca.pem", own_pki / "server0.pem", key).role == "server0"
+
+
+def test_a_certificate_others_may_replace_is_refused(own_pki):
+    os.chmod(own_pki / "ca.pem", 0o666)
+    with pytest.raises(ConfigError, match="ca.pem has mode 0666.*chmod 644"):
+        Identity.from_directory(own_pki, "server0")

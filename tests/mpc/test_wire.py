@@ -1,17 +1,24 @@
-"""Bounded parsing of peers' JSON: nesting, huge integers, NaN, size (issue 25).
+"""Bounded parsing of peers' JSON: nesting, huge integers, NaN, size (issue 25), time (41).
 
 Issue 25: deeply nested JSON or an integer of more than 4,300 digits from a peer with a valid
 certificate killed ``starfish-clients`` with a traceback (``RecursionError``, ``ValueError``).
+Issue 41: the nesting count stripped strings with a regular expression that was quadratic on a
+quote followed by many escaped quotes (16 KiB: 1.04 s, 200 KB: 117 s, with the GIL held: a
+120 kB answer held both servers at 100 % CPU for 45 s).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedunlearn.errors import MalformedFrameError
 from fedunlearn.mpc import (
@@ -26,7 +33,7 @@ from fedunlearn.mpc import (
     create_trial_pki,
 )
 from fedunlearn.mpc.session import MAX_HELLO_BYTES, decode_message
-from fedunlearn.mpc.wire import MAX_DEPTH, nesting_depth, parse_object
+from fedunlearn.mpc.wire import MAX_DEPTH, nesting_depth, parse_object, peer_text
 
 NESTED = b"[" * 16_000 + b"]" * 16_000
 HUGE_INT = b'{"n": ' + b"9" * 5_000 + b"}"
@@ -37,6 +44,9 @@ BAD = {
     "not an object": (b"[1, 2]", "not a JSON object"),
     "not UTF-8": (b'{"x": "\xff"}', "not UTF-8"),
     "not JSON": (b'{"x": ', "not JSON"),
+    "infinite float": (b'{"x": 1e999}', "beyond the float range"),
+    "long float": (b'{"x": 0.' + b"1" * 100 + b"}", "more than 64 characters"),
+    "many lists": (b'{"x": [' + b"[]," * 1100 + b"[]]}", "1103 arrays and objects"),
 }
 
 
@@ -66,6 +76,68 @@ def test_size_and_depth_bounds_and_a_valid_message():
     assert list(parse_object(deep_ok, "p", max_bytes=1 << 10)) == ["a"]
     doc = parse_object(b'{"n": -18446744073709551615, "x": 0.5}', "p", max_bytes=100)
     assert doc == {"n": -18446744073709551615, "x": 0.5}
+
+
+# ---- time linear in the size (issue 41) -------------------------------------------------------
+
+CAP = 1 << 20  # the largest cap of any JSON message (the clients service's)
+ADVERSARIAL = {
+    # the issue's input: every quote used to start a match that scanned to the end
+    "escaped quotes": b'{"a": "' + b'\\"' * ((CAP - 8) // 2),
+    "escaped quotes, trailing backslash": b'{"a": "' + b'\\"' * ((CAP - 10) // 2) + b"\\",
+    "quotes": b'"' * CAP,
+    "backslashes": b'{"a": "' + b"\\" * (CAP - 8),
+    "brackets": b"[" * CAP,
+    "empty lists": b'{"a": [' + b"[]," * (CAP // 3 - 4) + b"[]]}",
+    "long integer": b'{"a": ' + b"1" * (CAP - 8) + b"}",
+    "long float": b'{"a": 1.' + b"1" * (CAP - 10) + b"}",
+    "unicode escapes": b'{"a": "' + b"\\u00e9" * (CAP // 6 - 2) + b'"}',
+}
+
+
+def test_adversarial_messages_at_the_1_mib_cap_parse_in_well_under_a_second():
+    # before: "escaped quotes" of 16 KiB took about 1 s and the time grew as n^2 (about an
+    # hour at 1 MiB). Measured as this thread's CPU time, which the load of other processes on
+    # a shared machine does not inflate (wall time on an idle core is about the same)
+    times = {}
+    for name, data in ADVERSARIAL.items():
+        assert len(data) <= CAP, name
+        start = time.thread_time()
+        try:
+            parse_object(data, "clients at 127.0.0.1:1", max_bytes=CAP)
+        except MalformedFrameError as exc:
+            assert "\n" not in str(exc) and len(str(exc)) < 300
+        times[name] = time.thread_time() - start
+    assert max(times.values()) < 0.5, times  # 0.03-0.25 s each on the 2-core test machine
+    assert sum(times.values()) < 2.0, times
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.integers(-5, 5) | st.text(alphabet='[]{}"\\ax\n²', max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=15,
+)
+
+
+def depth_of(value) -> int:
+    if isinstance(value, list):
+        return 1 + max((depth_of(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((depth_of(v) for v in value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=JSON_VALUES, ascii_only=st.booleans())
+def test_the_nesting_count_ignores_brackets_in_strings_and_escapes(value, ascii_only):
+    data = json.dumps(value, ensure_ascii=ascii_only).encode()
+    assert nesting_depth(data) == depth_of(value)
+
+
+def test_peer_text_is_one_bounded_line():
+    assert peer_text("a\n\n b\tc") == "a b c"
+    assert peer_text("x" * 1000, 20) == "x" * 17 + "..."
+    assert peer_text(["²", 12]) == "['²', 12]"
 
 
 # ---- a peer with a valid certificate, over real TLS sockets -----------------------------------

@@ -121,6 +121,8 @@ def print_verification(
             f"  [{_STYLE[verdict]}]{_MARK[verdict]}[/] {check['title']}: {check['reason']}",
             highlight=False,
         )
+    for assumption in verification.get("assumptions") or []:  # what no check can see
+        out.print(f"  assumes: {assumption}", highlight=False)
     for entry in verification.get("clients") or []:  # a living run: every forgotten client
         out.print(
             f"  client {entry['client']} ({entry['request']}, {entry['role']}): influence "

@@ -183,6 +183,8 @@ class Evidence:
         attackers_total: How many attacking clients the run has.
         bound: The method's certified bound, if it provides one.
         warnings: The method's own warnings (``details.warnings``).
+        assumptions: What the method's result rests on (``details.assumptions``: e.g. a
+            threat model); carried into the receipt verbatim, judged by no check.
         deletion: The store's deletion evidence (``deletion_evidence``), or None if no store
             was available.
         noisy_original: The row of the original plus small Gaussian noise (a second negative
@@ -222,6 +224,7 @@ class Evidence:
     attackers_total: int = 0
     bound: BoundReport | None = None
     warnings: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
     deletion: Mapping[str, Any] | None = field(default=None)
     noisy_original: Mapping[str, Any] | None = None
     noise_std: float | None = None
@@ -1734,4 +1737,6 @@ def build_verification(
     checks = tuple(check(evidence, th) for check in _CHECKS)
     references = ("original", "retrain") if evidence.retrain is not None else ("original",)
     lineage = evidence.lineage.to_dict() if evidence.lineage is not None else None
-    return Verification(checks, references, th.model_dump(mode="json"), subject, lineage)
+    return Verification(
+        checks, references, th.model_dump(mode="json"), subject, lineage, evidence.assumptions
+    )

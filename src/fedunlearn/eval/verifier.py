@@ -227,8 +227,9 @@ def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, A
     }
 
 
-def _method_warnings(details: Details | None) -> tuple[str, ...]:
-    found = getattr(details, "warnings", ()) if details is not None else ()
+def _method_warnings(details: Details | None, name: str = "warnings") -> tuple[str, ...]:
+    """The sentences of a details field (``warnings``, ``assumptions``) as a tuple."""
+    found = getattr(details, name, ()) if details is not None else ()
     if isinstance(found, str):
         return (found,)
     return tuple(str(w) for w in found or ())
@@ -460,13 +461,18 @@ class Verifier:
         warnings: Iterable[str] | None = None,
         client_membership: ClientMembershipEvidence | None = None,
         markers: MarkerEvidence | None = None,
+        assumptions: Iterable[str] | None = None,
     ) -> Evidence:
         """Return the checks' evidence for a model's row (from this verifier's ``judge``).
 
         ``warnings`` overrides the details' warnings (an audit's ``--result``); with neither
-        details nor warnings, the receipt says that none were available.
+        details nor warnings, the receipt says that none were available. ``assumptions``
+        likewise overrides the details' assumptions.
         """
         found = _method_warnings(details) if warnings is None else tuple(warnings)
+        assumed = (
+            _method_warnings(details, "assumptions") if assumptions is None else tuple(assumptions)
+        )
         return Evidence(
             row=row,
             original=self.original_row,
@@ -475,6 +481,7 @@ class Verifier:
             request_kind=self.request.kind,
             bound=details.certified_bound() if details is not None else None,
             warnings=found,
+            assumptions=assumed,
             deletion=self.deletion,
             noisy_original=self.noisy_original_row,
             noise_std=self.noise_std if self.noisy_original_row is not None else None,
@@ -498,6 +505,7 @@ class Verifier:
         lineage: Lineage | None = None,
         warnings: Iterable[str] | None = None,
         params: torch.Tensor | None = None,
+        assumptions: Iterable[str] | None = None,
     ) -> Verification:
         """Return the receipt of a model from its row (``judge.judge`` or ``judge.measure``).
 
@@ -517,6 +525,7 @@ class Verifier:
             warnings=warnings,
             client_membership=membership,
             markers=markers,
+            assumptions=assumptions,
         )
         return build_verification(evidence, self.thresholds, subject=subject)
 
@@ -535,6 +544,7 @@ class Verifier:
         *,
         warnings: Iterable[str] | None = None,
         lineage: Lineage | None = None,
+        assumptions: Iterable[str] | None = None,
     ) -> tuple[dict[str, Any], Verification]:
         """Return the measures and the receipt of any model of the run's architecture.
 
@@ -543,6 +553,8 @@ class Verifier:
             subject: What the model is (shown on the receipt), e.g. its file name.
             warnings: The method's warnings, from its result file; None: none were available.
             lineage: The result's lineage, from its result file; None: no lineage.
+            assumptions: What the result rests on (its details' ``assumptions``), from its
+                result file; None: none stated.
 
         Raises:
             ConfigError: if ``params`` is not a flat vector of the run's model size.
@@ -557,7 +569,13 @@ class Verifier:
         flat = params.detach().to(torch.float32)
         row = self.judge.measure(flat, subject, self.retrain_params)
         receipt = self.verification(
-            row, None, subject, lineage=lineage, warnings=warnings, params=flat
+            row,
+            None,
+            subject,
+            lineage=lineage,
+            warnings=warnings,
+            params=flat,
+            assumptions=assumptions,
         )
         return row, receipt
 

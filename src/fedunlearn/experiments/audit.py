@@ -145,10 +145,15 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def _sentences(details: Mapping[str, Any], name: str) -> list[str]:
+    found = details.get(name) or []
+    return [found] if isinstance(found, str) else [str(w) for w in found]
+
+
 def _result_claims(
     result: Mapping[str, Any], request: UnlearnRequest, source: str
-) -> tuple[list[str], Any, str]:
-    """Return the warnings, lineage and method a result document carries for ``request``."""
+) -> tuple[list[str], Any, str, list[str]]:
+    """Return the warnings, lineage, method and assumptions a result carries for ``request``."""
     req = result.get("request") or {}
     forget = sorted(int(c) for c in req.get("forget", []))
     if forget != sorted(request.forget) or req.get("kind", request.kind) != request.kind:
@@ -157,9 +162,12 @@ def _result_claims(
             f"{request.kind} clients {sorted(request.forget)}. Pass the matching result"
         )
     details = result.get("details") or {}
-    found = details.get("warnings") or []
-    warnings = [found] if isinstance(found, str) else [str(w) for w in found]
-    return warnings, lineage_from_dict(result.get("lineage")), str(result.get("method", ""))
+    return (
+        _sentences(details, "warnings"),
+        lineage_from_dict(result.get("lineage")),
+        str(result.get("method", "")),
+        _sentences(details, "assumptions"),
+    )
 
 
 def forgotten_clients(session: UnlearnSession) -> list[int]:
@@ -206,8 +214,8 @@ def audit_model(
             retrains (other batch orders) and take the distance check's pass band from their
             spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
         result: The method's result (the JSON ``fedunlearn unlearn --out`` wrote, its path, or
-            the parsed document): its warnings and lineage go into the receipt. None: the
-            receipt says that none were available.
+            the parsed document): its warnings, lineage and assumptions go into the receipt.
+            None: the receipt says that none were available.
 
     Returns:
         ``{"subject", "request", "measures", "original", "retrain", "verification", ...}``.
@@ -241,10 +249,11 @@ def audit_model(
         request = UnlearnRequest(request.forget | session.run_view.forgotten, kind)
         session.run_view.check_request(request)
         warnings: list[str] | None = None
+        assumptions: list[str] | None = None
         lineage = None
         method = None
         if result_doc is not None:
-            warnings, lineage, method = _result_claims(result_doc, request, source)
+            warnings, lineage, method, assumptions = _result_claims(result_doc, request, source)
         if progress is not None and reference == "retrain":
             progress.on_method("retrain", 1, 1)
         retrain = reference_retrain(
@@ -267,7 +276,9 @@ def audit_model(
             client_membership=membership,
             distance_retrains=distance_retrains,
         )
-        row, verification = verifier.audit(params, subject, warnings=warnings, lineage=lineage)
+        row, verification = verifier.audit(
+            params, subject, warnings=warnings, lineage=lineage, assumptions=assumptions
+        )
         receipt = verification.to_dict()
         receipt["clients"] = client_entries(
             session.run_view, verification, verifier.deletion, request.forget

@@ -169,8 +169,12 @@ class Request:
             )
         if self.kind == "inner" and not shapes[0]:
             raise ValueError("an 'inner' request needs at least one axis; got shape ()")
-        if self.kind == "mask" and (len(shapes[0]) < 2 or shapes[0][-1] != shapes[0][-2]):
-            raise ValueError(f"a 'mask' request needs square matrices (..., m, m); got {shapes}")
+        if self.kind == "mask" and (
+            len(shapes[0]) < 2 or shapes[0][-1] != shapes[0][-2] or shapes[0][-1] < 1
+        ):
+            raise ValueError(
+                f"a 'mask' request needs square matrices (..., m, m) with m >= 1; got {shapes}"
+            )
         if self.kind != "mask" and self.frac_bits != 0:
             raise ValueError(f"only 'mask' requests carry frac_bits; got {self.frac_bits}")
         if self.kind == "matrix":

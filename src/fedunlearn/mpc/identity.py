@@ -16,6 +16,14 @@ writes a fresh CA and one certificate per role, valid for ``days`` days, for the
 (default 127.0.0.1 and localhost). A real deployment issues the certificates from a CA the two
 organisations agree on; nothing here depends on how they were made, only on the role URI.
 
+Key material is checked as OpenSSH checks it (issue 41): ``Identity.load`` refuses a private
+key that is not owned by the running user or that its group or others may access (``chmod
+600``), and certificates that group or others may write; ``Identity.from_directory``,
+``create_trial_pki`` and ``starfish-local --tls-dir`` refuse a PKI directory not owned by the
+running user or accessible to group or others (``chmod 700``): whoever can write there can
+swap ``ca.pem`` (the only trust anchor) or move a key away (``mpc.key_files``). Each refusal is
+one line saying how to fix the permissions.
+
 Plain TCP exists only behind an explicit ``insecure=True`` (``require_security``), which gives
 up, on every link: authentication of the peer's role (anyone who can reach a port can claim to
 be a server and receive its dealer seeds or client shares), confidentiality of the traffic
@@ -44,6 +52,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedunlearn.errors import ConfigError, PeerAuthenticationError
+from fedunlearn.mpc.key_files import (
+    check_certificate_file,
+    check_private_directory,
+    check_private_key,
+)
 
 __all__ = [
     "INSECURE_WARNING",
@@ -139,13 +152,20 @@ class Identity:
         """Read the role from ``cert`` and check that the three files make usable contexts.
 
         Raises:
-            ConfigError: A file is missing or unreadable, or the certificate binds no role.
+            ConfigError: A file is missing or unreadable, the key is not the running user's
+                or group or others may access it (``check_private_key``), a certificate is
+                writable by group or others, or the certificate binds no role.
         """
         ca, cert, key = Path(ca), Path(cert), Path(key)
         try:
+            check_private_key(key)
+            for certificate in (ca, cert):
+                check_certificate_file(certificate)
             role = _role_of_file(cert)
             identity = cls(ca, cert, key, role)
             identity._context(server_side=True)
+        except ConfigError:  # a permission refusal: its own line says how to fix it
+            raise
         except (OSError, ssl.SSLError, ValueError) as exc:
             raise ConfigError(
                 f"cannot load the TLS identity (ca {ca}, cert {cert}, key {key}): {exc}. "
@@ -157,9 +177,16 @@ class Identity:
 
     @classmethod
     def from_directory(cls, directory: str | Path, role: str) -> Identity:
-        """The identity of ``role`` in a directory written by ``create_trial_pki``."""
+        """The identity of ``role`` in a directory written by ``create_trial_pki``.
+
+        Raises:
+            ConfigError: As ``load``, or the directory is not the running user's or group or
+                others may access it (``check_private_directory``).
+        """
         _check_role(role)
         d = Path(directory)
+        if d.is_dir():  # a missing one: ``load`` names the files it cannot read
+            check_private_directory(d)
         return cls.load(d / "ca.pem", d / f"{role}.pem", d / f"{role}.key")
 
     def _context(self, server_side: bool) -> ssl.SSLContext:
@@ -290,18 +317,15 @@ def _prepare_directory(out: Path, targets: Sequence[Path], overwrite: bool) -> N
 
     Raises:
         ConfigError: A target exists (or is a link) and ``overwrite`` is False, or ``out`` is
-            writable by others (anyone could swap the keys there).
+            another user's or group or others may access it (``check_private_directory``:
+            anyone who can write there could swap the keys).
     """
     if not out.exists():
         out.mkdir(parents=True, mode=DIRECTORY_MODE)
         os.chmod(out, DIRECTORY_MODE)  # mkdir's mode is masked by the umask
     elif not out.is_dir():
         raise ConfigError(f"{out} is not a directory")
-    elif out.stat().st_mode & 0o002:
-        raise ConfigError(
-            f"{out} is writable by others, who could swap its keys and certificates; use a "
-            "directory only you can write (chmod o-w)"
-        )
+    check_private_directory(out)
     present = [t.name for t in targets if os.path.lexists(t)]
     if present and not overwrite:
         raise ConfigError(

@@ -71,6 +71,7 @@ from fedunlearn.mpc.session import (
     mismatch_error,
 )
 from fedunlearn.mpc.tcp import TcpListener, TcpTransport, connect_socket
+from fedunlearn.mpc.wire import peer_text
 
 __all__ = [
     "FIRST_BYTE_SECONDS",
@@ -647,11 +648,12 @@ def check_ready(doc: Mapping[str, object], where: str) -> None:
         MalformedFrameError: Anything else.
     """
     if "abort" in doc:
-        reason = str(doc["abort"])
+        reason = peer_text(doc["abort"])
         kind = SessionMismatchError if "session was refused" in reason else PeerDisconnectedError
         raise kind(f"{where} gave up the session: {reason}")
     if doc.get("ready") is not True:
-        raise MalformedFrameError(f"{where} sent {dict(doc)!r} where its 'ready' belongs")
+        fields = peer_text(", ".join(sorted(doc)), 100)
+        raise MalformedFrameError(f"{where} sent fields {fields} where its 'ready' belongs")
 
 
 def _receive_doc(transport: TcpTransport, where: str) -> dict:
@@ -669,7 +671,9 @@ def _receive_doc(transport: TcpTransport, where: str) -> dict:
 def _raise_refusal(reply: Mapping[str, object], where: str) -> None:
     if "refused" not in reply:
         return
-    kind, reason = reply.get("refused"), str(reply.get("reason", ""))
+    kind, reason = reply.get("refused"), peer_text(reply.get("reason", ""))
     if kind == "session":
         raise SessionMismatchError(f"{where} refused the session: {reason}")
-    raise PeerAuthenticationError(f"{where} refused this connection ({kind}): {reason}")
+    raise PeerAuthenticationError(
+        f"{where} refused this connection ({peer_text(kind, 40)}): {reason}"
+    )

@@ -48,6 +48,7 @@ from fedunlearn.mpc.security import DEFAULT_LIMITS, LinkLimits, Security
 from fedunlearn.mpc.session import MAX_HELLO_BYTES, SessionBinding, decode_message
 from fedunlearn.mpc.tcp import Expect, TcpTransport
 from fedunlearn.mpc.transport import Counters
+from fedunlearn.mpc.wire import peer_text
 
 __all__ = ["DEFAULT_PREFETCH_BYTES", "RemoteDealer"]
 
@@ -216,7 +217,7 @@ class RemoteDealer(DealerClient):
             self._state = "header"
             return None
         if self._state == "error":
-            text = frame.tobytes().decode(errors="replace")
+            text = peer_text(frame.tobytes().decode(errors="replace"), 1000)
             raise ERRORS.get(self._error_code, SecureComputationError)(
                 f"the dealer stopped the session: {text}"
             )

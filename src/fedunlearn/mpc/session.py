@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from fedunlearn.errors import MalformedFrameError, SessionMismatchError
-from fedunlearn.mpc.wire import parse_object
+from fedunlearn.mpc.wire import parse_object, peer_text
 
 __all__ = [
     "MAX_HELLO_BYTES",
@@ -85,14 +85,19 @@ class SessionBinding:
     def __post_init__(self) -> None:
         if not isinstance(self.session_id, str) or not _SESSION.match(self.session_id):
             raise ValueError(
-                f"a session id has 1-128 characters of [A-Za-z0-9._:-]; got {self.session_id!r}"
+                "a session id has 1-128 characters of [A-Za-z0-9._:-]; got "
+                + peer_text(repr(self.session_id), 140)
             )
         for name, value in self.digests.items():
             if not isinstance(name, str) or not _NAME.match(name):
-                raise ValueError(f"digest names are identifiers of <= 64 characters; got {name!r}")
+                raise ValueError(
+                    "digest names are identifiers of <= 64 characters; got "
+                    + peer_text(repr(name), 80)
+                )
             if not isinstance(value, str) or not _HEX.match(value):
                 raise ValueError(
-                    f"digest {name!r} must be 8-128 lowercase hex digits; got {value!r}"
+                    f"digest {name!r} must be 8-128 lowercase hex digits; got "
+                    + peer_text(repr(value), 140)
                 )
         object.__setattr__(self, "digests", dict(sorted(self.digests.items())))
 
@@ -208,16 +213,22 @@ class Hello:
         """
         if doc.get("protocol") != PROTOCOL or doc.get("version") != PROTOCOL_VERSION:
             raise MalformedFrameError(
-                f"{peer} speaks protocol {doc.get('protocol')!r} version {doc.get('version')!r}; "
-                f"this side speaks {PROTOCOL!r} version {PROTOCOL_VERSION}. Run the same "
-                "fedunlearn version on every process."
+                f"{peer} speaks protocol {peer_text(repr(doc.get('protocol')), 80)} version "
+                f"{peer_text(repr(doc.get('version')), 40)}; this side speaks {PROTOCOL!r} "
+                f"version {PROTOCOL_VERSION}. Run the same fedunlearn version on every process."
             )
         options = doc.get("options", {})
         role = doc.get("role")
-        if not isinstance(role, str) or not isinstance(options, dict):
+        if not isinstance(role, str) or not _NAME.match(role) or not isinstance(options, dict):
             raise MalformedFrameError(f"{peer} sent a hello without a role or with bad options")
-        if not all(isinstance(v, Option) for v in options.values()) or len(options) > 64:
-            raise MalformedFrameError(f"{peer} sent options that are not flat scalars: {options!r}")
+        if (
+            len(options) > 64
+            or not all(isinstance(v, Option) for v in options.values())
+            or not all(_NAME.match(name) for name in options)
+        ):
+            raise MalformedFrameError(
+                f"{peer} sent options that are not at most 64 named flat scalars"
+            )
         digests = doc.get("digests", {})
         if not isinstance(digests, dict):
             raise MalformedFrameError(f"{peer} sent digests that are not an object")

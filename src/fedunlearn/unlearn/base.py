@@ -121,7 +121,11 @@ class Details:
       result that may not be trusted (e.g. a rollback that kept the forgotten clients'
       rounds); each becomes a warning of the ``method_warnings`` check;
     - ``certified_bound()``: the method's certified bound on its distance to a retrained
-      model, or None (the default) if it certifies nothing.
+      model, or None (the default) if it certifies nothing;
+    - a field ``assumptions: tuple[str, ...]``, if the method defines one: what the result
+      rests on and no check of the receipt can see (e.g. Starfish's threat model, "semi-honest
+      servers: a server that alters its shares is not detected"); the receipt carries them
+      as ``assumptions``, verbatim.
     """
 
     def to_dict(self) -> dict[str, Any]:

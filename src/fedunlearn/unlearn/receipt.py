@@ -223,6 +223,9 @@ class Verification:
         subject: What was judged (a method name, or the model file of an audit).
         lineage: The result's lineage (``Lineage.to_dict()``), or None when none was available
             (an audited model without ``--result``).
+        assumptions: What the result rests on that no check here can see, as the method
+            states it (``details.assumptions``: e.g. Starfish's threat model); empty when the
+            method states none or its details were not available.
     """
 
     checks: tuple[Check, ...]
@@ -230,6 +233,7 @@ class Verification:
     thresholds: dict[str, Any] = field(default_factory=dict)
     subject: str = ""
     lineage: dict[str, Any] | None = None
+    assumptions: tuple[str, ...] = ()
 
     @property
     def verdict(self) -> Verdict:
@@ -312,4 +316,5 @@ class Verification:
             "references": list(self.references),
             "checks": [c.to_dict() for c in self.checks],
             "thresholds": _json_number(dict(self.thresholds)),
+            "assumptions": list(self.assumptions),
         }

@@ -125,7 +125,7 @@ def test_an_exact_update_goes_out_only_after_both_servers_asked_and_opens_only_t
 
     # Assert
     assert silent_before_both
-    assert doc0 == doc1 == {"accepted": ids, "rejected": {}}
+    assert doc0 == doc1 == {"accepted": ids, "rejected": [], "reasons": []}
     assert outcome == {"served": 1}
     m0 = torch.from_numpy(service.m0).to(service.context.initial_params.dtype)
     expected = service.context.clients.train(TrainTask(m0, ids, round_))
@@ -201,7 +201,7 @@ def test_each_round_is_answered_once_and_models_are_bounded(session):
     outcome = service.finish()
 
     # Assert
-    assert answered[0] == answered[1] == {"accepted": first, "rejected": {}}
+    assert answered[0] == answered[1] == {"accepted": first, "rejected": [], "reasons": []}
     assert all("rounds must increase" in doc["error"] for doc in repeated)
     assert isinstance(outcome["error"], SecureComputationError)
 

@@ -405,10 +405,11 @@ def test_starfish_local_after_a_kill_runs_over_fresh_certificates_and_matches_pl
 
     # Assert
     assert res.exit_code == 0, res.output
-    assert "both servers agree" in res.output
+    assert "both servers opened the same model" in res.output
     result = json.loads(out.read_text())
     details = result["details"]
-    assert result["models_agree"] is True
+    assert result["servers_opened_same_model"] is True
+    assert any("semi-honest servers" in a for a in details["assumptions"])
     assert result["security"].startswith("mutual TLS, roles from certificates")
     assert details["selected_rounds"] == list(plain.details.selected_rounds)
     assert details["flags"] == {str(r): ids for r, ids in plain.details.flags.items()}

@@ -140,7 +140,7 @@ def test_two_party_run_selects_the_same_rounds_and_flags_as_plaintext(both):
     assert secure.details.selected_rounds == plain.details.selected_rounds
     assert secure.details.flags == plain.details.flags
     assert secure.details.flags  # some correction round ran SecTC
-    assert secure.details.models_agree is True
+    assert secure.details.servers_opened_same_model is True
     error = (secure.params - plain.params).norm() / plain.params.norm()
     assert float(error) < 1e-2
 
@@ -265,7 +265,7 @@ def test_in_process_2pc_with_evaluation_succeeds_20_times_in_a_row(tmp_path):
             except Exception as exc:  # collected: the test reports every failure
                 outcomes.append(f"{type(exc).__name__}: {exc}")
             else:
-                outcomes.append(result.details.models_agree)
+                outcomes.append(result.details.servers_opened_same_model)
 
     # Assert
     assert outcomes == [True] * 20

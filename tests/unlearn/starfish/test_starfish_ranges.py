@@ -158,3 +158,28 @@ def test_the_stage_one_sharing_refuses_updates_outside_the_ring_range(convex_run
             share_history(plain, [tmp_path / "s0", tmp_path / "s1"], lr=1e-9, frac_bits=16)
         assert "e+0" not in str(caught.value).split("2^15")[0]
         share_history(plain, [tmp_path / "t0", tmp_path / "t1"], lr=0.05, frac_bits=16)
+
+
+# ---- the bound's inequality is the code's (issue 41) ---------------------------------------------
+
+
+@pytest.mark.parametrize("frac_bits", [13, 16, 20])
+def test_every_accepted_value_squares_to_strictly_below_2_to_the_62_in_ring_units(frac_bits):
+    # before: a value just inside 2^(31 - f) was accepted and rounded to 2^31 ring units, whose
+    # square is exactly 2^62 (the docs said "below 2^62")
+    ranges = StepRanges(frac_bits)
+    bound = ranges.coordinate_bound
+    unit = 2.0**-frac_bits
+    just_inside = [bound - unit / 4, -(bound - unit / 4), bound - unit / 2]  # round to 2^31
+    accepted = [bound - unit, -(bound - unit), bound - 3 * unit / 4]  # round to 2^31 - 1
+    for value in just_inside:
+        with pytest.raises(RingRangeError, match="round to"):
+            ranges.check_client_values([value])
+    ranges.check_client_values(accepted)
+    fp = FixedPoint(frac_bits)
+    for value in accepted:
+        units = abs(int(fp.encode(np.array([value])).view(np.int64)[0]))
+        assert units == 2**31 - 1
+        assert units * units < 2**62
+    with pytest.raises(RingRangeError):
+        ranges.check_norm(bound - unit / 4)

@@ -76,6 +76,7 @@ def app_verification(
         request_kind=request.kind,
         bound=details.certified_bound() if details is not None else None,
         warnings=tuple(getattr(details, "warnings", ()) or ()),
+        assumptions=tuple(getattr(details, "assumptions", ()) or ()),
         deletion=deletion_evidence(run.store, request.forget),
         warnings_available=details is not None,
         lineage=result.lineage,

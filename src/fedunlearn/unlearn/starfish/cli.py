@@ -438,8 +438,10 @@ def local_command(
     details = result["details"]
     console.print(
         f"selected rounds {details['selected_rounds']}; flags {details['flags']}; "
-        f"both servers agree; result in {out}"
+        f"both servers opened the same model; result in {out}"
     )
+    for assumption in details.get("assumptions", []):
+        console.print(f"assumes: {assumption}")
 
 
 def register(app: typer.Typer) -> None:

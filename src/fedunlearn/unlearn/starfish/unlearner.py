@@ -64,6 +64,7 @@ from fedunlearn.unlearn.starfish.steps import (
 )
 
 __all__ = [
+    "ASSUMPTIONS",
     "RUNNERS",
     "Runner",
     "Starfish",
@@ -73,6 +74,29 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+ASSUMPTIONS: dict[str, str] = {
+    # every 2PC result (in-process and deployed): the paper's Sec. III-B, docs/security.md
+    "semi_honest": (
+        "threat model: semi-honest servers: a server that alters its shares (or a value it "
+        "opens) is not detected, and both servers then open the same wrong model; the two "
+        "servers never collude; the dealer is trusted and colludes with no server "
+        "(docs/security.md)"
+    ),
+    "plaintext": (
+        "plaintext mirror: one process computes on every client's update in the clear; no "
+        "secret sharing, no privacy between servers"
+    ),
+    "in_process": (
+        "in-process 2PC simulation: both servers and the dealer run in one process (dealer "
+        "material from one seed): correct arithmetic, not a secure deployment"
+    ),
+    "simulated_clients": (
+        "simulated clients: one process holds every remaining client's data and trains their "
+        "exact updates (docs/methods/starfish.md, SF24)"
+    ),
+}
+"""What a Starfish result rests on, by key (``StarfishDetails.assumptions`` holds the texts)."""
 
 
 def average_round_saving(requests: dict[int, int], num_rounds: int) -> tuple[float, dict]:
@@ -121,8 +145,15 @@ class StarfishDetails(Details):
         op_counts: Phase -> op -> calls, elements, comparisons.
         mpc_costs: Measured bytes, rounds and seconds per phase (2PC only).
         trajectory: M_hat after each replayed round (``record_models``).
-        models_agree: Both 2PC servers opened the same model (in-process 2PC only).
+        servers_opened_same_model: Both 2PC servers opened the same model (in-process 2PC;
+            ``starfish-local`` adds it to its result). It shows that the two servers' runs
+            stayed consistent (no desynchronised or failed opening), **not** that the model
+            is right: a server that alters its shares makes both open the same altered model
+            (``assumptions``). Called ``models_agree`` before issue 41.
         mpc_costs_party1: Party 1's measured costs (in-process 2PC only).
+        assumptions: What the result rests on that no check sees (``ASSUMPTIONS``): the
+            threat model of 2PC ("semi-honest servers: a server that alters its shares is
+            not detected"), or that the plaintext mirror has none; the receipt carries them.
     """
 
     backend: str
@@ -154,8 +185,9 @@ class StarfishDetails(Details):
     op_counts: dict[str, Any]
     mpc_costs: dict[str, Any] | None = field(default=None, compare=False)  # measured seconds
     trajectory: tuple[list[float], ...] | None = None
-    models_agree: bool | None = None
+    servers_opened_same_model: bool | None = None
     mpc_costs_party1: dict[str, Any] | None = field(default=None, compare=False)
+    assumptions: tuple[str, ...] = ()
 
 
 @register("starfish")
@@ -407,6 +439,7 @@ class Starfish(Unlearner):
             # a 2PC backend: measured bytes, rounds, seconds per phase
             mpc_costs=cost_summary() if cost_summary is not None else None,
             trajectory=tuple(m.tolist() for m in trajectory) if e.record_models else None,
+            assumptions=(ASSUMPTIONS["plaintext" if e.backend == "plain" else "semi_honest"],),
         )
         return RunOutput(m_hat, rows, details)
 

@@ -19,7 +19,11 @@ The largest product of each step (real units) and when it fits:
   products after SecMI depend on the curvature: an assumption (below);
 
 so one bound, ``coordinate_bound = 2^(31 - f)`` (32,768 at f = 16, 262,144 at f = 13), covers
-every value a client shares: each update coordinate (TD, SecTC's exact updates, SecUE's y =
+every value a client shares. It is applied to the *encoded* value: a value is accepted when
+round(2^f |x|) < 2^31 ring units, so its exact square is at most (2^31 - 1)^2 < 2^62 (a real
+value just below 2^(31 - f) rounds up to 2^31, whose square is exactly 2^62: refused since
+issue 41, where the check compared the real value and the docs claimed "below 2^62"). It
+covers each update coordinate (TD, SecTC's exact updates, SecUE's y =
 G_bar - G_r), its threshold (delta <= max |G(k)|) and its norm (Method 1's v). The clients check
 it *before* encoding (``check_client_values``: the in-process simulation's ``share``, the
 Stage I sharing and the clients service), so an out-of-range update stops the run with
@@ -79,8 +83,19 @@ class StepRanges:
 
     @property
     def coordinate_bound(self) -> float:
-        """Largest magnitude of a shared client value: 2^(31 - f) (an exact square fits 2^62)."""
+        """Bound on a shared client value's magnitude, 2^(31 - f) (see ``fits``: after rounding)."""
         return 2.0 ** ((HEADROOM_BITS - 2 * self.frac_bits) / 2)
+
+    def fits(self, values: ArrayLike) -> np.ndarray:
+        """Whether each value encodes below 2^31 ring units: round(2^f |x|) < 2^31.
+
+        Then its exact square at scale 2f is at most (2^31 - 1)^2, strictly below 2^62, and a
+        product of two such values too. NaN and infinities do not fit.
+        """
+        x = np.asarray(values, dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            units = np.abs(np.rint(x * 2.0**self.frac_bits))
+        return units < 2.0 ** (HEADROOM_BITS // 2)
 
     def check_client_values(self, values: ArrayLike, what: str = "a client update") -> None:
         """Refuse client values outside ``coordinate_bound`` (or not finite) before encoding.
@@ -89,11 +104,11 @@ class StepRanges:
             RingRangeError: Naming the steps, the bound and the count; never a value.
         """
         x = np.asarray(values, dtype=np.float64)
-        bad = int(np.count_nonzero(~(np.abs(x) < self.coordinate_bound)))  # NaN counts as bad
+        bad = int(np.count_nonzero(~self.fits(x)))  # NaN counts as bad
         if bad:
             raise RingRangeError(
                 f"{what} does not fit the 2PC ring at f = {self.frac_bits}: {bad} of {x.size} "
-                f"values are not finite or reach |x| >= 2^{31 - self.frac_bits} = "
+                f"values are not finite or round to |x| >= 2^{31 - self.frac_bits} = "
                 f"{self.coordinate_bound:g}, the range of {_COORDINATE_STEPS} (products at "
                 f"scale 2f below 2^{HEADROOM_BITS}). It was not shared. Lower frac_bits (each "
                 "bit doubles the range) or scale the updates down (e.g. units=delta)."
@@ -107,7 +122,7 @@ class StepRanges:
         """
         lo, hi = self.norm_range if self.norm_range is not None else (0.0, math.inf)
         hi = min(hi, self.coordinate_bound)
-        if not lo <= norm <= hi:
+        if not (lo <= norm <= hi and bool(self.fits(norm))):
             raise RingRangeError(
                 f"{step}: a target's update norm lies outside the declared norm_range "
                 f"[{lo:g}, {hi:g}] (capped by the ring range 2^{31 - self.frac_bits} at "

@@ -26,10 +26,19 @@ trained at whatever model the caller sent, and answered the first asker at once)
   clients must be remaining participants of that round (public records).
 
 Wire format over the link's ``TcpTransport``: JSON documents as uint8 frames (at most
-``MAX_MESSAGE_BYTES``) and arrays whose dtype and shape the receiver checks against the model:
-``{"op": "model", "digest": d}`` + float64 (m,); ``{"op": "exact", "round": r, "clients":
-[...], "model": d}``, answered by ``{"accepted": [...], "rejected": {id: reason}}`` and one
-uint64 (m,) share per accepted client, or by ``{"error": reason}``; ``{"op": "bye"}``.
+``MAX_MESSAGE_BYTES``, parsed by ``mpc.wire``) and arrays whose dtype and shape the receiver
+checks against the model: ``{"op": "model", "digest": d}`` + float64 (m,); ``{"op": "exact",
+"round": r, "clients": [...], "model": d}``, answered by ``{"accepted": [...], "rejected":
+[...], "reasons": [...]}`` (one reason per rejected client) and one uint64 (m,) share per
+accepted client, or by ``{"error": reason}``; ``{"op": "bye"}``. Every message is a flat
+object of scalars and lists (at most 4 arrays and objects: ``mpc.wire`` caps them).
+
+Every field is checked by type and range before it is used, at both ends
+(:func:`check_request`, :func:`check_answer`): exactly the fields of its message, client ids
+and rounds JSON integers in range (never strings: ``int("²")`` raised ``ValueError`` and
+``int("١٢") == 12``, issue 41), digests 64 lowercase hex digits, reasons one printable line of
+bounded length. A message that fails is a ``MalformedFrameError`` naming the rule, which ends
+the session at both servers (one line, exit 2).
 
 Paper: Liu et al., "Privacy-Preserving Federated Unlearning with Certified Client Removal",
 Sec. III-A (clients secret-share their uploads to two servers), Alg. 4 lines 15-24.
@@ -44,7 +53,7 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,21 +67,33 @@ from fedunlearn.errors import (
 from fedunlearn.fl.clients import Clients, TrainTask
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.mpc import FixedPoint, Link, Party, Prg, TcpTransport
-from fedunlearn.mpc.wire import parse_object
+from fedunlearn.mpc.wire import parse_object, peer_text
 from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
+from fedunlearn.unlearn.starfish.deploy.binding import PublicHistory
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "ClientSimulator",
     "RemoteClients",
+    "check_answer",
+    "check_request",
     "model_digest",
+    "remaining_participants",
     "recv_array",
     "recv_doc",
     "send_doc",
 ]
 
 MAX_MESSAGE_BYTES = 1 << 20  # a JSON message: ids of up to ~100k clients
-_OPS = ("model", "exact", "bye")
+MAX_CLIENT_ID = (1 << 63) - 1  # client ids and rounds are JSON integers in [0, 2^63)
+MAX_REASON_CHARS = 200  # a rejection reason (one printable line)
+MAX_ERROR_CHARS = 2000  # the reason the service gives when it stops a session
+_FIELDS = {  # the fields of each request, exactly
+    "model": frozenset({"op", "digest"}),
+    "exact": frozenset({"op", "round", "clients", "model"}),
+    "bye": frozenset({"op"}),
+}
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def send_doc(transport: TcpTransport, doc: Mapping[str, Any]) -> None:
@@ -112,6 +133,20 @@ def recv_array(
     return frame
 
 
+def remaining_participants(
+    history: PublicHistory, remaining: Collection[int], num_rounds: int
+) -> dict[int, list[int]]:
+    """Round -> the remaining clients whose round-r update was accepted (public records)."""
+    return {
+        r: sorted(
+            rec.client_id
+            for rec in history.client_records(r)
+            if rec.status == "accepted" and rec.client_id in remaining
+        )
+        for r in range(1, num_rounds + 1)
+    }
+
+
 def model_digest(model: np.ndarray) -> str:
     """SHA-256 of a float64 model's bytes (how both ends name a model)."""
     return hashlib.sha256(np.ascontiguousarray(model, dtype=np.float64).tobytes()).hexdigest()
@@ -119,6 +154,121 @@ def model_digest(model: np.ndarray) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_id(value: Any) -> bool:
+    """A client id or round: a JSON integer in [0, 2^63) (never a string, never a bool)."""
+    return _is_int(value) and 0 <= value <= MAX_CLIENT_ID
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX_DIGITS
+
+
+def _is_line(value: Any, limit: int) -> bool:
+    """One printable line of at most ``limit`` characters."""
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()
+
+
+def _fields(doc: Mapping[str, Any]) -> str:
+    names = sorted(doc)
+    shown = ", ".join(repr(name[:20]) for name in names[:6])
+    return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
+def check_request(doc: Mapping[str, Any], where: str) -> str:
+    """Check a server's request field by field (types and ranges); return its operation.
+
+    Whether it is *answerable* (a round of this run, remaining participants, the latest
+    model) is the service's check (``SecureComputationError``); this one is the form.
+
+    Raises:
+        MalformedFrameError: An unknown operation, missing or extra fields, a round or client
+            id that is not a JSON integer in range, a client list that is not a list, or a
+            digest that is not 64 lowercase hex digits.
+    """
+    op = doc.get("op")
+    if not isinstance(op, str) or op not in _FIELDS:
+        raise MalformedFrameError(
+            f"{where} sent a request whose op is not one of {', '.join(_FIELDS)}"
+        )
+    if set(doc) != _FIELDS[op]:
+        raise MalformedFrameError(
+            f"{where} sent a {op!r} request with fields {_fields(doc)}; expected "
+            f"{', '.join(sorted(_FIELDS[op]))}"
+        )
+    digests = [doc[key] for key in ("digest", "model") if key in doc]
+    if not all(_is_digest(d) for d in digests):
+        raise MalformedFrameError(
+            f"{where} sent a {op!r} request whose model digest is not 64 lowercase hex digits"
+        )
+    if op == "exact":
+        ids = doc["clients"]
+        if not _is_id(doc["round"]):
+            raise MalformedFrameError(
+                f"{where} sent an 'exact' request whose round is not an integer in [0, 2^63)"
+            )
+        if not isinstance(ids, list) or not all(_is_id(c) for c in ids):
+            raise MalformedFrameError(
+                f"{where} sent an 'exact' request whose clients are not a list of integer "
+                "client ids in [0, 2^63)"
+            )
+    return op
+
+
+def check_answer(
+    answer: Mapping[str, Any], ids: Sequence[int], where: str, round_: int
+) -> tuple[list[int], dict[int, str]]:
+    """Check the clients service's answer to a request for ``ids``, field by field.
+
+    Returns:
+        The accepted client ids (in the order their shares follow) and client id -> reason
+        of each rejected one.
+
+    Raises:
+        SecureComputationError: The service stopped the session (``{"error": reason}``).
+        MalformedFrameError: Anything else than exactly ``accepted`` and ``rejected`` (lists
+            of integer ids that together name each requested client exactly once) and
+            ``reasons`` (one per rejected client, each one printable line of at most
+            ``MAX_REASON_CHARS``).
+    """
+    if set(answer) == {"error"}:
+        reason = answer["error"]
+        if not isinstance(reason, str) or len(reason) > MAX_ERROR_CHARS:
+            raise MalformedFrameError(
+                f"{where} stopped the session with a reason that is not a string of at most "
+                f"{MAX_ERROR_CHARS} characters"
+            )
+        raise SecureComputationError(
+            f"the clients service refused round {round_}: {peer_text(reason, MAX_ERROR_CHARS)}"
+        )
+    if set(answer) != {"accepted", "rejected", "reasons"}:
+        raise MalformedFrameError(
+            f"{where} answered with fields {_fields(answer)}; expected accepted, rejected and "
+            "reasons, or error"
+        )
+    accepted, rejected, reasons = answer["accepted"], answer["rejected"], answer["reasons"]
+    for name, value in (("accepted", accepted), ("rejected", rejected)):
+        if not isinstance(value, list) or not all(_is_id(c) for c in value):
+            raise MalformedFrameError(
+                f"{where} answered {name!r} that is not a list of integer client ids"
+            )
+    if (
+        not isinstance(reasons, list)
+        or len(reasons) != len(rejected)
+        or not all(_is_line(r, MAX_REASON_CHARS) for r in reasons)
+    ):
+        raise MalformedFrameError(
+            f"{where} answered 'reasons' that are not one printable line of at most "
+            f"{MAX_REASON_CHARS} characters per rejected client"
+        )
+    named = [*accepted, *rejected]
+    if len(named) != len(ids) or sorted(named) != sorted(ids):
+        raise MalformedFrameError(
+            f"{where} answered for {len(accepted)} accepted and {len(rejected)} rejected "
+            f"clients that are not the {len(ids)} clients asked for, each once"
+        )
+    return list(accepted), dict(zip(rejected, reasons, strict=True))
 
 
 class RemoteClients:
@@ -163,29 +313,14 @@ class RemoteClients:
         ids = [int(c) for c in client_ids]
         request = {"op": "exact", "round": int(round_), "clients": ids, "model": name}
         send_doc(self.transport, request)
-        answer = recv_doc(self.transport, where)
-        if "error" in answer:
-            raise SecureComputationError(
-                f"the clients service refused round {round_}: {answer['error']}"
-            )
-        accepted, rejected = answer.get("accepted"), answer.get("rejected")
-        if (
-            not isinstance(accepted, list)
-            or not all(_is_int(c) for c in accepted)
-            or not isinstance(rejected, dict)
-            or sorted([*accepted, *(int(c) for c in rejected if str(c).isdigit())]) != sorted(ids)
-        ):
-            raise MalformedFrameError(
-                f"{where} answered clients {accepted!r} / rejected {rejected!r} to a request "
-                f"for {ids}"
-            )
+        accepted, rejected = check_answer(recv_doc(self.transport, where), ids, where, round_)
         shares = {
             cid: self.party.tensor(
                 recv_array(self.transport, np.dtype(np.uint64), (self.num_params,), where)
             )
             for cid in accepted
         }
-        return shares, {int(c): str(reason)[:200] for c, reason in rejected.items()}
+        return shares, rejected
 
     def close(self, goodbye: bool = True) -> None:
         """Say goodbye (after a finished run) and close the connection."""
@@ -240,9 +375,7 @@ class ClientSimulator:
     def _read(self, link: Link) -> tuple[dict[str, Any], np.ndarray | None]:
         where = link.where
         doc = recv_doc(link.transport, where)
-        op = doc.get("op")
-        if op not in _OPS:
-            raise MalformedFrameError(f"{where} asked for {op!r}; allowed: {', '.join(_OPS)}")
+        op = check_request(doc, where)
         frame = None
         if op == "model":
             frame = recv_array(link.transport, np.dtype(np.float64), (self.num_params,), where)
@@ -268,25 +401,22 @@ class ClientSimulator:
         self._model = model
 
     def _check_exact(self, doc: Mapping[str, Any]) -> tuple[int, list[int]]:
-        round_, ids = doc.get("round"), doc.get("clients")
-        if not _is_int(round_) or round_ not in self.participants:
-            raise self._refuse(f"round {round_!r} is not a round of this run")
+        round_, ids = doc["round"], doc["clients"]  # integers in range (check_request)
+        if round_ not in self.participants:
+            raise self._refuse(f"round {round_} is not a round of this run")
         if round_ <= self._last_round:
             raise self._refuse(
                 f"round {round_} after round {self._last_round}: rounds must increase (each "
                 "round's clients are asked once)"
             )
-        if (
-            not isinstance(ids, list)
-            or not ids
-            or not all(_is_int(c) for c in ids)
-            or ids != sorted(set(ids))
-        ):
-            raise self._refuse(f"clients {ids!r} are not a sorted list of distinct ids")
+        if not ids or ids != sorted(set(ids)):
+            raise self._refuse(
+                f"the {len(ids)} clients asked for are not a sorted list of distinct ids"
+            )
         outside = sorted(set(ids) - self.participants[round_])
         if outside:
             raise self._refuse(
-                f"clients {outside} are not remaining participants of round {round_}"
+                f"clients {outside[:20]} are not remaining participants of round {round_}"
             )
         if self._model is None or doc.get("model") != self.trajectory[-1]:
             raise self._refuse("exact updates are trained only at the latest announced model")
@@ -296,21 +426,23 @@ class ClientSimulator:
         """Train the clients at the current model, encode, split; return both servers' parts."""
         params = torch.from_numpy(np.array(self._model)).to(self.dtype)
         accepted: list[int] = []
-        rejected: dict[str, str] = {}
+        rejected: list[int] = []  # client ids stay JSON integers (check_answer)
+        reasons: list[str] = []
         shares: list[list[np.ndarray]] = [[], []]
         for update in self.clients.train(TrainTask(params, ids, round_)):
             reason = screen_update(update, self.num_params)
             if reason is not None:
-                rejected[str(update.client_id)] = reason
+                rejected.append(int(update.client_id))
+                reasons.append(" ".join(reason.split())[:MAX_REASON_CHARS])
                 continue
             gradient = update.delta.to(torch.float64).numpy() * self.scale
             StepRanges(self.fixed_point.frac_bits).check_client_values(gradient, "an exact update")
             encoded = self.fixed_point.encode(gradient)
             mask = self.prg.ring(encoded.shape)  # the client's SecShare
-            accepted.append(update.client_id)
+            accepted.append(int(update.client_id))
             shares[0].append(mask)
             shares[1].append(encoded - mask)
-        return {"accepted": accepted, "rejected": rejected, "shares": shares}
+        return {"accepted": accepted, "rejected": rejected, "reasons": reasons, "shares": shares}
 
     # ---- the session ----------------------------------------------------------------------
 
@@ -343,7 +475,7 @@ class ClientSimulator:
                 for k, link in enumerate(order):
                     send_doc(
                         link.transport,
-                        {"accepted": answer["accepted"], "rejected": answer["rejected"]},
+                        {key: answer[key] for key in ("accepted", "rejected", "reasons")},
                     )
                     for array in answer["shares"][k]:
                         link.transport.send(np.ascontiguousarray(array, dtype=np.uint64))
@@ -352,7 +484,7 @@ class ClientSimulator:
             reason = f"{type(exc).__name__}: {exc}"
             for link in order:
                 try:
-                    send_doc(link.transport, {"error": reason[:2000]})
+                    send_doc(link.transport, {"error": reason[:MAX_ERROR_CHARS]})
                 except FedUnlearnError:
                     pass
             raise

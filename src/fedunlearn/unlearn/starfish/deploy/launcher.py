@@ -7,10 +7,14 @@ only with ``insecure=True``), draws a session id, binds three ephemeral listenin
 127.0.0.1, starts the dealer, server 0, server 1 and the simulated clients at once
 (:func:`launch`; each child is one ``fedunlearn starfish-*`` command of
 :mod:`fedunlearn.unlearn.starfish.cli`, started by module name), waits for them with a
-deadline, stops the others as soon as one fails, and checks that both servers opened the same
-model. Bounded waits everywhere: ``timeout_seconds`` per receive in every child,
-``deadline_seconds`` for the whole run (also the dealer's and the clients'
-idle wait); every child is killed on the way out.
+deadline (:func:`supervise`), and checks that both servers opened the same model. When one
+child fails, the others get ``GRACE_SECONDS`` to end by themselves (a lost peer ends them with
+one line and exit 2 within a second) before they are killed; the error names the child that
+failed first and its real exit status (a signal by name), and says which children
+``starfish-local`` stopped itself (issue 41: every child used to read ``exit -9`` and the
+first one listed was blamed). Bounded waits everywhere: ``timeout_seconds`` per receive in
+every child, ``deadline_seconds`` for the whole run (also the dealer's and the clients' idle
+wait); every child is killed on the way out.
 
 A child's options are the method's explicitly set options (:func:`option_params`: one
 ``key=value`` per option, the value in YAML, as ``--param`` takes it), the session id, its
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +45,7 @@ import yaml
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.mpc import create_trial_pki
+from fedunlearn.mpc.key_files import check_private_directory, check_private_key
 from fedunlearn.unlearn.starfish.deploy.binding import new_session_id
 from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.shares import ensure_shares
@@ -50,6 +56,7 @@ __all__ = [
     "CHILD_MODULE",
     "CHILDREN",
     "child_commands",
+    "exit_status",
     "LocalRunError",
     "launch",
     "listening_socket",
@@ -57,11 +64,14 @@ __all__ = [
     "role_directories",
     "run_local",
     "spawn",
+    "supervise",
 ]
 
 HOST = "127.0.0.1"
 CHILD_MODULE = "fedunlearn.unlearn.starfish.cli"  # ``python -m`` entry of the starfish-* commands
 CHILDREN = ("dealer", "server0", "server1", "clients")
+GRACE_SECONDS = 5.0  # after a failure, how long the others may take to end by themselves
+POLL_SECONDS = 0.02
 
 
 class LocalRunError(FedUnlearnError, RuntimeError):
@@ -91,8 +101,11 @@ def role_directories(pki: Path, into: Path) -> dict[str, Path]:
         Role -> directory, for every child (``CHILDREN``).
 
     Raises:
-        ConfigError: A role's certificate or key is missing from ``pki``.
+        ConfigError: A role's certificate or key is missing from ``pki``, or ``pki`` or a key
+            in it is another user's or accessible to group or others (``chmod 700 pki``,
+            ``chmod 600 pki/<role>.key``; ``mpc.identity.check_private_directory``).
     """
+    check_private_directory(pki)
     into.mkdir(parents=True, exist_ok=True)
     os.chmod(into, 0o700)
     out: dict[str, Path] = {}
@@ -106,6 +119,8 @@ def role_directories(pki: Path, into: Path) -> dict[str, Path]:
                 raise ConfigError(
                     f"{source} is missing; make the PKI directory with `fedunlearn starfish-certs`"
                 )
+            if name.endswith(".key"):
+                check_private_key(source)
             shutil.copyfile(source, directory / name)
             os.chmod(directory / name, mode)
         out[role] = directory
@@ -272,6 +287,84 @@ def _stop(children: Sequence[subprocess.Popen]) -> None:
             child.wait(timeout=10)
 
 
+def exit_status(code: int) -> str:
+    """A child's exit status in words: ``exit 2``, or ``killed by SIGKILL`` for a signal."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def supervise(
+    children: Mapping[str, subprocess.Popen],
+    logs: Path,
+    deadline_seconds: float,
+    grace_seconds: float | None = None,
+) -> None:
+    """Wait for every child to end; raise ``LocalRunError`` naming the first that failed.
+
+    The children are polled every ``POLL_SECONDS`` in the order they ended. Once one has
+    failed (a non-zero status), the others get ``grace_seconds`` to end by themselves (a
+    lost peer ends them with one ``error:`` line and exit 2); those still running then are
+    killed and reported as stopped by ``starfish-local``, not as failures. Every child has
+    ended when this returns or raises.
+
+    Args:
+        children: Name -> process (``CHILDREN`` order).
+        logs: The directory of the children's logs (``<name>.log``: their last lines go
+            into the error).
+        deadline_seconds: How long the whole run may take.
+        grace_seconds: How long the others may take to end after the first failure
+            (default ``GRACE_SECONDS``).
+
+    Raises:
+        LocalRunError: ``<name> failed first (exit 2: ...)``, then each other child's status
+            and whether it was stopped; or the deadline passed (all stopped).
+    """
+    grace = GRACE_SECONDS if grace_seconds is None else grace_seconds
+    ended: list[str] = []  # in the order the polls saw them end
+    end = time.monotonic() + deadline_seconds
+    first_failure: float | None = None
+    stopped: list[str] = []
+    try:
+        while len(ended) < len(children):
+            for name, child in children.items():
+                if name not in ended and child.poll() is not None:
+                    ended.append(name)
+                    if child.returncode != 0 and first_failure is None:
+                        first_failure = time.monotonic()
+            if len(ended) == len(children):
+                break
+            now = time.monotonic()
+            if first_failure is not None and now > first_failure + grace:
+                stopped = [name for name in children if name not in ended]
+                break
+            if now > end:
+                raise LocalRunError(
+                    f"the run did not finish within {deadline_seconds:g} s; all stopped"
+                )
+            time.sleep(POLL_SECONDS)
+    finally:
+        _stop(list(children.values()))
+    failed = [name for name in ended if children[name].returncode != 0]
+    if not failed:
+        return
+    first, *others = failed
+    parts = [
+        f"{first} failed first ({exit_status(children[first].returncode)}: "
+        f"{_tail(logs / f'{first}.log')})"
+    ]
+    parts += [
+        f"then {name} ({exit_status(children[name].returncode)}: {_tail(logs / f'{name}.log', 1)})"
+        for name in others
+    ]
+    if stopped:
+        parts.append(f"starfish-local stopped {', '.join(stopped)} (still running)")
+    raise LocalRunError("; ".join(parts))
+
+
 def run_local(
     run_dir: Path,
     forget: Sequence[int],
@@ -298,12 +391,15 @@ def run_local(
 
     Returns:
         Server 0's result (``params``, ``details``, ``costs``, ``rounds``, ``links``) with
-        ``models_agree``, ``party1_mpc_costs``, ``party1_rounds`` and ``party1_links`` added.
+        ``servers_opened_same_model`` (consistent openings; not a correct model, see
+        ``details.assumptions``), ``party1_mpc_costs``, ``party1_rounds`` and
+        ``party1_links`` added.
 
     Raises:
         ConfigError: ``comparison: ideal``, or both ``pki`` and ``insecure``.
-        LocalRunError: A process failed (its last log lines are in the message) or the run did
-            not finish within ``deadline_seconds``; every child is killed on the way out.
+        LocalRunError: A process failed (the first to fail is named with its exit status and
+            last log lines; :func:`supervise`) or the run did not finish within
+            ``deadline_seconds``; every child is killed on the way out.
     """
     if method is None:
         method = Starfish(execution=StarfishExecution(backend="mpc"))
@@ -311,6 +407,8 @@ def run_local(
     options = DeployOptions(timeout_seconds=timeout_seconds, idle_timeout_seconds=deadline_seconds)
     if insecure and pki is not None:
         raise ConfigError("give a PKI directory or insecure=True, not both")
+    if pki is not None:
+        check_private_directory(pki)  # before the shares are made: a one-line fix first
     ensure_shares(run_dir, method)
     with tempfile.TemporaryDirectory(prefix="starfish-local-") as tmp_name:
         tmp = Path(tmp_name)
@@ -323,30 +421,15 @@ def run_local(
             outs = (tmp / "server0.json", tmp / "server1.json")
             tls = None if pki is None else role_directories(pki, tmp / "roles")
             children = launch(job, outs, logs, tls, options)
-            end = time.monotonic() + deadline_seconds
-            while any(child.poll() is None for child in children):
-                if any(child.poll() not in (None, 0) for child in children):
-                    break  # one failed: stop the others now instead of waiting for timeouts
-                if time.monotonic() > end:
-                    raise LocalRunError(
-                        f"the run did not finish within {deadline_seconds:g} s; all stopped"
-                    )
-                time.sleep(0.05)
-            _stop(children)
-            failed = [
-                f"{name} exit {child.returncode}: {_tail(logs / f'{name}.log')}"
-                for name, child in zip(CHILDREN, children, strict=True)
-                if child.returncode != 0
-            ]
-            if failed:
-                raise LocalRunError("; ".join(failed))
+            supervise(dict(zip(CHILDREN, children, strict=True)), logs, deadline_seconds)
             results = [json.loads((tmp / f"server{k}.json").read_text()) for k in (0, 1)]
         finally:
             _stop(children)
     if results[0]["params"] != results[1]["params"]:
         raise LocalRunError("the two servers opened different unlearned models")
     result = results[0]
-    result["models_agree"] = True
+    # consistent openings, not a correct model: details.assumptions says what it rests on
+    result["servers_opened_same_model"] = True
     result["party1_mpc_costs"] = results[1]["details"].get("mpc_costs", {})
     result["party1_rounds"] = results[1]["rounds"]
     result["party1_links"] = results[1]["links"]

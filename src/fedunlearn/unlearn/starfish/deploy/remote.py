@@ -42,6 +42,7 @@ launcher binds the ephemeral ports itself and starts all four processes at once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -64,7 +65,11 @@ from fedunlearn.unlearn.context import CostMeter, MeteredHistory
 from fedunlearn.unlearn.session import UnlearnSession
 from fedunlearn.unlearn.starfish.backend.mpc import MpcBackend
 from fedunlearn.unlearn.starfish.deploy.binding import read_sharing
-from fedunlearn.unlearn.starfish.deploy.clients import ClientSimulator, RemoteClients
+from fedunlearn.unlearn.starfish.deploy.clients import (
+    ClientSimulator,
+    RemoteClients,
+    remaining_participants,
+)
 from fedunlearn.unlearn.starfish.deploy.job import DeployOptions, StarfishJob
 from fedunlearn.unlearn.starfish.deploy.shares import (
     SharedStageOneRecord,
@@ -73,6 +78,7 @@ from fedunlearn.unlearn.starfish.deploy.shares import (
     share_settings,
     share_store_dir,
 )
+from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS
 
 __all__ = ["run_server", "serve_clients"]
 
@@ -102,15 +108,9 @@ def serve_clients(job: StarfishJob, security: Security, options: DeployOptions) 
         context = session.context(request)
         run_view = session.run_view
         binding = job.binding(run_view.config, run_view.store, read_sharing(job.run_dir))
-        remaining = set(context.clients.client_ids)
-        participants = {
-            r: sorted(
-                rec.client_id
-                for rec in session.run_view.store.client_records(r)
-                if rec.status == "accepted" and rec.client_id in remaining
-            )
-            for r in range(1, context.num_rounds + 1)
-        }
+        participants = remaining_participants(
+            run_view.store, set(context.clients.client_ids), context.num_rounds
+        )
         simulator = ClientSimulator(
             context.clients,
             method.scale(context.clients.spec.lr),
@@ -264,13 +264,17 @@ def run_server(
         record = SharedStageOneRecord(history, party, info)  # the sharing bound above
         out = method.replay(request, context, backend, record, gateway)
         finished = True
+        details = dataclasses.replace(
+            out.details,
+            assumptions=(*out.details.assumptions, ASSUMPTIONS["simulated_clients"]),
+        )
         online = link.transport.counters.online
         return {
             "party": party_id,
             "session": job.session_id,
             "security": security.describe(),
             "params": out.params.tolist(),
-            "details": out.details.to_dict(),
+            "details": details.to_dict(),
             "costs": meter.counts(),
             "rounds": backend.round_costs,
             "links": {

@@ -47,7 +47,7 @@ from fedunlearn.unlearn.starfish.deploy.shares import (
     share_settings,
 )
 from fedunlearn.unlearn.starfish.replay import LocalClients
-from fedunlearn.unlearn.starfish.unlearner import RUNNERS, Starfish
+from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS, RUNNERS, Starfish
 
 __all__ = ["SharedClients", "run_in_process"]
 
@@ -154,6 +154,9 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
             "the two servers opened different unlearned models; the 2PC run is inconsistent"
         )
     details = dataclasses.replace(
-        first.details, models_agree=True, mpc_costs_party1=second.details.mpc_costs or {}
+        first.details,
+        servers_opened_same_model=True,  # consistent openings, not a correct model (assumptions)
+        mpc_costs_party1=second.details.mpc_costs or {},
+        assumptions=(*first.details.assumptions, ASSUMPTIONS["in_process"]),
     )
     return dataclasses.replace(first, details=details)
