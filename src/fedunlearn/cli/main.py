@@ -986,6 +986,9 @@ def demo(
     _print_results(doc)
     console.print(receipt.LEGEND, style="dim")
     receipt.print_verdicts(doc)
+    from fedunlearn.cli.deletion_ready import run_deletion_ready_demo
+
+    run_deletion_ready_demo(out, console)
     console.print(f"Tables and plots in {results}/ ; inspect the run with: fedunlearn info {out}")
 
 
