@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+from tests.unlearn.deletion_ready.test_tv_exact import TV  # the same run as tv_exact's tests
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -13,22 +14,6 @@ from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs.plan import client_round_probability, expected_recomputed_rounds
 
 runner = CliRunner()
-
-TV = {
-    "seed": 1,
-    "data": {"dataset": "digits", "num_clients": 12},
-    "model": {"name": "logreg"},
-    "training": {
-        "rounds": 8,
-        "lr": 0.3,
-        "batch_size": 4,
-        "participation": 0.2,
-        "sampling": "tv_stable",
-        "local_steps": 2,
-        "executor": "serial",
-    },
-    "history": {"policy": "all"},
-}
 
 
 def _write(tmp_path, config):

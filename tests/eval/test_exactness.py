@@ -18,6 +18,7 @@ from fedunlearn.eval.exactness import (
     RULES,
     Toy,
     calibrate_costs,
+    detectable_effect,
     first_use,
     homogeneity_test,
     pearson_test,
@@ -148,6 +149,10 @@ def test_power_of_the_test_against_the_paper_s_rule_as_the_design_note_states():
     # "n ~ 870 per group for 90 % power" (alpha 0.01, df 3, w^2 ~ 0.022)
     assert 0.85 < power(retrain, alg2, 870, ALPHA) < 0.95
     assert power(retrain, retrain, 870, ALPHA) == ALPHA
+    # and the smallest effect n = 870 detects with 90 % power is the paper's rule's
+    assert detectable_effect(870, 3, ALPHA) == pytest.approx(0.022, abs=0.001)
+    # n = 20,000 per group: any bias with w^2 >= 0.00096 (design note) at alpha 0.01
+    assert detectable_effect(N_HISTORIES, 3, ALPHA) == pytest.approx(0.00096, abs=0.00003)
 
 
 # ----- the toy: simulated histories --------------------------------------------------------------

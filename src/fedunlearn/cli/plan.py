@@ -86,7 +86,9 @@ def plan_lines(plan: Plan, source: str) -> list[str]:
         _row("1 client", plan.client),
         _row(f"{_samples(plan.sample.items)}, random owner", plan.sample),
     ]
-    if plan.sample_worst != plan.sample:  # unequal N_k: the smallest client's samples
+    # unequal N_k: the smallest client's samples are used more often
+    worst, typical = plan.sample_worst, plan.sample
+    if (worst.recompute_probability or 0) - (typical.recompute_probability or 0) > 1e-9:
         label = f"{_samples(plan.sample.items)} of client {plan.worst_client} (worst)"
         lines.append(_row(label, plan.sample_worst))
     lines.append(_row(f"{plan.batch.items} clients at once", plan.batch))

@@ -45,6 +45,7 @@ __all__ = [
     "Toy",
     "ToyHistories",
     "calibrate_costs",
+    "detectable_effect",
     "first_use",
     "homogeneity_test",
     "pearson_test",
@@ -133,6 +134,24 @@ def power(reference: Sequence[float], alternative: Sequence[float], n: int, alph
     df = int(cells.sum()) - 1
     critical = float(chdtri(df, alpha))
     return 1.0 - float(chndtr(critical, df, n * w2)) if w2 > 0 else alpha
+
+
+def detectable_effect(n: int, df: int, alpha: float, target: float = 0.9) -> float:
+    """The smallest w^2 the two-sample test (n per group) detects with power ``target``."""
+    from scipy.special import chdtri, chndtr
+
+    critical = float(chdtri(df, alpha))
+
+    def reaches(w2: float) -> bool:
+        return 1.0 - float(chndtr(critical, df, n * w2)) >= target
+
+    low, high = 0.0, 1.0
+    while not reaches(high):
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (low, mid) if reaches(mid) else (mid, high)
+    return high
 
 
 # ----- sampler goodness of fit -------------------------------------------------------------------
