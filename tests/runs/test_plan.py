@@ -13,10 +13,12 @@ import math
 import pytest
 
 from fedunlearn.config import parse_config
+from fedunlearn.history.store import ClientRecord
 from fedunlearn.runs.plan import (
     PlanInputs,
     client_request,
     client_round_probability,
+    deletion_readiness,
     expected_distinct_clients,
     expected_recomputed_rounds,
     fraction_round_probability,
@@ -26,8 +28,8 @@ from fedunlearn.runs.plan import (
     sample_request,
     sample_use_probability,
     sequential_requests,
-    shard_assignment,
 )
+from fedunlearn.runs.setup import shard_plan
 
 MNIST = PlanInputs(
     client_sizes=(200,) * 300,
@@ -210,28 +212,30 @@ def test_clients_of_one_request_fall_into_shards_hypergeometrically():
     assert cost.recompute_probability is None  # several shards: no single q
 
 
-def test_shards_from_the_config_map_or_balanced():
-    assert shard_assignment(5, 2) == (0, 1, 0, 1, 0)
-    assert shard_assignment(3, 2, {0: 1, 1: 1, 2: 0}) == (1, 1, 0)
-    config = parse_config(
+def test_shards_from_the_config_map_or_the_run_s_balanced_split():
+    training = {"sampling": "tv_stable", "local_steps": 3, "participation": 0.5, "rounds": 7}
+    data = {"dataset": "digits", "num_clients": 6}
+    mapped = parse_config(
         {
-            "data": {"dataset": "digits", "num_clients": 6},
+            "data": data,
             "training": {
-                "sampling": "tv_stable",
-                "local_steps": 3,
-                "participation": 0.5,
+                **training,
                 "shards": 2,
                 "shard_map": {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 1},
-                "rounds": 7,
             },
         }
     )
-    inputs = PlanInputs.from_config(config, [30] * 6)
-    assert [s.size for s in inputs.shards()] == [4, 2]
+    inputs = PlanInputs.from_config(mapped, [30] * 6)
+    assert [s.clients for s in inputs.shards()] == [(0, 1, 2, 3), (4, 5)]
     assert [s.draws for s in inputs.shards()] == [2, 1]  # round(0.5 x M_s)
     assert inputs.local_steps == 3
     assert inputs.rounds == 7
     assert inputs.rho_client(7) == pytest.approx(max(2 * 7 / 4, 1 * 7 / 2))
+    balanced = parse_config({"seed": 5, "data": data, "training": {**training, "shards": 4}})
+    plan = shard_plan(balanced)
+    inputs = PlanInputs.from_config(balanced, [30] * 6)
+    assert inputs.shard_of == tuple(plan.shard_of[c] for c in range(6))  # the run's own split
+    assert sorted(s.size for s in inputs.shards()) == [1, 1, 2, 2]
 
 
 def test_worst_client_is_the_smallest():
@@ -267,3 +271,37 @@ def test_readiness_counts_what_a_request_would_recompute():
     assert got["recompute_rate"] == pytest.approx(0.5)
     assert got["draws_per_client"] == pytest.approx(9 / 4)
     assert math.isclose(got["rounds"], 5)
+
+
+class _Index:
+    """A participation index: round -> (client, multiplicity); round 0 is the initial model."""
+
+    def __init__(self, rounds):
+        self._rounds = rounds
+
+    def rounds(self):
+        return [0, *self._rounds]
+
+    def client_records(self, round_):
+        return [
+            ClientRecord(c, "accepted", 40, scalars={"multiplicity": m})
+            for c, m in self._rounds.get(round_, [])
+        ]
+
+
+def test_deletion_readiness_reads_first_draws_and_skips_forgotten_clients():
+    config = parse_config(
+        {
+            "data": {"dataset": "digits", "num_clients": 4},
+            "training": {"sampling": "tv_stable", "local_steps": 2, "rounds": 3},
+        }
+    )  # participation 1.0: K = 4 draws per round
+    index = _Index({1: [(0, 3), (2, 1)], 2: [(1, 2), (2, 2)], 3: [(0, 4)]})
+    got = deletion_readiness(index, config, forgotten=frozenset({2}))
+    assert got["first_drawn_round"] == {"0": 1, "1": 2, "3": None}
+    assert got["never_drawn"] == [3]
+    assert got["rounds_to_recompute"] == {"0": 3, "1": 2, "3": 0}
+    assert got["draws_per_client"] == pytest.approx((3 + 2 + 4) / 3)  # client 2's draws left out
+    predicted = expected_recomputed_rounds(client_round_probability(4, 4), 3)
+    assert got["predicted"]["expected_rounds"] == pytest.approx(predicted)
+    assert deletion_readiness(_Index({}), config) is None  # no completed round

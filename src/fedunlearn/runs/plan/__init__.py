@@ -50,7 +50,7 @@ from fedunlearn.runs.plan.formulas import (
     recompute_probability,
     sample_use_probability,
 )
-from fedunlearn.runs.plan.inputs import PlanInputs, shard_assignment
+from fedunlearn.runs.plan.inputs import PlanInputs
 from fedunlearn.runs.plan.overview import (
     Plan,
     deletion_readiness,
@@ -76,5 +76,4 @@ __all__ = [
     "sample_request",
     "sample_use_probability",
     "sequential_requests",
-    "shard_assignment",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -15,27 +15,14 @@ from fedunlearn.runs.plan.formulas import (
     hypergeometric,
     sample_use_probability,
 )
+from fedunlearn.runs.setup import shard_plan
 
 if TYPE_CHECKING:
     from fedunlearn.config import RunConfig
 
-__all__ = ["PlanInputs", "Shard", "shard_assignment"]
+__all__ = ["PlanInputs", "Shard"]
 
 # ----- inputs ------------------------------------------------------------------------------------
-
-
-def shard_assignment(
-    num_clients: int, shards: int, shard_map: Mapping[int, int] | None = None
-) -> tuple[int, ...]:
-    """Return each client's shard: the config's ``shard_map``, else a balanced split (c mod S).
-
-    The run's seeded balanced split puts a client at its position in a seeded permutation mod
-    S, so its shard sizes are those of c mod S; which client lands where does not change the
-    client-level figures (clients are exchangeable), only which N_k share a shard.
-    """
-    if shard_map is not None:
-        return tuple(int(shard_map[c]) for c in range(num_clients))
-    return tuple(c % shards for c in range(num_clients))
 
 
 @dataclass(frozen=True)
@@ -102,6 +89,7 @@ class PlanInputs:
         """
         tr = config.training
         kind = sampling or tr.sampling
+        shards = shard_plan(config)
         return cls(
             client_sizes=tuple(int(n) for n in client_sizes),
             rounds=tr.rounds,
@@ -109,7 +97,9 @@ class PlanInputs:
             participation=tr.participation,
             batch_size=tr.batch_size,
             local_steps=(tr.local_steps or 1) if kind == "tv_stable" else None,
-            shard_of=shard_assignment(len(client_sizes), tr.shards, tr.shard_map),
+            shard_of=()
+            if shards is None
+            else tuple(shards.shard_of[c] for c in range(len(client_sizes))),
             num_params=num_params,
         )
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from fedunlearn.history.policy import record_multiplicity
 from fedunlearn.runs.plan.costs import (
     BYTES_PER_PARAM,
     RequestCost,
@@ -170,30 +171,28 @@ def deletion_readiness(
 ) -> dict[str, Any] | None:
     """Return what a client request would recompute now, from the run's participation index.
 
-    Reads each round's client records (any status) and their ``multiplicity`` scalar; the
-    prediction is the planner's for the same config (client sizes from the records). None for
-    a run with no completed round.
+    Reads each completed round's client records (any status) and their ``multiplicity``
+    scalar, for the clients not ``forgotten``. The prediction beside is the planner's for the
+    config's federation as trained (client sizes from the records; K and the shards as the
+    config sets them, before any deletion). None for a run with no completed round.
     """
-    from fedunlearn.history.policy import record_multiplicity
-
-    rounds = history.rounds()
+    rounds = [t for t in history.rounds() if t >= 1]
     if not rounds:
         return None
-    clients = [c for c in range(config.data.num_clients) if c not in forgotten]
-    first: dict[int, int | None] = dict.fromkeys(clients)
+    everyone = range(config.data.num_clients)
+    first: dict[int, int | None] = {c: None for c in everyone if c not in forgotten}
     sizes: dict[int, int] = {}
     draws = 0
     for t in rounds:
         for record in history.client_records(t):
+            sizes.setdefault(record.client_id, record.num_samples)
             if record.client_id in first:
                 draws += record_multiplicity(record)
-                sizes.setdefault(record.client_id, record.num_samples)
                 if first[record.client_id] is None:
                     first[record.client_id] = t
     predicted = None
-    if len(clients) >= 2 and config.training.shards == 1:
-        known = [sizes.get(c, 0) for c in clients]
-        fill = max(known) or config.training.batch_size
-        inputs = PlanInputs.from_config(config, [n or fill for n in known])
+    if len(everyone) >= 2:
+        fill = max(sizes.values(), default=0) or config.training.batch_size
+        inputs = PlanInputs.from_config(config, [sizes.get(c) or fill for c in everyone])
         predicted = client_request(inputs, 1, rounds[-1])
     return readiness_from_first_rounds(first, draws, rounds[-1], predicted)
