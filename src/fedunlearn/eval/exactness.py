@@ -41,7 +41,7 @@ from fedunlearn.eval.draws import batch_members, client_seeds, client_slots, der
 __all__ = [
     "RULES",
     "Calibration",
-    "TestResult",
+    "ChiSquareResult",
     "Toy",
     "ToyHistories",
     "calibrate_costs",
@@ -65,7 +65,7 @@ RULES = ("replay", "alg2", "redraw_round", "proof_b2", "never")
 
 
 @dataclass(frozen=True)
-class TestResult:
+class ChiSquareResult:
     """A chi-square test: its statistic, degrees of freedom and p-value."""
 
     statistic: float
@@ -79,12 +79,12 @@ def _chi2_sf(statistic: float, df: int) -> float:
     return float(chdtrc(df, statistic))
 
 
-def pearson_test(counts: Sequence[float], probabilities: Sequence[float]) -> TestResult:
+def pearson_test(counts: Sequence[float], probabilities: Sequence[float]) -> ChiSquareResult:
     """Pearson's goodness-of-fit test of ``counts`` against cell ``probabilities``."""
     observed = np.asarray(counts, dtype=float)
     expected = observed.sum() * np.asarray(probabilities, dtype=float)
     statistic = float(((observed - expected) ** 2 / expected).sum())
-    return TestResult(statistic, len(observed) - 1, _chi2_sf(statistic, len(observed) - 1))
+    return ChiSquareResult(statistic, len(observed) - 1, _chi2_sf(statistic, len(observed) - 1))
 
 
 def _pool(table: np.ndarray, minimum: float) -> np.ndarray:
@@ -103,7 +103,7 @@ def _pool(table: np.ndarray, minimum: float) -> np.ndarray:
     return np.stack(columns, axis=1)
 
 
-def homogeneity_test(a: np.ndarray, b: np.ndarray) -> TestResult:
+def homogeneity_test(a: np.ndarray, b: np.ndarray) -> ChiSquareResult:
     """Chi-square homogeneity test of two samples of an integer statistic.
 
     Categories are the values seen; adjacent ones are pooled until each category totals 10
@@ -113,11 +113,11 @@ def homogeneity_test(a: np.ndarray, b: np.ndarray) -> TestResult:
     table = np.stack([np.bincount(a, minlength=top + 1), np.bincount(b, minlength=top + 1)])
     table = _pool(table.astype(float), 10.0)
     if table.shape[1] < 2:
-        return TestResult(0.0, 0, 1.0)
+        return ChiSquareResult(0.0, 0, 1.0)
     expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
     statistic = float(((table - expected) ** 2 / expected).sum())
     df = table.shape[1] - 1
-    return TestResult(statistic, df, _chi2_sf(statistic, df))
+    return ChiSquareResult(statistic, df, _chi2_sf(statistic, df))
 
 
 def power(reference: Sequence[float], alternative: Sequence[float], n: int, alpha: float) -> float:
@@ -157,7 +157,7 @@ def detectable_effect(n: int, df: int, alpha: float, target: float = 0.9) -> flo
 # ----- sampler goodness of fit -------------------------------------------------------------------
 
 
-def subset_test(seeds: np.ndarray, num_samples: int, batch_size: int) -> TestResult:
+def subset_test(seeds: np.ndarray, num_samples: int, batch_size: int) -> ChiSquareResult:
     """Chi-square of one step's b-subsets (``step_batches``) against the uniform law."""
     members = batch_members(seeds, range(num_samples), batch_size, 1)[:, 0, :]
     subsets = list(itertools.combinations(range(num_samples), batch_size))
@@ -168,7 +168,9 @@ def subset_test(seeds: np.ndarray, num_samples: int, batch_size: int) -> TestRes
     return pearson_test(counts, [1 / len(subsets)] * len(subsets))
 
 
-def slot_test(seeds: np.ndarray, num_clients: int, draws: int) -> tuple[TestResult, TestResult]:
+def slot_test(
+    seeds: np.ndarray, num_clients: int, draws: int
+) -> tuple[ChiSquareResult, ChiSquareResult]:
     """Chi-square of a round's K slots: ordered tuples (uniform) and multisets (multinomial)."""
     slots = client_slots(seeds, 1, draws, range(num_clients))[:, 0, :]
     codes = (slots * num_clients ** np.arange(draws)).sum(axis=1)

@@ -11,7 +11,7 @@ Runs ``fedunlearn.eval.exactness`` at the design note's sizes and prints three M
 3. the cost calibration: simulated histories (no training) in the FATS MNIST setting against
    the planner (exact binomial test of the recompute rate, z of the mean recomputed rounds).
 
-    nice -n 10 python reproductions/deletion_ready/statistics.py --histories 20000 \
+    nice -n 10 python reproductions/deletion_ready/distributions.py --histories 20000 \
         --calibration 10000
 """
 
