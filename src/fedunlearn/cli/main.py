@@ -41,6 +41,7 @@ from fedunlearn.cli.common import (
     parse_params,
     set_debug,
 )
+from fedunlearn.cli.plan import readiness_rows
 from fedunlearn.errors import ConfigError, UnknownMethodError
 
 if TYPE_CHECKING:
@@ -543,6 +544,7 @@ def _print_info(data: dict[str, Any], run_dir: Path) -> None:
     privacy = data.get("privacy") or {}
     if privacy.get("enabled") and privacy.get("rounds"):
         rows.extend(_privacy_rows(privacy))
+    rows.extend(readiness_rows(data.get("deletion_readiness")))
     check = data["check"]
     how = "every payload" if check["full"] else "models and catalog; 'fedunlearn verify' reads all"
     state = "ok" if not data["problems"] else f"{len(data['problems'])} problem(s)"
@@ -1007,11 +1009,12 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 
 
 def _register_subcommands() -> None:
-    from fedunlearn.cli import receipt
+    from fedunlearn.cli import plan, receipt
     from fedunlearn.cli.central import central_command
     from fedunlearn.plugins import cli_hooks
 
     receipt.register(app)  # audit
+    plan.register(app)  # plan
     app.command(name="central")(central_command)
     for register in cli_hooks():  # each installed plugin's commands (Plugin.cli)
         register(app)

@@ -65,10 +65,16 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def item_keys(stream: int, ids: np.ndarray | Sequence[int]) -> np.ndarray:
-    """Return the uint64 key of each id in one draw stream (distinct ids, distinct keys)."""
+def item_keys(stream: int | np.ndarray, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+    """Return the uint64 key of each id in one draw stream (distinct ids, distinct keys).
+
+    ``stream`` may be a uint64 array of streams: the keys then have shape
+    ``(*stream.shape, len(ids))`` (many draws at once, ``fedunlearn.eval.exactness``).
+    """
     ids64 = np.asarray(ids, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
+        if isinstance(stream, np.ndarray):
+            return _mix64(_mix64(ids64) ^ stream.astype(np.uint64)[..., None])
         return _mix64(_mix64(ids64) ^ np.uint64(stream & 0xFFFFFFFFFFFFFFFF))
 
 

@@ -23,6 +23,7 @@ from fedunlearn.fl.records import RoundRecord, UpdateStatus
 from fedunlearn.history.store import FILE_NAME, HistoryStore
 from fedunlearn.privacy.ledger import privacy_summary
 from fedunlearn.runs.assembly import resolve_config
+from fedunlearn.runs.plan import deletion_readiness
 
 __all__ = [
     "CONFIG_FILE",
@@ -338,6 +339,7 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
             "torch_threads": store.meta.get("torch_threads"),
             "metrics": [stored_metrics_line(store, r) for r in rounds],
             "privacy": run_privacy(config, store),
+            "deletion_readiness": deletion_readiness(store, config, frozenset(forgotten)),
             "check": check.to_dict(),
             "problems": problems,
         }
