@@ -41,16 +41,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedunlearn.runs.plan import PlanInputs, client_request, sample_request
 
 from fedunlearn.config import parse_config
 from fedunlearn.experiments import save_for_apply, unlearn_one
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import HISTORY_DIR, train_run
 from fedunlearn.runs.lifecycle import apply_result
+from fedunlearn.runs.plan import PlanInputs, client_request, sample_request
 from fedunlearn.runs.setup import build_setup
 
+#: Where mnist.npz is: ``--data-dir``, else the project's shared data beside the repository.
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+DATA_DIR = MNIST_DIR
 
 
 def config(
@@ -76,16 +80,17 @@ def config(
         "shards": shards,
         "executor": "serial" if model == "mlp" else "auto",
     }
+    # the same local work for both: E steps of b samples (FedAvg weighs by n_c, draws without
+    # replacement; TV-stable weighs by multiplicity, draws with replacement)
+    training |= {"local_steps": steps}
     if sampling == "tv_stable":
-        training |= {"sampling": "tv_stable", "local_steps": steps}
-    else:
-        training |= {"local_epochs": 1}
+        training |= {"sampling": "tv_stable"}
     return parse_config(
         {
             "seed": seed,
             "data": {
                 "dataset": "mnist",
-                "data_dir": str(MNIST_DIR),
+                "data_dir": str(DATA_DIR),
                 "num_clients": clients,
                 "partition": "dirichlet",
                 "alpha": 0.5,
@@ -417,7 +422,10 @@ def main() -> None:
     parser.add_argument("--shard-participation", type=float, default=0.2)
     parser.add_argument("--shard-requests", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="a smoke test in a few minutes")
+    parser.add_argument("--data-dir", type=Path, default=MNIST_DIR, help="folder of mnist.npz")
     args = parser.parse_args()
+    global DATA_DIR
+    DATA_DIR = args.data_dir
     if args.quick:
         args.clients, args.rounds, args.requests = 60, 10, 3
         args.participation, args.retrain_every, args.baseline_requests = 0.05, 2, 1

@@ -204,8 +204,9 @@ class TrainingConfig(_Frozen):
         None,
         ge=1,
         le=100_000,
-        description="tv_stable: local iterations per round (FATS's E), each on a fresh "
-        "mini-batch of batch_size samples drawn without replacement",
+        description="local iterations per round (FATS's E), each on a fresh mini-batch of "
+        "batch_size samples drawn without replacement (instead of local_epochs; needed by "
+        "tv_stable)",
     )
     shards: int = Field(1, ge=1, le=10_000, description="isolated sub-federations (SISA for FL)")
     shard_map: dict[int, int] | None = Field(
@@ -223,16 +224,16 @@ class TrainingConfig(_Frozen):
 
     @model_validator(mode="after")
     def _deletion_ready(self) -> TrainingConfig:
+        if self.local_steps is not None and self.local_epochs != 1:
+            raise ValueError(
+                "training.local_epochs and training.local_steps both set local work; keep one "
+                "(local_steps: that many mini-batches of batch_size per round)"
+            )
         if self.sampling == "tv_stable":
             if self.local_steps is None:
                 raise ValueError(
                     "training.sampling 'tv_stable' needs training.local_steps (E, local "
                     "iterations per round on fresh mini-batches; the FATS paper uses 10)"
-                )
-            if self.local_epochs != 1:
-                raise ValueError(
-                    "training.local_epochs does not apply to sampling 'tv_stable' (local work is "
-                    "training.local_steps mini-batches); drop training.local_epochs"
                 )
             if self.aggregator.name != "fedavg":
                 raise ValueError(
@@ -240,11 +241,6 @@ class TrainingConfig(_Frozen):
                     f"round's draws); training.aggregator '{self.aggregator.name}' would change "
                     "what a deletion recomputes. Use aggregator fedavg"
                 )
-        elif self.local_steps is not None:
-            raise ValueError(
-                "training.local_steps applies to sampling 'tv_stable'; set training.sampling: "
-                "tv_stable or drop training.local_steps"
-            )
         if self.shard_map is not None:
             if self.shards == 1:
                 raise ValueError("training.shard_map needs training.shards > 1")

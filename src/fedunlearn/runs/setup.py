@@ -309,7 +309,7 @@ def build_setup(
         if small:
             c = min(small, key=lambda k: (small[k], k))
             raise ConfigError(
-                f"training.sampling 'tv_stable' draws mini-batches of training.batch_size "
+                f"training.local_steps draws mini-batches of training.batch_size "
                 f"({spec.batch_size}) samples without replacement; {len(small)} client(s) hold "
                 f"fewer (client {c}: {small[c]}). Lower training.batch_size or set "
                 f"data.min_client_samples: {spec.batch_size}"
@@ -349,7 +349,8 @@ def build_setup(
 def training_spec(config: RunConfig) -> LocalTrainingSpec:
     """Return the run's local training hyperparameters (E, η, B, momentum, weight decay).
 
-    Under ``training.sampling: tv_stable`` local work is ``local_steps`` mini-batch steps.
+    With ``training.local_steps`` (needed by TV-stable sampling) local work is that many
+    mini-batch steps.
     """
     tr = config.training
     return LocalTrainingSpec(
@@ -358,7 +359,7 @@ def training_spec(config: RunConfig) -> LocalTrainingSpec:
         batch_size=tr.batch_size,
         momentum=tr.momentum,
         weight_decay=tr.weight_decay,
-        steps=tr.local_steps if tr.sampling == "tv_stable" else None,
+        steps=tr.local_steps,
     )
 
 

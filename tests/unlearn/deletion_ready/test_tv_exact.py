@@ -69,12 +69,12 @@ def tv_run(tmp_path_factory):
     ("training", "message"),
     [
         ({"sampling": "tv_stable"}, "needs training.local_steps"),
-        ({"local_steps": 3}, "applies to sampling 'tv_stable'"),
+        ({"local_steps": 3, "local_epochs": 2}, "both set local work"),
         (
             {"sampling": "tv_stable", "local_steps": 2, "aggregator": {"name": "median"}},
             "aggregates by multiplicity",
         ),
-        ({"sampling": "tv_stable", "local_steps": 2, "local_epochs": 2}, "local_epochs"),
+        ({"sampling": "tv_stable", "local_steps": 2, "local_epochs": 2}, "both set local work"),
     ],
 )
 def test_config_refuses_what_tv_stable_cannot_serve(training, message):
@@ -91,7 +91,7 @@ def test_config_refuses_tv_stable_with_dp():
 
 def test_a_client_smaller_than_a_mini_batch_is_refused_before_training(tmp_path):
     config = _config(batch_size=400)
-    with pytest.raises(ConfigError, match="draws mini-batches of training.batch_size"):
+    with pytest.raises(ConfigError, match="mini-batches of training.batch_size"):
         train_run(config, tmp_path / "run")
     assert not (tmp_path / "run" / "history" / "history.sqlite").exists()
 

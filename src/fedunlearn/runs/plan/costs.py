@@ -164,7 +164,7 @@ def sample_request(
         r_u,
         parts,
         inputs.retrain_work(r_u),
-        rho if inputs.local_steps is not None and inputs.tv_stable else None,
+        rho if inputs.local_steps is not None else None,
     )
 
 

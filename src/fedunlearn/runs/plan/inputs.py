@@ -49,7 +49,7 @@ class PlanInputs:
             (``ceil(p M)`` clients without replacement, local epochs over all their data).
         participation: p (``training.participation``).
         batch_size: b.
-        local_steps: E (``tv_stable``); None under ``fraction`` sampling.
+        local_steps: E (needed by ``tv_stable``); None: local epochs (every sample read).
         shard_of: Each client's shard (empty: one shard).
         num_params: The model's parameter count (for bytes); None: unknown.
     """
@@ -96,7 +96,7 @@ class PlanInputs:
             sampling=kind,
             participation=tr.participation,
             batch_size=tr.batch_size,
-            local_steps=(tr.local_steps or 1) if kind == "tv_stable" else None,
+            local_steps=(tr.local_steps or 1) if kind == "tv_stable" else tr.local_steps,
             shard_of=()
             if shards is None
             else tuple(shards.shard_of[c] for c in range(len(client_sizes))),
@@ -154,8 +154,8 @@ class PlanInputs:
         return shard.draws * current / shard.size
 
     def sample_use(self, client: int, samples: int = 1) -> float:
-        """u_k(s); 1 under fraction sampling (every local epoch reads every sample)."""
-        if self.local_steps is None or not self.tv_stable:
+        """u_k(s); 1 with local epochs (every local epoch reads every sample)."""
+        if self.local_steps is None:
             return 1.0
         return sample_use_probability(
             self.client_sizes[client], self.batch_size, self.local_steps, samples
@@ -167,7 +167,7 @@ class PlanInputs:
 
     def rho_sample(self, client: int, after_round: int) -> float | None:
         """Nominal ρ_S,k = r_u K E b / (M N_k) in the client's shard; None without E."""
-        if self.local_steps is None or not self.tv_stable:
+        if self.local_steps is None:
             return None
         shard = self.shard_of_client(client)
         return (
