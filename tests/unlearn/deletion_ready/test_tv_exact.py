@@ -219,3 +219,24 @@ def test_tv_exact_refuses_a_dp_run(tmp_path):
     with UnlearnSession(tmp_path / "run", evaluate=False) as session:
         with pytest.raises(UnsupportedHistoryError, match="dp=true"):
             session.run(make_method("tv_exact"), UnlearnRequest.of([1]))
+
+
+def test_a_participation_index_edited_to_hide_a_client_is_refused(tv_run, tmp_path):
+    import shutil
+    import sqlite3
+
+    run = tmp_path / "edited"
+    shutil.copytree(tv_run, run)
+    with UnlearnSession(run, evaluate=False) as session:
+        store = session.run_view.store
+        round_, client = next(
+            (t, r.client_id) for t in range(1, 9) for r in store.client_records(t)
+        )
+    db = sqlite3.connect(run / "history" / "history.sqlite")
+    with db:  # hide the client's participation in its first round (and its update)
+        db.execute("DELETE FROM payloads WHERE round=? AND client_id=?", (round_, client))
+        db.execute("DELETE FROM clients WHERE round=? AND client_id=?", (round_, client))
+    db.close()
+    with UnlearnSession(run, evaluate=False) as session:
+        with pytest.raises(UnsupportedHistoryError, match="do not match the run's seeded draws"):
+            session.run(make_method("tv_exact"), UnlearnRequest.of([client]))

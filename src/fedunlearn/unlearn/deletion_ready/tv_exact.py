@@ -36,12 +36,20 @@ from dataclasses import dataclass, field
 
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.shards import ShardPlan
+from fedunlearn.history.policy import record_multiplicity
 from fedunlearn.unlearn.base import Details, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.exact import replay_from, replay_shards
 from fedunlearn.unlearn.registry import register
 
-__all__ = ["ExactReplayDetails", "ShardRetrain", "TvExact", "first_use_table", "shard_starts"]
+__all__ = [
+    "ExactReplayDetails",
+    "ShardRetrain",
+    "TvExact",
+    "check_participation",
+    "first_use_table",
+    "shard_starts",
+]
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,7 @@ class TvExact(Unlearner):
         return (context.num_rounds + 1) * context.initial_params.numel() * 4
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
+        check_participation(context, request)
         table = first_use_table(context, request)
         shards = context.training.shards
         if shards is not None:
@@ -163,6 +172,48 @@ class TvExact(Unlearner):
         start = details.recomputed_from_round or context.num_rounds + 1
         out = replay_from(context, request, start)
         return RunOutput(out.params, out.round_metrics, details, out.trajectory)
+
+
+def check_participation(context: UnlearnContext, request: UnlearnRequest) -> None:
+    """Re-derive a TV-stable run's participation index from its seed and compare it (every round).
+
+    The kept rounds are kept because the stored client records say no forgotten client was drawn
+    there; on a TV-stable run those records are a function of the seed: round r drew
+    ``sampler.draw(r, clients not forgotten)`` (deletion-consistent: clients forgotten since were
+    never drawn where they would have won), so the whole index is checked against the seed
+    before it is trusted. A record removed, added or edited (a client hidden from its rounds)
+    makes the request refuse instead of serving a replay that would keep its influence.
+
+    Raises:
+        UnsupportedHistoryError: a round's records differ from its seeded draw.
+    """
+    training = context.training
+    if not training.deletion_ready:
+        return  # fraction sampling: continuations re-draw among the remaining clients
+    present = set(context.clients.client_ids) | set(request.forget)
+    shards = training.shards
+    for round_ in range(1, context.num_rounds + 1):
+        stored: dict[int, int] = {}
+        for record in context.history.client_records(round_):
+            stored[record.client_id] = record_multiplicity(record)
+        if shards is None:
+            assert training.sampler is not None
+            expected = dict(training.sampler.draw(round_, sorted(present)).multiplicity)
+        else:
+            expected = {}
+            for shard in shards.shards:
+                members = [c for c in shards.members(shard) if c in present]
+                expected |= training.shard_samplers[shard].draw(round_, members).multiplicity
+        if stored != expected:
+            missing = sorted(set(expected) - set(stored))
+            extra = sorted(set(stored) - set(expected))
+            raise UnsupportedHistoryError(
+                f"round {round_}'s participation records do not match the run's seeded draws "
+                f"(missing {missing[:5]}, unexpected {extra[:5]}, multiplicities "
+                f"{'differ' if not missing and not extra else 'too'}): the history was edited "
+                "or is not this config's; tv_exact cannot show which rounds to keep. Verify the "
+                "run ('fedunlearn verify') or use retrain"
+            )
 
 
 def shard_starts(
