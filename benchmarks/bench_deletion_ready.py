@@ -341,7 +341,8 @@ def scenario_shards(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         print(
             f"S={s}: accuracy average {row['accuracy_weight_average']:.4f} ensemble "
             f"{row['accuracy_ensemble']:.4f} (FedAvg {accuracy_fedavg:.4f}); cost per request "
-            f"{ratio:.3f}x Retrain (planned {planned:.3f}, target <= {1.2 / s:.3f}), wall {wall:.3f}x"
+            f"{ratio:.3f}x Retrain (planned {planned:.3f}, target <= {1.2 / s:.3f}), "
+            f"wall {wall:.3f}x"
         )
     return {"clients": m, "rounds": rounds, "rows": rows}
 
