@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -64,3 +67,28 @@ def assert_same_history(expected_dir: Path, actual_dir: Path, rounds: int) -> No
             assert [(c.client_id, c.status, c.num_samples) for c in got.client_records(r)] == strip
             for key, value in want.round_scalars(r).items():
                 assert abs(float(got.round_scalars(r)[key]) - float(value)) < 1e-4, key
+
+
+def flower_environment(tmp_path: Path) -> tuple[dict[str, str], int]:
+    """Return an environment for ``flwr`` commands on a SuperLink of the test's own, and its port.
+
+    Offline (no telemetry, no dependency installation), ``FLWR_HOME`` in ``tmp_path`` with a
+    default connection ``local`` to ``127.0.0.1:<port>``, this Python's scripts first on
+    ``PATH``, and the fedunlearn under test first on ``PYTHONPATH`` (Flower's processes import
+    it wherever it is).
+    """
+    import fedunlearn
+    from fedunlearn.integrations.flower.simulation import free_port, offline_environment
+
+    env = offline_environment()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    source = str(Path(fedunlearn.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    home = Path(tempfile.mkdtemp(prefix="flwr-home-", dir=tmp_path))
+    env["FLWR_HOME"] = str(home)
+    port = free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    return env, port

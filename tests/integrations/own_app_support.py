@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from fedunlearn.integrations.flower.app_protocol import client_id, own_client_app
+from fedunlearn.integrations.flower.app_protocol import client_id, local_batches, own_client_app
 
 INPUT_SHAPE = (8,)
 NUM_CLASSES = 3
@@ -59,6 +59,7 @@ def client_losses(arrays: ArrayRecord, cid: int, context: Context) -> list[float
 
 app = own_client_app(losses=client_losses)
 TRAINED: list[tuple[int, float, int]] = []  # (client, lr, epochs) of each train call
+STEPS: list[int] = []  # local steps of each deletion-ready train call
 
 
 @app.train()
@@ -72,12 +73,21 @@ def train(msg: Message, context: Context) -> Message:
     TRAINED.append((cid, lr, epochs))
     x, y = node_data(cid)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    for _ in range(epochs):
-        for i in range(0, len(y), 10):
-            opt.zero_grad()
-            loss = F.cross_entropy(net(x[i : i + 10]), y[i : i + 10])
-            loss.backward()
-            opt.step()
+    # deletion-ready rounds name FATS's mini-batches; otherwise epochs in order, 10 at a time
+    batches = local_batches(msg, context, len(y))
+    if batches is None:
+        batches = [
+            torch.arange(i, min(i + 10, len(y)))
+            for _ in range(epochs)
+            for i in range(0, len(y), 10)
+        ]
+    else:
+        STEPS.append(len(batches))
+    for idx in batches:
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
     content = RecordDict(
         {
             "arrays": ArrayRecord(net.state_dict()),

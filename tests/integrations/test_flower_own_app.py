@@ -1,19 +1,18 @@
 """examples/flower-own-app from its README's commands: ``flwr run`` on the Simulation Runtime.
 
 Slow (two Flower runs, each starting Ray): the user's own ServerApp (FedAvg in ``Recording``)
-trains 3 nodes whose data never leaves them, ``fedunlearn info``/``verify`` read the run, then
-an unlearning request over the same app (Retrain) forgets client 1 with fresh training on the
-other two nodes and the forgotten client's losses computed on its own node.
+trains 3 nodes whose data never leaves them, ``fedunlearn info``/``verify`` read the run,
+``fedunlearn unlearn`` queues a request, and the app's next ``flwr run`` serves it (Retrain):
+client 1 forgotten with fresh training on the other two nodes and its losses computed on its
+own node.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,10 +22,10 @@ pytest.importorskip(
 )
 pytest.importorskip("sklearn", reason="the example's nodes load scikit-learn's digits")
 
+from flower_support import flower_environment  # noqa: E402
+
 from fedunlearn.integrations.flower.simulation import (  # noqa: E402
     flower_command,
-    free_port,
-    offline_environment,
     simulation_superlink,
 )
 
@@ -69,17 +68,10 @@ def test_readme_trains_records_and_unlearns_over_flwr_run(tmp_path, flower_lock)
         ["flwr", "run"],
         ["fedunlearn", "info"],
         ["fedunlearn", "verify"],
+        ["fedunlearn", "unlearn"],
         ["flwr", "run"],
     ]
-    env = offline_environment()
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    home = Path(tempfile.mkdtemp(prefix="flwr-home-", dir=tmp_path))
-    env["FLWR_HOME"] = str(home)
-    port = free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
+    env, port = flower_environment(tmp_path)
     run_dir = tmp_path / "run"
     with simulation_superlink(env, port, tmp_path / "superlink.log"):
         log = run(commands[0], env, run_dir)  # train, recorded
@@ -87,13 +79,25 @@ def test_readme_trains_records_and_unlearns_over_flwr_run(tmp_path, flower_lock)
         info = json.loads(run(commands[1] + " --json", env, run_dir))
         assert info["dataset"] == "node-local" and info["complete"], info
         assert info["num_clients"] == 3 and info["rounds_completed"] == 3
+        assert info["model"] == "own_app.task:Net"
         run(commands[2], env, run_dir)
-        log = run(commands[3], env, run_dir)  # the unlearning request over the same app
-        assert (run_dir / "flower_retrain.json").exists(), log[-4000:]
-    result = json.loads((run_dir / "flower_retrain.json").read_text())
+        queued = run(commands[3], env, run_dir)  # fedunlearn unlearn: queued for the app
+        assert "flwr run ." in queued
+        log = run(commands[4], env, run_dir)  # the same flwr run serves it
+        assert (run_dir / "forget1.json").exists(), log[-4000:]
+    assert "Traceback" not in log and "result written to" in log, log[-4000:]
+    result = json.loads((run_dir / "forget1.json").read_text())
     assert result["request"]["forget"] == [1]
     assert result["missing"] == {}
     check = result["client_check"]["1"]
     assert check["shown"] and check["samples"] > 0, check
     assert result["costs"]["client_participations"] > 0  # fresh training on the remaining nodes
-    assert (run_dir / "flower_retrain.safetensors").exists()
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from own_app.task import Net
+
+        from fedunlearn.models import load_model
+
+        assert isinstance(load_model(run_dir / "forget1.safetensors", factory=Net), Net)
+    finally:
+        sys.path.remove(str(EXAMPLE))

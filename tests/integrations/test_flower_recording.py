@@ -38,9 +38,12 @@ from fedunlearn.runs import check_run, forget_clients, run_info  # noqa: E402
 class OwnGrid:
     """Nodes that are calls of a ClientApp in this process; ``tamper`` edits chosen replies."""
 
-    def __init__(self, node_config: dict[int, dict], app=own.app, tamper=None) -> None:
+    def __init__(
+        self, node_config: dict[int, dict], app=own.app, tamper=None, run_config=None
+    ) -> None:
         self.node_config = node_config  # node id -> node config
         self.app = app
+        self.run_config = dict(run_config or {})  # what every node's context holds
         self.tamper = tamper or {}  # node id -> reply -> reply (or None: no reply)
         self.sent: list[tuple[int, str]] = []
 
@@ -57,7 +60,7 @@ class OwnGrid:
                 node_id=node,
                 node_config=self.node_config[node],
                 state=RecordDict(),
-                run_config={},
+                run_config=self.run_config,
             )
             msg.metadata.__dict__["_message_id"] = f"m{len(self.sent)}"
             try:
@@ -99,7 +102,7 @@ def record(tmp_path, grid, rounds=2, **kwargs):
         grid,
         ArrayRecord(net.state_dict()),
         num_rounds=rounds,
-        train_config=ConfigRecord({"lr": 0.2}),
+        train_config=ConfigRecord({"lr": 0.2, "local-epochs": 1}),
         evaluate_fn=lambda r, arrays: MetricRecord({"test_accuracy": 0.5 + r}),
     )
     return strategy, result
@@ -157,6 +160,7 @@ def test_several_clients_per_node(tmp_path):
         model=own.MODEL,
         input_shape=own.INPUT_SHAPE,
         num_classes=3,
+        local_epochs=1,
     )
     net = own.tiny_net(own.INPUT_SHAPE, own.NUM_CLASSES)
     strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=1)
@@ -246,6 +250,7 @@ def test_a_model_that_does_not_match_the_arrays_stops_before_round_one(tmp_path)
             model="own_app_support:nope",
             input_shape=(8,),
             num_classes=3,
+            local_epochs=1,
         ).start(OwnGrid(NODES), ArrayRecord(own.tiny_net((8,), 3).state_dict()), num_rounds=1)
     assert not (tmp_path / "r2" / "history").exists()
 
@@ -299,8 +304,10 @@ def test_client_check_says_why_when_the_node_computes_no_losses(tmp_path):
     out = unlearn_over_app(grid, tmp_path / "run", "retrain", [2])
     check = out["client_check"]["2"]
     assert not check["shown"]
-    assert check["reason"].startswith("not shown: the forgotten client's data is on its node")
-    assert "losses" in check["reason"]
+    assert check["reason"].startswith("not provided: this client's ClientApp computes no losses")
+    # never asked for losses (before: one failing query, a Ray traceback under Flower): the
+    # only queries are the three nodes' "which clients do you host"
+    assert [t for _, t in grid.sent].count("query.fedunlearn") == 3
 
 
 def test_a_node_that_stops_replying_is_recorded_missing(tmp_path):
@@ -372,6 +379,7 @@ def test_a_batchnorm_model_is_recorded_with_its_buffers_and_unlearned(tmp_path, 
         model="own_app_support:bn_net",
         input_shape=own.INPUT_SHAPE,
         num_classes=own.NUM_CLASSES,
+        local_epochs=1,
     )
     result = strategy.start(OwnGrid(NODES), ArrayRecord(net.state_dict()), num_rounds=2)
     with HistoryStore.open(tmp_path / "run" / "history") as store:
@@ -396,6 +404,7 @@ def test_the_strategys_sampling_share_is_recorded_for_unlearning(tmp_path):
         model=own.MODEL,
         input_shape=own.INPUT_SHAPE,
         num_classes=own.NUM_CLASSES,
+        local_epochs=1,
     )
     net = own.tiny_net(own.INPUT_SHAPE, own.NUM_CLASSES)
     strategy.start(OwnGrid(NODES), ArrayRecord(net.state_dict()), num_rounds=1)

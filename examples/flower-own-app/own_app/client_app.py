@@ -1,15 +1,17 @@
-"""own_app: a plain Flower ClientApp; fedunlearn's ``own_client_app`` tags replies with client ids.
+"""own_app: a plain Flower ClientApp, built with fedunlearn's ``ClientApp`` (Flower's, plus ids).
 
-``train`` reads the learning rate and local epochs from the message's config record (Flower's
-quickstart reads them the same way), so fedunlearn's fresh training for unlearning, which sends
-its own ``lr`` and ``local-epochs``, needs nothing more.
+fedunlearn's ``ClientApp`` tags each train reply with the stable client id and seeds each
+training from the server's seed; ``losses=`` (optional) lets the forgotten client's node report
+its own loss under the old and the unlearned model. ``train`` reads the learning rate and local
+epochs from the message's config record, so fedunlearn's fresh training for unlearning, which
+sends the run's ``lr`` and ``local-epochs``, needs nothing more.
 """
 
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from fedunlearn.integrations.flower import client_id, own_client_app
+from fedunlearn.integrations.flower import ClientApp, client_id
 from own_app.task import Net, load_data, losses, test, train
 
 
@@ -27,7 +29,7 @@ def client_losses(arrays: ArrayRecord, cid: int, context: Context) -> list[float
     return losses(net, train_set).tolist()
 
 
-app = own_client_app(losses=client_losses)
+app = ClientApp(losses=client_losses)
 
 
 @app.train()

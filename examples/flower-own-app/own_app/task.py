@@ -31,12 +31,6 @@ class Net(nn.Module):
         return self.fc(x.flatten(1))
 
 
-def make_net(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The model factory fedunlearn records by import path (``own_app.task:make_net``)."""
-    torch.manual_seed(0)
-    return Net(input_shape, num_classes)
-
-
 def load_data(partition_id: int, num_partitions: int) -> tuple[tuple, tuple]:
     """Return this node's (train, test) tensors: its own part of the digits."""
     x, y = load_digits(return_X_y=True)

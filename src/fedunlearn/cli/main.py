@@ -529,6 +529,17 @@ def _print_info(data: dict[str, Any], run_dir: Path) -> None:
     ]
     rows.append(["rounds", f"{data['rounds_completed']} of {data['rounds_planned']}"])
     rows.append(["forgotten clients", ", ".join(map(str, data["forgotten_clients"])) or "-"])
+    how = data.get("serving")
+    if how is not None:  # a Flower app's run: its clients keep their data
+        queued = how["queued"]
+        waiting = f"; queued: {queued['kind']} {queued['forget']} with {queued['method']}"
+        rows.append(
+            [
+                "requests",
+                f"served by the Flower app '{how['app']}': 'fedunlearn unlearn' queues one, "
+                f"'{how['command']}' serves it{waiting if queued else ''}",
+            ]
+        )
     for event in data.get("events", []):
         rows.append(
             [
@@ -757,6 +768,8 @@ def unlearn(
             "--forget-samples CLIENT:FILE (samples of a client)"
         )
     ids, kind = parse_forget(forget, run_dir) if forget.strip() else ([], "forget")
+    if _queued_for_app(run_dir, ids, kind, method, param or [], out, bool(samples)):
+        return
     from fedunlearn.cli import receipt
     from fedunlearn.experiments import unlearn_one
 
@@ -799,6 +812,48 @@ def unlearn(
     receipt.print_verification(summary["verification"], title=f"{method} verification")
     if receipt.exit_code(summary["verification"]):
         raise typer.Exit(1)
+
+
+def _queued_for_app(
+    run_dir: Path,
+    ids: list[int],
+    kind: str,
+    method: str,
+    param: list[str],
+    out: Path,
+    samples: bool,
+) -> bool:
+    """Queue the request of a run recorded from a Flower app for the app; False for others.
+
+    Its clients keep their data, so only the app (``flwr run``) can serve it
+    (``fedunlearn.runs.app_requests``).
+    """
+    from fedunlearn.runs.app_requests import AppRequest, queue_request, serving
+    from fedunlearn.runs.rundir import open_meta
+
+    meta = open_meta(run_dir)
+    how = serving(meta, run_dir)
+    if how is None:
+        return False
+    if samples:
+        raise ConfigError(
+            "this run was recorded from a Flower app whose clients keep their data: "
+            "sample-level requests are not served over an app yet; forget the client instead"
+        )
+    from fedunlearn.unlearn import make_method
+
+    params = parse_params(param)
+    make_method(method, params)  # an unknown method or parameter is refused here, not there
+    request = AppRequest(tuple(ids), method, params, kind, str(out.resolve()))
+    queue = queue_request(run_dir, request)
+    console.print(
+        f"{run_dir} was recorded from the Flower app '{how['app']}': its clients keep their "
+        f"data, so the app serves the request. Queued: {kind} {list(request.forget)} with "
+        f"{method} (in {queue}); the result will be {request.out}.",
+        soft_wrap=True,
+    )
+    console.print(f"serve it now, from the app's directory: {how['command']}", soft_wrap=True)
+    return True
 
 
 @app.command()

@@ -8,6 +8,7 @@ any user ``torch.nn.Module`` works with the engine. Every model it returns carri
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -177,11 +178,38 @@ def call_factory(
 ) -> Any:
     """Call ``factory(input_shape, num_classes, **options)`` with torch's CPU RNG at ``seed``.
 
-    The caller's RNG state is restored afterwards; what the factory returns is not checked.
+    A factory that takes no positional arguments (a zero-argument model class, as Flower's
+    quickstart ``Net``) is called as ``factory(**options)``; so is one that can be called without
+    them when the input shape is unknown (``()``, a run recorded from a Flower app that never
+    named it). The caller's RNG state is restored afterwards; what the factory returns is not
+    checked.
     """
+    args = (tuple(input_shape), num_classes) if _takes_shape(factory, input_shape, options) else ()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return factory(tuple(input_shape), num_classes, **options)
+        return factory(*args, **options)
+
+
+def _takes_shape(
+    factory: ModelFactory, input_shape: tuple[int, ...], options: Mapping[str, Any]
+) -> bool:
+    """Return whether to pass the shape and class count (module doc of ``call_factory``)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read: call it the documented way
+        return True
+    try:
+        signature.bind(**options)
+        bare = True
+    except TypeError:
+        bare = False
+    if bare and not tuple(input_shape):
+        return False
+    try:
+        signature.bind(None, None, **options)
+        return True
+    except TypeError:
+        return not bare  # neither binds: the documented call raises the factory's own error
 
 
 def attach_spec(

@@ -343,4 +343,17 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
             "check": check.to_dict(),
             "problems": problems,
         }
+        from fedunlearn.runs.app_requests import serving  # it imports this module
+
+        info["serving"] = serving(store.meta, run_dir)
     return info
+
+
+def open_meta(run_dir: str | Path) -> dict[str, Any]:
+    """Return a run's store metadata (the store opened read-only).
+
+    Raises:
+        HistoryError: ``run_dir`` holds no run.
+    """
+    with _open_run(Path(run_dir)) as store:
+        return dict(store.meta)

@@ -11,14 +11,16 @@
 - ``simulation``: ``simulate(job, num_supernodes)``: ``flwr run`` on a local Simulation Runtime
   SuperLink, from Python.
 
-The user's own Flower app (their ClientApp, strategy and node-local data):
+The user's own Flower app (their ClientApp, strategy and node-local data), three lines:
 
-- ``recording``: ``Recording(strategy, run_dir=..., model="pkg.module:factory", ...)`` wraps any
-  Message-API strategy in the user's ServerApp and records every round into a fedunlearn run;
-- ``app_protocol``: ``own_client_app()`` (the user's ClientApp, its replies tagged with stable
-  client ids) and ``client_id(message, context)``;
-- ``app_unlearn``: ``unlearn_over_app`` / ``unlearn_from_run_config``: an unlearning request
-  over the same app, fresh training sent to the same ClientApp.
+- ``recording``: ``Recording(strategy, context)`` wraps any Message-API strategy in the user's
+  ServerApp, records every round into a fedunlearn run, and serves unlearning requests with
+  the same ``start`` (``app_settings``: where the app's settings and requests are found;
+  ``app_model``: which model; ``app_sampling``: deletion-ready rounds);
+- ``app_protocol``: ``ClientApp`` (Flower's, its replies tagged with stable client ids, its
+  training seeded by the server), ``client_id(message, context)``, ``local_batches``;
+- ``app_unlearn``: ``serve_request`` / ``unlearn_over_app`` / ``unlearn_from_run_config``: an
+  unlearning request over the same app, fresh training sent to the same ClientApp.
 
 Deployment recipe: ``docs/deployment.md``.
 """
@@ -30,7 +32,12 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         'fedunlearn.integrations.flower needs Flower: pip install "fedunlearn[flower]"'
     ) from err
 
-from fedunlearn.integrations.flower.app_protocol import client_id, own_client_app
+from fedunlearn.integrations.flower.app_protocol import (
+    ClientApp,
+    client_id,
+    local_batches,
+    own_client_app,
+)
 from fedunlearn.integrations.flower.app_unlearn import (
     AppClients,
     unlearn_from_run_config,
@@ -44,6 +51,7 @@ from fedunlearn.integrations.flower.strategy import HistoryStrategy, MissingAwar
 
 __all__ = [
     "AppClients",
+    "ClientApp",
     "FlowerClients",
     "FlowerJob",
     "FlowerRunError",
@@ -51,6 +59,7 @@ __all__ = [
     "MissingAwareRecorder",
     "Recording",
     "client_id",
+    "local_batches",
     "make_app",
     "own_client_app",
     "run_job",

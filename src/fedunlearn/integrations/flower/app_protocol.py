@@ -1,26 +1,35 @@
 """What fedunlearn adds to a user's own Flower app: client ids, array layout, reply checks.
 
 A user's ClientApp stays a plain Flower ClientApp (``@app.train()`` loads ``"arrays"``, trains,
-returns its arrays and a ``MetricRecord`` with ``num-examples``); ``own_client_app`` builds it
-with the two things fedunlearn's server side needs:
+returns its arrays and a ``MetricRecord`` with ``num-examples``). fedunlearn's ``ClientApp`` is
+Flower's with three things added, so that changing the import line is all an app does
+(``from fedunlearn.integrations.flower import ClientApp``); ``own_client_app(...)`` builds the
+same:
 
-- every reply carries the *stable* client id in ``ConfigRecord`` ``"fedunlearn"``
+- every train reply carries the *stable* client id in ``ConfigRecord`` ``"fedunlearn"``
   (``client-id``), read from the node config (``client_key``, default ``partition-id``), not
   Flower's random node id. A node may host several clients: its node config value is then a
   comma-separated list (``"3,4"``), a train message picks one with the config key
   ``fedunlearn.client-id``, and the user's handler reads it with ``client_id(message,
   context)``;
+- every train handler runs with Python's, NumPy's and torch's global random generators seeded
+  from the seed the server derived for this client and round (``client_seed``), and restored
+  afterwards: a handler drawing its batch order from them (a ``DataLoader(shuffle=True)``)
+  trains the same way whenever the same round is computed again (an exact replay);
 - a ``query.fedunlearn`` handler: ``want = "client-ids"`` answers which clients the node hosts
-  (unlearning finds its clients' nodes with it), ``want = "losses"`` (when the app was given a
-  ``losses`` function) returns a client's per-sample losses on its own training data for the
-  arrays sent (the receipt's per-client checks: the data never leaves the node).
+  and whether it computes losses (unlearning finds its clients' nodes with it), ``want =
+  "losses"`` (only when the app was given a ``losses`` function) returns a client's per-sample
+  losses on its own training data for the arrays sent (the receipt's per-client checks: the
+  data never leaves the node).
 
 Fresh training for unlearning is an ordinary ``train`` message to the same ClientApp:
 ``ArrayRecord`` ``"arrays"`` (the start model, with the recorded run's keys and shapes) and
 ``ConfigRecord`` ``"config"`` with the keys ``TRAIN_KEYS`` (``lr``, ``local-epochs``,
 ``batch-size``, ``fedunlearn.client-id``, ``fedunlearn.round``, ``fedunlearn.seed``); a handler
 that honours ``lr`` and ``local-epochs`` (as Flower's PyTorch quickstart reads them) trains as
-asked.
+asked. Under deletion-ready sampling (``tv_stable``) the config also holds ``local-steps``, the
+``fedunlearn.multiplicity`` the server weighs the reply by, and a handler draws its mini-batches
+with ``local_batches`` (FATS's deletion-consistent batches).
 
 ``ArrayLayout`` maps a Flower ``ArrayRecord`` (a ``state_dict``'s keys and shapes) to the flat
 float32 vector fedunlearn's history stores (``fedunlearn.models.get_flat_params``'s order: the
@@ -33,16 +42,21 @@ shapes, non-finite or huge values, no sample count).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.clientapp import ClientApp as FlowerClientApp
+from flwr.clientapp.typing import Mod
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.fl.sampling import step_batches
+from fedunlearn.fl.seeding import derive_seed
 
 RECORD = "fedunlearn"  # ConfigRecord of fedunlearn's keys, in requests and replies
 CLIENT_ID = "client-id"  # in RECORD of a reply: the stable client id
@@ -50,7 +64,11 @@ QUERY_ACTION = "fedunlearn"  # message type "query.fedunlearn"
 QUERY_TYPE = f"query.{QUERY_ACTION}"
 CONFIG_CLIENT = "fedunlearn.client-id"  # train config: which hosted client trains
 CONFIG_ROUND = "fedunlearn.round"
-CONFIG_SEED = "fedunlearn.seed"
+CONFIG_SEED = "fedunlearn.seed"  # the client's own seed (unlearning's messages name one client)
+CONFIG_RUN_SEED = "fedunlearn.run-seed"  # the run seed: a client derives its own from it
+CONFIG_SALT = "fedunlearn.salt"
+CONFIG_MULTIPLICITY = "fedunlearn.multiplicity"  # tv_stable: the draws this client won
+LOCAL_STEPS = "local-steps"
 TRAIN_KEYS = ("lr", "local-epochs", "batch-size", CONFIG_CLIENT, CONFIG_ROUND, CONFIG_SEED)
 DEFAULT_CLIENT_KEY = "partition-id"
 DEFAULT_WEIGHT_KEY = "num-examples"
@@ -104,10 +122,89 @@ def client_id(message: Message, context: Context, key: str = DEFAULT_CLIENT_KEY)
     return int(asked)
 
 
-def _echo_mod(key: str) -> Callable[[Message, Context, Callable], Message]:
+def client_seed(message: Message, context: Context, key: str = DEFAULT_CLIENT_KEY) -> int | None:
+    """Return the seed the server derived for this client's training, or None if it sent none.
+
+    The message names it (``fedunlearn.seed``), or names the run seed and round from which the
+    client derives it as the in-process engine does (``derive_seed(seed, "client", round,
+    client, salt)``).
+    """
+    config = message.content.config_records.get("config")
+    if config is None:
+        return None
+    if CONFIG_SEED in config:
+        return int(config[CONFIG_SEED])  # type: ignore[arg-type]
+    if CONFIG_RUN_SEED not in config or CONFIG_ROUND not in config:
+        return None
+    return derive_seed(
+        int(config[CONFIG_RUN_SEED]),  # type: ignore[arg-type]
+        "client",
+        int(config[CONFIG_ROUND]),  # type: ignore[arg-type]
+        client_id(message, context, key),
+        int(config.get(CONFIG_SALT, 0)),  # type: ignore[arg-type]
+    )
+
+
+@contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Seed Python's, NumPy's and torch's global generators for the block; restore them after."""
+    if seed is None:
+        yield
+        return
+    # the global generators are the point: the app's handler draws from them (np.random.rand)
+    py_state, np_state = random.getstate(), np.random.get_state()  # noqa: NPY002
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            random.seed(seed)
+            np.random.seed(seed % 2**32)  # noqa: NPY002
+            torch.manual_seed(seed)
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)  # noqa: NPY002
+
+
+def local_batches(
+    message: Message,
+    context: Context,
+    sample_ids: Sequence[int] | np.ndarray | int,
+    key: str = DEFAULT_CLIENT_KEY,
+) -> list[np.ndarray] | None:
+    """Return the mini-batches (positions in the client's data) a tv_stable round asks for.
+
+    FATS's local work (deletion-ready training, ``fedunlearn.fl.sampling.step_batches``):
+    ``local-steps`` mini-batches of ``batch-size`` samples, each drawn without replacement by
+    keys of the samples' stable ids, from the seed of this client and round, so deleting a
+    sample changes only the batches that drew it. None when the message asks for ordinary
+    local epochs (train as usual).
+
+    Args:
+        message: The train message.
+        context: The node's context.
+        sample_ids: The stable ids of the client's training samples (or their count n: ids
+            0..n-1, the positions of a dataset that never reorders).
+        key: The node config key naming the client id(s) a node hosts.
+    """
+    config = message.content.config_records.get("config")
+    if config is None or LOCAL_STEPS not in config:
+        return None
+    seed = client_seed(message, context, key)
+    if seed is None:
+        raise ConfigError(
+            "a tv_stable train message carries no seed (fedunlearn.seed or fedunlearn.run-seed)"
+        )
+    ids = np.arange(sample_ids) if isinstance(sample_ids, int) else np.asarray(sample_ids)
+    return step_batches(seed, ids, int(config["batch-size"]), int(config[LOCAL_STEPS]))  # type: ignore[arg-type]
+
+
+def _echo_mod(key: str) -> Mod:
     def mod(message: Message, context: Context, call_next: Callable) -> Message:
-        reply = call_next(message, context)
-        if message.metadata.message_type.split(".")[0] != "train" or reply.has_error():
+        if message.metadata.message_type.split(".")[0] != "train":
+            return call_next(message, context)
+        with seeded(client_seed(message, context, key)):
+            reply = call_next(message, context)
+        if reply.has_error():
             return reply
         if RECORD not in reply.content.config_records:  # the handler may name it itself
             reply.content[RECORD] = ConfigRecord({CLIENT_ID: client_id(message, context, key)})
@@ -116,38 +213,51 @@ def _echo_mod(key: str) -> Callable[[Message, Context, Callable], Message]:
     return mod
 
 
-def own_client_app(
-    *, client_key: str = DEFAULT_CLIENT_KEY, losses: LossFn | None = None
-) -> ClientApp:
-    """Return a Flower ``ClientApp`` that fedunlearn's ``Recording`` and unlearning can address.
+class ClientApp(FlowerClientApp):
+    """Flower's ``ClientApp`` that fedunlearn's ``Recording`` and unlearning can address.
 
-    Register the usual handlers on it (``@app.train()``, ``@app.evaluate()``); every train
-    reply is tagged with the client id, and ``query.fedunlearn`` is answered (module docstring).
+    A drop-in for ``flwr.clientapp.ClientApp``: register the usual handlers on it
+    (``@app.train()``, ``@app.evaluate()``); every train reply is tagged with the client id,
+    train handlers run seeded, and ``query.fedunlearn`` is answered (module docstring).
 
     Args:
+        client_fn: Flower's legacy ``client_fn`` (passed on unchanged).
+        mods: Flower mods, outermost first (fedunlearn's own runs outside them).
         client_key: The node config key naming the client id(s) a node hosts.
         losses: ``(arrays, client_id, context) -> per-sample losses`` of the client's own
-            training data under ``arrays`` (optional; the receipt's per-client checks use it).
+            training data under ``arrays`` (optional; without it the receipt's per-client
+            check says "not provided").
     """
-    app = ClientApp(mods=[_echo_mod(client_key)])
 
-    @app.query(QUERY_ACTION)
-    def query(message: Message, context: Context) -> Message:
+    def __init__(
+        self,
+        client_fn: Callable[..., Any] | None = None,
+        mods: list[Mod] | None = None,
+        *,
+        client_key: str = DEFAULT_CLIENT_KEY,
+        losses: LossFn | None = None,
+    ) -> None:
+        super().__init__(client_fn=client_fn, mods=[_echo_mod(client_key), *(mods or [])])
+        self.client_key = client_key
+        self.losses = losses
+        self.query(QUERY_ACTION)(self._answer)
+
+    def _answer(self, message: Message, context: Context) -> Message:
         want = str(message.content[RECORD].get("want", ""))
+        key = self.client_key
         if want == "client-ids":
-            ids = list(hosted_clients(context, client_key))
-            return Message(
-                RecordDict({RECORD: ConfigRecord({"client-ids": ids})}), reply_to=message
-            )
+            ids = list(hosted_clients(context, key))
+            record = ConfigRecord({"client-ids": ids, "losses": self.losses is not None})
+            return Message(RecordDict({RECORD: record}), reply_to=message)
         if want == "losses":
-            if losses is None:
+            if self.losses is None:
                 raise ConfigError(
-                    "this ClientApp computes no losses for fedunlearn (own_client_app(losses=...))"
+                    "this ClientApp computes no losses for fedunlearn (ClientApp(losses=...))"
                 )
-            cid = int(message.content[RECORD][CLIENT_ID])
-            if cid not in hosted_clients(context, client_key):
+            cid = int(message.content[RECORD][CLIENT_ID])  # type: ignore[arg-type]
+            if cid not in hosted_clients(context, key):
                 raise ConfigError(f"asked for client {cid}'s losses; this node does not host it")
-            values = np.asarray(losses(message.content["arrays"], cid, context), np.float64)
+            values = np.asarray(self.losses(message.content["arrays"], cid, context), np.float64)
             record = ArrayRecord({"losses": Array(values.reshape(-1))})
             return Message(
                 RecordDict({"losses": record, RECORD: ConfigRecord({CLIENT_ID: cid})}),
@@ -155,7 +265,18 @@ def own_client_app(
             )
         raise ConfigError(f"unknown fedunlearn query {want!r} (client-ids, losses)")
 
-    return app
+
+def own_client_app(
+    *, client_key: str = DEFAULT_CLIENT_KEY, losses: LossFn | None = None
+) -> ClientApp:
+    """Return fedunlearn's ``ClientApp`` (the same as ``ClientApp(client_key=, losses=)``).
+
+    Args:
+        client_key: The node config key naming the client id(s) a node hosts.
+        losses: ``(arrays, client_id, context) -> per-sample losses`` of the client's own
+            training data under ``arrays`` (optional; the receipt's per-client checks use it).
+    """
+    return ClientApp(client_key=client_key, losses=losses)
 
 
 @dataclass(frozen=True)

@@ -1,275 +1,131 @@
 """Unlearning over the user's own Flower app: a run ``Recording`` wrote, the same ClientApp.
 
-``AppClients`` is the clients seam (``fedunlearn.fl.clients.RunClients``) over a Grid whose
-SuperNodes run the user's ClientApp (``app_protocol.own_client_app``): ``train(task)`` finds the
-node of each asked client (one ``query.fedunlearn`` to the nodes not placed yet), sends each a
-plain ``train`` message (``"arrays"``: the start model in the run's keys and shapes;
-``"config"``: ``lr``, ``local-epochs``, ``batch-size``, ``fedunlearn.client-id``,
-``fedunlearn.round``, ``fedunlearn.seed``), checks the replies as ``Recording`` does and returns
-the updates ``Δ_c = returned - start``. A client with no node, an error reply or a rejected
-reply is left out and listed in ``missing[round]`` with the reason.
+``AppClients`` (``app_clients``) reaches the run's clients through the app's nodes.
 
-``unlearn_over_app(grid, run_dir, method, forget)`` opens the run with ``UnlearnSession`` (its
-data stays on the clients: the model comes from the recorded factory, evaluation from the
-user's ``evaluate_fn`` in Flower's form ``(round, ArrayRecord) -> MetricRecord``), runs a
-registered method (Retrain, FedRecover, FedEraser, ...) with its fresh client work going to
-the remaining clients' nodes, and writes the result JSON and the model (``.safetensors``) next
-to the run. When the forgotten client's node is reachable and its ClientApp computes losses,
-the result also holds the per-client check: the client's mean loss on its own data under M_T
-and under the unlearned model (``client_check``); otherwise it says why not. The result's
-``verification`` is the receipt of what the server can check (``app_receipt``).
+``serve_request(grid, pending, evaluate_fn=...)`` (what ``Recording.start`` calls when there is
+a request) opens the run with ``UnlearnSession`` (its data stays on the clients: the model comes
+from the recorded factory, evaluation from the app's ``evaluate_fn`` in Flower's form ``(round,
+ArrayRecord) -> MetricRecord``, its metric names mapped to fedunlearn's: ``accuracy``, ``acc``,
+``test_acc`` -> ``test_accuracy``; ``loss`` -> ``test_loss``), runs a registered method
+(Retrain, FedRecover, FedEraser, ``tv_exact``, ...) with its fresh client work going to the
+remaining clients' nodes, and writes the result JSON and the model (``.safetensors``) next to the
+run, logging each phase, each round and the result's path. Where the forgotten client's node is
+reachable and its ClientApp computes losses, the result also holds the per-client check: the
+client's mean loss on its own data under M_T and under the unlearned model (``client_check``);
+a ClientApp without ``losses`` is never asked (``not provided``). The result's ``verification``
+is the receipt of what the server can check (``app_receipt``).
 
-``unlearn_from_run_config(grid, context, ...)`` is the one call a user's ServerApp makes to
-serve unlearning requests: with the run config key ``unlearn-forget`` set it runs the request
-(keys in ``REQUEST_KEYS``) and returns the summary, else None (train as usual).
+``unlearn_over_app(grid, run_dir, method, forget)`` is the same for a caller that names the
+request itself; ``unlearn_from_run_config(grid, context, ...)`` serves the run config's
+``unlearn-*`` keys (``app_settings.REQUEST_KEYS``) and returns None when they name none.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import safetensors.torch
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from torch import nn
 
-from fedunlearn.errors import ConfigError, HistoryError, UnknownClientError
-from fedunlearn.fl.clients import TrainTask
-from fedunlearn.fl.records import ClientUpdate
-from fedunlearn.fl.seeding import derive_seed
+from fedunlearn.errors import HistoryError
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.integrations.flower.app_clients import AppClients
 from fedunlearn.integrations.flower.app_protocol import (
-    CLIENT_ID,
-    CONFIG_CLIENT,
-    CONFIG_ROUND,
-    CONFIG_SEED,
-    QUERY_TYPE,
-    RECORD,
     ArrayLayout,
-    Reply,
-    check_reply,
 )
 from fedunlearn.integrations.flower.app_receipt import app_verification
-from fedunlearn.integrations.flower.recording import APP_META
-from fedunlearn.models import save_model
+from fedunlearn.integrations.flower.app_settings import (
+    REQUEST_KEYS,
+    PendingRequest,
+    request_from_run_config,
+)
+from fedunlearn.models import get_flat_params, save_model
+from fedunlearn.runs import HISTORY_DIR
+from fedunlearn.runs.app_requests import APP_META, AppRequest, request_served
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.views import RunView
 
 log = logging.getLogger(__name__)
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
-REQUEST_KEYS = {
-    "unlearn-forget": 'client ids to forget, e.g. "1" or "1,4"; empty: no request (train)',
-    "unlearn-run-dir": "absolute directory of the recorded run",
-    "unlearn-method": "a registered method (retrain, fedrecover, federaser, ...); default retrain",
-    "unlearn-params": "the method's parameters as JSON, e.g. '{\"rounds\": 3}'",
-    "unlearn-out": "result JSON (default <run-dir>/flower_<method>.json)",
+__all__ = [
+    "REQUEST_KEYS",
+    "AppClients",
+    "Served",
+    "flower_evaluator",
+    "serve_request",
+    "unlearn_from_run_config",
+    "unlearn_over_app",
+]
+# an evaluate_fn's metric names -> fedunlearn's (the receipt's utility check reads these)
+METRIC_NAMES = {
+    "accuracy": "test_accuracy",
+    "acc": "test_accuracy",
+    "test_acc": "test_accuracy",
+    "eval_acc": "test_accuracy",
+    "loss": "test_loss",
+    "eval_loss": "test_loss",
 }
 
 
-class AppClients:
-    """The recorded run's clients, reached through ``grid`` and the user's ClientApp.
-
-    Args:
-        grid: The ServerApp's Grid.
-        run: The run, opened (``RunView``).
-        layout: The run's array layout (keys and shapes of the ClientApp's arrays).
-        weight_key: The sample-count key of a reply's metrics.
-        round_timeout: Seconds to wait for one exchange's replies.
-        node_timeout: Seconds to wait for a node per client to connect.
-    """
-
-    def __init__(
-        self,
-        grid: Grid,
-        run: RunView,
-        layout: ArrayLayout,
-        *,
-        weight_key: str = "num-examples",
-        round_timeout: float = 600.0,
-        node_timeout: float = 60.0,
-    ) -> None:
-        self.grid = grid
-        self.layout = layout
-        self.spec = run.spec
-        self.seed = run.config.seed
-        self.model = run.model
-        self.num_params = layout.size
-        self.weight_key = weight_key
-        self.round_timeout = round_timeout
-        self.node_timeout = node_timeout
-        self._sizes = dict(run.client_sizes)
-        self._nodes: dict[int, int] = {}
-        self._asked_nodes: set[int] = set()
-        self.missing: dict[int, dict[int, str]] = {}
-
-    @property
-    def client_ids(self) -> tuple[int, ...]:
-        """Every client of the run, sorted."""
-        return tuple(sorted(self._sizes))
-
-    def num_samples(self, client_id: int) -> int:
-        """n_c as the client reported it during training."""
-        if client_id not in self._sizes:
-            raise UnknownClientError(f"client {client_id} is not in this run")
-        return self._sizes[client_id]
-
-    def node_of(self, client_id: int) -> int | None:
-        """Return the node hosting ``client_id``, or None if none says so within ``node_timeout``.
-
-        Nodes not asked yet get one ``query.fedunlearn`` (which clients do you host?); while
-        ``client_id`` is unplaced, newly connected nodes are asked until ``node_timeout``.
-        """
-        deadline = time.monotonic() + self.node_timeout
-        while client_id not in self._nodes:
-            fresh = sorted(set(self.grid.get_node_ids()) - self._asked_nodes)
-            if fresh:
-                self._ask(fresh)
-            elif time.monotonic() > deadline:
-                return None
-            else:
-                time.sleep(0.5)
-        return self._nodes[client_id]
-
-    def _ask(self, nodes: Sequence[int]) -> None:
-        """Ask ``nodes`` which clients they host."""
-        self._asked_nodes |= set(nodes)
-        query = [
-            Message(
-                RecordDict({RECORD: ConfigRecord({"want": "client-ids"})}),
-                dst_node_id=n,
-                message_type=QUERY_TYPE,
-            )
-            for n in nodes
-        ]
-        for reply in self.grid.send_and_receive(query, timeout=self.round_timeout):
-            node = int(reply.metadata.src_node_id)
-            if reply.has_error():
-                log.warning(
-                    "node %d did not say which clients it hosts (is its ClientApp built with "
-                    "own_client_app?): %s",
-                    node,
-                    reply.error.reason.strip()[-200:],
-                )
-                continue
-            for cid in reply.content[RECORD]["client-ids"]:  # type: ignore[union-attr]
-                self._nodes.setdefault(int(cid), node)
-
-    def mark_missing(self, round_: int, client_id: int, reason: str) -> None:
-        """Record that ``client_id`` did not contribute to ``round_``, and why."""
-        log.warning("round %d: client %d is missing: %s", round_, client_id, reason)
-        self.missing.setdefault(round_, {})[client_id] = reason
-
-    def train(self, task: TrainTask) -> list[ClientUpdate]:
-        """Ask ``task.client_ids`` to train from ``task.global_params`` (``Clients.train``)."""
-        spec = task.local_spec(self.spec)
-        arrays = self.layout.record(task.global_params)
-        messages = []
-        for cid in task.client_ids:
-            node = self.node_of(cid)
-            if node is None:
-                self.mark_missing(task.round, cid, "no connected node hosts this client")
-                continue
-            config = ConfigRecord(
-                {
-                    "lr": float(spec.lr),
-                    "local-epochs": int(spec.epochs),
-                    "batch-size": int(spec.batch_size),
-                    CONFIG_CLIENT: int(cid),
-                    CONFIG_ROUND: int(task.round),
-                    CONFIG_SEED: derive_seed(self.seed, "client", task.round, cid, task.salt),
-                }
-            )
-            messages.append(
-                Message(
-                    RecordDict({"arrays": arrays, "config": config}),
-                    dst_node_id=node,
-                    message_type="train",
-                    group_id=str(task.round),
-                )
-            )
-        got: dict[int, Reply] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.round_timeout):
-            if reply.has_error():
-                node = int(reply.metadata.src_node_id)
-                for cid in [c for c, n in self._nodes.items() if n == node]:
-                    if cid in task.client_ids:
-                        why = reply.error.reason.strip()[-200:]
-                        self.mark_missing(task.round, cid, f"client error: ...{why}")
-                continue
-            cid, out = check_reply(reply, self.layout, weight_key=self.weight_key)
-            if isinstance(out, str) or out.client_id not in task.client_ids:
-                why = out if isinstance(out, str) else f"client {cid} was not asked"
-                log.warning("round %d: rejected reply: %s", task.round, why)
-                if cid is not None and cid in task.client_ids:
-                    self.mark_missing(task.round, cid, f"rejected: {why}")
-                continue
-            got.setdefault(out.client_id, out)
-        for cid in task.client_ids:
-            if cid not in got and cid not in self.missing.get(task.round, {}):
-                self.mark_missing(task.round, cid, f"no reply within {self.round_timeout:g} s")
-        start = task.global_params.detach().to(torch.float32).cpu()
-        return [
-            ClientUpdate(c, got[c].params - start, got[c].num_samples, got[c].loss or 0.0)
-            for c in task.client_ids
-            if c in got
-        ]
-
-    def client_losses(self, client_id: int, params: torch.Tensor) -> np.ndarray | str:
-        """Return ``client_id``'s per-sample losses on its own data under ``params``, or why not."""
-        node = self.node_of(client_id)
-        if node is None:
-            return "not shown: the forgotten client's data is on its node, and no node hosts it now"
-        message = Message(
-            RecordDict(
-                {
-                    "arrays": self.layout.record(params),
-                    RECORD: ConfigRecord({"want": "losses", CLIENT_ID: int(client_id)}),
-                }
-            ),
-            dst_node_id=node,
-            message_type=QUERY_TYPE,
-        )
-        replies = list(self.grid.send_and_receive([message], timeout=self.round_timeout))
-        if not replies:
-            return "not shown: the forgotten client's data is on its node, which did not reply"
-        if replies[0].has_error():
-            why = replies[0].error.reason.strip().splitlines()[-1][-200:]
-            return f"not shown: the forgotten client's data is on its node, which says: {why}"
-        (values,) = replies[0].content["losses"].to_numpy_ndarrays()
-        return np.asarray(values, dtype=np.float64)
-
-    def close(self) -> None:
-        """Nothing to release (the Grid belongs to Flower)."""
-
-
-def app_layout(session: UnlearnSession) -> tuple[ArrayLayout, dict[str, Any]]:
+def app_layout(run_dir: str | Path) -> tuple[ArrayLayout, dict[str, Any]]:
     """Return the array layout and app facts ``Recording`` kept in the run's store.
 
     Raises:
         HistoryError: the run was not recorded from a Flower app.
     """
-    app = session.run_view.store.meta.get(APP_META)
+    with HistoryStore.open(Path(run_dir) / HISTORY_DIR) as store:
+        app = store.meta.get(APP_META)
     if app is None:
         raise HistoryError(
-            f"{session.run_view.run_dir} was not recorded from a Flower app (no '{APP_META}' in "
-            "its store); unlearn it with 'fedunlearn unlearn' or fedunlearn's own ServerApp"
+            f"{run_dir} was not recorded from a Flower app (no '{APP_META}' in its store); "
+            "unlearn it with 'fedunlearn unlearn' or fedunlearn's own ServerApp"
         )
     return ArrayLayout.from_meta(app["layout"]), app
 
 
-def flower_evaluator(evaluate_fn: EvaluateFn) -> Callable[[nn.Module], dict[str, float]]:
-    """Return ``UnlearnSession``'s ``evaluator(module)`` of a Flower ``evaluate_fn``."""
+def flower_evaluator(
+    evaluate_fn: EvaluateFn, layout: ArrayLayout | None = None, accuracy_key: str | None = None
+) -> Callable[[nn.Module], dict[str, float]]:
+    """Return ``UnlearnSession``'s ``evaluator(module)`` of a Flower ``evaluate_fn``.
+
+    The module's flat parameters go to ``evaluate_fn`` in the app's own arrays (``layout``;
+    without it, the module's ``state_dict``). Its metrics are returned as it names them, and
+    under fedunlearn's names (``METRIC_NAMES``; ``accuracy_key`` names the accuracy of an app
+    that calls it otherwise), which the receipt's utility check reads.
+    """
 
     def evaluator(module: nn.Module) -> dict[str, float]:
-        return _scalar_metrics(evaluate_fn(0, ArrayRecord(module.state_dict())))
+        arrays = (
+            layout.record(get_flat_params(module))
+            if layout is not None
+            else ArrayRecord(module.state_dict())
+        )
+        return mapped_metrics(_scalar_metrics(evaluate_fn(0, arrays)), accuracy_key)
 
     return evaluator
+
+
+def mapped_metrics(metrics: dict[str, float], accuracy_key: str | None = None) -> dict[str, float]:
+    """Return ``metrics`` with fedunlearn's names added (``METRIC_NAMES``, ``accuracy_key``)."""
+    names = dict(METRIC_NAMES)
+    if accuracy_key:
+        names[accuracy_key] = "test_accuracy"
+    out = dict(metrics)
+    for theirs, ours in names.items():
+        if theirs in metrics and ours not in out:
+            out[ours] = metrics[theirs]
+    return out
 
 
 def _scalar_metrics(record: MetricRecord | None) -> dict[str, float]:
@@ -278,6 +134,161 @@ def _scalar_metrics(record: MetricRecord | None) -> dict[str, float]:
         for k, v in (record or {}).items()
         if isinstance(v, int | float) and not isinstance(v, bool)
     }
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served request: the summary written, and the unlearned model as Flower's ``Result``."""
+
+    summary: dict[str, Any]
+    result: Result
+
+
+def _phase(number: int, text: str, *args: Any) -> None:
+    flwr_log(INFO, "fedunlearn: [%d/3] " + text, number, *args)
+
+
+def serve_request(
+    grid: Grid,
+    pending: PendingRequest,
+    *,
+    evaluate_fn: EvaluateFn | None = None,
+    accuracy_key: str | None = None,
+    round_timeout: float = 600.0,
+    node_timeout: float = 60.0,
+) -> Served:
+    """Serve one unlearning request over the app (module docstring); dequeue it when done.
+
+    Returns:
+        The summary written and the unlearned model (``Result.arrays``, the app's own keys;
+        ``evaluate_metrics_serverapp[0]``: the app's evaluation of it).
+    """
+    request = pending.request
+    _phase(
+        1,
+        "serving a request (%s): %s client(s) %s of the run %s with %s%s",
+        pending.source,
+        request.kind,
+        list(request.forget),
+        pending.run_dir,
+        request.method,
+        f"; {pending.waiting} more queued" if pending.waiting else "",
+    )
+    summary, params, layout = _unlearn(
+        grid,
+        pending.run_dir,
+        request,
+        evaluate_fn=evaluate_fn,
+        accuracy_key=accuracy_key,
+        round_timeout=round_timeout,
+        node_timeout=node_timeout,
+    )
+    if pending.source == "queued":
+        request_served(pending.run_dir)
+    arrays = layout.record(params)
+    result = Result(arrays=arrays)
+    if evaluate_fn is not None:
+        metrics = evaluate_fn(0, arrays)
+        if metrics is not None:
+            result.evaluate_metrics_serverapp[0] = metrics
+    flwr_log(
+        INFO,
+        "fedunlearn: done: %s; result written to %s (model %s)",
+        _verdicts(summary),
+        summary["result_file"],
+        summary["model_file"],
+    )
+    return Served(summary, result)
+
+
+def _verdicts(summary: dict[str, Any]) -> str:
+    receipt = summary["verification"]
+    checks = {c["name"]: c for c in receipt["checks"]}
+    shown = [f"influence {receipt['influence']}"]
+    if "utility" in checks:
+        shown.append(f"utility {checks['utility']['verdict']}")
+    acc = summary.get("test_accuracy")
+    if isinstance(acc, float):
+        shown.append(f"test accuracy {acc:.4f}")
+    return ", ".join(shown) or "no checks"
+
+
+def _unlearn(
+    grid: Grid,
+    run_dir: str | Path,
+    request: AppRequest,
+    *,
+    evaluate_fn: EvaluateFn | None,
+    accuracy_key: str | None,
+    round_timeout: float,
+    node_timeout: float,
+) -> tuple[dict[str, Any], torch.Tensor, ArrayLayout]:
+    unlearner = make_method(request.method, request.params)
+    wanted = UnlearnRequest.of(request.forget, request.kind)
+    layout, app = app_layout(run_dir)
+    key = accuracy_key or app.get("accuracy_key")
+    evaluator = flower_evaluator(evaluate_fn, layout, key) if evaluate_fn is not None else None
+    with UnlearnSession(run_dir, evaluator=evaluator, evaluate=evaluate_fn is not None) as session:
+        run = session.run_view
+        wanted = session.cumulative(wanted)  # and every client forgotten earlier
+        clients = AppClients(
+            grid,
+            run,
+            layout,
+            weight_key=str(app.get("weight_key", "num-examples")),
+            round_timeout=round_timeout,
+            node_timeout=node_timeout,
+            label=request.method,
+        )
+        _phase(2, "%s: fresh training on the remaining clients' nodes", request.method)
+        result = unlearner.unlearn(wanted, session.context(wanted, clients=clients))
+        _phase(
+            3,
+            "receipt: %s; the forgotten clients' own check",
+            "utility by the app's evaluate_fn"
+            if evaluate_fn is not None
+            else "no evaluate_fn given to start(): utility not measured",
+        )
+        summary: dict[str, Any] = {
+            "engine": "flower-app",
+            "method": request.method,
+            "request": session.request_summary(wanted),
+            "params": unlearner.params.model_dump(mode="json"),
+            **session.evaluation.evaluate(result.params),
+            "costs": result.costs.to_dict(),
+            "round_metrics": [dict(r) for r in result.round_metrics],
+            "details": result.details.to_dict() if result.details is not None else None,
+            "lineage": result.lineage.to_dict() if result.lineage else None,
+            "missing": {
+                str(r): {str(c): why for c, why in sorted(m.items())}
+                for r, m in sorted(clients.missing.items())
+            },
+            "client_check": client_check(clients, wanted.forget, run.final_params, result.params),
+        }
+        receipt = app_verification(session, wanted, result, summary["client_check"])
+        summary["verification"] = receipt.to_dict()
+        target = Path(request.out) if request.out else run.run_dir / f"flower_{request.method}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        model_file = target.with_suffix(".safetensors")
+        source = {
+            "run": str(run.run_dir),
+            "method": request.method,
+            "forget": sorted(wanted.forget),
+            "kind": request.kind,
+            "engine": "flower-app",
+        }
+        meta = {"fedunlearn.source": json.dumps(source, sort_keys=True)}
+        if app.get("arrays_only"):  # the app's own keys: its model loads them
+            state = layout.record(result.params).to_torch_state_dict()
+            safetensors.torch.save_file(
+                {k: v.contiguous() for k, v in state.items()}, model_file, meta
+            )
+        else:
+            save_model(model_file, run.model, params=result.params, metadata=meta)
+        summary["model_file"] = str(model_file)
+        summary["result_file"] = str(target)
+        target.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        return summary, result.params, layout
 
 
 def unlearn_over_app(
@@ -312,57 +323,19 @@ def unlearn_over_app(
     Returns:
         The summary written (method, request, metrics, costs, missing clients, client check).
     """
-    unlearner = make_method(method, params or {})
-    request = UnlearnRequest.of(tuple(int(c) for c in forget), kind)
-    evaluator = flower_evaluator(evaluate_fn) if evaluate_fn is not None else None
-    with UnlearnSession(run_dir, evaluator=evaluator, evaluate=evaluate_fn is not None) as session:
-        layout, app = app_layout(session)
-        run = session.run_view
-        request = session.cumulative(request)  # and every client forgotten earlier
-        clients = AppClients(
-            grid,
-            run,
-            layout,
-            weight_key=str(app.get("weight_key", "num-examples")),
-            round_timeout=round_timeout,
-            node_timeout=node_timeout,
-        )
-        result = unlearner.unlearn(request, session.context(request, clients=clients))
-        summary: dict[str, Any] = {
-            "engine": "flower-app",
-            "method": method,
-            "request": session.request_summary(request),
-            "params": unlearner.params.model_dump(mode="json"),
-            **session.evaluation.evaluate(result.params),
-            "costs": result.costs.to_dict(),
-            "round_metrics": [dict(r) for r in result.round_metrics],
-            "missing": {
-                str(r): {str(c): why for c, why in sorted(m.items())}
-                for r, m in sorted(clients.missing.items())
-            },
-            "client_check": client_check(clients, request.forget, run.final_params, result.params),
-        }
-        receipt = app_verification(session, request, result, summary["client_check"])
-        summary["verification"] = receipt.to_dict()
-        target = Path(out) if out else run.run_dir / f"flower_{method}.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        model_file = target.with_suffix(".safetensors")
-        source = {
-            "run": str(run.run_dir),
-            "method": method,
-            "forget": sorted(request.forget),
-            "kind": kind,
-            "engine": "flower-app",
-        }
-        save_model(
-            model_file,
-            run.model,
-            params=result.params,
-            metadata={"fedunlearn.source": json.dumps(source, sort_keys=True)},
-        )
-        summary["model_file"] = str(model_file)
-        target.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        return summary
+    request = AppRequest(
+        tuple(forget), method, dict(params or {}), kind, str(out) if out is not None else None
+    )
+    summary, _, _ = _unlearn(
+        grid,
+        run_dir,
+        request,
+        evaluate_fn=evaluate_fn,
+        accuracy_key=None,
+        round_timeout=round_timeout,
+        node_timeout=node_timeout,
+    )
+    return summary
 
 
 def client_check(
@@ -395,40 +368,14 @@ def unlearn_from_run_config(
 ) -> dict[str, Any] | None:
     """Serve an unlearning request named by the run config (``REQUEST_KEYS``), else None.
 
-    In the user's ServerApp: ``if unlearn_from_run_config(grid, context, evaluate_fn=...):
+    In a ServerApp that does not wrap its strategy in ``Recording(strategy, context)`` (which
+    serves requests itself): ``if unlearn_from_run_config(grid, context, evaluate_fn=...):
     return`` before training.
 
     Raises:
         ConfigError: a key has a value of the wrong form (named, with what is allowed).
     """
-    rc = context.run_config
-
-    def text(key: str) -> str:
-        return str(rc.get(key, "") or "").strip()
-
-    if not text("unlearn-forget"):
+    pending = request_from_run_config(dict(context.run_config))
+    if pending is None:
         return None
-    try:
-        forget = [int(c) for c in text("unlearn-forget").split(",") if c.strip()]
-    except ValueError:
-        raise ConfigError(
-            f'unlearn-forget takes comma-separated client ids, e.g. "1,4"; got '
-            f"{text('unlearn-forget')!r}"
-        ) from None
-    if not text("unlearn-run-dir") or not Path(text("unlearn-run-dir")).is_absolute():
-        raise ConfigError("unlearn-run-dir must be the recorded run's absolute directory")
-    try:
-        params = json.loads(text("unlearn-params") or "{}")
-    except json.JSONDecodeError as err:
-        raise ConfigError(
-            f"unlearn-params must be a JSON object; got {text('unlearn-params')!r} ({err})"
-        ) from None
-    return unlearn_over_app(
-        grid,
-        text("unlearn-run-dir"),
-        text("unlearn-method") or "retrain",
-        forget,
-        params=params,
-        evaluate_fn=evaluate_fn,
-        out=text("unlearn-out") or None,
-    )
+    return serve_request(grid, pending, evaluate_fn=evaluate_fn).summary

@@ -6,7 +6,8 @@ Two message types (Flower's message types):
   ``partition-id``). The server asks this of nodes it has not placed yet (usually once per
   job): Flower's node ids are random, and a model must reach only the clients asked to train.
 - ``train``: the global model (``ArrayRecord`` ``"global"``, one flat float32 array) and the
-  task (``ConfigRecord`` ``"task"``: round, the local training hyperparameters, the run config
+  task (``ConfigRecord`` ``"task"``: round, the local training hyperparameters (``steps``:
+  TV-stable training's local mini-batch steps, 0 for epochs), the run config
   as YAML, and parallel lists ``client-ids`` / ``seeds``, one entry: the node's client). The
   node replies with its delta (``ArrayRecord`` ``"delta"``) and ``MetricRecord`` ``"metrics"``
   (``num-samples``, ``train-loss``); a node whose client is not listed replies idle (no delta).
@@ -87,6 +88,7 @@ def train_content(
             "batch-size": int(spec.batch_size),
             "momentum": float(spec.momentum),
             "weight-decay": float(spec.weight_decay),
+            "steps": int(spec.steps or 0),  # tv_stable: local mini-batch steps (0: epochs)
             "run-config": run_config,
         }
     )
@@ -107,6 +109,7 @@ def read_train_task(message: Message) -> TrainTask:
             batch_size=int(task["batch-size"]),
             momentum=float(task["momentum"]),
             weight_decay=float(task["weight-decay"]),
+            steps=int(task.get("steps", 0)) or None,  # type: ignore[arg-type]
         )
         return TrainTask(
             seeds=dict(zip(map(int, task["client-ids"]), map(int, task["seeds"]), strict=True)),

@@ -1,10 +1,9 @@
 """``Recording``: any Flower Message-API ``Strategy``, every round kept in fedunlearn's history.
 
-In the user's own ServerApp::
+In the user's own ServerApp, one changed line (and the import)::
 
-    strategy = Recording(FedAvg(fraction_train=1.0), run_dir="/abs/run",
-                         model="my_app.task:make_net", input_shape=(1, 28, 28), num_classes=10)
-    result = strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=5, ...)
+    strategy = Recording(FedAvg(fraction_evaluate=0.5), context)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3, ...)
 
 ``Recording.start`` runs Flower's own loop (``Strategy.start``) and the wrapped strategy decides
 everything it decides alone (sampling, aggregation, client evaluation). Around it the wrapper
@@ -19,11 +18,20 @@ writes a normal fedunlearn run directory (``config.yaml``, ``history/``, ``metri
   (the strategy's aggregated train metrics, the ``evaluate_fn`` results, Flower's federated
   evaluation prefixed ``federated_``);
 - the stored config: ``data.dataset: node-local`` (the server never loads the clients' data),
-  ``model.factory`` (the import path ``"pkg.module:function"``, built and checked as any run's
-  factory by ``fedunlearn.runs.user``, and against the arrays' keys and shapes before round 1;
-  the flat vectors follow the model's order: parameters, then persistent buffers), the local
-  training settings fresh unlearning work reuses (``lr`` and ``local-epochs`` of the train
-  config).
+  ``model.factory`` (``app_model.resolve_model``: the model given, else the app's model class
+  whose arrays match, else the arrays alone) and the local training settings fresh unlearning
+  work reuses (``app_settings.resolve_training``: found where the app keeps them, refused in
+  one line when the local work is unknown).
+
+The same ``start`` serves an unlearning request instead of training when there is one
+(``app_settings.pending_request``: the run config's ``unlearn-*`` keys, or a request
+``fedunlearn unlearn`` queued in one of the app's runs): ``app_unlearn.serve_request`` runs the
+method with the app's clients and its ``evaluate_fn``, and ``start`` returns the unlearned
+model as Flower's ``Result``.
+
+With ``sampling = "tv_stable"`` (a keyword or the run config key) the rounds are FATS's
+deletion-ready rounds (``app_sampling``): the wrapper draws the clients and aggregates by
+multiplicity; the strategy aggregates the metrics and runs the federated evaluation.
 
 Client ids are the stable ids a reply carries (``app_protocol``: the node config's
 ``partition-id`` by default), never Flower's node ids. A reply that names no client, repeats a
@@ -38,137 +46,139 @@ that read the clients' data on the server (Crab's, FedADP's) cannot run here.
 
 from __future__ import annotations
 
-import json
 import logging
+import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.common import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
-from fedunlearn.config import HistoryConfig, RunConfig, dump_config, parse_config
+from fedunlearn.config import HistoryConfig, RunConfig, dump_config
 from fedunlearn.errors import ConfigError
-from fedunlearn.fl.records import ClientUpdate, RoundRecord, UpdateStatus
-from fedunlearn.history.policy import DOT_AGGREGATE_KEY, PolicyEnv, build_policy
-from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.history.policy import (
+    PolicyEnv,
+    build_policy,
+)
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.integrations.flower.app_model import (
+    ModelChoice,
+    app_namespaces,
+    model_layout,
+    resolve_model,
+)
 from fedunlearn.integrations.flower.app_protocol import (
+    CONFIG_ROUND,
+    CONFIG_RUN_SEED,
     DEFAULT_MAX_ABS,
     DEFAULT_WEIGHT_KEY,
     ArrayLayout,
-    Reply,
-    check_reply,
 )
-from fedunlearn.models import federated_buffers
+from fedunlearn.integrations.flower.app_rounds import (
+    AppRound,
+    numbers,
+    sort_replies,
+    write_round,
+)
+from fedunlearn.integrations.flower.app_sampling import (
+    TvRounds,
+    tv_rounds,
+    weigh_by_multiplicity,
+)
+from fedunlearn.integrations.flower.app_settings import (
+    TrainSettings,
+    pending_request,
+    recorded_config,
+    resolve_training,
+)
 from fedunlearn.runs import (
     CONFIG_FILE,
     HISTORY_DIR,
     METRICS_FILE,
     SUMMARY_FILE,
-    metrics_line,
-    resolve_config,
 )
+from fedunlearn.runs.app_requests import APP_META
 from fedunlearn.runs.rundir import write_json
+from fedunlearn.runs.setup import aggregator_of
 from fedunlearn.runs.user import user_model
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("all", "every", "none")
-APP_META = "flower_app"  # store metadata: what unlearning over the app needs
 
 
-def model_layout(model: nn.Module, record: ArrayRecord, path: str) -> ArrayLayout:
-    """Return the layout of ``record`` in the model's flat order, checked against the model.
-
-    Raises:
-        ConfigError: the record's arrays are not the model's parameters and persistent buffers
-            (names and shapes).
-    """
-    state = dict(model.named_parameters()) | dict(federated_buffers(model))
-    order = list(dict(model.named_parameters())) + [n for n, _ in federated_buffers(model)]
-    mine = {n: tuple(t.shape) for n, t in state.items()}
-    theirs = {k: tuple(int(d) for d in record[k].shape) for k in record.keys()}
-    if mine != theirs:
-        lacking = sorted(set(mine) - set(theirs))
-        extra = sorted(set(theirs) - set(mine))
-        shapes = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
-        raise ConfigError(
-            f"model {path!r} does not fit the initial arrays: they must be the same (the model's "
-            f"parameters and buffers); missing {lacking[:4]}, extra {extra[:4]}, other shapes "
-            f"{[(k, mine[k], theirs[k]) for k in shapes[:3]]}"
-        )
-    return ArrayLayout.of(record, order)
-
-
-@dataclass
-class _Round:
-    """One aggregated round, written when its evaluation is known."""
-
-    round: int
-    before: torch.Tensor
-    after: torch.Tensor
-    accepted: dict[int, Reply] = field(default_factory=dict)
-    rejected: dict[int, str] = field(default_factory=dict)
-    missing: dict[int, str] = field(default_factory=dict)
-    unnamed: list[str] = field(default_factory=list)  # rejected replies with no client record
-    scalars: dict[str, Any] = field(default_factory=dict)
-
-
-def _numbers(record: MetricRecord | None, prefix: str = "") -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in (record or {}).items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[prefix + key] = float(value)
-    return out
+def app_name(caller: Mapping[str, Any]) -> str:
+    """Return the app's name: the top-level package of the ServerApp's module."""
+    name = str(caller.get("__name__", "") or "").split(".")[0]
+    return name if name and name != "__main__" else "flower-app"
 
 
 class Recording(Strategy):
     """A Message-API strategy whose rounds are recorded into a fedunlearn run directory.
 
+    Every argument but ``strategy`` is optional (``app_settings``: where each setting is
+    looked up when not given).
+
     Args:
         strategy: The wrapped strategy (``FedAvg(...)``, any ``Strategy``).
+        context: The ServerApp's ``Context``: its run config holds the app's settings (and a
+            request to serve), its run id names the default run directory.
         run_dir: The run directory to create (must not hold a run).
-        model: Import path of the model factory, ``"pkg.module:function"``, called as
-            ``function(input_shape, num_classes, **model_options)``.
-        input_shape: Shape of one example (the factory's first argument).
-        num_classes: Number of classes (its second).
+        model: The model: a zero-argument ``nn.Module`` class (Flower's ``Net``), a factory
+            ``function(input_shape, num_classes, **model_options)`` or its import path
+            ``"pkg.module:function"``; default: the app's class whose arrays match
+            (``app_model``), else the arrays alone.
+        input_shape: Shape of one example (needed only by a factory that takes it).
+        num_classes: Number of classes (default: the last one-dimensional array's length).
         model_options: Keyword options of the factory.
         policy: Recording policy: ``all``, ``every`` or ``none``.
         every: With ``every``: keep the updates of every k-th round.
         num_clients: Number of clients (default: the connected nodes at the start, or more
             when replies name higher ids).
-        seed: The run seed (recorded; fresh unlearning work derives its seeds from it).
+        seed: The run seed (recorded; clients and fresh unlearning work derive seeds from it).
         weight_key: The sample-count key of a reply's metrics (default: the strategy's
             ``weighted_by_key``, else ``num-examples``).
         max_abs: Replies holding a value above this (in absolute value) are rejected.
-        lr: Learning rate recorded for fresh unlearning work (default: ``train_config["lr"]``).
-        local_epochs: Local epochs recorded (default: ``train_config["local-epochs"]``, else 1).
-        batch_size: Batch size recorded (informational: the ClientApp batches its own data).
+        lr: Learning rate recorded for fresh unlearning work.
+        local_epochs: Local epochs the clients train (recorded; fresh work asks the same).
+        batch_size: Batch size recorded (the ClientApp batches its own data).
+        sampling: ``tv_stable`` for deletion-ready rounds (``app_sampling``).
+        local_steps: ``tv_stable``: local mini-batch steps per round.
+        accuracy_key: The ``evaluate_fn`` metric that is the test accuracy, when it is named
+            other than ``accuracy``, ``acc``, ``test_accuracy`` or ``test_acc``.
+        node_timeout: Seconds to wait for nodes to connect (``tv_stable`` and unlearning).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - every setting has a default looked up in the app
         self,
         strategy: Strategy,
+        context: Context | None = None,
         *,
-        run_dir: str | Path,
-        model: str,
-        input_shape: tuple[int, ...],
-        num_classes: int,
+        run_dir: str | Path | None = None,
+        model: str | Callable[..., nn.Module] | None = None,
+        input_shape: tuple[int, ...] | None = None,
+        num_classes: int | None = None,
         model_options: dict[str, Any] | None = None,
         policy: str = "all",
         every: int = 5,
         num_clients: int | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         weight_key: str | None = None,
         max_abs: float = DEFAULT_MAX_ABS,
         lr: float | None = None,
         local_epochs: int | None = None,
-        batch_size: int = 32,
+        batch_size: int | None = None,
+        sampling: str | None = None,
+        local_steps: int | None = None,
+        accuracy_key: str | None = None,
+        node_timeout: float = 60.0,
     ) -> None:
         if policy not in POLICIES:
             raise ConfigError(
@@ -177,22 +187,35 @@ class Recording(Strategy):
                 "cannot run here)"
             )
         self.strategy = strategy
-        self.run_dir = Path(run_dir)
-        self.model_path = model
-        self.input_shape = tuple(int(s) for s in input_shape)
-        self.num_classes = int(num_classes)
+        self.context = context
+        self.model = model
+        self.input_shape = None if input_shape is None else tuple(int(s) for s in input_shape)
+        self.num_classes = num_classes
         self.model_options = dict(model_options or {})
         self.history = HistoryConfig(policy=policy, every=every)
         self.num_clients = num_clients
-        self.seed = int(seed)
         self.weight_key = weight_key or getattr(strategy, "weighted_by_key", DEFAULT_WEIGHT_KEY)
         self.max_abs = float(max_abs)
-        self.lr, self.local_epochs, self.batch_size = lr, local_epochs, batch_size
+        self.accuracy_key = accuracy_key
+        self.node_timeout = float(node_timeout)
+        self._given = {
+            "run_dir": None if run_dir is None else str(run_dir),
+            "lr": lr,
+            "local_epochs": local_epochs,
+            "batch_size": batch_size,
+            "seed": seed,
+            "sampling": sampling,
+            "local_steps": local_steps,
+        }
+        self.settings: TrainSettings | None = None
+        self.run_dir: Path | None = Path(run_dir) if run_dir is not None else None
         self.recording_seconds: list[float] = []  # the wrapper's own time per round
         self.store: HistoryStore | None = None
         self.layout: ArrayLayout | None = None
+        self.choice: ModelChoice | None = None
+        self.served: dict[str, Any] | None = None  # a request served instead of training
         self._policy: Any = None
-        self._pending: _Round | None = None
+        self._pending: AppRound | None = None
         self._before: torch.Tensor | None = None
         self._asked: set[int] = set()
         self._node_clients: dict[int, set[int]] = {}
@@ -200,6 +223,14 @@ class Recording(Strategy):
         self._config: RunConfig | None = None
         self._started = 0.0
         self._model_record: dict[str, Any] = {}
+        self._tv: TvRounds | None = None
+        self._unplaced: dict[int, str] = {}  # tv_stable: drawn clients no node hosts
+        self._app = "flower-app"
+
+    @property
+    def run_config(self) -> Mapping[str, Any]:
+        """The app's run config (empty without a context)."""
+        return dict(self.context.run_config) if self.context is not None else {}
 
     # ----- Flower's loop -----------------------------------------------------------------
 
@@ -213,13 +244,30 @@ class Recording(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Run the wrapped strategy's rounds (``Strategy.start``), recording each one."""
-        self._open(grid, initial_arrays, num_rounds, train_config or ConfigRecord())
+        """Serve a pending unlearning request, else run the strategy's rounds, recording each."""
+        caller = sys._getframe(1).f_globals  # the ServerApp's module: its app and model
+        self._app = app_name(caller)
+        pending = pending_request(self._app, self.run_config, self._given["run_dir"])
+        if pending is not None:
+            from fedunlearn.integrations.flower.app_unlearn import serve_request
+
+            served = serve_request(
+                grid,
+                pending,
+                evaluate_fn=evaluate_fn,
+                accuracy_key=self.accuracy_key,
+                round_timeout=timeout,
+                node_timeout=self.node_timeout,
+            )
+            self.served = served.summary
+            return served.result
+        train_config = train_config if train_config is not None else ConfigRecord()
+        self._open(grid, initial_arrays, num_rounds, train_config, app_namespaces(caller))
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
             if self._pending is not None and self._pending.round == server_round:
-                self._pending.scalars.update(_numbers(res))
+                self._pending.scalars.update(numbers(res))
             return res
 
         try:
@@ -242,11 +290,22 @@ class Recording(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Write the previous round, then let the strategy build its train messages."""
+        """Write the previous round, then build the round's train messages.
+
+        The strategy builds them (its sampling), with the run seed and round added to the
+        config (the ClientApp seeds its training from them); under ``tv_stable`` the wrapper
+        does (``app_sampling``).
+        """
         self._flush()
-        assert self.layout is not None  # set by start
+        assert self.layout is not None and self.settings is not None  # set by start
         self._before = self.layout.flatten(arrays)
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        config[CONFIG_RUN_SEED] = int(self.settings.seed)
+        config[CONFIG_ROUND] = int(server_round)
+        if self._tv is not None:
+            messages, self._unplaced = self._tv.messages(server_round, arrays, config)
+        else:
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+            self._unplaced = {}
         self._asked = {int(m.metadata.dst_node_id) for m in messages}
         return messages
 
@@ -256,47 +315,35 @@ class Recording(Strategy):
         """Check the replies, let the strategy aggregate the good ones, keep the round."""
         started = time.perf_counter()
         assert self.layout is not None and self._before is not None
-        rnd = _Round(server_round, self._before, self._before)
-        good: list[Message] = []
-        replied: set[int] = set()
-        for reply in replies:
-            node = int(reply.metadata.src_node_id)
-            replied.add(node)
-            if reply.has_error():
-                reason = reply.error.reason.strip()[-300:]
-                for cid in sorted(self._node_clients.get(node, ())):
-                    rnd.missing[cid] = f"client error: ...{reason}"
-                if not self._node_clients.get(node):
-                    rnd.unnamed.append(f"node {node} replied with an error: ...{reason}")
-                continue
-            cid, out = check_reply(
-                reply, self.layout, weight_key=self.weight_key, max_abs=self.max_abs
-            )
-            if isinstance(out, Reply) and out.client_id in rnd.accepted:
-                first = rnd.accepted[out.client_id].node
-                out = f"client {cid}: a second reply this round (node {node}; first: node {first})"
-                cid = None  # keep the first reply's record
-            if isinstance(out, str):
-                log.warning("round %d: rejected reply: %s", server_round, out)
-                if cid is None:
-                    rnd.unnamed.append(out)
-                else:
-                    rnd.rejected[cid] = out
-                    self._node_clients.setdefault(node, set()).add(cid)
-                continue
-            rnd.accepted[out.client_id] = out
-            self._node_clients.setdefault(node, set()).add(out.client_id)
-            self._sizes[out.client_id] = out.num_samples
-            good.append(reply)
-        for node in sorted(self._asked - replied):
-            for cid in sorted(self._node_clients.get(node, ())):
-                rnd.missing.setdefault(cid, "no reply before the round's timeout")
+        rnd = AppRound(server_round, self._before, self._before, missing=dict(self._unplaced))
+        good = sort_replies(
+            rnd,
+            replies,
+            self.layout,
+            asked=self._asked,
+            node_clients=self._node_clients,
+            sizes=self._sizes,
+            weight_key=self.weight_key,
+            max_abs=self.max_abs,
+        )
         own = time.perf_counter() - started
-        arrays, metrics = self.strategy.aggregate_train(server_round, good)
+        if self._tv is not None:
+            draw = self._tv.draws[server_round]
+            rnd.multiplicity = dict(draw.multiplicity)
+            _, metrics = self.strategy.aggregate_train(
+                server_round, weigh_by_multiplicity(good, draw, self.weight_key)
+            )
+            assert self._config is not None
+            record = self._tv.aggregate(
+                server_round, self._before, rnd.accepted, aggregator_of(self._config)
+            )
+            arrays: ArrayRecord | None = self.layout.record(record.global_after)
+        else:
+            arrays, metrics = self.strategy.aggregate_train(server_round, good)
         started = time.perf_counter()
         if arrays is not None:
             rnd.after = self.layout.flatten(arrays)
-        rnd.scalars.update(_numbers(metrics))
+        rnd.scalars.update(numbers(metrics))
         self._pending = rnd
         self.recording_seconds.append(own + time.perf_counter() - started)
         return arrays, metrics
@@ -313,7 +360,7 @@ class Recording(Strategy):
         """The wrapped strategy's; its metrics join the round's, prefixed ``federated_``."""
         metrics = self.strategy.aggregate_evaluate(server_round, replies)
         if self._pending is not None and self._pending.round == server_round:
-            self._pending.scalars.update(_numbers(metrics, "federated_"))
+            self._pending.scalars.update(numbers(metrics, "federated_"))
         return metrics
 
     def summary(self) -> None:
@@ -323,22 +370,70 @@ class Recording(Strategy):
     # ----- the run directory -------------------------------------------------------------
 
     def _open(
-        self, grid: Grid, initial: ArrayRecord, num_rounds: int, train_config: ConfigRecord
+        self,
+        grid: Grid,
+        initial: ArrayRecord,
+        num_rounds: int,
+        train_config: ConfigRecord,
+        namespaces: list[Mapping[str, Any]],
     ) -> None:
-        """Check the model against the arrays, create the store, keep M_0 (round 0)."""
+        """Resolve the settings and the model, create the store, keep M_0 (round 0)."""
+        self.settings = resolve_training(
+            app=self._app,
+            run_id=self.context.run_id if self.context is not None else None,
+            given=self._given,
+            run_config=self.run_config,
+            train_config=dict(train_config),
+        )
+        self.run_dir = self.settings.run_dir
         if (self.run_dir / HISTORY_DIR).exists():
             raise ConfigError(f"{self.run_dir} already holds a run; choose another run_dir")
-        num_clients = self.num_clients or max(1, len(list(grid.get_node_ids())))
-        self._config = self._run_config(num_rounds, num_clients, train_config)
+        self.choice = resolve_model(
+            self.model,
+            initial,
+            input_shape=self.input_shape,
+            num_classes=self.num_classes,
+            options=self.model_options,
+            namespaces=namespaces,
+        )
+        num_clients = self.num_clients
+        if self.settings.sampling == "tv_stable":
+            self._tv, num_clients = tv_rounds(
+                grid,
+                self.settings,
+                participation=self._participation(),
+                num_clients=num_clients,
+                min_nodes=int(getattr(self.strategy, "min_available_nodes", 1)),
+                node_timeout=self.node_timeout,
+            )
+            for cid, node in self._tv.nodes.nodes.items():
+                self._node_clients.setdefault(node, set()).add(cid)
+        num_clients = num_clients or max(1, len(list(grid.get_node_ids())))
+        self._config = recorded_config(
+            self.settings,
+            self.choice,
+            rounds=num_rounds,
+            num_clients=num_clients,
+            participation=self._participation(),
+            history=self.history,
+        )
         # the factory resolved, called and checked as for any run (fedunlearn.runs.user)
         model, self._model_record = user_model(
-            self._config, None, self.input_shape, self.num_classes, None
+            self._config, None, self.choice.input_shape, self.choice.num_classes, None
         )
-        self.layout = model_layout(model, initial, self.model_path)
+        # an arrays-only model holds the record's arrays in its order (app_model.ArraysModule)
+        self.layout = (
+            ArrayLayout.of(initial)
+            if self.choice.arrays_only
+            else model_layout(model, initial, self.choice.path)
+        )
         self._policy = build_policy(
             self._config.history,
             PolicyEnv(
-                model=model, final_round=num_rounds, seed=self.seed, reference_set=_no_reference
+                model=model,
+                final_round=num_rounds,
+                seed=self.settings.seed,
+                reference_set=_no_reference,
             ),
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -347,37 +442,28 @@ class Recording(Strategy):
         self.store = HistoryStore.create(self.run_dir / HISTORY_DIR, meta=self._meta())
         self._started = time.perf_counter()
         flat = self.layout.flatten(initial)
-        self._pending = _Round(0, flat, flat)
-
-    def _run_config(self, rounds: int, num_clients: int, train_config: ConfigRecord) -> RunConfig:
-        lr = self.lr if self.lr is not None else float(train_config.get("lr", 0.05))
-        epochs = self.local_epochs or int(train_config.get("local-epochs", 1))
-        return resolve_config(
-            parse_config(
-                {
-                    "seed": self.seed,
-                    "data": {"dataset": "node-local", "num_clients": num_clients},
-                    "model": {"factory": self.model_path, "options": self.model_options},
-                    "training": {
-                        "rounds": rounds,
-                        "local_epochs": epochs,
-                        "lr": lr,
-                        "batch_size": self.batch_size,
-                        # the share of clients the strategy samples (FedAvg's fraction_train)
-                        "participation": min(
-                            1.0, float(getattr(self.strategy, "fraction_train", 1.0) or 1.0)
-                        ),
-                        "executor": "serial",
-                        "device": "cpu",
-                    },
-                    "history": self.history.model_dump(),
-                },
-                "<Recording>",
-            )
+        self._pending = AppRound(0, flat, flat)
+        found = self.settings.found
+        flwr_log(
+            INFO,
+            "fedunlearn: recording into %s (model: %s; local work: %s from %s; lr %g from %s; "
+            "sampling %s)",
+            self.run_dir,
+            self.choice.how,
+            f"{self.settings.local_steps} steps"
+            if self.settings.local_steps
+            else f"{self.settings.local_epochs} epoch(s)",
+            found.get("local_steps" if self.settings.local_steps else "local_epochs"),
+            self.settings.lr,
+            found.get("lr"),
+            self.settings.sampling,
         )
 
+    def _participation(self) -> float:
+        return min(1.0, float(getattr(self.strategy, "fraction_train", 1.0) or 1.0))
+
     def _meta(self) -> dict[str, Any]:
-        assert self._config is not None and self.layout is not None
+        assert self._config is not None and self.layout is not None and self.choice is not None
         return {
             "config": self._config.model_dump(mode="json"),
             "malicious": [],
@@ -391,90 +477,37 @@ class Recording(Strategy):
                 "data": {
                     "path": None,
                     "server_side": False,
-                    "input_shape": list(self.input_shape),
-                    "num_classes": self.num_classes,
+                    "input_shape": list(self.choice.input_shape),
+                    "num_classes": self.choice.num_classes,
                 },
             },
             APP_META: {
                 "layout": self.layout.to_meta(),
-                "input_shape": list(self.input_shape),
-                "num_classes": self.num_classes,
+                "input_shape": list(self.choice.input_shape),
+                "num_classes": self.choice.num_classes,
                 "weight_key": self.weight_key,
                 "strategy": type(self.strategy).__name__,
+                "app": self._app,
+                "arrays_only": self.choice.arrays_only,
+                "accuracy_key": self.accuracy_key,
             },
         }
 
     def _flush(self) -> None:
         """Write the pending round (if any) into the store and the metrics file."""
         rnd, self._pending = self._pending, None
-        if rnd is None or self.store is None:
+        if rnd is None or self.store is None or self.run_dir is None:
             return
         started = time.perf_counter()
-        aggregate = rnd.after - rnd.before
-        scalars = dict(rnd.scalars)
-        if rnd.round == 0:
-            self.store.write_round(RoundEntry(round=0, global_model=rnd.after, scalars=scalars))
-        else:
-            updates = {c: r.params - rnd.before for c, r in rnd.accepted.items()}
-            record = RoundRecord(
-                round=rnd.round,
-                global_before=rnd.before,
-                global_after=rnd.after,
-                aggregate=aggregate,
-                updates=tuple(
-                    ClientUpdate(c, d, rnd.accepted[c].num_samples, rnd.accepted[c].loss or 0.0)
-                    for c, d in updates.items()
-                ),
-            )
-            keep = self._policy.updates_to_store(record)
-            agg64 = aggregate.to(torch.float64)
-            clients = [
-                ClientRecord(
-                    client_id=c,
-                    status=UpdateStatus.ACCEPTED.value,
-                    num_samples=rnd.accepted[c].num_samples,
-                    norm=float(d.norm()),
-                    loss=rnd.accepted[c].loss,
-                    scalars={DOT_AGGREGATE_KEY: float(d.to(torch.float64) @ agg64)},
-                )
-                for c, d in updates.items()
-            ]
-            clients += [
-                ClientRecord(client_id=c, status=UpdateStatus.REJECTED.value, reason=why)
-                for c, why in sorted(rnd.rejected.items())
-                if c not in rnd.accepted
-            ]
-            clients += [
-                ClientRecord(client_id=c, status=UpdateStatus.MISSING.value, reason=why)
-                for c, why in sorted(rnd.missing.items())
-                if c not in rnd.accepted and c not in rnd.rejected
-            ]
-            if rnd.unnamed:
-                scalars["rejected_replies"] = len(rnd.unnamed)
-                scalars["rejected_reasons"] = " | ".join(rnd.unnamed)[:2000]
-            self.store.write_round(
-                RoundEntry(
-                    round=rnd.round,
-                    global_model=rnd.after,
-                    aggregate=aggregate,
-                    updates={c: d for c, d in updates.items() if c in keep},
-                    clients=clients,
-                    scalars=scalars,
-                )
-            )
-        row = metrics_line(rnd.round, scalars)
-        row["num_accepted"] = len(rnd.accepted)
-        row["num_rejected"] = len(rnd.rejected) + len(rnd.unnamed)
-        with (self.run_dir / METRICS_FILE).open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        write_round(self.store, self._policy, rnd, self.run_dir / METRICS_FILE)
         if rnd.round and self.recording_seconds:
             self.recording_seconds[-1] += time.perf_counter() - started
 
     def _finish(self, num_rounds: int) -> None:
         """Store the clients' sizes (and their count) and write ``summary.json``."""
-        assert self.store is not None and self._config is not None
+        assert self.store is not None and self._config is not None and self.run_dir is not None
         seen = max(self._sizes, default=-1) + 1
-        if seen > self._config.data.num_clients:
+        if seen > self._config.data.num_clients and self._tv is None:  # tv_stable: K is frozen
             self._config = self._config.model_copy(
                 update={"data": self._config.data.model_copy(update={"num_clients": seen})}
             )
@@ -498,6 +531,18 @@ class Recording(Strategy):
             "client_sizes": {str(c): n for c, n in sorted(self._sizes.items())},
         }
         write_json(self.run_dir / SUMMARY_FILE, summary)
+        flwr_log(
+            INFO,
+            "fedunlearn: recorded %d round(s) of %d client(s) in %s; to forget a client: "
+            "fedunlearn unlearn %s --forget ID --method %s --out %s, then flwr run the app "
+            "again",
+            num_rounds,
+            len(self._sizes),
+            self.run_dir,
+            self.run_dir,
+            "tv_exact" if self._tv is not None else "retrain",
+            self.run_dir / "forget.json",
+        )
 
 
 def _no_reference(size: int) -> Any:

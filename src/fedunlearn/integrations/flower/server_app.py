@@ -65,6 +65,7 @@ from fedunlearn.runs import (
     make_recording_policy,
     resolve_config,
 )
+from fedunlearn.runs.setup import sampler_of
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 MODES = ("train", "unlearn", "continue")
@@ -249,6 +250,11 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
     """
     config = resolve_config(config)  # as train_run: the stored config names every option
     refuse_dp(config, "train")
+    if config.training.shards > 1:
+        raise ConfigError(
+            "training.shards > 1: sharded training is not implemented over Flower yet; train "
+            "it in-process with 'fedunlearn train'"
+        )
     run_dir = job.run_dir
     history_dir = run_dir / HISTORY_DIR
     if history_dir.exists():
@@ -293,6 +299,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             clients,
             setup.aggregator,
             participation=config.training.participation,
+            sampler=sampler_of(config),
             evaluate=setup.evaluate,
             observers=[
                 MissingAwareRecorder(store, policy, clients.missing),

@@ -4,13 +4,15 @@ Paper: none; the server side of ``fedunlearn.fl.engine.run_round`` split into Fl
 
 ``HistoryStrategy.start(grid, initial_arrays, num_rounds)`` (Flower's loop) calls, per round:
 
-1. ``configure_train``: sample the participants exactly as ``run_rounds`` does
-   (``sample_clients(ids, participation, seed, round)``) and build one ``train`` message per
+1. ``configure_train``: draw the participants with the run's sampler exactly as ``run_rounds``
+   does (``runs.setup.sampler_of``: a seeded fraction, or TV-stable sampling's multiset of K
+   draws with replacement among the clients) and build one ``train`` message per distinct
    participant for the node hosting it (``FlowerClients.messages``);
 2. ``aggregate_train``: decode the replies (every client's upload is visible here), record
    non-repliers as missing, apply the update mods, then hand the uploads to the engine's own
    ``run_round`` (screening, the run's aggregator, ``M_{t+1} = M_t + aggregate``, evaluation),
-   and give the ``RoundRecord`` to the observers: ``MissingAwareRecorder`` (the recording
+   (weights: n_c, or a TV-stable draw's multiplicities), and give the ``RoundRecord`` to the
+   observers: ``MissingAwareRecorder`` (the recording
    policy, into the history store), the metrics writer, anything else;
 3. ``configure_evaluate`` / ``aggregate_evaluate``: nothing (evaluation is on the server, in
    step 2, as in-process).
@@ -32,8 +34,9 @@ from flwr.serverapp.strategy import Strategy
 
 from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.clients import ClientsWrapper, TrainTask
-from fedunlearn.fl.engine import Evaluator, RoundObserver, run_round, sample_clients
+from fedunlearn.fl.engine import Evaluator, RoundObserver, run_round
 from fedunlearn.fl.records import ClientUpdate, RoundRecord, UpdateStatus
+from fedunlearn.fl.sampling import ClientDraw, ClientSampler, FractionSampler
 from fedunlearn.history.policy import DeferredPolicy, HistoryRecorder, RecordingPolicy
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.integrations.flower.driver import FlowerClients
@@ -107,7 +110,9 @@ class HistoryStrategy(Strategy):
     Args:
         clients: The federation over the Grid.
         aggregator: The run's aggregation rule (``make_aggregator``).
-        participation: Fraction of clients sampled each round.
+        participation: Fraction of clients sampled each round (without ``sampler``).
+        sampler: The run's client sampler (``runs.setup.sampler_of``); default: a
+            ``FractionSampler`` of ``participation`` with the clients' seed.
         evaluate: Server-side evaluation of each new global model (joins the round metrics).
         observers: Told about each finished round, in order (put the recorder first).
     """
@@ -118,12 +123,15 @@ class HistoryStrategy(Strategy):
         aggregator: Aggregator,
         *,
         participation: float = 1.0,
+        sampler: ClientSampler | None = None,
         evaluate: Evaluator | None = None,
         observers: Sequence[RoundObserver] = (),
     ) -> None:
         self.clients = clients
         self.aggregator = aggregator
         self.participation = participation
+        self.sampler = sampler or FractionSampler(participation, clients.seed)
+        self._draw: ClientDraw | None = None
         self.evaluate = evaluate
         self.observers = tuple(observers)
         self.records: list[RoundRecord] = []
@@ -134,10 +142,8 @@ class HistoryStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample the round's participants and build their ``train`` messages."""
-        asked = sample_clients(
-            self.clients.client_ids, self.participation, self.clients.seed, server_round
-        )
-        self._task = TrainTask(from_arrays(arrays), asked, server_round)
+        self._draw = self.sampler.draw(server_round, self.clients.client_ids)
+        self._task = TrainTask(from_arrays(arrays), self._draw.ids, server_round)
         messages = self.clients.messages(self._task)
         self._sent_at = time.perf_counter()
         return messages
@@ -158,7 +164,9 @@ class HistoryStrategy(Strategy):
             self.aggregator,
             task.global_params,
             server_round,
-            task.client_ids,
+            self._draw
+            if self._draw is not None and not self._draw.size_weighted
+            else task.client_ids,
             evaluate=self.evaluate,
         )
         for observer in self.observers:
