@@ -69,6 +69,7 @@ import functools
 import json
 import os
 import sqlite3
+import sys
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -206,6 +207,48 @@ def _check_header(file: Path) -> None:
             f"{file}: truncated: the header says {pages * page_size} bytes, the file has {size}; "
             "nothing was changed. Restore it from a backup or start a new run."
         )
+
+
+def _wal_damage(file: Path) -> str | None:
+    """Say whether SQLite dropped committed transactions of the WAL for a damaged frame.
+
+    SQLite reads the write-ahead log up to its first frame that fails its checksum and ignores
+    the rest, as after a torn write; so a damaged frame in the middle of the log silently rolls
+    the store back to an earlier commit (rounds, a continuation's rounds). The log's frames
+    after the last valid one (``mxFrame`` in the wal-index) that carry the log's current salt
+    and a commit mark were written after the damaged frame: one may be the torn last
+    transaction of a crash, two or more mean committed transactions would be lost. Skipped
+    (None) while another process writes (the wal-index changes during the look).
+    """
+    wal, shm = (file.with_name(file.name + suffix) for suffix in ("-wal", "-shm"))
+    try:
+        if not wal.exists() or wal.stat().st_size <= 32 or not shm.exists():
+            return None
+        before = shm.read_bytes()[:48]
+        with wal.open("rb") as fh:
+            header = fh.read(32)
+            frame = 24 + int.from_bytes(header[8:12], "big")
+            valid = int.from_bytes(before[16:20], sys.byteorder)  # mxFrame
+            if before[32:40] != header[16:24]:  # the wal-index describes another log
+                return None
+            lost = 0
+            fh.seek(32 + valid * frame)
+            while len(head := fh.read(24)) == 24:
+                if head[8:16] == header[16:24] and int.from_bytes(head[4:8], "big"):
+                    lost += 1
+                fh.seek(frame - 24, os.SEEK_CUR)
+        if shm.read_bytes()[:48] != before or lost < 2:
+            return None
+    except OSError:
+        return None
+    offset = 32 + valid * frame
+    return (
+        f"{wal}: the write-ahead log is damaged after frame {valid}: {lost} commit(s) written "
+        "after it (e.g. rounds since the last checkpoint) would be dropped without a word; "
+        f"nothing was changed. Keep a copy of {file.parent}, then drop the damaged end of the "
+        f"log with 'truncate -s {offset} {wal}' (what SQLite would do) and resume or continue "
+        "the run, which retrains what was lost; or restore it from a backup."
+    )
 
 
 @functools.cache
@@ -403,7 +446,10 @@ class HistoryStore(Erasure, Integrity, Generations):
             store = cls(con, file, lock)
             with store._sqlite("opening the store"):
                 store._configure()
-                store._check_schema()
+                store._check_schema()  # its reads recover the WAL: the wal-index is current
+                damage = _wal_damage(file)
+                if damage is not None:
+                    raise HistoryCorruptError(damage)
                 if writable:
                     store._add_deletion_tables()
         except BaseException:
