@@ -106,7 +106,7 @@ def save_model(
 
 def _os_error(err: Exception, path: Path) -> OSError:
     """An ``OSError`` for a failed safetensors write (it reports the OS error in its text)."""
-    found = re.search(r"code: (\d+)", str(err))
+    found = re.search(r"(?:code: |os error )(\d+)", str(err))  # its Rust io::Error's text
     code = int(found.group(1)) if found else errno.EIO
     return OSError(code, os.strerror(code) if found else str(err), str(path))
 
