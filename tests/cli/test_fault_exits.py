@@ -13,19 +13,14 @@ import sqlite3
 
 import pytest
 import yaml
+from tests.support.faults import small_config
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
 from fedunlearn.config import parse_config
 from fedunlearn.runs import train_run
 
-SMALL = {
-    "seed": 1,
-    "data": {"dataset": "digits", "num_clients": 4, "max_train_samples": 400},
-    "model": {"name": "mlp", "hidden": [8]},
-    "training": {"rounds": 2, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
-    "history": {"policy": "all"},
-}
+SMALL = small_config(2)
 PAGE = 16384  # the store's page size (history/store/sqlite.py)
 runner = CliRunner()
 
@@ -82,7 +77,7 @@ def test_a_damaged_store_exits_1_with_one_line_and_no_disk_space_advice(trained,
 
 
 def test_a_learning_rate_beyond_float32_is_refused_before_anything_is_written(tmp_path):
-    config = {**SMALL, "training": {**SMALL["training"], "lr": 1e308}}
+    config = small_config(2, lr=1e308)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")
@@ -93,8 +88,7 @@ def test_a_learning_rate_beyond_float32_is_refused_before_anything_is_written(tm
 
 @pytest.mark.slow  # trains a run on the vectorized executor (about 3 s)
 def test_a_batch_larger_than_every_client_trains_on_the_vectorized_executor(tmp_path):
-    config = {**SMALL, "training": {**SMALL["training"], "batch_size": 100_000_000}}
-    config["training"]["executor"] = "vectorized"
+    config = small_config(2, batch_size=100_000_000, executor="vectorized")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run", "--json")
@@ -103,6 +97,7 @@ def test_a_batch_larger_than_every_client_trains_on_the_vectorized_executor(tmp_
     assert json.loads(res.stdout)["rounds"] == 2
 
 
+@pytest.mark.slow  # builds the federation and evaluates round 0 (about 4 s on 2 cores)
 def test_an_engine_failure_in_the_first_round_leaves_no_run_directory(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("value cannot be converted to type float without overflow")
@@ -115,4 +110,18 @@ def test_an_engine_failure_in_the_first_round_leaves_no_run_directory(tmp_path, 
     assert res.exit_code == 2, res.output  # never 1: for unlearn that means influence remains
     assert len(errors(res)) == 1 and "unexpected RuntimeError" in errors(res)[0]
     assert "Traceback" not in res.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # builds the federation and evaluates round 0
+def test_an_interrupt_is_not_reported_as_influence_remains(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fedunlearn.runs.train.run_rounds", interrupted)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+
+    res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")
+
+    assert res.exit_code == 130 and len(errors(res)) == 1  # click's own handling exits 1
     assert not (tmp_path / "run").exists()

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from tests.support import faults
-from tests.support.faults import Fault, error_lines
+from tests.support.faults import Fault, error_lines, small_config
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -24,13 +24,7 @@ from fedunlearn.runs import apply_result, continue_run, forget_clients, train_ru
 
 pytestmark = pytest.mark.slow  # every case starts fedunlearn processes (5-15 s each, 2 cores)
 
-SMALL = {
-    "seed": 1,
-    "data": {"dataset": "digits", "num_clients": 4, "max_train_samples": 400},
-    "model": {"name": "mlp", "hidden": [512]},  # 154 kB a model: the apply file is 2.3 MB
-    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
-    "history": {"policy": "all"},
-}
+SMALL = small_config(3, hidden=512)  # 154 kB a model: the apply file is 2.3 MB
 DP = {
     **SMALL,
     "model": {"name": "mlp", "hidden": [16]},
@@ -250,8 +244,7 @@ def test_kill_9_during_forget_then_the_same_command_equals_an_uninterrupted_forg
 
 @pytest.mark.filterwarnings("ignore:this run was trained with")  # the child's thread count
 def test_a_damaged_wal_holding_several_rounds_is_named_not_dropped(tmp_path):
-    config = {**SMALL, "model": {"name": "mlp", "hidden": [8]}}
-    config["training"] = {**SMALL["training"], "rounds": 6}
+    config = small_config(6)
     (tmp_path / "c.yaml").write_text(json.dumps(config))
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train_run(parse_config(config), whole)

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 import torch
-from tests.support.faults import Fault, error_lines, run
+from tests.support.faults import Fault, error_lines, run, small_config
 
 from fedunlearn.config import parse_config
 from fedunlearn.experiments.lifecycle import apply_file_path
@@ -20,13 +20,7 @@ from fedunlearn.runs import train_run
 
 pytestmark = pytest.mark.slow  # real processes on a trained run (10-30 s each on 2 cores)
 
-SMALL = {
-    "seed": 1,
-    "data": {"dataset": "digits", "num_clients": 4, "max_train_samples": 400},
-    "model": {"name": "mlp", "hidden": [8]},
-    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
-    "history": {"policy": "all"},
-}
+SMALL = small_config(3)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import sqlite3
 
 import pytest
 import yaml
+from tests.support.faults import small_config
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -22,13 +23,7 @@ from fedunlearn.runs import train_run
 
 pytestmark = pytest.mark.slow  # a trained run and a result (about 10 s on 2 cores)
 
-SMALL = {
-    "seed": 1,
-    "data": {"dataset": "digits", "num_clients": 4, "max_train_samples": 400},
-    "model": {"name": "mlp", "hidden": [8]},
-    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
-    "history": {"policy": "all"},
-}
+SMALL = small_config(3)
 runner = CliRunner()
 
 

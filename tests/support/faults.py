@@ -81,6 +81,24 @@ class Fault:
     name: str = ""  # pause: the path prefix of its .paused / .go files
 
 
+def small_config(rounds: int = 3, hidden: int = 8, **training) -> dict:
+    """The suite's run: digits, 4 clients, 400 samples, an MLP, ``all`` recording (1-3 s)."""
+    return {
+        "seed": 1,
+        "data": {"dataset": "digits", "num_clients": 4, "max_train_samples": 400},
+        "model": {"name": "mlp", "hidden": [hidden]},
+        "training": {
+            "rounds": rounds,
+            "local_epochs": 1,
+            "lr": 0.3,
+            "batch_size": 32,
+            "executor": "serial",
+            **training,
+        },  # fmt: skip
+        "history": {"policy": "all"},
+    }
+
+
 def _limit(file_limit: int | None):
     def preexec() -> None:
         if file_limit is not None:

@@ -3,7 +3,8 @@
 - ``cli_errors`` wraps a command: every error ends it with one line on stderr (what is wrong,
   the path or field, what to do) and the documented exit code: 1 for a damaged store
   (``HistoryCorruptError``), 2 for everything else (bad input, the environment: a full disk,
-  permissions, memory; and an unexpected error, named as one). No failure exits 1 by accident:
+  permissions, memory; and an unexpected error, named as one), 130 for Ctrl-C (as a shell
+  reports SIGINT). No failure exits 1 by accident:
   for ``unlearn``, ``compare`` and ``audit`` 1 means the influence remains. ``fedunlearn
   --debug <command>`` re-raises instead, to show the traceback.
 - ``ensure_writable_output`` checks, before any work, that an output file or directory can be
@@ -185,6 +186,10 @@ def cli_errors(func: F) -> F:
             if debug_enabled():
                 raise
             fail(describe_os_error(err))
+        except KeyboardInterrupt:  # click would make it exit 1: "influence remains"
+            if debug_enabled():
+                raise
+            fail("interrupted; re-running the same command is safe (docs/faults.md)", 130)
         except MemoryError:
             if debug_enabled():
                 raise
