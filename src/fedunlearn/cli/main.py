@@ -2,8 +2,9 @@
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Every user-facing failure is one line on stderr naming the path or field and what to do, with
-exit code 2 (``cli.common.cli_errors``; ``fedunlearn --debug <command>`` shows the traceback).
-Outputs are checked writable before any work (``cli.common.ensure_writable_output``). torch, the
+exit code 1 for a damaged store and 2 otherwise, never 1 by accident (``cli.common.cli_errors``;
+``fedunlearn --debug <command>`` shows the traceback; docs/faults.md). Outputs are checked
+writable, with room for a model, before any work (``cli.common.ensure_writable_output``). torch, the
 methods and the reports are imported inside the commands that use them, so ``fedunlearn --help``
 and ``--version`` answer without loading them.
 """
@@ -268,7 +269,7 @@ def train(
         if config_path is not None or out is not None or resume or repair:
             raise ConfigError(
                 "--continue RUN takes the run directory only: drop CONFIG, --out, --resume and "
-                "--repair (e.g. fedunlearn train --continue runs/q --rounds 10)"
+                "--repair (e.g. fedunlearn train --continue runs/q --to-round 40)"
             )
         _continue(continue_dir, rounds, to_round, as_json)
         return
