@@ -142,7 +142,7 @@ def test_continue_refuses_another_round_count_while_one_is_unfinished(trained, t
     run = copy_run(trained, tmp_path)
     with HistoryStore.open(run / "history", writable=True) as store:
         store.update_meta({"continuation": {"from": 4, "rounds": 5, "target": 9}})
-    with pytest.raises(ConfigError, match="re-run it with --rounds 5"):
+    with pytest.raises(ConfigError, match="re-run it with --to-round 9 .or --rounds 5"):
         continue_run(run, 2)
     with pytest.raises(ConfigError, match="instead of --resume"):  # the config's run no more
         train_run(parse_config(SMALL), run, resume=True)

@@ -61,6 +61,8 @@ def _changed(section: BaseModel, names: frozenset[str] | set[str]) -> list[str]:
 
 #: A name registered under the entry-point group ``fedunlearn.models`` / ``fedunlearn.datasets``.
 _REGISTERED = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+#: The largest finite float32: the engine's tensors cannot hold a step size past it.
+FLOAT32_MAX = 3.4028234663852886e38
 #: What a built-in dataset's loading and partitioning read; a data source splits by itself.
 _PARTITION_FIELDS = frozenset(
     {
@@ -221,6 +223,17 @@ class TrainingConfig(_Frozen):
         description="local training, evaluation and unlearning's client work: auto (CUDA if "
         "torch sees a GPU, else the CPU), cpu, cuda, cuda:<index> or mps",
     )
+
+    @field_validator("lr", "weight_decay")
+    @classmethod
+    def _float32_range(cls, value: float) -> float:
+        # they multiply the engine's float32 tensors: past float32's range the step cannot run
+        if value > FLOAT32_MAX:
+            raise ValueError(
+                f"must be at most {FLOAT32_MAX:.3g} (float32's largest value, the engine's "
+                f"dtype); got {value:g}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _deletion_ready(self) -> TrainingConfig:

@@ -13,6 +13,7 @@ __all__ = [
     "HistoryCorruptError",
     "HistoryError",
     "ForgottenDataError",
+    "IntegrityError",
     "MalformedFrameError",
     "OutputError",
     "PeerAuthenticationError",
@@ -34,6 +35,13 @@ class FedUnlearnError(Exception):
 
 class ConfigError(FedUnlearnError, ValueError):
     """A configuration value is invalid (wrong type, out of range, inconsistent)."""
+
+
+class IntegrityError(ConfigError):
+    """A document fedunlearn wrote was changed since, or belongs to another run.
+
+    Its integrity digest (``fedunlearn.history.digest``) fails; bad input, nothing was changed.
+    """
 
 
 class UnknownNameError(FedUnlearnError, KeyError):

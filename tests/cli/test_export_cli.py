@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from fedunlearn import parse_config, train_run
 from fedunlearn.cli.main import app
 from fedunlearn.history import HistoryStore
+from fedunlearn.history.digest import seal
 from fedunlearn.models import get_flat_params, load_model, read_metadata
 
 runner = CliRunner()
@@ -117,8 +118,12 @@ def test_export_result_refuses_a_result_it_cannot_reproduce(run_dir, tmp_path):
     doc["test_accuracy"] = 0.123
     result_json.write_text(json.dumps(doc))
 
+    edited = invoke("export", run_dir, "--result", result_json, "--out", tmp_path / "x.safetensors")
+    seal(doc, doc["run"])  # as if computed elsewhere (another machine): sealed, not reproducible
+    result_json.write_text(json.dumps(doc))
     res = invoke("export", run_dir, "--result", result_json, "--out", tmp_path / "x.safetensors")
 
+    assert edited.exit_code == 2 and "IntegrityError" in text(edited)
     assert res.exit_code == 2
     assert "records 0.123" in text(res)
     assert not (tmp_path / "x.safetensors").exists()

@@ -16,6 +16,7 @@ import pytest
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.experiments import save_for_apply, unlearn_one
+from fedunlearn.history.digest import seal
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import apply_result, train_run
 
@@ -67,6 +68,7 @@ def test_a_result_whose_receipt_says_the_influence_remains_is_not_applied(traine
     summary = _result(run, "random", tmp_path / "r.json")
     # the receipt as 'fedunlearn unlearn' writes it when a check shows the influence remains
     summary["verification"] = {"influence": "remains", "verdict": "fail", "checks": []}
+    seal(summary, summary["run"])  # as written by unlearn (a receipt it did not compute)
     (tmp_path / "r.json").write_text(json.dumps(summary))
 
     with pytest.raises(ConfigError, match="influence remains") as err:
@@ -89,6 +91,7 @@ def test_apply_says_what_the_results_receipt_warned_about(trained, tmp_path):
             {"name": "utility", "verdict": "warn", "reason": "accuracy 9 points below"},
         ],
     }
+    seal(summary, summary["run"])  # as written by unlearn (a receipt it did not compute)
     (tmp_path / "r.json").write_text(json.dumps(summary))
 
     event = apply_result(run, tmp_path / "r.json")
@@ -111,6 +114,7 @@ def test_the_note_leaves_out_the_store_check_that_apply_made_stale(trained, tmp_
             {"name": "deletion", "verdict": "warn", "reason": "still stored", "scope": "store"}
         ],
     }
+    seal(summary, summary["run"])  # as written by unlearn (a receipt it did not compute)
     (tmp_path / "r.json").write_text(json.dumps(summary))
 
     assert apply_result(run, tmp_path / "r.json")["receipt"]["flagged"] == []

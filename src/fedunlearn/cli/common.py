@@ -1,7 +1,11 @@
 """What every ``fedunlearn`` command shares: one-line errors, output checks, client-id parsing.
 
-- ``cli_errors`` wraps a command: a ``FedUnlearnError`` or an ``OSError`` ends it with one line
-  on stderr (what is wrong, the path or field, what to do) and exit code 2; ``fedunlearn
+- ``cli_errors`` wraps a command: every error ends it with one line on stderr (what is wrong,
+  the path or field, what to do) and the documented exit code: 1 for a damaged store
+  (``HistoryCorruptError``), 2 for everything else (bad input, the environment: a full disk,
+  permissions, memory; and an unexpected error, named as one), 130 for Ctrl-C (as a shell
+  reports SIGINT). No failure exits 1 by accident:
+  for ``unlearn``, ``compare`` and ``audit`` 1 means the influence remains. ``fedunlearn
   --debug <command>`` re-raises instead, to show the traceback.
 - ``ensure_writable_output`` checks, before any work, that an output file or directory can be
   written, without creating anything.
@@ -32,7 +36,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
-from fedunlearn.errors import ConfigError, FedUnlearnError, OutputError
+from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryCorruptError, OutputError
 
 __all__ = [
     "FinishedRunArg",
@@ -46,6 +50,7 @@ __all__ = [
     "ThresholdsFileOption",
     "cli_errors",
     "debug_enabled",
+    "describe_os_error",
     "ensure_writable_output",
     "fail",
     "install_warning_format",
@@ -149,8 +154,17 @@ def describe_os_error(err: OSError) -> str:
     return f"{where}: {advice} ({err.strerror or err})"
 
 
+#: Exit code of a damaged store or run directory (``HistoryCorruptError``).
+EXIT_DAMAGED = 1
+
+
+def _from_typer(err: BaseException) -> bool:
+    """Whether ``err`` is typer's (or its click's) own control flow, e.g. ``typer.Exit``."""
+    return type(err).__module__.split(".")[0] in ("typer", "click", "_typer")
+
+
 def cli_errors(func: F) -> F:
-    """Wrap a command so that a library or file-system error is one line and exit code 2."""
+    """Wrap a command: every error is one line, exit 1 if the store is damaged, else 2."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -160,6 +174,10 @@ def cli_errors(func: F) -> F:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
             raise typer.Exit(141) from None  # 128 + SIGPIPE, as a shell reports it
+        except HistoryCorruptError as err:
+            if debug_enabled():
+                raise
+            fail(f"{type(err).__name__}: {err}", EXIT_DAMAGED)
         except FedUnlearnError as err:
             if debug_enabled():
                 raise
@@ -168,6 +186,22 @@ def cli_errors(func: F) -> F:
             if debug_enabled():
                 raise
             fail(describe_os_error(err))
+        except KeyboardInterrupt:  # click would make it exit 1: "influence remains"
+            if debug_enabled():
+                raise
+            fail("interrupted; re-running the same command is safe (docs/faults.md)", 130)
+        except MemoryError:
+            if debug_enabled():
+                raise
+            fail("out of memory; use a smaller model, batch or federation, or a larger machine")
+        except Exception as err:
+            if debug_enabled() or _from_typer(err):
+                raise
+            fail(
+                f"unexpected {type(err).__name__}: {err} (a fedunlearn bug, or an environment it "
+                "does not handle; rerun with 'fedunlearn --debug ...' for the traceback and "
+                "report it)"
+            )
 
     return wrapper  # type: ignore[return-value]
 
@@ -189,19 +223,25 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def ensure_writable_output(
-    path: Path, kind: Literal["file", "directory"], option: str = "--out"
+    path: Path,
+    kind: Literal["file", "directory"],
+    option: str = "--out",
+    *,
+    need_bytes: int = 0,
 ) -> Path:
     """Check that ``path`` can be written as a ``kind``, before any work; create nothing.
 
     Missing directories on the way are fine (the command creates them); the nearest existing
     one must be a directory this process can create files in (checked by creating and
     removing a temporary file there, which catches permissions, read-only file systems and
-    pseudo-file systems such as /sys alike).
+    pseudo-file systems such as /sys alike), with at least ``need_bytes`` free on its file
+    system (a full disk is refused before the work, not after it).
 
     Args:
         path: The output path.
         kind: ``"file"`` (a result file, a model) or ``"directory"`` (a run or report dir).
         option: The option that named it, for the message.
+        need_bytes: What the command will write there at least (e.g. a model's bytes).
 
     Returns:
         ``path``.
@@ -232,6 +272,14 @@ def ensure_writable_output(
         raise OutputError(f"{option} {path}: cannot write in {existing}: {advice}") from None
     if kind == "file" and path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{option} {path} exists and is not writable; choose another path")
+    if need_bytes:
+        fs = os.statvfs(existing)
+        free = fs.f_bavail * fs.f_frsize
+        if free < need_bytes:
+            raise OutputError(
+                f"{option} {path}: needs at least {need_bytes:,} bytes, {free:,} free on the file "
+                f"system of {existing}; free some space or choose another disk (nothing was done)"
+            )
     return path
 
 

@@ -14,8 +14,11 @@ run's config, so the dataset must be reachable as when training).
   test accuracy equals the one recorded in R.json. ``unlearn --save-model`` writes the same
   file at once.
 
-The file's metadata records where the weights came from (``fedunlearn.source``) and their
-evaluation (``fedunlearn.metrics``), both JSON.
+The file's metadata records where the weights came from (``fedunlearn.source``: the run's
+identity, i.e. config fingerprint, generation and last round, never its path, and the round or
+the request) and their evaluation (``fedunlearn.metrics``), both JSON. Exports are deterministic:
+the same run (wherever it lies) and round give the same bytes, so models compare by SHA-256.
+A full disk ends the command with one line and leaves no part of a file under ``--out``.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.history import HistoryStore
+from fedunlearn.history.digest import check_seal
 from fedunlearn.models import save_model
-from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config
+from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 SUFFIX = ".safetensors"
@@ -43,6 +47,15 @@ def check_model_path(path: Path, option: str = "--out") -> Path:
             f"{option} writes a safetensors model file; name it *{SUFFIX} (got {str(path)!r})"
         )
     return path
+
+
+def model_bytes(run_dir: Path) -> int:
+    """Return the bytes of one model of the run (float32), 0 if not known (no run there)."""
+    try:
+        with HistoryStore.open(Path(run_dir) / HISTORY_DIR) as store:
+            return 4 * int(store.meta.get("num_params") or 0)
+    except FedUnlearnError:
+        return 0  # the command reports what is wrong with the run itself
 
 
 def run_model(run_dir: Path) -> nn.Module:
@@ -78,7 +91,7 @@ def save_result_model(
 ) -> Path:
     """Write an unlearning result's model (``summary`` as written by ``fedunlearn unlearn``)."""
     source = {
-        "run": str(run_dir.resolve()),
+        "run": summary.get("run"),  # the run's identity, not its path: same run, same bytes
         "method": summary["method"],
         "params": summary.get("params", {}),
         "forget": summary["request"]["forget"],
@@ -97,6 +110,7 @@ def export_round(run_dir: Path, out: Path, round_: int | None = None) -> dict[st
     """
     check_model_path(out)
     model = run_model(run_dir)
+    config = load_run_config(run_dir)
     with HistoryStore.open(Path(run_dir) / HISTORY_DIR) as store:
         rounds = store.rounds()
         chosen = rounds[-1] if round_ is None and rounds else round_
@@ -107,7 +121,12 @@ def export_round(run_dir: Path, out: Path, round_: int | None = None) -> dict[st
             )
         params = store.read_model(chosen)
         metrics = store.round_scalars(chosen)
-    source = {"run": str(Path(run_dir).resolve()), "round": chosen}
+        identity = {  # the run as it is, not where it lies: same run, same bytes
+            "fingerprint": run_fingerprint(config, store.generation(), rounds[-1]),
+            "generation": store.generation(),
+            "last_round": rounds[-1],
+        }
+    source = {"run": identity, "round": chosen}
     save_model(out, model, params=params, metadata=_metadata(source, metrics))
     return {"out": str(out), "round": chosen, "num_params": int(params.numel()), **source}
 
@@ -132,6 +151,7 @@ def export_result(run_dir: Path, result_path: Path, out: Path) -> dict[str, Any]
             f"{result_path} is not the result JSON of 'fedunlearn unlearn' (needs 'method' and "
             f"'request' with 'forget' and 'kind'; {type(err).__name__}: {err})"
         ) from None
+    check_seal(summary, f"--result {result_path}")
     unlearner = make_method(method, summary.get("params") or {})
     with UnlearnSession(run_dir) as session:
         result = session.run(unlearner, UnlearnRequest.of(forget, kind))

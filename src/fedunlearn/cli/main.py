@@ -2,8 +2,9 @@
 
 Commands only parse arguments, call library functions and print; the library never imports this.
 Every user-facing failure is one line on stderr naming the path or field and what to do, with
-exit code 2 (``cli.common.cli_errors``; ``fedunlearn --debug <command>`` shows the traceback).
-Outputs are checked writable before any work (``cli.common.ensure_writable_output``). torch, the
+exit code 1 for a damaged store and 2 otherwise, never 1 by accident (``cli.common.cli_errors``;
+``fedunlearn --debug <command>`` shows the traceback; docs/faults.md). Outputs are checked
+writable, with room for a model, before any work (``cli.common.ensure_writable_output``). torch, the
 methods and the reports are imported inside the commands that use them, so ``fedunlearn --help``
 and ``--version`` answer without loading them.
 """
@@ -32,6 +33,7 @@ from fedunlearn.cli.common import (
     ThresholdOption,
     ThresholdsFileOption,
     cli_errors,
+    describe_os_error,
     ensure_writable_output,
     fail,
     install_warning_format,
@@ -245,11 +247,19 @@ def train(
             "--continue",
             metavar="RUN",
             help="train RUN further from its current model (after 'apply': the applied one); "
-            "re-run the same command after an interruption to finish it",
+            "with --to-round T the command is safe to re-run (after an interruption, or twice)",
         ),
     ] = None,
     rounds: Annotated[
-        int | None, typer.Option(help="with --continue: how many rounds to add")
+        int | None,
+        typer.Option(help="with --continue: how many rounds to add (re-run: adds them again)"),
+    ] = None,
+    to_round: Annotated[
+        int | None,
+        typer.Option(
+            "--to-round",
+            help="with --continue: train to this round; once there, a re-run does nothing",
+        ),
     ] = None,
 ) -> None:
     """Train a federation with history recording into a run directory (or --continue one)."""
@@ -259,14 +269,16 @@ def train(
         if config_path is not None or out is not None or resume or repair:
             raise ConfigError(
                 "--continue RUN takes the run directory only: drop CONFIG, --out, --resume and "
-                "--repair (e.g. fedunlearn train --continue runs/q --rounds 10)"
+                "--repair (e.g. fedunlearn train --continue runs/q --to-round 40)"
             )
-        _continue(continue_dir, rounds, as_json)
+        _continue(continue_dir, rounds, to_round, as_json)
         return
     if config_path is None or out is None:
-        raise ConfigError("give CONFIG and --out DIR (or --continue RUN --rounds N)")
-    if rounds is not None:
-        raise ConfigError("--rounds goes with --continue; set training.rounds in the config")
+        raise ConfigError("give CONFIG and --out DIR (or --continue RUN --to-round T)")
+    if rounds is not None or to_round is not None:
+        raise ConfigError(
+            "--rounds and --to-round go with --continue; set training.rounds in the config"
+        )
 
     overrides: dict[str, Any] = {}
     if seed is not None:
@@ -286,16 +298,20 @@ def train(
         _print_summary(summary, out)
 
 
-def _continue(run_dir: Path, rounds: int | None, as_json: bool) -> None:
+def _continue(run_dir: Path, rounds: int | None, to_round: int | None, as_json: bool) -> None:
     from fedunlearn.runs import continue_run, continue_target
 
-    observer = _ProgressObserver(continue_target(run_dir, rounds), quiet=as_json)
+    target = continue_target(run_dir, rounds, to_round=to_round)
+    observer = _ProgressObserver(target, quiet=as_json)
     try:
-        summary = continue_run(run_dir, rounds, observers=[observer])
+        summary = continue_run(run_dir, rounds, to_round=to_round, observers=[observer])
     finally:
         observer.close()
     if as_json:
         print(json.dumps(summary, indent=2))
+        return
+    if summary["already_done"]:
+        console.print(f"{run_dir} is at round {summary['target']} already: nothing to do")
         return
     metrics = ", ".join(
         f"{k} {v:.4f}" for k, v in summary["final_metrics"].items() if isinstance(v, float)
@@ -586,14 +602,22 @@ def verify(
     restore_config: Annotated[
         bool, typer.Option(help="first rewrite config.yaml from the store's copy")
     ] = False,
+    rebuild: Annotated[
+        bool,
+        typer.Option(
+            help="first rewrite metrics.jsonl, summary.json and privacy.json from the store"
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Check every payload's checksum and the run's consistency; exit 1 if anything is wrong."""
-    from fedunlearn.runs import check_run
+    from fedunlearn.runs import check_run, rebuild_run_files
     from fedunlearn.runs import restore_config as restore
 
     if restore_config:
         err_console.print(f"rewrote {restore(run_dir)} from the store's copy")
+    if rebuild:
+        err_console.print(f"rewrote {', '.join(rebuild_run_files(run_dir))} from the store")
     result = check_run(run_dir, full=not quick)
     if as_json:
         print(json.dumps(result, indent=2))
@@ -755,12 +779,14 @@ def unlearn(
 
     Exit code 1 when the receipt finds the forgotten clients' influence remains, 2 on bad input.
     """
-    from fedunlearn.cli.export import check_model_path
+    from fedunlearn.cli.export import check_model_path, model_bytes
 
-    ensure_writable_output(out, "file")
+    # before the work: the apply file and the model hold the model's bytes at least
+    need = (2 if save_model is not None else 1) * model_bytes(run_dir) + 2**20
+    ensure_writable_output(out, "file", need_bytes=need)
     if save_model is not None:
         check_model_path(save_model, "--save-model")
-        ensure_writable_output(save_model, "file", "--save-model")
+        ensure_writable_output(save_model, "file", "--save-model", need_bytes=need)
     samples = parse_forget_samples(forget_samples or [])
     if not forget.strip() and not samples:
         raise ConfigError(
@@ -789,21 +815,28 @@ def unlearn(
             samples=samples,
         )
     if save_model is not None:
+        summary["model_file"] = str(save_model)  # named in the sealed JSON, written after it
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from fedunlearn.experiments import write_result
+
+    write_result(out, summary, result)  # the apply file, then the sealed JSON, both atomically
+    if save_model is not None:
         from fedunlearn.cli.export import run_model, save_result_model
 
-        save_result_model(save_model, run_dir, run_model(run_dir), result.params, summary)
-        summary["model_file"] = str(save_model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    from fedunlearn.experiments import save_for_apply
-
-    save_for_apply(out, summary, result)  # what 'fedunlearn apply --result' reads
+        try:
+            save_result_model(save_model, run_dir, run_model(run_dir), result.params, summary)
+        except OSError as err:
+            fail(
+                f"--save-model {describe_os_error(err)}; {out} and its apply file were written "
+                f"(apply it, or export the model later: fedunlearn export {run_dir} --result "
+                f"{out} --out {save_model})"
+            )
     req = summary["request"]
     if req.get("earlier"):
         console.print(
             f"request: forget {req['forget']} (new {req['new']}; forgotten earlier "
             f"{req['earlier']}, forgotten again)"
         )
-    out.write_text(json.dumps(summary, indent=2) + "\n")
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f}, "
         f"{summary['costs']['client_epochs']} client epochs, "
@@ -990,12 +1023,12 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
 ) -> None:
     """Write a run's model as safetensors (state_dict + model spec); load it with load_model."""
-    from fedunlearn.cli.export import check_model_path, export_result, export_round
+    from fedunlearn.cli.export import check_model_path, export_result, export_round, model_bytes
 
     if round_ is not None and result is not None:
         raise ConfigError("pass --round or --result, not both")
     check_model_path(out)
-    ensure_writable_output(out, "file")
+    ensure_writable_output(out, "file", need_bytes=model_bytes(run_dir) + 2**16)
     if result is not None:
         done = export_result(run_dir, result, out)
         what = f"{done['method']} result (forget {done['forget']})"

@@ -14,7 +14,7 @@ from fedunlearn.experiments.compare import (
     compare_methods,
     unlearn_one,
 )
-from fedunlearn.experiments.lifecycle import apply_file_path, save_for_apply
+from fedunlearn.experiments.lifecycle import apply_file_path, save_for_apply, write_result
 
 __all__ = [
     "RESULTS_SCHEMA_VERSION",
@@ -24,5 +24,6 @@ __all__ = [
     "compare_methods",
     "read_model_file",
     "save_for_apply",
+    "write_result",
     "unlearn_one",
 ]

@@ -12,8 +12,10 @@ run's store has deleted (``fedunlearn forget``), if any.
 
 The method's warnings and the result's lineage live in the result file ``fedunlearn unlearn``
 wrote (``--out R.json``): ``audit_model(..., result="R.json")`` carries them into the receipt
-(``read_result_file``). Without it the receipt says that no warnings were available and that the
-model has no lineage.
+(``read_result_file``), after checking its integrity digest (an edited result is refused:
+``history.digest``) and that it was computed on this run (its config fingerprint). Without it
+the receipt says that no warnings were available and that the model has no lineage. The
+receipt document is sealed the same way, bound to the run's identity (``run``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, IntegrityError
 from fedunlearn.eval import (
     VerificationThresholds,
     Verifier,
@@ -41,7 +43,9 @@ from fedunlearn.experiments.compare import (
     Progress,
     check_distance_retrains,
 )
+from fedunlearn.history.digest import check_seal, seal
 from fedunlearn.models.flat import get_flat_params
+from fedunlearn.runs import run_fingerprint
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
 __all__ = ["audit_model", "forgotten_clients", "read_model_file", "read_result_file"]
@@ -142,12 +146,28 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
             f"{path} is not a result of 'fedunlearn unlearn' (no 'method' and 'request'); pass "
             "the file its --out wrote"
         )
+    check_seal(doc, f"--result {path}")  # an edited result's claims are not carried over
     return doc
 
 
 def _sentences(details: Mapping[str, Any], name: str) -> list[str]:
     found = details.get(name) or []
     return [found] if isinstance(found, str) else [str(w) for w in found]
+
+
+def _check_same_run(result: Mapping[str, Any], session: UnlearnSession, source: str) -> None:
+    """Refuse a result computed on another run (its config fingerprint is not this run's)."""
+    run = result.get("run")
+    if not isinstance(run, Mapping):
+        return  # a document without a run identity (the Python API's own summaries)
+    expected = run_fingerprint(
+        session.run_view.config, run.get("generation", 0), run.get("last_round")
+    )
+    if run.get("fingerprint") != expected:
+        raise IntegrityError(
+            f"{source} was computed on another run (its config fingerprint differs from "
+            f"{session.run_view.run_dir}'s); pass the result of this run"
+        )
 
 
 def _result_claims(
@@ -231,6 +251,8 @@ def audit_model(
         result_doc, source = read_result_file(result), str(result)
     elif result is not None:
         result_doc = result
+        if "integrity" in result_doc:  # a sealed document, even when passed parsed
+            check_seal(result_doc, source)
     with UnlearnSession(run_dir) as session:
         if isinstance(model, torch.Tensor):
             params, subject = model, "model"
@@ -253,6 +275,7 @@ def audit_model(
         lineage = None
         method = None
         if result_doc is not None:
+            _check_same_run(result_doc, session, source)
             warnings, lineage, method, assumptions = _result_claims(result_doc, request, source)
         if progress is not None and reference == "retrain":
             progress.on_method("retrain", 1, 1)
@@ -283,10 +306,12 @@ def audit_model(
         receipt["clients"] = client_entries(
             session.run_view, verification, verifier.deletion, request.forget
         )
-    return {
+        identity = session.identity()
+    doc = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "subject": subject,
         "run_dir": str(run_dir),
+        "run": identity,
         "request": {"forget": sorted(request.forget), "kind": request.kind},
         "result_method": method,
         "measures": row,
@@ -294,3 +319,5 @@ def audit_model(
         "retrain": verifier.retrain_row,
         "verification": receipt,
     }
+    seal(doc, identity)  # the receipt, bound to the run it judged the model on
+    return doc

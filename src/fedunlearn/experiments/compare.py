@@ -338,4 +338,5 @@ def unlearn_one(
                     "client_epochs": verifier.retrain.costs.client_epochs,
                     "wall_seconds": verifier.retrain.costs.wall_seconds,
                 }
+        session.check_unchanged()  # the receipt read the store too
     return result, summary

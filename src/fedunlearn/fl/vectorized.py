@@ -180,7 +180,8 @@ class VectorizedExecutor:
     def _chunk_size(self, spec: LocalTrainingSpec) -> int:
         """Clients per chunk: params, grads, momentum, scratch (5 x d) and one padded batch."""
         example_numel = math.prod(self._x.shape[1:])
-        per_client = 4 * (5 * self._num_params + 2 * spec.batch_size * example_numel)
+        width = _padded_width(spec, list(self._sizes.values()))
+        per_client = 4 * (5 * self._num_params + 2 * width * example_numel)
         return max(1, self.max_chunk_bytes // per_client)
 
     def _run_chunk(
@@ -210,7 +211,7 @@ class VectorizedExecutor:
         names = self._names
         momentum_buffers = [torch.zeros_like(p) for p in params.values()]
         loss_sums = torch.zeros(k, dtype=accumulate, device=device)
-        batch = spec.batch_size
+        batch = rows.shape[1] // k  # the padded width (``_padded_width``)
         example_shape = self._x.shape[1:]
         for step in range(rows.shape[0]):
             x = self._x.index_select(0, rows_d[step]).view(k, batch, *example_shape)
@@ -276,6 +277,17 @@ def _stack_clients(
     return x, y, offsets, sizes
 
 
+def _padded_width(spec: LocalTrainingSpec, sizes: Sequence[int]) -> int:
+    """The batch width a step pads to: ``batch_size``, or the largest client's size if smaller.
+
+    A batch cannot hold more rows than its client has, so a ``batch_size`` above every
+    client's size trains each on its whole data per step (as ``local_update`` does) without
+    allocating ``batch_size`` padding rows per client (``batch_size: 100000000`` asked for
+    tens of GB).
+    """
+    return max(1, min(spec.batch_size, max(sizes, default=1)))
+
+
 def _batch_plan(
     offsets: Sequence[int], sizes: Sequence[int], seeds: Sequence[int], spec: LocalTrainingSpec
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -290,7 +302,7 @@ def _batch_plan(
         of a batch and 0 on padding, ``counts`` (T, K) float64 real rows per client and step,
         and ``active`` (T, K) bool, where T = epochs x (most batches any client has per epoch).
     """
-    batch = spec.batch_size
+    batch = _padded_width(spec, sizes)
     k = len(sizes)
     client_steps = [max(1, -(-n // batch)) for n in sizes]  # ceil(n / B), at least one
     steps = max(client_steps, default=0)

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from fedunlearn.errors import ConfigError
 from fedunlearn.history.store import ClientRecord, RoundEntry
 from fedunlearn.history.trajectory import Trajectory
+from fedunlearn.models.export import write_safetensors
 
 __all__ = ["ResultFile", "file_sha256", "read_result_file", "tensor_sha256", "write_result_file"]
 
@@ -72,7 +73,13 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajectory | None) -> str:
-    """Write the model (and trajectory) to ``path``; return the file's SHA-256."""
+    """Write the model (and trajectory) to ``path``; return the file's SHA-256.
+
+    Atomically, with the same bytes for the same content (``models.export.write_safetensors``).
+
+    Raises:
+        OSError: The file cannot be written (e.g. no space left); nothing is left under ``path``.
+    """
     # a copy: the model is often the trajectory's last global model (safetensors refuses
     # tensors that share memory)
     tensors: dict[str, torch.Tensor] = {"params": params.detach().to(torch.float32).cpu().clone()}
@@ -119,7 +126,7 @@ def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajec
         ),
     }
     tensors = _unshared({k: v.contiguous() for k, v in tensors.items()})
-    save_file(tensors, str(path), metadata=meta)
+    write_safetensors(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return file_sha256(path)
 
 

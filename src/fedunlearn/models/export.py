@@ -20,8 +20,12 @@ safetensors' ``save_model`` does.
 from __future__ import annotations
 
 import copy
+import errno
+import json
 import os
-from collections.abc import Mapping
+import re
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -35,7 +39,14 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.models.flat import set_flat_params
 from fedunlearn.models.registry import MODELS, ModelFactory, ModelSpec, build_model, model_spec
 
-__all__ = ["FORMAT", "load_model", "read_metadata", "read_spec", "save_model"]
+__all__ = [
+    "FORMAT",
+    "load_model",
+    "read_metadata",
+    "read_spec",
+    "save_model",
+    "write_safetensors",
+]
 
 FORMAT = "fedunlearn.model.v1"
 FORMAT_KEY = "fedunlearn.format"
@@ -53,8 +64,9 @@ def save_model(
 ) -> Path:
     """Write ``model``'s ``state_dict`` (with ``params`` copied in first) to a safetensors file.
 
-    The file is written next to ``path`` and renamed into place, so a crash never leaves a
-    half-written model under ``path``.
+    The file is written next to ``path`` and renamed into place, so a crash or a full disk
+    never leaves a half-written model under ``path``; the same module, params and metadata
+    give the same bytes (``write_safetensors``).
 
     Args:
         path: File to write (conventionally ``*.safetensors``).
@@ -71,6 +83,7 @@ def save_model(
     Raises:
         ConfigError: if ``params`` does not fit the model, a metadata value is not a string, or
             the spec's options are not JSON values.
+        OSError: The file cannot be written (a full disk: ``ENOSPC``).
     """
     path = Path(path)
     module = copy.deepcopy(model).cpu()
@@ -87,13 +100,62 @@ def save_model(
             )
         meta[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    write_safetensors(path, lambda tmp: _save_from(module, tmp, metadata=meta))
+    return path
+
+
+def _os_error(err: Exception, path: Path) -> OSError:
+    """An ``OSError`` for a failed safetensors write (it reports the OS error in its text)."""
+    found = re.search(r"(?:code: |os error )(\d+)", str(err))  # its Rust io::Error's text
+    code = int(found.group(1)) if found else errno.EIO
+    return OSError(code, os.strerror(code) if found else str(err), str(path))
+
+
+def _canonical_header(path: Path) -> None:
+    """Rewrite a safetensors file's header with its metadata first and sorted, in place.
+
+    safetensors writes the ``__metadata__`` entries in a hash map's order, which changes from
+    process to process, so the same tensors and metadata gave files with different bytes. The
+    header is JSON padded with spaces to its recorded length; the same entries in a fixed order
+    have the same length, so the tensor data does not move.
+    """
+    with path.open("r+b") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+        meta = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta else {}) | header
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= size:  # otherwise (never seen) keep safetensors' own header
+            fh.seek(8)
+            fh.write(text + b" " * (size - len(text)))
+
+
+def write_safetensors(path: str | Path, save: Callable[[str], None]) -> None:
+    """Write a safetensors file atomically, with the same bytes for the same content.
+
+    ``save(tmp)`` writes the file (``safetensors.torch.save_file`` and friends) to a temporary
+    name beside ``path``; its header is put in a fixed order (``_canonical_header``), the file
+    flushed to disk and renamed over ``path``: a crash or a full disk never leaves a part of a
+    file under ``path``, and nothing under the temporary name.
+
+    Raises:
+        OSError: The file cannot be written (e.g. ``ENOSPC``: no space left), naming ``path``;
+            safetensors' own error is turned into it.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        _save_from(module, str(tmp), metadata=meta)
+        try:
+            save(tmp)
+        except SafetensorError as err:
+            raise _os_error(err, path) from None
+        _canonical_header(Path(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
-    return path
+        Path(tmp).unlink(missing_ok=True)
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:

@@ -15,6 +15,7 @@ from fedunlearn.runs.lifecycle import (
     apply_result,
     continue_run,
     continue_target,
+    rebuild_run_files,
     receipt_sha256,
     run_fingerprint,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "make_recording_policy",
     "metrics_line",
     "policy_env",
+    "rebuild_run_files",
     "receipt_sha256",
     "reference_set",
     "resolve_config",

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
-from fedunlearn.runs.rundir import HISTORY_DIR
+from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
 
 __all__ = ["deletion_evidence", "forget_clients"]
 
@@ -54,6 +54,8 @@ def forget_clients(
     """Delete every stored update of ``client_ids`` from a run's history.
 
     Takes the run's writer lock (refused while a training or another forget writes the run).
+    Refused, like ``apply`` and ``unlearn``, when ``config.yaml`` is not the run's (it differs
+    from the store's copy) or the store's metadata was changed.
 
     Args:
         run_dir: The run directory.
@@ -65,9 +67,11 @@ def forget_clients(
 
     Raises:
         HistoryError: Not a run directory, or another process writes it.
+        ConfigError: ``config.yaml`` differs from the store's copy; nothing was changed.
         UnknownClientError: A client never appears in the run; nothing was changed.
     """
     ids = _client_ids(client_ids)
+    load_run_config(run_dir)  # config.yaml must be this run's (as apply and unlearn require)
     with HistoryStore.open(_store_dir(Path(run_dir)), writable=True) as store:
         shards = int(((store.meta.get("config") or {}).get("training") or {}).get("shards", 1))
         pending = sorted(set(ids) - store.applied_clients())

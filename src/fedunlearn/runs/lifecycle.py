@@ -9,13 +9,18 @@ forget set holding every client forgotten before), each refusal one line. Re-run
 apply after a crash (kill -9) finds the event committed, or not, and finishes it: the store is
 then exactly as after an uninterrupted apply.
 
-``continue_run(run_dir, rounds)`` trains ``rounds`` more rounds from the run's current model
-(after an apply: the applied one), with the run's recording policy, never asking a forgotten
-client (``HistoryStore.forgotten_clients``). The target round is committed before the first
-new round, so re-running the same ``--continue`` after a kill -9 resumes to that target and
-gives the uninterrupted run's models bit for bit (every random choice derives from (seed,
-round, client): ``fedunlearn.runs.train``). The run's recording policy goes on: a deferred one
-(Crab's windows, FedADP's stages) opens its first window at the continuation's start round. A
+``continue_run(run_dir, to_round=T)`` trains the run to round T (``continue_run(run_dir,
+rounds)``: ``rounds`` more) from the run's current model (after an apply: the applied one), with
+the run's recording policy, never asking a forgotten client
+(``HistoryStore.forgotten_clients``). The target round is committed before the first new round,
+so re-running after a kill -9 resumes to that target and gives the uninterrupted run's models
+bit for bit (every random choice derives from (seed, round, client): ``fedunlearn.runs.train``);
+``--to-round T`` re-run once the run is at T does nothing (but rewrite the files derived from
+the store), so it is the form to re-run blindly; ``--rounds N`` re-run after it finished adds N
+more. Like ``apply``, a full disk after the store committed leaves the earlier derived files
+whole and says how to finish (``rebuild_run_files``). The run's recording policy goes on: a
+deferred one (Crab's windows, FedADP's stages) opens its first window at the continuation's
+start round. A
 DP run goes on under its mechanism at its stored clip norm and the ledger (``privacy.json``)
 gains the new rounds. Once a client is forgotten, nothing a continuation decides reads its data:
 the server loss (``clients_loss``), Crab's reference set and FedADP's stage start are measured
@@ -51,11 +56,12 @@ from typing import Any
 import torch
 
 from fedunlearn.config import RunConfig
-from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.errors import ConfigError, HistoryError, OutputError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
+from fedunlearn.history.digest import check_seal
 from fedunlearn.history.policy import (
     HistoryRecorder,
     RecordingPolicy,
@@ -96,6 +102,7 @@ __all__ = [
     "apply_result",
     "continue_run",
     "continue_target",
+    "rebuild_run_files",
     "receipt_sha256",
     "run_fingerprint",
 ]
@@ -329,6 +336,50 @@ def _rewrite_privacy(run_dir: Path, config: RunConfig, store: HistoryStore) -> N
         write_json(run_dir / PRIVACY_FILE, run_privacy(config, store))
 
 
+def _rewrite_files(run_dir: Path, config: RunConfig, store: HistoryStore, done: str) -> None:
+    """Rewrite the files derived from the store: ``metrics.jsonl``, ``summary.json``, privacy.
+
+    Each is written atomically, so a full disk leaves the previous file whole; the store (the
+    authority) is committed before, so the error says what was done and how to finish.
+
+    Raises:
+        OutputError: A file could not be written (naming it, what was committed and what to do).
+    """
+    try:
+        _rewrite_metrics(run_dir, store)
+        _rewrite_summary(run_dir, store)
+        _rewrite_privacy(run_dir, config, store)
+    except OSError as err:
+        where = err.filename or run_dir
+        raise OutputError(
+            f"{done} (the store is committed), but {where} could not be written "
+            f"({err.strerror or err}); the earlier file is left whole. Free some space and "
+            f"re-run the same command, or 'fedunlearn verify {run_dir} --rebuild', to rewrite "
+            "metrics.jsonl, summary.json and privacy.json from the store"
+        ) from None
+
+
+def rebuild_run_files(run_dir: str | Path) -> list[str]:
+    """Rewrite ``metrics.jsonl``, ``summary.json`` and (DP) ``privacy.json`` from the store.
+
+    Takes the writer lock. ``summary.json`` keeps the fields it has and gets the store's round
+    count, last metrics, generation, forgotten clients and bytes.
+
+    Returns:
+        The names of the files written.
+
+    Raises:
+        HistoryError: Not a run directory, or another process writes it.
+        ConfigError: ``config.yaml`` differs from the store's copy.
+        OutputError: A file could not be written.
+    """
+    run_dir = Path(run_dir)
+    config = load_run_config(run_dir)
+    with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
+        _rewrite_files(run_dir, config, store, "nothing was changed in the store")
+    return [METRICS_FILE, SUMMARY_FILE] + ([PRIVACY_FILE] if config.privacy.enabled else [])
+
+
 def apply_result(
     run_dir: str | Path, result_json: str | Path, *, accept_non_dp: bool = False
 ) -> dict[str, Any]:
@@ -355,6 +406,7 @@ def apply_result(
     """
     run_dir, result_json = Path(run_dir), Path(result_json)
     doc = _load_result(result_json)
+    check_seal(doc, f"--result {result_json}")  # before anything it says is believed
     spec, run, request = doc["apply"], doc.get("run") or {}, doc.get("request") or {}
     _check_removes(result_json, doc)
     file = result_json.parent / spec["file"]
@@ -375,9 +427,9 @@ def apply_result(
         events = store.events()
         again = events and events[-1].result_sha256 == digest
         if again and run.get("generation") == generation - 1:
-            _rewrite_metrics(run_dir, store)  # a re-run after a crash: finish what is left
-            _rewrite_summary(run_dir, store)
-            _rewrite_privacy(run_dir, config, store)
+            # a re-run after a crash or a full disk: finish what is left
+            _rewrite_files(run_dir, config, store, f"generation {generation} was applied before")
+            file.unlink(missing_ok=True)
             return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
         expected = run_fingerprint(config, run.get("generation", 0), run.get("last_round"))
         if run.get("fingerprint") != expected:
@@ -443,9 +495,7 @@ def apply_result(
             kept=0 if trajectory is None else trajectory.kept,
             samples={int(c): ids for c, ids in (request.get("samples") or {}).items()},
         )
-        _rewrite_metrics(run_dir, store)
-        _rewrite_summary(run_dir, store)
-        _rewrite_privacy(run_dir, config, store)
+        _rewrite_files(run_dir, config, store, f"generation {event.generation} was applied")
     # The apply file is a copy of the trajectory: every remaining client's update of every
     # round. The store now holds them, where a later forget() erases them with a deletion
     # record and a page scan; a copy left beside R.json would keep a later-forgotten client's
@@ -471,9 +521,8 @@ def _applied_before(
         events = store.events()
         if not events or events[-1].result_sha256 != digest:
             return None
-        _rewrite_metrics(run_dir, store)
-        _rewrite_summary(run_dir, store)
-        _rewrite_privacy(run_dir, load_run_config(run_dir), store)
+        done = f"generation {events[-1].generation} was applied before"
+        _rewrite_files(run_dir, load_run_config(run_dir), store, done)
         return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
 
 
@@ -553,9 +602,7 @@ def apply_model(
             expected_last_round=last,
             meta=privacy_meta,
         )
-        _rewrite_metrics(run_dir, store)
-        _rewrite_summary(run_dir, store)
-        _rewrite_privacy(run_dir, config, store)
+        _rewrite_files(run_dir, config, store, f"generation {event.generation} was applied")
     return {**event.to_dict(), "already_applied": False}
 
 
@@ -605,29 +652,85 @@ def _without_forgotten_samples(setup: Setup, store: HistoryStore) -> Setup:
     return replace(setup, federation=reduced)
 
 
-def continue_target(run_dir: str | Path, rounds: int | None) -> int:
-    """Return the round ``continue_run(run_dir, rounds)`` trains to (0 if unknown yet)."""
+def continue_target(run_dir: str | Path, rounds: int | None, *, to_round: int | None = None) -> int:
+    """Return the round ``continue_run(run_dir, rounds, to_round=...)`` trains to (0 if unknown)."""
     try:
         with HistoryStore.open(_store_dir(Path(run_dir))) as store:
             pending = _pending(store)
-            return pending["target"] if pending else (store.last_round() or 0) + (rounds or 0)
+            if pending:
+                return pending["target"]
+            return to_round if to_round is not None else (store.last_round() or 0) + (rounds or 0)
     except HistoryError:
         return 0
 
 
+def _continuation(
+    run_dir: Path,
+    store: HistoryStore,
+    config: RunConfig,
+    rounds: int | None,
+    to_round: int | None,
+) -> tuple[int, int, int | None]:
+    """Resolve a continuation request: ``(target, start, resumed_from_round)``.
+
+    A recorded (committed) continuation that has not reached its target is resumed; otherwise
+    ``to_round`` or ``last + rounds`` is the target. ``target == start`` (the run is at
+    ``to_round`` already) means nothing to train.
+    """
+    last = store.last_round() or 0
+    pending = _pending(store)
+    if pending is not None:
+        if (rounds is not None and rounds != pending["rounds"]) or (
+            to_round is not None and to_round != pending["target"]
+        ):
+            raise ConfigError(
+                f"{run_dir}: an interrupted --continue of {pending['rounds']} rounds (to "
+                f"round {pending['target']}) is recorded; re-run it with --to-round "
+                f"{pending['target']} (or --rounds {pending['rounds']}, or neither) to finish it "
+                "first; nothing was changed"
+            )
+        return pending["target"], pending["from"], last
+    wanted = store.meta.get("rounds_target", config.training.rounds)
+    if last != wanted:
+        raise ConfigError(
+            f"{run_dir} finished {last} of {wanted} rounds; complete it with "
+            f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} --resume' "
+            "before continuing"
+        )
+    if to_round is not None:
+        if to_round < last:
+            raise ConfigError(
+                f"{run_dir} is at round {last}, past --to-round {to_round}; nothing was changed"
+            )
+        return to_round, last, None
+    if rounds is None:
+        raise ConfigError(
+            f"{run_dir}: nothing to finish; give --to-round T (or --rounds N) to continue"
+        )
+    return last + rounds, last, None
+
+
 def continue_run(
     run_dir: str | Path,
-    rounds: int | None,
+    rounds: int | None = None,
     *,
+    to_round: int | None = None,
     observers: Sequence[RoundObserver] = (),
     clients: ClientsFactory | None = None,
     recorder: RecorderFactory = HistoryRecorder,
 ) -> dict[str, Any]:
-    """Train ``rounds`` more rounds from the run's current model, with history recording.
+    """Train the run further from its current model, with history recording.
+
+    ``to_round`` is safe to re-run: it trains to that round, resumes an interrupted
+    continuation to it, and once the run is there does nothing but rewrite the files derived
+    from the store (``already_done``). ``rounds`` adds rounds to the run as it is now: re-run
+    after it finished, it adds them again (while unfinished, it resumes).
 
     Args:
         run_dir: A finished (or applied) run directory.
-        rounds: How many rounds to add (>= 1); None finishes an interrupted continuation.
+        rounds: How many rounds to add (>= 1); None with ``to_round`` None finishes an
+            interrupted continuation.
+        to_round: The round to train to (>= the run's last round).
         observers: Extra round observers (e.g. a progress bar).
         clients: Builds the clients that train from the run's federation (default: the
             federation itself, in-process); a forgotten client is never sampled either way.
@@ -636,41 +739,38 @@ def continue_run(
 
     Returns:
         ``{"from_round", "target", "resumed_from_round", "forgotten_clients",
-        "final_metrics", "wall_seconds"}``.
+        "final_metrics", "wall_seconds", "already_done"}``.
 
     Raises:
-        ConfigError: ``rounds`` < 1, an interrupted continuation with another round count is
-            recorded, or the run is unfinished.
+        ConfigError: ``rounds`` < 1, both ``rounds`` and ``to_round``, ``to_round`` behind the
+            run, an interrupted continuation to another target is recorded, or the run is
+            unfinished.
         HistoryError: Not a run directory, or another process writes it.
     """
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    if rounds is not None and to_round is not None:
+        raise ConfigError("give --rounds N (rounds to add) or --to-round T, not both")
     if rounds is not None and rounds < 1:
         raise ConfigError(f"--rounds must be >= 1; got {rounds}")
+    if to_round is not None and to_round < 1:
+        raise ConfigError(f"--to-round must be >= 1; got {to_round}")
     config = load_run_config(run_dir)
     with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
+        target, start, resumed = _continuation(run_dir, store, config, rounds, to_round)
         last = store.last_round() or 0
         pending = _pending(store)
-        resumed = None
-        if pending is not None:
-            if rounds is not None and rounds != pending["rounds"]:
-                raise ConfigError(
-                    f"{run_dir}: an interrupted --continue of {pending['rounds']} rounds (to "
-                    f"round {pending['target']}) is recorded; re-run it with --rounds "
-                    f"{pending['rounds']} (or without --rounds) to finish it first"
-                )
-            target, start, resumed = pending["target"], pending["from"], last
-        else:
-            wanted = store.meta.get("rounds_target", config.training.rounds)
-            if last != wanted:
-                raise ConfigError(
-                    f"{run_dir} finished {last} of {wanted} rounds; complete it with "
-                    f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} --resume' "
-                    "before continuing"
-                )
-            if rounds is None:
-                raise ConfigError(f"{run_dir}: nothing to finish; give --rounds N to continue")
-            target, start = last + rounds, last
+        if target == last:  # at the target already: a re-run after it finished
+            _rewrite_files(run_dir, config, store, f"{run_dir} is at round {target}")
+            return {
+                "from_round": last,
+                "target": target,
+                "resumed_from_round": None,
+                "forgotten_clients": sorted(store.forgotten_clients()),
+                "final_metrics": store.round_scalars(target),
+                "wall_seconds": time.perf_counter() - started,
+                "already_done": True,
+            }
         forgotten = store.forgotten_clients()
         with _torch_threads(store.meta.get("torch_threads")):
             setup = _without_forgotten_samples(build_setup(config), store)
@@ -752,8 +852,8 @@ def continue_run(
                         *observers,
                     ],
                 )
-                _rewrite_summary(run_dir, store)
-                _rewrite_privacy(run_dir, config, store)
+                done = f"rounds {start + 1}..{target} were trained"
+                _rewrite_files(run_dir, config, store, done)
             finally:
                 if private is not setup:
                     private.close()
@@ -765,4 +865,5 @@ def continue_run(
             "forgotten_clients": sorted(forgotten),
             "final_metrics": store.round_scalars(target),
             "wall_seconds": time.perf_counter() - started,
+            "already_done": False,
         }

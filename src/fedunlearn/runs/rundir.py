@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.config import RunConfig, dump_config, load_config, parse_config
-from fedunlearn.errors import ConfigError, HistoryError, UnknownNameError
+from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError, UnknownNameError
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
 from fedunlearn.history.store import FILE_NAME, HistoryStore
 from fedunlearn.privacy.ledger import privacy_summary
@@ -184,28 +184,80 @@ def config_differences(a: RunConfig, b: RunConfig, limit: int = 4) -> str:
     return "; ".join(shown) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def _config_problem(run_dir: Path, store: HistoryStore) -> tuple[RunConfig | None, str | None]:
-    """Return the store's config and what is wrong with config.yaml (None if nothing)."""
+def _store_side_problem(run_dir: Path, store: HistoryStore) -> str | None:
+    """Say how the store's metadata changed, if it fails its checksum (None: it does not).
+
+    The metadata holds the store's copy of the config; when it fails its checksum, the copy
+    cannot be trusted and ``--restore-config`` would spread it, so the message says which side
+    changed: if putting config.yaml's config into the metadata gives the checksum back,
+    config.yaml holds the config the run was trained with and the store's copy was edited.
+    """
+    changed = store.meta_problem()
+    if changed is None:
+        return None
+    try:
+        on_disk = resolve_config(load_config(run_dir / CONFIG_FILE))
+        candidate = store.meta | {"config": on_disk.model_dump(mode="json")}
+        yaml_is_original = store.meta_problem(candidate) is None
+    except (OSError, ConfigError, UnknownNameError):
+        yaml_is_original = False
+    which = (
+        f"the store's copy of the config was edited: {run_dir / CONFIG_FILE} holds the config "
+        "the run was trained with (put into the metadata, it gives the checksum back)"
+        if yaml_is_original
+        else "config.yaml cannot tell which value is the original"
+    )
+    return (
+        f"{store.file}: {changed.removeprefix('metadata: ')}; {which}. Do not run "
+        "--restore-config (it would copy the changed value into config.yaml); restore "
+        f"{store.file.parent} from a backup"
+    )
+
+
+def _config_problem(
+    run_dir: Path, store: HistoryStore
+) -> tuple[RunConfig | None, str | None, bool]:
+    """Return the store's config, what is wrong with it or config.yaml, and which side changed.
+
+    The third value is True when the store's side changed (its metadata fails its checksum).
+    """
+    store_side = _store_side_problem(run_dir, store)
+    if store_side is not None:
+        try:
+            shown = stored_config(store)  # for display only: it cannot be trusted
+        except (ConfigError, UnknownNameError):
+            shown = None
+        return shown, store_side, True
     stored = stored_config(store)
     path = run_dir / CONFIG_FILE
     if stored is None:
-        return None, None
+        return None, None, False
     if not path.exists():
-        return stored, (
-            f"{path} is missing; the store keeps the config the run was trained with. Restore "
-            f"the file with: fedunlearn verify {run_dir} --restore-config"
+        return (
+            stored,
+            (
+                f"{path} is missing; the store keeps the config the run was trained with. Restore "
+                f"the file with: fedunlearn verify {run_dir} --restore-config"
+            ),
+            False,
         )
     try:
         on_disk = resolve_config(load_config(path))
     except (ConfigError, UnknownNameError) as err:
-        return stored, f"{err}. Restore it with: fedunlearn verify {run_dir} --restore-config"
+        restore = f"Restore it with: fedunlearn verify {run_dir} --restore-config"
+        return stored, f"{err}. {restore}", False
     if dump_config(on_disk) != dump_config(stored):
-        return stored, (
-            f"{path} does not match the config stored in {store.file} with the run "
-            f"({config_differences(on_disk, stored)}; config.yaml vs store), so it was changed "
-            f"after training. Restore it with: fedunlearn verify {run_dir} --restore-config"
+        return (
+            stored,
+            (
+                f"{path} does not match the config stored in {store.file} with the run "
+                f"({config_differences(on_disk, stored)}; config.yaml vs store), so config.yaml "
+                "was changed after training (the store's copy matches its checksum). Restore it "
+                f"with: fedunlearn verify {run_dir} --restore-config"
+            ),
+            False,
         )
-    return stored, None
+    return stored, None, False
 
 
 def _open_run(run_dir: Path) -> HistoryStore:
@@ -225,15 +277,17 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
         HistoryError: ``run_dir`` holds no run.
         ConfigError: ``config.yaml`` is missing or differs from the store's copy (the message
             names the fields and how to restore it).
+        HistoryCorruptError: The store's metadata (holding its copy of the config) fails its
+            checksum; the message says which side changed.
     """
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not (run_dir / HISTORY_DIR / FILE_NAME).exists() and path.exists():
         return resolve_config(load_config(path))  # a run that failed before its store existed
     with _open_run(run_dir) as store:
-        stored, problem = _config_problem(run_dir, store)
+        stored, problem, store_side = _config_problem(run_dir, store)
     if problem is not None:
-        raise ConfigError(problem)
+        raise (HistoryCorruptError if store_side else ConfigError)(problem)
     return stored if stored is not None else resolve_config(load_config(path))
 
 
@@ -242,9 +296,14 @@ def restore_config(run_dir: str | Path) -> Path:
 
     Raises:
         HistoryError: ``run_dir`` holds no run, or its store keeps no config.
+        HistoryCorruptError: The store's metadata fails its checksum (its copy cannot be
+            trusted); nothing is written.
     """
     run_dir = Path(run_dir)
     with _open_run(run_dir) as store:
+        store_side = _store_side_problem(run_dir, store)
+        if store_side is not None:
+            raise HistoryCorruptError(f"{store_side}; config.yaml was not rewritten")
         stored = stored_config(store)
     if stored is None:
         raise HistoryError(f"{run_dir}: the store keeps no config to restore config.yaml from.")
@@ -252,27 +311,85 @@ def restore_config(run_dir: str | Path) -> Path:
     return run_dir / CONFIG_FILE
 
 
+def _derived_file_problems(run_dir: Path, store: HistoryStore) -> list[str]:
+    """What is wrong with the files derived from the store (summary.json, metrics.jsonl).
+
+    Checked on a run that reached its target (an interrupted one writes them when it ends):
+    ``summary.json`` must exist, parse and name the store's last round and generation;
+    ``metrics.jsonl`` must hold a line for every round 1..last and none after. Both are
+    rebuilt from the store by ``fedunlearn verify RUN --rebuild`` (``runs.rebuild_run_files``).
+    """
+    last = store.last_round()
+    meta = store.meta
+    config = meta.get("config") or {}
+    target = meta.get("rounds_target", (config.get("training") or {}).get("rounds"))
+    if last is None or last != target:
+        return []
+    fix = f"rebuild it from the store with: fedunlearn verify {run_dir} --rebuild"
+    problems = []
+    path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        summary = None
+        problems.append(f"{path} is missing; {fix}")
+    except (OSError, ValueError) as err:
+        summary = None
+        problems.append(f"{path} is not readable JSON ({err}); {fix}")
+    if isinstance(summary, dict):
+        rounds, generation = summary.get("rounds"), summary.get("generation", 0)
+        if rounds != last or generation != store.generation():
+            problems.append(
+                f"{path} describes round {rounds}, generation {generation}; the store is at round "
+                f"{last}, generation {store.generation()} (a command stopped before rewriting "
+                f"it); {fix}"
+            )
+    elif summary is not None:
+        problems.append(f"{path} is not a JSON object; {fix}")
+    path = run_dir / METRICS_FILE
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        seen = {r.get("round") for r in rows if isinstance(r, dict) and type(r.get("round")) is int}
+    except (OSError, ValueError):
+        problems.append(f"{path} is missing or not JSON lines; {fix}")
+    else:
+        if not set(range(1, last + 1)) <= seen or max(seen, default=0) != last:
+            problems.append(
+                f"{path} does not hold one line per round 1..{last} (its last round: "
+                f"{max(seen, default=None)}); {fix}"
+            )
+    return problems
+
+
 def check_run(run_dir: str | Path, *, full: bool = True) -> dict[str, Any]:
-    """Check a run directory: the store (``HistoryStore.check``) and config.yaml against it.
+    """Check a run directory: the store, config.yaml against it, and the derived files.
 
     Args:
         run_dir: The run directory.
         full: Read every payload's checksum; False reads the catalog and the models only.
 
     Returns:
-        ``{"ok", "store": StoreCheck dict, "config": problem or None, "problems": [...],
-        "first_bad_round"}``; ``problems`` lists the config problem first, then the store's.
+        ``{"ok", "store": StoreCheck dict, "config": problem or None, "config_side":
+        "config.yaml" | "store" | None, "files": [...], "problems": [...],
+        "first_bad_round"}``; ``problems`` lists the config problem first, then the store's,
+        then the derived files' (summary.json, metrics.jsonl).
     """
     run_dir = Path(run_dir)
     with _open_run(run_dir) as store:
-        _, config_problem = _config_problem(run_dir, store)
+        _, config_problem, store_side = _config_problem(run_dir, store)
         result = store.check(full=full)
-    problems = ([config_problem] if config_problem else []) + list(result.problems)
+        files = _derived_file_problems(run_dir, store)
+    store_problems = [
+        p for p in result.problems if not (store_side and p.startswith("metadata: "))
+    ]  # the config problem says it, with which side changed
+    problems = ([config_problem] if config_problem else []) + store_problems + files
     return {
         "ok": not problems,
         "full": full,
         "store": result.to_dict(),
         "config": config_problem,
+        "config_side": None if not config_problem else "store" if store_side else "config.yaml",
+        "files": files,
         "problems": problems,
         "first_bad_round": result.first_bad_round,
     }
@@ -296,7 +413,7 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
     """
     run_dir = Path(run_dir)
     with _open_run(run_dir) as store:
-        stored, config_problem = _config_problem(run_dir, store)
+        stored, config_problem, _ = _config_problem(run_dir, store)
         config = stored if stored is not None else load_config(run_dir / CONFIG_FILE)
         full = store.file_bytes() <= QUICK_CHECK_ABOVE_BYTES if full_check is None else full_check
         check = store.check(full=full)
@@ -308,7 +425,11 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
                 entry.client_id, {"forgotten_at": entry.forgotten_at, "size_bytes": 0}
             )
             seen["size_bytes"] += entry.size_bytes
-        problems = ([config_problem] if config_problem else []) + list(check.problems)
+        problems = (
+            ([config_problem] if config_problem else [])
+            + list(check.problems)
+            + _derived_file_problems(run_dir, store)
+        )
         target = int(store.meta.get("rounds_target", config.training.rounds))
         events = [e.to_dict() for e in store.events()]
         for client in store.forgotten_clients() - set(forgotten):  # applied, not erased yet

@@ -35,7 +35,7 @@ import torch
 
 from fedunlearn.config import RunConfig, dump_config
 from fedunlearn.data import FederatedData
-from fedunlearn.errors import ConfigError, HistoryCorruptError
+from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError
 from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.fl.records import RoundRecord
@@ -48,7 +48,7 @@ from fedunlearn.history.policy import (
     build_policy,
     resolve_history,
 )
-from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry, WriterLock
+from fedunlearn.history.store import FILE_NAME, LOCK_NAME, HistoryStore, RoundEntry, WriterLock
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.training import PrivateTraining
@@ -303,11 +303,37 @@ def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
     }
 
 
-def _discard_unstarted(store: HistoryStore) -> None:
-    """Delete a store that has no committed round (a fresh run that failed before round 0)."""
-    if store.last_round() is None:
+#: What a fresh run writes in its directory before its first trained round (``_discard``).
+_RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PRIVACY_FILE)
+
+
+def _untrained(store: HistoryStore | None) -> bool:
+    """Whether a fresh run's store holds no trained round (nothing, or round 0 only)."""
+    try:
+        return store is None or not store.last_round()
+    except HistoryError:  # unreadable: whatever it holds, no trained round can be read back
+        return True
+
+
+def _discard(run_dir: Path, history_dir: Path, made: list[Path], store_made: bool) -> None:
+    """Remove what a fresh run that failed before its first trained round wrote.
+
+    The store and the run's files only if this call created the store (another process's
+    run is never touched); the lock file and the directories only if this call made them,
+    and only when empty. Called while the writer lock is still held.
+    """
+    if store_made:
         for suffix in ("", "-wal", "-shm"):
-            store.file.with_name(store.file.name + suffix).unlink(missing_ok=True)
+            (history_dir / (FILE_NAME + suffix)).unlink(missing_ok=True)
+        for name in _RUN_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+    if history_dir in made:
+        (history_dir / LOCK_NAME).unlink(missing_ok=True)
+    for directory in reversed(made):  # deepest first
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (or gone): leave it
+            pass
 
 
 def train_run(
@@ -358,10 +384,13 @@ def train_run(
     )
     if not resume and holds_run(run_dir):
         raise ConfigError(already)
+    made = [d for d in (run_dir, history_dir) if not d.exists()]  # removed again on failure
     history_dir.mkdir(parents=True, exist_ok=True)
     lock: WriterLock | None = WriterLock.acquire(history_dir)  # before anything is written
     store: HistoryStore | None = None
+    store_made = False
     setup: Setup | None = None
+    discard = False
     try:
         repaired = None
         if resume:
@@ -381,6 +410,7 @@ def train_run(
                     HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),
                     None,
                 )
+                store_made = True
             privacy, private = wrap_privacy(config, setup)  # DP on a wrapper, for training
             try:
                 summary = _train(
@@ -394,16 +424,18 @@ def train_run(
         write_json(run_dir / SUMMARY_FILE, summary)
         return summary
     except BaseException:
-        if store is not None and not resume:
-            _discard_unstarted(store)
+        # a fresh run that failed before its first trained round (a config the engine cannot
+        # run, missing data, an interrupt) leaves no run directory behind
+        discard = not resume and _untrained(store)
         raise
     finally:
         if setup is not None:
             setup.close()
-        if store is not None:
-            store.close()
-        if lock is not None:
-            lock.release()
+        held = store.close_keeping_lock() if store is not None else lock  # held while discarding
+        if discard:
+            _discard(run_dir, history_dir, made, store_made)
+        if held is not None:
+            held.release()
 
 
 def _train(

@@ -47,7 +47,7 @@ import torch
 
 from fedunlearn.config import RunConfig
 from fedunlearn.data import FederatedData
-from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.sampling import batches_use
@@ -182,6 +182,7 @@ class UnlearnSession:
         self.evaluation = EvaluationView(self._setup, evaluator=evaluator)
         self.federation: Federation | None = federation
         self._reduced: dict[tuple[tuple[int, tuple[int, ...]], ...], Federation] = {}
+        self._data_version = store.data_version()
 
     def _open_without_data(
         self,
@@ -230,6 +231,7 @@ class UnlearnSession:
         self.evaluation = ClientSideEvaluation(net, config, evaluator=evaluator)
         self.federation = None
         self._reduced = {}
+        self._data_version = store.data_version()
 
     def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
         if not self._evaluate_rounds:
@@ -466,7 +468,30 @@ class UnlearnSession:
         """
         request = self.cumulative(request)
         context = self.context(request, progress=progress, clients=clients)
-        return method.unlearn(request, context)
+        try:
+            result = method.unlearn(request, context)
+        except FedUnlearnError:
+            self.check_unchanged()  # a concurrent writer explains a failed read better
+            raise
+        self.check_unchanged()
+        return result
+
+    def check_unchanged(self) -> None:
+        """Refuse to go on if another process committed to the run since the session opened.
+
+        The session reads the store statement by statement; an ``apply`` (which replaces the
+        rounds), a ``forget`` or a continuation committed meanwhile makes what it read mix two
+        states of the run.
+
+        Raises:
+            HistoryError: The run changed; nothing was written.
+        """
+        if self.run_view.store.data_version() != self._data_version:
+            raise HistoryError(
+                f"{self.run_view.run_dir}: another process wrote the run while it was read "
+                "(an apply, forget or train --continue committed); what was read may mix two "
+                "states of the run, so nothing was written. Run the command again"
+            )
 
     def close(self) -> None:
         """Close the store and stop worker processes."""

@@ -133,9 +133,7 @@ class Erasure:
                     gone = {tuple(m) for m in meta.get("dropped_models", [])}
                     gone |= {(m[0], m[1]) for m in dropped}
                     meta["dropped_models"] = [list(m) for m in sorted(gone)]
-                    self._db.execute(
-                        "UPDATE info SET value=? WHERE key='meta'", (self._meta_json(meta),)
-                    )
+                    self._put_meta(meta)
                 # the ledger rows of what went are in forget_payloads / forget_models now
                 self._db.executemany(
                     "DELETE FROM payload_prints WHERE round=? AND kind=? AND client_id=?",

@@ -289,7 +289,7 @@ class Generations:
             if rounds is not None:  # the models forget() dropped are gone with their rounds
                 meta.pop("dropped_models", None)
             meta.pop("continuation", None)
-            self._db.execute("UPDATE info SET value=? WHERE key='meta'", (self._meta_json(meta),))
+            self._put_meta(meta)
             if rounds is not None:
                 self._incremental_vacuum()
             event_id = cursor.lastrowid

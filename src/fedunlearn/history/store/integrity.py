@@ -23,7 +23,8 @@ class Integrity:
     def check(self, *, full: bool = True) -> StoreCheck:
         """Look for damage and inconsistencies without changing anything.
 
-        Checks, in order: SQLite's structure (``PRAGMA quick_check``, full only); the metadata;
+        Checks, in order: SQLite's structure (``PRAGMA quick_check``, full only); the metadata
+        (a JSON object, matching the checksum written with it: ``meta_problem``);
         that the rounds are 0..last without gaps and round 0 holds M_0; the catalog (each
         payload's byte count, each stored update has an accepted or rejected client record,
         nothing stored of a forgotten client); and the checksum, size, dtype and shape of every
@@ -43,14 +44,19 @@ class Integrity:
                 if structure != ["ok"]:
                     bad.append((None, "structure: " + "; ".join(structure[:3])))
             try:
-                if not isinstance(self.meta, dict):
-                    bad.append((None, "metadata: not a JSON object"))
-            except ValueError:
-                bad.append((None, "metadata: not valid JSON"))
+                changed = self.meta_problem()  # the metadata against its checksum
+            except HistoryCorruptError:
+                bad.append((None, "metadata: missing or not a JSON object"))
+            else:
+                if changed:
+                    bad.append((None, changed))
             rounds = self.rounds()
             if rounds and rounds != list(range(rounds[-1] + 1)):
                 gaps = sorted(set(range(rounds[-1] + 1)) - set(rounds))
-                bad.append((gaps[0], f"rounds {format_ids(gaps)} are missing"))
+                if gaps:
+                    bad.append((gaps[0], f"rounds {format_ids(gaps)} are missing"))
+                else:  # numbers out of order, repeated or negative: a damaged table
+                    bad.append((None, f"the rounds table lists rounds {rounds[:8]}..."))
             if (
                 rounds
                 and self._payload_row("round=0 AND kind='global' AND client_id=?", (NO_CLIENT,))

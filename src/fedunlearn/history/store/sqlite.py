@@ -65,9 +65,11 @@ Design:
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import sqlite3
+import sys
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -86,6 +88,7 @@ from fedunlearn.errors import (
     UnsupportedHistoryError,
 )
 from fedunlearn.fl.records import UpdateStatus
+from fedunlearn.history.digest import canonical_sha256
 from fedunlearn.history.store.codec import (
     NO_CLIENT,
     PayloadError,
@@ -174,6 +177,8 @@ CREATE TABLE forget_models (
     fingerprints BLOB NOT NULL, PRIMARY KEY (call_id, round, kind));
 """
 _TABLES = frozenset({"info", "rounds", "clients", "payloads", "forget_log"})
+#: ``info`` key of the metadata's checksum (``HistoryStore.meta_problem``).
+META_SHA256_KEY = "meta_sha256"
 _DELETION_TABLES = frozenset({"forget_calls", "forget_payloads"})
 _LEDGER_TABLES = frozenset({"payload_prints", "forget_models"})
 # SQLite primary result codes (sqlite3.h) that mean "this file is damaged".
@@ -202,6 +207,60 @@ def _check_header(file: Path) -> None:
             f"{file}: truncated: the header says {pages * page_size} bytes, the file has {size}; "
             "nothing was changed. Restore it from a backup or start a new run."
         )
+
+
+def _wal_damage(file: Path) -> str | None:
+    """Say whether SQLite dropped committed transactions of the WAL for a damaged frame.
+
+    SQLite reads the write-ahead log up to its first frame that fails its checksum and ignores
+    the rest, as after a torn write; so a damaged frame in the middle of the log silently rolls
+    the store back to an earlier commit (rounds, a continuation's rounds). The log's frames
+    after the last valid one (``mxFrame`` in the wal-index) that carry the log's current salt
+    and a commit mark were written after the damaged frame: one may be the torn last
+    transaction of a crash, two or more mean committed transactions would be lost. Skipped
+    (None) while another process writes (the wal-index changes during the look).
+    """
+    wal, shm = (file.with_name(file.name + suffix) for suffix in ("-wal", "-shm"))
+    try:
+        if not wal.exists() or wal.stat().st_size <= 32 or not shm.exists():
+            return None
+        before = shm.read_bytes()[:48]
+        with wal.open("rb") as fh:
+            header = fh.read(32)
+            frame = 24 + int.from_bytes(header[8:12], "big")
+            valid = int.from_bytes(before[16:20], sys.byteorder)  # mxFrame
+            if before[32:40] != header[16:24]:  # the wal-index describes another log
+                return None
+            lost = 0
+            fh.seek(32 + valid * frame)
+            while len(head := fh.read(24)) == 24:
+                if head[8:16] == header[16:24] and int.from_bytes(head[4:8], "big"):
+                    lost += 1
+                fh.seek(frame - 24, os.SEEK_CUR)
+        if shm.read_bytes()[:48] != before or lost < 2:
+            return None
+    except OSError:
+        return None
+    offset = 32 + valid * frame
+    return (
+        f"{wal}: the write-ahead log is damaged after frame {valid}: {lost} commit(s) written "
+        "after it (e.g. rounds since the last checkpoint) would be dropped without a word; "
+        f"nothing was changed. Keep a copy of {file.parent}, then drop the damaged end of the "
+        f"log with 'truncate -s {offset} {wal}' (what SQLite would do) and resume or continue "
+        "the run, which retrains what was lost; or restore it from a backup."
+    )
+
+
+@functools.cache
+def _expected_columns() -> dict[str, list[str]]:
+    """The column names of every table a store of this schema version has (built in memory)."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(_SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA)
+        tables = [r for (r,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: [row[1] for row in con.execute(f"PRAGMA table_info({t})")] for t in tables}
+    finally:
+        con.close()
 
 
 class DroppedModelError(ForgottenDataError, UnsupportedHistoryError):
@@ -323,7 +382,12 @@ class HistoryStore(Erasure, Integrity, Generations):
                 con.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # before WAL, which fixes it
                 con.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table
                 store._configure()
-                info = {"format": _FORMAT, "schema_version": str(SCHEMA_VERSION), "meta": meta_json}
+                info = {
+                    "format": _FORMAT,
+                    "schema_version": str(SCHEMA_VERSION),
+                    "meta": meta_json,
+                    META_SHA256_KEY: canonical_sha256(json.loads(meta_json)),
+                }
                 # executescript leaves the transaction open
                 con.executescript(
                     "BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA
@@ -382,7 +446,10 @@ class HistoryStore(Erasure, Integrity, Generations):
             store = cls(con, file, lock)
             with store._sqlite("opening the store"):
                 store._configure()
-                store._check_schema()
+                store._check_schema()  # its reads recover the WAL: the wal-index is current
+                damage = _wal_damage(file)
+                if damage is not None:
+                    raise HistoryCorruptError(damage)
                 if writable:
                     store._add_deletion_tables()
         except BaseException:
@@ -403,6 +470,26 @@ class HistoryStore(Erasure, Integrity, Generations):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection commits to the store.
+
+        SQLite's ``PRAGMA data_version``: a reader compares it before and after a long read
+        (an unlearning session) to learn whether an ``apply``, ``forget`` or continuation
+        committed in between, so that what it read may mix two states of the run.
+        """
+        with self._sqlite("reading the data version"):
+            return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    def close_keeping_lock(self) -> WriterLock | None:
+        """Close the database but hand the writer lock (if any) to the caller to release.
+
+        For removing the store's files while no other writer can start (a fresh run that
+        failed before its first trained round).
+        """
+        lock, self._lock = self._lock, None
+        self.close()
+        return lock
 
     def __enter__(self) -> HistoryStore:
         return self
@@ -433,10 +520,49 @@ class HistoryStore(Erasure, Integrity, Generations):
 
     @property
     def meta(self) -> dict[str, Any]:
-        """A copy of the run metadata given to ``create`` and ``update_meta``."""
+        """A copy of the run metadata given to ``create`` and ``update_meta``.
+
+        Raises:
+            HistoryCorruptError: The metadata is missing or not a JSON object.
+        """
         with self._sqlite("reading meta"):
             row = self._db.execute("SELECT value FROM info WHERE key='meta'").fetchone()
-        return json.loads(row[0])
+        try:
+            meta = json.loads(row[0]) if row is not None else None
+        except (TypeError, ValueError):
+            meta = None
+        if not isinstance(meta, dict):
+            raise HistoryCorruptError(
+                f"{self._file}: the run's metadata is {'missing' if row is None else 'damaged'} "
+                "(not a JSON object); nothing was changed. Restore the file from a backup."
+            )
+        return meta
+
+    def meta_problem(self, meta: Mapping[str, Any] | None = None) -> str | None:
+        """Say whether the metadata still matches the checksum written with it (None: it does).
+
+        ``update_meta`` (and every write of the metadata) stores a SHA-256 of its canonical
+        JSON (``history.digest``) in ``info``; metadata edited outside fedunlearn (e.g. the
+        store's copy of the config) no longer matches it. A store written before the checksum
+        existed has none: nothing to compare (None).
+
+        Args:
+            meta: Metadata to compare instead of the stored one (e.g. the stored metadata with
+                a candidate config: does it give the checksum back?).
+        """
+        with self._sqlite("reading meta"):
+            row = self._db.execute(
+                "SELECT value FROM info WHERE key=?", (META_SHA256_KEY,)
+            ).fetchone()
+        if row is None:
+            return None
+        if canonical_sha256(self.meta if meta is None else dict(meta)) == row[0]:
+            return None
+        return (
+            "metadata: the store's metadata (its copy of the run's config, clients and state) "
+            "was changed after fedunlearn wrote it: its SHA-256 no longer matches the checksum "
+            "stored with it"
+        )
 
     @property
     def policy(self) -> str:
@@ -453,9 +579,19 @@ class HistoryStore(Erasure, Integrity, Generations):
         self._require_writable("update the metadata")
         if not isinstance(values, Mapping):
             raise ConfigError(f"update_meta takes a dict; got {type(values).__name__}.")
-        text = self._meta_json(self.meta | dict(values))
+        meta = self.meta | dict(values)
+        self._meta_json(meta)  # refused before the transaction
         with self._transaction("updating meta"):
-            self._db.execute("UPDATE info SET value=? WHERE key='meta'", (text,))
+            self._put_meta(meta)
+
+    def _put_meta(self, meta: Mapping[str, Any]) -> None:
+        """Write the metadata and its checksum (inside the caller's transaction)."""
+        text = self._meta_json(meta)
+        self._db.execute("UPDATE info SET value=? WHERE key='meta'", (text,))
+        self._db.execute(
+            "INSERT OR REPLACE INTO info VALUES (?, ?)",
+            (META_SHA256_KEY, canonical_sha256(json.loads(text))),
+        )
 
     # ----- writing ------------------------------------------------------------------------
 
@@ -952,6 +1088,15 @@ class HistoryStore(Erasure, Integrity, Generations):
                 f"{self._file}: history schema version {version}; this fedunlearn reads version "
                 f"{SCHEMA_VERSION}. Use the fedunlearn version that wrote the run."
             )
+        expected = _expected_columns()
+        for table in sorted(tables & expected.keys()):
+            columns = [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
+            if columns != expected[table]:  # the schema page (table definitions) is damaged
+                raise HistoryCorruptError(
+                    f"{self._file}: the definition of table '{table}' is damaged (columns "
+                    f"{columns[:6]}, expected {expected[table][:6]}); nothing was changed. "
+                    "Restore the file from a backup, or start a new run."
+                )
 
     def _require_writable(self, action: str) -> None:
         self._db  # noqa: B018 - raises if closed
@@ -1043,9 +1188,12 @@ class HistoryStore(Erasure, Integrity, Generations):
             yield
         except sqlite3.DatabaseError as exc:
             code = getattr(exc, "sqlite_errorcode", None)
-            corrupt = (code is None and type(exc) is sqlite3.DatabaseError) or (
-                code is not None and (code & 0xFF in _CORRUPT_CODES or code == _SHORT_READ)
-            )
+            # without a SQLite code the error is the sqlite3 module's own reading of a value:
+            # a plain DatabaseError, or text that is not UTF-8 (a damaged page): damage too
+            corrupt = (
+                code is None
+                and (type(exc) is sqlite3.DatabaseError or "decode to UTF-8" in str(exc))
+            ) or (code is not None and (code & 0xFF in _CORRUPT_CODES or code == _SHORT_READ))
             if corrupt:
                 raise HistoryCorruptError(
                     f"{self._file}: SQLite reports '{exc}' while {action}: the file is damaged or "

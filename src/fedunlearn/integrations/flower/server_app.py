@@ -409,8 +409,9 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
         metadata={"fedunlearn.source": json.dumps(source, sort_keys=True)},
     )
     summary["model_file"] = str(model_file)
-    save_for_apply(out, summary, result)
-    _write_json(out, json.loads(json.dumps(summary, default=_jsonable)))
+    summary = json.loads(json.dumps(summary, default=_jsonable))  # what the file will hold
+    save_for_apply(out, summary, result)  # the apply file, and the seal over the summary
+    _write_json(out, summary)
     return summary
 
 
