@@ -190,12 +190,17 @@ def check_participation(context: UnlearnContext, request: UnlearnRequest) -> Non
     training = context.training
     if not training.deletion_ready:
         return  # fraction sampling: continuations re-draw among the remaining clients
-    present = set(context.clients.client_ids) | set(request.forget)
+    rounds = {
+        t: {r.client_id: record_multiplicity(r) for r in context.history.client_records(t)}
+        for t in range(1, context.num_rounds + 1)
+    }
+    # the clients the current history drew among: the remaining ones and the forgotten ones it
+    # still holds (an applied result removed the others from every round; a client never drawn
+    # changes no draw, present or not)
+    recorded = {c for stored in rounds.values() for c in stored}
+    present = set(context.clients.client_ids) | (set(request.forget) & recorded)
     shards = training.shards
-    for round_ in range(1, context.num_rounds + 1):
-        stored: dict[int, int] = {}
-        for record in context.history.client_records(round_):
-            stored[record.client_id] = record_multiplicity(record)
+    for round_, stored in rounds.items():
         if shards is None:
             assert training.sampler is not None
             expected = dict(training.sampler.draw(round_, sorted(present)).multiplicity)
