@@ -102,12 +102,7 @@ def run_round(
         log.warning("round %d: no usable update; the global model is unchanged", round_)
         aggregate = torch.zeros_like(global_params)
     new_params = global_params + aggregate
-    metrics: dict[str, float] = {}
-    if accepted:
-        total = sum(u.num_samples for u in accepted)
-        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in accepted) / total
-    if evaluate is not None:
-        metrics.update(evaluate(new_params))
+    metrics = _round_metrics(accepted, new_params, evaluate)
     return RoundRecord(
         round=round_,
         global_before=global_params,
@@ -118,6 +113,19 @@ def run_round(
         metrics=metrics,
         multiplicity=dict(draw.multiplicity) if draw is not None and not draw.size_weighted else {},
     )
+
+
+def _round_metrics(
+    accepted: Sequence[ClientUpdate], params: torch.Tensor, evaluate: Evaluator | None
+) -> dict[str, float]:
+    """A round's metrics: the uploads' sample-weighted training loss and the evaluation."""
+    metrics: dict[str, float] = {}
+    if accepted:
+        total = sum(u.num_samples for u in accepted)
+        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in accepted) / total
+    if evaluate is not None:
+        metrics.update(evaluate(params))
+    return metrics
 
 
 def run_rounds(
@@ -242,12 +250,7 @@ def run_sharded_round(
         rejected += record.rejected
         multiplicity.update(record.multiplicity)
     before, new = combine(shard_params), combine(after)
-    metrics: dict[str, float] = {}
-    if updates:
-        total = sum(u.num_samples for u in updates)
-        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in updates) / total
-    if evaluate is not None:
-        metrics.update(evaluate(new))
+    metrics = _round_metrics(updates, new, evaluate)
     if ensemble is not None:
         metrics.update(ensemble(after))
     return RoundRecord(
