@@ -197,13 +197,18 @@ def test_with_no_plugin_installed_the_error_says_how_to_install(fake_entry_point
         Registry("history policy", UnknownPolicyError, plugin_kind="policies").get("crab")
 
 
-def test_without_the_fedadp_plugin_a_non_dp_run_trains_and_unlearns(fake_entry_points, tmp_path):
+def test_without_the_fedadp_plugin_a_non_dp_run_trains_and_unlearns(
+    fake_entry_points, tmp_path, monkeypatch
+):
     """The core names no paper: privacy.budget.schedule is resolved for DP runs only (issue 38)."""
     from fedunlearn.config import parse_config
+    from fedunlearn.privacy.training import BUDGET_SCHEDULES
     from fedunlearn.runs import train_run
     from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
     fake_entry_points({"baselines": "fedunlearn.unlearn.baselines.plugin:PLUGIN"})
+    # an earlier test in this process may have loaded FedADP's schedule: forget it too
+    monkeypatch.setattr(BUDGET_SCHEDULES, "_values", {})
     config = parse_config(
         {
             "data": {"dataset": "digits", "num_clients": 4},

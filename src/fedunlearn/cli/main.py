@@ -790,8 +790,8 @@ def unlearn(
     samples = parse_forget_samples(forget_samples or [])
     if not forget.strip() and not samples:
         raise ConfigError(
-            "name what to remove: --forget 3,7 (clients), --forget malicious, or "
-            "--forget-samples CLIENT:FILE (samples of a client)"
+            "--forget is empty: name what to remove: --forget 3,7 (clients), --forget "
+            "malicious, or --forget-samples CLIENT:FILE (samples of a client)"
         )
     ids, kind = parse_forget(forget, run_dir) if forget.strip() else ([], "forget")
     if _queued_for_app(run_dir, ids, kind, method, param or [], out, bool(samples)):
