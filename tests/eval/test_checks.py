@@ -5,11 +5,14 @@ import json
 import math
 
 import pytest
+from tests.support.evidence import flat_evidence
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval import Evidence, VerificationThresholds, build_verification
-from fedunlearn.eval.checks import auc_standard_error
+from fedunlearn.eval import VerificationThresholds, build_verification
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
+from fedunlearn.eval.receipt import run_rule
+from fedunlearn.eval.receipt.rules import markers as markers_rule
+from fedunlearn.eval.receipt.rules.membership import auc_standard_error
 from fedunlearn.unlearn import BoundReport, Check, Verification
 from fedunlearn.unlearn.lineage import Lineage
 
@@ -33,6 +36,10 @@ RETRAIN = {
 }
 
 
+def check_markers(ev, th):
+    return run_rule(markers_rule.RULE, ev, th)
+
+
 def evidence(row, *, retrain=True, **kw):
     base = dict(
         row=row,
@@ -45,7 +52,7 @@ def evidence(row, *, retrain=True, **kw):
         attackers_total=2,
     )
     base.update(kw)
-    return Evidence(**base)
+    return flat_evidence(**base)
 
 
 def verdicts(verification: Verification) -> dict[str, str]:
@@ -405,7 +412,7 @@ def honest(row, *, retrain=True, **kw):
     base.update(kw)
     if retrain:
         base.update(retrain=QS_RETRAIN, retrain_gap=1.6)
-    return Evidence(row=row, **base)
+    return flat_evidence(row, **base)
 
 
 def noisy(std):
@@ -500,7 +507,7 @@ PARTIAL_RETRAIN = {**QS_RETRAIN, "backdoor_asr": 0.438}
 
 
 def partial(row, *, retrain=True):
-    return Evidence(
+    return flat_evidence(
         row=row,
         original=PARTIAL_ORIGINAL,
         retrain=PARTIAL_RETRAIN if retrain else None,
@@ -532,7 +539,7 @@ FLIP_RETRAIN = {**QS_RETRAIN, "test_accuracy": 0.919, "backdoor_asr": None}
 
 
 def flip(row, *, retrain=True):
-    return Evidence(
+    return flat_evidence(
         row=row,
         original=FLIP_ORIGINAL,
         retrain=FLIP_RETRAIN if retrain else None,
@@ -955,7 +962,7 @@ def _markers(cand, original, extra=None):
 
 
 def _marker_ev(markers, cm):
-    return Evidence(
+    return flat_evidence(
         row=RETRAIN,
         original=ORIGINAL,
         retrain=RETRAIN,
@@ -970,14 +977,12 @@ def test_a_demoted_marker_flag_with_a_weak_original_is_a_warning_not_a_removal()
     # the flag was turned into a warning before the controls were applied, and a warning with
     # an unflagged original became `inconclusive`: the receipt said `removed`
     ev = _marker_ev(_markers({0: 0.5}, {0: 0.09}), ranged(0.0, 0.3))
-    from fedunlearn.eval.checks import check_markers
 
     assert check_markers(ev, VerificationThresholds()).verdict == "warn"
     assert build_verification(ev).influence == "not_shown"
 
 
 def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
-    from fedunlearn.eval.checks import check_markers
 
     th = VerificationThresholds()
     ev = _marker_ev(
@@ -1008,7 +1013,7 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
 
 
 def test_the_client_level_warning_never_promises_an_unreachable_line():
-    ev = Evidence(
+    ev = flat_evidence(
         row=RETRAIN, original=ORIGINAL, retrain=RETRAIN, client_membership=ranged(3.0, 0.3)
     )
     check = build_verification(ev).check("client_membership")
@@ -1030,8 +1035,8 @@ def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
         attackers_total=1,
         attack_kind="label_flip",
     )
-    assert build_verification(Evidence(**base)).check("poisoning").verdict == "fail"
-    less = Evidence(
+    assert build_verification(flat_evidence(**base)).check("poisoning").verdict == "fail"
+    less = flat_evidence(
         **base,
         client_membership=ranged(0.0, 0.3),
         clean_path={"clean_round_5": {"test_accuracy": 0.84}},
@@ -1047,7 +1052,7 @@ def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
 
 def test_a_backdoor_flag_on_a_less_trained_model_stays_when_no_clean_model_is_higher():
     retrain = {**RETRAIN, "backdoor_asr": 0.438}
-    ev = Evidence(
+    ev = flat_evidence(
         row={**retrain, "backdoor_asr": 0.538},
         original=ORIGINAL,
         retrain=retrain,

@@ -9,17 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.support.evidence import flat_evidence
 
 from fedunlearn.config import load_config
 from fedunlearn.eval import Verifier
-from fedunlearn.eval.checks import Evidence, build_verification, check_markers
-from fedunlearn.eval.checks import VerificationThresholds as Th
 from fedunlearn.eval.markers import MarkerEvidence
+from fedunlearn.eval.receipt import VerificationThresholds as Th
+from fedunlearn.eval.receipt import build_verification, run_rule
+from fedunlearn.eval.receipt.rules import markers as markers_rule
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "digits_quickstart.yaml"
 ROW = {"test_accuracy": 0.9}
+
+
+def check_markers(ev, th):
+    return run_rule(markers_rule.RULE, ev, th)
 
 
 def evidence(candidate, original=0.6, retrain=0.05, noisy=0.6, decoy=0.04):
@@ -32,7 +38,7 @@ def evidence(candidate, original=0.6, retrain=0.05, noisy=0.6, decoy=0.04):
         probes={0: 400},
         targets={0: 3},
     )
-    return Evidence(row=ROW, original=ROW, markers=markers)
+    return flat_evidence(ROW, original=ROW, markers=markers)
 
 
 def test_a_model_at_retrains_marker_rate_passes_when_the_original_is_flagged():
@@ -77,7 +83,7 @@ def test_without_retrain_only_a_model_that_keeps_the_originals_rate_is_flagged()
 
 
 def test_without_markers_the_check_is_na_and_hints_at_them():
-    v = build_verification(Evidence(row=ROW, original=ROW))
+    v = build_verification(flat_evidence(ROW, original=ROW))
     assert v.check("markers").verdict == "n/a"
     assert "participation markers" in v.influence_reason
 

@@ -10,7 +10,7 @@ the store's deletion evidence. Retrain is never run here: compute it first
 request)``) and pass it in. Then ``verify(result)`` returns the result with its ``verification``
 attached, and ``audit(params)`` gives the receipt of any model of the run's architecture,
 including one trained or edited outside the toolkit. The checks and their thresholds:
-``fedunlearn.eval.checks`` and docs/verification.md.
+``fedunlearn.eval.receipt`` and docs/verification.md.
 
 Example::
 
@@ -34,12 +34,19 @@ from typing import Any
 import torch
 
 from fedunlearn.errors import ConfigError, ForgottenDataError, HistoryError
-from fedunlearn.eval.checks import Evidence, VerificationThresholds, build_verification
 from fedunlearn.eval.distance import l2_distance
 from fedunlearn.eval.distance_band import DistanceBand, measure_distance_band
 from fedunlearn.eval.judge import Judge
 from fedunlearn.eval.markers import MarkerEvidence, MarkerProbe
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
+from fedunlearn.eval.receipt import (
+    Attack,
+    Claims,
+    Controls,
+    Evidence,
+    VerificationThresholds,
+    build_verification,
+)
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.privacy.reference import with_run_mechanism
@@ -244,9 +251,10 @@ def clean_path(retrain: UnlearnResult | None) -> dict[str, torch.Tensor]:
     Retrain's trajectory holds the global model after each of its L rounds; the receipt keeps
     those after rounds 1 and about L/6, 2L/6, ... 5L/6 (``clean_round_<t>``), clean by
     construction, from barely trained to nearly Retrain. A model less trained than every
-    reference model of the client-level test is compared with them (``fedunlearn.eval.checks``):
-    an under-trained clean model can have a high backdoor ASR, marker rate or membership score
-    of its own. Empty without Retrain or its trajectory.
+    reference model of the client-level test is compared with them
+    (``fedunlearn.eval.receipt.fitness``): an under-trained clean model can have a high
+    backdoor ASR, marker rate or membership score of its own. Empty without Retrain or its
+    trajectory.
     """
     if retrain is None or retrain.trajectory is None:
         return {}
@@ -432,19 +440,31 @@ class Verifier:
         self.client_membership = client_membership
         self.deletion = deletion_evidence(run.store, request.forget)
         malicious = run.malicious
-        self._attack = {
-            "backdoor": session.evaluation.trigger is not None,
-            "attackers_forgotten": len(malicious & request.forget),
+        self.attack = Attack(
+            request_kind=request.kind,
+            clients=tuple(sorted(request.forget)),
+            backdoor=session.evaluation.trigger is not None,
+            attackers_forgotten=len(malicious & request.forget),
             # an earlier client an applied result removed is not in the current model (the
             # checks' control): it cannot make the backdoor check's pass indecisive
-            "clients_forgotten": len(request.forget - run.applied),
-            "attackers_total": len(malicious),
-            "attack_kind": run.config.attack.kind if malicious else None,
-            "private_run": bool(run.config.privacy.enabled),
-            "private_reference": bool(
+            clients_forgotten=len(request.forget - run.applied),
+            attackers_total=len(malicious),
+            kind=run.config.attack.kind if malicious else None,
+            private_run=bool(run.config.privacy.enabled),
+        )
+        self.controls = Controls(
+            original=self.original_row,
+            noisy=self.noisy_original_row,
+            noise_std=self.noise_std if self.noisy_original_row is not None else None,
+            retrain=self.retrain_row,
+            retrain_gap=self.retrain_gap,
+            initial_gap=self.initial_gap,
+            clean_asr=self.clean_asr,
+            clean_less=self.clean_path_rows,
+            private_reference=bool(
                 retrain is not None and getattr(retrain.details, "private", False)
             ),
-        }
+        )
 
     @property
     def references(self) -> tuple[str, ...]:
@@ -467,26 +487,21 @@ class Verifier:
         details nor warnings, the receipt says that none were available.
         """
         found = _method_warnings(details) if warnings is None else tuple(warnings)
-        return Evidence(
-            row=row,
-            original=self.original_row,
-            retrain=self.retrain_row,
-            retrain_gap=self.retrain_gap,
-            request_kind=self.request.kind,
+        claims = Claims(
             bound=details.certified_bound() if details is not None else None,
             warnings=found,
-            deletion=self.deletion,
-            noisy_original=self.noisy_original_row,
-            noise_std=self.noise_std if self.noisy_original_row is not None else None,
-            clean_asr=self.clean_asr,
-            initial_gap=self.initial_gap,
-            client_membership=client_membership,
             warnings_available=details is not None or warnings is not None,
             lineage=lineage,
+        )
+        return Evidence(
+            row=row,
+            controls=self.controls,
+            attack=self.attack,
+            claims=claims,
+            client_membership=client_membership,
             markers=markers,
             distance_band=self.distance_band if self.retrain is not None else None,
-            clean_path=self.clean_path_rows,
-            **self._attack,
+            deletion=self.deletion,
         )
 
     def verification(

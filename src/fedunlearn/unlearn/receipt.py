@@ -113,6 +113,8 @@ class Check:
             ``separation_se``: the original's distance from the reference in standard errors).
         decisive: Whether a pass of this check can show that the influence is removed (a
             distance can be small for a model that still carries it: not decisive).
+        codes: Why the verdict is what it is, as stable codes (``survives``, ``no_power``,
+            ...); ``reason`` is their rendering (docs/verification.md lists them).
     """
 
     name: str
@@ -127,6 +129,7 @@ class Check:
     aspect: Aspect = "influence"
     power: dict[str, Any] = field(default_factory=dict)
     decisive: bool = True
+    codes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -148,6 +151,7 @@ class Check:
                 "aspect": self.aspect,
                 "power": dict(self.power),
                 "decisive": self.decisive,
+                "codes": list(self.codes),
             }
         )
 
