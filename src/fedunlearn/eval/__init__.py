@@ -23,18 +23,17 @@ from fedunlearn.eval.mia import (
     calibrate_loss_threshold,
     loss_threshold_attack,
 )
+from fedunlearn.eval.plan import ReceiptOptions, Receipts, open_receipts
 from fedunlearn.eval.receipt import Evidence, VerificationThresholds, build_verification
-from fedunlearn.eval.verifier import (
-    Verifier,
-    client_membership_check,
-    deletion_evidence,
-    reference_retrain,
-)
+from fedunlearn.eval.references import client_membership_check, reference_retrain
+from fedunlearn.eval.verifier import Verifier, deletion_evidence
 
 __all__ = [
     "AttackSpec",
     "Evidence",
     "MIAResult",
+    "ReceiptOptions",
+    "Receipts",
     "ShadowAttack",
     "ShadowSpec",
     "VerificationThresholds",
@@ -49,6 +48,7 @@ __all__ = [
     "deletion_evidence",
     "l2_distance",
     "loss_threshold_attack",
+    "open_receipts",
     "prediction_agreement",
     "reference_retrain",
     "relative_distance",

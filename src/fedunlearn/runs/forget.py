@@ -1,7 +1,8 @@
 """Forgetting clients' stored updates from a run directory, and the evidence that they are gone.
 
 ``forget_clients`` deletes the clients' payloads from the run's history (``HistoryStore.forget``:
-secure delete, space given back, a deletion record kept in the store). ``deletion_evidence``
+secure delete, space given back, a deletion record kept in the store) and the result files in
+the run directory that hold their updates (``result_files_holding``). ``deletion_evidence``
 gathers, for a run and a set of clients, what a receipt needs as one JSON-ready dict: the
 deletion records (rounds, sizes, SHA-256 of each deleted payload and dropped model, time, bytes
 reclaimed), a fresh check that every deleted payload is unreadable and none of its pages is left
@@ -26,7 +27,49 @@ from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.runs.rundir import HISTORY_DIR
 
-__all__ = ["deletion_evidence", "forget_clients"]
+__all__ = ["deletion_evidence", "forget_clients", "result_files_holding"]
+
+APPLY_SUFFIX = ".apply.safetensors"
+
+
+def _updates_in(path: Path) -> set[tuple[int, int]]:
+    """(round, client) of every update an apply file's trajectory holds (its header only)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            keys = list(fh.keys())
+    except Exception:  # not readable as safetensors: not a result file of ours
+        return set()
+    out = set()
+    for key in keys:
+        head, dot, tail = key.partition(".u")
+        if dot and head.startswith("r") and head[1:].isdigit() and tail.isdigit():
+            out.add((int(head[1:]), int(tail)))
+    return out
+
+
+def result_files_holding(run_dir: str | Path, client_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """Return the result files in ``run_dir`` that hold updates of ``client_ids``.
+
+    An ``unlearn --out`` inside the run directory leaves ``R.apply.safetensors`` (the method's
+    model and trajectory, with every update it kept bit for bit); forgetting a client must
+    delete its updates there too. Each entry: ``{"path", "size_bytes", "updates": [[round,
+    client], ...]}``.
+    """
+    wanted = set(client_ids)
+    found = []
+    for path in sorted(Path(run_dir).rglob(f"*{APPLY_SUFFIX}")):
+        held = sorted(p for p in _updates_in(path) if p[1] in wanted)
+        if held:
+            found.append(
+                {
+                    "path": str(path),
+                    "size_bytes": path.stat().st_size,
+                    "updates": [list(p) for p in held],
+                }
+            )
+    return found
 
 
 def _store_dir(run_dir: Path) -> Path:
@@ -51,9 +94,13 @@ def forget_clients(
     *,
     vacuum: Literal["incremental", "full"] = "incremental",
 ) -> DeletionRecord:
-    """Delete every stored update of ``client_ids`` from a run's history.
+    """Delete every stored update of ``client_ids`` from a run's history and run directory.
 
     Takes the run's writer lock (refused while a training or another forget writes the run).
+    Besides the store (``HistoryStore.forget``: the updates, the models that rebuild them, the
+    clients' per-round norms and inner products), it deletes every result file in the run
+    directory that holds one of their updates (``result_files_holding``: an apply file written
+    by ``unlearn --out`` there and never applied).
 
     Args:
         run_dir: The run directory.
@@ -69,7 +116,10 @@ def forget_clients(
     """
     ids = _client_ids(client_ids)
     with HistoryStore.open(_store_dir(Path(run_dir)), writable=True) as store:
-        return store.forget(ids, vacuum=vacuum)
+        record = store.forget(ids, vacuum=vacuum)
+    for entry in result_files_holding(run_dir, ids):  # their updates, outside the store
+        Path(entry["path"]).unlink(missing_ok=True)
+    return record
 
 
 def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[str, Any]:

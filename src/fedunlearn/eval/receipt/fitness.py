@@ -10,12 +10,20 @@ only beyond every one of them, and a flag short of that is ``warn`` (not cleared
 ``remains``); without them every flag on it is ``warn``. The clean models raise the fail line
 only: a pass still needs Retrain's level.
 
+The same holds on the other side for the backdoor: while other attackers stay in the
+federation, their backdoor grows with every round a clean model trains, and a clean model
+trained more than Retrain (Retrain continued 1 to 5 rounds by the remaining clients,
+``Controls.clean_more``) can exceed Retrain's ASR by more than the fail margin; a flag then
+needs every one of them below it too (``ceiling(..., more=True)``), and without them it is a
+warning.
+
 The backdoor, markers and poisoning rules wrap their grade with ``ceiling`` and ``demoted``;
 the client-level rule reads the same ``less_trained``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fedunlearn.eval.receipt.evidence import Evidence
@@ -33,25 +41,45 @@ def less_trained(ev: Evidence) -> bool:
     return cm is not None and cm.region("candidate") == "below"
 
 
-def path_rounds(labels: object) -> str:
-    """``clean_round_<t>`` labels as "Retrain's rounds 1, 5, 10"."""
-    rounds = sorted(int(str(label).rsplit("_", 1)[1]) for label in labels)  # type: ignore[attr-defined]
-    return "Retrain's rounds " + ", ".join(str(t) for t in rounds)
+def path_rounds(labels: Iterable[str]) -> str:
+    """Clean models' labels in words: "Retrain's rounds 1, 5; Retrain + 1, 2 rounds".
+
+    ``clean_round_<t>``: Retrain's global model after round t; ``retrain_continued_<k>``:
+    Retrain continued k rounds.
+    """
+    earlier = sorted(int(x.rsplit("_", 1)[1]) for x in labels if x.startswith("clean_round_"))
+    later = sorted(int(x.rsplit("_", 1)[1]) for x in labels if x.startswith("retrain_continued_"))
+    parts = []
+    if earlier:
+        parts.append("Retrain's rounds " + ", ".join(str(t) for t in earlier))
+    if later:
+        parts.append("Retrain + " + ", ".join(str(k) for k in later) + " rounds")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
 class Ceiling:
-    """The clean models that raise a candidate's fail line, if it is off the references' ground.
+    """The clean models that raise a candidate's fail line, when it is off the references' ground.
 
     Attributes:
-        applies: The candidate is less trained than every reference.
-        clean: The clean, less trained models' values, by label (empty: none measured).
+        side: Why the clean models apply: ``less`` (the candidate is less trained than every
+            reference), ``more`` (attackers remain and training grows their backdoor), both
+            (``less+more``) or ``""`` (none: the line stays).
+        clean: Their values, by label (empty: none measured).
         higher_worse: Whether a higher value is worse (ASR, marker rate; accuracy: False).
+        missing: A side applies but none of its clean models was measured (every flag is
+            then a warning).
     """
 
-    applies: bool
+    side: str
     clean: dict[str, float] = field(default_factory=dict)
     higher_worse: bool = True
+    missing: bool = False
+
+    @property
+    def applies(self) -> bool:
+        """Whether the candidate meets clean models here."""
+        return bool(self.side)
 
     @property
     def top(self) -> float | None:
@@ -80,15 +108,30 @@ class Ceiling:
         if not self.applies or verdict != "fail":
             return False
         top = self.top
-        if top is None:
+        if top is None or self.missing:
             return True
         sign = 1.0 if self.higher_worse else -1.0
         return sign * top > sign * base and sign * (value - top) <= margin
 
 
-def ceiling(ev: Evidence, key: str, *, higher_worse: bool = True) -> Ceiling:
-    """The ceiling of ``key`` (a row key: ``backdoor_asr``, ``test_accuracy``) for the candidate."""
-    if not less_trained(ev):
-        return Ceiling(False, higher_worse=higher_worse)
-    clean = ev.controls.values(ev.controls.clean_less, key)
-    return Ceiling(True, clean, higher_worse)
+def ceiling(ev: Evidence, key: str, *, higher_worse: bool = True, more: bool = False) -> Ceiling:
+    """The ceiling of ``key`` (a row key: ``backdoor_asr``, ``test_accuracy``) for the candidate.
+
+    Args:
+        ev: The evidence.
+        key: The row key compared.
+        higher_worse: Whether a higher value is worse.
+        more: Also meet the clean models trained more than Retrain (``clean_more``), whatever
+            the candidate's fitness.
+    """
+    sides, clean, missing = [], {}, False
+    for side, on, rows in (
+        ("less", less_trained(ev), ev.controls.clean_less),
+        ("more", more, ev.controls.clean_more),
+    ):
+        if on:
+            sides.append(side)
+            found = ev.controls.values(rows, key)
+            missing = missing or not found
+            clean.update(found)
+    return Ceiling("+".join(sides), clean, higher_worse, missing)

@@ -259,6 +259,21 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
             "the model is less trained than every reference model, and above every clean, less "
             "trained one too ({path}: ASR up to {path_top:pct})"
         ),
+        "others_grow_demoted": (
+            "other attackers stay in the federation and their backdoor grows with training: a "
+            "clean model trained more than Retrain comes as close ({path}: up to {path_top:pct}), "
+            "so the flag is not evidence of the forgotten clients; not cleared"
+        ),
+        "others_grow_unmeasured": (
+            "other attackers stay in the federation and their backdoor grows with training, and "
+            "no clean model trained more than Retrain was measured (Retrain continued by the "
+            "remaining clients), so the flag is not evidence of the forgotten clients; not "
+            "cleared"
+        ),
+        "others_grow_beyond": (
+            "beyond every clean model trained more than Retrain while the other attackers stay "
+            "too ({path}: ASR up to {path_top:pct})"
+        ),
         "honest_not_covered": "it says nothing about the {honest} honest forgotten client(s)",
     },
     "membership": {
@@ -277,6 +292,12 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
             "not a finite number (NaN or infinite outputs): the test cannot place it"
         ),
         "flags_retrain": _client_flags_retrain,
+        "off_ground": (
+            "the model was not trained from the run's initial model M_0: it lies {ground:.2f}x "
+            "the references' training displacement from the nearest one (at most 1 for a model "
+            "of this run's start), so the test, calibrated on models trained from M_0, says "
+            "nothing either way (a Retrain from another initial model lies there)"
+        ),
         "less_trained_unmeasured": _client(
             "{fit}: it scores {value:.3g}, above every model trained with {clients} "
             "({applied:.3g}), but no clean model this little trained was measured (Retrain's "
@@ -417,6 +438,25 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
         "rebuildable": lambda f: (
             f"{f['count']} deleted update(s) can be rebuilt from what the store keeps "
             f"({_pairs(f)}): the deletion is not a deletion"
+        ),
+        "unrecorded": lambda f: (
+            f"{f['count']} update(s) the store's catalogue says were kept are gone with no "
+            f"deletion record ({_pairs(f)}): deleted outside 'fedunlearn forget' (raw SQL?), so "
+            "the deletion cannot be vouched for"
+        ),
+        "models_unrecorded": lambda f: (
+            f"{f['count']} model(s) the catalogue says were kept are gone with no deletion "
+            "record (" + ", ".join(f"round {r} {k}" for r, k in f["models"]) + ")"
+        ),
+        "scalars_kept": lambda f: (
+            f"{f['count']} round record(s) still hold the norm or inner product of a deleted "
+            f"update ({_pairs(f)}), which with the kept models rebuilds it; run 'fedunlearn "
+            "forget' for these clients again"
+        ),
+        "result_files": lambda f: (
+            f"{f['count']} result file(s) in the run directory hold their updates ("
+            + ", ".join(f"{x['path']}, {x['size_bytes']:,} bytes" for x in f["files"])
+            + "); 'fedunlearn forget' deletes them"
         ),
         "fragments": (
             "the page scan found {count:,} fragment(s) of deleted payloads in the store's files"

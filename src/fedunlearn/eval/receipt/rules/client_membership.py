@@ -8,7 +8,9 @@ if the original (and ``original*`` copies) is flagged at that line and at its ow
 flagged too is ``warn``. Off the references' range: less trained, a flag needs every "with"
 reference and every clean, less trained model (Retrain's earlier rounds) below it, else
 ``warn`` above the calibrated threshold (never ``remains``) or ``inconclusive``; trained more,
-a model not flagged is ``inconclusive``. A NaN score or fitness: ``inconclusive``.
+a model not flagged is ``inconclusive``. A model not trained from the run's M_0 (farther from
+every reference than their training displacement: region ``elsewhere``, e.g. a Retrain from
+another initial model) or with a NaN score or fitness: ``inconclusive``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fedunlearn.eval.receipt.controls import Graded, with_controls
 from fedunlearn.eval.receipt.evidence import Evidence
 from fedunlearn.eval.receipt.finding import Finding, Rule
 from fedunlearn.eval.receipt.fitness import path_rounds
+from fedunlearn.eval.receipt.intervals import mean_interval
 from fedunlearn.eval.receipt.rules.client_lines import client_line, path_scores
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 from fedunlearn.unlearn.receipt import Verdict
@@ -64,6 +67,8 @@ def _verdict(cm: ClientMembershipEvidence, graded: Graded) -> tuple[Verdict, str
     off_range = verdict != "fail" and region in ("below", "above")
     if not math.isfinite(value) or region == "invalid":
         return "inconclusive", "invalid"
+    if region == "elsewhere":  # not trained from the run's M_0: the references say nothing
+        return "inconclusive", "off_ground"
     if off_range:
         verdict = "warn" if region == "below" and value > cm.threshold else "inconclusive"
     if graded.positive_flagged:
@@ -109,6 +114,7 @@ def _facts(ev: Evidence, cm: ClientMembershipEvidence, applied: float, g: Graded
         "unflagged": first,
         "unflagged_score": cm.scores.get(first, math.nan),
         "power": cm.power,
+        "ground": cm.ground.get("candidate"),
     }
 
 
@@ -148,6 +154,8 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         }
     if region == "below" and path_scores(cm):
         evidence["clean_path"] = path_scores(cm)
+    se = (cm.notes.get("score_se") or {}).get("candidate")
+    evidence["interval"] = mean_interval(cm.scores["candidate"], se, cm.notes.get("examples"))
     reference = {k: v for k, v in cm.scores.items() if k != "candidate"}
     facts = _facts(ev, cm, applied, graded) | {"warned": verdict == "warn"}
     value = cm.scores["candidate"]

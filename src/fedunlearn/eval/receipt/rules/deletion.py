@@ -3,10 +3,13 @@
 Measure: the store's deletion evidence (``Evidence.deletion``): bytes still held, deletion
 records, read-back of every deleted payload, the page scan, updates rebuildable from what the
 store keeps.
-Grade, in order: a deleted payload readable, an update rebuildable, fragments found by the page
-scan, or the store's own scan failing: ``fail`` (store ``damaged``); bytes held on a deletion
-request: ``deletion_on_forget`` (store ``held``); on a recovery request: n/a; nothing held:
-``pass`` with the records, unless the page scan did not run (``inconclusive``).
+Grade, in order: a deleted payload readable, an update rebuildable, an update or a model the
+catalogue says was kept gone with no deletion record (raw SQL), fragments found by the page
+scan, the store's own scan failing, the per-round norm or inner product of a deleted update
+still kept, a result file in the run directory holding one: ``fail`` (store ``damaged``);
+bytes held on a deletion request: ``deletion_on_forget`` (store ``held``); on a recovery
+request: n/a; nothing held: ``pass`` with the records, unless the page scan did not run
+(``inconclusive``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 
 __all__ = ["RULE"]
 
-_OPTIONAL = ("scan", "page_scan", "reconstructible")  # richer evidence a store may add
+_OPTIONAL = (  # richer evidence a store may add (history.store.evidence.DeletionEvidence)
+    "scan",
+    "page_scan",
+    "reconstructible",
+    "unrecorded",
+    "missing_models",
+    "scalars_kept",
+    "result_files",
+)
 
 
 def applies(ev: Evidence) -> Finding | None:
@@ -36,12 +47,24 @@ def _damage(d: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     rebuilt = list(d.get("reconstructible") or [])
     if rebuilt:
         return "rebuildable", {"count": len(rebuilt), "pairs": rebuilt[:3]}
+    unrecorded = list(d.get("unrecorded") or [])
+    if unrecorded:
+        return "unrecorded", {"count": len(unrecorded), "pairs": unrecorded[:3]}
+    missing = list(d.get("missing_models") or [])
+    if missing:
+        return "models_unrecorded", {"count": len(missing), "models": missing[:3]}
     page_scan = d.get("page_scan")
     if isinstance(page_scan, Mapping) and int(page_scan.get("fragments_found") or 0) > 0:
         return "fragments", {"count": int(page_scan["fragments_found"])}
     scan = d.get("scan")
     if isinstance(scan, Mapping) and scan.get("ok") is False:
         return "scan_failed", {"why": str(scan.get("reason") or "the page scan found it")}
+    kept = list(d.get("scalars_kept") or [])
+    if kept:
+        return "scalars_kept", {"count": len(kept), "pairs": kept[:3]}
+    files = list(d.get("result_files") or [])
+    if files:
+        return "result_files", {"count": len(files), "files": files[:3]}
     return None
 
 

@@ -110,6 +110,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "original_gap": gap,
         "moved_share_of_gap": moved_share,
         "toward_original": toward,
+        "toward_line": toward_facts,
     }
     threshold = {"pass": line, "unchanged": th.distance_unchanged, "toward": line_toward}
     if band is not None:

@@ -20,6 +20,7 @@ from fedunlearn.eval.receipt.controls import with_controls
 from fedunlearn.eval.receipt.evidence import Evidence
 from fedunlearn.eval.receipt.finding import Finding, Rule, grade, worst
 from fedunlearn.eval.receipt.fitness import less_trained, path_rounds
+from fedunlearn.eval.receipt.intervals import wilson
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 from fedunlearn.unlearn.receipt import Verdict
 
@@ -183,7 +184,11 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "warn": {c: p["warn"] for c, p in per.items()},
         "fail": {c: p["fail"] for c, p in per.items()},
     }
-    evidence = {"per_client": per, "probes": dict(mk.probes)}
+    evidence = {
+        "per_client": per,
+        "probes": dict(mk.probes),
+        "interval": wilson(per[client]["rate"], mk.probes.get(client)),
+    }
     value = per[client]["rate"]
     return Finding(verdict, codes, value, reference, threshold, evidence, power, facts)
 

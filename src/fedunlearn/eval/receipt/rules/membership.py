@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fedunlearn.eval.receipt.evidence import Evidence, Row, num
 from fedunlearn.eval.receipt.finding import SEVERITY, Finding, Rule, grade
+from fedunlearn.eval.receipt.intervals import auc_interval
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 from fedunlearn.unlearn.receipt import Verdict
 
@@ -22,6 +23,7 @@ __all__ = ["CHANCE_AUC", "RULE", "auc_standard_error"]
 
 CHANCE_AUC = 0.5
 _ATTACKS = (("shadow", "mia_auc", "mia_samples"), ("loss", "mia_loss_auc", "mia_loss_samples"))
+_SUFFIX = {"shadow": "", "loss": "_loss"}
 
 
 def auc_standard_error(num_members: int, num_nonmembers: int) -> float:
@@ -118,6 +120,8 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         }
     evidence["shadow_member_rate"] = num(ev.row.get("mia_member_rate"))
     evidence["decided_by"] = chosen.name
+    samples = ev.row.get(f"mia{_SUFFIX[chosen.name]}_samples")
+    evidence["interval"] = auc_interval(chosen.value, samples)
     has_retrain = ev.controls.retrain is not None
     reference = {
         "original": chosen.original,

@@ -14,6 +14,7 @@ from fedunlearn.eval.receipt.controls import with_controls
 from fedunlearn.eval.receipt.evidence import Evidence, Row, num
 from fedunlearn.eval.receipt.finding import Finding, Rule, grade
 from fedunlearn.eval.receipt.fitness import ceiling, path_rounds
+from fedunlearn.eval.receipt.intervals import wilson
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 from fedunlearn.unlearn.receipt import Verdict
 
@@ -78,7 +79,8 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "path_top": clean.top,
     }
     threshold = {"warn": retrain - th.utility_warn, "fail": line}
-    return Finding(verdict, tuple(codes), acc, reference, threshold, power=power, facts=facts)
+    evidence = {"interval": wilson(acc, ev.row.get("test_samples"))}
+    return Finding(verdict, tuple(codes), acc, reference, threshold, evidence, power, facts)
 
 
 RULE = Rule("poisoning", "poisoning removed", judge, applies)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fedunlearn.eval.receipt.evidence import Evidence, num
 from fedunlearn.eval.receipt.finding import Finding, Rule, grade
+from fedunlearn.eval.receipt.intervals import wilson
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 
 __all__ = ["RULE"]
@@ -47,7 +48,8 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
     if ev.attack.private_run and retrain is not None:
         codes.append("dp_reference" if ev.controls.private_reference else "dp_noise_free")
     facts = {"acc": acc, "base": base, "base_name": name, "drop_points": 100 * (base - acc)}
-    return Finding(verdict, tuple(codes), acc, reference, threshold, facts=facts)
+    evidence = {"interval": wilson(acc, ev.row.get("test_samples"))}
+    return Finding(verdict, tuple(codes), acc, reference, threshold, evidence, facts=facts)
 
 
 RULE = Rule("utility", "utility", judge, applies, aspect="utility")
