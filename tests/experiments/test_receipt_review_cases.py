@@ -6,7 +6,6 @@ clean models trained differently (another initial model, Retrain trained 5 round
 the other attacker stays) are never ``remains``.
 """
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,8 @@ import torch
 
 from fedunlearn.config import load_config
 from fedunlearn.eval import ReceiptOptions, open_receipts
-from fedunlearn.eval.mia.client_lira import (
-    _Budget,
-    _run_participants,
-    _SaltedClients,
-    _train_reference,
-)
+from fedunlearn.eval.references import retrain_from_another_start
 from fedunlearn.fl.engine import run_rounds
-from fedunlearn.models.flat import get_flat_params
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
@@ -40,26 +33,6 @@ def quickstart(tmp_path_factory):
     torch.set_num_threads(before)
 
 
-def other_init_retrain(session: UnlearnSession, request: UnlearnRequest) -> torch.Tensor:
-    """Retrain of ``request`` from another initial model (the review's clean control)."""
-    model = copy.deepcopy(session.run_view.model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(12345)
-        for module in model.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-    trained = _train_reference(
-        _SaltedClients(session.federation, 7),
-        get_flat_params(model),
-        _run_participants(session),
-        session.context(request).aggregator,
-        frozenset(request.forget),
-        _Budget(float("inf")),
-    )
-    assert trained is not None
-    return trained[0].to(torch.float32)
-
-
 @pytest.mark.parametrize("forget", [[0], [1, 3]])
 def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, forget):
     kind = "forget" if forget == [0] else "recover"
@@ -69,7 +42,7 @@ def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, fo
         receipts = open_receipts(session, request, ReceiptOptions("retrain"), retrain=retrain)
         o, r = session.run_view.final_params, retrain.params
         mixtures = {0.25: 0.25 * o + 0.75 * r, 0.15: r + 0.15 * (o - r)}
-        other = other_init_retrain(session, request)
+        other = retrain_from_another_start(session, request, 0)
 
         judged = {lam: receipts.audit(p, f"mixture {lam}")[1] for lam, p in mixtures.items()}
         _, elsewhere = receipts.audit(other, "Retrain from another M_0")

@@ -87,8 +87,9 @@ LEGEND = (
     "membership-attack AUC on the forgotten clients' clean training data against unseen data "
     "(0.5: the attack cannot tell). L2 retrain: parameter distance to the retrained model. "
     "epochs: local epochs the method asked of the clients (its cost; Retrain's is the price of "
-    "exact unlearning). verdict: the receipt's influence verdict (removed, not_shown, "
-    "remains) and utility (docs/verification.md)."
+    "exact unlearning). verdict: the receipt's influence verdict (removed: by construction, "
+    "an exact lineage; not_detected: no check with power flags it, down to its detection limit; "
+    "not_shown; remains) and utility (docs/verification.md)."
 )
 
 
@@ -141,6 +142,13 @@ def check_line(check: Mapping[str, Any]) -> str:
             for key, label in _REFERENCE_NAMES
             if isinstance(refs.get(key), int | float)
         ]
+        toward = (check.get("evidence") or {}).get("toward_original")
+        if name == "distance" and isinstance(toward, int | float):
+            line = (check.get("threshold") or {}).get("toward")
+            text = f"{text}x the distance, {toward:.2f} of the offset toward the original" + (
+                f" (exact retrains below {line:.2f})" if isinstance(line, int | float) else ""
+            )
+            shown = []
         parts.append(text + (f" ({', '.join(shown)})" if shown else ""))
     codes = check.get("codes") or []
     if codes:
@@ -153,6 +161,21 @@ def _limit_text(verification: Mapping[str, Any]) -> str:
     if limit.get("lambda") is None:
         return ""
     return f" (detection limit: lambda {limit['lambda']:.2f} of the original's offset)"
+
+
+def client_line(entry: Mapping[str, Any]) -> str:
+    """One line of a forgotten client's entry: its verdicts and, if earlier, who removed it."""
+    text = (
+        f"client {entry['client']} ({entry['request']}, {entry['role']}): influence "
+        f"{verdict_text(entry['influence'])}, store {entry['store'].get('status')}"
+    )
+    by = entry.get("removed_by")
+    if by:
+        text += (
+            f" (removed by generation {by['generation']}, {by['method']}; its receipt sha256 "
+            f"{(by.get('receipt_sha256') or 'none')[:12]})"
+        )
+    return text
 
 
 def _deciding(verification: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -186,6 +209,8 @@ def print_verification(
     if not explain:
         for check in _deciding(verification):
             out.print(f"  {check_line(check)}", highlight=False)
+        for entry in verification.get("clients") or []:  # a living run: every forgotten client
+            out.print(f"  {client_line(entry)}", highlight=False)
         return
     if verification.get("influence_reason"):
         out.print(f"  influence: {verification['influence_reason']}", highlight=False)

@@ -47,6 +47,10 @@ from fedunlearn.unlearn.lineage import Lineage
 
 __all__ = ["ReceiptOptions", "Receipts", "References", "measure_references", "open_receipts"]
 
+NO_CONTROL_SKIP = (
+    "every forgotten client was removed by an applied result: the run's current model carries "
+    "none of their influence, so no reference gives a check power; none was trained"
+)
 EXACT_SKIP = (
     "the lineage is exact (removed by construction): no reference model was trained for this "
     "receipt"
@@ -172,6 +176,8 @@ def measure_references(
     """
     if exact:
         return References(skipped=EXACT_SKIP)
+    if request.forget and request.forget <= session.run_view.applied:
+        return References(skipped=NO_CONTROL_SKIP)
     parts: dict[str, dict[str, float]] = {}
     judged, path = None, dict(retrain_path or {})
     if options.reference == "retrain":

@@ -15,6 +15,7 @@ place (``fedunlearn.eval.plan.measure_references`` adds it up):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +45,7 @@ __all__ = [
     "client_membership_check",
     "continued_controls",
     "reference_retrain",
+    "retrain_from_another_start",
 ]
 
 REFERENCES = ("original", "retrain")
@@ -239,3 +241,40 @@ def client_membership_check(
         time.perf_counter() - started,
         epochs,
     )
+
+
+def retrain_from_another_start(
+    session: UnlearnSession, request: UnlearnRequest, seed: int
+) -> torch.Tensor:
+    """Return a Retrain of ``request`` from another initial model (a clean model, not M_0's).
+
+    The run's model re-initialised with ``seed`` (every module's ``reset_parameters``), trained
+    like the client-level test's "without" references (the run's rounds and participants,
+    other batch orders). A calibration control: it never saw the forgotten clients, and it
+    does not share the references' start (``ClientMembershipEvidence.ground``).
+    """
+    from fedunlearn.eval.mia.client_lira import (
+        _Budget,
+        _run_participants,
+        _SaltedClients,
+        _train_reference,
+    )
+    from fedunlearn.fl.seeding import derive_seed
+    from fedunlearn.models.flat import get_flat_params
+
+    model = copy.deepcopy(session.run_view.model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "another M_0"))
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    trained = _train_reference(
+        _SaltedClients(session.federation, derive_seed(seed, "another M_0 batches")),
+        get_flat_params(model),
+        _run_participants(session),
+        session.context(request).aggregator,
+        frozenset(request.forget),
+        _Budget(float("inf")),
+    )
+    assert trained is not None  # an unbounded budget always trains
+    return trained[0].to(torch.float32)

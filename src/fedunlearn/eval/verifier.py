@@ -232,6 +232,9 @@ class Verifier:
             private_reference=bool(
                 retrain is not None and getattr(retrain.details, "private", False)
             ),
+            # a living run whose applied results removed every forgotten client: the current
+            # model, the controls' "original", carries none of their influence
+            original_carries=not (self.request.forget and self.request.forget <= run.applied),
         )
 
     @property

@@ -42,9 +42,20 @@ __all__ = [
 CHECK_NAMES = tuple(rule.name for rule in RULES)
 
 
+def _without_control(rule: Rule, evidence: Evidence) -> Finding | None:
+    """An influence rule has no negative control when the original lost the influence."""
+    if rule.aspect == "influence" and not evidence.controls.original_carries:
+        return Finding("inconclusive", ("no_control",))
+    return None
+
+
 def run_rule(rule: Rule, evidence: Evidence, thresholds: VerificationThresholds) -> Check:
     """Return the check of one rule: applicability, then the grade, then the sentence."""
-    finding = rule.applies(evidence) or rule.judge(evidence, thresholds)
+    finding = (
+        _without_control(rule, evidence)
+        or rule.applies(evidence)
+        or rule.judge(evidence, thresholds)
+    )
     return Check(
         rule.name,
         rule.title,

@@ -62,6 +62,9 @@ class Controls:
         clean_more: Rows of Retrain continued by the remaining clients
             (``retrain_continued_<k>``): clean models trained more than Retrain.
         private_reference: Whether Retrain ran under the run's DP mechanism (a DP Retrain).
+        original_carries: Whether the original (the run's current model) still carries the
+            forgotten clients' influence. False on a living run when every one of them was
+            removed by an applied result: no influence rule has a negative control then.
     """
 
     original: Row
@@ -74,6 +77,7 @@ class Controls:
     clean_less: Mapping[str, Row] = field(default_factory=dict)
     clean_more: Mapping[str, Row] = field(default_factory=dict)
     private_reference: bool = False
+    original_carries: bool = True
 
     def negatives(self) -> dict[str, Row]:
         """The negative controls' rows by label (the original, and with noise)."""

@@ -481,6 +481,11 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
 }
 
 GENERIC: dict[str, Template] = {
+    "no_control": (
+        "every forgotten client was removed by an applied result, so the run's current model, "
+        "this check's negative control, no longer carries their influence: no check has power "
+        "here (each client's entry names the applied event and the receipt that judged it)"
+    ),
     "less_trained_unmeasured": _LESS_UNMEASURED,
     "flags_retrain": "the test flags Retrain too",
 }
