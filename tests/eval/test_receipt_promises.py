@@ -153,3 +153,13 @@ def test_intervals_carry_their_sample_sizes():
     v = build_verification(attackers(row))
     assert v.check("backdoor").evidence["interval"]["n"] == 400
     assert v.check("utility").evidence["interval"]["n"] == 900
+
+
+def test_a_client_test_without_calibration_says_so():
+    """Out of time (a loaded machine) or skipped: no power, and the receipt names why."""
+    cut = dataclasses.replace(
+        client_test(math.nan), power=None, notes={"inconclusive": "only 1 'in' reference"}
+    )
+    check = build_verification(honest(RETRAIN, client_membership=cut)).check("client_membership")
+    assert (check.verdict, check.codes) == ("inconclusive", ("not_calibrated",))
+    assert check.evidence["cost_client_epochs"] == 10.0

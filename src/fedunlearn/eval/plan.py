@@ -26,6 +26,7 @@ import torch
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval.distance_band import DistanceBand, measure_distance_band
 from fedunlearn.eval.judge import Judge
+from fedunlearn.eval.mia.client_lira import DEFAULT_MAX_SECONDS
 from fedunlearn.eval.receipt import VerificationThresholds
 from fedunlearn.eval.references import (
     REFERENCES,
@@ -71,6 +72,9 @@ class ReceiptOptions:
             retrains set the distance check's band; 0 keeps the fixed ``distance_pass``.
         seed: Seed of the membership attacks, the references' batch orders and the noise.
         noise_std: Standard deviation of the noise of the second negative control.
+        client_test_seconds: Wall-time budget of the client-level test's reference training
+            (no round starts past it; with fewer than 2 references per side the test has no
+            power and says so).
 
     Raises:
         ConfigError: for an unknown reference or a band that cannot be measured.
@@ -82,6 +86,7 @@ class ReceiptOptions:
     distance_retrains: int = 0
     seed: int = 0
     noise_std: float = 1e-3
+    client_test_seconds: float = DEFAULT_MAX_SECONDS
 
     def __post_init__(self) -> None:
         if self.reference not in REFERENCES:
@@ -152,6 +157,24 @@ def _judged_retrain(
     return trained, True
 
 
+def _band(
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    options: ReceiptOptions,
+    judged: UnlearnResult | None,
+    parts: dict[str, dict[str, float]],
+) -> DistanceBand | None:
+    """The distance band of ``options.distance_retrains`` independent retrains (its cost)."""
+    if not options.distance_retrains or judged is None:
+        return None
+    band = measure_distance_band(
+        session, request, judged, count=options.distance_retrains, seed=options.seed
+    )
+    if band is not None:
+        parts["distance band"] = _cost(band.cost_seconds, band.cost_client_epochs)
+    return band
+
+
 def measure_references(
     session: UnlearnSession,
     request: UnlearnRequest,
@@ -205,17 +228,12 @@ def measure_references(
             request,
             base,
             seed=options.seed,
+            max_seconds=options.client_test_seconds,
             path=dict(retrain_path) if retrain is not None and retrain_path else clean_path(base),
             continued=continued,
         )
         parts["client test"] = _cost(test.cost_seconds, test.cost_client_epochs)
-    band = None
-    if options.distance_retrains and judged is not None:
-        band = measure_distance_band(
-            session, request, judged, count=options.distance_retrains, seed=options.seed
-        )
-        if band is not None:
-            parts["distance band"] = _cost(band.cost_seconds, band.cost_client_epochs)
+    band = _band(session, request, options, judged, parts)
     return References(judged, path, continued, test, band, parts)
 
 

@@ -201,6 +201,7 @@ def client_membership_check(
     retrain: UnlearnResult | None = None,
     *,
     seed: int = 0,
+    max_seconds: float | None = None,
     path: Mapping[str, torch.Tensor] | None = None,
     continued: Mapping[str, torch.Tensor] | None = None,
 ) -> ClientTest:
@@ -223,7 +224,8 @@ def client_membership_check(
     from fedunlearn.eval.mia import fit_client_membership
 
     started = time.perf_counter()
-    test = fit_client_membership(session, sorted(request.forget), seed=seed)
+    budget = {} if max_seconds is None else {"max_seconds": max_seconds}
+    test = fit_client_membership(session, sorted(request.forget), seed=seed, **budget)
     epochs = float(test.cost_client_epochs)
     base = retrain
     if base is None:

@@ -287,6 +287,7 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
     "client_membership": {
         "not_run": "the client-level membership test was not run",
         "not_scored": "the test did not score both the model and the original",
+        "not_calibrated": "the test has no calibration, so it shows nothing either way: {why}",
         "invalid": (
             "the model's score ({value:.3g}) or its fitness on the remaining clients' examples is "
             "not a finite number (NaN or infinite outputs): the test cannot place it"

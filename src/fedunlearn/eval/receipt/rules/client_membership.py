@@ -36,9 +36,17 @@ def applies(ev: Evidence) -> Finding | None:
     cm = ev.client_membership
     if cm is None:
         return Finding("n/a", ("not_run",))
+    if cm.power is None:  # skipped, or out of time: no calibration
+        why = str(cm.notes.get("inconclusive") or "no calibration")
+        facts = {"why": why}
+        return Finding("inconclusive", ("not_calibrated",), evidence=_cost(cm), facts=facts)
     if "candidate" not in cm.scores or "original" not in cm.scores:
         return Finding("inconclusive", ("not_scored",))
     return None
+
+
+def _cost(cm: ClientMembershipEvidence) -> dict[str, Any]:
+    return {"cost_seconds": cm.cost_seconds, "cost_client_epochs": cm.cost_client_epochs}
 
 
 def _graded(cm: ClientMembershipEvidence, applied: float) -> Graded:
@@ -141,10 +149,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "power": cm.power,
         "reference_models": cm.num_reference_models,
     }
-    evidence: dict[str, Any] = {
-        "cost_seconds": cm.cost_seconds,
-        "cost_client_epochs": cm.cost_client_epochs,
-    }
+    evidence: dict[str, Any] = _cost(cm)
     if cm.domain is not None:
         evidence |= {
             "fitness": dict(cm.fitness),
