@@ -130,6 +130,9 @@ def check_line(check: Mapping[str, Any]) -> str:
     parts = [f"[{_STYLE[verdict]}]{_MARK[verdict].strip()}[/] {check['title']}"]
     if check.get("value") is not None and check["aspect"] != "store":
         text = _number(name, check["value"])
+        decided = (check.get("evidence") or {}).get("decided_by")
+        if name == "membership" and decided:  # which attack's AUC the figures are
+            text = f"{decided} attack AUC {text}"
         interval = (check.get("evidence") or {}).get("interval")
         if interval:
             text += (
@@ -150,6 +153,8 @@ def check_line(check: Mapping[str, Any]) -> str:
             )
             shown = []
         parts.append(text + (f" ({', '.join(shown)})" if shown else ""))
+    elif check["aspect"] == "store" and check.get("value"):
+        parts.append(f"{int(check['value']):,} update bytes held")
     codes = check.get("codes") or []
     if codes:
         parts.append("/".join(codes))
@@ -209,8 +214,10 @@ def print_verification(
     if not explain:
         for check in _deciding(verification):
             out.print(f"  {check_line(check)}", highlight=False)
-        for entry in verification.get("clients") or []:  # a living run: every forgotten client
-            out.print(f"  {client_line(entry)}", highlight=False)
+        entries = verification.get("clients") or []
+        if any(e["request"] == "earlier" for e in entries):  # a living run: every client
+            for entry in entries:
+                out.print(f"  {client_line(entry)}", highlight=False)
         return
     if verification.get("influence_reason"):
         out.print(f"  influence: {verification['influence_reason']}", highlight=False)
