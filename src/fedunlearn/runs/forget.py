@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
-from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.runs.rundir import HISTORY_DIR
 
 __all__ = ["deletion_evidence", "forget_clients", "result_files_holding"]
@@ -136,8 +135,11 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         ``{"run_dir", "store", "checked_at", "client_ids", "forgotten": {client: bool},
         "records": [DeletionRecord dicts, these clients' payloads only], "check":
         DeletionCheck dict, "page_scan": {"ran", "fragments_found", "inconclusive_reason"},
-        "reconstructible": [[round, client], ...], "ok"}``; ``ok`` is True when every client
-        was forgotten, the check passed and no deleted update can be rebuilt from the store.
+        "reconstructible": [[round, client], ...], "result_files", "evidence", "ok"}``
+        (``evidence``: ``HistoryStore.deletion_evidence`` with the run directory's result files,
+        the receipt's JSON); ``ok`` is True when every client was forgotten, the check passed
+        (the catalogue's account included), no deleted update can be rebuilt from the store
+        and no result file in the run directory holds one.
 
     Raises:
         HistoryError: Not a run directory.
@@ -147,9 +149,10 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
     with HistoryStore.open(_store_dir(run_dir)) as store:
         records = store.deletion_records(ids)
         logged = {entry.client_id for entry in store.forget_records()}
-        check = store.check_deletions(ids)
-        rebuildable = reconstructible_updates(store, ids)
+        evidence = store.deletion_evidence(ids)
         file = str(store.file)
+    evidence = evidence.with_result_files(result_files_holding(run_dir, ids))
+    check, rebuildable = evidence.check, [list(p) for p in evidence.reconstructible]
     forgotten = {str(c): c in logged for c in ids}
     return {
         "run_dir": str(run_dir),
@@ -165,5 +168,10 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
             "inconclusive_reason": check.inconclusive_reason,
         },
         "reconstructible": rebuildable,
-        "ok": all(forgotten.values()) and check.ok and not rebuildable,
+        "result_files": list(evidence.result_files),
+        "evidence": evidence.to_dict(),  # what the receipt's deletion check reads
+        "ok": all(forgotten.values())
+        and check.ok
+        and not rebuildable
+        and not evidence.result_files,
     }
