@@ -178,3 +178,23 @@ def test_a_leftover_result_file_makes_the_store_damaged(tmp_path):
     check = receipt.check("deletion")
     assert (check.verdict, check.codes) == ("fail", ("result_files",))
     assert receipt.store == "damaged"
+
+
+def test_zeroed_space_with_a_stray_byte_matches_no_anchor_of_a_sparse_update():
+    """A deleted update with runs of zeros (a digit pixel that is always 0) once matched a
+    zeroed leaf page holding one stray byte: an anchor needs a varied window."""
+    from fedunlearn.history.store.deletion import anchor_prints, page_anchor_prints
+
+    sparse = torch.randn(650)
+    sparse[::3] = 0.0
+    sparse[100:140] = 0.0
+    data = sparse.numpy().tobytes()
+    prints = anchor_prints((None, 1, "update", 3, "float32", "[650]", len(data), 1, data), 16384)
+    wanted = {prints[i : i + 8] for i in range(0, len(prints), 8)}
+    assert wanted  # a sparse update still has fingerprints
+    zeroed = bytearray(16384)
+    zeroed[13403 + 31] = 0xC8  # where a cell was zeroed, one byte of the next one
+    assert not page_anchor_prints(bytes(zeroed)) & wanted
+    placed = bytearray(16384)
+    placed[3000 : 3000 + len(data)] = data  # the same update left in a page: found
+    assert page_anchor_prints(bytes(placed)) & wanted == wanted

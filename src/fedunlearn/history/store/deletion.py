@@ -73,6 +73,9 @@ MAX_ANCHORS = 16  # anchor fingerprints kept per payload
 _ANCHOR_KEY = 8  # bytes whose hash decides an anchor
 _TABLE_LEAF = 0x0D  # b-tree page type of a table leaf (file format 1.6)
 _MULT = np.uint64(0x9E3779B97F4A7C15)
+_SALT = np.uint64(0xD6E8FEB86659FD93)  # so a run of zero bytes (a zeroed cell) is no anchor
+_VARIETY = 8  # distinct byte values an anchor's window needs (zeroed space plus a stray byte
+# matched a deleted payload's near-zero window: measured, issue 33)
 
 
 @dataclass(frozen=True)
@@ -336,12 +339,13 @@ def _anchors(data: np.ndarray) -> np.ndarray:
     keys = np.lib.stride_tricks.sliding_window_view(data[: len(data) - _WINDOW + _ANCHOR_KEY], 8)
     packed = keys.copy().view(np.uint64).reshape(-1)  # 8 bytes -> one word, little endian
     with np.errstate(over="ignore"):
-        mixed = (packed * _MULT) >> np.uint64(40)
+        mixed = ((packed ^ _SALT) * _MULT) >> np.uint64(40)
     return np.flatnonzero(mixed % np.uint64(ANCHOR_EVERY) == 0)
 
 
 def _window_ok(window: bytes) -> bool:
-    return len(window) == _WINDOW and window.count(window[:1]) != _WINDOW
+    """An anchor window worth a fingerprint: full length and varied (not near-constant)."""
+    return len(window) == _WINDOW and len(set(window)) >= _VARIETY
 
 
 def anchor_prints(row: Sequence[object], usable: int) -> bytes:
