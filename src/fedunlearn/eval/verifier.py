@@ -1,27 +1,24 @@
-"""Issue receipts: verify unlearned models of one run against one request.
+"""Judge models of one run against one request: the receipt's measurements and its rules.
 
-``Verifier(session, request, retrain=...)`` measures once what every receipt of the request
-shares: the membership attack (``Judge``), the rows of the controls (the original model, the
-original plus small Gaussian noise, Retrain's when a Retrain result is given; their
-participation-marker rates when a forgotten client embedded a marker), the clean backdoor
-ASR of the initial model M_0, ``||M_0 - Retrain||`` (a bound at least this large is vacuous) and
-the store's deletion evidence. Retrain is never run here: compute it first
-(``reference_retrain(session, request, "retrain")`` or ``session.run(make_method("retrain"),
-request)``) and pass it in. Then ``verify(result)`` returns the result with its ``verification``
-attached, and ``audit(params)`` gives the receipt of any model of the run's architecture,
-including one trained or edited outside the toolkit. The checks and their thresholds:
+``Verifier(session, request, retrain=...)`` trains nothing: it takes the references measured
+before (``fedunlearn.eval.plan.open_receipts`` measures them and builds it; all training is in
+``fedunlearn.eval.references``), measures once what every receipt of the request shares (the
+membership attacks of its ``Judge``; the rows of the original, of the original plus small
+noise, of Retrain and of the clean models trained less and more than Retrain; their
+participation-marker rates; the clean ASR of M_0; ``||M_0 - Retrain||``; the store's deletion
+evidence) and then judges any number of models: ``verify(result)`` attaches the receipt,
+``audit(params)`` gives the receipt of any model of the run's architecture. A ``not_detected``
+receipt carries the request's detection limit (``detection_limit``), measured once on
+interpolations between the clean reference and the original. The rules and their thresholds:
 ``fedunlearn.eval.receipt`` and docs/verification.md.
 
 Example::
 
     with UnlearnSession("runs/demo") as session:
         request = UnlearnRequest.of(sorted(session.run_view.malicious), "recover")
-        retrain = reference_retrain(session, request, "retrain")
-        verifier = Verifier(session, request, retrain=retrain)
-        result = verifier.verify(session.run(make_method("crab"), request))
-        print(result.verification.verdict)
-        for reason in result.verification.reasons:
-            print(reason)
+        receipts = open_receipts(session, request, ReceiptOptions("retrain"))
+        result = receipts.verify(session.run(make_method("crab"), request))
+        print(result.verification.influence, result.verification.deciding)
 """
 
 from __future__ import annotations
