@@ -242,9 +242,9 @@ def main() -> None:
             for name, forget, kind in requests:
                 found = verdicts(run, forget, kind, seed)
                 for label, verdict in found.items():
-                    rows.append(
-                        (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
-                    )
+                    row = (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
+                    rows.append(row)
+                    print("row:", *row, sep=" | ", flush=True)  # as it comes (long runs)
     print("| seed | request | model | class | influence |")
     print("|---|---|---|---|---|")
     for seed, name, label, verdict in rows:
