@@ -8,6 +8,7 @@ served model with itself and say ``remains`` ("still the original model").
 import json
 
 import pytest
+from tests.review.test_apply_file_leak import SMALL  # the lifecycle reviews' small run
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -17,14 +18,6 @@ from fedunlearn.runs import apply_result, train_run
 from fedunlearn.unlearn import UnlearnSession
 
 pytestmark = pytest.mark.slow
-
-SMALL = {
-    "seed": 1,
-    "data": {"dataset": "digits", "num_clients": 4, "max_train_samples": 400},
-    "model": {"name": "mlp", "hidden": [8]},
-    "training": {"rounds": 2, "local_epochs": 1, "lr": 0.3, "batch_size": 32, "executor": "serial"},
-    "history": {"policy": "all"},
-}
 
 
 def test_the_served_model_after_apply_is_audited_for_every_forgotten_client(tmp_path):

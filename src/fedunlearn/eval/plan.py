@@ -330,20 +330,13 @@ def open_receipts(
     request: UnlearnRequest,
     options: ReceiptOptions,
     *,
-    retrain: UnlearnResult | None = None,
-    retrain_path: Mapping[str, torch.Tensor] | None = None,
-    exact: bool = False,
     judge: Judge | None = None,
-    progress: Callable[[dict[str, float]], None] | None = None,
+    **measure: Any,
 ) -> Receipts:
-    """Measure the references of ``request`` and return its ``Receipts`` (the one assembly)."""
-    references = measure_references(
-        session,
-        request,
-        options,
-        retrain=retrain,
-        retrain_path=retrain_path,
-        exact=exact,
-        progress=progress,
-    )
+    """Measure the references of ``request`` and return its ``Receipts`` (the one assembly).
+
+    ``measure``: ``retrain``, ``retrain_path``, ``exact`` and ``progress`` of
+    ``measure_references``.
+    """
+    references = measure_references(session, request, options, **measure)
     return Receipts(session, request, options, references, judge=judge)
