@@ -30,19 +30,11 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError, IntegrityError
-from fedunlearn.eval import (
-    VerificationThresholds,
-    Verifier,
-    client_membership_check,
-    reference_retrain,
-)
+from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
+from fedunlearn.eval.plan import ReceiptOptions, open_receipts
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.compare import (
-    RESULTS_SCHEMA_VERSION,
-    Progress,
-    check_distance_retrains,
-)
+from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
 from fedunlearn.history.digest import check_seal, seal
 from fedunlearn.models.flat import get_flat_params
 from fedunlearn.runs import run_fingerprint
@@ -244,7 +236,13 @@ def audit_model(
         ConfigError: if no client is named and the store deleted none, the model does not
             fit the run, or the result is of another request.
     """
-    check_distance_retrains(distance_retrains, reference)
+    options = ReceiptOptions(
+        reference,
+        thresholds,
+        client_test=client_test,
+        distance_retrains=distance_retrains,
+        seed=seed,
+    )
     result_doc: Mapping[str, Any] | None = None
     source = "the result"
     if isinstance(result, str | Path):
@@ -277,29 +275,20 @@ def audit_model(
         if result_doc is not None:
             _check_same_run(result_doc, session, source)
             warnings, lineage, method, assumptions = _result_claims(result_doc, request, source)
-        if progress is not None and reference == "retrain":
+        exact = lineage is not None and lineage.exact
+        if progress is not None and reference == "retrain" and not exact:
             progress.on_method("retrain", 1, 1)
-        retrain = reference_retrain(
+        receipts = open_receipts(
             session,
             request,
-            reference,
+            options,
+            exact=exact,
             progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
         )
         if progress is not None:
             progress.on_step("verifying")
-        membership = (
-            client_membership_check(session, request, retrain, seed=seed) if client_test else None
-        )
-        verifier = Verifier(
-            session,
-            request,
-            thresholds=thresholds,
-            retrain=retrain,
-            seed=seed,
-            client_membership=membership,
-            distance_retrains=distance_retrains,
-        )
-        row, verification = verifier.audit(
+        verifier = receipts.verifier
+        row, verification = receipts.audit(
             params, subject, warnings=warnings, lineage=lineage, assumptions=assumptions
         )
         receipt = verification.to_dict()
