@@ -54,8 +54,13 @@ def test_a_retrain_result_file_does_not_make_another_model_removed(run, tmp_path
     retrain = _result_file(run, "retrain", tmp_path / "results" / "retrain.json")
     with UnlearnSession(run, evaluate=False) as session:
         original = session.run_view.final_params.clone()
-    doc = audit_model(run, original, [0], result=retrain, client_test=False)
-    assert doc["verification"]["influence"] != "removed", doc["verification"]["influence_reason"]
+    with pytest.raises(IntegrityError, match="result of another model"):
+        audit_model(run, original, [0], result=retrain, client_test=False)
+    # the model the result wrote: its exact lineage is replayed bit for bit, so it is removed
+    with UnlearnSession(run, evaluate=False) as session:
+        model = session.run(make_method("retrain"), UnlearnRequest.of([0])).params
+    doc = audit_model(run, model, [0], result=retrain, client_test=False)
+    assert doc["verification"]["influence"] == "removed"
 
 
 def test_an_edited_and_resealed_lineage_is_not_removed(run, tmp_path):

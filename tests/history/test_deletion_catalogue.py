@@ -23,6 +23,7 @@ from fedunlearn.history.store.reconstruction import models_to_drop
 from fedunlearn.history.trajectory import Trajectory
 from fedunlearn.runs import forget_clients
 from fedunlearn.runs.forget import result_files_holding
+from fedunlearn.runs.rundir import restore_config
 
 SMALL = 650  # 2.6 kB float32 updates: each fits in its b-tree page (no overflow page)
 SIZES = {0: 120, 1: 95, 2: 133, 3: 101}
@@ -50,6 +51,7 @@ def small_run(run: Path, dim: int = SMALL, rounds: int = 4) -> Path:
             s.write_round(
                 RoundEntry(r, global_model=model, aggregate=agg, updates=ups, clients=clients)
             )
+    restore_config(run)  # config.yaml, as a trained run has it (forget checks it)
     return run
 
 

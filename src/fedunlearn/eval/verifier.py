@@ -46,6 +46,7 @@ from fedunlearn.eval.receipt import (
 from fedunlearn.eval.references import clean_path
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs.forget import result_files_holding
+from fedunlearn.runs.participation import participation_gaps
 from fedunlearn.runs.rundir import HISTORY_DIR
 from fedunlearn.unlearn import (
     Details,
@@ -68,7 +69,9 @@ def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, A
 
     ``HistoryStore.deletion_evidence`` (fields: ``history.store.evidence.DeletionEvidence``)
     with the result files in the run directory that still hold their updates
-    (``runs.forget.result_files_holding``), as the receipt's JSON.
+    (``runs.forget.result_files_holding``) and the rounds where the run's seeded sampler drew
+    one of them but its row is gone (``runs.participation.participation_gaps``), as the
+    receipt's JSON.
 
     Args:
         store: The run's history store (read-only is enough).
@@ -78,7 +81,8 @@ def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, A
     run_dir = store.file.parent.parent if store.file.parent.name == HISTORY_DIR else None
     if run_dir is not None:
         evidence = evidence.with_result_files(result_files_holding(run_dir, evidence.clients))
-    return evidence.to_dict()
+    # the sampler's draws against the rows kept: rows deleted by hand with the updates
+    return evidence.to_dict() | {"participation": participation_gaps(store, evidence.clients)}
 
 
 def _method_warnings(details: Details | None, name: str = "warnings") -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
+from fedunlearn.runs.participation import participation_gaps
 from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
 
 __all__ = ["deletion_evidence", "forget_clients", "result_files_holding"]
@@ -164,6 +165,7 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         records = store.deletion_records(ids)
         logged = {entry.client_id for entry in store.forget_records()}
         evidence = store.deletion_evidence(ids)
+        gaps = participation_gaps(store, ids)  # rows deleted by hand with the updates
         file = str(store.file)
     evidence = evidence.with_result_files(result_files_holding(run_dir, ids))
     check, rebuildable = evidence.check, [list(p) for p in evidence.reconstructible]
@@ -183,9 +185,12 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         },
         "reconstructible": rebuildable,
         "result_files": list(evidence.result_files),
-        "evidence": evidence.to_dict(),  # what the receipt's deletion check reads
+        "participation": gaps,
+        # what the receipt's deletion check reads
+        "evidence": evidence.to_dict() | {"participation": gaps},
         "ok": all(forgotten.values())
         and check.ok
         and not rebuildable
-        and not evidence.result_files,
+        and not evidence.result_files
+        and not gaps["missing"],
     }

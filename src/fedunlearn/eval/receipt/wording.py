@@ -445,6 +445,11 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
             f"deletion record ({_pairs(f)}): deleted outside 'fedunlearn forget' (raw SQL?), so "
             "the deletion cannot be vouched for"
         ),
+        "rows_missing": lambda f: (
+            f"the run's seeded sampler drew the client(s) in {f['count']} round(s) whose rows "
+            f"are gone with no deletion record ({_pairs(f)}): their updates and rows were "
+            "deleted outside 'fedunlearn forget' (raw SQL?), so the deletion cannot be vouched for"
+        ),
         "models_unrecorded": lambda f: (
             f"{f['count']} model(s) the catalogue says were kept are gone with no deletion "
             "record (" + ", ".join(f"round {r} {k}" for r, k in f["models"]) + ")"

@@ -254,6 +254,11 @@ def _wal_damage(file: Path) -> str | None:
     )
 
 
+# columns a writable open adds to a store written before them (``_add_deletion_tables``): a store
+# without them is old, not damaged
+_ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"clients": ("stored_at",)}
+
+
 @functools.cache
 def _expected_columns() -> dict[str, list[str]]:
     """The column names of every table a store of this schema version has (built in memory)."""
@@ -1127,7 +1132,8 @@ class HistoryStore(Erasure, Integrity, Generations):
         expected = _expected_columns()
         for table in sorted(tables & expected.keys()):
             columns = [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
-            if columns != expected[table]:  # the schema page (table definitions) is damaged
+            older = [c for c in expected[table] if c not in _ADDED_COLUMNS.get(table, ())]
+            if columns not in (expected[table], older):  # the schema page is damaged
                 raise HistoryCorruptError(
                     f"{self._file}: the definition of table '{table}' is damaged (columns "
                     f"{columns[:6]}, expected {expected[table][:6]}); nothing was changed. "

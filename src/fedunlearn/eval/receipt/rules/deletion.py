@@ -31,6 +31,7 @@ _OPTIONAL = (  # richer evidence a store may add (history.store.evidence.Deletio
     "missing_models",
     "scalars_kept",
     "result_files",
+    "participation",
 )
 
 
@@ -50,6 +51,9 @@ def _damage(d: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     unrecorded = list(d.get("unrecorded") or [])
     if unrecorded:
         return "unrecorded", {"count": len(unrecorded), "pairs": unrecorded[:3]}
+    drawn = list((d.get("participation") or {}).get("missing") or [])
+    if drawn:  # the seeded sampler drew them, their rows are gone, no record says why
+        return "rows_missing", {"count": len(drawn), "pairs": drawn[:3]}
     missing = list(d.get("missing_models") or [])
     if missing:
         return "models_unrecorded", {"count": len(missing), "models": missing[:3]}
