@@ -229,6 +229,20 @@ def _replay_exact(
         )
 
 
+def _check_served(session: UnlearnSession, params: torch.Tensor, source: str) -> None:
+    """Accept an applied exact result's claim for the model the run serves, and only for it.
+
+    Its request was applied (``apply`` replaced the rounds it recomputed), so it cannot be
+    replayed on this generation of the run; the store recorded the result it applied, and the
+    claim holds for the model the run now serves, bit for bit.
+    """
+    if tensor_sha256(params) != tensor_sha256(session.run_view.final_params):
+        raise IntegrityError(
+            f"{source} claims an exact lineage for clients the run removed by an applied result, "
+            "but the audited model is not the model the run serves; the claim is refused"
+        )
+
+
 def _samples_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
     samples = (result.get("request") or {}).get("samples") or {}
     return samples if isinstance(samples, Mapping) else {}
@@ -330,9 +344,12 @@ def audit_model(
             warnings, lineage, method, assumptions = _result_claims(result_doc, request, source)
         exact = lineage is not None and lineage.exact
         if exact and result_doc is not None:
-            if progress is not None:
-                progress.on_step("replaying the exact result")
-            _replay_exact(result_doc, session, request, params, source)
+            if request.forget <= session.run_view.applied:  # the served model of a living run
+                _check_served(session, params, source)
+            else:
+                if progress is not None:
+                    progress.on_step("replaying the exact result")
+                _replay_exact(result_doc, session, request, params, source)
         if progress is not None and reference == "retrain" and not exact:
             progress.on_method("retrain", 1, 1)
         receipts = open_receipts(
