@@ -17,6 +17,7 @@ One round (``run_round``):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -62,6 +63,19 @@ def screen_update(update: ClientUpdate, num_params: int) -> str | None:
     return None
 
 
+def mean_train_loss(updates: Sequence[ClientUpdate]) -> dict[str, float]:
+    """Return ``{"train_loss": n_c-weighted mean}`` over the updates that report a loss.
+
+    A client that reports none (NaN: a DP client keeps its noise-free loss,
+    ``fedunlearn.privacy.local_training.withhold_loss``) is left out; ``{}`` when none reports.
+    """
+    reported = [u for u in updates if math.isfinite(u.train_loss)]
+    total = sum(u.num_samples for u in reported)
+    if not reported or total <= 0:
+        return {}
+    return {"train_loss": sum(u.train_loss * u.num_samples for u in reported) / total}
+
+
 def run_round(
     federation: Clients,
     aggregator: Aggregator,
@@ -103,9 +117,7 @@ def run_round(
         aggregate = torch.zeros_like(global_params)
     new_params = global_params + aggregate
     metrics: dict[str, float] = {}
-    if accepted:
-        total = sum(u.num_samples for u in accepted)
-        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in accepted) / total
+    metrics.update(mean_train_loss(accepted))
     if evaluate is not None:
         metrics.update(evaluate(new_params))
     return RoundRecord(
@@ -243,9 +255,7 @@ def run_sharded_round(
         multiplicity.update(record.multiplicity)
     before, new = combine(shard_params), combine(after)
     metrics: dict[str, float] = {}
-    if updates:
-        total = sum(u.num_samples for u in updates)
-        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in updates) / total
+    metrics.update(mean_train_loss(updates))
     if evaluate is not None:
         metrics.update(evaluate(new))
     if ensemble is not None:

@@ -35,6 +35,9 @@ from fedunlearn.history.store.records import check_int, format_ids
 __all__ = ["Erasure"]
 
 _AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum value
+#: The scalars of a client record ``forget()`` keeps: participation facts (how many of the
+#: round's draws it won, whether the record is a method's estimate), not values of its update.
+KEPT_CLIENT_SCALARS = frozenset({"multiplicity", "estimated"})
 
 
 class Erasure:
@@ -55,6 +58,8 @@ class Erasure:
         model): with the other clients' updates they would let each deleted update be rebuilt
         (``reconstruction.py``); they are recorded in the deletion record (``models``) and in
         the metadata (``dropped_models``), and reading one raises ``DroppedModelError``.
+        It also drops every per-round value of the clients' records (``norm``, ``loss``,
+        ``<Δ_c, G_t>``: ``_drop_update_scalars``), keeping who took part.
         Removing the clients' influence from the last model is the unlearning method's job.
 
         Args:
@@ -140,6 +145,7 @@ class Erasure:
                     [(e[0], "update", e[1]) for e in evidence]
                     + [(m[0], m[1], NO_CLIENT) for m in dropped],
                 )
+                self._drop_update_scalars(ids)
                 for cid in ids:
                     mine = [e for e in evidence if e[1] == cid]
                     self._db.execute(
@@ -171,6 +177,28 @@ class Erasure:
                 )
             self._checkpoint_truncate("the deletion is complete; only its record is in the WAL")
         return self._deletion_record(call)
+
+    def _drop_update_scalars(self, client_ids: list[int]) -> None:
+        """Drop every per-round value of the forgotten clients' records (in the transaction).
+
+        Their ``norm`` and ``loss`` and every scalar but the participation facts
+        (``KEPT_CLIENT_SCALARS``): ``<Δ_c, G_t>`` with the kept models rebuilds a deleted
+        update (issue 33), and the loss, noise-free, singles a client out (issue 40). The
+        status and the sample count stay: who took part, and how FedAvg weighed it.
+        """
+        marks = ",".join("?" * len(client_ids))
+        rows = self._db.execute(
+            f"SELECT round, client_id, scalars FROM clients WHERE client_id IN ({marks})",
+            tuple(client_ids),
+        ).fetchall()
+        updates = []
+        for round, cid, text in rows:
+            kept = {k: v for k, v in json.loads(text).items() if k in KEPT_CLIENT_SCALARS}
+            updates.append((json.dumps(kept), round, cid))
+        self._db.executemany(
+            "UPDATE clients SET norm=NULL, loss=NULL, scalars=? WHERE round=? AND client_id=?",
+            updates,
+        )
 
     def _payload_ids(self, client_ids: list[int]) -> list[int]:
         marks = ",".join("?" * len(client_ids))
