@@ -9,9 +9,11 @@ draws and statistics of the receipt's reference (6), and the clip-and-noise mech
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
+from pathlib import Path
 
 import dp_accounting
 import pytest
@@ -167,9 +169,9 @@ def test_dp_retrain_fixes_its_budget_and_its_clip_norm_over_the_remaining_client
         stored = store.round_scalars(1)["dp_clip_norm"]
     result, _ = unlearn_one(run, [0], "retrain", params={"dp": True}, verify=False)
     ledger = result.details.privacy["unlearning_privacy"]
+    assert ledger["epsilon_per_round"] == [3.0] * 3  # ε_max, fixed a priori
     recomputed = _remaining_gradient_clip_norm(run, [1, 2, 3, 4, 5])
     assert ledger["clip_norm"] == pytest.approx(recomputed, rel=1e-12) != stored
-    assert ledger["epsilon_per_round"] == [3.0] * 3  # ε_max, fixed a priori
 
 
 def test_apply_derives_the_dp_status_and_epsilon_from_the_run_not_the_file(runs, tmp_path):
@@ -283,3 +285,28 @@ def test_store_only_states_what_its_store_holds(runs, tmp_path):
     assert after["applied"][0]["fresh_epsilon"] == pytest.approx(
         _gaussian_release_epsilon(replayed["replayed_rounds"], 3.0), rel=1e-3
     )
+
+
+def _script():
+    path = (
+        Path(__file__).resolve().parents[2] / "reproductions" / "fedadp" / "recompute_epsilons.py"
+    )
+    spec = importlib.util.spec_from_file_location("recompute_epsilons", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_stated_epsilon_recomputes_with_dp_accounting(runs, capsys, monkeypatch):
+    """Done when: a script recomputes every stated ε of the DP examples (the example config's
+    and the docs' figures, and a run's privacy.json) with dp-accounting, in the slow tests."""
+    script = _script()
+    dirs = [str(runs[name][0]) for name in ("auto", "client_update")]
+    assert script.main(["--json", "--runs", *dirs]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["ok"] for r in rows) and len(rows) == 7 + 3 * 2
+    assert {r["figure"] for r in rows if r["documented"] is not None} == set(script.DOCUMENTED)
+    # a figure the docs print wrongly is caught
+    monkeypatch.setitem(script.DOCUMENTED, "example T=30 a priori, replace-one", 15.22)
+    assert script.main(["--json"]) == 1
+    capsys.readouterr()
