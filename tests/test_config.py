@@ -164,7 +164,7 @@ def test_the_budget_lives_in_privacy_budget_and_the_flat_keys_still_work(tmp_pat
     with pytest.raises(ConfigError, match="privacy.budget.epsilon_min \\(4.0\\) must not exceed"):
         parse_config({"privacy": {"epsilon_min": 4.0}})
     # the schedule is a plugin's training hook, looked up where the run is assembled
-    typo = parse_config({"privacy": {"budget": {"schedule": "constant"}}})
+    typo = parse_config({"privacy": {"enabled": True, "budget": {"schedule": "constant"}}})
     with pytest.raises(
         UnknownNameError,
         match="privacy.budget.schedule: unknown budget schedule 'constant'; available: fedadp",

@@ -11,7 +11,13 @@ import pytest
 
 from fedunlearn import plugins
 from fedunlearn.config import parse_config
-from fedunlearn.errors import ConfigError, PluginError, UnknownMethodError, UnknownPolicyError
+from fedunlearn.errors import (
+    ConfigError,
+    PluginError,
+    UnknownMethodError,
+    UnknownNameError,
+    UnknownPolicyError,
+)
 from fedunlearn.plugins import ENTRY_POINT_GROUP, Plugin
 from fedunlearn.registry import ClassRegistry, Registry
 from fedunlearn.runs import resolve_config
@@ -43,9 +49,8 @@ def test_a_crab_config_is_assembled_without_importing_starfish_or_mpc():
     assert "fedunlearn.unlearn.crab.policy" in loaded
     assert not [m for m in loaded if m.startswith("fedunlearn.unlearn.starfish")]
     assert not [m for m in loaded if m.startswith("fedunlearn.mpc")]
-    # of FedADP only the default budget schedule (privacy.budget.schedule: fedadp) is checked
-    fedadp = {m for m in loaded if m.startswith("fedunlearn.unlearn.fedadp.")}
-    assert fedadp == {"fedunlearn.unlearn.fedadp.budget", "fedunlearn.unlearn.fedadp.plugin"}
+    # nothing of FedADP: a run without DP resolves no budget schedule (the core names no paper)
+    assert not [m for m in loaded if m.startswith("fedunlearn.unlearn.fedadp")]
 
 
 def test_parsing_a_config_imports_no_plugin():
@@ -190,3 +195,31 @@ def test_with_no_plugin_installed_the_error_says_how_to_install(fake_entry_point
     fake_entry_points({})
     with pytest.raises(UnknownPolicyError, match="no fedunlearn.plugins entry points are instal"):
         Registry("history policy", UnknownPolicyError, plugin_kind="policies").get("crab")
+
+
+def test_without_the_fedadp_plugin_a_non_dp_run_trains_and_unlearns(
+    fake_entry_points, tmp_path, monkeypatch
+):
+    """The core names no paper: privacy.budget.schedule is resolved for DP runs only (issue 38)."""
+    from fedunlearn.config import parse_config
+    from fedunlearn.privacy.training import BUDGET_SCHEDULES
+    from fedunlearn.runs import train_run
+    from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+
+    fake_entry_points({"baselines": "fedunlearn.unlearn.baselines.plugin:PLUGIN"})
+    # an earlier test in this process may have loaded FedADP's schedule: forget it too
+    monkeypatch.setattr(BUDGET_SCHEDULES, "_values", {})
+    config = parse_config(
+        {
+            "data": {"dataset": "digits", "num_clients": 4},
+            "model": {"name": "logreg"},
+            "training": {"rounds": 2, "lr": 0.3, "executor": "serial"},
+        }
+    )
+    train_run(config, tmp_path / "run")
+    with UnlearnSession(tmp_path / "run", evaluate=False) as session:
+        result = session.run(make_method("retrain"), UnlearnRequest.of([1]))
+    assert result.lineage.kind == "exact"
+    dp = parse_config({"privacy": {"enabled": True}})
+    with pytest.raises(UnknownNameError, match="privacy.budget.schedule"):
+        train_run(dp, tmp_path / "dp")

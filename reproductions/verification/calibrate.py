@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.config import load_config
-from fedunlearn.eval import Evidence, VerificationThresholds, build_verification
+from fedunlearn.eval import VerificationThresholds, build_verification
+from fedunlearn.eval.receipt import Attack, Controls, Evidence
 from fedunlearn.experiments import compare_methods
 from fedunlearn.runs import train_run
 
@@ -69,13 +70,18 @@ def _evidence(doc: dict, row: dict, retrain: dict | None) -> Evidence:
     stored = {c["name"]: c for c in row["verification"]["checks"]}
     return Evidence(
         row=row,
-        original=rows["none"],
-        retrain=retrain,
-        retrain_gap=rows["none"]["distance_to_retrain"] if retrain is not None else None,
-        request_kind=doc["request"]["kind"],
-        backdoor=doc["config"]["attack"]["kind"] == "backdoor",
-        attackers_forgotten=len(malicious & forget),
-        attackers_total=len(malicious),
+        controls=Controls(
+            original=rows["none"],
+            retrain=retrain,
+            retrain_gap=rows["none"]["distance_to_retrain"] if retrain is not None else None,
+        ),
+        attack=Attack(
+            request_kind=doc["request"]["kind"],
+            clients=tuple(sorted(forget)),
+            backdoor=doc["config"]["attack"]["kind"] == "backdoor",
+            attackers_forgotten=len(malicious & forget),
+            attackers_total=len(malicious),
+        ),
         deletion=stored["deletion"]["evidence"] or None,
     )
 

@@ -61,7 +61,7 @@ def test_forget_apply_continue_recover_apply_and_the_second_receipt_covers_all_t
     assert entries[0]["removed_by"]["method"] == "fedrecover"
     for attacker in attackers:
         assert entries[attacker]["request"] == "new" and entries[attacker]["role"] == "attacker"
-        assert entries[attacker]["influence"] == "removed"
+        assert entries[attacker]["influence"] == "not_detected"  # removed: by construction only
         assert {"check": "backdoor", "verdict": "pass"} in entries[attacker]["checks"]
     assert not [c for c in receipt["checks"] if c["verdict"] == "fail"]
 

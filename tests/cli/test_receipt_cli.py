@@ -64,6 +64,7 @@ def test_audit_of_the_original_model_fails_with_exit_code_1(run, name, tmp_path)
             "malicious",
             "--out",
             str(tmp_path / "receipt.json"),
+            "--explain",
         ],
     )
     assert res.exit_code == 1, res.output
@@ -142,6 +143,7 @@ def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
             str(limits),
             "--out",
             str(tmp_path / "r.json"),
+            "--explain",
         ],
     )
     assert res.exit_code == 0, res.output
@@ -178,6 +180,23 @@ def test_unlearn_prints_the_receipt_and_takes_a_thresholds_file(run, tmp_path):
 @pytest.mark.slow
 def test_unlearn_with_a_retrain_reference_judges_against_it(run, tmp_path):
     run_dir, _ = run
+    args = ["unlearn", str(run_dir), "--forget", "malicious", "--reference", "retrain", "--out"]
+    res = runner.invoke(app, [*args, str(tmp_path / "none.json"), "--method", "none"])
+    assert res.exit_code == 1, res.output  # the original model: the influence remains
+    out = json.loads((tmp_path / "none.json").read_text())
+    assert out["verification"]["references"] == ["original", "retrain"]
+    assert out["retrain"]["client_epochs"] > 0
+    cost = out["verification"]["cost"]
+    assert cost["references"]["retrain"]["client_epochs"] == out["retrain"]["client_epochs"]
+    assert cost["client_epochs"] >= out["retrain"]["client_epochs"]  # apart from the method's
+    distance = next(c for c in out["verification"]["checks"] if c["name"] == "distance")
+    assert (distance["verdict"], distance["value"]) == ("fail", 1.0)
+
+
+@pytest.mark.slow
+def test_an_exact_lineage_trains_no_reference_for_its_receipt(run, tmp_path):
+    """Retrain's result is removed by construction: its receipt trains nothing beside it."""
+    run_dir, _ = run
     res = runner.invoke(
         app,
         [
@@ -195,15 +214,15 @@ def test_unlearn_with_a_retrain_reference_judges_against_it(run, tmp_path):
     )
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "r.json").read_text())
-    assert out["verification"]["references"] == ["original", "retrain"]
-    # Retrain judged against itself: nothing flags it (removed once a check has power or its
-    # lineage is exact)
-    assert out["verification"]["influence"] in ("removed", "not_shown")
-    assert out["verification"]["verdict"] in ("pass", "inconclusive")
-    assert out["retrain"]["client_epochs"] == out["costs"]["client_epochs"]
-    distance = next(c for c in out["verification"]["checks"] if c["name"] == "distance")
-    assert distance["verdict"] == "pass"
-    assert distance["value"] == 0.0
+    receipt = out["verification"]
+    assert receipt["influence"] == "removed"
+    assert receipt["lineage"]["kind"] == "exact"
+    assert receipt["references"] == ["original"]  # no Retrain reference trained
+    assert receipt["cost"]["client_epochs"] == 0 and receipt["cost"]["references"] == {}
+    assert "exact" in receipt["cost"]["skipped"]
+    checks = {c["name"]: c["verdict"] for c in receipt["checks"]}
+    assert checks["client_membership"] == checks["membership"] == "n/a"  # nothing fitted
+    assert "retrain" not in out
 
 
 @pytest.mark.slow
@@ -342,7 +361,7 @@ def test_unlearn_measures_the_distance_band_from_independent_retrains(run, tmp_p
             "--forget",
             "malicious",
             "--method",
-            "retrain",
+            "none",
             "--reference",
             "retrain",
             "--distance-retrains",
@@ -352,8 +371,9 @@ def test_unlearn_measures_the_distance_band_from_independent_retrains(run, tmp_p
             str(tmp_path / "r.json"),
         ],  # fmt: skip
     )
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # the original model: still the original
     out = json.loads((tmp_path / "r.json").read_text())
     distance = next(c for c in out["verification"]["checks"] if c["name"] == "distance")
     assert len(distance["evidence"]["band"]["relative"]) == 2
-    assert "independent exact retrains" in distance["reason"]
+    assert distance["threshold"]["pass"] == distance["evidence"]["band"]["band"]
+    assert out["verification"]["cost"]["references"]["distance band"]["client_epochs"] > 0

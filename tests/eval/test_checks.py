@@ -5,11 +5,14 @@ import json
 import math
 
 import pytest
+from tests.support.evidence import flat_evidence
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval import Evidence, VerificationThresholds, build_verification
-from fedunlearn.eval.checks import auc_standard_error
+from fedunlearn.eval import VerificationThresholds, build_verification
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
+from fedunlearn.eval.receipt import run_rule
+from fedunlearn.eval.receipt.rules import markers as markers_rule
+from fedunlearn.eval.receipt.rules.membership import auc_standard_error
 from fedunlearn.unlearn import BoundReport, Check, Verification
 from fedunlearn.unlearn.lineage import Lineage
 
@@ -33,6 +36,10 @@ RETRAIN = {
 }
 
 
+def check_markers(ev, th):
+    return run_rule(markers_rule.RULE, ev, th)
+
+
 def evidence(row, *, retrain=True, **kw):
     base = dict(
         row=row,
@@ -45,7 +52,7 @@ def evidence(row, *, retrain=True, **kw):
         attackers_total=2,
     )
     base.update(kw)
-    return Evidence(**base)
+    return flat_evidence(**base)
 
 
 def verdicts(verification: Verification) -> dict[str, str]:
@@ -69,8 +76,9 @@ def test_retrain_passes_every_check_against_itself():
     assert v.verdict == "pass"
     assert v.reasons == ()
     assert v.references == ("original", "retrain")
-    assert v.influence == "removed"
-    assert "backdoor removed" in v.influence_reason
+    # no check with power flags it: not detected (removed only by an exact lineage)
+    assert v.influence == "not_detected"
+    assert v.influence_basis == "powered_pass"
     assert (v.utility, v.store) == ("ok", "unknown")
 
 
@@ -82,9 +90,9 @@ def test_a_model_that_still_carries_the_backdoor_fails_check_1():
     assert check.value == 0.55
     assert check.reference["retrain"] == 0.01
     assert check.reference["original"] == 0.80
-    assert "the backdoor survives: ASR 55.0%" in check.reason
+    assert check.codes == ("survives",)
     assert v.verdict == "fail"
-    assert v.reasons[0].startswith("backdoor removed: the backdoor survives")
+    assert v.reasons[0].startswith("backdoor removed:")  # failures first
     assert v.influence == "remains"
     # without a Retrain reference the clean ASR measured on M_0 is the reference: still a failure
     alone = build_verification(evidence(row, retrain=False, clean_asr=0.03)).check("backdoor")
@@ -110,7 +118,7 @@ def test_backdoor_grades_and_when_it_does_not_apply():
     ]
     reasons = [build_verification(e).check("backdoor") for e in not_applicable]
     assert [c.verdict for c in reasons] == ["n/a"] * 2
-    assert "no backdoor attack" in reasons[0].reason
+    assert [c.codes for c in reasons] == [("no_backdoor",), ("no_attacker_forgotten",)]
     cannot_tell = [
         # another attacker stays: only Retrain says which ASR to expect (was a silent n/a)
         evidence(RETRAIN, retrain=False, attackers_forgotten=1, clean_asr=0.0),
@@ -119,8 +127,7 @@ def test_backdoor_grades_and_when_it_does_not_apply():
     ]
     reasons = [build_verification(e).check("backdoor") for e in cannot_tell]
     assert [c.verdict for c in reasons] == ["inconclusive"] * 2
-    assert "--reference retrain" in reasons[0].reason
-    assert "cannot tell the original from a model that never saw" in reasons[1].reason
+    assert [c.codes for c in reasons] == [("others_remain",), ("no_power",)]
     assert reasons[1].power["original_flagged"] is False
 
 
@@ -131,7 +138,8 @@ def test_membership_is_judged_per_attack_against_retrain_or_chance():
     assert check.value == 0.585
     assert check.verdict == "warn"  # 0.075 above Retrain's 0.51
     assert check.evidence["decided_by"] == "loss"
-    assert "AUC 0.585 against 0.510 for Retrain" in check.reason
+    assert check.codes == ("partly",)
+    assert check.reference["retrain"] == 0.51
     alone = build_verification(evidence(row, retrain=False), th).check("membership")
     assert alone.reference["chance"] == 0.5
     assert alone.verdict == "warn"
@@ -160,7 +168,7 @@ def test_membership_margin_must_exceed_the_sampling_noise():
 def test_distance_fails_the_original_passes_only_close_models():
     original = build_verification(evidence(ORIGINAL)).check("distance")
     assert original.verdict == "fail"
-    assert "still the original model" in original.reason
+    assert original.codes == ("still_original",)
     closer = {**RETRAIN, "distance_to_retrain": 0.4, "distance_to_original": 1.5}
     assert build_verification(evidence(closer)).check("distance").verdict == "pass"
     elsewhere = {**RETRAIN, "distance_to_retrain": 2.4, "distance_to_original": 2.9}
@@ -179,7 +187,7 @@ def test_distance_fails_the_original_passes_only_close_models():
     assert build_verification(evidence(closer, retrain=False)).check("distance").verdict == "n/a"
     same = build_verification(evidence(ORIGINAL, retrain=False)).check("distance")
     assert same.verdict == "fail"
-    assert "unchanged" in same.reason
+    assert same.codes == ("unchanged",)
 
 
 def test_the_distance_band_from_measured_retrains_sets_the_pass_line_and_needs_power():
@@ -196,7 +204,8 @@ def test_the_distance_band_from_measured_retrains_sets_the_pass_line_and_needs_p
     assert check.verdict == "pass"
     assert check.threshold["pass"] == pytest.approx(tight.band)
     assert check.power["original"]["outside_band"] is True
-    assert "3 independent exact retrains" in check.reason
+    assert check.codes == ("pass",)
+    assert check.evidence["band"]["count"] == 3
     # 0.9x, beyond the band: inconclusive
     beyond = {**RETRAIN, "distance_to_retrain": 1.44, "distance_to_original": 2.0}
     assert (
@@ -208,7 +217,7 @@ def test_the_distance_band_from_measured_retrains_sets_the_pass_line_and_needs_p
     assert wide.band > 1.0
     no_power = build_verification(evidence(inside, distance_band=wide)).check("distance")
     assert no_power.verdict == "inconclusive"
-    assert "cannot tell the original" in no_power.reason
+    assert no_power.codes == ("no_power",)
     # the unchanged original still fails whatever the band
     assert (
         build_verification(evidence(ORIGINAL, distance_band=wide)).check("distance").verdict
@@ -225,12 +234,13 @@ def test_bound_is_checked_on_the_returned_model_and_only_when_non_vacuous():
     assert (ok.verdict, ok.value, ok.aspect) == ("pass", 0.3, "method")
     fail = build_verification(evidence(row, bound=broken, **kw)).check("bound")
     assert fail.verdict == "fail"
-    assert "exceeds the certified 0.25" in fail.reason
+    assert fail.codes == ("broken",)
+    assert fail.reference["bound"] == 0.25
     # a bound larger than ||M_0 - Retrain|| says nothing (Crab's 16.04 against 6.79)
     vacuous = BoundReport("Theorem 1", bound=16.04)
     check = build_verification(evidence(row, bound=vacuous, initial_gap=6.79)).check("bound")
     assert check.verdict == "n/a"
-    assert "vacuous" in check.reason
+    assert check.codes == ("vacuous",)
     # the method's own observation, on another model (before final tuning): not the result's
     other = BoundReport("Theorem 1", bound=0.5, observed=0.2, reference="retrain from M_j")
     assert build_verification(evidence(row, bound=other, **kw)).check("bound").verdict == "n/a"
@@ -248,7 +258,9 @@ def test_utility_drop_against_retrain_or_the_original():
     }
     assert grade == {0.91: "pass", 0.89: "warn", 0.85: "fail"}
     low = build_verification(evidence({**RETRAIN, "test_accuracy": 0.85}), th).check("utility")
-    assert "7.0 points below Retrain (92.0%)" in low.reason
+    assert low.codes == ("drop",)
+    assert low.reference["retrain"] == 0.92
+    assert low.threshold["fail"] == pytest.approx(0.87)
 
 
 def test_deletion_check_reads_the_store_evidence():
@@ -262,8 +274,8 @@ def test_deletion_check_reads_the_store_evidence():
     check = forget.check("deletion")
     assert check.verdict == "warn"
     assert check.scope == "store"
-    assert "4,000 bytes" in check.reason
-    assert "fedunlearn forget RUN --clients 3" in check.reason
+    assert check.codes == ("held",)
+    assert check.value == 4000
     assert forget.verdict == "warn"
     assert forget.model_verdict == "pass"
     strict = VerificationThresholds(deletion_on_forget="fail")
@@ -284,11 +296,12 @@ def test_deletion_check_reads_the_store_evidence():
     }
     ok = build_verification(evidence(RETRAIN, request_kind="forget", deletion=deleted))
     assert ok.check("deletion").verdict == "pass"
-    assert "4 payload(s), 4,000 bytes" in ok.check("deletion").reason
+    assert ok.check("deletion").codes == ("deleted",)
     leaky = {**deleted, "read_back": {"attempted": 4, "refused": 3, "readable": [[2, 3]]}}
     bad = build_verification(evidence(RETRAIN, request_kind="forget", deletion=leaky))
     assert bad.check("deletion").verdict == "fail"
-    assert "round 2 client 3" in bad.reasons[0]
+    assert bad.check("deletion").codes == ("readable",)
+    assert bad.check("deletion").evidence["read_back"]["readable"] == [[2, 3]]
     assert (ok.store, forget.store, bad.store) == ("deleted", "held", "damaged")
 
 
@@ -311,33 +324,35 @@ def test_deletion_reads_the_page_scan_and_rebuildable_updates():
     )
     found = store_check(page_scan={**clean_scan, "fragments_found": 4170})
     assert found.check("deletion").verdict == "fail"
-    assert "4,170 fragment(s)" in found.check("deletion").reason
+    assert found.check("deletion").codes == ("fragments",)
+    assert found.check("deletion").evidence["page_scan"]["fragments_found"] == 4170
     assert found.store == "damaged"
     rebuilt = store_check(page_scan=clean_scan, reconstructible=[[1, 3], [2, 3]])
     assert rebuilt.check("deletion").verdict == "fail"
-    assert "2 deleted update(s) can be rebuilt" in rebuilt.check("deletion").reason
+    assert rebuilt.check("deletion").codes == ("rebuildable",)
     skipped = store_check(
         page_scan={"ran": False, "fragments_found": 0, "inconclusive_reason": "no page size"}
     )
     assert skipped.check("deletion").verdict == "inconclusive"
-    assert "no page size" in skipped.check("deletion").reason
+    assert skipped.check("deletion").codes == ("never_held", "scan_not_run")
 
 
 def test_method_warnings_become_a_warning_with_their_sentences():
     v = build_verification(evidence(RETRAIN, warnings=("rollback kept round 3 of client 1.",)))
     check = v.check("method_warnings")
     assert check.verdict == "warn"
-    assert check.reason == "rollback kept round 3 of client 1"
+    assert check.codes == ("warned",)
+    assert check.evidence["warnings"] == ["rollback kept round 3 of client 1."]
     strict = VerificationThresholds(method_warning="fail")
     assert build_verification(evidence(RETRAIN, warnings=("x",)), strict).verdict == "fail"
     # checks that see nothing do not overrule a method that warns its result may keep the
     # influence (e.g. Crab's paper rollback): not shown, never removed
     warned = build_verification(evidence(RETRAIN, warnings=("x",)), strict)
     assert warned.influence == "not_shown"
-    assert "the method warns" in warned.influence_reason
+    assert warned.influence_basis == "method_warns"
     unknown = build_verification(evidence(RETRAIN, warnings_available=False))
     assert unknown.check("method_warnings").verdict == "n/a"
-    assert "none were available" in unknown.check("method_warnings").reason
+    assert unknown.check("method_warnings").codes == ("unavailable",)
 
 
 def test_receipt_is_json_without_nan_and_failures_come_first():
@@ -405,7 +420,7 @@ def honest(row, *, retrain=True, **kw):
     base.update(kw)
     if retrain:
         base.update(retrain=QS_RETRAIN, retrain_gap=1.6)
-    return Evidence(row=row, **base)
+    return flat_evidence(row, **base)
 
 
 def noisy(std):
@@ -420,17 +435,16 @@ def test_the_original_plus_noise_is_never_removed_for_an_honest_client(std, retr
     v = build_verification(honest(noisy(std), retrain=retrain))
     membership = v.check("membership")
     assert membership.verdict == "inconclusive"  # it used to pass
-    assert "cannot tell the original from a model that never saw" in membership.reason
+    assert membership.codes == ("no_power",)
     # under 1 SE from Retrain, 1.5 from chance: far below the 4 SE a flag needs
     assert membership.power["shadow"]["separation_se"] < (1 if retrain else 2)
     assert v.influence != "removed"
     if retrain or std == 0:  # the distance check catches a model that stayed at the original
         assert v.influence == "remains"
-        assert "original model" in v.influence_reason
+        assert v.check("distance").codes in (("still_original",), ("unchanged",))
     else:
-        assert v.influence == "not_shown"
-        assert "--reference retrain" in v.influence_reason
-        assert "client-level membership test" in v.influence_reason
+        assert (v.influence, v.influence_basis) == ("not_shown", "no_power")
+        assert v.hints == ["retrain_reference", "client_test", "markers"]
 
 
 def test_retrain_of_an_honest_client_is_not_shown_clean_by_powerless_checks():
@@ -439,8 +453,7 @@ def test_retrain_of_an_honest_client_is_not_shown_clean_by_powerless_checks():
     assert v.influence == "not_shown"
     exact = Lineage("exact", "initial model M_0", 0, 1, {}, "read no update of client 0")
     v = build_verification(honest(QS_RETRAIN, lineage=exact))
-    assert v.influence == "removed"
-    assert v.influence_reason.startswith("by construction")
+    assert (v.influence, v.influence_basis) == ("removed", "exact_lineage")
     assert v.to_dict()["lineage"]["kind"] == "exact"
     # an approximate lineage shows nothing by itself
     approx = Lineage("approximate", "final model M_T", 30, 1, {"models": [30]}, "read M_T")
@@ -464,7 +477,7 @@ def test_client_membership_needs_its_controls():
     check = removed.check("client_membership")
     assert check.verdict == "pass"
     assert check.power["original_flagged"] is True
-    assert removed.influence == "removed"
+    assert removed.influence == "not_detected"
     remains = build_verification(honest(noisy(1e-3), client_membership=client_test(4.8)))
     assert remains.check("client_membership").verdict == "fail"
     assert remains.influence == "remains"
@@ -499,8 +512,15 @@ PARTIAL_ORIGINAL = {**QS_ORIGINAL, "backdoor_asr": 0.815}
 PARTIAL_RETRAIN = {**QS_RETRAIN, "backdoor_asr": 0.438}
 
 
-def partial(row, *, retrain=True):
-    return Evidence(
+# Retrain continued 1, 2, 5 rounds by the remaining clients: the attacker that stays keeps
+# training its backdoor (ASR grows with the rounds)
+PARTIAL_MORE = {
+    f"retrain_continued_{k}": {"backdoor_asr": asr} for k, asr in ((1, 0.47), (2, 0.50), (5, 0.58))
+}
+
+
+def partial(row, *, retrain=True, clean_more=PARTIAL_MORE):
+    return flat_evidence(
         row=row,
         original=PARTIAL_ORIGINAL,
         retrain=PARTIAL_RETRAIN if retrain else None,
@@ -510,20 +530,46 @@ def partial(row, *, retrain=True):
         attackers_forgotten=1,
         attackers_total=2,
         clean_asr=0.0,
+        clean_more=clean_more,
     )
 
 
 def test_forgetting_one_of_two_attackers_is_judged_against_retrain_or_inconclusive():
     noisy_original = {**PARTIAL_ORIGINAL, "distance_to_original": 0.09, "distance_to_retrain": 1.61}
     with_retrain = build_verification(partial(noisy_original))
-    assert with_retrain.check("backdoor").verdict == "fail"
+    check = with_retrain.check("backdoor")
+    assert check.verdict == "fail"
+    assert check.codes == ("survives", "others_grow_beyond")
+    assert check.threshold["fail"] == pytest.approx(0.58 + 0.10)  # beyond Retrain + 5 rounds
     assert with_retrain.influence == "remains"
     alone = build_verification(partial(noisy_original, retrain=False))
     assert alone.check("backdoor").verdict == "inconclusive"
     assert alone.influence == "not_shown"
     retrain = build_verification(partial(PARTIAL_RETRAIN))
     assert retrain.check("backdoor").verdict == "pass"
-    assert retrain.influence == "removed"
+    assert retrain.influence == "not_detected"
+
+
+def test_retrain_trained_more_while_other_attackers_remain_is_never_remains():
+    """Issue 33: Retrain + 5 rounds with the other attacker present was flagged `remains`.
+
+    The attacker that stays trains its backdoor every round; the receipt's clean controls
+    trained more than Retrain (Retrain continued 1-5 rounds) raise the fail line to theirs.
+    """
+    more5 = {**PARTIAL_RETRAIN, "backdoor_asr": 0.58, "distance_to_retrain": 0.5}
+    v = build_verification(partial(more5))
+    assert v.check("backdoor").verdict == "warn"  # above Retrain's 43.8%: not cleared either
+    assert v.check("backdoor").codes == ("partly", "others_grow_demoted")
+    assert v.influence != "remains"
+    # without the continued controls no flag on such a request can be trusted: a warning
+    blind = build_verification(partial(more5, clean_more={}))
+    assert blind.check("backdoor").codes == ("partly", "others_grow_unmeasured")
+    assert blind.influence != "remains"
+    # every attacker forgotten: nobody keeps training a backdoor; Retrain's level holds
+    alone = dataclasses.replace(
+        partial(more5), attack=dataclasses.replace(partial(more5).attack, attackers_total=1)
+    )
+    assert build_verification(alone).check("backdoor").verdict == "fail"
 
 
 # label-flip recovery: the poisoned original is 6.9 points below Retrain
@@ -532,7 +578,7 @@ FLIP_RETRAIN = {**QS_RETRAIN, "test_accuracy": 0.919, "backdoor_asr": None}
 
 
 def flip(row, *, retrain=True):
-    return Evidence(
+    return flat_evidence(
         row=row,
         original=FLIP_ORIGINAL,
         retrain=FLIP_RETRAIN if retrain else None,
@@ -552,12 +598,12 @@ def test_label_flip_recovery_is_judged_against_retrain_never_the_poisoned_origin
     assert v.influence == "remains"
     alone = build_verification(flip(noisy_original, retrain=False))
     assert alone.check("utility").verdict == "n/a"  # it used to pass against the poisoned original
-    assert "poisoned" in alone.check("utility").reason
+    assert alone.check("utility").codes == ("poisoned_original",)
     assert alone.check("poisoning").verdict == "inconclusive"
     assert alone.influence != "removed"
     recovered = build_verification(flip({**FLIP_RETRAIN, "test_accuracy": 0.915}))
     assert recovered.check("poisoning").verdict == "pass"
-    assert recovered.influence == "removed"
+    assert recovered.influence == "not_detected"
     assert recovered.utility == "ok"
 
 
@@ -565,7 +611,7 @@ def test_utility_and_influence_are_separate_verdicts():
     # the backdoor is gone but accuracy dropped: influence removed, utility degraded
     row = {**RETRAIN, "test_accuracy": 0.80}
     v = build_verification(evidence(row))
-    assert v.influence == "removed"
+    assert v.influence == "not_detected"
     assert v.utility == "degraded"
     assert v.check("utility").aspect == "utility"
 
@@ -573,16 +619,16 @@ def test_utility_and_influence_are_separate_verdicts():
 def test_a_dp_run_says_that_retrain_is_not_private():
     # fresh client work in a session carries no DP noise: Retrain is a non-private reference
     v = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}, private_run=True))
-    assert "without the run's DP noise" in v.check("utility").reason
+    assert v.check("utility").codes[1:] == ("dp_noise_free",)
     plain = build_verification(evidence({**RETRAIN, "test_accuracy": 0.90}))
-    assert "DP" not in plain.check("utility").reason
+    assert plain.check("utility").codes == ("drop",)  # no DP note
 
 
 def test_a_method_that_warns_its_result_keeps_the_influence_is_never_removed():
     # Crab's paper rollback may start from a model that contains the forgotten clients and
     # warns so; checks that see nothing must not overrule the method's own warning
     clean = honest(QS_RETRAIN, client_membership=client_test(0.5))
-    assert build_verification(clean).influence == "removed"
+    assert build_verification(clean).influence == "not_detected"
     warned = honest(
         QS_RETRAIN,
         client_membership=client_test(0.5),
@@ -591,7 +637,7 @@ def test_a_method_that_warns_its_result_keeps_the_influence_is_never_removed():
     verification = build_verification(warned)
     assert verification.check("method_warnings").verdict in ("warn", "fail")
     assert verification.influence == "not_shown"
-    assert "the method warns" in verification.influence_reason
+    assert verification.influence_basis == "method_warns"
 
 
 def test_a_backdoor_pass_does_not_show_removal_of_honest_clients_in_the_same_request():
@@ -600,7 +646,7 @@ def test_a_backdoor_pass_does_not_show_removal_of_honest_clients_in_the_same_req
     mixed = build_verification(evidence(RETRAIN, clients_forgotten=3))
     check = mixed.check("backdoor")
     assert check.verdict == "pass" and check.decisive is False
-    assert "honest forgotten client" in check.reason
+    assert "honest_not_covered" in check.codes
     assert build_verification(evidence(RETRAIN)).check("backdoor").decisive is True
 
 
@@ -619,9 +665,10 @@ def test_a_half_way_interpolation_that_passes_the_backdoor_check_is_not_removed(
     assert distance.verdict == "warn"
     assert distance.evidence["toward_original"] == pytest.approx(0.5)
     assert distance.threshold["toward"] < 0.06
-    assert "0.50 of the original's offset" in distance.reason
+    assert distance.codes == ("toward",)
+    assert distance.evidence["toward_original"] == pytest.approx(0.5)
     assert v.influence == "not_shown"
-    assert "distance to Retrain warns" in v.influence_reason
+    assert v.influence_basis == "check_warns"
     # the controls lie at the original's end of the line
     assert distance.power["original"]["toward_original"] == pytest.approx(1.0)
     # an exact retrain with another batch order: far from Retrain, but orthogonal to o - r
@@ -629,13 +676,13 @@ def test_a_half_way_interpolation_that_passes_the_backdoor_check_is_not_removed(
     v = build_verification(evidence(other, client_membership=cm))
     assert v.check("distance").evidence["toward_original"] == pytest.approx(0.0015, abs=1e-3)
     assert v.check("distance").verdict == "pass"
-    assert v.influence == "removed"
+    assert v.influence == "not_detected"
     # without measured retrains the fixed line (0.4: exact retrains stay below 0.5, and were
     # measured up to 0.31) warns at the half-way model too
     check = build_verification(evidence(half)).check("distance")
     assert check.verdict == "warn"
     assert check.threshold["toward"] == VerificationThresholds().distance_toward == 0.4
-    assert "fewer than 3 exact retrains" in check.reason
+    assert check.evidence["toward_line"]["source"] == "fixed"
     # two references are too few for a measured line (the Student-t factor is 6.3): fixed line
     two = dataclasses.replace(client_test(0.5), reference_toward=(0.1, 0.5))
     check = build_verification(evidence(half, client_membership=two)).check("distance")
@@ -645,7 +692,7 @@ def test_a_half_way_interpolation_that_passes_the_backdoor_check_is_not_removed(
     wide = dataclasses.replace(client_test(0.5), reference_toward=(0.25, 0.32, 0.1))
     check = build_verification(evidence(half, client_membership=wide)).check("distance")
     assert check.threshold["toward"] == 0.4
-    assert "capped at distance_toward" in check.reason
+    assert check.evidence["toward_line"]["bound"] > check.threshold["toward"] == 0.4
     assert check.verdict == "warn"
     # a position that cannot be computed (NaN) is never cleared
     nan = dataclasses.replace(client_test(0.5), reference_toward=(0.01, math.nan, 0.02))
@@ -669,12 +716,12 @@ def test_the_toward_line_comes_from_measured_exact_retrains():
     assert check.verdict == "warn"
     assert check.threshold["toward"] == pytest.approx(tight.toward_line)
     assert tight.toward_line < 0.02
-    assert "independent exact retrains" in check.reason
+    assert check.evidence["toward_line"]["source"] == "band"
     # the client-level test's "without" references serve when no band was measured
     cm = dataclasses.replace(client_test(0.5), reference_toward=(0.01, 0.02, 0.015, 0.03))
     check = build_verification(evidence(quarter, client_membership=cm)).check("distance")
     assert check.verdict == "warn"
-    assert "client-level test's references" in check.reason
+    assert check.evidence["toward_line"]["source"] == "client_test"
     # retrains that spread widely along o - r leave no warning for a quarter-way model
     wide = DistanceBand(
         (0.5, 0.6, 0.55), cost_seconds=1.0, cost_client_epochs=3.0, toward=(0.2, 0.35, 0.3)
@@ -713,12 +760,12 @@ def test_the_client_level_test_judges_only_models_trained_like_its_references():
     assert check.evidence["region"] == "below"
     assert check.threshold["fail"] == pytest.approx(6.0)  # the line applied: every "with" ref
     assert check.threshold["line"] == pytest.approx(2.0)
-    assert "less trained than every reference model" in check.reason
+    assert check.codes == ("off_range_warn",)
     assert less.influence == "not_shown"
     # below the line: inconclusive, never pass
     low = build_verification(evidence(RETRAIN, client_membership=ranged(1.0, 0.3)))
     assert low.check("client_membership").verdict == "inconclusive"
-    assert "says nothing either way" in low.check("client_membership").reason
+    assert low.check("client_membership").codes == ("off_range",)
     # ... but a less trained model above every "with" reference and every clean, less trained
     # model (Retrain's earlier rounds) is: a model fine-tuned on the client
     tuned = build_verification(
@@ -726,8 +773,8 @@ def test_the_client_level_test_judges_only_models_trained_like_its_references():
     )
     check = tuned.check("client_membership")
     assert check.verdict == "fail"
-    assert "yet above every model trained with them" in check.reason
-    assert "Retrain's rounds 1, 3: up to 7" in check.reason
+    assert check.codes == ("found_below",)
+    assert check.evidence["clean_path"] == {"clean_round_1": 4.0, "clean_round_3": 7.0}
     assert check.threshold["fail"] == pytest.approx(7.0)
     assert tuned.influence == "remains"
     # a clean, less trained model scoring as high: the line rises to it
@@ -741,13 +788,14 @@ def test_the_client_level_test_judges_only_models_trained_like_its_references():
     unmatched = build_verification(evidence(RETRAIN, client_membership=ranged(50.0, -3.0)))
     check = unmatched.check("client_membership")
     assert check.verdict == "warn"
-    assert "no clean model this little trained was measured" in check.reason
+    assert check.codes == ("less_trained_unmeasured",)
     assert unmatched.influence == "not_shown"
     # a model trained more than the references: inconclusive, never pass; flagged only above
     # every clean control, the one trained longer included
     more = build_verification(evidence(RETRAIN, client_membership=ranged(0.5, 2.5)))
     assert more.check("client_membership").verdict == "inconclusive"
-    assert "more trained" in more.check("client_membership").reason
+    assert more.check("client_membership").codes == ("off_range",)
+    assert more.check("client_membership").evidence["region"] == "above"
     longer = ranged(3.5, 2.5, continued=4.0, cont_fit=2.5)
     check = build_verification(evidence(RETRAIN, client_membership=longer)).check(
         "client_membership"
@@ -777,7 +825,7 @@ def test_the_client_level_test_judges_only_models_trained_like_its_references():
     )
     check = build_verification(evidence(RETRAIN, client_membership=nan)).check("client_membership")
     assert check.verdict == "inconclusive"
-    assert "not a finite number" in check.reason
+    assert check.codes == ("invalid",)
     nan_score = ranged(math.nan, 1.5)
     check = build_verification(evidence(RETRAIN, client_membership=nan_score)).check(
         "client_membership"
@@ -789,7 +837,7 @@ def test_the_client_level_test_judges_only_models_trained_like_its_references():
         "client_membership"
     )
     assert check.verdict == "inconclusive"
-    assert "cannot tell the original" in check.reason
+    assert check.codes == ("no_power",)
 
 
 def quickstart_controls(**changes):
@@ -879,7 +927,7 @@ def test_clean_models_at_the_edges_of_the_controls_are_not_flagged():
     v, check = client_check(noisy)
     assert check.power["retrain_flagged"] is True
     assert check.verdict == "warn"
-    assert "Retrain, which never saw" in check.reason
+    assert check.codes == ("flags_retrain",)
     assert v.influence == "not_shown"
 
 
@@ -899,7 +947,7 @@ def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_backdoo
     assert check.verdict == "warn"
     assert check.reference["clean_path"] == {"clean_round_2": 0.35, "clean_round_5": 0.20}
     assert check.threshold["fail"] == pytest.approx(0.35 + VerificationThresholds().backdoor_fail)
-    assert "a clean, less trained model comes as close" in check.reason
+    assert check.codes == ("partly", "less_trained_demoted")
     near = {**RETRAIN, "backdoor_asr": 0.03}
     check = build_verification(evidence(near, client_membership=less, clean_path=path)).check(
         "backdoor"
@@ -924,7 +972,7 @@ def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_backdoo
     # without Retrain's earlier rounds a flag on a less trained model is not `remains`
     v = build_verification(evidence(half, client_membership=less))
     assert v.check("backdoor").verdict == "warn"
-    assert "no clean model this little trained was measured" in v.check("backdoor").reason
+    assert v.check("backdoor").codes == ("partly", "less_trained_unmeasured")
     assert v.influence == "not_shown"
     # a model trained like the references is judged against Retrain alone, as before
     within = ranged(-5.0, 1.5)
@@ -955,7 +1003,7 @@ def _markers(cand, original, extra=None):
 
 
 def _marker_ev(markers, cm):
-    return Evidence(
+    return flat_evidence(
         row=RETRAIN,
         original=ORIGINAL,
         retrain=RETRAIN,
@@ -970,14 +1018,12 @@ def test_a_demoted_marker_flag_with_a_weak_original_is_a_warning_not_a_removal()
     # the flag was turned into a warning before the controls were applied, and a warning with
     # an unflagged original became `inconclusive`: the receipt said `removed`
     ev = _marker_ev(_markers({0: 0.5}, {0: 0.09}), ranged(0.0, 0.3))
-    from fedunlearn.eval.checks import check_markers
 
     assert check_markers(ev, VerificationThresholds()).verdict == "warn"
     assert build_verification(ev).influence == "not_shown"
 
 
 def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
-    from fedunlearn.eval.checks import check_markers
 
     th = VerificationThresholds()
     ev = _marker_ev(
@@ -986,7 +1032,8 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
     )
     check = check_markers(ev, th)
     assert check.verdict == "fail"
-    assert check.reason.startswith("client 1's marker still works")
+    assert check.codes[0] == "survives"
+    assert check.value == check.evidence["per_client"][1]["rate"]  # client 1 is named
     assert check.value == 0.50
     # the raised line is reported whatever the model's rate
     low, high = (
@@ -1004,16 +1051,17 @@ def test_the_marker_reason_names_the_flagged_client_and_its_own_clean_rates():
     )
     check = check_markers(ev, th)
     assert check.verdict == "warn"
-    assert "up to 28.0%" in check.reason
+    assert check.codes == ("partly", "less_trained_demoted")
+    assert check.value == pytest.approx(0.30)  # the demoted client 1 is the one named
 
 
 def test_the_client_level_warning_never_promises_an_unreachable_line():
-    ev = Evidence(
+    ev = flat_evidence(
         row=RETRAIN, original=ORIGINAL, retrain=RETRAIN, client_membership=ranged(3.0, 0.3)
     )
     check = build_verification(ev).check("client_membership")
     assert check.verdict == "warn"
-    assert "no score flags it" in check.reason
+    assert check.codes == ("off_range_warn",)
 
 
 def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
@@ -1030,15 +1078,15 @@ def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
         attackers_total=1,
         attack_kind="label_flip",
     )
-    assert build_verification(Evidence(**base)).check("poisoning").verdict == "fail"
-    less = Evidence(
+    assert build_verification(flat_evidence(**base)).check("poisoning").verdict == "fail"
+    less = flat_evidence(
         **base,
         client_membership=ranged(0.0, 0.3),
         clean_path={"clean_round_5": {"test_accuracy": 0.84}},
     )
     v = build_verification(less)
     assert v.check("poisoning").verdict == "warn"
-    assert "as inaccurate" in v.check("poisoning").reason
+    assert v.check("poisoning").codes == ("partly", "less_trained_demoted")
     assert v.influence != "remains"
     # far below every clean, less trained model: still flagged
     worse = dataclasses.replace(less, row={**flip_r, "test_accuracy": 0.60})
@@ -1047,7 +1095,7 @@ def test_a_less_trained_clean_model_is_not_poisoned_for_its_lower_accuracy():
 
 def test_a_backdoor_flag_on_a_less_trained_model_stays_when_no_clean_model_is_higher():
     retrain = {**RETRAIN, "backdoor_asr": 0.438}
-    ev = Evidence(
+    ev = flat_evidence(
         row={**retrain, "backdoor_asr": 0.538},
         original=ORIGINAL,
         retrain=retrain,

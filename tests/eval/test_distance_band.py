@@ -26,7 +26,8 @@ def test_band_holds_independent_retrains_and_leaves_the_noisy_original_outside(t
         retrain = session.run(make_method("retrain"), request)
         with pytest.raises(ConfigError, match="at least 2"):
             measure_distance_band(session, request, retrain, count=1)
-        verifier = Verifier(session, request, retrain=retrain, distance_retrains=4)
+        band = measure_distance_band(session, request, retrain, count=4)
+        verifier = Verifier(session, request, retrain=retrain, distance_band=band)
         band = verifier.distance_band
         assert band is not None and len(band.relative) == 4
         assert max(band.relative) < band.band < 1.0  # exact retrains sit closer than o

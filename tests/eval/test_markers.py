@@ -9,17 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.support.evidence import flat_evidence
 
 from fedunlearn.config import load_config
 from fedunlearn.eval import Verifier
-from fedunlearn.eval.checks import Evidence, build_verification, check_markers
-from fedunlearn.eval.checks import VerificationThresholds as Th
 from fedunlearn.eval.markers import MarkerEvidence
+from fedunlearn.eval.receipt import VerificationThresholds as Th
+from fedunlearn.eval.receipt import build_verification, run_rule
+from fedunlearn.eval.receipt.rules import markers as markers_rule
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "digits_quickstart.yaml"
 ROW = {"test_accuracy": 0.9}
+
+
+def check_markers(ev, th):
+    return run_rule(markers_rule.RULE, ev, th)
 
 
 def evidence(candidate, original=0.6, retrain=0.05, noisy=0.6, decoy=0.04):
@@ -32,26 +38,27 @@ def evidence(candidate, original=0.6, retrain=0.05, noisy=0.6, decoy=0.04):
         probes={0: 400},
         targets={0: 3},
     )
-    return Evidence(row=ROW, original=ROW, markers=markers)
+    return flat_evidence(ROW, original=ROW, markers=markers)
 
 
 def test_a_model_at_retrains_marker_rate_passes_when_the_original_is_flagged():
     check = check_markers(evidence(0.06), Th())
     assert check.verdict == "pass"
     assert check.power["original_flagged"] is True
-    assert build_verification(evidence(0.06)).influence == "removed"
+    v = build_verification(evidence(0.06))
+    assert (v.influence, v.influence_basis) == ("not_detected", "powered_pass")
 
 
 def test_a_model_whose_marker_still_works_fails():
     check = check_markers(evidence(0.5), Th())
     assert check.verdict == "fail"
-    assert "marker still works" in check.reason
+    assert check.codes == ("survives",)
 
 
 def test_no_power_when_the_original_does_not_carry_the_marker():
     check = check_markers(evidence(0.06, original=0.09, noisy=0.09), Th())
     assert check.verdict == "inconclusive"
-    assert "cannot tell the original" in check.reason
+    assert check.codes == ("no_power",)
 
 
 def test_the_noise_allowance_grows_with_the_reference_rate():
@@ -63,7 +70,8 @@ def test_the_noise_allowance_grows_with_the_reference_rate():
 def test_without_retrain_the_reference_is_the_models_decoy_rate():
     check = check_markers(evidence(0.05, retrain=None), Th())
     assert check.verdict == "pass"
-    assert "decoy" in check.reason
+    assert check.reference["retrain"] is None
+    assert check.evidence["per_client"][0]["reference"] == 0.04  # the decoys' rate
 
 
 def test_without_retrain_only_a_model_that_keeps_the_originals_rate_is_flagged():
@@ -77,9 +85,9 @@ def test_without_retrain_only_a_model_that_keeps_the_originals_rate_is_flagged()
 
 
 def test_without_markers_the_check_is_na_and_hints_at_them():
-    v = build_verification(Evidence(row=ROW, original=ROW))
+    v = build_verification(flat_evidence(ROW, original=ROW))
     assert v.check("markers").verdict == "n/a"
-    assert "participation markers" in v.influence_reason
+    assert "markers" in v.hints
 
 
 @pytest.mark.slow
@@ -102,8 +110,10 @@ def test_markers_flag_the_original_and_not_retrain_on_the_quickstart(tmp_path):
         assert noisy.influence == "remains"
         clean = verifier.audit(retrain.params, "retrain params")[1]  # no lineage: checks only
         assert clean.check("markers").verdict == "pass"
-        assert clean.influence == "removed"
-        assert "participation markers" in clean.influence_reason
+        # no lineage: removed only by construction; the markers (power) flag nothing
+        assert (clean.influence, clean.influence_basis) == ("not_detected", "powered_pass")
+        assert clean.detection_limit is not None and clean.detection_limit["lambda"] is not None
+        assert "participation markers" in clean.detection_limit["by"]
 
 
 def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_markers():
@@ -131,7 +141,7 @@ def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_markers
     unmatched = dataclasses.replace(plain, client_membership=less)
     check = check_markers(unmatched, Th())
     assert check.verdict == "warn"
-    assert "no clean model this little trained was measured" in check.reason
+    assert check.codes == ("partly", "less_trained_unmeasured")
     path = dataclasses.replace(
         plain.markers,
         rates={**plain.markers.rates, "clean_round_3": {0: 0.28}},
@@ -141,7 +151,7 @@ def test_a_less_trained_model_faces_the_clean_less_trained_models_on_the_markers
     check = check_markers(matched, Th())
     assert check.verdict == "warn"  # not flagged, not cleared: a pass needs Retrain's rate
     assert check.reference["clean_path"] == {"clean_round_3": {0: 0.28}}
-    assert "a clean, less trained model comes as close" in check.reason
+    assert check.codes == ("partly", "less_trained_demoted")
     kept = dataclasses.replace(
         matched, markers=dataclasses.replace(path, rates={**path.rates, "candidate": {0: 0.6}})
     )

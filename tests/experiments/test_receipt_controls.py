@@ -3,8 +3,9 @@
 The receipts of the original model plus small Gaussian noise (std 0, 1e-6, 1e-3) must never say
 the influence is ``removed``: for an honest client (client 0), for one of the two backdoor
 attackers, and for recovery from label flipping (the quickstart with ``attack.kind:
-label_flip``). Retrain is ``removed`` where a check has power (the attackers) and by
-construction once its lineage is exact; the ``none`` control is never ``removed``.
+label_flip``). Retrain is ``removed`` by construction (its lineage is exact), and a model
+no check with power flags is ``not_detected``, never ``removed``; the ``none`` control is never
+``removed``.
 """
 
 from dataclasses import replace
@@ -15,6 +16,7 @@ import torch
 
 from fedunlearn.config import load_config
 from fedunlearn.eval import Verifier, client_membership_check
+from fedunlearn.eval.references import continued_controls
 from fedunlearn.fl.client import local_update
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
@@ -44,7 +46,8 @@ def receipts_of(run: Path, forget: list[int], kind: str) -> dict:
         final = session.run_view.final_params
         g = torch.Generator().manual_seed(11)
         noisy = {std: final + torch.randn(final.shape, generator=g) * std for std in NOISE}
-        with_retrain = Verifier(session, request, retrain=retrain)
+        continued = continued_controls(session, request, retrain)[0]
+        with_retrain = Verifier(session, request, retrain=retrain, continued_models=continued)
         alone = Verifier(session, request, judge=with_retrain.judge)
         for label, verifier in (("retrain_ref", with_retrain), ("original_ref", alone)):
             out[label] = {
@@ -81,10 +84,9 @@ def assert_retrain_removed_by_construction_or_not_flagged(receipts: dict, powere
     lineage = receipts["retrain_lineage"]
     receipt = receipts["retrain_ref"]["retrain"]
     if lineage is not None and lineage.exact:
-        assert receipt.influence == "removed"
-        assert receipt.influence_reason.startswith("by construction")
-    elif powered:  # shown by a check with power (backdoor ASR, poisoning's accuracy)
-        assert receipt.influence == "removed", receipt.influence_reason
+        assert (receipt.influence, receipt.influence_basis) == ("removed", "exact_lineage")
+    elif powered:  # a check with power flags nothing: not detected, never removed
+        assert receipt.influence == "not_detected", receipt.influence_reason
     else:
         assert receipt.influence == "not_shown", receipt.influence_reason
 
@@ -97,9 +99,7 @@ def test_an_honest_clients_noisy_original_is_never_removed(quickstart):
     for receipt in receipts["retrain_ref"]["noisy"].values():
         membership = receipt.check("membership")
         assert membership.verdict == "inconclusive"
-        assert "cannot tell the original from a model that never saw client(s) 0" in (
-            membership.reason
-        )
+        assert membership.codes == ("no_power",)
         assert membership.power["shadow"]["original_flagged"] is False
     # with Retrain, a model within 1e-6 of the original is caught by the distance check
     assert receipts["retrain_ref"]["noisy"][1e-6].influence == "remains"
@@ -234,8 +234,7 @@ def test_a_less_trained_clean_model_is_not_flagged_for_the_attackers(quickstart)
         assert check.value > check.threshold["calibrated"]  # the case the range is for
         assert check.evidence["region"] == "below"
         assert check.verdict == "warn", check.reason  # not cleared, never flagged
-        assert "less trained than every reference model" in check.reason
-        assert "not cleared" in check.reason
+        assert check.codes == ("off_range_warn",)
         assert receipt.influence == "not_shown", receipt.influence_reason
         assert original.check("client_membership").verdict == "fail"
         assert original.check("client_membership").evidence["region"] == "within"

@@ -98,17 +98,20 @@ def test_raw_sql_deletion_with_secure_delete_leaves_no_fragment_but_is_listed(tm
 def test_store_without_the_fingerprint_ledger_says_the_scan_is_inconclusive(tmp_path):
     fedavg_store(tmp_path)
     con = sqlite3.connect(tmp_path / "history.sqlite", isolation_level=None)
-    con.executescript(  # a store written before the ledger existed
+    con.executescript(  # a store written before the ledger and the "kept" marker existed
         "DROP TABLE payload_prints; DROP TABLE forget_models; "
-        "DELETE FROM info WHERE key='prints_from_round';"
+        "DELETE FROM info WHERE key IN ('prints_from_round', 'stored_from_round'); "
+        "ALTER TABLE clients DROP COLUMN stored_at;"
     )
     con.close()
     raw_delete(tmp_path, 2, secure=False)
 
-    with HistoryStore.open(tmp_path) as store:
+    with HistoryStore.open(tmp_path) as store:  # read-only: nothing upgrades it
         scan = deletion_evidence(store, [2])["page_scan"]
 
+    # no record of what was kept (no ledger, no marker, no policy that keeps every update)
     assert scan["ran"] is True
+    assert scan["unrecorded"] == []
     assert "before the fingerprint ledger existed" in scan["inconclusive_reason"]
     assert "round 1 client 2" in scan["inconclusive_reason"]
 
@@ -284,9 +287,10 @@ def test_a_dropped_model_equal_to_a_kept_one_is_not_reported_as_left_behind(tmp_
 def test_an_old_store_gets_the_ledger_on_its_first_writable_open_from_the_next_round(tmp_path):
     fedavg_store(tmp_path, rounds=2)
     con = sqlite3.connect(tmp_path / "history.sqlite", isolation_level=None)
-    con.executescript(
+    con.executescript(  # a store written before the ledger and the clients' "kept" marker
         "DROP TABLE payload_prints; DROP TABLE forget_models; "
-        "DELETE FROM info WHERE key='prints_from_round';"
+        "DELETE FROM info WHERE key IN ('prints_from_round', 'stored_from_round'); "
+        "ALTER TABLE clients DROP COLUMN stored_at;"
     )
     con.close()
     with HistoryStore.open(tmp_path, writable=True) as store:  # upgrades the file
@@ -303,6 +307,8 @@ def test_an_old_store_gets_the_ledger_on_its_first_writable_open_from_the_next_r
     with HistoryStore.open(tmp_path) as store:
         check = store.check_deletions([2])
 
-    assert check.unrecorded == ((3, 2),)  # the ledger covers round 3 on
+    # the ledger covers round 3 on; the upgrade marked the updates stored then (rounds 1, 2)
+    # as kept, so the catalogue shows those gone unrecorded too
+    assert check.unrecorded == ((1, 2), (2, 2), (3, 2))
     assert check.fingerprints_found > 0 and not check.ok
-    assert "2 update(s) of these clients in rounds written before" in check.inconclusive_reason
+    assert check.inconclusive_reason is None

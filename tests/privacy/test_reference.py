@@ -7,7 +7,7 @@ import torch
 
 from fedunlearn.config import parse_config
 from fedunlearn.eval import Verifier, reference_retrain
-from fedunlearn.eval.verifier import DPRetrainDetails
+from fedunlearn.eval.references import DPRetrainDetails
 from fedunlearn.experiments.compare import compare_methods
 from fedunlearn.fl.engine import run_rounds
 from fedunlearn.history import HistoryStore

@@ -60,7 +60,8 @@ def test_tables_show_each_verdict_and_every_reason():
     assert "- **crab**: fail" in md
     assert "  - membership: attacks still tell" in md
     assert (
-        "Cheapest method shown to remove the influence with utility ok: **fedrecover** "
+        "Cheapest method whose influence is removed or not detected, with utility ok: "
+        "**fedrecover** "
         "(40 client epochs)." in md
     )
 
@@ -82,11 +83,11 @@ def test_the_influence_verdict_is_shown_and_decides_the_cheapest_method():
             influence_row("retrain", "removed", "ok", 100),
             influence_row("crab", "not_shown", "ok", 10),  # cheaper, but not shown clean
             influence_row("fedrecover", "removed", "degraded", 20),
-            influence_row("federaser", "removed", "ok", 40),
+            influence_row("federaser", "not_detected", "ok", 40),
         ],
     }
     header, rows = table_rows(doc, compact=True)
-    assert [r[-1] for r in rows] == ["remains", "removed", "not_shown", "removed", "removed"]
+    assert [r[-1] for r in rows] == ["remains", "removed", "not_shown", "removed", "not_detected"]
     assert cheapest_passing(doc)["method"] == "federaser"
     md = results_markdown(doc)
     assert "- **crab**: influence not_shown, utility ok, store held (crab why)" in md

@@ -191,7 +191,7 @@ def build_quadratic(tmp_path, corrupt=frozenset()):
             aggregator=fedavg,
             num_rounds=rounds,
             initial_params=w0,
-            final_params=store.read_model(rounds),
+            final_model=store.read_model(rounds),
             evaluate=None,
             meter=meter,
         )
@@ -303,7 +303,7 @@ def test_missing_stored_update_is_refused_before_any_client_work(tmp_path):
             aggregator=fedavg,
             num_rounds=1,
             initial_params=w0,
-            final_params=w0,
+            final_model=w0,
             meter=meter,
         )
         with pytest.raises(UnsupportedHistoryError, match="round 1 client 1"):

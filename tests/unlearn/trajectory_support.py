@@ -70,7 +70,7 @@ def context_on(
         aggregator=session._aggregator,
         num_rounds=last,
         initial_params=store.read_model(0),
-        final_params=store.read_model(last),
+        final_model=store.read_model(last),
         meter=meter,
         evaluate=session.evaluation.evaluate if evaluate else None,
         training=TrainingInfo(training.participation, training.aggregator.name),

@@ -45,6 +45,7 @@ __all__ = [
     "ReferenceOption",
     "ClientTestOption",
     "DistanceRetrainsOption",
+    "ExplainOption",
     "RunArg",
     "ThresholdOption",
     "ThresholdsFileOption",
@@ -95,6 +96,14 @@ DistanceRetrainsOption = Annotated[
         "--distance-retrains",
         help="with --reference retrain (compare: always): the distance check's pass band from "
         "this many (>= 2) independent exact retrains; 0 keeps the fixed line",
+    ),
+]
+ExplainOption = Annotated[
+    bool,
+    typer.Option(
+        "--explain",
+        help="print every check of every receipt with its reason (default: one line per "
+        "method and per check that decides its verdict)",
     ),
 ]
 ThresholdOption = Annotated[

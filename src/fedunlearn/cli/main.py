@@ -25,6 +25,7 @@ from fedunlearn import __version__
 from fedunlearn.cli.common import (
     ClientTestOption,
     DistanceRetrainsOption,
+    ExplainOption,
     FinishedRunArg,
     ForgetOption,
     ForgetSamplesOption,
@@ -674,18 +675,25 @@ def forget(
     from fedunlearn.history.store.reconstruction import reconstructible_updates
     from fedunlearn.history.store.records import format_ids
     from fedunlearn.runs import HISTORY_DIR, forget_clients
+    from fedunlearn.runs.forget import result_files_holding
 
     if vacuum not in ("incremental", "full"):
         raise ConfigError(f"--vacuum must be 'incremental' or 'full'; got {vacuum!r}")
     ids = parse_client_ids(clients)
+    files = result_files_holding(run_dir, ids)  # forget_clients deletes them too
     record = forget_clients(run_dir, ids, vacuum=vacuum)  # type: ignore[arg-type]
     with HistoryStore.open(run_dir / HISTORY_DIR) as store:
         check = store.check_deletions(ids)
         rebuildable = reconstructible_updates(store, ids)
     if as_json:
-        doc = {"record": record.to_dict(), "check": check.to_dict()}
+        doc = {"record": record.to_dict(), "check": check.to_dict(), "removed_files": files}
         print(json.dumps(doc | {"reconstructible": rebuildable}, indent=2))
     else:
+        for entry in files:
+            console.print(
+                f"deleted result file {entry['path']} ({entry['size_bytes']:,} bytes): it held "
+                f"{len(entry['updates'])} update(s) of these clients"
+            )
         rounds: dict[int, list[int]] = {}
         for p in record.payloads:
             rounds.setdefault(p.client_id, []).append(p.round)
@@ -787,6 +795,7 @@ def unlearn(
     threshold: ThresholdOption = None,
     client_test: ClientTestOption = True,
     distance_retrains: DistanceRetrainsOption = 0,
+    explain: ExplainOption = False,
 ) -> None:
     """Remove clients from a trained run with one method; verify it; write the result JSON.
 
@@ -803,8 +812,8 @@ def unlearn(
     samples = parse_forget_samples(forget_samples or [])
     if not forget.strip() and not samples:
         raise ConfigError(
-            "name what to remove: --forget 3,7 (clients), --forget malicious, or "
-            "--forget-samples CLIENT:FILE (samples of a client)"
+            "--forget is empty: name what to remove: --forget 3,7 (clients), --forget "
+            "malicious, or --forget-samples CLIENT:FILE (samples of a client)"
         )
     ids, kind = parse_forget(forget, run_dir) if forget.strip() else ([], "forget")
     if _queued_for_app(run_dir, ids, kind, method, param or [], out, bool(samples)):
@@ -832,7 +841,16 @@ def unlearn(
     out.parent.mkdir(parents=True, exist_ok=True)
     from fedunlearn.experiments import write_result
 
-    write_result(out, summary, result)  # the apply file, then the sealed JSON, both atomically
+    spec = write_result(out, summary, result)  # the apply file, then the sealed JSON, atomically
+    apply_file = out.with_name(spec["file"])
+    updates = sum(len(e.updates) for e in result.trajectory.rounds) if result.trajectory else 0
+    console.print(
+        f"apply file: {apply_file} ({apply_file.stat().st_size:,} bytes; the model"
+        + (f" and {updates} client update(s) of its trajectory" if updates else "")
+        + "): 'fedunlearn apply' consumes it; 'fedunlearn forget' deletes it when it holds a "
+        "forgotten client's update and lies in the run directory",
+        highlight=False,
+    )
     if save_model is not None:
         from fedunlearn.cli.export import run_model, save_result_model
 
@@ -855,7 +873,9 @@ def unlearn(
         f"{summary['costs']['client_epochs']} client epochs, "
         f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
     )
-    receipt.print_verification(summary["verification"], title=f"{method} verification")
+    receipt.print_verification(
+        summary["verification"], title=f"{method} verification", explain=explain
+    )
     if receipt.exit_code(summary["verification"]):
         raise typer.Exit(1)
 
@@ -918,6 +938,7 @@ def compare(
     threshold: ThresholdOption = None,
     client_test: ClientTestOption = True,
     distance_retrains: DistanceRetrainsOption = 0,
+    explain: ExplainOption = False,
 ) -> None:
     """Run several methods on a run, verify each, write results.json/csv/md and PNG plots.
 
@@ -949,7 +970,7 @@ def compare(
         print(json.dumps(doc, indent=2))
     else:
         _print_results(doc)
-        receipt.print_verdicts(doc)
+        receipt.print_verdicts(doc, explain=explain)
         console.print(f"wrote {out}/results.json, results.csv, results.md and plots")
     if receipt.comparison_exit_code(doc):
         raise typer.Exit(1)
@@ -1062,6 +1083,7 @@ def export(
 def demo(
     out: Annotated[Path, typer.Option(help="run directory")] = Path("runs/demo"),
     rounds: Annotated[int | None, typer.Option(help="override the number of rounds")] = None,
+    explain: ExplainOption = False,
 ) -> None:
     """Train on digits with backdoored clients, then compare every unlearning method."""
     from fedunlearn.cli import receipt
@@ -1088,7 +1110,7 @@ def demo(
     plot_results(doc, results)
     _print_results(doc)
     console.print(receipt.LEGEND, style="dim")
-    receipt.print_verdicts(doc)
+    receipt.print_verdicts(doc, explain=explain)
     from fedunlearn.cli.deletion_ready import run_deletion_ready_demo
 
     run_deletion_ready_demo(out, console)

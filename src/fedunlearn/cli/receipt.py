@@ -27,6 +27,7 @@ from rich.table import Table
 from fedunlearn.cli.common import (
     ClientTestOption,
     DistanceRetrainsOption,
+    ExplainOption,
     FinishedRunArg,
     ReferenceOption,
     ThresholdOption,
@@ -63,6 +64,7 @@ _STYLE = {
     "inconclusive": "yellow",
     "n/a": "dim",
     "removed": "bold green",
+    "not_detected": "bold cyan",
     "not_shown": "bold yellow",
     "remains": "bold red",
 }
@@ -73,6 +75,7 @@ _MARK = {
     "inconclusive": "INCONCLUSIVE",
     "n/a": "n/a ",
     "removed": "REMOVED",
+    "not_detected": "NOT DETECTED",
     "not_shown": "NOT SHOWN",
     "remains": "REMAINS",
 }
@@ -84,8 +87,9 @@ LEGEND = (
     "membership-attack AUC on the forgotten clients' clean training data against unseen data "
     "(0.5: the attack cannot tell). L2 retrain: parameter distance to the retrained model. "
     "epochs: local epochs the method asked of the clients (its cost; Retrain's is the price of "
-    "exact unlearning). verdict: the receipt's influence verdict (removed, not_shown, "
-    "remains) and utility (docs/verification.md)."
+    "exact unlearning). verdict: the receipt's influence verdict (removed: by construction, "
+    "an exact lineage; not_detected: no check with power flags it, down to its detection limit; "
+    "not_shown; remains) and utility (docs/verification.md)."
 )
 
 
@@ -105,14 +109,116 @@ def influence_line(verification: Mapping[str, Any]) -> str:
     )
 
 
+_SHARES = frozenset({"backdoor", "markers", "poisoning", "utility"})
+_REFERENCE_NAMES = (
+    ("retrain", "Retrain"),
+    ("clean_measured", "M_0"),
+    ("chance", "chance"),
+    ("original", "original"),
+)
+
+
+def _number(name: str, value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "n/a" if value is None else str(value)
+    return f"{100 * value:.1f}%" if name in _SHARES else f"{value:.3g}"
+
+
+def check_line(check: Mapping[str, Any]) -> str:
+    """One line of a check from its numbers (no prose): mark, title, value, interval, refs."""
+    name, verdict = check["name"], check["verdict"]
+    parts = [f"[{_STYLE[verdict]}]{_MARK[verdict].strip()}[/] {check['title']}"]
+    if check.get("value") is not None and check["aspect"] != "store":
+        text = _number(name, check["value"])
+        decided = (check.get("evidence") or {}).get("decided_by")
+        if name == "membership" and decided:  # which attack's AUC the figures are
+            text = f"{decided} attack AUC {text}"
+        interval = (check.get("evidence") or {}).get("interval")
+        if interval:
+            text += (
+                f" [{_number(name, interval['low'])}, {_number(name, interval['high'])}; "
+                f"n={interval['n']}]"
+            )
+        refs = check.get("reference") or {}
+        shown = [
+            f"{label} {_number(name, refs[key])}"
+            for key, label in _REFERENCE_NAMES
+            if isinstance(refs.get(key), int | float)
+        ]
+        toward = (check.get("evidence") or {}).get("toward_original")
+        if name == "distance" and isinstance(toward, int | float):
+            line = (check.get("threshold") or {}).get("toward")
+            text = f"{text}x the distance, {toward:.2f} of the offset toward the original" + (
+                f" (exact retrains below {line:.2f})" if isinstance(line, int | float) else ""
+            )
+            shown = []
+        parts.append(text + (f" ({', '.join(shown)})" if shown else ""))
+    elif check["aspect"] == "store" and check.get("value"):
+        parts.append(f"{int(check['value']):,} update bytes held")
+    codes = check.get("codes") or []
+    if codes:
+        parts.append("/".join(codes))
+    return ": ".join(parts[:2]) + (f" - {parts[2]}" if len(parts) > 2 else "")
+
+
+def _limit_text(verification: Mapping[str, Any]) -> str:
+    limit = verification.get("detection_limit") or {}
+    if limit.get("lambda") is None:
+        return ""
+    return f" (detection limit: lambda {limit['lambda']:.2f} of the original's offset)"
+
+
+def client_line(entry: Mapping[str, Any]) -> str:
+    """One line of a forgotten client's entry: its verdicts and, if earlier, who removed it."""
+    text = (
+        f"client {entry['client']} ({entry['request']}, {entry['role']}): influence "
+        f"{verdict_text(entry['influence'])}, store {entry['store'].get('status')}"
+    )
+    by = entry.get("removed_by")
+    if by:
+        text += (
+            f" (removed by generation {by['generation']}, {by['method']}; its receipt sha256 "
+            f"{(by.get('receipt_sha256') or 'none')[:12]})"
+        )
+    return text
+
+
+def _deciding(verification: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The checks the verdicts rest on: the influence's; utility, store, method ones that warn."""
+    names = set(verification.get("deciding") or [])
+    return [
+        c
+        for c in verification["checks"]
+        if c["name"] in names or (c["aspect"] != "influence" and c["verdict"] in ("warn", "fail"))
+    ]
+
+
 def print_verification(
-    verification: Mapping[str, Any], *, title: str = "", out: Console | None = None
+    verification: Mapping[str, Any],
+    *,
+    title: str = "",
+    out: Console | None = None,
+    explain: bool = False,
 ) -> None:
-    """Print a receipt: the influence verdict and why, then one line per check with its reason."""
+    """Print a receipt: its verdicts, then one line per check that decides them.
+
+    ``explain``: the influence's reason, every check with its reason, every forgotten client.
+    """
     out = out or console
     refs = ", ".join(verification.get("references", ()))
     head = title or verification.get("subject", "") or "model"
-    out.print(f"{head}: {influence_line(verification)} (references: {refs})", highlight=False)
+    out.print(
+        f"{head}: {influence_line(verification)}{_limit_text(verification)} (references: {refs})",
+        highlight=False,
+    )
+    if not explain:
+        for check in _deciding(verification):
+            out.print(f"  {check_line(check)}", highlight=False)
+        entries = verification.get("clients") or []
+        if any(e["request"] == "earlier" for e in entries):  # a living run: every client
+            for entry in entries:
+                out.print(f"  {client_line(entry)}", highlight=False)
+        return
     if verification.get("influence_reason"):
         out.print(f"  influence: {verification['influence_reason']}", highlight=False)
     for check in verification["checks"]:
@@ -132,29 +238,37 @@ def print_verification(
         )
 
 
-def print_verdicts(doc: Mapping[str, Any], *, out: Console | None = None) -> None:
-    """Print each method's verdict and the reasons of those that did not pass."""
+def print_verdicts(
+    doc: Mapping[str, Any], *, out: Console | None = None, explain: bool = False
+) -> None:
+    """Print each method's verdicts (one line) and its deciding checks (one line each).
+
+    ``explain``: the influence's reason and the reason of every check that did not pass.
+    """
     out = out or console
     for row in doc["methods"]:
         verification = row.get("verification")
         if verification is None:
             continue
         name = row.get("label", row["method"])
-        reasons = verification.get("reasons", [])
-        out.print(f"{name}: {influence_line(verification)}", highlight=False)
-        if verification.get("influence_reason"):
-            out.print(f"  - influence: {verification['influence_reason']}", highlight=False)
-        for reason in reasons:
-            out.print(f"  - {reason}", highlight=False)
+        out.print(f"{name}: {influence_line(verification)}{_limit_text(verification)}")
+        if explain:
+            if verification.get("influence_reason"):
+                out.print(f"  - influence: {verification['influence_reason']}", highlight=False)
+            for reason in verification.get("reasons", []):
+                out.print(f"  - {reason}", highlight=False)
+            continue
+        for check in _deciding(verification):
+            out.print(f"  {check_line(check)}", highlight=False)
     from fedunlearn.report.tables import cheapest_passing
 
     best = cheapest_passing(doc)
     retrain = next((m for m in doc["methods"] if m["method"] == "retrain"), None)
     if best is None:
-        out.print("[bold red]No method was shown to remove the influence with utility ok.[/]")
+        out.print("[bold red]No method's influence was removed or not detected with utility ok.[/]")
     elif retrain is not None and best["method"] != "retrain":
         out.print(
-            "Cheapest method shown to remove the influence with utility ok: "
+            "Cheapest method whose influence is removed or not detected, with utility ok: "
             f"[bold]{best.get('label', best['method'])}"
             f"[/] ({best['client_epochs']:,} client epochs against Retrain's "
             f"{retrain['client_epochs']:,})",
@@ -162,8 +276,8 @@ def print_verdicts(doc: Mapping[str, Any], *, out: Console | None = None) -> Non
         )
     else:
         out.print(
-            "Only Retrain was shown to remove the influence with utility ok: the cheaper "
-            "methods left a trace or could not be shown clean (see above)."
+            "Only Retrain (removed by construction) qualifies: the cheaper methods left a "
+            "trace or could not be judged (--explain says why)."
         )
 
 
@@ -301,6 +415,7 @@ def audit_command(
     reference: ReferenceOption = "original",
     client_test: ClientTestOption = True,
     distance_retrains: DistanceRetrainsOption = 0,
+    explain: ExplainOption = False,
     thresholds: ThresholdsFileOption = None,
     threshold: ThresholdOption = None,
     out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
@@ -357,7 +472,9 @@ def audit_command(
                 table.add_row(label, f"{m[key]:.3f}", f"original {o[key]:.3f}")
         console.print(table)
         print_verification(
-            verification, title=f"{doc['subject']} ({req['kind']} clients {req['forget']})"
+            verification,
+            title=f"{doc['subject']} ({req['kind']} clients {req['forget']})",
+            explain=explain,
         )
     if exit_code(verification):
         raise typer.Exit(1)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedunlearn.unlearn import Verification
-from fedunlearn.unlearn.receipt import influence_verdict
+from fedunlearn.unlearn.receipt import influence_basis, influence_verdict
 from fedunlearn.unlearn.views import RunView
 
 __all__ = ["client_entries"]
@@ -36,15 +36,18 @@ _ATTACKER = frozenset({"backdoor", "poisoning"})
 
 def _influence(
     receipt: Verification, names: frozenset[str]
-) -> tuple[str, str, list[dict[str, str]]]:
+) -> tuple[str, str, str, list[dict[str, str]]]:
     checks = [c for c in receipt.checks if c.aspect != "influence" or c.name in names]
-    verdict, reason = influence_verdict(checks, receipt.lineage, receipt.references)
+    verdict, reason = influence_verdict(
+        checks, receipt.lineage, receipt.references, receipt.detection_limit
+    )
+    basis = influence_basis(checks, receipt.lineage)[1]
     shown = [
         {"check": c.name, "verdict": c.verdict}
         for c in checks
         if c.aspect == "influence" and c.verdict != "n/a"
     ]
-    return verdict, reason, shown
+    return verdict, reason, basis, shown
 
 
 def _store(client: int, deletion: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -93,8 +96,10 @@ def client_entries(
 
     Returns:
         ``[{"client", "request": "new" | "earlier", "role": "attacker" | "honest",
-        "influence", "influence_reason", "checks", "store", "removed_by"}]`` by client id;
-        ``removed_by`` (earlier clients only) names the applied event.
+        "influence", "influence_reason", "basis", "checks", "store", "removed_by"}]`` by
+        client id; ``basis`` is the influence's basis code (``influence_basis``, or
+        ``no_control`` / ``not_attributable`` for an earlier client); ``removed_by`` (earlier
+        clients only) names the applied event.
     """
     events = run.store.events()
     initial_bytes = run.initial_params.numel() * run.initial_params.element_size()
@@ -103,7 +108,7 @@ def client_entries(
     for client in sorted(forget):
         attacker = client in run.malicious
         names = _EVERY_CLIENT | (_ATTACKER if attacker else frozenset())
-        verdict, reason, shown = _influence(receipt, names)
+        verdict, reason, basis, shown = _influence(receipt, names)
         entry: dict[str, Any] = {
             "client": client,
             "request": "earlier" if client in run.applied else "new",
@@ -125,6 +130,7 @@ def client_entries(
                     else ""
                 )
                 verdict = "not_shown"
+                basis = "not_attributable" if flagged else "no_control"
                 reason = flagged + (
                     f"no negative control: client {client} was removed by generation "
                     f"{event.generation} ({event.method}), so the run's current model, the checks' "
@@ -135,6 +141,7 @@ def client_entries(
         entry.update(
             influence=verdict,
             influence_reason=reason,
+            basis=basis,
             checks=shown,
             store=_store(client, deletion),
         )

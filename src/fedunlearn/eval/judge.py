@@ -71,6 +71,8 @@ class Judge:
         request: The clients removed (their clean data are the membership attack's members).
         seed: Seed of the attack's split and shadow models.
         max_shadow_epochs: Cap on the shadow models' local epochs.
+        attacks: Fit the membership attack (shadow models: training); False leaves the
+            membership columns None.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Judge:
         seed: int = 0,
         *,
         max_shadow_epochs: int = 100,
+        attacks: bool = True,
     ) -> None:
         self.run = run
         self.evaluation = evaluation
@@ -98,6 +101,10 @@ class Judge:
         # each sample of the target took part in E local epochs per round it was sampled in
         exposures = math.ceil(spec.epochs * run.num_rounds * training.participation)
         self.shadow_epochs = max(1, min(max_shadow_epochs, exposures))
+        self.attack: ShadowAttack | None = None
+        if not attacks:  # no membership attack: its columns stay None (no shadow training)
+            self.members = None
+            return
         self.attack = ShadowAttack.fit(
             run.model,
             x_test[shadow_idx],
@@ -158,6 +165,13 @@ class Judge:
             "test_loss": quality["test_loss"],
             "backdoor_asr": quality.get("backdoor_asr"),
             "backdoor_asr_forgotten": None,
+            # the inputs each share was measured on (its confidence interval's n)
+            "test_samples": len(evaluation.y_test),
+            "backdoor_samples": (
+                int((evaluation.y_test != evaluation.target_label).sum())
+                if evaluation.trigger is not None
+                else None
+            ),
         }
         if evaluation.trigger is not None and self.forgotten_clean:
             row["backdoor_asr_forgotten"] = client_backdoor_success_rate(
@@ -168,7 +182,7 @@ class Judge:
                 evaluation.target_label,
             )
         row.update(dict.fromkeys(_MIA_KEYS))
-        if self.members is not None:
+        if self.members is not None and self.attack is not None:
             mia = self.attack.evaluate(
                 params, self.members.x, self.members.y, self.nonmembers.x, self.nonmembers.y
             )

@@ -11,8 +11,8 @@ number of random pixels, the same target).
 the probe inputs; ``probe.rates(params)`` measures one model (marker and decoy rate per client),
 and ``probe.evidence(candidate, controls)`` bundles the candidate's rates with those of the
 controls (the original: negative; Retrain: positive) as ``MarkerEvidence`` for the receipt's
-``markers`` check (``fedunlearn.eval.checks``). docs/verification.md ("Participation markers")
-gives the rule and its measured power and utility cost.
+``markers`` rule (``fedunlearn.eval.receipt.rules.markers``). docs/verification.md
+("Participation markers") gives the rule and its measured power and utility cost.
 
 Deployment: the marker is the client's secret. The simulation's receipt reads it from the
 run's evaluation view; in a deployment the client downloads the model and runs the probe on

@@ -30,20 +30,13 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError, IntegrityError
-from fedunlearn.eval import (
-    VerificationThresholds,
-    Verifier,
-    client_membership_check,
-    reference_retrain,
-)
+from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
+from fedunlearn.eval.plan import ReceiptOptions, open_receipts
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.compare import (
-    RESULTS_SCHEMA_VERSION,
-    Progress,
-    check_distance_retrains,
-)
+from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
 from fedunlearn.history.digest import check_seal, seal
+from fedunlearn.history.result_file import tensor_sha256
 from fedunlearn.models.flat import get_flat_params
 from fedunlearn.runs import run_fingerprint
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
@@ -190,6 +183,57 @@ def _result_claims(
     )
 
 
+def _check_same_model(result: Mapping[str, Any], params: torch.Tensor, source: str) -> None:
+    """Refuse a result that names another model than the one audited (its SHA-256)."""
+    named = (result.get("apply") or {}).get("model_sha256")
+    if named is not None and named != tensor_sha256(params):
+        raise IntegrityError(
+            f"{source} is the result of another model (its model SHA-256 {str(named)[:12]}... "
+            f"differs from the audited model's {tensor_sha256(params)[:12]}...); its claims are "
+            "not this model's. Audit the model it wrote, or drop --result"
+        )
+
+
+def _replay_exact(
+    result: Mapping[str, Any],
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    params: torch.Tensor,
+    source: str,
+) -> None:
+    """Recompute an exact result and refuse the claim unless it comes out bit for bit.
+
+    An exact lineage is what ``removed`` rests on, and a result file is the server's word: the
+    seal is a checksum anyone can recompute. The replay runs the named method with its
+    parameters on this run and request (deterministic: docs/architecture.md, "Where a
+    bit-identity claim holds"); the claim holds when the replay's own lineage is exact and
+    its model is bitwise the audited one.
+    """
+    from fedunlearn.unlearn import make_method
+
+    samples = {int(c): [int(i) for i in ids] for c, ids in _samples_of(result).items()}
+    replayed = session.run(
+        make_method(str(result.get("method", "")), result.get("params") or {}),
+        UnlearnRequest.of(sorted(request.forget), request.kind, samples) if samples else request,
+    )
+    if replayed.lineage is None or not replayed.lineage.exact:
+        raise IntegrityError(
+            f"{source} claims an exact lineage, but replaying {result.get('method')} on this run "
+            "reads the forgotten clients' influence (its lineage is "
+            f"{replayed.lineage.kind if replayed.lineage else 'none'}); the claim is refused"
+        )
+    if tensor_sha256(replayed.params) != tensor_sha256(params):
+        raise IntegrityError(
+            f"{source} claims an exact lineage, but replaying {result.get('method')} on this run "
+            "does not reproduce the audited model bit for bit; the claim is refused"
+        )
+
+
+def _samples_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    samples = (result.get("request") or {}).get("samples") or {}
+    return samples if isinstance(samples, Mapping) else {}
+
+
 def forgotten_clients(session: UnlearnSession) -> list[int]:
     """Return the clients the run's store has deleted (its forget log), sorted."""
     ids: set[int] = set()
@@ -244,7 +288,13 @@ def audit_model(
         ConfigError: if no client is named and the store deleted none, the model does not
             fit the run, or the result is of another request.
     """
-    check_distance_retrains(distance_retrains, reference)
+    options = ReceiptOptions(
+        reference,
+        thresholds,
+        client_test=client_test,
+        distance_retrains=distance_retrains,
+        seed=seed,
+    )
     result_doc: Mapping[str, Any] | None = None
     source = "the result"
     if isinstance(result, str | Path):
@@ -276,30 +326,26 @@ def audit_model(
         method = None
         if result_doc is not None:
             _check_same_run(result_doc, session, source)
+            _check_same_model(result_doc, params, source)
             warnings, lineage, method, assumptions = _result_claims(result_doc, request, source)
-        if progress is not None and reference == "retrain":
+        exact = lineage is not None and lineage.exact
+        if exact and result_doc is not None:
+            if progress is not None:
+                progress.on_step("replaying the exact result")
+            _replay_exact(result_doc, session, request, params, source)
+        if progress is not None and reference == "retrain" and not exact:
             progress.on_method("retrain", 1, 1)
-        retrain = reference_retrain(
+        receipts = open_receipts(
             session,
             request,
-            reference,
+            options,
+            exact=exact,
             progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
         )
         if progress is not None:
             progress.on_step("verifying")
-        membership = (
-            client_membership_check(session, request, retrain, seed=seed) if client_test else None
-        )
-        verifier = Verifier(
-            session,
-            request,
-            thresholds=thresholds,
-            retrain=retrain,
-            seed=seed,
-            client_membership=membership,
-            distance_retrains=distance_retrains,
-        )
-        row, verification = verifier.audit(
+        verifier = receipts.verifier
+        row, verification = receipts.audit(
             params, subject, warnings=warnings, lineage=lineage, assumptions=assumptions
         )
         receipt = verification.to_dict()

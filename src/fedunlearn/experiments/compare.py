@@ -24,16 +24,11 @@ import torch
 
 import fedunlearn
 from fedunlearn.config import RunConfig
-from fedunlearn.errors import ConfigError
-from fedunlearn.eval import (
-    VerificationThresholds,
-    Verifier,
-    client_membership_check,
-    reference_retrain,
-)
+from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.judge import Judge, finite_or_none
-from fedunlearn.eval.verifier import clean_path
+from fedunlearn.eval.plan import ReceiptOptions, open_receipts
+from fedunlearn.eval.references import clean_path
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.privacy.guarantees import result_privacy
 from fedunlearn.privacy.releases import method_release
@@ -131,6 +126,13 @@ def compare_methods(
         The ``results.json`` document (see ``docs/results_format.md``); every method row has a
         ``verification`` block.
     """
+    options = ReceiptOptions(
+        "retrain",
+        thresholds,
+        client_test=client_test,
+        distance_retrains=distance_retrains,
+        seed=seed,
+    )
     params = params or {}
     names = _ordered(methods)
     unlearners = {n: make_method(n, params.get(n)) for n in names}  # validate before work
@@ -157,29 +159,17 @@ def compare_methods(
             results[name] = replace(result, trajectory=None)
         if progress is not None:
             progress.on_step("verifying")
-        membership = None
-        if client_test:
-            if progress is not None:
-                progress.on_step("fitting the client-level membership test")
-            membership = client_membership_check(
-                session, request, results["retrain"], seed=seed, path=retrain_path
-            )
-        reference = results["retrain"]
-        reference_path: dict[str, torch.Tensor] | None = retrain_path
-        dp = run.config.privacy
-        if dp.enabled and dp.dp_scope == "train_and_store":  # a DP run: judge against DP Retrain
-            reference = reference_retrain(session, request, "retrain") or reference
-            reference_path = None  # the DP Retrain's own trajectory
-        verifier = Verifier(
+        if client_test and progress is not None:
+            progress.on_step("fitting the client-level membership test")
+        receipts = open_receipts(
             session,
             request,
-            thresholds=thresholds,
-            retrain=reference,
+            options,
+            retrain=results["retrain"],
+            retrain_path=retrain_path,
             judge=judge,
-            client_membership=membership,
-            distance_retrains=distance_retrains,
-            clean_path_models=reference_path,
         )
+        verifier = receipts.verifier
         rows = []
         retrain_epochs = results["retrain"].costs.client_epochs
         for name in names:
@@ -196,9 +186,8 @@ def compare_methods(
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
             row["lineage"] = result.lineage.to_dict() if result.lineage is not None else None
-            row["verification"] = verifier.verification(
-                row, result.details, name, lineage=result.lineage, params=result.params
-            ).to_dict()
+            receipt = receipts.receipt(row, result, shared_by=len(names))
+            row["verification"] = receipt.to_dict()
             rows.append(row)
         config = run.config.model_dump(mode="json")
         session_request = session.request_summary(request)
@@ -237,19 +226,6 @@ def _result_privacy(
     return result_privacy(
         run_privacy(config, store), released_dp=release is not None, reason=reason
     )
-
-
-def check_distance_retrains(count: int, reference: str) -> None:
-    """Refuse a distance band that cannot be measured (one line, before any work)."""
-    if count == 1 or count < 0:
-        raise ConfigError(
-            f"--distance-retrains must be 0 (the fixed pass line) or at least 2 (a measured "
-            f"spread); got {count}"
-        )
-    if count and reference != "retrain":
-        raise ConfigError(
-            "--distance-retrains measures the band around Retrain: add --reference retrain"
-        )
 
 
 def unlearn_one(
@@ -293,7 +269,13 @@ def unlearn_one(
         evaluate_rounds: Evaluate the model after every unlearning round (round metrics and
             progress); False evaluates the result only (a benchmark's wall time is the method's).
     """
-    check_distance_retrains(distance_retrains, reference if verify else "retrain")
+    options = ReceiptOptions(
+        reference if verify else "retrain",
+        thresholds,
+        client_test=client_test,
+        distance_retrains=distance_retrains,
+        seed=seed,
+    )
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind, samples)
     with UnlearnSession(run_dir, evaluate=evaluate_rounds) as session:
@@ -319,30 +301,20 @@ def unlearn_one(
             "privacy": _result_privacy(run.config, run.store, method, unlearner.params),
         }
         if verify:
-            if progress is not None and reference == "retrain":
+            exact = result.lineage is not None and result.lineage.exact
+            if progress is not None and reference == "retrain" and not exact:
                 progress.on_method("retrain", 2, 2)
-            retrain = reference_retrain(
-                session, request, reference, progress=_round_progress(progress, "retrain")
+            receipts = open_receipts(
+                session,
+                request,
+                options,
+                exact=exact,
+                progress=_round_progress(progress, "retrain"),
             )
             if progress is not None:
                 progress.on_step("verifying")
-            # an exact lineage is shown by construction: no reference models to train for it
-            exact = result.lineage is not None and result.lineage.exact
-            membership = (
-                client_membership_check(session, request, retrain, seed=seed)
-                if client_test and not exact and request.forget
-                else None
-            )
-            verifier = Verifier(
-                session,
-                request,
-                thresholds=thresholds,
-                retrain=retrain,
-                seed=seed,
-                client_membership=membership,
-                distance_retrains=distance_retrains,
-            )
-            result = verifier.verify(result)
+            verifier = receipts.verifier
+            result = receipts.verify(result)
             if result.verification is not None:
                 summary["verification"] = result.verification.to_dict()
                 # one entry per forgotten client, new and earlier (a living run: eval.generations)

@@ -116,10 +116,7 @@ def run_round(
         log.warning("round %d: no usable update; the global model is unchanged", round_)
         aggregate = torch.zeros_like(global_params)
     new_params = global_params + aggregate
-    metrics: dict[str, float] = {}
-    metrics.update(mean_train_loss(accepted))
-    if evaluate is not None:
-        metrics.update(evaluate(new_params))
+    metrics = _round_metrics(accepted, new_params, evaluate)
     return RoundRecord(
         round=round_,
         global_before=global_params,
@@ -130,6 +127,16 @@ def run_round(
         metrics=metrics,
         multiplicity=dict(draw.multiplicity) if draw is not None and not draw.size_weighted else {},
     )
+
+
+def _round_metrics(
+    accepted: Sequence[ClientUpdate], params: torch.Tensor, evaluate: Evaluator | None
+) -> dict[str, float]:
+    """A round's metrics: the uploads' sample-weighted training loss and the evaluation."""
+    metrics = mean_train_loss(accepted)
+    if evaluate is not None:
+        metrics.update(evaluate(params))
+    return metrics
 
 
 def run_rounds(
@@ -254,10 +261,7 @@ def run_sharded_round(
         rejected += record.rejected
         multiplicity.update(record.multiplicity)
     before, new = combine(shard_params), combine(after)
-    metrics: dict[str, float] = {}
-    metrics.update(mean_train_loss(updates))
-    if evaluate is not None:
-        metrics.update(evaluate(new))
+    metrics = _round_metrics(updates, new, evaluate)
     if ensemble is not None:
         metrics.update(ensemble(after))
     return RoundRecord(

@@ -29,6 +29,7 @@ _VERDICT_MARKERS = {
     "warn": "^",
     "fail": "X",
     "removed": "o",
+    "not_detected": "D",
     "not_shown": "^",
     "remains": "X",
     None: "s",
@@ -200,7 +201,7 @@ def _tradeoff(doc: dict[str, Any], out: Path) -> Path:
             markeredgecolor="black",
             label=v,
         )
-        for v in ("removed", "not_shown", "remains")
+        for v in ("removed", "not_detected", "not_shown", "remains")
     ]
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
     fig.suptitle("quality against cost (marker: the receipt's influence verdict)", fontsize=11)

@@ -1,9 +1,9 @@
 """Write a results document as results.json, results.csv and results.md; name the cheapest pass.
 
-Every table shows each method's verdict (its receipt's influence verdict: removed, not_shown,
-remains; older documents: the worst check); results.md lists the influence verdict with its
-reason, the utility and store verdicts, and the reason of every check that did not pass, so a
-failing method is never shown without saying so.
+Every table shows each method's verdict (its receipt's influence verdict: removed,
+not_detected, not_shown, remains; older documents: the worst check); results.md lists the
+influence verdict with its reason, the utility and store verdicts, and the reason of every
+check that did not pass, so a failing method is never shown without saying so.
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ def _cell(row: dict[str, Any], key: str) -> Any:
 
 
 def verdict(row: dict[str, Any]) -> str | None:
-    """Return a row's influence verdict (``removed``, ``not_shown``, ``remains``), or None.
+    """Return a row's influence verdict, or None.
 
+    ``removed``, ``not_detected``, ``not_shown`` or ``remains``.
     Documents written before the influence verdict existed give their overall verdict.
     """
     verification = row.get("verification")
@@ -129,13 +130,17 @@ def verdict(row: dict[str, Any]) -> str | None:
 
 def _shown_clean(verification: dict[str, Any]) -> bool:
     if "influence" in verification:
-        return verification["influence"] == "removed" and verification.get("utility") == "ok"
+        return verification["influence"] in ("removed", "not_detected") and (
+            verification.get("utility") == "ok"
+        )
     return verification.get("model_verdict", verification["verdict"]) == "pass"
 
 
 def cheapest_passing(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """Return the cheapest row shown to remove the influence with utility ok, or None.
+    """Return the cheapest row with influence removed or not detected and utility ok, or None.
 
+    ``removed``: by construction (an exact lineage); ``not_detected``: no check with power
+    flags it.
     The store verdict does not count: whether the store still holds the forgotten clients'
     updates is the same for every method of a request. Older documents: ``model_verdict``.
     """
@@ -175,12 +180,12 @@ def _reason_lines(doc: dict[str, Any]) -> list[str]:
     if best is not None:
         lines += [
             "",
-            "Cheapest method shown to remove the influence with utility ok: "
+            "Cheapest method whose influence is removed or not detected, with utility ok: "
             f"**{best.get('label', best['method'])}** "
             f"({best['client_epochs']:,} client epochs).",
         ]
     elif lines:
-        lines += ["", "No method was shown to remove the influence with utility ok."]
+        lines += ["", "No method's influence was removed or not detected with utility ok."]
     return lines
 
 

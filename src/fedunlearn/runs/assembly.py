@@ -31,7 +31,8 @@ def resolve_config(config: RunConfig) -> RunConfig:
             store_only`` is combined with a policy that does not store noised copies.
     """
     history = resolve_history(config.history)
-    budget_schedule(config.privacy.budget)  # a typo in the schedule fails before any training
+    if config.privacy.enabled:  # a typo in the schedule fails before any training; a run
+        budget_schedule(config.privacy.budget)  # without DP needs no schedule (no plugin)
     if config.privacy.enabled and config.privacy.dp_scope == "store_only":
         if not POLICIES.get(history.policy).applies_store_transform:
             able = [n for n in POLICIES.names() if POLICIES.get(n).applies_store_transform]

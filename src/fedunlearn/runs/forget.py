@@ -1,7 +1,8 @@
 """Forgetting clients' stored updates from a run directory, and the evidence that they are gone.
 
 ``forget_clients`` deletes the clients' payloads from the run's history (``HistoryStore.forget``:
-secure delete, space given back, a deletion record kept in the store). ``deletion_evidence``
+secure delete, space given back, a deletion record kept in the store) and the result files in
+the run directory that hold their updates (``result_files_holding``). ``deletion_evidence``
 gathers, for a run and a set of clients, what a receipt needs as one JSON-ready dict: the
 deletion records (rounds, sizes, SHA-256 of each deleted payload and dropped model, time, bytes
 reclaimed), a fresh check that every deleted payload is unreadable and none of its pages is left
@@ -23,10 +24,52 @@ from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
-from fedunlearn.history.store.reconstruction import reconstructible_updates
+from fedunlearn.runs.participation import participation_gaps
 from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
 
-__all__ = ["deletion_evidence", "forget_clients"]
+__all__ = ["deletion_evidence", "forget_clients", "result_files_holding"]
+
+APPLY_SUFFIX = ".apply.safetensors"
+
+
+def _updates_in(path: Path) -> set[tuple[int, int]]:
+    """(round, client) of every update an apply file's trajectory holds (its header only)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            keys = list(fh.keys())
+    except Exception:  # not readable as safetensors: not a result file of ours
+        return set()
+    out = set()
+    for key in keys:
+        head, dot, tail = key.partition(".u")
+        if dot and head.startswith("r") and head[1:].isdigit() and tail.isdigit():
+            out.add((int(head[1:]), int(tail)))
+    return out
+
+
+def result_files_holding(run_dir: str | Path, client_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """Return the result files in ``run_dir`` that hold updates of ``client_ids``.
+
+    An ``unlearn --out`` inside the run directory leaves ``R.apply.safetensors`` (the method's
+    model and trajectory, with every update it kept bit for bit); forgetting a client must
+    delete its updates there too. Each entry: ``{"path", "size_bytes", "updates": [[round,
+    client], ...]}``.
+    """
+    wanted = set(client_ids)
+    found = []
+    for path in sorted(Path(run_dir).rglob(f"*{APPLY_SUFFIX}")):
+        held = sorted(p for p in _updates_in(path) if p[1] in wanted)
+        if held:
+            found.append(
+                {
+                    "path": str(path),
+                    "size_bytes": path.stat().st_size,
+                    "updates": [list(p) for p in held],
+                }
+            )
+    return found
 
 
 def _store_dir(run_dir: Path) -> Path:
@@ -51,11 +94,16 @@ def forget_clients(
     *,
     vacuum: Literal["incremental", "full"] = "incremental",
 ) -> DeletionRecord:
-    """Delete every stored update of ``client_ids`` from a run's history.
+    """Delete every stored update of ``client_ids`` from a run's history and run directory.
 
     Takes the run's writer lock (refused while a training or another forget writes the run).
     Refused, like ``apply`` and ``unlearn``, when ``config.yaml`` is not the run's (it differs
-    from the store's copy) or the store's metadata was changed.
+    from the store's copy) or the store's metadata was changed, and for an isolated-shards run
+    whose clients were not applied yet. Besides the store (``HistoryStore.forget``: the updates,
+    the models that rebuild them, the clients' per-round norms and inner products), it deletes
+    every result file in the run directory that holds one of their updates
+    (``result_files_holding``: an apply file written by ``unlearn --out`` there and never
+    applied).
 
     Args:
         run_dir: The run directory.
@@ -82,7 +130,10 @@ def forget_clients(
                 "result for them first (it replaces every round that used them, leaving nothing "
                 "to forget); nothing was changed"
             )
-        return store.forget(ids, vacuum=vacuum)
+        record = store.forget(ids, vacuum=vacuum)
+    for entry in result_files_holding(run_dir, ids):  # their updates, outside the store
+        Path(entry["path"]).unlink(missing_ok=True)
+    return record
 
 
 def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[str, Any]:
@@ -99,8 +150,11 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         ``{"run_dir", "store", "checked_at", "client_ids", "forgotten": {client: bool},
         "records": [DeletionRecord dicts, these clients' payloads only], "check":
         DeletionCheck dict, "page_scan": {"ran", "fragments_found", "inconclusive_reason"},
-        "reconstructible": [[round, client], ...], "ok"}``; ``ok`` is True when every client
-        was forgotten, the check passed and no deleted update can be rebuilt from the store.
+        "reconstructible": [[round, client], ...], "result_files", "evidence", "ok"}``
+        (``evidence``: ``HistoryStore.deletion_evidence`` with the run directory's result files,
+        the receipt's JSON); ``ok`` is True when every client was forgotten, the check passed
+        (the catalogue's account included), no deleted update can be rebuilt from the store
+        and no result file in the run directory holds one.
 
     Raises:
         HistoryError: Not a run directory.
@@ -110,9 +164,11 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
     with HistoryStore.open(_store_dir(run_dir)) as store:
         records = store.deletion_records(ids)
         logged = {entry.client_id for entry in store.forget_records()}
-        check = store.check_deletions(ids)
-        rebuildable = reconstructible_updates(store, ids)
+        evidence = store.deletion_evidence(ids)
+        gaps = participation_gaps(store, ids)  # rows deleted by hand with the updates
         file = str(store.file)
+    evidence = evidence.with_result_files(result_files_holding(run_dir, ids))
+    check, rebuildable = evidence.check, [list(p) for p in evidence.reconstructible]
     forgotten = {str(c): c in logged for c in ids}
     return {
         "run_dir": str(run_dir),
@@ -128,5 +184,13 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
             "inconclusive_reason": check.inconclusive_reason,
         },
         "reconstructible": rebuildable,
-        "ok": all(forgotten.values()) and check.ok and not rebuildable,
+        "result_files": list(evidence.result_files),
+        "participation": gaps,
+        # what the receipt's deletion check reads
+        "evidence": evidence.to_dict() | {"participation": gaps},
+        "ok": all(forgotten.values())
+        and check.ok
+        and not rebuildable
+        and not evidence.result_files
+        and not gaps["missing"],
     }

@@ -8,8 +8,8 @@
 - ``start_from(round)``: read the stored global model the method starts from and declare it
   (every method calls it once, where its algorithm starts); ``lineage(forget, params)`` turns
   the log into the result's ``Lineage`` (``Unlearner.unlearn`` calls it). ``initial_params``
-  and ``final_params`` are for shapes and dtypes: a method reads its models through
-  ``history`` or ``start_from``, so the log sees them;
+  is for shapes and dtypes: a method reads its models through ``history`` or ``start_from``,
+  so the log sees them; ``final_params`` (M_T) is logged as a read of the last global model;
 - ``clients``: the run's clients (``fl.clients.RunClients``: ids, sizes, ``train(TrainTask)``,
   the run seed and the model template) restricted to the *remaining* ones
   (``RemainingClients``), counting every local training request (participations, local epochs,
@@ -243,7 +243,7 @@ class UnlearnContext:
     aggregator: Aggregator
     num_rounds: int
     initial_params: torch.Tensor
-    final_params: torch.Tensor
+    final_model: torch.Tensor  # M_T unlogged: shapes, dtypes, digests (``final_params`` logs)
     meter: CostMeter
     evaluate: Evaluator | None = None
     training: TrainingInfo = field(default_factory=TrainingInfo)
@@ -274,9 +274,22 @@ class UnlearnContext:
         """
         digest = hashlib.sha256(
             f"{method}|{sorted(forget)}|".encode()
-            + self.final_params.detach().to(torch.float32).cpu().numpy().tobytes()
+            + self.final_model.detach().to(torch.float32).cpu().numpy().tobytes()
         ).digest()
         return int.from_bytes(digest[:7], "little") or 1
+
+    @property
+    def final_params(self) -> torch.Tensor:
+        """M_T, the run's last global model; using it is a read of that model (lineage).
+
+        A result computed from M_T (even 0.999 M_T + 0.001 M_0) carries the forgotten
+        clients' influence, so asking for it is logged like ``history.read_model``: a method
+        that needs only its shape or dtype reads ``initial_params``.
+        """
+        log = getattr(self.history, "log", None)
+        if log is not None:
+            log.record("global", self.num_rounds)
+        return self.final_model
 
     @property
     def has_reference_set(self) -> bool:
@@ -430,9 +443,9 @@ class UnlearnContext:
         returned = (
             [final]
             if final not in log.reads
-            and params.shape == self.final_params.shape
-            and params.dtype == self.final_params.dtype
-            and torch.equal(params.detach().cpu(), self.final_params.cpu())
+            and params.shape == self.final_model.shape
+            and params.dtype == self.final_model.dtype
+            and torch.equal(params.detach().cpu(), self.final_model.cpu())
             else []
         )
         return trace_lineage(

@@ -3,8 +3,9 @@
 A ``Verification`` is what verifying one model against one request found: a tuple of ``Check``
 values (each a measured value, the reference it was judged against, the threshold, the check's
 measured power and a verdict ``pass``, ``warn``, ``fail``, ``inconclusive`` or ``n/a``, with one
-sentence saying why), and three separate verdicts: **influence** (``removed``, ``not_shown``,
-``remains``: from the checks with power and the result's lineage), **utility** (``ok``,
+sentence saying why), and three separate verdicts: **influence** (``removed`` by construction only,
+``not_detected`` with the receipt's detection limit, ``not_shown``, ``remains``: from the checks
+with power and the result's lineage), **utility** (``ok``,
 ``degraded``, ``unknown``) and **store** (``deleted``, ``held``, ``damaged``, ``unknown``). The
 summary line and the command-line exit codes follow the influence verdict; ``verdict`` (the
 worst check) is kept for tables.
@@ -31,6 +32,7 @@ __all__ = [
     "Check",
     "Verdict",
     "Verification",
+    "influence_basis",
     "influence_verdict",
     "overall_verdict",
 ]
@@ -39,8 +41,8 @@ Verdict = Literal["pass", "warn", "fail", "inconclusive", "n/a"]
 VERDICTS: tuple[str, ...] = ("pass", "warn", "fail", "inconclusive", "n/a")
 _SEVERITY = {"n/a": 0, "pass": 1, "inconclusive": 2, "warn": 3, "fail": 4}
 Aspect = Literal["influence", "utility", "store", "method"]
-Influence = Literal["removed", "not_shown", "remains"]
-INFLUENCE_VERDICTS: tuple[str, ...] = ("removed", "not_shown", "remains")
+Influence = Literal["removed", "not_detected", "not_shown", "remains"]
+INFLUENCE_VERDICTS: tuple[str, ...] = ("removed", "not_detected", "not_shown", "remains")
 
 
 def _json_number(value: Any) -> Any:
@@ -113,6 +115,8 @@ class Check:
             ``separation_se``: the original's distance from the reference in standard errors).
         decisive: Whether a pass of this check can show that the influence is removed (a
             distance can be small for a model that still carries it: not decisive).
+        codes: Why the verdict is what it is, as stable codes (``survives``, ``no_power``,
+            ...); ``reason`` is their rendering (docs/verification.md lists them).
     """
 
     name: str
@@ -127,6 +131,7 @@ class Check:
     aspect: Aspect = "influence"
     power: dict[str, Any] = field(default_factory=dict)
     decisive: bool = True
+    codes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -148,6 +153,7 @@ class Check:
                 "aspect": self.aspect,
                 "power": dict(self.power),
                 "decisive": self.decisive,
+                "codes": list(self.codes),
             }
         )
 
@@ -158,42 +164,42 @@ def overall_verdict(checks: tuple[Check, ...] | list[Check]) -> Verdict:
     return {4: "fail", 3: "warn", 2: "inconclusive"}.get(worst, "pass")
 
 
-def _hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...]) -> list[str]:
-    """Return what would give evidence about the influence, in words."""
-    hints = []
+HINTS = {
+    "retrain_reference": "a Retrain reference (--reference retrain)",
+    "client_test": "the client-level membership test",
+    "markers": "participation markers embedded when the client trained",
+}
+
+
+def hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...]) -> list[str]:
+    """Return what would give evidence about the influence, as codes (``HINTS``)."""
+    found = []
     if "retrain" not in references:
-        hints.append("a Retrain reference (--reference retrain)")
+        found.append("retrain_reference")
     names = {c.name: c for c in checks}
     client = names.get("client_membership")
     if client is None or client.verdict == "n/a":
-        hints.append("the client-level membership test")
+        found.append("client_test")
     markers = names.get("markers")
     if markers is None or markers.verdict == "n/a":
-        hints.append("participation markers embedded when the client trained")
-    return hints
+        found.append("markers")
+    return found
 
 
-def influence_verdict(
-    checks: tuple[Check, ...] | list[Check],
-    lineage: dict[str, Any] | None,
-    references: tuple[str, ...] = ("original",),
-) -> tuple[Influence, str]:
-    """Return the influence verdict and one sentence saying why.
+def influence_basis(
+    checks: tuple[Check, ...] | list[Check], lineage: dict[str, Any] | None
+) -> tuple[Influence, str, list[Check]]:
+    """Return the influence verdict, its basis (a code) and the checks it rests on.
 
-    ``removed``: the lineage is ``exact`` (by construction), or a decisive influence check with
-    power passes and none fails or warns. ``remains``: an influence check with power flags the
-    model (and the lineage is not exact). ``not_shown``: neither; the sentence says what would
-    give evidence.
+    Bases: ``exact_lineage`` (removed), ``flagged`` (remains), ``powered_pass``
+    (not_detected), ``method_warns``, ``check_warns``, ``no_power`` (not_shown).
     """
     influence = [c for c in checks if c.aspect == "influence"]
     flagged = [c for c in influence if c.verdict == "fail"]
     if lineage is not None and lineage.get("kind") == "exact":
-        reason = "by construction: " + (lineage.get("reason") or "exact lineage")
-        if flagged:
-            reason += " (note: " + "; ".join(f"{c.title} flags it" for c in flagged) + ")"
-        return "removed", reason
+        return "removed", "exact_lineage", flagged
     if flagged:
-        return "remains", "; ".join(f"{c.title}: {c.reason}" for c in flagged)
+        return "remains", "flagged", flagged
     shown = [c for c in influence if c.verdict == "pass" and c.decisive]
     warned = [c for c in influence if c.verdict == "warn"]
     # the method itself says its result may keep the influence (e.g. Crab's paper rollback
@@ -201,14 +207,67 @@ def influence_verdict(
     # overrule it
     method = [c for c in checks if c.aspect == "method" and c.verdict in ("warn", "fail")]
     if shown and not warned and not method:
-        return "removed", "shown by " + ", ".join(c.title for c in shown) + " (checks with power)"
+        return "not_detected", "powered_pass", shown
     if shown and method:
-        why = "; ".join(f"the method warns: {c.reason}" for c in method)
-    elif warned:
-        why = "; ".join(f"{c.title} warns: {c.reason}" for c in warned)
+        return "not_shown", "method_warns", method
+    if warned:
+        return "not_shown", "check_warns", warned
+    return "not_shown", "no_power", []
+
+
+def limit_words(limit: dict[str, Any] | None) -> str:
+    """The detection limit in words (``Verification.detection_limit``)."""
+    if not limit or limit.get("lambda") is None:
+        why = (limit or {}).get("reason") or "no clean reference model to step from"
+        return f"its detection limit was not measured ({why})"
+    lam = float(limit["lambda"])
+    below = limit.get("not_flagged_at")
+    tail = (
+        f"; at {below:.2f} it flags nothing, so a model keeping that much may pass unseen"
+        if below is not None
+        else "; no smaller step was tried"
+    )
+    return (
+        f"detection limit: the receipt flags a model keeping {lam:.2f} of the original's offset "
+        f"from {limit.get('clean', 'Retrain')} (lambda in clean + lambda (original - clean); "
+        f"flagged by {', '.join(limit.get('by') or ['?'])}){tail}"
+    )
+
+
+def influence_verdict(
+    checks: tuple[Check, ...] | list[Check],
+    lineage: dict[str, Any] | None,
+    references: tuple[str, ...] = ("original",),
+    limit: dict[str, Any] | None = None,
+) -> tuple[Influence, str]:
+    """Return the influence verdict and one sentence saying why.
+
+    ``removed``: only by construction, when the lineage is ``exact``. ``remains``: an influence
+    check with power flags the model. ``not_detected``: a decisive influence check with power
+    (it flags the original) flags nothing and none warns; the sentence states the receipt's
+    detection limit (``limit``: the smallest step from a clean model toward the original that
+    it flags). ``not_shown``: no check with power, or one warns, or the method warns about its
+    own result; the sentence says what would give evidence.
+    """
+    verdict, basis, rest = influence_basis(checks, lineage)
+    if basis == "exact_lineage":
+        reason = "by construction: " + ((lineage or {}).get("reason") or "exact lineage")
+        if rest:
+            reason += " (note: " + "; ".join(f"{c.title} flags it" for c in rest) + ")"
+        return verdict, reason
+    if basis == "flagged":
+        return verdict, "; ".join(f"{c.title}: {c.reason}" for c in rest)
+    if basis == "powered_pass":
+        names = ", ".join(c.title for c in rest)
+        return verdict, f"no check with power flags it ({names}); {limit_words(limit)}"
+    if basis == "method_warns":
+        why = "; ".join(f"the method warns: {c.reason}" for c in rest)
+    elif basis == "check_warns":
+        why = "; ".join(f"{c.title} warns: {c.reason}" for c in rest)
     else:
         why = "no check with power shows it either way"
-    return "not_shown", f"{why}; evidence would come from " + ", ".join(_hints(checks, references))
+    wanted = ", ".join(HINTS[h] for h in hints(checks, references))
+    return verdict, f"{why}; evidence would come from {wanted}"
 
 
 @dataclass(frozen=True)
@@ -226,6 +285,15 @@ class Verification:
         assumptions: What the result rests on that no check here can see, as the method
             states it (``details.assumptions``: e.g. Starfish's threat model); empty when the
             method states none or its details were not available.
+        cost: The receipt's own cost, apart from the method's: ``wall_seconds``,
+            ``client_epochs`` (its reference models), ``references`` (per reference),
+            ``shared_by`` (receipts of one request share the references) and ``skipped``
+            (why nothing was trained: an exact lineage).
+        detection_limit: The smallest step ``lambda`` from a clean reference toward the
+            original (``clean + lambda (original - clean)``) that the receipt flags, measured on
+            interpolations (``lambda``, ``by``: the checks that flag it, ``not_flagged_at``:
+            the next step tried, ``measured``: every step and its flags); None when not
+            measured (only a ``not_detected`` receipt measures it).
     """
 
     checks: tuple[Check, ...]
@@ -234,6 +302,8 @@ class Verification:
     subject: str = ""
     lineage: dict[str, Any] | None = None
     assumptions: tuple[str, ...] = ()
+    cost: dict[str, Any] = field(default_factory=dict)
+    detection_limit: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -242,13 +312,35 @@ class Verification:
 
     @property
     def influence(self) -> Influence:
-        """Whether the forgotten clients' influence is ``removed``, ``not_shown`` or ``remains``."""
-        return influence_verdict(self.checks, self.lineage, self.references)[0]
+        """The influence verdict: ``removed``, ``not_detected``, ``not_shown`` or ``remains``."""
+        return self._influence()[0]
 
     @property
     def influence_reason(self) -> str:
         """One sentence saying why ``influence`` is what it is."""
-        return influence_verdict(self.checks, self.lineage, self.references)[1]
+        return self._influence()[1]
+
+    @property
+    def influence_basis(self) -> str:
+        """What the influence verdict rests on, as a code (``influence_basis``)."""
+        return influence_basis(self.checks, self.lineage)[1]
+
+    @property
+    def deciding(self) -> list[str]:
+        """The names of the checks the influence verdict rests on.
+
+        The flags, the passes with power or the warnings; none for an exact lineage.
+        """
+        _, basis, rest = influence_basis(self.checks, self.lineage)
+        return [] if basis == "exact_lineage" else [c.name for c in rest]
+
+    @property
+    def hints(self) -> list[str]:
+        """What would give evidence about the influence, as codes (``HINTS``)."""
+        return hints(self.checks, self.references)
+
+    def _influence(self) -> tuple[Influence, str]:
+        return influence_verdict(self.checks, self.lineage, self.references, self.detection_limit)
 
     @property
     def utility(self) -> str:
@@ -302,10 +394,12 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON block (``docs/results_format.md``, "verification")."""
-        influence, why = influence_verdict(self.checks, self.lineage, self.references)
+        influence, why = self._influence()
         return {
             "influence": influence,
             "influence_reason": why,
+            "influence_basis": self.influence_basis,
+            "deciding": self.deciding,
             "utility": self.utility,
             "store": self.store,
             "lineage": None if self.lineage is None else dict(self.lineage),
@@ -317,4 +411,6 @@ class Verification:
             "checks": [c.to_dict() for c in self.checks],
             "thresholds": _json_number(dict(self.thresholds)),
             "assumptions": list(self.assumptions),
+            "cost": _json_number(dict(self.cost)),
+            "detection_limit": _json_number(self.detection_limit),
         }

@@ -337,7 +337,7 @@ class UnlearnSession:
             aggregator=self._aggregator,
             num_rounds=run.num_rounds,
             initial_params=run.initial_params,
-            final_params=run.final_params,
+            final_model=run.final_params,
             meter=meter,
             evaluate=self._evaluator(progress),
             training=_training_info(run.config),

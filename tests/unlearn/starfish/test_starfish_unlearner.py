@@ -271,7 +271,7 @@ def quadratic_run(tmp_path, rounds=10, lose=None):
             aggregator=fedavg,
             num_rounds=rounds,
             initial_params=w0,
-            final_params=store.read_model(rounds),
+            final_model=store.read_model(rounds),
             evaluate=None,
             meter=meter,
         )

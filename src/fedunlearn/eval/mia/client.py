@@ -12,7 +12,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ClientMembershipEvidence"]
+__all__ = ["GROUND_LIMIT", "ClientMembershipEvidence"]
+
+# A model farther from every "out" reference than those lie from the run's M_0 (their training
+# displacement) was not trained from M_0: the test's references say nothing about it. Measured
+# on the digits quickstart: contaminated models (noise, interpolations, fine-tuned) at 0.03-0.22,
+# a Retrain from another initial model at 1.9-2.0, M_0 itself at 1.0.
+GROUND_LIMIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,9 @@ class ClientMembershipEvidence:
         in_max: The highest leave-one-out score of a reference trained *with* the clients.
         reference_toward: Each "out" reference's (independent exact retrain's) share of the
             way from Retrain to the original (``share_toward``), when Retrain was scored.
+        ground: Each scored model's distance to the nearest "out" reference over the "out"
+            references' mean distance from the run's M_0; above ``GROUND_LIMIT`` the model
+            was not trained from M_0 (``region`` ``elsewhere``). Empty when not measured.
     """
 
     scores: dict[str, float]
@@ -55,6 +64,7 @@ class ClientMembershipEvidence:
     domain: tuple[float, float] | None = None
     in_max: float | None = None
     reference_toward: tuple[float, ...] = ()
+    ground: dict[str, float] = field(default_factory=dict)
 
     def flagged(self, label: str) -> bool:
         """Whether the model ``label`` scores above the threshold (influence detected)."""
@@ -63,10 +73,14 @@ class ClientMembershipEvidence:
     def region(self, label: str) -> str:
         """Where the model's fitness lies against the references' range.
 
-        ``below``, ``within``, ``above``, ``unknown`` (not measured), or ``invalid`` (the
+        ``below``, ``within``, ``above``, ``unknown`` (not measured), ``invalid`` (the
         model's fitness is not a finite number: its outputs on the remaining clients' examples
-        are NaN or infinite).
+        are NaN or infinite), or ``elsewhere`` (not trained from the run's M_0: farther from
+        every reference than ``GROUND_LIMIT`` times their training displacement).
         """
+        ground = self.ground.get(label)
+        if ground is not None and not ground <= GROUND_LIMIT:
+            return "elsewhere"
         value = self.fitness.get(label)
         if self.domain is None or value is None:
             return "unknown"
@@ -90,4 +104,5 @@ class ClientMembershipEvidence:
             "domain": list(self.domain) if self.domain is not None else None,
             "in_max": self.in_max,
             "reference_toward": list(self.reference_toward),
+            "ground": dict(self.ground),
         }

@@ -210,6 +210,12 @@ def _score(phi: np.ndarray, mu_in: np.ndarray, mu_out: np.ndarray, var: float) -
     return float(np.mean(llr))
 
 
+def _score_se(phi: np.ndarray, mu_in: np.ndarray, mu_out: np.ndarray, var: float) -> float:
+    """The standard error of ``_score`` (the mean per-example log-likelihood ratio)."""
+    llr = ((phi - mu_out) ** 2 - (phi - mu_in) ** 2) / (2.0 * var)
+    return float(np.std(llr, ddof=1) / math.sqrt(len(llr))) if len(llr) > 1 else math.nan
+
+
 def _fit(phi_in: np.ndarray, phi_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Step 3: per-example means per side and one pooled variance (rows are references)."""
     mu_in, mu_out = phi_in.mean(axis=0), phi_out.mean(axis=0)
@@ -332,7 +338,9 @@ class ClientMembershipTest:
             model's mean logit-scaled confidence on them is its *fitness* (step 8).
         fitness: The references' fitness, per side ("in", "out").
         out_params: The "out" references' flat parameters (independent exact retrains), for
-            their positions between Retrain and the original (``toward``).
+            their positions between Retrain and the original (``toward``) and for each scored
+            model's distance to them (``ground``).
+        initial: The run's M_0, from which every reference was trained.
         target_fpr: The false-positive rate the threshold is set for.
         cost_seconds: Wall time of the fit.
         cost_client_epochs: Client epochs the references cost.
@@ -351,6 +359,7 @@ class ClientMembershipTest:
         control: tuple[torch.Tensor, torch.Tensor] | None = None,
         fitness: Mapping[str, Sequence[float]] | None = None,
         out_params: Sequence[torch.Tensor] = (),
+        initial: torch.Tensor | None = None,
         target_fpr: float,
         cost_seconds: float,
         cost_client_epochs: float,
@@ -378,6 +387,11 @@ class ClientMembershipTest:
         self.power: float | None = None
         self._control = control
         self._out_params = tuple(out_params)
+        self._displacement = (
+            float(np.mean([float((p - initial).norm()) for p in self._out_params]))
+            if initial is not None and self._out_params
+            else None
+        )
         self.fitness = {side: [float(v) for v in vals] for side, vals in (fitness or {}).items()}
         self.domain: tuple[float, float] | None = None
         self.in_max: float | None = None
@@ -438,6 +452,11 @@ class ClientMembershipTest:
                 for label, p in models.items()
             }
             scores = {label: _score(phi, mu_in, mu_out, var) for label, phi in phis.items()}
+            # the standard error of each score (a mean over the examples): its interval
+            notes["score_se"] = {
+                label: _score_se(phi, mu_in, mu_out, var) for label, phi in phis.items()
+            }
+            notes["examples"] = len(self._y)
             notes["client_scores"] = {
                 label: {
                     c: _score(phi[owner == c], mu_in[owner == c], mu_out[owner == c], var)
@@ -453,6 +472,7 @@ class ClientMembershipTest:
                     )
                     for label, p in models.items()
                 }
+        ground = {label: self._ground(p) for label, p in models.items()}
         if "retrain" in models and self._out_params:
             toward = tuple(
                 share_toward(r, models["retrain"], models["original"]) for r in self._out_params
@@ -470,7 +490,16 @@ class ClientMembershipTest:
             domain=self.domain,
             in_max=self.in_max,
             reference_toward=toward,
+            ground={k: v for k, v in ground.items() if v is not None},
         )
+
+    def _ground(self, params: torch.Tensor) -> float | None:
+        """Distance to the nearest "out" reference over their mean displacement from M_0."""
+        if not self._displacement:
+            return None
+        flat = params.detach().to(torch.float32)
+        nearest = min(float((flat - r).norm()) for r in self._out_params)
+        return nearest / self._displacement
 
 
 def share_toward(model: torch.Tensor, retrain: torch.Tensor, original: torch.Tensor) -> float:
@@ -586,6 +615,7 @@ def fit_client_membership(
         control=control,
         fitness=fitness,
         out_params=out_params,
+        initial=session.run_view.initial_params.to(torch.float32),
         target_fpr=target_fpr,
         cost_seconds=budget.elapsed(),
         cost_client_epochs=client_epochs,

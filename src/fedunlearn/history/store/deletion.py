@@ -21,12 +21,20 @@ Every payload's fingerprints are also written, when it is stored, to a ledger
 too (``DeletionCheck.unrecorded``); the models ``forget()`` drops (``DroppedModel``) are recorded
 and scanned for like the updates.
 
-Limits, stated where the result is shown: the part of a payload stored in its b-tree page (at
-most ``usable_size - 35`` bytes: all of a payload under ~16 KB) has no fingerprint, so the scan
-covers all but the first ~2-16 KB of large payloads and nothing of small ones (``secure_delete``
-zeroes those cells all the same); the scan sees the files, not blocks the file system or the
-device kept. The scan is calibrated on live payloads: if it cannot find the pages of a payload
-that is still stored, the check says the scan is inconclusive instead of passing.
+The part of a payload stored in its b-tree page (at most ``usable_size - 35`` bytes: all of a
+payload under ~16 KB, e.g. every update of a small model) lands at an offset the row's size does
+not fix. It gets *anchor* fingerprints instead (``anchor_prints``): the digests of the 32-byte
+windows that start where the payload's bytes themselves say so (a content-defined anchor: the
+hash of the 8 bytes there is 0 modulo ``ANCHOR_EVERY``), up to ``MAX_ANCHORS`` per payload;
+``scan_pages`` finds the same anchors in every table-leaf page (and leaf frame of the WAL)
+wherever the cell sits. So every payload of at least 40 varied bytes has a fingerprint, and a
+run of a small model no longer holds an empty ledger (issue 33: 0 fingerprint bytes for the
+300 updates of a 20-client run of 2.6 KB updates).
+
+Limits, stated where the result is shown: the scan sees the files, not blocks the file system
+or the device kept; a payload shorter than 40 bytes, or of one repeated byte, has no
+fingerprint (the scan says so). The scan is calibrated on live payloads: if it cannot find
+the pages of a payload that is still stored, the check says the scan is inconclusive.
 """
 
 from __future__ import annotations
@@ -38,14 +46,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = [
+    "ANCHOR_EVERY",
+    "MAX_ANCHORS",
     "DeletedPayload",
     "DeletionCheck",
     "DeletionRecord",
     "DroppedModel",
     "FINGERPRINT_BYTES",
+    "anchor_prints",
     "fingerprints",
     "local_size",
+    "prints_of",
     "overflow_offsets",
     "record_size",
     "scan_pages",
@@ -54,6 +68,14 @@ __all__ = [
 FINGERPRINT_BYTES = 8  # BLAKE2b digest size per overflow page
 _WINDOW = 32  # payload bytes hashed per overflow page
 _WAL_HEADER, _WAL_FRAME_HEADER = 32, 24  # SQLite WAL format: file header, per-frame header
+ANCHOR_EVERY = 64  # about one anchor per this many bytes of a payload's local part
+MAX_ANCHORS = 16  # anchor fingerprints kept per payload
+_ANCHOR_KEY = 8  # bytes whose hash decides an anchor
+_TABLE_LEAF = 0x0D  # b-tree page type of a table leaf (file format 1.6)
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+_SALT = np.uint64(0xD6E8FEB86659FD93)  # so a run of zero bytes (a zeroed cell) is no anchor
+_VARIETY = 8  # distinct byte values an anchor's window needs (zeroed space plus a stray byte
+# matched a deleted payload's near-zero window: measured, issue 33)
 
 
 @dataclass(frozen=True)
@@ -184,6 +206,10 @@ class DeletionCheck:
             clients is gone (None when it can): the scan's calibration failed, payloads went
             outside ``forget()`` before the ledger existed, or such payloads had no overflow
             page to look for.
+        missing_models: ``(round, kind)`` of global models and aggregates the catalogue says
+            a round kept that are gone with no deletion record (raw SQL).
+        scalars_kept: ``(round, client)`` rows of forgotten clients that still hold the
+            ``norm`` or ``<Δ_c, G_t>`` of their deleted update (what rebuilds it).
     """
 
     ok: bool
@@ -198,6 +224,8 @@ class DeletionCheck:
     problems: tuple[str, ...] = field(default_factory=tuple)
     unrecorded: tuple[tuple[int, int], ...] = ()
     inconclusive_reason: str | None = None
+    missing_models: tuple[tuple[int, str], ...] = ()
+    scalars_kept: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -214,6 +242,8 @@ class DeletionCheck:
             "problems": list(self.problems),
             "unrecorded": [list(p) for p in self.unrecorded],
             "inconclusive_reason": self.inconclusive_reason,
+            "missing_models": [list(m) for m in self.missing_models],
+            "scalars_kept": [list(p) for p in self.scalars_kept],
         }
 
 
@@ -302,14 +332,79 @@ def fingerprints(row: Sequence[object], usable: int) -> bytes:
     return b"".join(out)
 
 
+def _anchors(data: np.ndarray) -> np.ndarray:
+    """Offsets in ``data`` (uint8) where an anchor starts (content-defined, any alignment)."""
+    if len(data) < _WINDOW:
+        return np.empty(0, dtype=np.int64)
+    keys = np.lib.stride_tricks.sliding_window_view(data[: len(data) - _WINDOW + _ANCHOR_KEY], 8)
+    packed = keys.copy().view(np.uint64).reshape(-1)  # 8 bytes -> one word, little endian
+    with np.errstate(over="ignore"):
+        mixed = ((packed ^ _SALT) * _MULT) >> np.uint64(40)
+    return np.flatnonzero(mixed % np.uint64(ANCHOR_EVERY) == 0)
+
+
+def _window_ok(window: bytes) -> bool:
+    """An anchor window worth a fingerprint: full length and varied (not near-constant)."""
+    return len(window) == _WINDOW and len(set(window)) >= _VARIETY
+
+
+def anchor_prints(row: Sequence[object], usable: int) -> bytes:
+    """Return the anchor fingerprints of the part of ``row``'s BLOB kept in its b-tree page.
+
+    The BLOB is the row's last column; its first ``local_size - header`` bytes sit in the
+    cell of a table-leaf page (all of it when the row fits the page). Up to ``MAX_ANCHORS``
+    digests, each of the 32 bytes from an anchor on.
+    """
+    blob = row[-1]
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        return b""
+    data = memoryview(blob).cast("B")
+    size = record_size(row)
+    local = local_size(size, usable) - (size - len(data))
+    part = np.frombuffer(data[: max(0, local)], dtype=np.uint8)
+    out: list[bytes] = []
+    for offset in _anchors(part):
+        window = bytes(part[offset : offset + _WINDOW])
+        if _window_ok(window):
+            out.append(_digest(window))
+            if len(out) == MAX_ANCHORS:
+                break
+    return b"".join(out)
+
+
+def page_anchor_prints(page: bytes) -> set[bytes]:
+    """Every anchor digest in a page (a table leaf's content, wherever its cells sit)."""
+    data = np.frombuffer(page, dtype=np.uint8)
+    found = set()
+    for offset in _anchors(data):
+        window = page[offset : offset + _WINDOW]
+        if _window_ok(window):
+            found.add(_digest(window))
+    return found
+
+
+def prints_of(row: Sequence[object], usable: int) -> bytes:
+    """Every fingerprint of a payload row: its overflow pages' and its local part's anchors."""
+    return fingerprints(row, usable) + anchor_prints(row, usable)
+
+
 def split_fingerprints(blob: bytes) -> list[bytes]:
     """Split a concatenation made by ``fingerprints``."""
     n = FINGERPRINT_BYTES
     return [blob[i : i + n] for i in range(0, len(blob), n)]
 
 
+def _is_leaf(page: bytes, first: bool) -> bool:
+    """Whether a page is a table leaf (page 1 keeps its b-tree header after the file header)."""
+    at = 100 if first else 0
+    return len(page) > at and page[at] == _TABLE_LEAF
+
+
 def scan_pages(database: Path, page_size: int, wanted: Iterable[bytes]) -> tuple[set[bytes], int]:
     """Look for fingerprints in every page of ``database`` and every frame of its WAL.
+
+    Every page: the 32 bytes after an overflow page's 4-byte pointer (``fingerprints``). Every
+    table-leaf page: each anchor's 32 bytes too (``anchor_prints``), wherever its cells sit.
 
     Args:
         database: The SQLite file; ``<database>-wal`` is read too if present.
@@ -331,12 +426,13 @@ def scan_pages(database: Path, page_size: int, wanted: Iterable[bytes]) -> tuple
         try:
             size = os.fstat(fd).st_size
             for start in range(first, size - page_size + 1, stride):
-                window = os.pread(fd, _WINDOW, start + 4)
+                page = os.pread(fd, page_size, start)
                 pages += 1
-                if len(window) == _WINDOW:
-                    digest = _digest(window)
-                    if digest in wanted:
-                        found.add(digest)
+                window = page[4 : 4 + _WINDOW]
+                if len(window) == _WINDOW and _digest(window) in wanted:
+                    found.add(_digest(window))
+                if _is_leaf(page, file == database and start == 0):
+                    found |= page_anchor_prints(page) & wanted
         finally:
             os.close(fd)
     return found, pages

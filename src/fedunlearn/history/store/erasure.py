@@ -10,14 +10,21 @@ fingerprints, the page scan) is in ``deletion``. Why each step: the ``sqlite`` m
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sqlite3
 import time
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
-from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError, UnknownClientError
+from fedunlearn.errors import (
+    ConfigError,
+    ForgottenDataError,
+    HistoryCorruptError,
+    HistoryError,
+    UnknownClientError,
+)
 from fedunlearn.history.store.codec import NO_CLIENT
 from fedunlearn.history.store.deletion import (
     FINGERPRINT_BYTES,
@@ -25,19 +32,38 @@ from fedunlearn.history.store.deletion import (
     DeletionCheck,
     DeletionRecord,
     DroppedModel,
-    fingerprints,
+    prints_of,
     scan_pages,
     split_fingerprints,
 )
-from fedunlearn.history.store.reconstruction import models_to_drop
+from fedunlearn.history.store.evidence import DeletionEvidence
+from fedunlearn.history.store.reconstruction import models_to_drop, reconstructible_updates
 from fedunlearn.history.store.records import check_int, format_ids
 
 __all__ = ["Erasure"]
+
+
+def _record_dict(record: Any) -> dict[str, Any]:
+    """A deletion record as a JSON-ready dict (``to_dict`` or its fields)."""
+    to_dict = getattr(record, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    return dataclasses.asdict(record)
+
+
+def _record_clients(record: dict[str, Any]) -> set[int]:
+    if "client_ids" in record:
+        return {int(c) for c in record["client_ids"]}
+    return {int(record["client_id"])} if "client_id" in record else set()
+
 
 _AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum value
 #: The scalars of a client record ``forget()`` keeps: participation facts (how many of the
 #: round's draws it won, whether the record is a method's estimate), not values of its update.
 KEPT_CLIENT_SCALARS = frozenset({"multiplicity", "estimated"})
+# per-client scalars that, with the kept models, rebuild a deleted update (``history.policy``'s
+# DOT_AGGREGATE_KEY: <Δ_c, G_t>); the store check reports a forgotten row that still holds one
+REBUILDING_SCALARS = frozenset({"dot_aggregate"})
 
 
 class Erasure:
@@ -217,7 +243,7 @@ class Erasure:
             (payload_id,),
         ).fetchone()
         data = row[-1] if isinstance(row[-1], bytes) else b""
-        return row[1], row[3], row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
+        return row[1], row[3], row[6], hashlib.sha256(data).hexdigest(), prints_of(row, usable)
 
     def _model_evidence(
         self, round: int, kind: str, usable: int
@@ -229,7 +255,7 @@ class Erasure:
             (round, kind, NO_CLIENT),
         ).fetchone()
         data = row[-1] if isinstance(row[-1], bytes) else b""
-        return round, kind, row[6], hashlib.sha256(data).hexdigest(), fingerprints(row, usable)
+        return round, kind, row[6], hashlib.sha256(data).hexdigest(), prints_of(row, usable)
 
     def _usable_page_size(self) -> int:
         if self._usable is None:
@@ -260,6 +286,49 @@ class Erasure:
                 "disk space (VACUUM needs about twice the file size) and call forget() with "
                 "the same ids again."
             ) from exc
+
+    def deletion_evidence(self, client_ids: Iterable[int]) -> DeletionEvidence:
+        """Return what the store shows about ``client_ids``' update payloads (``evidence.py``).
+
+        Reads the bytes still held, the deletion records about them, every round one of them
+        took part in whose update is not stored (a read must be refused), the page scan and
+        the catalogue's account (``check_deletions``) and the updates still rebuildable.
+        """
+        clients = sorted({check_int(c, "client id") for c in client_ids})
+        by_client = self.stored_bytes_by_client()
+        wanted = set(clients)
+        records = [
+            r
+            for r in (_record_dict(x) for x in self.forget_records())
+            if _record_clients(r) & wanted
+        ]
+        held = 0
+        read_back: dict[str, Any] = {"attempted": 0, "refused": 0, "not_stored": 0, "readable": []}
+        for round_ in self.rounds():
+            for rec in self.client_records(round_) if round_ else ():
+                if rec.client_id not in wanted:
+                    continue
+                if rec.stored:
+                    held += 1
+                    continue
+                read_back["attempted"] += 1
+                try:
+                    self.read_update(round_, rec.client_id)
+                except ForgottenDataError:
+                    read_back["refused"] += 1
+                except HistoryError:
+                    read_back["not_stored"] += 1
+                else:
+                    read_back["readable"].append([round_, rec.client_id])
+        return DeletionEvidence(
+            clients=tuple(clients),
+            bytes_held={c: int(by_client.get(c, 0)) for c in clients},
+            payloads_held=held,
+            records=tuple(records),
+            read_back=read_back,
+            check=self.check_deletions(clients),
+            reconstructible=tuple(tuple(p) for p in reconstructible_updates(self, clients)),
+        )
 
     def deletion_records(self, client_ids: Iterable[int] | None = None) -> list[DeletionRecord]:
         """Return the deletion record of every ``forget()`` call, oldest first.
@@ -392,12 +461,17 @@ class Erasure:
             for fp in split_fingerprints(prints):
                 deleted.setdefault(fp, f"round {round} {kind} model (dropped by forget)")
         unrecorded, blind = self._unrecorded(wanted, recorded, deleted)
+        unrecorded = sorted(set(unrecorded) | set(self._unrecorded_by_catalogue(wanted, recorded)))
+        missing = self._missing_models()
+        self._add_model_prints(missing, deleted)
+        kept = self._scalars_kept(wanted)
+        problems += self._catalogue_problems(unrecorded, missing, kept)
         if blind:
             gaps.append(
                 f"{blind} update(s) deleted outside forget() fitted inside a b-tree page and "
                 "have no page fingerprint, so the scan cannot look for them"
             )
-        old = self._unledgered(wanted, recorded)
+        old = self._unledgered(wanted, recorded | set(unrecorded))
         if old:
             gaps.append(
                 f"{len(old)} update(s) of these clients in rounds written before the "
@@ -431,7 +505,114 @@ class Erasure:
             problems=tuple(problems),
             unrecorded=tuple(unrecorded),
             inconclusive_reason="; ".join(gaps) or None,
+            missing_models=tuple(missing),
+            scalars_kept=tuple(kept),
         )
+
+    @staticmethod
+    def _catalogue_problems(
+        unrecorded: list[tuple[int, int]],
+        missing: list[tuple[int, str]],
+        kept: list[tuple[int, int]],
+    ) -> list[str]:
+        """One line per kind of deletion the catalogue shows did not hold."""
+        out = []
+        if unrecorded:
+            shown = ", ".join(f"round {r} client {c}" for r, c in unrecorded[:3])
+            out.append(
+                f"{len(unrecorded)} update(s) the catalogue says were kept are gone with no "
+                f"deletion record (deleted outside forget(): {shown})"
+            )
+        if missing:
+            shown = ", ".join(f"round {r} {k}" for r, k in missing[:3])
+            out.append(
+                f"{len(missing)} model(s) the catalogue says were kept are gone with no "
+                f"deletion record ({shown})"
+            )
+        if kept:
+            out.append(
+                f"{len(kept)} round record(s) of forgotten clients still hold the norm or "
+                "<delta, aggregate> of a deleted update (forget() again drops them)"
+            )
+        return out
+
+    def _unrecorded_by_catalogue(
+        self, wanted: set[int] | None, recorded: set[tuple[int, int]]
+    ) -> list[tuple[int, int]]:
+        """Updates the clients' rows (or the ``all`` policy) say were kept, gone unrecorded.
+
+        A row whose ``stored_at`` is set kept its update; before that marker existed, a row
+        ``accepted`` under ``history.policy: all`` did. Gone without ``forgotten_at`` or a
+        deletion record: deleted outside ``forget()`` (its ledger row may have gone too).
+        """
+        marker = "c.stored_at IS NOT NULL" if self._has_stored_at else "0"
+        condition = marker
+        if self.policy == "all":
+            row = self._db.execute(
+                "SELECT value FROM info WHERE key='stored_from_round'"
+            ).fetchone()
+            since = int(row[0]) if row else 1 << 62
+            condition = f"({marker} OR (c.status='accepted' AND c.round < {since}))"
+        with self._sqlite("reading the catalogue"):
+            rows = self._db.execute(
+                "SELECT c.round, c.client_id FROM clients c WHERE c.round > 0 AND "
+                f"c.forgotten_at IS NULL AND {condition} AND NOT EXISTS (SELECT 1 FROM payloads "
+                "p WHERE p.round=c.round AND p.kind='update' AND p.client_id=c.client_id) "
+                "ORDER BY c.client_id, c.round"
+            ).fetchall()
+        return [
+            (r, c) for r, c in rows if (wanted is None or c in wanted) and (r, c) not in recorded
+        ]
+
+    def _missing_models(self) -> list[tuple[int, str]]:
+        """Models every round keeps, gone with no record of a ``forget()`` that dropped them.
+
+        The global model of every round; the aggregate of every round that aggregated one.
+        """
+        dropped = set(self.dropped_models()) | {
+            (int(r), str(k)) for r, k in self.meta.get("dropped_models", [])
+        }
+        with self._sqlite("reading the catalogue"):
+            globals_ = self._db.execute(
+                "SELECT r.round FROM rounds r WHERE NOT EXISTS (SELECT 1 FROM payloads p WHERE "
+                "p.round=r.round AND p.kind='global')"
+            ).fetchall()
+            aggregates = self._db.execute(
+                "SELECT r.round FROM rounds r WHERE r.round > 0 AND EXISTS (SELECT 1 FROM "
+                "clients c WHERE c.round=r.round AND c.status='accepted') AND NOT EXISTS "
+                "(SELECT 1 FROM payloads p WHERE p.round=r.round AND p.kind='aggregate')"
+            ).fetchall()
+        found = [(r, "global") for (r,) in globals_] + [(r, "aggregate") for (r,) in aggregates]
+        return sorted(m for m in found if m not in dropped)
+
+    def _add_model_prints(self, missing: list[tuple[int, str]], deleted: dict[bytes, str]) -> None:
+        """Scan for the ledger prints of the models gone unrecorded too."""
+        if not missing or not self._ledger:
+            return
+        with self._sqlite("reading the fingerprint ledger"):
+            for round, kind in missing:
+                row = self._db.execute(
+                    "SELECT fingerprints FROM payload_prints WHERE round=? AND kind=? AND "
+                    "client_id=?",
+                    (round, kind, NO_CLIENT),
+                ).fetchone()
+                for fp in split_fingerprints(row[0] if row else b""):
+                    deleted.setdefault(fp, f"round {round} {kind} model (deleted outside forget)")
+
+    def _scalars_kept(self, wanted: set[int] | None) -> list[tuple[int, int]]:
+        """Rows of forgotten clients that still hold what rebuilds their deleted updates."""
+        with self._sqlite("reading the catalogue"):
+            gone = {c for (c,) in self._db.execute("SELECT DISTINCT client_id FROM forget_log")}
+            rows = self._db.execute(
+                "SELECT round, client_id, norm, scalars FROM clients ORDER BY client_id, round"
+            ).fetchall()
+        return [
+            (r, c)
+            for r, c, norm, text in rows
+            if c in gone
+            and (wanted is None or c in wanted)
+            and (norm is not None or REBUILDING_SCALARS & set(json.loads(text)))
+        ]
 
     def _live_fingerprints(self) -> set[bytes]:
         """Fingerprints the ledger holds for payloads still stored."""
@@ -494,12 +675,10 @@ class Erasure:
         ]
 
     def _control_fingerprints(self, usable: int) -> set[bytes]:
-        """Fingerprints of up to three live payloads that have overflow pages."""
+        """Fingerprints (overflow pages and anchors) of up to three live payloads."""
         with self._sqlite("choosing live payloads for the scan's calibration"):
             ids = self._db.execute(
-                "SELECT id FROM payloads WHERE size_bytes > ? ORDER BY round DESC, kind, "
-                "client_id LIMIT 3",
-                (usable,),
+                "SELECT id FROM payloads ORDER BY round DESC, kind, client_id LIMIT 3"
             ).fetchall()
             out: set[bytes] = set()
             for (pid,) in ids:

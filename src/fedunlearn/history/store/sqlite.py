@@ -42,6 +42,9 @@ Design:
     * A fingerprint ledger (``payload_prints``): every payload's page fingerprints are written
       in its round's transaction and kept after the payload goes, so the page scan can look
       for payloads deleted outside ``forget()`` (raw SQL leaves their pages in the file).
+      Each client's row also says when its update was kept (``stored_at``), so an update gone
+      without a deletion record is seen even when its ledger row went with it
+      (``check_deletions``: ``unrecorded``).
     * A CRC-32 per payload, checked on every read. It catches accidental damage (torn writes,
       bit rot, bad copies); it is not a MAC (whoever can edit the file can recompute any
       checksum kept in it). zlib's crc32 runs at ~3 GB/s here, sha256 at ~0.9 GB/s.
@@ -98,7 +101,7 @@ from fedunlearn.history.store.codec import (
     shard_key,
     to_real,
 )
-from fedunlearn.history.store.deletion import fingerprints
+from fedunlearn.history.store.deletion import prints_of
 from fedunlearn.history.store.erasure import Erasure
 from fedunlearn.history.store.events import EVENT_SCHEMA, EVENT_TABLES, Generations
 from fedunlearn.history.store.integrity import Integrity
@@ -136,7 +139,7 @@ CREATE TABLE rounds (
 CREATE TABLE clients (
     round INTEGER NOT NULL REFERENCES rounds(round), client_id INTEGER NOT NULL,
     status TEXT NOT NULL, num_samples INTEGER NOT NULL, norm REAL, loss REAL, reason TEXT,
-    scalars TEXT NOT NULL, forgotten_at REAL, PRIMARY KEY (round, client_id));
+    scalars TEXT NOT NULL, forgotten_at REAL, stored_at REAL, PRIMARY KEY (round, client_id));
 CREATE INDEX clients_by_id ON clients(client_id);
 CREATE TABLE payloads (
     id INTEGER PRIMARY KEY, round INTEGER NOT NULL REFERENCES rounds(round),
@@ -251,6 +254,11 @@ def _wal_damage(file: Path) -> str | None:
     )
 
 
+# columns a writable open adds to a store written before them (``_add_deletion_tables``): a store
+# without them is old, not damaged
+_ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"clients": ("stored_at",)}
+
+
 @functools.cache
 def _expected_columns() -> dict[str, list[str]]:
     """The column names of every table a store of this schema version has (built in memory)."""
@@ -333,6 +341,7 @@ class HistoryStore(Erasure, Integrity, Generations):
         self._file = file
         self._lock = lock
         self._has_ledger: bool | None = None
+        self._stored_at: bool | None = None
         self._usable: int | None = None
 
     # ----- opening and closing -------------------------------------------------------------
@@ -393,6 +402,7 @@ class HistoryStore(Erasure, Integrity, Generations):
                     "BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA
                 )
                 info["prints_from_round"] = "0"
+                info["stored_from_round"] = "0"
                 con.executemany("INSERT INTO info VALUES (?, ?)", info.items())
                 con.execute("COMMIT")
         except BaseException:
@@ -689,7 +699,8 @@ class HistoryStore(Erasure, Integrity, Generations):
         r = entry.round
         self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), now))
         self._db.executemany(
-            "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+            "INSERT INTO clients (round, client_id, status, num_samples, norm, loss, reason, "
+            "scalars) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     r,
@@ -740,7 +751,12 @@ class HistoryStore(Erasure, Integrity, Generations):
         if self._ledger:  # fingerprints of its overflow pages, kept after the payload goes
             self._db.execute(
                 "INSERT OR REPLACE INTO payload_prints VALUES (?, ?, ?, ?, ?)",
-                (round, kind, client_id, data.nbytes, fingerprints(row, self._usable_page_size())),
+                (round, kind, client_id, data.nbytes, prints_of(row, self._usable_page_size())),
+            )
+        if kind == "update" and self._has_stored_at:  # the client's row says it was kept
+            self._db.execute(
+                "UPDATE clients SET stored_at=? WHERE round=? AND client_id=?",
+                (time.time(), round, client_id),
             )
         del keep_alive
 
@@ -1041,8 +1057,33 @@ class HistoryStore(Erasure, Integrity, Generations):
                 (str(0 if last is None else last + 1),),
             )
             self._db.execute("COMMIT")
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(clients)")}
+        if "stored_at" not in columns:  # the clients' "update kept" marker, added the same way
+            last = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("ALTER TABLE clients ADD COLUMN stored_at REAL")
+            self._db.execute(  # the updates stored now were kept when their round committed
+                "UPDATE clients SET stored_at=(SELECT committed_at FROM rounds r WHERE "
+                "r.round=clients.round) WHERE EXISTS (SELECT 1 FROM payloads p WHERE "
+                "p.round=clients.round AND p.kind='update' AND p.client_id=clients.client_id)"
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO info VALUES ('stored_from_round', ?)",
+                (str(0 if last is None else last + 1),),
+            )
+            self._db.execute("COMMIT")
+            self._stored_at = True
         if not EVENT_TABLES <= tables:  # applied results (events.py), added the same way
             self._db.executescript("BEGIN IMMEDIATE;" + EVENT_SCHEMA + "COMMIT;")
+
+    @property
+    def _has_stored_at(self) -> bool:
+        """Whether the clients' rows carry the "update kept" marker (``stored_at``)."""
+        if self._stored_at is None:
+            with self._sqlite("reading the schema"):
+                columns = {r[1] for r in self._db.execute("PRAGMA table_info(clients)")}
+            self._stored_at = "stored_at" in columns
+        return self._stored_at
 
     @property
     def _ledger(self) -> bool:
@@ -1091,7 +1132,8 @@ class HistoryStore(Erasure, Integrity, Generations):
         expected = _expected_columns()
         for table in sorted(tables & expected.keys()):
             columns = [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
-            if columns != expected[table]:  # the schema page (table definitions) is damaged
+            older = [c for c in expected[table] if c not in _ADDED_COLUMNS.get(table, ())]
+            if columns not in (expected[table], older):  # the schema page is damaged
                 raise HistoryCorruptError(
                     f"{self._file}: the definition of table '{table}' is damaged (columns "
                     f"{columns[:6]}, expected {expected[table][:6]}); nothing was changed. "

@@ -2,7 +2,7 @@
 
 ``fedunlearn.eval.Verifier`` judges with the forgotten clients' data on the server (membership
 attacks, the client-level test, backdoor ASR on the test set); a run ``Recording`` wrote has
-none. ``app_verification`` builds the same receipt (``fedunlearn.eval.checks.build_verification``)
+none. ``app_verification`` builds the same receipt (``fedunlearn.eval.receipt.build_verification``)
 from what the server can measure: the user's evaluation of the unlearned and the original
 model (``UnlearnSession``'s evaluator), the distance to the original, the method's own
 warnings and lineage, and the store's deletion evidence. The checks that need the forgotten
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from fedunlearn.eval.checks import Evidence, build_verification
 from fedunlearn.eval.distance import l2_distance
+from fedunlearn.eval.receipt import Attack, Claims, Controls, Evidence, build_verification
 from fedunlearn.eval.verifier import deletion_evidence
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 from fedunlearn.unlearn.base import UnlearnResult
@@ -72,19 +72,24 @@ def app_verification(
     details = result.details
     evidence = Evidence(
         row=_row(session, result.params),
-        original=_row(session, run.final_params),
-        request_kind=request.kind,
-        bound=details.certified_bound() if details is not None else None,
-        warnings=tuple(getattr(details, "warnings", ()) or ()),
-        assumptions=tuple(getattr(details, "assumptions", ()) or ()),
+        controls=Controls(original=_row(session, run.final_params)),
+        attack=Attack(
+            request_kind=request.kind,
+            clients=tuple(sorted(request.forget)),
+            backdoor=False,
+            attackers_forgotten=len(malicious & request.forget),
+            attackers_total=len(malicious),
+            kind=run.config.attack.kind if malicious else None,
+            private_run=bool(run.config.privacy.enabled),
+        ),
+        claims=Claims(
+            bound=details.certified_bound() if details is not None else None,
+            warnings=tuple(getattr(details, "warnings", ()) or ()),
+            warnings_available=details is not None,
+            lineage=result.lineage,
+            assumptions=tuple(getattr(details, "assumptions", ()) or ()),
+        ),
         deletion=deletion_evidence(run.store, request.forget),
-        warnings_available=details is not None,
-        lineage=result.lineage,
-        backdoor=False,
-        attackers_forgotten=len(malicious & request.forget),
-        attackers_total=len(malicious),
-        attack_kind=run.config.attack.kind if malicious else None,
-        private_run=bool(run.config.privacy.enabled),
     )
     receipt = build_verification(evidence, subject=result.method)
     checks = tuple(

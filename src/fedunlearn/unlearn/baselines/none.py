@@ -22,7 +22,7 @@ class NoUnlearning(Unlearner):
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
         """Only the final model is kept."""
-        return context.final_params.numel() * 4
+        return context.final_model.numel() * 4
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         return RunOutput(context.start_from(context.num_rounds))

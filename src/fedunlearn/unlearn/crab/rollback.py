@@ -159,7 +159,8 @@ def unstored_participation(
 def require_scalars(records: Sequence[ClientRecord]) -> None:
     """Raise ``UnsupportedHistoryError`` unless every aggregated client has ||Δ_c|| and <Δ_c, G_t>.
 
-    Runs recorded by an older fedunlearn lack the scalar; ``bounded`` cannot use them.
+    Runs recorded by an older fedunlearn lack the scalar, and ``forget()`` deletes a forgotten
+    client's (they rebuild its deleted update); ``bounded`` cannot use them.
     """
     lacking = [
         r.client_id
@@ -169,8 +170,9 @@ def require_scalars(records: Sequence[ClientRecord]) -> None:
     if lacking:
         raise UnsupportedHistoryError(
             f"rollback 'bounded' needs each aggregated client's norm and '{DOT_AGGREGATE_KEY}' "
-            f"scalar; client(s) {lacking} have none (a run recorded by an older fedunlearn). "
-            "Use rollback=participation, or retrain the run."
+            f"scalar; client(s) {lacking} have none (forget() deleted them with the client's "
+            "updates, or a run recorded by an older fedunlearn). Use rollback=participation, or "
+            "retrain the run."
         )
 
 

@@ -435,7 +435,7 @@ def server_context(
         aggregator=fedavg,
         num_rounds=num_rounds,
         initial_params=history.read_model(0),
-        final_params=history.read_model(num_rounds),
+        final_model=history.read_model(num_rounds),
         meter=meter,
         training=TrainingInfo(training.participation, training.aggregator.name),
         recording=config.history,
