@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+from tests.support.results import saved_result as _result
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
@@ -158,14 +159,6 @@ def test_an_interrupted_continuation_resumes_to_the_uninterrupted_one(tmp_path, 
         cfg = load_run_config(whole)
         with HistoryStore.open(whole / "history") as s1, HistoryStore.open(cut / "history") as s2:
             assert run_privacy(cfg, s1)["rounds"] == run_privacy(cfg, s2)["rounds"]
-
-
-def _result(run, tmp_path, method, name, **params):
-    result, summary = unlearn_one(run, [0], method, params=params or None, verify=False)
-    path = tmp_path / f"{name}.json"
-    save_for_apply(path, summary, result)
-    path.write_text(json.dumps(summary))
-    return path
 
 
 def test_apply_on_a_dp_run_refuses_a_noise_free_model_unless_accepted_and_keeps_the_ledger(

@@ -11,15 +11,15 @@ ledger functions; a run's ``privacy.json``) and with the figures the docs print 
   (6 rounds at ε_max over clients 1-9), 2 continued rounds over clients 1-9, composed;
 - ``runs`` (``--runs DIR ...``): each run's realised totals from its stored σ_t, q, steps
   (both relations) and its a-priori guarantee, against the run's ``privacy.json`` (whose rows
-  are checked against the store's round scalars). An applied release's fresh ε is what
-  ``lifecycle`` recomputes for the docs' example (``fedunlearn apply`` derives it the same way:
-  ``fedunlearn.privacy.releases``).
+  are checked against the store's round scalars); ``--first N`` adds each run's first N rounds
+  composed on their own. The release's fresh ε of ``lifecycle`` is compared with what
+  ``fedunlearn apply`` recomputes for it (``fedunlearn.privacy.releases.release_epsilon``).
 
 Prints one row per figure; exits 1 if one disagrees (relative 1e-3 with fedunlearn, 0.005 with
-a documented two-decimal figure):
+a documented two-decimal figure, which must also appear in docs/privacy.md):
 
     python reproductions/fedadp/recompute_epsilons.py               # the config's figures
-    python reproductions/fedadp/recompute_epsilons.py --runs runs/fedadp_seed0 ...   # + runs
+    python reproductions/fedadp/recompute_epsilons.py --runs runs/fedadp_seed0 --first 6
 
 Paper: FedADP (Jiang et al.) Eq. 4-6 (per-round ε_t only); the accounting: docs/privacy.md.
 """
@@ -40,14 +40,18 @@ from dp_accounting import pld, rdp
 from fedunlearn.config import RunConfig, load_config
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.privacy.guarantees import upfront_totals
+from fedunlearn.privacy.releases import DPRelease, release_epsilon
 from fedunlearn.runs.setup import build_setup
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "digits_fedadp.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "configs" / "digits_fedadp.yaml"
+#: The page that prints the documented figures (each must appear there, two decimals).
+DOCS = ROOT / "docs" / "privacy.md"
 #: The RDP orders fedunlearn states it calibrates with (docs/privacy.md): 2.0-10.9, 11-63, 128-512.
 ORDERS = [1 + x / 10.0 for x in range(10, 100)] + list(range(11, 64)) + [128, 256, 512]
 REPLACE = dp_accounting.NeighboringRelation.REPLACE_ONE
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-#: The figures the docs print (docs/privacy.md, reproductions/fedadp/README.md), two decimals.
+#: The figures docs/privacy.md prints, two decimals (each is looked for in its text).
 DOCUMENTED = {
     "example T=30 a priori, replace-one": 31.70,
     "example T=30 a priori, add/remove": 15.22,
@@ -114,6 +118,14 @@ def example_rows(config: RunConfig, sizes: dict[int, int]) -> list[dict[str, Any
     trained = [sampled(sigma, q, steps, 6), sampled(sigma9, q9, steps9, 2)]
     run_eps = pld_eps(trained, delta, REPLACE)
     release = pld_eps([sampled(sigma9, q9, steps9, 6)], delta, REPLACE)
+    # what `fedunlearn apply` recomputes for a DP Retrain forgetting client 0 after 6 rounds
+    applied = release_epsilon(
+        config,
+        DPRelease(rounds="run"),
+        sizes={c: n for c, n in sizes.items() if c != 0},
+        rounds=6,
+        clip_norm=None,
+    )
     stated = upfront_totals(
         p,
         [{"sample_rate": q, "steps": steps, "epsilon": eps_max}] * 6
@@ -122,13 +134,22 @@ def example_rows(config: RunConfig, sizes: dict[int, int]) -> list[dict[str, Any
     rows.append(
         _row("lifecycle: 8 trained rounds a priori, replace-one", run_eps, stated["pld_epsilon"])
     )
-    rows.append(_row("lifecycle: DP Retrain release, replace-one", release, None))
-    rows.append(_row("lifecycle: guarantee with the release", run_eps + release, None))
+    rows.append(_row("lifecycle: DP Retrain release, replace-one", release, applied))
+    rows.append(
+        _row(
+            "lifecycle: guarantee with the release",
+            run_eps + release,
+            None if applied is None else stated["pld_epsilon"] + applied,
+        )
+    )
     return rows
 
 
-def run_rows(run_dir: Path) -> list[dict[str, Any]]:
+def run_rows(run_dir: Path, first: int | None = None) -> list[dict[str, Any]]:
     """A run's realised totals and a-priori guarantee, against its privacy.json and store.
+
+    ``first``: only the run's first rounds, composed here (privacy.json states all of them, so
+    there is nothing of fedunlearn's to compare them with).
 
     ``dp_sgd``: each round's stored (σ_t, q, steps); ``client_update``: one Gaussian release of
     ζ_t per round (std / S; replace one client's data: sensitivity 2S, as dp-accounting's
@@ -143,7 +164,7 @@ def run_rows(run_dir: Path) -> list[dict[str, Any]]:
         sc["dp_noise_multiplier"] for sc in stored if "dp_noise_multiplier" in sc
     ], f"{run_dir}: privacy.json's rows are not the store's"
     events, upfront = [], []
-    for row in stated["rounds"]:
+    for row in stated["rounds"][:first]:
         if stated["mechanism"] == "dp_sgd":
             sigma, q, steps = row["noise_multiplier"], row["sample_rate"], row["steps"]
             events.append(sampled(sigma, q, steps))
@@ -152,22 +173,23 @@ def run_rows(run_dir: Path) -> list[dict[str, Any]]:
             zeta = row["noise_multiplier"]
             events.append(dp_accounting.GaussianDpEvent(zeta))
             upfront.append(dp_accounting.GaussianDpEvent(zeta * row["epsilon"] / eps_max))
-    name = run_dir.name
+    name = run_dir.name if first is None else f"{run_dir.name} rounds 1-{first}"
+    whole = first is None
     return [
         _row(
             f"{name}: realised, replace-one",
             pld_eps(events, delta, REPLACE),
-            stated["realised_epsilon"],
+            stated["realised_epsilon"] if whole else None,
         ),
         _row(
             f"{name}: realised, add/remove",
             pld_eps(events, delta, ADD_REMOVE),
-            stated["totals"]["add_remove_one"]["pld_epsilon"],
+            stated["totals"]["add_remove_one"]["pld_epsilon"] if whole else None,
         ),
         _row(
             f"{name}: a priori, replace-one",
             pld_eps(upfront, delta, REPLACE),
-            stated["epsilon_guarantee"]["pld_epsilon"],
+            stated["epsilon_guarantee"]["pld_epsilon"] if whole else None,
         ),
     ]
 
@@ -179,6 +201,7 @@ def _row(name: str, direct: float | None, stated: float | None) -> dict[str, Any
         ok = abs(direct - stated) <= 1e-3 * max(1.0, abs(direct))
     if documented is not None and direct is not None:
         ok = ok and abs(round(direct, 2) - documented) <= 0.005
+        ok = ok and f"{documented:.2f}" in DOCS.read_text(encoding="utf-8")
     return {
         "figure": name,
         "dp_accounting": direct,
@@ -193,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=EXAMPLE)
     parser.add_argument("--runs", type=Path, nargs="*", default=[])
+    parser.add_argument(
+        "--first", type=int, default=None, help="also each run's first N rounds on their own"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     config = load_config(args.config)
@@ -204,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = example_rows(config, sizes)
     for run_dir in args.runs:
         rows += run_rows(run_dir)
+        if args.first is not None:
+            rows += run_rows(run_dir, args.first)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -18,13 +18,14 @@ from pathlib import Path
 import dp_accounting
 import pytest
 from dp_accounting import pld
+from tests.support.results import saved_result as _result
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import reference_retrain
-from fedunlearn.experiments import save_for_apply, unlearn_one
+from fedunlearn.experiments import unlearn_one
 from fedunlearn.history.digest import seal
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.privacy.accountant import calibrate_sampled_gaussian
@@ -76,14 +77,6 @@ def runs(tmp_path_factory):
 def _copy(runs, name, tmp_path):
     shutil.copytree(runs[name][0], tmp_path / name)
     return tmp_path / name
-
-
-def _result(run, tmp_path, method, name, **params):
-    result, summary = unlearn_one(run, [0], method, params=params or None, verify=False)
-    path = tmp_path / f"{name}.json"
-    save_for_apply(path, summary, result)
-    path.write_text(json.dumps(summary))
-    return path
 
 
 def _reseal(path, edit):
@@ -235,8 +228,9 @@ def test_a_result_lists_every_statistic_and_states_one_status_per_artefact(runs)
     artefacts.unlearned_model.dp false, and published the reference's distance, accuracy and
     membership AUCs with no entry in released_statistics."""
     run, _ = runs["client_update"]
+    # FedADP's DP release (its lineage is not exact: the receipt trains its DP Retrain reference)
     _, summary = unlearn_one(
-        run, [0], "retrain", params={"dp": True}, reference="retrain", client_test=False
+        run, [0], "fedadp", params={"unlearn_dp": True}, reference="retrain", client_test=False
     )
     privacy = summary["privacy"]
     listed = privacy["released_statistics"]
@@ -305,6 +299,7 @@ def test_every_stated_epsilon_recomputes_with_dp_accounting(runs, capsys, monkey
     assert script.main(["--json", "--runs", *dirs]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert all(r["ok"] for r in rows) and len(rows) == 7 + 3 * 2
+    assert all(r["fedunlearn"] is not None for r in rows)  # each compared with what we state
     assert {r["figure"] for r in rows if r["documented"] is not None} == set(script.DOCUMENTED)
     # a figure the docs print wrongly is caught
     monkeypatch.setitem(script.DOCUMENTED, "example T=30 a priori, replace-one", 15.22)

@@ -30,9 +30,9 @@ Deviations:
         ``clamp_negative_cos`` (AD11). Inner products in float64.
     [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, AD9); ``unlearn_dp``
         trains them under the run's mechanism so the released model is DP (AD25):
-        client_update clips to the stored S and noises at ε_τ with the seeds
-        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)`` at ε_max (fixed a priori, issue
-        40) and the release's S (``context.release_clip_norm``); dp_sgd trains by DP-SGD at
+        client_update clips to the release's S (``context.release_clip_norm``) and noises at
+        ε_max (fixed a priori, issue 40), seeds ``derive_seed(seed, "fedadp_unlearn_noise",
+        τ, c)``; dp_sgd trains by DP-SGD at
         ``unlearn_epsilon`` per round through ``context.private_clients`` (salt
         ``UNLEARN_DP_SALT``). Fresh updates are never stored.
     [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, AD10).
