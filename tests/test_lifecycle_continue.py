@@ -11,12 +11,14 @@ import shutil
 
 import pytest
 import torch
+from tests.support.results import saved_result as _result
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.experiments import save_for_apply, unlearn_one
 from fedunlearn.history.result_file import read_result_file
 from fedunlearn.history.store import HistoryStore
+from fedunlearn.privacy.calibrate import gradient_clip_norm
 from fedunlearn.runs import (
     apply_result,
     continue_run,
@@ -159,14 +161,6 @@ def test_an_interrupted_continuation_resumes_to_the_uninterrupted_one(tmp_path, 
             assert run_privacy(cfg, s1)["rounds"] == run_privacy(cfg, s2)["rounds"]
 
 
-def _result(run, tmp_path, method, name, **params):
-    result, summary = unlearn_one(run, [0], method, params=params or None, verify=False)
-    path = tmp_path / f"{name}.json"
-    save_for_apply(path, summary, result)
-    path.write_text(json.dumps(summary))
-    return path
-
-
 def test_apply_on_a_dp_run_refuses_a_noise_free_model_unless_accepted_and_keeps_the_ledger(
     tmp_path,
 ):
@@ -223,8 +217,9 @@ def test_a_dp_release_applies_on_a_dp_run_and_composes_with_its_ledger(tmp_path)
 
 def test_a_continuation_after_forgetting_reads_no_forgotten_clients_data(tmp_path):
     """Review defect: the continued rounds' server loss (which sets ε_t, hence σ_t, and
-    FedADP's stages) averaged over every client, forgotten ones included, and an 'auto' clip
-    norm was recalibrated on every client's data."""
+    FedADP's stages) averaged over every client, forgotten ones included; issue 40: an 'auto'
+    clip norm stayed the one computed over every client (the forgotten one's data chose it),
+    now it is recomputed at M_0 over the remaining clients."""
     run = tmp_path / "run"
     train_run(config(3, privacy={**DP, "clip_norm": "auto"}), run)
     with HistoryStore.open(run / "history") as store:
@@ -238,6 +233,10 @@ def test_a_continuation_after_forgetting_reads_no_forgotten_clients_data(tmp_pat
     cfg = load_run_config(run)
     setup = build_setup(cfg)
     try:
+        remaining_data = {c: setup.federation.client_data[c] for c in (1, 2, 3, 4, 5)}
+        recomputed, _ = gradient_clip_norm(
+            setup.federation.model, setup.initial_params, remaining_data
+        )
         with HistoryStore.open(run / "history") as store:
             meta = store.meta["budget_restart"]
             for r in (4, 5):
@@ -246,7 +245,8 @@ def test_a_continuation_after_forgetting_reads_no_forgotten_clients_data(tmp_pat
                 remaining = clients_loss(setup, model, 512, [1, 2, 3, 4, 5])
                 everyone = clients_loss(setup, model, 512)
                 assert scalars["clients_loss"] == remaining != everyone
-                assert scalars["dp_clip_norm"] == clip
+                assert scalars["dp_clip_norm"] == pytest.approx(recomputed, rel=1e-12)
+                assert recomputed != clip  # the forgotten client's gradients moved the median
             first = store.round_scalars(4)["dp_epsilon"]
     finally:
         setup.close()

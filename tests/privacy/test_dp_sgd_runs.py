@@ -103,14 +103,21 @@ def test_dp_sgd_ledger_matches_the_schedule_and_dp_accounting_called_directly(ru
         assert row["round_epsilon_pld"] < achieved
         events.append(event)
     composed = dp_accounting.ComposedDpEvent(events)
-    totals = ledger["totals"]["1"]
+    totals = ledger["totals"]["add_remove_one"]
     direct_pld = pld.PLDAccountant(value_discretization_interval=1e-3).compose(composed)
     direct_rdp = rdp.RdpAccountant(ORDERS).compose(composed)
     assert totals["pld_epsilon"] == pytest.approx(direct_pld.get_epsilon(1e-5), rel=1e-3)
     assert totals["rdp_epsilon"] == pytest.approx(direct_rdp.get_epsilon(1e-5), rel=1e-9)
-    assert ledger["total_epsilon"] == totals["pld_epsilon"] < sum(eps)
-    assert ledger["totals"]["2"] is None
-    assert "zcdp_epsilon" not in totals
+    assert totals["pld_epsilon"] < sum(eps)
+    # the guarantee's relation: replace one example (n_c is public), PLD only
+    replace = pld.PLDAccountant(
+        value_discretization_interval=1e-3,
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+    ).compose(composed)
+    headline = ledger["totals"]["replace_one"]
+    assert headline["pld_epsilon"] == pytest.approx(replace.get_epsilon(1e-5), rel=1e-3)
+    assert ledger["total_epsilon"] == headline["pld_epsilon"] > totals["pld_epsilon"]
+    assert "rdp_epsilon" not in headline and "zcdp_epsilon" not in totals
     assert ledger["clip_norm"] == 1.0
     assert ledger["clip_norm_source"] == "config"
     assert all(0 <= r["clipped_fraction"] <= 1 and r["noise_to_signal"] > 0 for r in rows)
@@ -123,7 +130,9 @@ def test_info_shows_a_dp_sgd_ledger(runs):
     assert "eps_t per round" in result.output
     assert "PLD" in result.output
     # issue 13: info names the mechanism and says what its epsilon protects
-    assert "mechanism dp_sgd (eps per training example, not per client)" in result.output
+    assert "mechanism dp_sgd (eps per training example (replace-one), not per client)" in (
+        result.output
+    )
     assert "group privacy" in result.output
     assert "zCDP" not in result.output
     assert "C = 1 per example (config), sample rate q <= " in result.output

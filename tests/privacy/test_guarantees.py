@@ -38,8 +38,8 @@ def dp_run(tmp_path_factory):
     return run_dir
 
 
-def _pld(events, delta=1e-5):
-    acc = pld.PLDAccountant(value_discretization_interval=1e-3)
+def _pld(events, delta=1e-5, relation=dp_accounting.NeighboringRelation.REPLACE_ONE):
+    acc = pld.PLDAccountant(value_discretization_interval=1e-3, neighboring_relation=relation)
     acc.compose(dp_accounting.ComposedDpEvent(events))
     return acc.get_epsilon(delta)
 
@@ -49,7 +49,7 @@ def test_the_upfront_guarantee_composes_every_round_at_epsilon_max(dp_run):
     ledger = run_info(dp_run)["privacy"]
     g = ledger["epsilon_guarantee"]
     z = noise_multiplier(3.0, 1e-5)  # Eq. 6 at ε_max
-    direct = _pld([dp_accounting.GaussianDpEvent(z)] * 4)
+    direct = _pld([dp_accounting.GaussianDpEvent(z)] * 4)  # replace-one: sensitivity 2S
     assert g["per_round_epsilon"] == 3.0 and g["rounds"] == 4
     assert g["pld_epsilon"] == pytest.approx(direct, rel=1e-3)
     # the realised schedule starts at ε_0 = 1: its total is smaller, and labelled data-dependent
@@ -69,8 +69,15 @@ def test_the_dp_sgd_upfront_guarantee_calibrates_sigma_at_epsilon_max():
     sigma = calibrate_sampled_gaussian(0.25, 8, 2.0, 1e-5)
     step = dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(sigma))
     direct = _pld([dp_accounting.SelfComposedDpEvent(step, 8)] * 3)
+    assert g["neighbour_relation"] == "replace_one"
     assert g["pld_epsilon"] == pytest.approx(direct, rel=1e-3)
-    assert g["pld_epsilon"] > 2.0  # three rounds at ε_max compose to more than one
+    add_remove = _pld(
+        [dp_accounting.SelfComposedDpEvent(step, 8)] * 3,
+        relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+    )
+    assert g["add_remove_pld_epsilon"] == pytest.approx(add_remove, rel=1e-3)
+    assert g["pld_epsilon"] > 1.5 * add_remove > 2.0  # replace-one costs more
+    assert g["rdp_epsilon"] is None  # dp-accounting has no RDP for sampled replace-one
     assert upfront_totals(config, []) is None
 
 
@@ -79,9 +86,10 @@ def test_every_released_statistic_has_a_status(dp_run):
     names = {k.removeprefix("dp_") for m in metrics for k in m if k != "round"}
     names |= set(SCALAR_KEYS) | set(DP_SGD_SCALAR_KEYS) | {"client_sizes", "client_records"}
     assert names <= set(RELEASED_STATISTICS), names - set(RELEASED_STATISTICS)
-    for name in ("train_loss", "clipped_fraction", "raw_norm_median", "noise_to_signal"):
+    assert "train_loss" not in names  # DP clients upload no (noise-free) loss: issue 40
+    for name in ("clipped_fraction", "raw_norm_median", "noise_to_signal"):
         assert RELEASED_STATISTICS[name].startswith("not private")
-    assert RELEASED_STATISTICS["client_sizes"].startswith("treated as public")
+    assert RELEASED_STATISTICS["client_sizes"].startswith("public")
     ledger = run_info(dp_run)["privacy"]
     assert ledger["released_statistics"] == RELEASED_STATISTICS
 
@@ -94,7 +102,8 @@ def test_each_artefact_states_its_guarantee():
         PrivacyConfig.model_validate({"enabled": True, "dp_scope": "store_only"})
     )
     assert store_only["uploads"]["dp"] is False
-    assert store_only["stored_history"]["dp"] is True
+    # its stored models and aggregates are training's, from the clean uploads (issue 40)
+    assert store_only["stored_history"]["dp"] is False
     assert store_only["original_model"]["dp"] is False
     assert not any(v["dp"] for v in artefact_guarantees(PrivacyConfig()).values())
     enabled = PrivacyConfig.model_validate({"enabled": True})

@@ -48,7 +48,14 @@ def test_the_run_mechanism_at_the_stored_budgets_reproduces_training(runs, mecha
     run_dir, cfg = runs[mechanism]
     setup = build_setup(resolve_config(cfg))
     with HistoryStore.open(run_dir / "history") as store:
-        fed = with_run_mechanism(setup.federation, cfg.privacy, store.round_scalars, seed=cfg.seed)
+        # the run's own budgets and draws (a release uses ε_max and a salt of its own)
+        fed = with_run_mechanism(
+            setup.federation,
+            cfg.privacy,
+            store.round_scalars,
+            seed=cfg.seed,
+            epsilon_of=lambda r: store.round_scalars(r)["dp_epsilon"],
+        )
         try:
             final = run_rounds(fed, setup.aggregator, store.read_model(0), num_rounds=3)
         finally:

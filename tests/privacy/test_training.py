@@ -74,18 +74,21 @@ def test_ledger_matches_the_schedule_and_dp_accounting_called_directly(runs):
     assert [r["epsilon"] for r in ledger["rounds"]] == pytest.approx(eps)
     zs = [noise_multiplier(e, 1e-5) for e in eps]
     assert [r["noise_multiplier"] for r in ledger["rounds"]] == pytest.approx(zs)
-    for factor in (1, 2):  # sensitivity S and 2S: the noise multiplier halves
+    # add/remove: sensitivity S; replace one client's data: 2S, the noise multiplier halves
+    for relation, factor in (("add_remove_one", 1), ("replace_one", 2)):
         composed = dp_accounting.ComposedDpEvent(
             [dp_accounting.GaussianDpEvent(z / factor) for z in zs]
         )
         pld_direct = pld.PLDAccountant(value_discretization_interval=1e-3).compose(composed)
         rdp_direct = rdp.RdpAccountant().compose(composed)
-        totals = ledger["totals"][str(factor)]
+        totals = ledger["totals"][relation]
         assert totals["pld_epsilon"] == pytest.approx(pld_direct.get_epsilon(1e-5), rel=1e-3)
         assert totals["rdp_epsilon"] == pytest.approx(rdp_direct.get_epsilon(1e-5), rel=1e-9)
-    totals = ledger["totals"]["1"]
-    assert ledger["total_epsilon"] == totals["pld_epsilon"]
-    assert ledger["totals"]["2"]["pld_epsilon"] > totals["pld_epsilon"]
+    # the guarantee's relation is replace-one (n_c and participation are public)
+    totals = ledger["totals"]["replace_one"]
+    assert ledger["neighbour_relation"] == "replace_one"
+    assert ledger["realised_epsilon"] == ledger["total_epsilon"] == totals["pld_epsilon"]
+    assert totals["pld_epsilon"] > ledger["totals"]["add_remove_one"]["pld_epsilon"]
     assert ledger["clip_norm_source"] == "auto (pilot)"
     assert ledger["clip_norm"] > 0
     assert all(r["noise_to_signal"] > 1 for r in ledger["rounds"])
@@ -120,8 +123,8 @@ def test_info_shows_the_privacy_ledger(runs):
     assert result.exit_code == 0, result.output
     assert "eps_t per round" in result.output
     assert "PLD" in result.output
-    assert "mechanism client_update (eps per client and round)" in result.output
-    assert "add/remove one client's whole update" in result.output
+    assert "mechanism client_update (eps per client and round (replace one" in result.output
+    assert "replace one client's data by other data of the same size" in result.output
     assert "zCDP" in result.output
     clean = CliRunner().invoke(app, ["info", str(runs["clean"]), "--json"])
     assert json.loads(clean.output)["privacy"] == {"enabled": False, "variant": "no DP"}

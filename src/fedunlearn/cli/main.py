@@ -200,7 +200,7 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
             [
                 "privacy",
                 f"{mechanism} ({_GUARANTEE_SHORT.get(mechanism, '')}), {p['dp_scope']}: "
-                f"total eps {p['total_epsilon']:.3f} at delta {p['delta']:g}",
+                + _headline_epsilon(p.get("epsilon"), p.get("realised_epsilon"), p["delta"]),
             ]
         )
     if summary.get("repaired"):
@@ -438,22 +438,35 @@ def info(
 
 #: What one unit of ε protects, per ``privacy.mechanism`` (the ledger's ``guarantee`` says more).
 _GUARANTEE_SHORT = {
-    "dp_sgd": "eps per training example, not per client",
-    "client_update": "eps per client and round",
+    "dp_sgd": "eps per training example (replace-one), not per client",
+    "client_update": "eps per client and round (replace one client's data)",
 }
+
+
+def _headline_epsilon(guarantee: float | None, realised: float | None, delta: float) -> str:
+    """The guarantee first (a priori), the realised schedule's total beside it, labelled."""
+    first = "guarantee eps -" if guarantee is None else f"guarantee eps {guarantee:.3f}"
+    second = (
+        "" if realised is None else f"; realised {realised:.3f} (data-dependent, not a guarantee)"
+    )
+    return f"{first} (a priori, replace-one) at delta {delta:g}{second}"
 
 
 def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
     """Rows of ``info`` for a run's privacy ledger: mechanism, guarantee, budget, totals."""
     mechanism = privacy.get("mechanism", "client_update")
-    totals = privacy["totals"][str(privacy["sens_factor"])] or {}
+    totals = privacy["totals"].get(privacy.get("neighbour_relation", "replace_one")) or {}
     delta = privacy["delta"]
+    guarantee = privacy.get("epsilon_guarantee")
     rows = [
         [
             "privacy",
-            f"mechanism {mechanism} ({_GUARANTEE_SHORT.get(mechanism, '')}), delta = {delta:g}",
+            f"mechanism {mechanism} ({_GUARANTEE_SHORT.get(mechanism, '')}), "
+            + _headline_epsilon(
+                (guarantee or {}).get("pld_epsilon"), privacy.get("realised_epsilon"), delta
+            ),
         ],
-        ["  guarantee", str(privacy["guarantee"])],
+        ["  protects", str(privacy["guarantee"])],
     ]
     if mechanism == "dp_sgd":
         rows.append(
@@ -494,15 +507,14 @@ def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
         )
         if totals.get(key) is not None
     ]
-    rows.append([f"  total eps (delta {delta:g})", ", ".join(parts) or "-"])
-    guarantee = privacy.get("epsilon_guarantee")
-    if guarantee:  # the a-priori bound; the realised total above is data-dependent
+    if guarantee:  # the a-priori bound: the headline
         rows.append(
             [
                 "  guarantee (a priori)",
-                f"eps {guarantee['pld_epsilon']:.3f} (PLD): every round at eps_max = "
-                f"{guarantee['per_round_epsilon']:g}; the realised total is data-dependent and "
-                "the adaptive choice of eps_t is not covered",
+                f"eps {guarantee['pld_epsilon']:.3f} (PLD, replace-one; add/remove would be "
+                f"{guarantee['add_remove_pld_epsilon']:.3f} if n_c were hidden): every round at "
+                f"eps_max = {guarantee['per_round_epsilon']:g}; conditional on the realised "
+                "schedule, which reads the noise-free server loss and is not covered",
             ]
         )
         if guarantee.get("ended_at_generation") is not None:
@@ -516,6 +528,7 @@ def _privacy_rows(privacy: dict[str, Any]) -> list[list[str]]:
                     f"and {releases['releases']} applied DP result(s), composed sequentially",
                 ]
             )
+    rows.append([f"  realised (data-dependent, delta {delta:g})", ", ".join(parts) or "-"])
     replaced = sum(1 for r in privacy["rounds"] if r.get("replaced_by_generation"))
     if replaced:
         rows.append(

@@ -26,7 +26,6 @@ import torch
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval.mia.client import ClientMembershipEvidence
 from fedunlearn.privacy.reference import with_run_mechanism
-from fedunlearn.runs.rundir import stored_clip_norm
 from fedunlearn.unlearn import (
     Details,
     UnlearnRequest,
@@ -49,6 +48,9 @@ __all__ = [
 ]
 
 REFERENCES = ("original", "retrain")
+#: The receipt's DP Retrain reference draws its noise and batches under this name
+#: (``UnlearnContext.release_noise_salt``): never the run's rounds' draws, nor a release's.
+REFERENCE_SALT = "receipt_reference"
 
 
 def reference_retrain(
@@ -61,9 +63,10 @@ def reference_retrain(
     """Return the Retrain result a ``reference`` asks for: run it for ``retrain``, else None.
 
     On a run trained with DP (``dp_scope: train_and_store``) Retrain trains under the run's
-    own mechanism at its stored per-round ε_t (``fedunlearn.privacy.reference``): a DP Retrain,
-    whose ``details`` are ``DPRetrainDetails``; a DP method is then judged against the same
-    noise. Other runs: the plain Retrain.
+    own mechanism at ε_max per round (``fedunlearn.privacy.reference``), with noise and
+    batches of its own (``REFERENCE_SALT``): a DP Retrain, whose ``details`` are
+    ``DPRetrainDetails``; a DP method is then judged against the same noise level, not the
+    same draws. Other runs: the plain Retrain.
 
     Args:
         session: The opened run.
@@ -85,7 +88,9 @@ def reference_retrain(
         run.config.privacy,
         run.store.round_scalars,
         seed=run.config.seed,
-        clip_norm=stored_clip_norm(run.store),
+        clip_norm=session.release_clip_norm(request),
+        # noise and batches of its own: never the run's rounds' nor a release's (issue 40)
+        noise_salt=session.context(request).release_noise_salt(REFERENCE_SALT, request.forget),
     )
     if private is None:
         return session.run(make_method("retrain"), request, progress=progress)
@@ -109,7 +114,7 @@ class DPRetrainDetails(Details):
 
     mechanism: str
     private: bool = True
-    note: str = "each round at the run's stored ε_t, the run's clip norm and seeds"
+    note: str = "each round at ε_max, the release clip norm, noise and batches of its own"
 
 
 CONTINUED_ROUNDS = 5  # rounds the clean control trains beyond Retrain

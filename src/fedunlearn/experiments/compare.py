@@ -23,11 +23,15 @@ from typing import Any, Protocol
 import torch
 
 import fedunlearn
+from fedunlearn.config import RunConfig
 from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.judge import Judge, finite_or_none
 from fedunlearn.eval.plan import ReceiptOptions, open_receipts
 from fedunlearn.eval.references import clean_path
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.privacy.guarantees import result_privacy
+from fedunlearn.privacy.releases import method_release
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
@@ -204,6 +208,26 @@ def compare_methods(
     }
 
 
+def _result_privacy(
+    config: RunConfig, store: HistoryStore, method: str, params: Any
+) -> dict[str, Any]:
+    """The result's ``privacy``: the run's ledger, this model's status, every statistic's.
+
+    The model's status is derived as ``fedunlearn apply`` derives it: from the method and its
+    parameters (``fedunlearn.privacy.releases``), so a result states one status per artefact.
+    """
+    release = method_release(method, params.model_dump(mode="json"), config)
+    reason = (
+        release.reason
+        if release is not None
+        else f"{method} with these parameters trains its fresh updates without the run's DP "
+        "mechanism: the unlearned model is not DP"
+    )
+    return result_privacy(
+        run_privacy(config, store), released_dp=release is not None, reason=reason
+    )
+
+
 def unlearn_one(
     run_dir: str | Path,
     forget: Sequence[int],
@@ -274,9 +298,7 @@ def unlearn_one(
             "round_metrics": _jsonable_rounds(result),
             "details": result.details.to_dict(),
             "lineage": result.lineage.to_dict() if result.lineage is not None else None,
-            "privacy": {
-                k: v for k, v in run_privacy(run.config, run.store).items() if k != "rounds"
-            },
+            "privacy": _result_privacy(run.config, run.store, method, unlearner.params),
         }
         if verify:
             exact = result.lineage is not None and result.lineage.exact

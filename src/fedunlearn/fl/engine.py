@@ -17,6 +17,7 @@ One round (``run_round``):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -60,6 +61,19 @@ def screen_update(update: ClientUpdate, num_params: int) -> str | None:
         bad = int((~torch.isfinite(delta)).sum())
         return f"{bad} non-finite (NaN/Inf) coordinate(s)"
     return None
+
+
+def mean_train_loss(updates: Sequence[ClientUpdate]) -> dict[str, float]:
+    """Return ``{"train_loss": n_c-weighted mean}`` over the updates that report a loss.
+
+    A client that reports none (NaN: a DP client keeps its noise-free loss,
+    ``fedunlearn.privacy.local_training.withhold_loss``) is left out; ``{}`` when none reports.
+    """
+    reported = [u for u in updates if math.isfinite(u.train_loss)]
+    total = sum(u.num_samples for u in reported)
+    if not reported or total <= 0:
+        return {}
+    return {"train_loss": sum(u.train_loss * u.num_samples for u in reported) / total}
 
 
 def run_round(
@@ -119,10 +133,7 @@ def _round_metrics(
     accepted: Sequence[ClientUpdate], params: torch.Tensor, evaluate: Evaluator | None
 ) -> dict[str, float]:
     """A round's metrics: the uploads' sample-weighted training loss and the evaluation."""
-    metrics: dict[str, float] = {}
-    if accepted:
-        total = sum(u.num_samples for u in accepted)
-        metrics["train_loss"] = sum(u.train_loss * u.num_samples for u in accepted) / total
+    metrics = mean_train_loss(accepted)
     if evaluate is not None:
         metrics.update(evaluate(params))
     return metrics

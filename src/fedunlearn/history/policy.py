@@ -29,11 +29,14 @@ Whatever the policy, ``HistoryRecorder`` writes one ``ClientRecord`` per sampled
 status, n_c, the norm of the client's delta ||Δ_c|| and, in its scalars, ``<Δ_c, G_t>`` with the
 round's aggregate G_t (``DOT_AGGREGATE_KEY``, float64). These cost two reductions per client and
 let a method bound a client's influence on rounds whose updates were not kept (Crab's
-``rollback: bounded``, docs/methods/crab.md).
+``rollback: bounded``, docs/methods/crab.md). The client's training loss is kept when the client
+reported one (DP clients do not: ``reported_loss``); ``client_values=False`` (a DP store whose
+uploads were clean, ``dp_scope: store_only``) keeps neither norm nor inner product.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -269,12 +272,33 @@ def record_multiplicity(record: ClientRecord) -> int:
     return int(record.scalars.get(MULTIPLICITY_KEY, 1) or 1)
 
 
-class HistoryRecorder:
-    """Round observer that commits each finished round to a ``HistoryStore`` atomically."""
+def reported_loss(value: float) -> float | None:
+    """A client's training loss as a record keeps it: None when it reported none (NaN)."""
+    return float(value) if math.isfinite(value) else None
 
-    def __init__(self, store: HistoryStore, policy: RecordingPolicy | DeferredPolicy) -> None:
+
+class HistoryRecorder:
+    """Round observer that commits each finished round to a ``HistoryStore`` atomically.
+
+    Args:
+        store: The run's store.
+        policy: The recording policy.
+        client_values: Record each accepted client's ||Δ_c|| and ``<Δ_c, G_t>`` (default).
+            False (``privacy.dp_scope: store_only``, where the uploads are clean and only the
+            stored copies are noised) records neither: they would be noise-free values about
+            each client in a store whose content is stated DP.
+    """
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        policy: RecordingPolicy | DeferredPolicy,
+        *,
+        client_values: bool = True,
+    ) -> None:
         self.store = store
         self.policy = policy
+        self.client_values = client_values
 
     def on_round_end(self, record: RoundRecord) -> None:
         """Write the round: global model, aggregate, chosen updates, every client's outcome.
@@ -296,11 +320,15 @@ class HistoryRecorder:
                 client_id=u.client_id,
                 status=UpdateStatus.ACCEPTED.value,
                 num_samples=u.num_samples,
-                norm=float(u.delta.norm()),
-                loss=float(u.train_loss),
+                norm=float(u.delta.norm()) if self.client_values else None,
+                loss=reported_loss(u.train_loss),
                 reason=None,
                 scalars={
-                    DOT_AGGREGATE_KEY: float(u.delta.to(torch.float64) @ aggregate),
+                    **(
+                        {DOT_AGGREGATE_KEY: float(u.delta.to(torch.float64) @ aggregate)}
+                        if self.client_values
+                        else {}
+                    ),
                     **multiplicity_scalar(record, u.client_id),
                 },
             )

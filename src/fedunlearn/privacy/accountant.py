@@ -7,8 +7,19 @@ Two kinds of round event, one per ``privacy.mechanism``:
   ``GaussianDpEvent(ζ_t)`` (full participation, no subsampling).
 - ``dp_sgd``: a round is ``steps`` sampled Gaussian steps on one client's data, i.e.
   ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(σ_t)), steps)`` (Abadi et al.
-  2016; Mironov, Talwar, Zhang 2019), at the add/remove-one-example relation. σ_t is calibrated
-  so that the round costs ε_t at δ by RDP (``calibrate_sampled_gaussian``).
+  2016; Mironov, Talwar, Zhang 2019). σ_t is calibrated so that the round costs ε_t at δ by
+  RDP at the add/remove-one-example relation (``calibrate_sampled_gaussian``), the relation
+  the budget ε_t is set in.
+
+Neighbour relations (``Relation``): ``add_remove_one`` (one record added or removed) and
+``replace_one`` (one record replaced by another). The guarantee a run states is
+``replace_one`` (``GUARANTEE_RELATION``): every upload carries its client's exact sample count,
+and q, the step count and the FedAvg weights follow from it, so adding or removing a record is
+visible and add/remove cannot hold. dp-accounting's PLD accountant composes Poisson-sampled
+Gaussians under ``REPLACE_ONE`` (one record's clipped contribution moves by C one way and its
+replacement's by C the other); its RDP accountant does not, so a ``dp_sgd`` total under
+``replace_one`` has no RDP figure (None). A Gaussian release without sampling under
+``replace_one`` is the add/remove one at twice the sensitivity (``client_update``'s factor 2).
 
 T rounds compose. Reported, at a target δ:
 
@@ -30,8 +41,10 @@ drops them) and only matter at per-event ε far above any budget used here.
 ``fedunlearn`` command imports this module.
 
 Deviations:
-    [REC] Sensitivity S (``sens_factor=1``, add/remove a client's contribution, the paper's
-        calibration) is the headline; ``sens_factor=2`` (replace adjacency) is reported too.
+    [REC] The paper states ε_t at sensitivity S (add/remove a client's contribution); the
+        guarantee here is stated at ``replace_one`` (sensitivity 2S for a client's update,
+        2C-apart clipped gradients for an example), since the sample counts are public;
+        ``add_remove_one`` is reported beside it (issue 40, docs/privacy.md).
     [REC] The loss values that drive the budget and the stage triggers are computed on client
         data without noise: a small leak the ledger does not account (AD3).
 """
@@ -43,7 +56,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from fedunlearn.errors import ConfigError
 
@@ -51,6 +64,10 @@ if TYPE_CHECKING:
     import dp_accounting
 
 PLD_DISCRETIZATION = 1e-3
+#: The neighbour relations accounted (see the module doc).
+Relation = Literal["add_remove_one", "replace_one"]
+#: The relation a run's guarantee is stated in: the sample counts are public (module doc).
+GUARANTEE_RELATION: Relation = "replace_one"
 #: RDP orders: dp-accounting's default grid without the orders below 2 (see module doc).
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(10, 100)] + list(range(11, 64)) + [128, 256, 512])
 
@@ -124,11 +141,41 @@ def rdp_epsilon(event: dp_accounting.DpEvent, delta: float, *, sampled: bool = T
     return float(acc.get_epsilon(delta))
 
 
-def pld_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
-    """Return ε at δ of ``event`` by PLD (discretisation ``PLD_DISCRETIZATION``)."""
+def _neighbouring(relation: Relation) -> dp_accounting.NeighboringRelation:
+    import dp_accounting
+
+    if relation == "replace_one":
+        return dp_accounting.NeighboringRelation.REPLACE_ONE
+    if relation == "add_remove_one":
+        return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    raise ConfigError(f"unknown neighbour relation {relation!r}; use add_remove_one or replace_one")
+
+
+def pld_epsilon(
+    event: dp_accounting.DpEvent, delta: float, relation: Relation = "add_remove_one"
+) -> float:
+    """Return ε at δ of ``event`` by PLD (discretisation ``PLD_DISCRETIZATION``) at ``relation``.
+
+    Cached for hashable events (one round's, which ledgers ask for again and again).
+    """
+    try:
+        return _cached_pld_epsilon(event, delta, relation)
+    except TypeError:  # a composed event holds a list: not hashable
+        return _pld_epsilon(event, delta, relation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_pld_epsilon(event: dp_accounting.DpEvent, delta: float, relation: Relation) -> float:
+    return _pld_epsilon(event, delta, relation)
+
+
+def _pld_epsilon(event: dp_accounting.DpEvent, delta: float, relation: Relation) -> float:
     from dp_accounting import pld
 
-    acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    acc = pld.PLDAccountant(
+        neighboring_relation=_neighbouring(relation),
+        value_discretization_interval=PLD_DISCRETIZATION,
+    )
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 
@@ -223,9 +270,9 @@ class PrivacyAccountant:
             return 0.0
         return rdp_epsilon(self.event(), delta, sampled=self.sampled)
 
-    def pld_epsilon(self, delta: float) -> float:
-        """Return the total ε at δ by PLD composition (discretisation 1e-3)."""
-        return pld_epsilon(self.event(), delta) if self.events else 0.0
+    def pld_epsilon(self, delta: float, relation: Relation = "add_remove_one") -> float:
+        """Return the total ε at δ by PLD composition (discretisation 1e-3) at ``relation``."""
+        return pld_epsilon(self.event(), delta, relation) if self.events else 0.0
 
     def zcdp_epsilon(self, delta: float) -> float:
         """Return the total ε at δ by the zCDP closed form (unsampled single releases only).
@@ -247,12 +294,13 @@ class PrivacyTotals:
     rounds: int
     basic_epsilon: float
     basic_delta: float
-    rdp_epsilon: float
+    rdp_epsilon: float | None  # None: dp_sgd under replace_one (no RDP accountant for it)
     pld_epsilon: float
     zcdp_epsilon: float | None  # None for dp_sgd: no closed form for sampled events
     max_round_epsilon: float  # tightest ε of the costliest round (analytic Gaussian or PLD)
+    relation: Relation = "add_remove_one"
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | str]:
         """Return the totals as a JSON-ready dict (fields that do not apply are left out)."""
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
@@ -262,6 +310,8 @@ def totals(noise_multipliers: Sequence[float], delta: float, sens_factor: int = 
 
     Basic composition sums the classic-bound ε of each release, sqrt(2 ln(1.25/δ)) / ζ_t (the
     nominal ε_t in ``standard`` mode at sensitivity S; ε_t / S in ``paper_literal`` mode).
+    ``sens_factor`` 2 is the ``replace_one`` relation of a client's update (sensitivity 2S),
+    1 is ``add_remove_one``.
     """
     acc = PrivacyAccountant()
     for z in noise_multipliers:
@@ -277,31 +327,42 @@ def totals(noise_multipliers: Sequence[float], delta: float, sens_factor: int = 
         pld_epsilon=acc.pld_epsilon(delta),
         zcdp_epsilon=acc.zcdp_epsilon(delta),
         max_round_epsilon=analytic_gaussian_epsilon(smallest, delta) if smallest else 0.0,
+        relation="replace_one" if sens_factor == 2 else "add_remove_one",
     )
 
 
 def sampled_totals(
-    events: Sequence[SampledGaussian], round_epsilons: Sequence[float], delta: float
+    events: Sequence[SampledGaussian],
+    round_epsilons: Sequence[float],
+    delta: float,
+    relation: Relation = "add_remove_one",
 ) -> PrivacyTotals:
-    """Return the totals of ``dp_sgd`` rounds (add/remove one example, sensitivity C).
+    """Return the totals of ``dp_sgd`` rounds (one example, per-example clip norm C).
 
     Args:
         events: One ``SampledGaussian`` per round (σ_t, q, steps).
-        round_epsilons: Each round's own ε at δ (RDP, what σ_t was calibrated to); basic
-            composition sums them.
+        round_epsilons: Each round's own ε at δ under ``add_remove_one`` (RDP, what σ_t was
+            calibrated to); basic composition sums them there. Under ``replace_one`` basic
+            composition sums each round's own PLD ε at that relation instead.
         delta: δ of the totals.
+        relation: The neighbour relation (``replace_one``: PLD only, ``rdp_epsilon`` None).
     """
     acc = PrivacyAccountant()
     for e in events:
         acc.compose(e.noise_multiplier, e.sample_rate, e.steps)
+    per_round = {e: pld_epsilon(e.event(), delta, relation) for e in set(events)}
+    replace = relation == "replace_one"
     return PrivacyTotals(
         delta=delta,
         sens_factor=1,
         rounds=len(events),
-        basic_epsilon=float(sum(round_epsilons)),
+        basic_epsilon=float(sum(per_round[e] for e in events))
+        if replace
+        else float(sum(round_epsilons)),
         basic_delta=len(events) * delta,
-        rdp_epsilon=acc.rdp_epsilon(delta),
-        pld_epsilon=acc.pld_epsilon(delta),
+        rdp_epsilon=None if replace or not events else acc.rdp_epsilon(delta),
+        pld_epsilon=acc.pld_epsilon(delta, relation),
         zcdp_epsilon=None,
-        max_round_epsilon=max((pld_epsilon(e.event(), delta) for e in set(events)), default=0.0),
+        max_round_epsilon=max(per_round.values(), default=0.0),
+        relation=relation,
     )

@@ -21,7 +21,7 @@ Deviations:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -42,15 +42,18 @@ def pilot_clip_norm(
     initial_params: torch.Tensor,
     *,
     rounds: int = 1,
+    client_ids: Sequence[int] | None = None,
 ) -> tuple[float, list[float]]:
     """Run ``rounds`` no-DP rounds; return (median upload norm, every norm seen).
 
-    Falls back to S = 1 when no positive finite norm was observed.
+    ``client_ids``: the clients of the pilot (default: all). Falls back to S = 1 when no
+    positive finite norm was observed.
     """
     params = initial_params
     norms: list[float] = []
+    ids = list(clients.client_ids if client_ids is None else client_ids)
     for round_ in range(1, rounds + 1):
-        record = run_round(clients, aggregator, params, round_, list(clients.client_ids))
+        record = run_round(clients, aggregator, params, round_, ids)
         norms += [float(u.delta.to(torch.float64).norm()) for u in record.updates]
         params = record.global_after
     usable = [n for n in norms if n > 0]

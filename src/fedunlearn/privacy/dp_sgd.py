@@ -7,7 +7,8 @@ Both share the pieces here, so a client's batches and noise are the same draws i
 1. Sampling (Poisson, rate q = min(1, B / n_c)): ``steps = ceil(E / q)`` steps, i.e.
    ``ceil(E n_c / B)`` (E epochs in expectation); at each step every example joins the batch
    independently with probability q, from ``torch.rand(n_c, generator)`` < q, the generator
-   seeded by ``derive_seed(task_seed, "dp_sgd_batches")``. Batches vary in size, may be empty.
+   seeded by ``derive_seed(task_seed, "dp_sgd_batches")`` (with a release's salt appended, as
+   the noise's). Batches vary in size, may be empty.
 2. Per-example gradients of the cross-entropy, each clipped to L2 norm C
    (:mod:`fedunlearn.privacy.per_example`), summed.
 3. Noise: σ C ξ with ξ ~ N(0, I_d) drawn by ``normal_`` into a d-vector from a generator seeded
@@ -53,6 +54,7 @@ __all__ = [
     "num_steps",
     "poisson_batches",
     "sample_rate",
+    "steps_of",
 ]
 
 
@@ -65,15 +67,27 @@ def sample_rate(num_samples: int, batch_size: int) -> float:
 
 def num_steps(num_samples: int, spec: LocalTrainingSpec) -> int:
     """Return ceil(E / q) = ceil(E n / B) steps (E when q = 1); 0 for a client without data."""
+    return steps_of(num_samples, spec.epochs, spec.batch_size)
+
+
+def steps_of(num_samples: int, epochs: int, batch_size: int) -> int:
+    """``num_steps`` from E and B alone."""
     if num_samples < 1:
         return 0
-    if num_samples <= spec.batch_size:
-        return spec.epochs
-    return -(-spec.epochs * num_samples // spec.batch_size)
+    if num_samples <= batch_size:
+        return epochs
+    return -(-epochs * num_samples // batch_size)
 
 
-def batch_generator(task_seed: int) -> torch.Generator:
-    """Return the generator of a task's Poisson draws."""
+def batch_generator(task_seed: int, salt: int = 0) -> torch.Generator:
+    """Return the generator of a task's Poisson draws.
+
+    ``salt`` != 0 gives another release its own batches, as ``noise_generator`` its own noise:
+    the sampled-Gaussian accounting of two releases composes them as independent, which
+    releases that share their Poisson draws are not (docs/privacy.md, "Shared randomness").
+    """
+    if salt:
+        return torch_generator(derive_seed(task_seed, "dp_sgd_batches", salt))
     return torch_generator(derive_seed(task_seed, "dp_sgd_batches"))
 
 
@@ -204,7 +218,8 @@ def dp_sgd_update(
         noise_multiplier: σ, noise std over C.
         seed: The task seed (batches and noise derive from it).
         client_id: Id recorded in the update.
-        noise_salt: A release's own noise (``noise_generator``); 0: the task seed's.
+        noise_salt: A release's own noise and batches (``noise_generator``,
+            ``batch_generator``); 0: the task seed's.
 
     Returns:
         The update (delta, n_c, mean loss of the sampled examples) and its ``ClientNoise``.
@@ -221,7 +236,7 @@ def dp_sgd_update(
     momentum_buffer, noise_buffer = torch.zeros_like(params), torch.zeros_like(params)
     noise_delta = torch.zeros_like(params)
     n = len(data)
-    batches = poisson_batches(n, spec, batch_generator(seed))
+    batches = poisson_batches(n, spec, batch_generator(seed, noise_salt))
     noises = noise_generator(seed, noise_salt)
     scale = noise_multiplier * clip_norm
     expected = sample_rate(n, spec.batch_size) * n if n else 1.0

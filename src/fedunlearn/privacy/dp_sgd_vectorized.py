@@ -128,7 +128,8 @@ class VectorizedDPSGD:
     ) -> list[tuple[ClientUpdate, ClientNoise]]:
         """Train every ``(client_id, task_seed)`` task; results in task order.
 
-        ``noise_salt``: a release's own noise (``dp_sgd.noise_generator``); 0: the task seed's.
+        ``noise_salt``: a release's own draws, noise and Poisson batches
+        (``dp_sgd.noise_generator``, ``dp_sgd.batch_generator``); 0: the task seed's.
 
         Raises:
             ConfigError: if ``global_params`` is not a flat vector of this model's size.
@@ -225,7 +226,7 @@ class VectorizedDPSGD:
         dev = self.device
         sizes = [self._sizes[cid] for cid, _ in tasks]
         plans = [
-            poisson_batches(n, spec, batch_generator(seed))
+            poisson_batches(n, spec, batch_generator(seed, noise_salt))
             for n, (_, seed) in zip(sizes, tasks, strict=True)
         ]
         steps = max((len(p) for p in plans), default=0)

@@ -26,6 +26,7 @@ from typing import Any
 
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.privacy.accountant import (
+    GUARANTEE_RELATION,
     SampledGaussian,
     calibrate_sampled_gaussian,
     sampled_totals,
@@ -35,20 +36,34 @@ from fedunlearn.privacy.local_training import RoundDPSGD
 
 __all__ = [
     "RELEASED_STATISTICS",
+    "RESULT_STATISTICS",
     "SCHEDULE_CAVEAT",
+    "UPFRONT_BASIS",
     "applied_privacy",
+    "apriori_epsilon",
     "artefact_guarantees",
     "dp_sgd_unlearning_ledger",
     "living_artefacts",
+    "result_privacy",
     "unlearned_model_guarantee",
     "upfront_totals",
 ]
 
 SCHEDULE_CAVEAT = (
     "ε_t is chosen by Eq. 4 from the server loss, computed on the clients' data without noise: "
-    "the realised total (total_epsilon) is data-dependent and not a DP guarantee by itself; the "
-    "guarantee is epsilon_guarantee (every round at ε_max), which covers the noised releases "
-    "but not the adaptive choice of ε_t nor FedADP's stage boundaries (both read that loss)"
+    "the realised total (realised_epsilon) is data-dependent and not a DP guarantee by itself; "
+    "the guarantee is epsilon_guarantee (every round at ε_max), a bound conditional on the "
+    "realised schedule, which covers the noised releases but not the schedule itself (ε_t, "
+    "σ_t, published to full precision) nor FedADP's stage boundaries (both read that loss)"
+)
+#: What ``epsilon_guarantee`` is a bound of (its ``basis``).
+UPFRONT_BASIS = (
+    "a priori, at replace-one: every round at ε_max (Eq. 4 clamps ε_t to it, so σ_t is at "
+    "least the σ of ε_max), composed by PLD. It bounds the noised releases (uploads, models) "
+    "conditional on the realised schedule: for two neighbouring datasets that lead to the same "
+    "ε_1..ε_T the releases are (ε, δ)-DP. The schedule itself (ε_t, σ_t) is a noise-free "
+    "function of the server loss on the clients' data, published to full precision, and is not "
+    "covered; with epsilon_min = epsilon_max it is fixed and the bound is unconditional"
 )
 
 #: Every statistic a DP run releases besides its models (round metrics by name, ledger rows
@@ -56,7 +71,8 @@ SCHEDULE_CAVEAT = (
 RELEASED_STATISTICS: dict[str, str] = {
     "clients_loss": "not private: the server loss L(M_t) on the clients' data, without noise "
     "(drives ε_t and the stages)",
-    "train_loss": "not private: the clients' mean local training loss, without noise",
+    "train_loss": "not released by DP training: DP clients upload no training loss (it is "
+    "noise-free); a round metric of non-DP rounds only (unlearning's fresh training)",
     "epsilon": "not private: ε_t, a function of clients_loss (Eq. 4)",
     "epsilon_achieved": "not private: a function of ε_t and the public (q, steps)",
     "round_epsilon_pld": "not private: a function of ε_t and the public (q, steps)",
@@ -70,8 +86,12 @@ RELEASED_STATISTICS: dict[str, str] = {
     "clipped_fraction": "not private: share of clipped gradients or updates, without noise",
     "raw_norm_median": "not private: median unclipped norm, without noise",
     "noise_to_signal": "not private: uses each round's clean (noise-free) signal",
-    "client_sizes": "treated as public: the client sample counts n_c (FedAvg weights, q)",
-    "client_records": "public: who took part in a round, accepted or rejected, stored or not",
+    "client_sizes": "public: the client sample counts n_c (every upload carries its own; "
+    "FedAvg weights, q, steps): hence the replace-one relation (neighbour_relation)",
+    "client_records": "public: who took part in a round, accepted or rejected, stored or not, "
+    "with n_c; an accepted DP upload's ||Δ_c|| and <Δ_c, G_t> are post-processing of the "
+    "noised uploads (not kept under store_only, whose uploads are clean); no training loss is "
+    "kept; forget drops every value of the forgotten clients",
     "num_accepted": "public: how many uploads a round accepted",
     "num_rejected": "public: how many uploads a round rejected",
     "test_accuracy": "public data only (the server's test set)",
@@ -80,10 +100,52 @@ RELEASED_STATISTICS: dict[str, str] = {
 }
 
 
+#: Every statistic an unlearning result publishes besides its model (the keys of its JSON),
+#: and what protects it. None is covered by an ε: the result's figures are measured on the
+#: run's data or models without noise, or on reference models no ε accounts.
+RESULT_STATISTICS: dict[str, str] = {
+    "round_metrics": "public data only, per unlearning round (test_accuracy, test_loss, "
+    "backdoor_asr on the server's test sets); any other metric a round reports is listed here "
+    "by name",
+    "stored_bytes": "public: the bytes of history the method needs",
+    "costs": "public: rounds, client participations and epochs, bytes read and sent (functions "
+    "of the request, the run's public sample counts and the stored history's shape); "
+    "wall_seconds is timing",
+    "details": "not private: the method's own figures (FedADP's step ratio and cos θ share, "
+    "stored fractions, participants; a DP release's ε ledger is public) read the clients' fresh "
+    "updates, noise-free unless the model is a DP release, and the stored history",
+    "lineage": "public: which stored rounds, updates and models the method read",
+    "verification": "not private: the receipt measures the model and its reference models on "
+    "the clients' data and the run's models without noise (membership AUCs on client samples, "
+    "the distance to a Retrain reference, marker rates, the store's deletion evidence); a DP "
+    "Retrain reference draws noise and batches of its own but is accounted in no ε",
+    "retrain": "not private: the reference Retrain's test accuracy, backdoor ASR and cost; the "
+    "reference is trained on the remaining clients' data and accounted in no ε",
+}
+
+
+def result_privacy(ledger: Mapping[str, Any], *, released_dp: bool, reason: str) -> dict[str, Any]:
+    """Return a result's ``privacy`` section: the run's ledger with this result's statuses.
+
+    One status per artefact: ``artefacts.unlearned_model`` is this result's model (``dp``,
+    ``guarantee``), not the default every method starts from; ``released_statistics`` adds
+    every statistic the result publishes (``RESULT_STATISTICS``). Rows are left out.
+    """
+    out = {k: v for k, v in ledger.items() if k != "rounds"}
+    if not ledger.get("enabled"):
+        return out
+    out["artefacts"] = {
+        **dict(ledger.get("artefacts") or {}),
+        "unlearned_model": {"dp": bool(released_dp), "guarantee": str(reason)},
+    }
+    out["released_statistics"] = {**RELEASED_STATISTICS, **RESULT_STATISTICS}
+    return out
+
+
 def _per_round_unit(config: PrivacyConfig) -> str:
     if config.mechanism == "dp_sgd":
-        return "per training example of one client"
-    return "per client and round"
+        return "per training example of one client (replace-one)"
+    return "per client and round (replace one client's data)"
 
 
 def artefact_guarantees(
@@ -269,8 +331,11 @@ def _artefacts(config: PrivacyConfig) -> dict[str, dict[str, Any]]:
         return {
             "uploads": clean,
             "stored_history": {
-                "dp": True,
-                "guarantee": f"the stored copies are noised: (ε, δ)-DP {unit}, epsilon_guarantee",
+                "dp": False,
+                "guarantee": f"only its updates are DP: the stored copies are noised, (ε, δ)-DP "
+                f"{unit} at epsilon_guarantee; the stored global models and aggregates are "
+                "training's, computed from the clean uploads (not DP), and the client records "
+                "keep no norm, inner product or loss",
             },
             "original_model": dict(clean),
             "unlearned_model": unlearned,
@@ -315,44 +380,64 @@ def upfront_totals(
 
     ``dp_sgd``: each round's (q, steps) (public: client sample counts) with σ calibrated to
     ε_max; ``client_update``: each round's noise multiplier scaled to ε_max (ζ ∝ 1/ε, Eq. 6).
+    Composed by PLD at the guarantee's relation (``replace_one``; RDP too for
+    ``client_update``), and at ``add_remove_one`` beside it.
 
     Args:
         config: The run's ``privacy`` section (enabled).
         rows: The ledger rows (``privacy_summary``'s ``rounds``).
 
     Returns:
-        ``{"per_round_epsilon", "rounds", "pld_epsilon", "rdp_epsilon", "basis"}``, or None
-        without rows.
+        ``{"neighbour_relation", "per_round_epsilon", "rounds", "delta", "pld_epsilon",
+        "rdp_epsilon", "add_remove_pld_epsilon", "basis"}``, or None without rows.
     """
     if not rows:
         return None
     eps_max = config.budget.epsilon_max
+    if config.mechanism == "dp_sgd":
+        rounds: list[Any] = [(float(r["sample_rate"]), int(r["steps"])) for r in rows]
+    else:  # ζ at ε_max: ζ ∝ 1/ε (Eq. 6)
+        rounds = [float(r["noise_multiplier"]) * float(r["epsilon"]) / eps_max for r in rows]
+    return _apriori(config, rounds, eps_max)
+
+
+def _apriori(config: PrivacyConfig, rounds: Sequence[Any], per_round: float) -> dict[str, Any]:
+    """The composition of ``rounds`` each at budget ``per_round`` (see ``upfront_totals``).
+
+    ``rounds``: ``dp_sgd``: each round's accounted (q, steps); ``client_update``: each round's
+    noise multiplier ζ at S (add/remove).
+    """
     delta = config.delta
     if config.mechanism == "dp_sgd":
         events = [
-            SampledGaussian(
-                calibrate_sampled_gaussian(
-                    float(r["sample_rate"]), int(r["steps"]), eps_max, delta
-                ),
-                float(r["sample_rate"]),
-                int(r["steps"]),
-            )
-            for r in rows
+            SampledGaussian(calibrate_sampled_gaussian(q, steps, per_round, delta), q, steps)
+            for q, steps in rounds
         ]
-        t = sampled_totals(events, [eps_max] * len(events), delta)
+        spent = [per_round] * len(events)
+        t = sampled_totals(events, spent, delta, GUARANTEE_RELATION)
+        other = sampled_totals(events, spent, delta, "add_remove_one")
     else:
-        f = config.sens_factor
-        zs = [float(r["noise_multiplier"]) * float(r["epsilon"]) / eps_max / f for r in rows]
-        t = totals(zs, delta, f)
+        t = totals([z / 2 for z in rounds], delta, 2)
+        other = totals(list(rounds), delta, 1)
     return {
-        "per_round_epsilon": eps_max,
-        "rounds": len(rows),
+        "neighbour_relation": GUARANTEE_RELATION,
+        "per_round_epsilon": per_round,
+        "rounds": len(rounds),
         "delta": delta,
         "pld_epsilon": t.pld_epsilon,
         "rdp_epsilon": t.rdp_epsilon,
-        "basis": "a priori: every round at ε_max (Eq. 4 clamps ε_t to it), composed by PLD; "
-        "holds whatever the loss did",
+        "add_remove_pld_epsilon": other.pld_epsilon,
+        "basis": UPFRONT_BASIS,
     }
+
+
+def apriori_epsilon(config: PrivacyConfig, rounds: Sequence[Any], per_round: float) -> float:
+    """Return the PLD ε (``replace_one``) of ``rounds`` each at budget ``per_round``.
+
+    The a-priori figure of a release's fresh rounds (``fedunlearn apply`` recomputes it from
+    the store; ``fedunlearn.privacy.releases``). ``rounds`` as ``_apriori``'s; 0 without any.
+    """
+    return _apriori(config, rounds, per_round)["pld_epsilon"] if rounds else 0.0
 
 
 def dp_sgd_unlearning_ledger(
@@ -384,8 +469,9 @@ def dp_sgd_unlearning_ledger(
     replay = [fresh[t] for t in sorted(fresh)]
     events = [r.event for r in replay]
     spent = [r.epsilon_achieved for r in replay]
-    own = sampled_totals(events, spent, delta) if events else None
-    realised = sampled_totals(train + events, achieved + spent, delta)
+    rel = GUARANTEE_RELATION
+    own = sampled_totals(events, spent, delta, rel) if events else None
+    realised = sampled_totals(train + events, achieved + spent, delta, rel)
     upfront_train = [
         SampledGaussian(
             calibrate_sampled_gaussian(e.sample_rate, e.steps, config.budget.epsilon_max, delta),
@@ -395,7 +481,7 @@ def dp_sgd_unlearning_ledger(
         for e in train
     ]
     upfront = sampled_totals(
-        upfront_train + events, [config.budget.epsilon_max] * len(train) + spent, delta
+        upfront_train + events, [config.budget.epsilon_max] * len(train) + spent, delta, rel
     )
     return {
         "mechanism": "dp_sgd",
@@ -409,7 +495,8 @@ def dp_sgd_unlearning_ledger(
         "total_epsilon_with_training": realised.pld_epsilon,
         "guarantee_with_training": upfront.pld_epsilon,
         "delta": delta,
-        "basis": "per example: the run's rounds and every replayed round composed by PLD; "
-        "guarantee_with_training takes the run's rounds at ε_max (a priori); the choice of the "
-        "replayed rounds (FedADP's stages) reads the non-private loss and is not covered",
+        "neighbour_relation": rel,
+        "basis": "per example, replace-one: the run's rounds and every replayed round composed "
+        "by PLD; guarantee_with_training takes the run's rounds at ε_max (a priori); the choice "
+        "of the replayed rounds (FedADP's stages) reads the non-private loss and is not covered",
     }

@@ -32,8 +32,10 @@ from typing import Any
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY as LOSS_KEY
 from fedunlearn.privacy.accountant import (
+    GUARANTEE_RELATION,
     SampledGaussian,
     analytic_gaussian_epsilon,
+    pld_epsilon,
     sampled_totals,
     totals,
 )
@@ -80,11 +82,20 @@ DP_SGD_SCALAR_KEYS = {
 }
 #: What each mechanism's ε protects (shown by ``fedunlearn info`` and in ``privacy.json``).
 GUARANTEES = {
-    "client_update": "per client and round: add/remove one client's whole update (L2 "
-    "sensitivity S)",
-    "dp_sgd": "per example: add/remove one training example of one client (sensitivity C); a "
-    "client's whole dataset is covered only by group privacy",
+    "client_update": "per client and round: replace one client's data by other data of the "
+    "same size (L2 sensitivity 2S: who took part and n_c are public, so adding or removing a "
+    "client is visible)",
+    "dp_sgd": "per example: replace one training example of one client by another (its clipped "
+    "gradient and the replacement's differ by up to 2C; n_c is public, so adding or removing an "
+    "example is visible); a client's whole dataset is covered only by group privacy",
 }
+#: Why the guarantee is stated at replace-one (``neighbour_relation``).
+RELATION_REASON = (
+    "every upload and client record carries the client's exact sample count n_c, and q, the "
+    "step count and the FedAvg weights follow from it: adding or removing a record changes "
+    "them visibly, so only replacing a record (n_c unchanged) is protected; add/remove figures "
+    "(totals.add_remove_one) are what the same noise would give if n_c were hidden"
+)
 
 
 def round_scalars(noise: RoundNoise | RoundDPSGD, delta: float) -> dict[str, Any]:
@@ -118,11 +129,15 @@ def privacy_summary(
     releases of DP results to ``epsilon_guarantee.with_unlearning_releases``.
 
     Returns:
-        ``enabled``, the mechanism and its ``guarantee``, the settings, ``rounds`` (one row per
-        round), the noise multiplier and noise-to-signal ranges, and ``totals`` at δ:
-        ``client_update`` for sensitivity S and 2S (basic, RDP, PLD, zCDP, the noisiest round's
-        exact ε); ``dp_sgd`` for add/remove one example (basic, RDP, PLD, the costliest round's
-        PLD ε; ``"2"`` is None: dp-accounting's sampled events need add/remove adjacency).
+        ``enabled``, the mechanism and its ``guarantee`` (at ``neighbour_relation``,
+        replace-one), the settings, ``rounds`` (one row per round; ``dp_sgd`` rows add
+        ``round_epsilon_replace_one``), the noise multiplier and noise-to-signal ranges,
+        ``epsilon_guarantee`` (the a-priori bound, the headline), ``realised_epsilon`` and
+        ``totals`` at δ by relation: ``replace_one`` (the guarantee's) and ``add_remove_one``
+        (what would hold with the counts hidden); ``client_update``: sensitivity 2S and S
+        (basic, RDP, PLD, zCDP, the noisiest round's exact ε); ``dp_sgd``: basic, PLD, the
+        costliest round's PLD ε, and RDP at ``add_remove_one`` only (dp-accounting's RDP
+        accountant has no Poisson-sampled replace-one).
     """
     if not config.enabled:
         return {"enabled": False, "variant": "no DP"}
@@ -146,7 +161,7 @@ def privacy_summary(
     zs = [float(row["noise_multiplier"]) for row in rows]
     nsr = [row["noise_to_signal"] for row in rows if row["noise_to_signal"] is not None]
     delta = config.delta
-    by_factor: dict[str, Any]
+    by_relation: dict[str, Any]
     if dp_sgd:
         events = [
             SampledGaussian(
@@ -155,15 +170,18 @@ def privacy_summary(
             for row in rows
         ]
         achieved = [float(row["epsilon_achieved"]) for row in rows]
-        by_factor = {
-            "1": sampled_totals(events, achieved, delta).to_dict() if rows else None,
-            "2": None,
+        by_relation = {
+            rel: sampled_totals(events, achieved, delta, rel).to_dict() if rows else None
+            for rel in ("replace_one", "add_remove_one")
         }
+        for row, event in zip(rows, events, strict=True):
+            row["round_epsilon_replace_one"] = pld_epsilon(event.event(), delta, "replace_one")
     else:
-        by_factor = {
-            str(f): totals([z / f for z in zs], delta, f).to_dict() if zs else None for f in (1, 2)
+        by_relation = {
+            rel: totals([z / f for z in zs], delta, f).to_dict() if zs else None
+            for rel, f in (("replace_one", 2), ("add_remove_one", 1))
         }
-    headline = by_factor[str(config.sens_factor)]
+    headline = by_relation[GUARANTEE_RELATION]
     clip = rows[0]["clip_norm"] if rows else None
     std = statistics.median(float(row["noise_std"]) for row in rows) if rows else None
     summary: dict[str, Any] = {
@@ -175,10 +193,16 @@ def privacy_summary(
         "protects": "uploads, stored history and the original model (not an unlearned model: "
         "see artefacts)"
         if config.dp_scope == "train_and_store"
-        else "stored history only (training used the clean uploads)",
+        else "stored history only: its updates, noised copies (training used the clean "
+        "uploads, so the stored models are not DP)",
+        "neighbour_relation": GUARANTEE_RELATION,
+        "neighbour_relation_reason": RELATION_REASON,
         "artefacts": artefact_guarantees(config, applied, len(scalars)),
         "applied": [dict(a) for a in applied],
         "epsilon_guarantee": _with_releases(upfront_totals(config, rows), applied, config.delta),
+        # the realised schedule's PLD total at the guarantee's relation: data-dependent, not
+        # the guarantee (``schedule``)
+        "realised_epsilon": headline["pld_epsilon"] if headline else None,
         "schedule": SCHEDULE_CAVEAT,
         "released_statistics": dict(RELEASED_STATISTICS),
         "noise_mode": config.noise_mode,
@@ -194,9 +218,9 @@ def privacy_summary(
         "noise_norm_per_client": std * math.sqrt(num_params)
         if std and num_params and not dp_sgd
         else None,
-        # the realised schedule's PLD total: data-dependent, not a guarantee (``schedule``)
+        # = realised_epsilon, the name before issue 40 (kept for readers of older files)
         "total_epsilon": headline["pld_epsilon"] if headline else None,
-        "totals": by_factor,
+        "totals": by_relation,
         "rounds": rows,
         "unaccounted": "the server loss driving ε_t and the stages is not privatised (the "
         "adaptive choice of ε_t is not covered), nor are the statistics released_statistics "

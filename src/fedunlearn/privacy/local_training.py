@@ -13,7 +13,8 @@ Per round, in the order ``run`` does them:
 3. training: ``VectorizedDPSGD`` (all clients at once) for models whose parameters all live in
    ``nn.Linear`` layers, else ``dp_sgd_update`` client by client (the reference);
 4. the round's ``RoundDPSGD``: the above, the share of clipped per-example gradients, their
-   median norm and the measured noise-to-signal ratio of the FedAvg-weighted aggregate.
+   median norm and the measured noise-to-signal ratio of the FedAvg-weighted aggregate;
+5. the uploads leave without their training loss (``withhold_loss``): it is noise-free.
 
 ``ClippedTraining`` is the same optimiser without the noise (Poisson batches, per-example
 clipping to C, no accounting): the local training of unlearning on a ``dp_sgd`` run, whose
@@ -28,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -52,7 +53,17 @@ from fedunlearn.privacy.dp_sgd import (
 from fedunlearn.privacy.dp_sgd_vectorized import VectorizedDPSGD
 from fedunlearn.privacy.per_example import check_per_example_model
 
-__all__ = ["ClippedTraining", "DPSGDTraining", "RoundDPSGD"]
+__all__ = ["ClippedTraining", "DPSGDTraining", "RoundDPSGD", "withhold_loss"]
+
+
+def withhold_loss(update: ClientUpdate) -> ClientUpdate:
+    """Return ``update`` without its training loss (NaN: not reported).
+
+    A client's mean training loss is computed without noise: on a DP run it would single the
+    client out (a backdoored client's loss differs) and no ε covers it, so DP clients never
+    upload it (issue 40; docs/privacy.md, "What is stored and released").
+    """
+    return replace(update, train_loss=float("nan"))
 
 
 @dataclass(frozen=True)
@@ -121,8 +132,9 @@ class DPSGDTraining:
         device: Where the vectorised path trains (default CPU; the reference runs where the
             global parameters are).
         vectorize: Use ``VectorizedDPSGD`` (``None``: when the model allows it).
-        noise_salt: A release's own noise draws (``dp_sgd.noise_generator``); 0: the task
-            seed's, as training. A DP release that re-runs rounds passes its own.
+        noise_salt: A release's own noise and Poisson batches (``dp_sgd.noise_generator``,
+            ``dp_sgd.batch_generator``); 0: the task seed's, as training. A DP release that
+            re-runs rounds passes its own, and so does a reference model.
 
     Raises:
         ConfigError: if the model has no per-example gradients, C <= 0, or ``vectorize=True``
@@ -212,7 +224,8 @@ class DPSGDTraining:
                 for cid, seed in tasks
             ]
         self.stats[round_] = self._round_stats(round_, plan, results)
-        return [update for update, _ in results]
+        # the mean loss of the sampled examples is noise-free: it stays with the client
+        return [withhold_loss(update) for update, _ in results]
 
     def close(self) -> None:
         """Stop the vectorised path's noise threads, if any (it restarts them when needed)."""
@@ -318,7 +331,6 @@ class ClippedTraining:
                     noise_multiplier=0.0,
                     seed=seed,
                     client_id=cid,
-                    noise_salt=self.noise_salt,
                 )
                 for cid, seed in tasks
             ]

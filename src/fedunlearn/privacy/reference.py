@@ -1,17 +1,20 @@
-"""The run's DP mechanism at its stored per-round budgets: the local training of a DP Retrain.
+"""The run's DP mechanism for a new release or a reference: DP Retrain's local training.
 
 Unlearning's fresh updates train without noise (docs/methods/fedadp.md, AD9 and AD22), so a
 plain Retrain of a DP run is a non-private model, and judging a DP method against it mixes the
 cost of privacy into the verdict. ``with_run_mechanism`` returns the run's clients training
-under the run's own mechanism instead: ``dp_sgd`` (DP-SGD at the run's C, σ_t calibrated so
-that each round costs the run's stored ε_t for the round's own sampling) or ``client_update``
-(clip to the stored S and add the seeded noise of the stored ε_t). The budget of round t is the
-realised ε_t the run stored (the same noise mechanism, round for round), not a new Eq. 4
-schedule on the remaining clients' loss. ``dp_scope: store_only`` trained on the clean
+under the run's own mechanism instead: ``dp_sgd`` (DP-SGD, σ_t calibrated so that each round
+costs its budget for the round's own sampling) or ``client_update`` (clip to S and add seeded
+noise of the budget). Every choice is fixed a priori or made over the remaining clients, never
+read from the run's data-dependent history (issue 40): the budget of every round is ε_max (the
+run's stored ε_t followed a loss measured on the forgotten clients' data too), the clip norm is
+the caller's (``fedunlearn.runs.train.resolve_clip_norm`` over the remaining clients when
+``auto``), and the noise and Poisson batches are drawn with the caller's salt (a release's or a
+reference's own, never the run's rounds'). ``dp_scope: store_only`` trained on the clean
 uploads, so its Retrain reference stays noise-free (None here).
 
-Used by ``fedunlearn.eval.reference_retrain`` (the receipt's Retrain of a DP run) and, at a
-stated budget, by unlearning sessions for DP fresh updates (``UnlearnContext.private_clients``,
+Used by ``fedunlearn.eval.reference_retrain`` (the receipt's Retrain of a DP run) and by
+unlearning sessions for DP fresh updates (``UnlearnContext.private_clients``: DP Retrain,
 FedADP's ``unlearn_dp`` on a dp_sgd run); ``mechanism_stats`` returns the ledger rows of the
 rounds it trained. Paper: FedADP (Jiang et al.), Eq. 4-6; DP-SGD as Abadi et al. 2016;
 docs/privacy.md and docs/verification.md ("References").
@@ -49,14 +52,14 @@ def with_run_mechanism(
         config: The run's ``privacy`` section.
         round_scalars: The stored round scalars of a round (its ledger row, ``dp_*`` keys).
         seed: The run seed (``client_update``'s noise seeds derive from it).
-        epsilon_of: ε of a round; default: the run's stored ε_t (a DP Retrain), ε_max for a
-            round that stores none (a round an applied result put in). A stated budget gives
-            unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
-        clip_norm: The run's clip norm; default: round 1's stored one (a living run whose
-            round 1 an applied trajectory replaced passes the ledger's).
-        noise_salt: 0 re-draws the run's own noise (a reference that is never released); a
-            DP release passes its own salt, or its noise would repeat the run's rounds' noise
-            and the difference of the two releases would cancel it.
+        epsilon_of: ε of a round; default: ε_max for every round (a priori: the stored ε_t
+            were chosen from a loss on every client's data, forgotten ones included). A stated
+            budget gives unlearning's DP fresh updates (FedADP's ``unlearn_dp``).
+        clip_norm: The clip norm; default: round 1's stored one (a caller after a forget
+            passes one computed over the remaining clients when the config says ``auto``).
+        noise_salt: The draws' salt (noise, and DP-SGD's Poisson batches). 0 re-draws the
+            run's own; a release and a reference pass their own, or the difference of two
+            releases cancels the noise and their batches are not independent.
 
     Raises:
         HistoryError: if the clip norm is neither given nor stored with round 1.
@@ -74,11 +77,10 @@ def with_run_mechanism(
             )
         return float(value)
 
-    def stored_epsilon(round_: int) -> float:
-        value = round_scalars(round_).get(keys["epsilon"])
-        return float(value) if value is not None else config.budget.epsilon_max
+    def a_priori(_round: int) -> float:
+        return config.budget.epsilon_max
 
-    epsilon_of = epsilon_of or stored_epsilon
+    epsilon_of = epsilon_of or a_priori
 
     clip_norm = scalar(1, "clip_norm") if clip_norm is None else float(clip_norm)
     if config.mechanism == "dp_sgd":

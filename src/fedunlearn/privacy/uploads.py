@@ -5,7 +5,8 @@
 the round, clips each client's delta to L2 norm S and adds N(0, std² I) drawn from a generator
 seeded by ``derive_seed(seed, "dp_noise", round, client)``, so a run (and a resumed run) is
 bit-identical and ``privatize`` reproduces the exact noisy copy of any (round, client) later
-(``dp_scope: store_only`` stores those copies while the clean uploads drive training). It keeps
+(``dp_scope: store_only`` stores those copies while the clean uploads drive training). Every
+upload leaves without its training loss (noise-free; NaN: not reported). It keeps
 one ``RoundNoise`` per round: ε_t, z_t, std, S, clipped share and the measured noise-to-signal
 ratio of the FedAvg-weighted aggregate.
 
@@ -119,7 +120,8 @@ class ClipAndNoise:
             part_s, part_n = w * clipped.to(torch.float64), w * (noisy - clipped).to(torch.float64)
             signal = part_s if signal is None else signal + part_s
             noise = part_n if noise is None else noise + part_n
-            out.append(replace(u, delta=noisy) if self.perturb else u)
+            # the training loss is noise-free: it never leaves a DP client (issue 40)
+            out.append(replace(u, delta=noisy if self.perturb else u.delta, train_loss=math.nan))
         std = self.std(round_)
         signal_norm = float(signal.norm()) if signal is not None else 0.0
         noise_norm = float(noise.norm()) if noise is not None else 0.0

@@ -24,14 +24,17 @@ start round. A
 DP run goes on under its mechanism at its stored clip norm and the ledger (``privacy.json``)
 gains the new rounds. Once a client is forgotten, nothing a continuation decides reads its data:
 the server loss (``clients_loss``), Crab's reference set and FedADP's stage start are measured
-over the clients never forgotten, and the DP budget schedule restarts at ε_0 at the first
-continuation after the forgetting (``_budget_restart``); with nobody forgotten a continuation
+over the clients never forgotten, the DP budget schedule restarts at ε_0 at the first
+continuation after the forgetting (``_budget_restart``) and a ``clip_norm: auto`` is recomputed
+over the remaining clients (``_continued_clip_norm``); with nobody forgotten a continuation
 equals the same run trained longer, bit for bit.
 
 On a DP run, ``apply`` refuses a model without a DP guarantee (every method's but the DP
-releases: retrain ``dp``, fedadp ``unlearn_dp``) unless ``accept_non_dp``; the ledger then
-records that the guarantee of the run's model ended with that generation, and keeps the ε of
-DP rounds a trajectory replaced (their uploads were released):
+releases: retrain ``dp``, fedadp ``unlearn_dp``) unless ``accept_non_dp``; whether a model is
+DP, and the a-priori ε its fresh rounds add, are derived from the method, its parameters and the
+run (``_released_dp``, ``fedunlearn.privacy.releases``), never from the result's claim. The
+ledger then records that the guarantee of the run's model ended with that generation, and keeps
+the ε of DP rounds a trajectory replaced (their uploads were released):
 ``privacy.guarantees.living_artefacts``.
 
 The clients that train a continuation are the run's in-process federation, or any
@@ -71,6 +74,7 @@ from fedunlearn.history.result_file import file_sha256, read_result_file, tensor
 from fedunlearn.history.store import FILE_NAME, HistoryStore, RoundEntry
 from fedunlearn.history.store.events import APPLIED_KEY
 from fedunlearn.privacy.guarantees import applied_privacy
+from fedunlearn.privacy.releases import DPRelease, method_release, release_epsilon
 from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
@@ -92,6 +96,8 @@ from fedunlearn.runs.train import (
     _torch_threads,
     _WallClock,
     policy_env,
+    records_client_values,
+    resolve_clip_norm,
     resume_state,
     training_evaluator,
     wrap_privacy,
@@ -236,24 +242,68 @@ def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
     )
 
 
-def _released_dp(doc: Mapping[str, Any]) -> tuple[bool, str, float | None]:
-    """Whether a result's model is DP, why, and the ε of the releases its method added.
+def _released_dp(
+    doc: Mapping[str, Any], config: RunConfig, store: HistoryStore, forget: set[int]
+) -> tuple[bool, str, float | None]:
+    """Whether a result's model is DP, why, and the a-priori ε of the releases it added.
 
-    Only a method that says so in its details is DP (``released_model_dp``: retrain ``dp``,
-    fedadp ``unlearn_dp``); every other method's fresh training runs without noise.
+    Derived from the method, its parameters and the run as the store recorded it
+    (``fedunlearn.privacy.releases``), never from the result's ``released_model_dp`` nor its
+    ``fresh_guarantee_epsilon``: a hand-edited, re-sealed result claims what it likes (issue 40).
     """
-    details = doc.get("details") if isinstance(doc.get("details"), dict) else {}
     method = str(doc.get("method", "unknown"))
-    if details.get("released_model_dp") is True:
-        ledger = (details.get("privacy") or {}).get("unlearning_privacy") or {}
-        fresh = ledger.get("fresh_guarantee_epsilon")  # a priori (not the realised total)
-        if fresh is not None:
-            return True, str(details.get("released_model_reason", "")), float(fresh)
-        return False, "the result states no a-priori ε for its fresh releases", None
-    reason = details.get("released_model_reason") or (
-        f"{method} trains its fresh updates without the run's DP mechanism"
+    params = doc.get("params") if isinstance(doc.get("params"), dict) else {}
+    release = method_release(method, params, config)
+    if release is None:
+        return (
+            False,
+            (
+                f"{method} with these parameters trains its fresh updates without the run's DP "
+                "mechanism (derived from the method and its parameters, not the result's claim)"
+            ),
+            None,
+        )
+    fresh = release_epsilon(
+        config,
+        release,
+        sizes=_remaining_sizes(doc, store, forget),
+        rounds=_release_rounds(release, store, forget),
+        clip_norm=None if config.privacy.clip_norm == "auto" else float(config.privacy.clip_norm),
     )
-    return False, str(reason), None
+    if fresh is None:
+        return (
+            False,
+            (
+                f"{method}'s a-priori ε cannot be recomputed from the run (noise_mode "
+                "paper_literal with clip_norm auto: its S is not stored); not counted as DP"
+            ),
+            None,
+        )
+    return True, release.reason, fresh
+
+
+def _remaining_sizes(
+    doc: Mapping[str, Any], store: HistoryStore, forget: set[int]
+) -> dict[int, int]:
+    """The sample counts of the clients a result trained: every deleted sample left out."""
+    sizes = {int(c): int(n) for c, n in (store.meta.get("client_sizes") or {}).items()}
+    deleted = {c: len(ids) for c, ids in store.forgotten_samples().items()}
+    request = doc.get("request") if isinstance(doc.get("request"), dict) else {}
+    for c, ids in (request.get("samples") or {}).items():
+        deleted[int(c)] = deleted.get(int(c), 0) + len(ids)
+    return {c: n - deleted.get(c, 0) for c, n in sizes.items() if c not in forget}
+
+
+def _release_rounds(release: DPRelease, store: HistoryStore, forget: set[int]) -> int:
+    """How many fresh rounds a release can train: every round, or those a replay can read."""
+    last = store.last_round() or 0
+    if release.rounds == "run":
+        return last
+    return sum(
+        1
+        for t in range(1, last + 1)
+        if any(r.stored and r.client_id not in forget for r in store.client_records(t))
+    )
 
 
 def _dp_gate(
@@ -467,7 +517,7 @@ def apply_result(
                 f"{file}: the trajectory was computed without {sorted(trajectory.forgotten)}, "
                 f"not the request's {sorted(forget)}; nothing was changed"
             )
-        dp, why, fresh = _released_dp(doc)
+        dp, why, fresh = _released_dp(doc, config, store, forget)
         privacy_meta = _dp_gate(
             config,
             store,
@@ -642,6 +692,26 @@ def _budget_restart(
     return {"round": start, "forgotten": sorted(forgotten), "loss": first[CLIENTS_LOSS_KEY]}
 
 
+def _continued_clip_norm(
+    config: RunConfig, setup: Setup, store: HistoryStore, remaining: Sequence[int]
+) -> float | None:
+    """The clip norm of continued DP rounds (None without DP: ``wrap_privacy`` ignores it).
+
+    The stored one while nobody was forgotten (a continuation equals the run trained longer);
+    an ``auto`` one recomputed at M_0 over the remaining clients and data once a client or a
+    sample was forgotten, so no forgotten data chooses it (``resolve_clip_norm``).
+    """
+    cfg = config.privacy
+    if not cfg.enabled:
+        return None
+    forgotten = store.forgotten_clients() or store.forgotten_samples()
+    if cfg.clip_norm != "auto" or not forgotten:
+        return stored_clip_norm(store)
+    return resolve_clip_norm(
+        cfg, setup.federation, setup.aggregator, store.read_model(0), remaining
+    )
+
+
 def _without_forgotten_samples(setup: Setup, store: HistoryStore) -> Setup:
     """Return ``setup`` training on the data without the samples applied results deleted."""
     gone = store.forgotten_samples()
@@ -779,12 +849,15 @@ def continue_run(
             remaining = [c for c in setup.federation.client_ids if c not in forgotten]
             private = setup
             try:
-                # DP: the run's mechanism at its stored clip norm (an 'auto' one is not
-                # recalibrated: that would read every client's data, forgotten ones too)
-                # after an applied trajectory round numbers repeat (L < T): the generation's
-                # own noise, never the noise an earlier upload of that round drew
+                # DP: the run's mechanism at its clip norm; an 'auto' one is recomputed over
+                # the remaining clients once one was forgotten (the stored one read its data).
+                # After an applied trajectory round numbers repeat (L < T): the generation's
+                # own noise and batches, never the draws an earlier upload of that round used
                 privacy, private = wrap_privacy(
-                    config, setup, stored_clip_norm(store), noise_salt=store.generation()
+                    config,
+                    setup,
+                    _continued_clip_norm(config, setup, store, remaining),
+                    noise_salt=store.generation(),
                 )
                 samples = _clients_loss_samples(config, privacy)
                 first = (
@@ -829,6 +902,9 @@ def continue_run(
                 clock = _WallClock(store, started)
                 trainers = private.federation if clients is None else clients(private.federation)
                 sharding = private.sharding()
+                record = recorder(store, policy)
+                if isinstance(record, HistoryRecorder):
+                    record.client_values = records_client_values(config)
                 run_rounds(
                     trainers,
                     private.aggregator,
@@ -845,7 +921,7 @@ def continue_run(
                     join_rounds=private.join_rounds,
                     evaluate=training_evaluator(config, private, privacy, remaining),
                     observers=[
-                        recorder(store, policy),
+                        record,
                         clock,
                         MetricsWriter(run_dir / METRICS_FILE),
                         *([privacy] if privacy is not None else []),

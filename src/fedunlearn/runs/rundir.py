@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "MetricsWriter",
     "check_run",
     "config_differences",
+    "headline_privacy",
     "holds_run",
     "load_run_config",
     "metrics_line",
@@ -97,6 +99,29 @@ def run_privacy(config: RunConfig, store: HistoryStore) -> dict[str, Any]:
         replaced=lineage.get("replaced", []),
         applied=lineage.get("applied", []),
     )
+
+
+def headline_privacy(ledger: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the privacy lines of a ``train`` / ``--continue`` summary: the guarantee first.
+
+    ``epsilon`` is the a-priori guarantee (``epsilon_guarantee.pld_epsilon``, at
+    ``neighbour_relation``); ``realised_epsilon`` beside it is the realised schedule's total,
+    labelled data-dependent (docs/privacy.md).
+    """
+    guarantee = ledger.get("epsilon_guarantee") or {}
+    return {
+        "mechanism": ledger.get("mechanism"),
+        "guarantee": ledger.get("guarantee"),
+        "neighbour_relation": ledger.get("neighbour_relation"),
+        "dp_scope": ledger.get("dp_scope"),
+        "clip_norm": ledger.get("clip_norm"),
+        "delta": ledger.get("delta"),
+        "epsilon": guarantee.get("pld_epsilon"),
+        "epsilon_basis": guarantee.get("basis"),
+        "realised_epsilon": ledger.get("realised_epsilon"),
+        "realised_epsilon_basis": "data-dependent: the PLD total of the ε_t the schedule chose "
+        "from the noise-free server loss; not a guarantee",
+    }
 
 
 class MetricsWriter:

@@ -33,10 +33,12 @@ from typing import Any
 
 import torch
 
-from fedunlearn.config import RunConfig, dump_config
+from fedunlearn.config import PrivacyConfig, RunConfig, dump_config
 from fedunlearn.data import FederatedData
 from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError
+from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.engine import RoundObserver, run_rounds
+from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.history.policy import (
@@ -62,6 +64,7 @@ from fedunlearn.runs.rundir import (
     SUMMARY_FILE,
     MetricsWriter,
     config_differences,
+    headline_privacy,
     holds_run,
     run_privacy,
     stored_config,
@@ -78,7 +81,13 @@ from fedunlearn.runs.setup import (
     sampler_of,
 )
 
-__all__ = ["wrap_privacy", "make_recording_policy", "policy_env", "train_run"]
+__all__ = [
+    "make_recording_policy",
+    "policy_env",
+    "resolve_clip_norm",
+    "train_run",
+    "wrap_privacy",
+]
 
 
 def policy_env(
@@ -113,6 +122,15 @@ def make_recording_policy(
     return build_policy(config.history, policy_env(setup, privacy))
 
 
+def records_client_values(config: RunConfig) -> bool:
+    """Whether the store keeps each client's ||Δ_c|| and <Δ_c, G_t> (``HistoryRecorder``).
+
+    Not under ``privacy.dp_scope: store_only``: the uploads are clean there, so the values
+    would be noise-free in a store whose content is stated DP (docs/privacy.md).
+    """
+    return not (config.privacy.enabled and config.privacy.dp_scope == "store_only")
+
+
 def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) -> int | None:
     """Samples per client of the ``clients_loss`` round metric, or None if nobody reads it."""
     history = resolve_history(config.history)
@@ -140,19 +158,39 @@ def wrap_privacy(
     cfg = config.privacy
     if not cfg.enabled:
         return None, setup
-    if clip_norm is not None:
-        clip_norm = float(clip_norm)
-    elif cfg.clip_norm != "auto":
-        clip_norm = float(cfg.clip_norm)
-    elif cfg.mechanism == "dp_sgd":
-        fed = setup.federation
-        clip_norm, _ = gradient_clip_norm(fed.model, setup.initial_params, fed.client_data)
-    else:
-        clip_norm, _ = pilot_clip_norm(
-            setup.federation, setup.aggregator, setup.initial_params, rounds=cfg.pilot_rounds
-        )
-    privacy = PrivateTraining(cfg, seed=config.seed, clip_norm=clip_norm, noise_salt=noise_salt)
+    if clip_norm is None:
+        clip_norm = resolve_clip_norm(cfg, setup.federation, setup.aggregator, setup.initial_params)
+    privacy = PrivateTraining(
+        cfg, seed=config.seed, clip_norm=float(clip_norm), noise_salt=noise_salt
+    )
     return privacy, replace(setup, federation=privacy.wrap(setup.federation))
+
+
+def resolve_clip_norm(
+    config: PrivacyConfig,
+    federation: Federation,
+    aggregator: Aggregator,
+    initial_params: torch.Tensor,
+    clients: Collection[int] | None = None,
+) -> float:
+    """Return C (``dp_sgd``) or S (``client_update``): the configured number, or ``auto``'s.
+
+    ``auto``: the median per-example gradient norm at M_0 (``dp_sgd``) or the median upload
+    norm of a no-DP pilot from M_0 (``client_update``), over ``clients`` (default: every
+    client of ``federation``). After a forget, a DP step (a continued round, a DP release)
+    passes the remaining clients: the clip norm is then what the run would have chosen without
+    the forgotten ones, and no forgotten client's data chooses it (issue 40).
+    """
+    if config.clip_norm != "auto":
+        return float(config.clip_norm)
+    ids = sorted(federation.client_ids if clients is None else clients)
+    if config.mechanism == "dp_sgd":
+        data = {c: federation.client_data[c] for c in ids}
+        return float(gradient_clip_norm(federation.model, initial_params, data)[0])
+    norm, _ = pilot_clip_norm(
+        federation, aggregator, initial_params, rounds=config.pilot_rounds, client_ids=ids
+    )
+    return float(norm)
 
 
 def resume_state(
@@ -483,7 +521,7 @@ def _train(
     with (run_dir / METRICS_FILE).open("w") as fh:
         for r in range(1, last + 1):
             fh.write(json.dumps(stored_metrics_line(store, r)) + "\n")
-    recorder = HistoryRecorder(store, policy)
+    recorder = HistoryRecorder(store, policy, client_values=records_client_values(config))
     sharding = setup.sharding()
     shard_params = (
         None
@@ -530,8 +568,5 @@ def _train(
     if privacy is not None:
         ledger = run_privacy(config, store)
         write_json(run_dir / PRIVACY_FILE, ledger)
-        summary["privacy"] = {
-            k: ledger[k]
-            for k in ("mechanism", "guarantee", "dp_scope", "clip_norm", "total_epsilon", "delta")
-        }
+        summary["privacy"] = headline_privacy(ledger)
     return summary

@@ -28,8 +28,10 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.history.trajectory import Trajectory
+from fedunlearn.privacy.releases import DPRelease
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.costs import Costs
 from fedunlearn.unlearn.lineage import Lineage, nothing_to_forget
@@ -217,6 +219,17 @@ class Unlearner(ABC):
     # True: serves a sharded run (``training.shards`` > 1: S isolated sub-federations whose
     # combined model is the run's); False: refuses it (its rounds are not one federation's)
     serves_shards: ClassVar[bool] = False
+
+    @classmethod
+    def dp_release(cls, params: MethodParams, privacy: PrivacyConfig) -> DPRelease | None:
+        """How this method with ``params`` releases a DP model on a run with ``privacy``.
+
+        None (the default): its fresh training runs without the run's DP mechanism, so its
+        model is not DP. ``fedunlearn apply`` asks this, never the result file's claim
+        (``fedunlearn.privacy.releases``); a method that noises every fresh update under the
+        run's mechanism returns its ``DPRelease``.
+        """
+        return None
 
     def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
         if isinstance(params, self.params_type):

@@ -255,6 +255,10 @@ class UnlearnContext:
     # no DP training); epsilon_of None: the run's stored ε_t (ε_max where none is stored); a
     # DP release passes its own noise_salt (``release_noise_salt``)
     private_clients: Callable[..., PrivateClients] | None = None
+    # () -> the clip norm of a DP release for this request: the configured one, or 'auto'
+    # recomputed over the remaining clients (``UnlearnSession.release_clip_norm``); None: the
+    # context cannot compute it (no data here)
+    release_clip_norm: Callable[[], float | None] | None = None
     # (client, sample ids) -> the first round whose local training used one of them (the
     # client's own answer: it regenerates its mini-batches), None if none did
     first_sample_use: Callable[[int, frozenset[int]], int | None] | None = None

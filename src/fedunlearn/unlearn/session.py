@@ -182,6 +182,7 @@ class UnlearnSession:
         self.evaluation = EvaluationView(self._setup, evaluator=evaluator)
         self.federation: Federation | None = federation
         self._reduced: dict[tuple[tuple[int, tuple[int, ...]], ...], Federation] = {}
+        self._clip_norms: dict[Any, float] = {}
         self._data_version = store.data_version()
 
     def _open_without_data(
@@ -231,6 +232,7 @@ class UnlearnSession:
         self.evaluation = ClientSideEvaluation(net, config, evaluator=evaluator)
         self.federation = None
         self._reduced = {}
+        self._clip_norms = {}
         self._data_version = store.data_version()
 
     def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
@@ -343,7 +345,12 @@ class UnlearnSession:
             privacy=run.config.privacy,
             fingerprint=run.fingerprint,
             reference_provider=self.evaluation.reference_set,
-            private_clients=self._private_clients(request.forget, meter),
+            private_clients=self._private_clients(request, meter)
+            if self.federation is not None
+            else None,
+            release_clip_norm=(lambda: self.release_clip_norm(request))
+            if self.federation is not None
+            else None,
             first_sample_use=self._first_sample_use if self.federation is not None else None,
         )
 
@@ -415,37 +422,83 @@ class UnlearnSession:
                 return t
         return None
 
+    def release_clip_norm(self, request: UnlearnRequest) -> float | None:
+        """The clip norm of a DP release for ``request`` (None on a run without DP).
+
+        The configured number; for ``clip_norm: auto`` the rule recomputed at M_0 over the
+        clients and data the request leaves (``fedunlearn.runs.train.resolve_clip_norm``): the
+        run's own read the forgotten clients' data (issue 40). Cached per request.
+        """
+        cfg = self.run_view.config.privacy
+        if not cfg.enabled:
+            return None
+        if cfg.clip_norm != "auto":
+            return float(cfg.clip_norm)
+        from fedunlearn.runs.train import resolve_clip_norm
+
+        request = self.cumulative(request)
+        key = (request.forget, request.samples)
+        if key not in self._clip_norms:
+            source = self._release_federation(request)
+            try:
+                self._clip_norms[key] = resolve_clip_norm(
+                    cfg,
+                    source,
+                    self._aggregator,
+                    self.run_view.initial_params,
+                    [c for c in source.client_ids if c not in request.forget],
+                )
+            finally:
+                if source is not self.federation:
+                    source.close()
+        return self._clip_norms[key]
+
+    def _release_federation(self, request: UnlearnRequest) -> Federation:
+        """The run's clients with the request's samples deleted (the caller closes a new one)."""
+        assert self.federation is not None
+        if not request.samples:
+            return self.federation
+        return self.federation.without_samples(request.sample_map)
+
     def _private_clients(
-        self, forget: frozenset[int], meter: CostMeter
+        self, request: UnlearnRequest, meter: CostMeter
     ) -> Callable[..., PrivateClients] | None:
         """Return the builder of the remaining clients under the run's DP mechanism, or None.
 
-        For a method that releases a DP model (FedADP's ``unlearn_dp``): the run's mechanism
-        (``fedunlearn.privacy.reference``) at the budget ``epsilon_of`` gives, metered; None when
-        training used no mechanism (no DP, or ``dp_scope: store_only``).
+        For a method that releases a DP model (DP Retrain, FedADP's ``unlearn_dp``): the run's
+        mechanism (``fedunlearn.privacy.reference``) at the budget ``epsilon_of`` (default
+        ε_max every round), at ``release_clip_norm`` and with the caller's ``noise_salt``,
+        on the data the request leaves, metered; None when training used no mechanism (no DP,
+        or ``dp_scope: store_only``).
         """
         config = self.run_view.config
         if not (config.privacy.enabled and config.privacy.dp_scope == "train_and_store"):
             return None
         from fedunlearn.privacy.reference import mechanism_stats, with_run_mechanism
-        from fedunlearn.runs.rundir import stored_clip_norm
 
         store = self.run_view.store
 
         def build(epsilon_of: Callable[[int], float] | None, noise_salt: int = 0) -> PrivateClients:
+            source = self._release_federation(request)
             fed = with_run_mechanism(
-                self.federation,
+                source,
                 config.privacy,
                 store.round_scalars,
                 seed=config.seed,
                 epsilon_of=epsilon_of,
-                clip_norm=stored_clip_norm(store),
+                clip_norm=self.release_clip_norm(request),
                 noise_salt=noise_salt,
             )
             if fed is None:  # unreachable: the mechanism ran in training (checked above)
                 raise HistoryError("this run trained without a DP mechanism to re-run")
+
+            def close() -> None:
+                fed.close()
+                if source is not self.federation:
+                    source.close()
+
             return PrivateClients(
-                RemainingClients(fed, forget, meter), lambda: mechanism_stats(fed), fed.close
+                RemainingClients(fed, request.forget, meter), lambda: mechanism_stats(fed), close
             )
 
         return build

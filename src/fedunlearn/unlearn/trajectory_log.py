@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import torch
 
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
-from fedunlearn.history.policy import DOT_AGGREGATE_KEY, multiplicity_scalar
+from fedunlearn.history.policy import DOT_AGGREGATE_KEY, multiplicity_scalar, reported_loss
 from fedunlearn.history.store import ClientRecord, RoundEntry
 from fedunlearn.history.trajectory import ESTIMATED_KEY, Trajectory
 from fedunlearn.unlearn.context import UnlearnContext
@@ -147,7 +147,7 @@ class TrajectoryLog:
                 u.num_samples,
                 record.aggregate,
                 estimated=estimated,
-                loss=float(u.train_loss),
+                loss=reported_loss(u.train_loss),
                 extra=multiplicity_scalar(record, u.client_id),
             )
             for u in record.updates

@@ -58,8 +58,11 @@ def _record_clients(record: dict[str, Any]) -> set[int]:
 
 
 _AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum value
+#: The scalars of a client record ``forget()`` keeps: participation facts (how many of the
+#: round's draws it won, whether the record is a method's estimate), not values of its update.
+KEPT_CLIENT_SCALARS = frozenset({"multiplicity", "estimated"})
 # per-client scalars that, with the kept models, rebuild a deleted update (``history.policy``'s
-# DOT_AGGREGATE_KEY: <Δ_c, G_t>); forget() drops them with the client's ``norm``
+# DOT_AGGREGATE_KEY: <Δ_c, G_t>); the store check reports a forgotten row that still holds one
 REBUILDING_SCALARS = frozenset({"dot_aggregate"})
 
 
@@ -81,6 +84,8 @@ class Erasure:
         model): with the other clients' updates they would let each deleted update be rebuilt
         (``reconstruction.py``); they are recorded in the deletion record (``models``) and in
         the metadata (``dropped_models``), and reading one raises ``DroppedModelError``.
+        It also drops every per-round value of the clients' records (``norm``, ``loss``,
+        ``<Δ_c, G_t>``: ``_drop_update_scalars``), keeping who took part.
         Removing the clients' influence from the last model is the unlearning method's job.
 
         Args:
@@ -200,10 +205,12 @@ class Erasure:
         return self._deletion_record(call)
 
     def _drop_update_scalars(self, client_ids: list[int]) -> None:
-        """Drop the forgotten clients' per-round ``norm`` and ``<Δ_c, G_t>`` (in the transaction).
+        """Drop every per-round value of the forgotten clients' records (in the transaction).
 
-        With them and the kept models a deleted update came back to a median relative error
-        of 0.24 (issue 33); the status, the sample count and the loss stay.
+        Their ``norm`` and ``loss`` and every scalar but the participation facts
+        (``KEPT_CLIENT_SCALARS``): ``<Δ_c, G_t>`` with the kept models rebuilds a deleted
+        update (issue 33), and the loss, noise-free, singles a client out (issue 40). The
+        status and the sample count stay: who took part, and how FedAvg weighed it.
         """
         marks = ",".join("?" * len(client_ids))
         rows = self._db.execute(
@@ -212,10 +219,11 @@ class Erasure:
         ).fetchall()
         updates = []
         for round, cid, text in rows:
-            scalars = {k: v for k, v in json.loads(text).items() if k not in REBUILDING_SCALARS}
-            updates.append((json.dumps(scalars), round, cid))
+            kept = {k: v for k, v in json.loads(text).items() if k in KEPT_CLIENT_SCALARS}
+            updates.append((json.dumps(kept), round, cid))
         self._db.executemany(
-            "UPDATE clients SET norm=NULL, scalars=? WHERE round=? AND client_id=?", updates
+            "UPDATE clients SET norm=NULL, loss=NULL, scalars=? WHERE round=? AND client_id=?",
+            updates,
         )
 
     def _payload_ids(self, client_ids: list[int]) -> list[int]:

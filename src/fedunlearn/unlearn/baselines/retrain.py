@@ -18,14 +18,15 @@ update a real one computed by a remaining client; a round with no remaining part
 round with a zero aggregate, so the new history has the run's T rounds (docs/lifecycle.md).
 
 DP Retrain (``dp: true``, on a run trained with DP on its uploads): every round retrains under
-the run's own mechanism (``fedunlearn.privacy.reference``: DP-SGD or clip-and-noise at the
-run's clip norm) at the run's stored ε_t of that round (ε_max where the current history has
-none, e.g. after an applied trajectory), with noise of its own (``release_noise_salt``: the
-run's rounds' noise drawn again with other data would cancel in the difference of the two
-releases; the receipt's DP Retrain reference, never released, re-draws the run's). Its model
-is a DP release: ``details`` say so (``released_model_dp``) with the fresh rounds' ledger,
-realised and a priori (every round at ε_max), so ``fedunlearn apply`` takes it on a DP run
-and composes it (docs/privacy.md, "A living DP run").
+the run's own mechanism (``fedunlearn.privacy.reference``: DP-SGD or clip-and-noise) at ε_max
+(fixed a priori: the run's stored ε_t were chosen from a server loss that read the forgotten
+clients' data), at the clip norm the remaining clients give (the configured one, or ``auto``
+recomputed over them: ``UnlearnSession.release_clip_norm``), with noise and Poisson batches of
+its own (``release_noise_salt``: the run's rounds' noise drawn again with other data would
+cancel in the difference of the two releases, and shared batches are not independent draws).
+Its model is a DP release: ``details`` say so (``released_model_dp``) with the fresh rounds'
+ledger, and ``fedunlearn apply`` recomputes its status and a-priori ε from the method, its
+parameters and the run (``dp_release``; docs/privacy.md, "A living DP run").
 
 Deviation: [REC] resampling a fraction of the *remaining* clients (the earlier behaviour) gave a
 different set, and a different number, of participants each round than the run had, so Retrain
@@ -39,9 +40,11 @@ from typing import Any
 
 from pydantic import Field
 
+from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.privacy.ledger import privacy_summary, round_scalars
+from fedunlearn.privacy.releases import DPRelease
 from fedunlearn.unlearn.base import (
     Details,
     MethodParams,
@@ -59,8 +62,8 @@ class RetrainParams(MethodParams):
 
     dp: bool = Field(
         False,
-        description="DP Retrain: train under the run's DP mechanism at its stored eps_t (a run "
-        "trained with DP on its uploads); the released model is DP",
+        description="DP Retrain: train under the run's DP mechanism, every round at eps_max (a "
+        "run trained with DP on its uploads); the released model is DP",
     )
 
 
@@ -93,6 +96,22 @@ class Retrain(Unlearner):
     serves_shards = True  # retrains every shard
     params_type = RetrainParams
 
+    @classmethod
+    def dp_release(cls, params: MethodParams, privacy: PrivacyConfig) -> DPRelease | None:
+        """``dp: true`` on a run whose uploads trained under DP: every round at ε_max."""
+        if not (
+            isinstance(params, RetrainParams)
+            and params.dp
+            and privacy.enabled
+            and privacy.dp_scope == "train_and_store"
+        ):
+            return None
+        return DPRelease(
+            rounds="run",
+            reason=f"DP Retrain: every round retrained under the run's mechanism "
+            f"({privacy.mechanism}) at ε_max with noise of its own",
+        )
+
     def history_bytes_needed(self, context: UnlearnContext) -> int:
         """Only M_0 must be kept."""
         return context.initial_params.numel() * 4
@@ -112,8 +131,8 @@ class Retrain(Unlearner):
             return self._retrain(request, context, context.clients)
         privacy = context.privacy
         assert context.private_clients is not None  # check_history refused otherwise
-        # the run's stored ε_t (ε_max where none is stored: privacy.reference), and its own
-        # noise: the run's rounds' noise again, with other data, would cancel out
+        # ε_max every round (privacy.reference), and its own noise and batches: the run's
+        # rounds' noise again, with other data, would cancel out
         private = context.private_clients(
             None, noise_salt=context.release_noise_salt(self.name, request.forget)
         )
@@ -128,20 +147,21 @@ class Retrain(Unlearner):
         guarantee = fresh.get("epsilon_guarantee") or {}
         details = RetrainDetails(
             released_model_reason=f"every round retrained under the run's mechanism "
-            f"({privacy.mechanism}) at its stored ε_t (ε_max where none is stored): "
-            "(ε, δ)-DP at the composition of the run's rounds and these "
-            "(fresh_guarantee_epsilon, a priori)",
+            f"({privacy.mechanism}) at ε_max with noise of its own: (ε, δ)-DP at the "
+            "composition of the run's rounds and these (fresh_guarantee_epsilon, a priori, "
+            "replace-one)",
             privacy={
                 "unlearning_privacy": {
                     "mechanism": privacy.mechanism,
                     "retrained_rounds": len(stats),
                     "epsilon_per_round": [stats[r].epsilon for r in sorted(stats)],
+                    "clip_norm": fresh.get("clip_norm"),
                     "fresh_total_epsilon": fresh.get("total_epsilon") or 0.0,
                     "fresh_guarantee_epsilon": guarantee.get("pld_epsilon", 0.0),
                     "delta": privacy.delta,
-                    "basis": "the retrained rounds alone, composed by PLD; the guarantee takes "
-                    "every round at ε_max (a priori); the stored ε_t followed the "
-                    "non-private loss",
+                    "neighbour_relation": guarantee.get("neighbour_relation"),
+                    "basis": "the retrained rounds alone, every one at ε_max (fixed a priori), "
+                    "composed by PLD at replace-one",
                 }
             },
         )

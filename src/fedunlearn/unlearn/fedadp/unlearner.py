@@ -30,8 +30,9 @@ Deviations:
         ``clamp_negative_cos`` (AD11). Inner products in float64.
     [REC] Fresh updates are not clipped or noised (Alg. 2 as printed, AD9); ``unlearn_dp``
         trains them under the run's mechanism so the released model is DP (AD25):
-        client_update clips to the stored S and noises at ε_τ with the seeds
-        ``derive_seed(seed, "fedadp_unlearn_noise", τ, c)``; dp_sgd trains by DP-SGD at
+        client_update clips to the release's S (``context.release_clip_norm``) and noises at
+        ε_max (fixed a priori, issue 40), seeds ``derive_seed(seed, "fedadp_unlearn_noise",
+        τ, c)``; dp_sgd trains by DP-SGD at
         ``unlearn_epsilon`` per round through ``context.private_clients`` (salt
         ``UNLEARN_DP_SALT``). Fresh updates are never stored.
     [REC] Eq. 12's D^- is the data of the round's participants (weights sum to 1, AD10).
@@ -59,6 +60,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
+from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.metrics import predict_logits
@@ -67,7 +69,8 @@ from fedunlearn.privacy.accountant import totals
 from fedunlearn.privacy.guarantees import dp_sgd_unlearning_ledger, unlearned_model_guarantee
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
 from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
-from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
+from fedunlearn.privacy.releases import DPRelease
+from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import PrivateClients, UnlearnContext
 from fedunlearn.unlearn.fedadp.params import FedADPParams
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
@@ -190,6 +193,20 @@ class FedADP(SelectiveReplay):
     policy = "fedadp"
     overrides = ("beta", "round_ratio", "client_ratio")
 
+    @classmethod
+    def dp_release(cls, params: MethodParams, privacy: PrivacyConfig) -> DPRelease | None:
+        """``unlearn_dp``: every replayed round noised under the run's mechanism, no tuning."""
+        if not (isinstance(params, FedADPParams) and params.unlearn_dp and privacy.enabled):
+            return None
+        dp_sgd = privacy.mechanism == "dp_sgd"
+        return DPRelease(
+            rounds="stored",
+            per_round_epsilon=params.unlearn_epsilon if dp_sgd else None,
+            local_epochs=params.local_epochs,
+            reason="FedADP unlearn_dp: every fresh update of the replay trained under the "
+            f"run's mechanism ({privacy.mechanism}) and no final tuning",
+        )
+
     # ----- step 1: the selection ----------------------------------------------------------
 
     def check_history(self, context: UnlearnContext) -> None:
@@ -280,50 +297,49 @@ class FedADP(SelectiveReplay):
 
     # ----- step 2: replay -------------------------------------------------------------------
 
-    def _noise_std(self, context: UnlearnContext, round_: int) -> tuple[float, float]:
-        """Return (S, std) of round ``round_``'s training mechanism, from the stored ledger."""
-        sc = context.history.round_scalars(round_)
-        clip_norm = float(sc[SCALAR_KEYS["clip_norm"]])
+    def _noise_std(self, context: UnlearnContext) -> tuple[float, float]:
+        """Return (S, std) of a replayed round's clip-and-noise: S of the release, ε_max.
+
+        Fixed a priori and over the remaining clients (issue 40): the budget is ε_max, not the
+        stored ε_τ (chosen from a loss on the forgotten clients' data too), and S is the
+        configured one or ``auto`` recomputed over the remaining clients
+        (``context.release_clip_norm``; the stored one where the context cannot).
+        """
         cfg = context.privacy
-        z = noise_multiplier(float(sc[SCALAR_KEYS["epsilon"]]), cfg.delta)
+        clip_norm = context.release_clip_norm() if context.release_clip_norm else None
+        if clip_norm is None:
+            clip_norm = float(context.history.round_scalars(1)[SCALAR_KEYS["clip_norm"]])
+        z = noise_multiplier(cfg.budget.epsilon_max, cfg.delta)
         return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
 
     @staticmethod
     def _unlearning_ledger(
-        context: UnlearnContext, ledger: dict[str, Any], replay_eps: list[float]
+        context: UnlearnContext, ledger: dict[str, Any], zeta: float, replayed: int
     ) -> dict[str, Any]:
         """``unlearn_dp``: the replayed rounds' releases composed with the run's (per client).
 
         Each replayed round releases every replaying client's update once more through the
-        training mechanism at its stored ε_τ (ζ ∝ 1/ε, Eq. 6); a client's total composes the
-        run's rounds and every replayed round (an upper bound: not every client replays).
+        training mechanism at ε_max (noise multiplier ``zeta`` = std / S); a client's total
+        composes the run's rounds and every replayed round (an upper bound: not every client
+        replays). Replace one client's data: sensitivity 2S (factor 2).
         """
         cfg = context.privacy
-        f = cfg.sens_factor
-        train = [float(r["noise_multiplier"]) / f for r in ledger.get("rounds", [])]
-        zeta = {  # the stored ζ_τ of each replayed round: std over the round's S
-            float(r["epsilon"]): float(r["noise_multiplier"]) / f for r in ledger["rounds"]
-        }
-        replay = [zeta[e] for e in replay_eps]
-        both = totals(train + replay, cfg.delta, f) if train else None
-        own = totals(replay, cfg.delta, f) if replay else None
-        # a priori: each replayed round at ε_max (ζ ∝ 1/ε, Eq. 6); the stored ε_τ it reuses
-        # followed the non-private loss
-        eps_max = cfg.budget.epsilon_max
-        upfront = (
-            totals([z * e / eps_max for z, e in zip(replay, replay_eps, strict=True)], cfg.delta, f)
-            if replay
-            else None
-        )
+        train = [float(r["noise_multiplier"]) / 2 for r in ledger.get("rounds", [])]
+        replay = [zeta / 2] * replayed
+        both = totals(train + replay, cfg.delta, 2) if train else None
+        own = totals(replay, cfg.delta, 2) if replay else None
         return {
-            "replayed_rounds": len(replay),
-            "epsilon_per_round": replay_eps,
+            "replayed_rounds": replayed,
+            "epsilon_per_round": [cfg.budget.epsilon_max] * replayed,
             "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
-            "fresh_guarantee_epsilon": upfront.pld_epsilon if upfront else 0.0,
+            # every replayed round at ε_max, fixed before the run: a priori as well
+            "fresh_guarantee_epsilon": own.pld_epsilon if own else 0.0,
             "total_epsilon_with_training": both.pld_epsilon if both else None,
             "rdp_epsilon_with_training": both.rdp_epsilon if both else None,
-            "basis": "realised ε_t of the run and the replayed rounds, PLD; the adaptive "
-            "choice of ε_t is not covered",
+            "neighbour_relation": "replace_one",
+            "basis": "replace one client's data (2S): the run's realised rounds and the "
+            "replayed rounds (each at ε_max), PLD; the choice of the replayed rounds (FedADP's "
+            "stages) reads the non-private loss and is not covered",
         }
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
@@ -374,7 +390,7 @@ class FedADP(SelectiveReplay):
         skipped: list[int] = []
         negative = total_cos = 0
         step_norm = fresh_norm = 0.0  # Σ||U||, Σ||ĝ|| (float64)
-        replay_eps: list[float] = []  # ε_τ of each noised replayed round (unlearn_dp)
+        replayed = 0  # noised replayed rounds (client_update unlearn_dp)
         for sr in stored:
             ids = [c for c in sr.clients if c not in forget]
             if not ids:
@@ -388,8 +404,8 @@ class FedADP(SelectiveReplay):
             else:
                 fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
             if p.unlearn_dp and private is None:
-                clip_norm, std = self._noise_std(context, sr.round)
-                replay_eps.append(float(history.round_scalars(sr.round)[SCALAR_KEYS["epsilon"]]))
+                clip_norm, std = self._noise_std(context)
+                replayed += 1
                 seed = context.clients.seed
                 fresh = [
                     replace(
@@ -449,7 +465,16 @@ class FedADP(SelectiveReplay):
                 context.privacy, ledger, private.stats()
             )
         elif p.unlearn_dp:
-            privacy["unlearning_privacy"] = self._unlearning_ledger(context, ledger, replay_eps)
+            clip_norm, std = self._noise_std(context)
+            privacy["unlearning_privacy"] = self._unlearning_ledger(
+                context, ledger, std / clip_norm, replayed
+            )
+        # one status per artefact: this result's model, not every method's default
+        if "artefacts" in privacy:
+            privacy["artefacts"] = {
+                **privacy["artefacts"],
+                "unlearned_model": {"dp": released_dp, "guarantee": released_reason},
+            }
         details = FedADPDetails(
             variant="FedADP" if context.privacy.enabled else "FedADP-without-DP",
             trained_with_dp=context.privacy.enabled,
