@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.unlearn.deletion_ready.test_tv_exact import TV as TV_RUN
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -35,22 +36,8 @@ RUN = {
     "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 64, "executor": "serial"},
     "history": {"policy": "all"},
 }
-# deletion-ready (configs/mnist_deletion_ready.yaml's keys), tiny
-TV = {
-    "seed": 2,
-    "data": {"dataset": "digits", "num_clients": 12},
-    "model": {"name": "logreg"},
-    "training": {
-        "rounds": 6,
-        "lr": 0.3,
-        "batch_size": 4,
-        "participation": 0.2,
-        "sampling": "tv_stable",
-        "local_steps": 2,
-        "executor": "serial",
-    },
-    "history": {"policy": "none"},
-}
+# deletion-ready (configs/mnist_deletion_ready.yaml's keys), tiny: test_tv_exact's run
+TV = {**TV_RUN, "seed": 2, "history": {"policy": "none"}}
 
 
 def _result(run: Path, out: Path, method: str, forget: list[int]) -> Path:

@@ -58,6 +58,11 @@ Design:
       appending the model as round T+1) and records the event; ``forgotten_clients()`` is the
       union every later request forgets. Stores written before the table get it on their first
       writable open and read as having no events until then.
+    * A hash chain (``chain.py``): every transaction that changes what the store holds (a
+      round, a ``forget()``, an ``apply()``, a truncation) appends a link committing to it and
+      to the previous link, in the same transaction; ``check()`` replays the links and compares
+      the store with them, so a payload or round removed outside ``forget()`` is damage. A
+      store written before the chain has none and never gets one.
     * ``check()`` (``integrity.py``) looks for damage without changing anything (every
       checksum, or a quick pass over the catalog and the models) and names the first bad round,
       from which a run can be retrained (``truncate_after(first_bad_round - 1)``).
