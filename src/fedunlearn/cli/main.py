@@ -622,9 +622,20 @@ def verify(
             help="first rewrite metrics.jsonl, summary.json and privacy.json from the store"
         ),
     ] = False,
+    sign: Annotated[
+        Path | None,
+        typer.Option(help="sign the chain head with this ed25519 private key (mode 0600)"),
+    ] = None,
+    sign_out: Annotated[
+        Path | None,
+        typer.Option(help="where --sign writes the signed head (default RUN/chain_head.json)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Check every payload's checksum and the run's consistency; exit 1 if anything is wrong."""
+    """Check every payload, the run's consistency and its committed history; print its head.
+
+    Exit 1 if anything is wrong (a payload removed outside 'forget' breaks the chain).
+    """
     from fedunlearn.runs import check_run, rebuild_run_files
     from fedunlearn.runs import restore_config as restore
 
@@ -633,6 +644,14 @@ def verify(
     if rebuild:
         err_console.print(f"rewrote {', '.join(rebuild_run_files(run_dir))} from the store")
     result = check_run(run_dir, full=not quick)
+    signed = None
+    if sign is not None and result["ok"]:  # a damaged history's head is not worth a signature
+        from fedunlearn.runs.chain_signing import sign_head, write_signed_head
+
+        signed = write_signed_head(
+            sign_head(run_dir, sign), sign_out or run_dir / "chain_head.json"
+        )
+        result["signed_head"] = str(signed)
     if as_json:
         print(json.dumps(result, indent=2))
     elif result["ok"]:
@@ -642,6 +661,17 @@ def verify(
             f"{'checked' if result['full'] else 'checked (quick: models only)'}; config.yaml "
             "matches the store"
         )
+        chain = store.get("chain") or {}
+        if chain.get("head"):
+            console.print(
+                f"chain: {chain['links']} links verify; head {chain['head']['head']} "
+                f"(link {chain['head']['seq']})",
+                highlight=False,
+            )
+        else:
+            console.print("chain: no committed history (a run written before it)")
+        if signed is not None:
+            console.print(f"signed head -> {signed}", highlight=False)
     else:
         first = result["first_bad_round"]
         for problem in result["problems"]:
@@ -1132,12 +1162,13 @@ def _check_earlier_demo(out: Path, config: RunConfig) -> None:
 
 
 def _register_subcommands() -> None:
-    from fedunlearn.cli import plan, receipt
+    from fedunlearn.cli import auditor, plan, receipt
     from fedunlearn.cli.central import central_command
     from fedunlearn.plugins import cli_hooks
 
     receipt.register(app)  # audit
     plan.register(app)  # plan
+    auditor.register(app)  # check-receipt
     app.command(name="central")(central_command)
     for register in cli_hooks():  # each installed plugin's commands (Plugin.cli)
         register(app)

@@ -377,6 +377,7 @@ def audit_model(
         "run": identity,
         "request": {"forget": sorted(request.forget), "kind": request.kind},
         "result_method": method,
+        "model_sha256": tensor_sha256(params),  # what check-receipt compares --model with
         "measures": row,
         "original": verifier.original_row,
         "retrain": verifier.retrain_row,

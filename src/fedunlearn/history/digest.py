@@ -16,9 +16,10 @@ What it protects against, and what not: the digest is a checksum anyone can reco
 no key), so it catches a document edited by hand or by a script that does not recompute it
 (``verification.influence`` changed from ``not_shown`` to ``removed``, a ``test_accuracy``
 changed), a truncated or damaged file, and a document of another run; it does not stop someone
-who edits the document and recomputes the digest with this module. Binding a document to a
-signed, hash-chained history head (so that a forger also needs the key) is future work; a
-``bound_to`` key can carry that head when it exists.
+who edits the document and recomputes the digest with this module. A result and a receipt also
+carry the head of the run's committed history (``bound_to["chain"]``: ``history.store.chain``),
+which ``fedunlearn check-receipt`` finds in the run's chain, and whose figures and exact model
+it re-derives (``experiments.receipt_check``); a head can be signed (``runs.chain_signing``).
 """
 
 from __future__ import annotations

@@ -289,16 +289,21 @@ class UnlearnSession:
     def identity(self) -> dict[str, object]:
         """Return what names the run as it is now (``fedunlearn apply`` checks it).
 
-        ``{"fingerprint", "generation", "last_round", "model_sha256"}`` (the last model's).
+        ``{"fingerprint", "generation", "last_round", "model_sha256", "chain"}``: the last
+        model's SHA-256 and the head of the committed history (``{"seq", "head"}``; None for a
+        run written before it: ``history.store.chain``), which ``fedunlearn check-receipt``
+        finds in the run's chain.
         """
         from fedunlearn.history.result_file import tensor_sha256
 
         run = self.run_view
+        head = run.store.chain_head()
         return {
             "fingerprint": run.fingerprint,
             "generation": run.generation,
             "last_round": run.num_rounds,
             "model_sha256": tensor_sha256(run.final_params),
+            "chain": None if head is None else head.to_dict(),
         }
 
     def context(

@@ -1,7 +1,8 @@
 """The on-disk history of a run.
 
 Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
-methods in ``erasure``, its checks in ``integrity`` and its applied results in ``events``), the
+methods in ``erasure``, its checks in ``integrity``, its applied results in ``events`` and its
+committed history in ``chain``), the
 evidence of deletions (``deletion``),
 the reconstruction attack and what ``forget()`` drops against it (``reconstruction``) and the
 read-only protocol unlearning methods use (``reader``).

@@ -187,6 +187,11 @@ class Erasure:
                         " VALUES (?, ?, ?, ?)",
                         (cid, now, sum(e[2] for e in mine), len(mine)),
                     )
+                for e in evidence:  # the link commits what went (chain.py)
+                    self._chain_note_removed(e[0], "update", e[1], e[3])
+                for m in dropped:
+                    self._chain_note_removed(m[0], m[1], NO_CLIENT, m[3])
+                self._chain_commit("forget", clients=ids)
                 if incremental:
                     self._incremental_vacuum()
             if not incremental:

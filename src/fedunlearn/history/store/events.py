@@ -251,10 +251,9 @@ class Generations:
             else:
                 after, clean = last + 1, last + 1
                 generation = self._db.execute("SELECT count(*) FROM events").fetchone()[0] + 1
-                self._db.execute(
-                    "INSERT INTO rounds VALUES (?, ?, ?)",
-                    (after, json.dumps({**dict(scalars or {}), APPLIED_KEY: generation}), now),
-                )
+                text = json.dumps({**dict(scalars or {}), APPLIED_KEY: generation})
+                self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (after, text, now))
+                self._chain_note_round(after, text, ())
                 self._insert_payload(after, "global", NO_CLIENT, model.detach().cpu())
             cursor = self._db.execute(
                 "INSERT INTO events (applied_at, kind, forget, new, method, request_kind, "
@@ -290,6 +289,22 @@ class Generations:
                 meta.pop("dropped_models", None)
             meta.pop("continuation", None)
             self._put_meta(meta)
+            event = {
+                "kind": "trajectory" if rounds is not None else "model",
+                "forget": forget_ids,
+                "new": new_ids,
+                "method": method,
+                "request_kind": request_kind,
+                "result_sha256": result_sha256,
+                "receipt_sha256": receipt_sha256,
+                "model_sha256": model_sha256,
+                "rounds_before": last,
+                "rounds_after": after,
+            }
+            if rounds is not None:  # the link commits the event and what changed (chain.py)
+                self._chain_commit("apply", event=event, drop_after=kept)
+            else:
+                self._chain_commit("apply", event=event)
             if rounds is not None:
                 self._incremental_vacuum()
             event_id = cursor.lastrowid
@@ -356,6 +371,8 @@ class Generations:
         self._db.executemany(
             "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)", [(call, *e) for e in evidence]
         )
+        for e in evidence:
+            self._chain_note_removed(e[0], "update", e[1], e[3])
         logged = {c for (c,) in self._db.execute("SELECT DISTINCT client_id FROM forget_log")}
         for cid in forget_ids:
             mine = [e for e in evidence if e[1] == cid]

@@ -28,8 +28,9 @@ class Integrity:
         that the rounds are 0..last without gaps and round 0 holds M_0; the catalog (each
         payload's byte count, each stored update has an accepted or rejected client record,
         nothing stored of a forgotten client); and the checksum, size, dtype and shape of every
-        payload (full) or of the global models and aggregates only (quick). Reads one payload
-        at a time.
+        payload (full) or of the global models and aggregates only (quick); and the committed
+        history (``check_chain``: every stored round, participant, payload hash, deletion record
+        and event against the hash chain). Reads one payload at a time.
 
         Args:
             full: Read every payload; False for a quick check (catalog and models).
@@ -95,6 +96,8 @@ class Integrity:
             except HistoryCorruptError as err:
                 reason = str(err).split(f"{self._what(kind, cid)} ", 1)[-1].split(";")[0]
                 bad.append((round, f"round {round} {self._what(kind, cid)}: {reason}"))
+        chain = self.check_chain(full=full)  # the committed history (chain.py)
+        bad += [(r, f"chain: {line}") for r, line in chain.problems]
         bad.sort(key=lambda b: (b[0] is not None, b[0] if b[0] is not None else 0))
         first = min((r for r, _ in bad if r is not None), default=None)
         return StoreCheck(
@@ -105,6 +108,7 @@ class Integrity:
             problems=tuple(msg for _, msg in bad[:_CHECK_SAMPLE])
             + ((f"... and {len(bad) - _CHECK_SAMPLE} more",) if len(bad) > _CHECK_SAMPLE else ()),
             first_bad_round=first,
+            chain=chain.to_dict(),
         )
 
     def verify(self) -> None:

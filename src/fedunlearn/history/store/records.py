@@ -227,6 +227,7 @@ class StoreCheck:
         problems: One line per problem, first bad round first.
         first_bad_round: The earliest round with a damaged or inconsistent entry, or None if
             the damage is not tied to a round (or there is none).
+        chain: The committed history's check (``ChainCheck.to_dict()``), or None if not run.
     """
 
     ok: bool
@@ -235,6 +236,7 @@ class StoreCheck:
     bytes_checked: int
     problems: tuple[str, ...] = ()
     first_bad_round: int | None = None
+    chain: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -245,4 +247,5 @@ class StoreCheck:
             "bytes_checked": self.bytes_checked,
             "first_bad_round": self.first_bad_round,
             "problems": list(self.problems),
+            "chain": self.chain,
         }

@@ -58,6 +58,11 @@ Design:
       appending the model as round T+1) and records the event; ``forgotten_clients()`` is the
       union every later request forgets. Stores written before the table get it on their first
       writable open and read as having no events until then.
+    * A hash chain (``chain.py``): every transaction that changes what the store holds (a
+      round, a ``forget()``, an ``apply()``, a truncation) appends a link committing to it and
+      to the previous link, in the same transaction; ``check()`` replays the links and compares
+      the store with them, so a payload or round removed outside ``forget()`` is damage. A
+      store written before the chain has none and never gets one.
     * ``check()`` (``integrity.py``) looks for damage without changing anything (every
       checksum, or a quick pass over the catalog and the models) and names the first bad round,
       from which a run can be retrained (``truncate_after(first_bad_round - 1)``).
@@ -92,6 +97,7 @@ from fedunlearn.errors import (
 )
 from fedunlearn.fl.records import UpdateStatus
 from fedunlearn.history.digest import canonical_sha256
+from fedunlearn.history.store.chain import CHAIN_INFO_KEY, CHAIN_SCHEMA, Chain
 from fedunlearn.history.store.codec import (
     NO_CLIENT,
     PayloadError,
@@ -264,7 +270,7 @@ def _expected_columns() -> dict[str, list[str]]:
     """The column names of every table a store of this schema version has (built in memory)."""
     con = sqlite3.connect(":memory:")
     try:
-        con.executescript(_SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA)
+        con.executescript(_SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA + CHAIN_SCHEMA)
         tables = [r for (r,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {t: [row[1] for row in con.execute(f"PRAGMA table_info({t})")] for t in tables}
     finally:
@@ -324,7 +330,7 @@ class WriterLock:
             self._fd = None
 
 
-class HistoryStore(Erasure, Integrity, Generations):
+class HistoryStore(Erasure, Integrity, Generations, Chain):
     """The history of one run in ``<dir>/history.sqlite``; build with ``create`` or ``open``.
 
     A writable store holds ``<dir>/history.lock`` until ``close()``; use it as a context manager.
@@ -341,6 +347,8 @@ class HistoryStore(Erasure, Integrity, Generations):
         self._file = file
         self._lock = lock
         self._has_ledger: bool | None = None
+        self._has_chain: bool | None = None
+        self._chain_pending: dict[str, Any] | None = None
         self._stored_at: bool | None = None
         self._usable: int | None = None
 
@@ -399,11 +407,18 @@ class HistoryStore(Erasure, Integrity, Generations):
                 }
                 # executescript leaves the transaction open
                 con.executescript(
-                    "BEGIN IMMEDIATE;" + _SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA
+                    "BEGIN IMMEDIATE;"
+                    + _SCHEMA
+                    + _DELETION_SCHEMA
+                    + _LEDGER_SCHEMA
+                    + EVENT_SCHEMA
+                    + CHAIN_SCHEMA
                 )
                 info["prints_from_round"] = "0"
                 info["stored_from_round"] = "0"
+                info[CHAIN_INFO_KEY] = "1"
                 con.executemany("INSERT INTO info VALUES (?, ?)", info.items())
+                store._chain_commit("genesis", created_at=time.time())  # chain.py
                 con.execute("COMMIT")
         except BaseException:
             if "con" in locals():
@@ -693,11 +708,14 @@ class HistoryStore(Erasure, Integrity, Generations):
             self._insert_round_rows(entry, time.time())
             for rr, kind, cid, tensor in payloads:
                 self._insert_payload(rr, kind, cid, tensor)
+            self._chain_commit("round", round=r)
 
     def _insert_round_rows(self, entry: RoundEntry, now: float) -> None:
         """Insert a round's row and its clients' rows (inside the caller's transaction)."""
         r = entry.round
-        self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (r, json.dumps(entry.scalars), now))
+        scalars = json.dumps(entry.scalars)
+        self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (r, scalars, now))
+        self._chain_note_round(r, scalars, entry.clients)
         self._db.executemany(
             "INSERT INTO clients (round, client_id, status, num_samples, norm, loss, reason, "
             "scalars) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -748,6 +766,7 @@ class HistoryStore(Erasure, Integrity, Generations):
             "data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             row,
         )
+        self._chain_note_payload(round, kind, client_id, data)
         if self._ledger:  # fingerprints of its overflow pages, kept after the payload goes
             self._db.execute(
                 "INSERT OR REPLACE INTO payload_prints VALUES (?, ?, ?, ?, ?)",
@@ -776,6 +795,7 @@ class HistoryStore(Erasure, Integrity, Generations):
         with self._transaction(f"dropping rounds after {round}"):
             for table in tables if self._ledger else tables[:1] + tables[2:]:
                 self._db.execute(f"DELETE FROM {table} WHERE round > ?", (round,))
+            self._chain_commit("truncate", drop_after=round)
 
     def _checkpoint_truncate(self, consequence: str) -> None:
         busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
@@ -1215,6 +1235,7 @@ class HistoryStore(Erasure, Integrity, Generations):
     def _transaction(self, action: str) -> Iterator[None]:
         with self._sqlite(action):
             self._db.execute("BEGIN IMMEDIATE")
+            self._chain_reset()
             try:
                 yield
                 self._db.execute("COMMIT")

@@ -1,0 +1,330 @@
+"""An auditor's check of a result or receipt against the run it names (``check-receipt``).
+
+``check_receipt(result_json, run_dir, model=None)`` trusts nothing the document says about
+itself: it checks, one finding each,
+
+- ``seal``: the document's integrity digest (``history.digest``: an edit that did not recompute
+  it);
+- ``run``: that it names this run (its config fingerprint, generation and last round);
+- ``chain``: that the run's committed history verifies (``HistoryStore.check_chain``), that the
+  head the document names (``run.chain``) is a link of it, that nothing but ``forget`` changed
+  the run after that link, and that the run's model is the one the document names;
+- ``request``: that its forget set is a valid request on this run and includes every client
+  forgotten earlier;
+- ``model``: that the model the document speaks of (``--model``, or its apply file) has the
+  SHA-256 it names;
+- ``figures``: that the model's quality figures (test accuracy, loss, backdoor ASR) come out of
+  an evaluation of that model exactly as written (an edited figure under a recomputed seal);
+- ``replay``: for an exact lineage (Retrain, Crab's participation rollback, ``tv_exact``), that
+  re-running the named method with its parameters on the run reproduces the model bit for bit
+  (``audit._replay_exact``).
+
+What it proves, against whom: docs/verification.md ("Checking a receipt as an auditor").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedunlearn.errors import ConfigError, HistoryError, IntegrityError
+from fedunlearn.eval.verifier import lineage_from_dict
+from fedunlearn.experiments.audit import _replay_exact, read_model_file
+from fedunlearn.history.digest import check_seal
+from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
+from fedunlearn.runs import run_fingerprint
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+
+__all__ = ["Finding", "ReceiptCheck", "check_receipt"]
+
+# links that may follow the receipt's head without changing the state it was computed on
+_STATE_KEEPING_LINKS = frozenset({"forget"})
+_FIGURES = ("test_accuracy", "test_loss", "backdoor_asr")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check: ``ok`` True (holds), False (the claim fails) or None (nothing to check)."""
+
+    name: str
+    ok: bool | None
+    line: str
+
+
+@dataclass(frozen=True)
+class ReceiptCheck:
+    """Every finding of ``check_receipt``, in order; ``ok`` unless one failed."""
+
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        """No finding failed."""
+        return all(f.ok is not False for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "ok": self.ok,
+            "findings": [{"name": f.name, "ok": f.ok, "line": f.line} for f in self.findings],
+        }
+
+
+def _read_document(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; pass the JSON 'unlearn --out' or 'audit' wrote")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path} is not readable JSON: {err}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("request"), Mapping):
+        raise ConfigError(
+            f"{path} is not a result of 'fedunlearn unlearn' or a receipt of 'fedunlearn "
+            "audit' (no 'request'); pass the file its --out wrote"
+        )
+    if not isinstance(doc.get("run"), Mapping):
+        raise ConfigError(f"{path} names no run ('run'); it cannot be checked against one")
+    return doc
+
+
+def _seal(doc: Mapping[str, Any], source: str) -> Finding:
+    try:
+        check_seal(doc, source)
+    except IntegrityError as err:
+        return Finding("seal", False, str(err))
+    return Finding("seal", True, "the integrity digest matches the content")
+
+
+def _run(doc: Mapping[str, Any], session: UnlearnSession) -> Finding:
+    run = doc["run"]
+    expected = run_fingerprint(
+        session.run_view.config, run.get("generation", 0), run.get("last_round")
+    )
+    if run.get("fingerprint") != expected:
+        return Finding(
+            "run", False, "the document names another run (its config fingerprint differs)"
+        )
+    return Finding(
+        "run",
+        True,
+        f"names this run (generation {run.get('generation', 0)}, round {run.get('last_round')})",
+    )
+
+
+def _chain(doc: Mapping[str, Any], session: UnlearnSession) -> Finding:
+    """The committed history, the document's head in it, and the run's model at that head."""
+    store = session.run_view.store
+    named = doc["run"].get("chain")
+    check = store.check_chain(full=True)
+    if not check.present and check.ok:
+        if named:
+            return Finding(
+                "chain",
+                False,
+                f"the document names chain head {str(named.get('head'))[:16]}... but the run "
+                "has no committed history",
+            )
+        return Finding(
+            "chain", None, "no committed history (a run written before it): nothing to check"
+        )
+    if not check.ok:
+        more = f" (and {len(check.problems) - 1} more)" if len(check.problems) > 1 else ""
+        return Finding(
+            "chain", False, f"the run's history is damaged: {check.problems[0][1]}{more}"
+        )
+    if not isinstance(named, Mapping):
+        return Finding("chain", False, "the document names no chain head, though the run keeps one")
+    seq, head = named.get("seq"), named.get("head")
+    if type(seq) is not int or store.chain_link(seq) != head:
+        return Finding(
+            "chain",
+            False,
+            f"the document's head (link {seq}, {str(head)[:16]}...) is not in this run's chain: "
+            "the history was rewritten since, or the document is of another run",
+        )
+    later = [(s, kind) for s, kind, _, _ in store.chain_links() if s > seq]
+    changed = [f"link {s} ({kind})" for s, kind in later if kind not in _STATE_KEEPING_LINKS]
+    if changed:
+        raise ConfigError(
+            f"the run changed after the document's head (link {seq}): {', '.join(changed[:3])}; "
+            "check it on the run as it was then (a copy taken with the document)"
+        )
+    last = session.run_view.num_rounds
+    if tensor_sha256(session.run_view.final_params) != doc["run"].get("model_sha256"):
+        return Finding(
+            "chain",
+            False,
+            f"the run's model at round {last} is not the one the document names (model SHA-256)",
+        )
+    return Finding(
+        "chain",
+        True,
+        f"{check.links} links verify; head {head[:16]}... (link {seq}) is in the chain"
+        + (f", followed by {len(later)} forget link(s)" if later else "")
+        + f"; the run's model at round {last} is the one named",
+    )
+
+
+def _request(doc: Mapping[str, Any], session: UnlearnSession) -> tuple[Finding, UnlearnRequest]:
+    req = doc["request"]
+    try:
+        forget = [int(c) for c in req.get("forget", [])]
+        request = UnlearnRequest.of(forget, str(req.get("kind", "forget")))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"the document's request is not a request: {err}") from None
+    missing = sorted(session.run_view.forgotten - request.forget)
+    if missing:
+        return (
+            Finding(
+                "request",
+                False,
+                f"the request does not forget client(s) {missing}, forgotten earlier in the run",
+            ),
+            request,
+        )
+    try:
+        session.run_view.check_request(request)
+    except ConfigError as err:
+        return Finding("request", False, f"not a request on this run: {err}"), request
+    return Finding("request", True, f"{request.kind} clients {sorted(request.forget)}"), request
+
+
+def _named_model_sha(doc: Mapping[str, Any]) -> str | None:
+    apply = doc.get("apply")
+    if isinstance(apply, Mapping) and isinstance(apply.get("model_sha256"), str):
+        return apply["model_sha256"]
+    named = doc.get("model_sha256")
+    return named if isinstance(named, str) else None
+
+
+def _model(
+    doc: Mapping[str, Any], path: Path, session: UnlearnSession, model: Path | None
+) -> tuple[Finding, torch.Tensor]:
+    named = _named_model_sha(doc)
+    if named is None:
+        raise ConfigError(f"{path} names no model SHA-256 ('apply.model_sha256'); nothing to check")
+    if model is not None:
+        params = read_model_file(model, session.run_view.model)
+        where = str(model)
+    else:
+        apply = doc.get("apply") or {}
+        file = path.parent / str(apply.get("file", ""))
+        if not apply.get("file") or not file.is_file():
+            raise ConfigError(
+                f"{path}: its apply file is gone (applied, or moved); pass the model with --model"
+            )
+        if file_sha256(file) != apply.get("sha256"):
+            return (
+                Finding("model", False, f"{file} is not the apply file the document names"),
+                torch.empty(0),
+            )
+        params, where = read_result_file(file).params, str(file)
+    got = tensor_sha256(params)
+    if got != named:
+        return (
+            Finding(
+                "model",
+                False,
+                f"{where} is another model (SHA-256 {got[:12]}..., the document names "
+                f"{named[:12]}...)",
+            ),
+            params,
+        )
+    return Finding("model", True, f"{where} has the SHA-256 the document names"), params
+
+
+def _figures(doc: Mapping[str, Any], session: UnlearnSession, params: torch.Tensor) -> Finding:
+    measured = session.evaluation.evaluate(params)
+    written = doc.get("measures") if isinstance(doc.get("measures"), Mapping) else doc
+    compared, wrong = [], []
+    for key in _FIGURES:
+        if key not in measured or key not in written:
+            continue
+        value, claimed = float(measured[key]), written[key]
+        compared.append(key)
+        same = (
+            claimed is None
+            and not math.isfinite(value)
+            or isinstance(claimed, int | float)
+            and (claimed == value or (math.isnan(claimed) and math.isnan(value)))
+        )
+        if not same:
+            wrong.append(f"{key} is {claimed} in the document, {value} re-derived")
+    if wrong:
+        return Finding("figures", False, "; ".join(wrong))
+    if not compared:
+        return Finding("figures", None, "no figure to re-derive")
+    return Finding("figures", True, f"{', '.join(compared)} re-derived exactly")
+
+
+def _replay(
+    doc: Mapping[str, Any],
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    params: torch.Tensor,
+    source: str,
+) -> Finding:
+    lineage = lineage_from_dict(doc.get("lineage"))
+    if lineage is None or not lineage.exact:
+        kind = "none" if lineage is None else lineage.kind
+        return Finding(
+            "replay",
+            None,
+            f"no exact lineage claimed ({kind}): nothing to replay; the receipt's statistical "
+            "checks hold against an honest-but-curious server only",
+        )
+    try:
+        _replay_exact(doc, session, request, params, source)
+    except IntegrityError as err:
+        return Finding("replay", False, str(err))
+    except HistoryError as err:  # the history no longer holds what the method reads
+        return Finding("replay", False, f"{doc.get('method')} cannot be replayed: {err}")
+    return Finding(
+        "replay",
+        True,
+        f"{doc.get('method')} re-run on this run gives the model bit for bit (same SHA-256)",
+    )
+
+
+def check_receipt(
+    result_json: str | Path, run_dir: str | Path, *, model: str | Path | None = None
+) -> ReceiptCheck:
+    """Check a result (``unlearn --out``) or receipt (``audit --out``) against ``run_dir``.
+
+    Args:
+        result_json: The document.
+        run_dir: The run it names.
+        model: The model it speaks of; default the apply file beside a result.
+
+    Returns:
+        Every finding; the replay is skipped (None) once another check failed.
+
+    Raises:
+        ConfigError: Unreadable input, no model to check, or a run that changed (applied,
+            trained on) after the document's head.
+        HistoryError: ``run_dir`` holds no finished run.
+    """
+    path = Path(result_json)
+    doc = _read_document(path)
+    source = str(path)
+    findings = [_seal(doc, source)]
+    with UnlearnSession(run_dir, evaluate=False) as session:
+        findings.append(_run(doc, session))
+        findings.append(_chain(doc, session))
+        found, request = _request(doc, session)
+        findings.append(found)
+        found, params = _model(doc, path, session, None if model is None else Path(model))
+        findings.append(found)
+        if found.ok:
+            findings.append(_figures(doc, session, params))
+        if all(f.ok is not False for f in findings):
+            findings.append(_replay(doc, session, request, params, source))
+        else:
+            findings.append(Finding("replay", None, "skipped: the document already fails"))
+    return ReceiptCheck(tuple(findings))

@@ -1,0 +1,201 @@
+"""``check-receipt`` (issue 34): an auditor checks a result against the run it names.
+
+An edited figure (with or without a recomputed seal), another model, a cut chain (a committed
+payload or a round's rows deleted by raw SQL) and another run's result each fail with one line
+(exit 1); a Retrain result and a deletion-ready ``tv_exact`` result are replayed bit for bit
+(exit 0); bad input exits 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from tests.unlearn.deletion_ready.test_tv_exact import TV as TV_RUN
+from typer.testing import CliRunner
+
+from fedunlearn.cli.main import app
+from fedunlearn.config import parse_config
+from fedunlearn.experiments import unlearn_one, write_result
+from fedunlearn.experiments.receipt_check import check_receipt
+from fedunlearn.history.digest import canonical_json, seal
+from fedunlearn.history.store.chain import GENESIS_PREV
+from fedunlearn.runs import train_run
+
+runner = CliRunner()
+
+RUN = {
+    "seed": 1,
+    "data": {"dataset": "digits", "num_clients": 6},
+    "model": {"name": "logreg"},
+    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 64, "executor": "serial"},
+    "history": {"policy": "all"},
+}
+# deletion-ready (configs/mnist_deletion_ready.yaml's keys), tiny: test_tv_exact's run
+TV = {**TV_RUN, "seed": 2, "history": {"policy": "none"}}
+
+
+def _result(run: Path, out: Path, method: str, forget: list[int]) -> Path:
+    result, summary = unlearn_one(run, forget, method, verify=False, evaluate_rounds=False)
+    write_result(out, summary, result)
+    return out
+
+
+@pytest.fixture(scope="module")
+def retrain(tmp_path_factory):
+    """A run, its Retrain result and the original model saved as a .pt file."""
+    base = tmp_path_factory.mktemp("receipt")
+    run = base / "run"
+    train_run(parse_config(RUN), run)
+    path = _result(run, base / "retrain.json", "retrain", [2])
+    from fedunlearn.history.store import HistoryStore
+
+    with HistoryStore.open(run / "history") as store:
+        torch.save(store.read_model(3), base / "original.pt")
+    return run, path, base
+
+
+def _lines(checked) -> dict[str, tuple[bool | None, str]]:
+    return {f.name: (f.ok, f.line) for f in checked.findings}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_retrain_result_is_replayed_bit_for_bit(retrain):
+    run, path, _ = retrain
+    checked = check_receipt(path, run)
+    found = _lines(checked)
+    assert checked.ok
+    assert [f.name for f in checked.findings] == [
+        "seal",
+        "run",
+        "chain",
+        "request",
+        "model",
+        "figures",
+        "replay",
+    ]
+    assert all(ok is True for ok, _ in found.values())
+    assert "bit for bit" in found["replay"][1]
+    doc = json.loads(path.read_text())
+    assert doc["run"]["chain"]["seq"] == 5  # genesis, rounds 0..3: the head the result names
+
+
+def test_an_edited_figure_fails_with_or_without_a_new_seal(retrain, tmp_path):
+    run, path, _ = retrain
+    doc = json.loads(path.read_text())
+    doc["test_accuracy"] = round(doc["test_accuracy"] + 0.05, 6)
+    edited = tmp_path / "edited.json"
+    shutil.copy(path.with_name("retrain.apply.safetensors"), tmp_path)
+    edited.write_text(json.dumps(doc))
+    found = _lines(check_receipt(edited, run))
+    assert found["seal"][0] is False and found["replay"][0] is None
+    seal(doc, doc["run"])  # a forger who recomputes the checksum
+    edited.write_text(json.dumps(doc))
+    checked = check_receipt(edited, run)
+    found = _lines(checked)
+    assert not checked.ok and found["seal"][0] is True
+    assert found["figures"][0] is False and found["figures"][1].startswith("test_accuracy is ")
+
+
+def test_another_model_fails(retrain):
+    run, path, base = retrain
+    found = _lines(check_receipt(path, run, model=base / "original.pt"))
+    assert found["model"][0] is False and "is another model" in found["model"][1]
+
+
+@pytest.mark.parametrize(
+    ("statements", "expected"),
+    [
+        (
+            [
+                "DELETE FROM payloads WHERE round=2 AND kind='update' AND client_id=4",
+                "DELETE FROM payload_prints WHERE round=2 AND client_id=4",
+            ],
+            "round 2 client 4: committed, but gone with no deletion record",
+        ),
+        (
+            [f"DELETE FROM {t} WHERE round=1" for t in ("payloads", "payload_prints", "clients")]
+            + ["DELETE FROM rounds WHERE round=1"],
+            "round 1: committed, but its rows and 8 payload(s) are gone",
+        ),
+    ],
+    ids=["payload", "round"],
+)
+def test_a_cut_chain_fails(retrain, tmp_path, statements, expected):
+    run, path, _ = retrain
+    cut = _copy(run, tmp_path / "run")
+    con = sqlite3.connect(cut / "history" / "history.sqlite", isolation_level=None)
+    for statement in statements:
+        con.execute(statement)
+    con.close()
+    found = _lines(check_receipt(path, cut))
+    assert found["chain"][0] is False and expected in found["chain"][1]
+
+
+def test_a_consistently_rewritten_chain_no_longer_holds_the_receipts_head(retrain, tmp_path):
+    run, path, _ = retrain
+    other = _copy(run, tmp_path / "run")
+    con = sqlite3.connect(other / "history" / "history.sqlite", isolation_level=None)
+    prev = GENESIS_PREV
+    for seq, body in con.execute("SELECT seq, body FROM chain ORDER BY seq").fetchall():
+        doc = json.loads(body) | {"prev": prev}
+        if seq == 1:
+            doc["created_at"] += 1.0  # a forger rewrites every link from the first
+        text = canonical_json(doc).decode()
+        prev = hashlib.sha256(text.encode()).hexdigest()
+        con.execute("UPDATE chain SET body=?, link=? WHERE seq=?", (text, prev, seq))
+    con.close()
+    found = _lines(check_receipt(path, other))
+    assert found["chain"][0] is False and "is not in this run's chain" in found["chain"][1]
+
+
+def test_another_runs_result_fails(retrain, tmp_path):
+    run, path, _ = retrain
+    other = tmp_path / "other"
+    train_run(parse_config({**RUN, "seed": 9}), other)
+    found = _lines(check_receipt(path, other))
+    assert found["run"][0] is False
+    assert found["chain"][0] is False and "is not in this run's chain" in found["chain"][1]
+
+
+def test_a_tv_exact_result_is_replayed_bit_for_bit(tmp_path):
+    run = tmp_path / "tv"
+    train_run(parse_config(TV), run)
+    path = _result(run, tmp_path / "tv.json", "tv_exact", [3])
+    checked = check_receipt(path, run)
+    found = _lines(checked)
+    assert checked.ok, found
+    assert found["replay"][0] is True and "tv_exact re-run" in found["replay"][1]
+
+
+def test_cli_exit_codes(retrain, tmp_path):
+    run, path, base = retrain
+    ok = runner.invoke(app, ["check-receipt", str(path), "--run", str(run)])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.splitlines()[-1].startswith("ok   replay: ")
+    swapped = runner.invoke(
+        app, ["check-receipt", str(path), "--run", str(run), "--model", str(base / "original.pt")]
+    )
+    assert swapped.exit_code == 1
+    assert [line for line in swapped.output.splitlines() if line.startswith("FAIL")] == [
+        next(line for line in swapped.output.splitlines() if line.startswith("FAIL model: "))
+    ]
+
+
+def test_bad_input_exits_2(tmp_path):
+    bad = tmp_path / "r.json"
+    bad.write_text("{not json")
+    res = runner.invoke(app, ["check-receipt", str(bad), "--run", str(tmp_path)])
+    assert res.exit_code == 2 and "not readable JSON" in " ".join(res.output.split())
+    bad.write_text(json.dumps({"method": "retrain"}))
+    res = runner.invoke(app, ["check-receipt", str(bad), "--run", str(tmp_path)])
+    assert res.exit_code == 2 and "no 'request'" in res.output
