@@ -41,7 +41,13 @@ from fedunlearn.models.flat import get_flat_params
 from fedunlearn.runs import run_fingerprint
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
-__all__ = ["audit_model", "forgotten_clients", "read_model_file", "read_result_file"]
+__all__ = [
+    "audit_model",
+    "forgotten_clients",
+    "read_model_file",
+    "read_result_file",
+    "replay_exact",
+]
 
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth")
 
@@ -194,7 +200,7 @@ def _check_same_model(result: Mapping[str, Any], params: torch.Tensor, source: s
         )
 
 
-def _replay_exact(
+def replay_exact(
     result: Mapping[str, Any],
     session: UnlearnSession,
     request: UnlearnRequest,
@@ -349,7 +355,7 @@ def audit_model(
             else:
                 if progress is not None:
                     progress.on_step("replaying the exact result")
-                _replay_exact(result_doc, session, request, params, source)
+                replay_exact(result_doc, session, request, params, source)
         if progress is not None and reference == "retrain" and not exact:
             progress.on_method("retrain", 1, 1)
         receipts = open_receipts(

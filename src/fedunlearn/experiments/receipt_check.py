@@ -17,7 +17,7 @@ itself: it checks, one finding each,
   an evaluation of that model exactly as written (an edited figure under a recomputed seal);
 - ``replay``: for an exact lineage (Retrain, Crab's participation rollback, ``tv_exact``), that
   re-running the named method with its parameters on the run reproduces the model bit for bit
-  (``audit._replay_exact``).
+  (``audit.replay_exact``).
 
 What it proves, against whom: docs/verification.md ("Checking a receipt as an auditor").
 """
@@ -35,7 +35,7 @@ import torch
 
 from fedunlearn.errors import ConfigError, HistoryError, IntegrityError
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.audit import _replay_exact, read_model_file
+from fedunlearn.experiments.audit import read_model_file, replay_exact
 from fedunlearn.history.digest import check_seal
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.runs import run_fingerprint
@@ -280,7 +280,7 @@ def _replay(
             "checks hold against an honest-but-curious server only",
         )
     try:
-        _replay_exact(doc, session, request, params, source)
+        replay_exact(doc, session, request, params, source)
     except IntegrityError as err:
         return Finding("replay", False, str(err))
     except HistoryError as err:  # the history no longer holds what the method reads
