@@ -226,6 +226,12 @@ def main() -> None:
         default="per_request",
         help="the client-level test's references: per request, or shared by the run's requests",
     )
+    parser.add_argument(
+        "--only",
+        choices=("honest 0", "attackers", "attacker + honest"),
+        nargs="+",
+        help="verify these requests only (default: all three)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = {"data.data_dir": args.data_dir} if args.data_dir else {}
@@ -251,6 +257,8 @@ def main() -> None:
                 ("attacker + honest", [attackers[0], 0], "forget"),
             )
             for name, forget, kind in requests:
+                if args.only and name not in args.only:
+                    continue
                 found = verdicts(run, forget, kind, seed, args.client_test_references)
                 for label, verdict in found.items():
                     row = (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
