@@ -1,21 +1,25 @@
-"""Benchmark the cost of a receipt (default options) against the cost of Retrain, side by side.
+"""Benchmark the cost of a receipt against the cost of Retrain, request by request.
 
-On one trained run (default: the digits quickstart, forgetting honest client 0) it repeats, in
-turn: Retrain (``session.run(make_method("retrain"))``), the receipt as ``fedunlearn unlearn``
-builds it by default (``Verifier`` with the original-plus-noise control and the client-level
-membership test fitted for the request: ``eval.client_membership_check``), and the same receipt
-without the client-level test (``--no-client-test``). Each repeat measures the three one after
-the other in one process, so the ratios compare like with like on a machine whose speed drifts;
-it prints the median wall seconds of each, the median ratio to Retrain, and the client epochs
-(exact, load-independent). One torch thread, as the tests use.
+On one trained run (default: the digits quickstart) it serves ``--requests`` requests of honest
+clients in turn (one client each, the honest clients in order, again from the first when there
+are fewer clients than requests), each in its own session as ``fedunlearn unlearn`` would: Retrain
+(``session.run(make_method("retrain"))``), then the receipt of a model with the receipt options
+of the calibration (``ReceiptOptions("retrain")``, Retrain given: it is not the receipt's cost)
+and the client-level test's references from ``--references``: ``per_request`` (trained for each
+request) or ``shared`` (trained once per run generation, read from the run directory by the
+later requests: ``eval.mia.shared_references``). The receipt's own cost is ``Receipts.cost``:
+every reference it trained (the client test's, the continued controls) in client epochs (exact,
+load-independent) and wall seconds. It prints each request's figures, the first request's and
+the later ones' apart, and the mean over the requests against Retrain's. One torch thread.
 
-    nice -n 5 python benchmarks/bench_receipt.py [--config configs/digits_quickstart.yaml]
-        [--forget 0] [--repeats 5]
+    nice -n 10 python benchmarks/bench_receipt.py [--config configs/digits_quickstart.yaml]
+        [--requests 10] [--references shared|per_request]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -27,74 +31,81 @@ from pathlib import Path
 import torch
 
 from fedunlearn.config import load_config
-from fedunlearn.eval import Verifier, client_membership_check
+from fedunlearn.eval import ReceiptOptions, open_receipts
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def one_repeat(run: Path, request: UnlearnRequest, seed: int) -> dict[str, float]:
-    """Time Retrain, the default receipt and the receipt without the client test, in turn."""
+def one_request(run: Path, client: int, options: ReceiptOptions) -> dict[str, float]:
+    """Time Retrain and the receipt of one request (its own session)."""
     with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([client])
         started = time.perf_counter()
         retrain = session.run(make_method("retrain"), request)
         retrain_s = time.perf_counter() - started
-        candidate = retrain.params  # any model: the receipt's cost does not depend on it
-
         started = time.perf_counter()
-        membership = client_membership_check(session, request, retrain, seed=seed)
-        verifier = Verifier(session, request, retrain=retrain, client_membership=membership)
-        _, receipt = verifier.audit(candidate, "candidate")
-        full_s = time.perf_counter() - started
-        check = receipt.check("client_membership")
-
-        started = time.perf_counter()
-        verifier = Verifier(session, request, retrain=retrain)
-        verifier.audit(candidate, "candidate")
-        light_s = time.perf_counter() - started
+        receipts = open_receipts(session, request, options, retrain=retrain)
+        _, receipt = receipts.audit(retrain.params, "candidate")  # any model: same cost
+        receipt_s = time.perf_counter() - started
+    cost = receipt.cost or {}
     return {
+        "client": client,
         "retrain_s": retrain_s,
-        "receipt_s": full_s,
-        "receipt_no_client_test_s": light_s,
         "retrain_client_epochs": float(retrain.costs.client_epochs),
-        "client_test_client_epochs": float(check.evidence["cost_client_epochs"]),
+        "receipt_s": receipt_s,
+        "receipt_client_epochs": float(cost["client_epochs"]),
+        "client_test_client_epochs": float(cost["references"]["client test"]["client_epochs"]),
+        "client_membership": receipt.check("client_membership").verdict,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=REPO / "configs/digits_quickstart.yaml")
-    parser.add_argument("--forget", type=int, nargs="+", default=[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--references", choices=("shared", "per_request"), default="shared")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    request = UnlearnRequest.of(args.forget, "forget")
+    options = ReceiptOptions("retrain", seed=args.seed, client_test_references=args.references)
     with tempfile.TemporaryDirectory(prefix="bench-receipt-") as tmp:
         run = Path(tmp) / "run"
         train_run(load_config(args.config), run)
-        rows = [one_repeat(run, request, args.seed) for _ in range(args.repeats)]
-    median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    ratio = {
-        "receipt_over_retrain": statistics.median(r["receipt_s"] / r["retrain_s"] for r in rows),
-        "receipt_no_client_test_over_retrain": statistics.median(
-            r["receipt_no_client_test_s"] / r["retrain_s"] for r in rows
-        ),
-    }
+        with UnlearnSession(run, evaluate=False) as session:
+            malicious = session.run_view.malicious
+            honest = [c for c in session.run_view.client_ids if c not in malicious]
+        clients = [honest[i % len(honest)] for i in range(args.requests)]
+        rows = [one_request(run, c, options) for c in clients]
+    retrain_epochs = statistics.mean(r["retrain_client_epochs"] for r in rows)
+    receipt_epochs = statistics.mean(r["receipt_client_epochs"] for r in rows)
+    later = rows[1:] or rows
     print(
         json.dumps(
             {
                 "config": str(args.config),
-                "forget": args.forget,
-                "repeats": args.repeats,
+                "references": args.references,
+                "requests": args.requests,
+                "date": datetime.date.today().isoformat(),
                 "machine": {
                     "cpu": platform.processor() or platform.machine(),
                     "nproc": os.cpu_count(),
                     "load_average": os.getloadavg(),
                 },
-                "median": median,
-                "median_ratio": ratio,
+                "rows": rows,
+                "mean": {
+                    "retrain_client_epochs": retrain_epochs,
+                    "receipt_client_epochs": receipt_epochs,
+                    "receipt_over_retrain_client_epochs": receipt_epochs / retrain_epochs,
+                    "receipt_over_retrain_wall": statistics.mean(r["receipt_s"] for r in rows)
+                    / statistics.mean(r["retrain_s"] for r in rows),
+                },
+                "first_request_over_retrain_client_epochs": rows[0]["receipt_client_epochs"]
+                / rows[0]["retrain_client_epochs"],
+                "later_requests_over_retrain_client_epochs": statistics.mean(
+                    r["receipt_client_epochs"] / r["retrain_client_epochs"] for r in later
+                ),
             },
             indent=2,
         )

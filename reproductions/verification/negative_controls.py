@@ -31,6 +31,7 @@ false-fail rate (clean and ``remains``) and whether every ``not_detected`` mixtu
 limit its receipt states. One torch thread.
 
     nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers]
+        [--client-test-references shared]
 
 ``--config`` runs another setting the same way, e.g. the MNIST CNN (reduced for a CPU:
 ``reproductions/verification/mnist_cnn_small.yaml``, with ``--data-dir`` naming the folder of
@@ -161,7 +162,9 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
     return {"models": models, "retrain": retrain}
 
 
-def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, str]:
+def verdicts(
+    run: Path, forget: list[int], kind: str, seed: int, references: str = "per_request"
+) -> dict[str, str]:
     """Return model label -> the receipt's influence verdict (and its checks') for a request."""
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run, evaluate=False) as session:
@@ -169,7 +172,9 @@ def verdicts(run: Path, forget: list[int], kind: str, seed: int) -> dict[str, st
         retrain = built["retrain"]
         # the client-level test's budget is raised so a loaded machine still trains all 8
         # references (the default 300 s cuts them short, and the test then says it cannot tell)
-        options = ReceiptOptions("retrain", seed=seed, client_test_seconds=7200)
+        options = ReceiptOptions(
+            "retrain", seed=seed, client_test_seconds=7200, client_test_references=references
+        )
         receipts = open_receipts(session, request, options, retrain=retrain)
         out = {}
         for label, model in built["models"].items():
@@ -215,6 +220,18 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", help="data.data_dir (a folder with mnist.npz)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--client-test-references",
+        choices=("per_request", "shared"),
+        default="per_request",
+        help="the client-level test's references: per request, or shared by the run's requests",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("honest 0", "attackers", "attacker + honest"),
+        nargs="+",
+        help="verify these requests only (default: all three)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = {"data.data_dir": args.data_dir} if args.data_dir else {}
@@ -240,7 +257,9 @@ def main() -> None:
                 ("attacker + honest", [attackers[0], 0], "forget"),
             )
             for name, forget, kind in requests:
-                found = verdicts(run, forget, kind, seed)
+                if args.only and name not in args.only:
+                    continue
+                found = verdicts(run, forget, kind, seed, args.client_test_references)
                 for label, verdict in found.items():
                     row = (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
                     rows.append(row)

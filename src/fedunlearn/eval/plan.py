@@ -29,6 +29,7 @@ from fedunlearn.eval.judge import Judge
 from fedunlearn.eval.mia.client_lira import DEFAULT_MAX_SECONDS
 from fedunlearn.eval.receipt import VerificationThresholds
 from fedunlearn.eval.references import (
+    CLIENT_TEST_REFERENCES,
     REFERENCES,
     ClientTest,
     clean_path,
@@ -75,6 +76,10 @@ class ReceiptOptions:
         client_test_seconds: Wall-time budget of the client-level test's reference training
             (no round starts past it; with fewer than 2 references per side the test has no
             power and says so).
+        client_test_references: ``per_request`` (the test's references trained for this
+            request, about 8 Retrains' client epochs) or ``shared`` (trained once per run
+            generation on random halves of the clients, kept in the run directory and shared
+            by every request until the next ``apply``: ``eval.mia.shared_references``).
 
     Raises:
         ConfigError: for an unknown reference or a band that cannot be measured.
@@ -87,8 +92,14 @@ class ReceiptOptions:
     seed: int = 0
     noise_std: float = 1e-3
     client_test_seconds: float = DEFAULT_MAX_SECONDS
+    client_test_references: str = "per_request"
 
     def __post_init__(self) -> None:
+        if self.client_test_references not in CLIENT_TEST_REFERENCES:
+            raise ConfigError(
+                f"client_test_references must be one of {', '.join(CLIENT_TEST_REFERENCES)}; "
+                f"got {self.client_test_references!r}"
+            )
         if self.reference not in REFERENCES:
             raise ConfigError(
                 f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}"
@@ -184,6 +195,7 @@ def measure_references(
     retrain_path: Mapping[str, torch.Tensor] | None = None,
     exact: bool = False,
     progress: Callable[[dict[str, float]], None] | None = None,
+    step: Callable[[str], None] | None = None,
 ) -> References:
     """Train what the receipts of ``request`` are judged against (the only training they do).
 
@@ -196,6 +208,7 @@ def measure_references(
         retrain_path: Its earlier global models, when its trajectory was dropped.
         exact: The result's lineage is exact: train nothing (``References.skipped``).
         progress: Told about the reference Retrain's rounds.
+        step: Told which shared reference of the client-level test trains.
     """
     if exact:
         return References(skipped=EXACT_SKIP)
@@ -233,6 +246,8 @@ def measure_references(
             max_seconds=options.client_test_seconds,
             path=dict(retrain_path) if retrain is not None and retrain_path else clean_path(base),
             continued=continued,
+            references=options.client_test_references,
+            step=step,
         )
         parts["client test"] = _cost(test.cost_seconds, test.cost_client_epochs)
     band = _band(session, request, options, judged, parts)
@@ -289,6 +304,10 @@ class Receipts:
         }
         if self.references.skipped:
             out["skipped"] = self.references.skipped
+        test = self.references.client_test
+        if test is not None and test.shared is not None:
+            # the client test's shared references: paid by the request that trained them
+            out["client_test_shared"] = dict(test.shared)
         return out
 
     def verify(self, result: UnlearnResult, *, shared_by: int = 1) -> UnlearnResult:
@@ -340,7 +359,7 @@ def open_receipts(
 ) -> Receipts:
     """Measure the references of ``request`` and return its ``Receipts`` (the one assembly).
 
-    ``measure``: ``retrain``, ``retrain_path``, ``exact`` and ``progress`` of
+    ``measure``: ``retrain``, ``retrain_path``, ``exact``, ``progress`` and ``step`` of
     ``measure_references``.
     """
     references = measure_references(session, request, options, **measure)

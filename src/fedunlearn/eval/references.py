@@ -36,6 +36,7 @@ from fedunlearn.unlearn import (
 
 __all__ = [
     "CLEAN_PATH_POINTS",
+    "CLIENT_TEST_REFERENCES",
     "CONTINUED_ROUNDS",
     "REFERENCES",
     "ClientTest",
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 REFERENCES = ("original", "retrain")
+#: Where the client-level test's references come from: trained for each request, or once per
+#: run generation and shared by its requests (``eval.mia.shared_references``).
+CLIENT_TEST_REFERENCES = ("per_request", "shared")
 #: The receipt's DP Retrain reference draws its noise and batches under this name
 #: (``UnlearnContext.release_noise_salt``): never the run's rounds' draws, nor a release's.
 REFERENCE_SALT = "receipt_reference"
@@ -187,6 +191,8 @@ class ClientTest:
         controls: The clean controls scored beside every model (Retrain, continued, path).
         cost_seconds: Wall seconds of the fit (references; a Retrain trained for it).
         cost_client_epochs: Client epochs of the same.
+        shared: With shared references, their one-time cost and whether this request read
+            them from the run directory (``cached``); None with per-request references.
     """
 
     score: Callable[[Mapping[str, torch.Tensor]], ClientMembershipEvidence]
@@ -194,6 +200,7 @@ class ClientTest:
     controls: Mapping[str, torch.Tensor]
     cost_seconds: float
     cost_client_epochs: float
+    shared: Mapping[str, object] | None = None
 
     def __call__(self, params: torch.Tensor) -> ClientMembershipEvidence:
         """Score ``params`` (the candidate) beside the original and the clean controls."""
@@ -209,6 +216,8 @@ def client_membership_check(
     max_seconds: float | None = None,
     path: Mapping[str, torch.Tensor] | None = None,
     continued: Mapping[str, torch.Tensor] | None = None,
+    references: str = "per_request",
+    step: Callable[[str], None] | None = None,
 ) -> ClientTest:
     """Fit the client-level membership test of ``request`` once; return the receipt's input.
 
@@ -222,15 +231,30 @@ def client_membership_check(
     training (``eval.receipt.rules.client_membership``). Scoring Retrain also places the
     "without" references between Retrain and the original, for the distance check.
 
+    ``references="shared"`` calibrates on the run generation's shared references
+    (``eval.mia.shared_references``: trained by the first request, read from the run directory
+    by the later ones), and falls back to the per-request references for a request the shared
+    set cannot test; ``step`` is told which shared reference trains.
+
     Returns:
         The fitted test: ``Verifier(client_membership=...)`` calls it per model, and its
         cost (the references, plus a Retrain and its continued controls when trained here).
     """
     from fedunlearn.eval.mia import fit_client_membership
+    from fedunlearn.eval.mia.shared_references import shared_client_test
 
+    if references not in CLIENT_TEST_REFERENCES:
+        raise ConfigError(
+            f"client-test references must be one of {', '.join(CLIENT_TEST_REFERENCES)}; got "
+            f"{references!r}"
+        )
     started = time.perf_counter()
     budget = {} if max_seconds is None else {"max_seconds": max_seconds}
-    test = fit_client_membership(session, sorted(request.forget), seed=seed, **budget)
+    test = None
+    if references == "shared":
+        test = shared_client_test(session, sorted(request.forget), seed=seed, step=step, **budget)
+    if test is None:
+        test = fit_client_membership(session, sorted(request.forget), seed=seed, **budget)
     epochs = float(test.cost_client_epochs)
     base = retrain
     if base is None:
@@ -247,6 +271,7 @@ def client_membership_check(
         controls,
         time.perf_counter() - started,
         epochs,
+        test.notes.get("shared_references"),  # type: ignore[arg-type]
     )
 
 

@@ -364,6 +364,7 @@ def audit_model(
             options,
             exact=exact,
             progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
+            step=progress.on_step if progress else None,
         )
         if progress is not None:
             progress.on_step("verifying")

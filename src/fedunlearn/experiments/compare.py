@@ -168,6 +168,7 @@ def compare_methods(
             retrain=results["retrain"],
             retrain_path=retrain_path,
             judge=judge,
+            step=progress.on_step if progress is not None else None,
         )
         verifier = receipts.verifier
         rows = []
@@ -310,6 +311,7 @@ def unlearn_one(
                 options,
                 exact=exact,
                 progress=_round_progress(progress, "retrain"),
+                step=progress.on_step if progress is not None else None,
             )
             if progress is not None:
                 progress.on_step("verifying")

@@ -47,6 +47,7 @@ __all__ = [
     "stored_clip_norm",
     "stored_config",
     "stored_metrics_line",
+    "write_bytes_atomic",
     "write_json",
     "write_text_atomic",
 ]
@@ -155,7 +156,12 @@ def stored_metrics_line(store: HistoryStore, round_: int) -> dict[str, Any]:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically.
+    """Write ``text`` to ``path`` atomically (``write_bytes_atomic`` of its UTF-8)."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically.
 
     A temporary file in the same directory, fsync'd, then renamed over ``path``: a reader sees
     the old file or the new one, never a part.
@@ -163,8 +169,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

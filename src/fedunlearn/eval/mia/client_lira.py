@@ -93,6 +93,7 @@ __all__ = [
     "leave_one_out_scores",
     "measure_client_membership",
     "share_toward",
+    "build_client_test",
 ]
 
 DEFAULT_NUM_REFERENCE = 8  # 4 "in" + 4 "out"
@@ -549,16 +550,7 @@ def fit_client_membership(
         "skipped": skip,
         "budget_exhausted": False,
     }
-    template = session.run_view.model
-    data = {
-        c: (federation.client_data[c].x, federation.client_data[c].y) for c in sorted(forgotten)
-    }
-    x = torch.cat([x for x, _ in data.values()])
-    y = torch.cat([y for _, y in data.values()])
-    phis: dict[str, list[np.ndarray]] = {"out": [], "in": []}
-    control = _control_sample(session, forgotten, rounds, seed)
-    fitness: dict[str, list[float]] = {"out": [], "in": []}
-    out_params: list[torch.Tensor] = []
+    trained: list[tuple[str, torch.Tensor]] = []
     client_epochs = 0.0
     reason = None
     if skip:
@@ -577,7 +569,7 @@ def fit_client_membership(
                 plan.append(("in", j))
         for side, j in plan:
             salt = derive_seed(seed, "client_lira", 0 if side == "out" else 1, j)
-            trained = _train_reference(
+            reference = _train_reference(
                 _SaltedClients(federation, salt),
                 session.run_view.initial_params,
                 rounds,
@@ -585,26 +577,77 @@ def fit_client_membership(
                 forgotten if side == "out" else frozenset(),
                 budget,
             )
-            if trained is None:
+            if reference is None:
                 notes["budget_exhausted"] = True
                 break
-            params, epochs = trained
-            client_epochs += epochs
-            # Step 2: logit-scaled confidence on every forgotten client's training example.
-            phis[side].append(_logit_confidence(template, params.to(torch.float32), x, y))
-            # Step 8: fitness on the remaining clients' examples
-            if control is not None:
-                fitness[side].append(
-                    float(np.mean(_logit_confidence(template, params.float(), *control)))
-                )
-            if side == "out":
-                out_params.append(params.to(torch.float32))
-        if min(len(phis["in"]), len(phis["out"])) < MIN_PER_SIDE:
+            trained.append((side, reference[0]))
+            client_epochs += reference[1]
+        sides = [side for side, _ in trained]
+        if min(sides.count("in"), sides.count("out")) < MIN_PER_SIDE:
             reason = (
-                f"only {len(phis['in'])} 'in' and {len(phis['out'])} 'out' reference model(s) "
-                f"fitted in max_seconds={max_seconds:g}; need {MIN_PER_SIDE} of each (raise "
-                "max_seconds)"
+                f"only {sides.count('in')} 'in' and {sides.count('out')} 'out' reference "
+                f"model(s) fitted in max_seconds={max_seconds:g}; need {MIN_PER_SIDE} of each "
+                "(raise max_seconds)"
             )
+    return build_client_test(
+        session,
+        forgotten,
+        trained,
+        target_fpr=target_fpr,
+        seed=seed,
+        cost_seconds=budget.elapsed(),
+        cost_client_epochs=client_epochs,
+        notes=notes,
+        inconclusive=reason,
+    )
+
+
+def build_client_test(
+    session: UnlearnSession,
+    forgotten: frozenset[int],
+    trained: Sequence[tuple[str, torch.Tensor]],
+    *,
+    target_fpr: float,
+    seed: int,
+    cost_seconds: float,
+    cost_client_epochs: float,
+    notes: Mapping[str, object],
+    inconclusive: str | None = None,
+) -> ClientMembershipTest:
+    """Steps 2-8 on trained references: the calibrated test of ``forgotten``.
+
+    Args:
+        session: The opened run.
+        forgotten: The clients whose influence is tested.
+        trained: ``("in" | "out", flat parameters)`` of each reference, in training order.
+        target_fpr: The false-positive rate the threshold is set for.
+        seed: Seed of the control sample (step 8).
+        cost_seconds: Wall seconds the references cost this request.
+        cost_client_epochs: Client epochs the same.
+        notes: Details kept in every evidence's ``notes``.
+        inconclusive: Why no calibration is possible, or None.
+    """
+    federation = session.federation
+    template = session.run_view.model
+    data = {
+        c: (federation.client_data[c].x, federation.client_data[c].y) for c in sorted(forgotten)
+    }
+    x = torch.cat([x for x, _ in data.values()])
+    y = torch.cat([y for _, y in data.values()])
+    phis: dict[str, list[np.ndarray]] = {"out": [], "in": []}
+    control = _control_sample(session, forgotten, _run_participants(session), seed)
+    fitness: dict[str, list[float]] = {"out": [], "in": []}
+    out_params: list[torch.Tensor] = []
+    for side, params in trained:
+        # Step 2: logit-scaled confidence on every forgotten client's training example.
+        phis[side].append(_logit_confidence(template, params.to(torch.float32), x, y))
+        # Step 8: fitness on the remaining clients' examples
+        if control is not None:
+            fitness[side].append(
+                float(np.mean(_logit_confidence(template, params.float(), *control)))
+            )
+        if side == "out":
+            out_params.append(params.to(torch.float32))
     width = len(y)
     return ClientMembershipTest(
         template,
@@ -617,10 +660,10 @@ def fit_client_membership(
         out_params=out_params,
         initial=session.run_view.initial_params.to(torch.float32),
         target_fpr=target_fpr,
-        cost_seconds=budget.elapsed(),
-        cost_client_epochs=client_epochs,
+        cost_seconds=cost_seconds,
+        cost_client_epochs=cost_client_epochs,
         notes=notes,
-        inconclusive=reason,
+        inconclusive=inconclusive,
     )
 
 
