@@ -1028,6 +1028,28 @@ def _read_params_file(path: Path | None) -> dict[str, Any]:
     return params
 
 
+def methods_for(run_dir: Path) -> list[str]:
+    """The methods ``--methods all`` runs: every one the run's history supports (e.g. fedadp on a
+    fedadp run), and the deletion-ready ones only on a deletion-ready run (elsewhere each is a
+    full Retrain).
+    """
+    from fedunlearn.runs import load_run_config
+    from fedunlearn.unlearn import available_methods, get_method
+
+    config = load_run_config(run_dir)
+    policy = config.history.policy
+    ready = config.training.sampling == "tv_stable" or config.training.shards > 1
+    return [
+        n
+        for n in available_methods()
+        if (
+            get_method(n).required_policies is None
+            or policy in (get_method(n).required_policies or ())
+        )
+        and (ready or not get_method(n).deletion_ready)
+    ]
+
+
 def _compare(
     run_dir: Path,
     ids: list[int],
@@ -1042,18 +1064,8 @@ def _compare(
     distance_retrains: int = 0,
 ) -> dict[str, Any]:
     from fedunlearn.experiments import compare_methods
-    from fedunlearn.runs import load_run_config
-    from fedunlearn.unlearn import available_methods, get_method
 
-    names = [m.strip() for m in methods_.split(",")]
-    if methods_ == "all":  # every method the run's history supports (e.g. fedadp on a fedadp run)
-        policy = load_run_config(run_dir).history.policy
-        names = [
-            n
-            for n in available_methods()
-            if get_method(n).required_policies is None
-            or policy in (get_method(n).required_policies or ())
-        ]
+    names = methods_for(run_dir) if methods_ == "all" else [m.strip() for m in methods_.split(",")]
     from fedunlearn.cli import receipt
 
     with receipt.RoundProgress(enabled=not quiet) as progress:

@@ -219,6 +219,9 @@ class Unlearner(ABC):
     # True: serves a sharded run (``training.shards`` > 1: S isolated sub-federations whose
     # combined model is the run's); False: refuses it (its rounds are not one federation's)
     serves_shards: ClassVar[bool] = False
+    # True: built for deletion-ready training (``training.sampling: tv_stable`` or shards); on
+    # any other run it is a full Retrain, so ``compare --methods all`` leaves it out there
+    deletion_ready: ClassVar[bool] = False
 
     @classmethod
     def dp_release(cls, params: MethodParams, privacy: PrivacyConfig) -> DPRelease | None:

@@ -240,3 +240,23 @@ def test_a_participation_index_edited_to_hide_a_client_is_refused(tv_run, tmp_pa
     with UnlearnSession(run, evaluate=False) as session:
         with pytest.raises(UnsupportedHistoryError, match="do not match the run's seeded draws"):
             session.run(make_method("tv_exact"), UnlearnRequest.of([client]))
+
+
+def test_compare_all_runs_the_deletion_ready_methods_on_deletion_ready_runs_only(tmp_path):
+    # on a FedAvg run tv_exact and shard_retrain are a full Retrain: the demo's comparison listed
+    # them as the "cheapest" removed method at Retrain's 480 client epochs
+    from fedunlearn.cli.main import methods_for
+
+    fedavg = {
+        "data": {"dataset": "digits", "num_clients": 4},
+        "model": {"name": "logreg"},
+        "training": {"rounds": 1, "executor": "serial"},
+    }
+    train_run(parse_config(fedavg), tmp_path / "fedavg")
+    ready = {**fedavg, "training": {**fedavg["training"], "sampling": "tv_stable", "local_steps": 1}}
+    train_run(parse_config(ready), tmp_path / "ready")
+    plain = methods_for(tmp_path / "fedavg")
+    assert "retrain" in plain
+    assert "tv_exact" not in plain
+    assert "shard_retrain" not in plain
+    assert {"tv_exact", "shard_retrain"} <= set(methods_for(tmp_path / "ready"))

@@ -144,6 +144,7 @@ class TvExact(Unlearner):
     serves_generations = True  # an applied replay leaves a history without the data
     serves_samples = True
     serves_shards = True  # each shard from its own first use
+    deletion_ready = True
 
     def check_history(self, context: UnlearnContext) -> None:
         """Refuse a DP run (its kept rounds are noised, a replay would not be: use DP Retrain)."""
