@@ -1029,9 +1029,10 @@ def _read_params_file(path: Path | None) -> dict[str, Any]:
 
 
 def methods_for(run_dir: Path) -> list[str]:
-    """The methods ``--methods all`` runs: every one the run's history supports (e.g. fedadp on a
-    fedadp run), and the deletion-ready ones only on a deletion-ready run (elsewhere each is a
-    full Retrain).
+    """Return the methods ``--methods all`` runs on ``run_dir``.
+
+    Every one the run's history supports (e.g. fedadp on a fedadp run); the deletion-ready ones
+    only on a deletion-ready run (elsewhere each is a full Retrain).
     """
     from fedunlearn.runs import load_run_config
     from fedunlearn.unlearn import available_methods, get_method

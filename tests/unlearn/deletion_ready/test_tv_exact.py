@@ -253,7 +253,10 @@ def test_compare_all_runs_the_deletion_ready_methods_on_deletion_ready_runs_only
         "training": {"rounds": 1, "executor": "serial"},
     }
     train_run(parse_config(fedavg), tmp_path / "fedavg")
-    ready = {**fedavg, "training": {**fedavg["training"], "sampling": "tv_stable", "local_steps": 1}}
+    ready = {
+        **fedavg,
+        "training": {**fedavg["training"], "sampling": "tv_stable", "local_steps": 1},
+    }
     train_run(parse_config(ready), tmp_path / "ready")
     plain = methods_for(tmp_path / "fedavg")
     assert "retrain" in plain
