@@ -29,6 +29,7 @@ class StopAt:
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_digits_run_learns_records_history_and_summarises(tmp_path):
     cfg = parse_config({**SMALL, "training": {**SMALL["training"], "rounds": 12}})
     summary = train_run(cfg, tmp_path / "run")
@@ -47,6 +48,7 @@ def test_digits_run_learns_records_history_and_summarises(tmp_path):
     assert len(info["malicious_clients"]) == 1
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_bit_identical_model(tmp_path):
     cfg = parse_config(SMALL)
     train_run(cfg, tmp_path / "full")
@@ -132,6 +134,7 @@ def test_resume_accumulates_wall_time_over_sessions(tmp_path):
     assert run_info(tmp_path / "r")["wall_seconds"] == pytest.approx(summary["wall_seconds"])
 
 
+@pytest.mark.slow
 def test_resume_runs_with_the_thread_count_the_run_was_trained_with(tmp_path):
     cfg = parse_config(SMALL)  # trained with 1 thread (conftest), resumed by a 2-thread process
     train_run(cfg, tmp_path / "full")

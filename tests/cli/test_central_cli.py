@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -7,6 +8,7 @@ from fedunlearn.cli.main import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_central_on_digits_writes_tables(tmp_path):
     out = tmp_path / "central"
     args = ["central", "--dataset", "digits", "--ratio", "0.05,0.10", "--batch-size", "64",

@@ -187,6 +187,7 @@ def partition_cases(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(partition_cases())
+@pytest.mark.slow
 def test_property_parts_are_disjoint_and_cover_every_sample(case):
     labels, num_clients, scheme, seed = case
 

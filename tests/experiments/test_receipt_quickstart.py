@@ -71,6 +71,7 @@ def test_crab_that_keeps_the_backdoor_is_flagged(receipts):
     assert receipt.reasons[0].startswith("backdoor removed: the backdoor survives")
 
 
+@pytest.mark.slow
 def test_default_crab_removes_the_backdoor(receipts):
     receipt = receipts["crab_default"]
     assert receipt.check("backdoor").verdict == "pass", receipt.reasons

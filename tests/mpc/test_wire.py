@@ -129,6 +129,7 @@ def depth_of(value) -> int:
 
 @settings(max_examples=150, deadline=None)
 @given(value=JSON_VALUES, ascii_only=st.booleans())
+@pytest.mark.slow
 def test_the_nesting_count_ignores_brackets_in_strings_and_escapes(value, ascii_only):
     data = json.dumps(value, ensure_ascii=ascii_only).encode()
     assert nesting_depth(data) == depth_of(value)

@@ -121,6 +121,7 @@ def test_sampled_gaussian_epsilon_equals_opacus_rdp_accountant(sample_rate, sigm
 @pytest.mark.parametrize(
     ("sample_rate", "steps", "epsilon"), [(64 / 3000, 235, 3.0), (0.24, 9, 1.0), (1.0, 5, 3.0)]
 )
+@pytest.mark.slow
 def test_calibrated_sigma_spends_the_budget_and_equals_a_full_order_search(
     sample_rate, steps, epsilon
 ):

@@ -60,6 +60,7 @@ def test_the_upfront_guarantee_composes_every_round_at_epsilon_max(dp_run):
     assert saved["epsilon_guarantee"] == json.loads(json.dumps(g))
 
 
+@pytest.mark.slow
 def test_the_dp_sgd_upfront_guarantee_calibrates_sigma_at_epsilon_max():
     config = PrivacyConfig.model_validate(
         {"enabled": True, "mechanism": "dp_sgd", "clip_norm": 1.0, "epsilon_max": 2.0}

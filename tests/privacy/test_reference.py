@@ -73,6 +73,7 @@ def test_store_only_and_runs_without_dp_have_no_mechanism_to_rerun(runs):
         assert with_run_mechanism(None, clean, store.round_scalars, seed=1) is None
 
 
+@pytest.mark.slow
 def test_the_receipt_judges_a_dp_run_against_dp_retrain(runs):
     run_dir, _ = runs["client_update"]
     request = UnlearnRequest.of([0])

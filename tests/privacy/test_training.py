@@ -94,6 +94,7 @@ def test_ledger_matches_the_schedule_and_dp_accounting_called_directly(runs):
     assert all(r["noise_to_signal"] > 1 for r in ledger["rounds"])
 
 
+@pytest.mark.slow
 def test_train_and_store_uploads_carry_the_noise(runs):
     ledger = run_info(runs["dp"])["privacy"]
     with HistoryStore.open(runs["dp"] / "history") as store:

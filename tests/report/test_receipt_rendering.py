@@ -1,5 +1,7 @@
 """Rendering of receipts: verdict columns, reasons, the cheapest passing method, dropped panels."""
 
+import pytest
+
 from fedunlearn.report.plots import panels, plot_results
 from fedunlearn.report.tables import cheapest_passing, results_markdown, table_rows
 
@@ -93,6 +95,7 @@ def test_the_influence_verdict_is_shown_and_decides_the_cheapest_method():
     assert "- **crab**: influence not_shown, utility ok, store held (crab why)" in md
 
 
+@pytest.mark.slow
 def test_panels_without_data_are_dropped(tmp_path):
     figures = panels(DOC)
     assert "backdoor_asr" not in figures["quality"]

@@ -143,6 +143,7 @@ def test_rollback_is_capped_so_at_least_one_round_is_replayed(run_all):
 # ----- bounds -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_triangle_bound_holds_and_theorem_bounds_are_reported(run_all):
     result = recover(run_all, {"no_rollback": True, "bound_check": True, "final_rounds": 0})
     bounds = result.details.bounds

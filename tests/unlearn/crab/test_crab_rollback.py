@@ -234,6 +234,7 @@ def test_bounded_refuses_other_aggregators_and_runs_without_the_scalars(run_all)
 # ----- final tuning [CB13] ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_final_rounds_add_fedavg_rounds_of_the_remaining_clients(run_all):
     base, _ = recover(run_all, {"final_rounds": 0})
     tuned, _ = recover(run_all, {"final_rounds": 3})
@@ -245,6 +246,7 @@ def test_final_rounds_add_fedavg_rounds_of_the_remaining_clients(run_all):
     assert not torch.equal(tuned.params, base.params)
 
 
+@pytest.mark.slow
 def test_auto_final_rounds_fill_the_skipped_rounds_within_the_epoch_budget(late_run):
     result, _ = recover(late_run)
     d = result.details

@@ -211,6 +211,7 @@ def frames_of(doc) -> list[np.ndarray]:
 
 @FUZZ
 @given(docs=st.lists(requests(), min_size=1, max_size=3), differ=st.booleans())
+@pytest.mark.slow
 def test_anything_two_servers_send_is_answered_or_stops_both_with_one_line(
     simulator_parts, docs, differ
 ):

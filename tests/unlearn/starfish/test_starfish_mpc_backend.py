@@ -189,6 +189,7 @@ MIRROR_SEEDS = (7, 76)
     ],
     ids=["method2", "two_loop", "ideal"],
 )
+@pytest.mark.slow
 def test_other_variants_agree_with_their_plaintext_mirror(run_dir, params, seed):
     with UnlearnSession(run_dir, evaluate=False) as session:
         plain = session.run(make_method("starfish", params), FORGET)
@@ -200,6 +201,7 @@ def test_other_variants_agree_with_their_plaintext_mirror(run_dir, params, seed)
     assert float((secure.params - plain.params).norm() / plain.params.norm()) < 1e-2
 
 
+@pytest.mark.slow
 def test_a_seeded_2pc_run_is_bit_identical(run_dir):
     with UnlearnSession(run_dir, evaluate=False) as session:
         method = make_method("starfish", {"estimator": "two_loop", "backend": "mpc", "mpc_seed": 5})
