@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from central_problems import blobs, pick_forget
 
@@ -77,6 +78,7 @@ def test_compact_lbfgs_equals_recursive_bfgs_and_literal_fails():  # MUV4
     assert float((compact.matvec(s_new) - y_new).norm()) <= 1e-10 * float(y_new.norm())
 
 
+@pytest.mark.slow
 def test_lbfgs_in_recursion_close_to_exact_and_cross_batch_stays_finite():  # MUV5
     x, y = blobs()
     objective = SoftmaxRegression(x, y, 3, 0.005)

@@ -76,6 +76,7 @@ def test_export_refuses_bad_requests_and_writes_nothing(run_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_unlearn_save_model_and_export_result_give_the_same_file(run_dir, tmp_path):
     # Execute: unlearn with --save-model, then export the same result from its JSON
     result_json = tmp_path / "r.json"

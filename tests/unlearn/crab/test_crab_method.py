@@ -89,6 +89,7 @@ def test_calibration_keeps_the_stored_norm_and_the_fresh_direction():
 # ----- equivalence and the two selection paths ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_selection_no_rollback_equals_calibrated_replay_of_all_rounds_bit_for_bit(run_all):
     params = {"round_ratio": 1.0, "client_ratio": 1.0, "no_rollback": True, "final_rounds": 0}
     crab = recover(run_all, params)

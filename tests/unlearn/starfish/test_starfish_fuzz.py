@@ -113,6 +113,7 @@ def answers(draw) -> dict:
 
 @FUZZ
 @given(answer=answers())
+@pytest.mark.slow
 def test_any_answer_of_the_clients_service_is_shares_or_one_error_line(answer):
     shares = [np.arange(NUM_PARAMS, dtype=np.uint64)] * 4
     try:

@@ -62,6 +62,7 @@ def run_with(plan: dict[str, tuple], tmp_path: Path, monkeypatch) -> str:
     return str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_child_killed_by_a_signal_is_named_first_and_the_others_as_stopped(tmp_path, monkeypatch):
     # before: "dealer exit -9: ...; server0 exit -9: ...; server1 exit -9: ...; clients exit -9"
     message = run_with({"server1": (0.3, "SIGKILL", "", None)}, tmp_path, monkeypatch)
@@ -70,6 +71,7 @@ def test_a_child_killed_by_a_signal_is_named_first_and_the_others_as_stopped(tmp
     assert "exit -9" not in message
 
 
+@pytest.mark.slow
 def test_the_first_failure_is_blamed_and_the_peers_it_took_down_keep_their_status(
     tmp_path, monkeypatch
 ):

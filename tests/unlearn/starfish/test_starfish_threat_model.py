@@ -34,6 +34,7 @@ def test_the_plaintext_mirror_says_it_has_no_2pc(plain):
     assert plain.details.to_dict()["assumptions"] == [ASSUMPTIONS["plaintext"]]
 
 
+@pytest.mark.slow
 def test_a_server_that_alters_its_shares_is_not_detected_and_the_result_says_so(
     session, plain, monkeypatch
 ):
