@@ -23,7 +23,7 @@ from typing import Any
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError, HistoryError, UnknownNameError
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs.rundir import HISTORY_DIR, SUMMARY_FILE
+from fedunlearn.runs.rundir import HISTORY_DIR, SUMMARY_FILE, stored_config
 from fedunlearn.runs.setup import sampler_of
 
 __all__ = ["participation_gaps"]
@@ -49,18 +49,6 @@ def _not_derivable(store: HistoryStore, config: RunConfig | None, run_dir: Path)
     return None
 
 
-def _stored_config(store: HistoryStore) -> RunConfig | None:
-    from fedunlearn.config import parse_config
-
-    raw = store.meta.get("config")
-    if not raw:
-        return None
-    try:
-        return parse_config(raw)
-    except (ConfigError, UnknownNameError, ValueError):
-        return None
-
-
 def participation_gaps(store: HistoryStore, client_ids: Iterable[int]) -> dict[str, Any]:
     """Return the rounds where the seeded sampler drew one of ``client_ids`` but no row is kept.
 
@@ -74,7 +62,10 @@ def participation_gaps(store: HistoryStore, client_ids: Iterable[int]) -> dict[s
     """
     wanted = sorted({int(c) for c in client_ids})
     run_dir = store.file.parent.parent if store.file.parent.name == HISTORY_DIR else None
-    config = _stored_config(store)
+    try:
+        config = stored_config(store)
+    except (ConfigError, UnknownNameError, ValueError):
+        config = None
     why = "the store lies outside a run directory" if run_dir is None else None
     if why is None and run_dir is not None:
         why = _not_derivable(store, config, run_dir)
