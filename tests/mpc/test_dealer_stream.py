@@ -6,7 +6,10 @@ the material at hand, at m = 60k); a declared plan lets the dealer stream ahead 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -141,5 +144,30 @@ def test_a_plan_may_end_unused(dealer):
         return client.triple((64,))
 
     _, errors = both(program, dealer)
+    assert errors == [None, None]
+    assert dealer.join(TIMEOUT) == 0
+
+
+@pytest.mark.slow
+def test_a_goodbye_holds_when_the_dealer_stalls_while_the_party_hangs_up(dealer):
+    # A party says goodbye with planned material still streaming and hangs up while the
+    # dealer is stalled (stopped for 3 s, longer than the party lingers): the dealer must
+    # still read both goodbyes and end as a finished session, not as a lost party.
+    pid = dealer.process.pid
+    served = threading.Barrier(2, timeout=TIMEOUT)
+
+    def program(client):
+        client.plan([TRIPLE] * 400)
+        got = client.triple((64,))
+        if served.wait() == 0:  # both have their material: stop the dealer, then both hang up
+            os.kill(pid, signal.SIGSTOP)
+        served.wait()
+        return got
+
+    try:
+        _, errors = both(program, dealer, prefetch_bytes=4096)
+        time.sleep(3.0)  # both parties have hung up; the dealer has read neither goodbye
+    finally:
+        os.kill(pid, signal.SIGCONT)
     assert errors == [None, None]
     assert dealer.join(TIMEOUT) == 0
