@@ -2,8 +2,9 @@
 
 An edited figure (with or without a recomputed seal), another model, a cut chain (a committed
 payload or a round's rows deleted by raw SQL) and another run's result each fail with one line
-(exit 1); a Retrain result and a deletion-ready ``tv_exact`` result are replayed bit for bit
-(exit 0); bad input exits 2.
+(exit 1); a Retrain result, a deletion-ready ``tv_exact`` result and a Crab participation-rollback
+result are replayed bit for bit (exit 0; Crab's replay proves the computation, its lineage being
+approximate); a result naming parameters it did not run fails its replay; bad input exits 2.
 """
 
 from __future__ import annotations
@@ -175,6 +176,58 @@ def test_a_tv_exact_result_is_replayed_bit_for_bit(tmp_path):
     found = _lines(checked)
     assert checked.ok, found
     assert found["replay"][0] is True and "tv_exact re-run" in found["replay"][1]
+
+
+CRAB = {
+    **RUN,
+    "training": {**RUN["training"], "rounds": 6, "participation": 0.5},
+    "history": {"policy": "crab"},
+}
+
+
+@pytest.fixture(scope="module")
+def crab(tmp_path_factory):
+    """A Crab-recorded run and Crab's participation-rollback result for client 4.
+
+    Client 4 is first aggregated in round 3 (seed 1), so the rollback starts from M_2; the
+    replay then reads stored updates of the remaining clients, an approximate lineage.
+    """
+    base = tmp_path_factory.mktemp("crab")
+    run = base / "run"
+    train_run(parse_config(CRAB), run)
+    return run, _result(run, base / "crab.json", "crab", [4])
+
+
+def test_a_crab_participation_rollback_result_is_replayed_bit_for_bit(crab):
+    run, path = crab
+    doc = json.loads(path.read_text())
+    assert doc["params"]["rollback"] == "participation"
+    assert doc["lineage"]["kind"] == "approximate"
+    assert doc["lineage"]["start_round"] == 2  # the rollback point precedes round 3
+    checked = check_receipt(path, run)
+    found = _lines(checked)
+    assert checked.ok, found
+    assert found["replay"][0] is True
+    assert "proves the computation, not the removal" in found["replay"][1]
+
+
+def test_a_result_naming_parameters_it_did_not_run_fails_the_replay(crab, tmp_path):
+    # before: a result without an exact lineage was not replayed, so a server could name any
+    # method parameters (here: Crab's rollback) beside a model computed otherwise
+    run, path = crab
+    doc = json.loads(path.read_text())
+    doc["params"]["no_rollback"] = True  # claims a replay from M_0
+    seal(doc, doc["run"])
+    edited = tmp_path / "crab.json"
+    shutil.copy(path.with_name("crab.apply.safetensors"), tmp_path)
+    edited.write_text(json.dumps(doc))
+    checked = check_receipt(edited, run)
+    found = _lines(checked)
+    assert not checked.ok
+    assert found["seal"][0] is True
+    assert found["model"][0] is True
+    assert found["replay"][0] is False
+    assert "not what crab computes" in found["replay"][1]
 
 
 def test_cli_exit_codes(retrain, tmp_path):

@@ -39,7 +39,7 @@ from fedunlearn.history.digest import check_seal, seal
 from fedunlearn.history.result_file import tensor_sha256
 from fedunlearn.models.flat import get_flat_params
 from fedunlearn.runs import run_fingerprint
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession
 
 __all__ = [
     "audit_model",
@@ -47,6 +47,7 @@ __all__ = [
     "read_model_file",
     "read_result_file",
     "replay_exact",
+    "replay_method",
 ]
 
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth")
@@ -200,6 +201,23 @@ def _check_same_model(result: Mapping[str, Any], params: torch.Tensor, source: s
         )
 
 
+def replay_method(
+    result: Mapping[str, Any], session: UnlearnSession, request: UnlearnRequest
+) -> UnlearnResult:
+    """Re-run the method a result names, with its parameters, on this run and request.
+
+    In-process methods are deterministic (docs/architecture.md, "Where a bit-identity claim
+    holds"): on the same machine and device the replay gives the result's model bit for bit.
+    """
+    from fedunlearn.unlearn import make_method
+
+    samples = {int(c): [int(i) for i in ids] for c, ids in _samples_of(result).items()}
+    return session.run(
+        make_method(str(result.get("method", "")), result.get("params") or {}),
+        UnlearnRequest.of(sorted(request.forget), request.kind, samples) if samples else request,
+    )
+
+
 def replay_exact(
     result: Mapping[str, Any],
     session: UnlearnSession,
@@ -210,18 +228,11 @@ def replay_exact(
     """Recompute an exact result and refuse the claim unless it comes out bit for bit.
 
     An exact lineage is what ``removed`` rests on, and a result file is the server's word: the
-    seal is a checksum anyone can recompute. The replay runs the named method with its
-    parameters on this run and request (deterministic: docs/architecture.md, "Where a
-    bit-identity claim holds"); the claim holds when the replay's own lineage is exact and
+    seal is a checksum anyone can recompute. The replay (``replay_method``) runs the named
+    method on this run and request; the claim holds when the replay's own lineage is exact and
     its model is bitwise the audited one.
     """
-    from fedunlearn.unlearn import make_method
-
-    samples = {int(c): [int(i) for i in ids] for c, ids in _samples_of(result).items()}
-    replayed = session.run(
-        make_method(str(result.get("method", "")), result.get("params") or {}),
-        UnlearnRequest.of(sorted(request.forget), request.kind, samples) if samples else request,
-    )
+    replayed = replay_method(result, session, request)
     if replayed.lineage is None or not replayed.lineage.exact:
         raise IntegrityError(
             f"{source} claims an exact lineage, but replaying {result.get('method')} on this run "

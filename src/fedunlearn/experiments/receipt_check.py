@@ -15,9 +15,12 @@ itself: it checks, one finding each,
   SHA-256 it names;
 - ``figures``: that the model's quality figures (test accuracy, loss, backdoor ASR) come out of
   an evaluation of that model exactly as written (an edited figure under a recomputed seal);
-- ``replay``: for an exact lineage (Retrain, Crab's participation rollback, ``tv_exact``), that
-  re-running the named method with its parameters on the run reproduces the model bit for bit
-  (``audit.replay_exact``).
+- ``replay``: that re-running the named method with its parameters on the run reproduces the
+  model bit for bit. For an exact lineage (Retrain, ``tv_exact``, ``shard_retrain``) the replay
+  must also be exact (``audit.replay_exact``): it proves the removal. For any other lineage
+  (Crab's participation rollback replays stored updates of the remaining clients, which carry
+  the forgotten clients' influence) it proves the computation only: the model is what the named
+  method computes from the committed history, and removal rests on the statistical checks.
 
 What it proves, against whom: docs/verification.md ("Checking a receipt as an auditor").
 """
@@ -35,11 +38,12 @@ import torch
 
 from fedunlearn.errors import ConfigError, HistoryError, IntegrityError
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.audit import read_model_file, replay_exact
+from fedunlearn.experiments.audit import read_model_file, replay_exact, replay_method
 from fedunlearn.history.digest import check_seal
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.runs import run_fingerprint
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+from fedunlearn.unlearn.lineage import Lineage
 
 __all__ = ["Finding", "ReceiptCheck", "check_receipt"]
 
@@ -271,24 +275,53 @@ def _replay(
     source: str,
 ) -> Finding:
     lineage = lineage_from_dict(doc.get("lineage"))
-    if lineage is None or not lineage.exact:
-        kind = "none" if lineage is None else lineage.kind
+    if lineage is not None and lineage.exact:
+        try:
+            replay_exact(doc, session, request, params, source)
+        except IntegrityError as err:
+            return Finding("replay", False, str(err))
+        except HistoryError as err:  # the history no longer holds what the method reads
+            return Finding("replay", False, f"{doc.get('method')} cannot be replayed: {err}")
         return Finding(
             "replay",
-            None,
-            f"no exact lineage claimed ({kind}): nothing to replay; the receipt's statistical "
-            "checks hold against an honest-but-curious server only",
+            True,
+            f"{doc.get('method')} re-run on this run gives the model bit for bit (same SHA-256)",
         )
+    return _replay_computation(doc, session, request, params, lineage)
+
+
+def _replay_computation(
+    doc: Mapping[str, Any],
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    params: torch.Tensor,
+    lineage: Lineage | None,
+) -> Finding:
+    """Replay a result without an exact lineage: it proves the computation, not the removal.
+
+    The model must be what the named method computes from the committed history (a server that
+    names Crab but serves something else fails); the removal itself rests on the receipt's
+    statistical checks, which hold against an honest-but-curious server only.
+    """
+    method = doc.get("method")
+    kind = "none" if lineage is None else lineage.kind
     try:
-        replay_exact(doc, session, request, params, source)
-    except IntegrityError as err:
-        return Finding("replay", False, str(err))
-    except HistoryError as err:  # the history no longer holds what the method reads
-        return Finding("replay", False, f"{doc.get('method')} cannot be replayed: {err}")
+        replayed = replay_method(doc, session, request)
+    except (HistoryError, ConfigError) as err:
+        return Finding("replay", False, f"{method} cannot be replayed on this run: {err}")
+    if tensor_sha256(replayed.params) != tensor_sha256(params):
+        return Finding(
+            "replay",
+            False,
+            f"{method} re-run on this run does not give the document's model bit for bit: the "
+            f"model is not what {method} computes from this run's committed history",
+        )
     return Finding(
         "replay",
         True,
-        f"{doc.get('method')} re-run on this run gives the model bit for bit (same SHA-256)",
+        f"{method} re-run on this run gives the model bit for bit (same SHA-256); its lineage is "
+        f"{kind}, so this proves the computation, not the removal: removal rests on the "
+        "receipt's statistical checks (against an honest-but-curious server only)",
     )
 
 
