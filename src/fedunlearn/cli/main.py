@@ -45,6 +45,7 @@ from fedunlearn.cli.common import (
     set_debug,
 )
 from fedunlearn.cli.plan import readiness_rows
+from fedunlearn.cli.threads import MAX_THREADS, apply_threads, threads_line
 from fedunlearn.errors import ConfigError, UnknownMethodError
 
 if TYPE_CHECKING:
@@ -91,9 +92,20 @@ def _root(
     debug: Annotated[
         bool, typer.Option("--debug", help="on an error, show the full traceback")
     ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            max=MAX_THREADS,
+            help="torch intra-op threads for new runs (default: torch's, capped at the CPUs "
+            "this process gets); a run keeps the count it was trained with",
+        ),
+    ] = None,
 ) -> None:
     """Federated unlearning and recovery from poisoning."""
     set_debug(ctx, debug)
+    apply_threads(ctx, threads)
 
 
 # ----- printing --------------------------------------------------------------------------------
@@ -209,6 +221,8 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         )
     rows.append(["wall seconds", f"{summary['wall_seconds']:.1f}"])
     rows.append(["executor", summary["executor"]])
+    line = threads_line(summary.get("torch_threads"))
+    rows.append(["torch threads", line.removeprefix("torch threads: ")])
     if "device" in summary:
         rows.append(["device", summary["device"]])
     _print_table(f"run {out}", None, rows)
@@ -903,6 +917,7 @@ def unlearn(
         f"{summary['costs']['client_epochs']} client epochs, "
         f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
     )
+    console.print(threads_line(summary.get("torch_threads")), highlight=False)
     receipt.print_verification(
         summary["verification"], title=f"{method} verification", explain=explain
     )

@@ -300,6 +300,7 @@ def unlearn_one(
             "details": result.details.to_dict(),
             "lineage": result.lineage.to_dict() if result.lineage is not None else None,
             "privacy": _result_privacy(run.config, run.store, method, unlearner.params),
+            "torch_threads": torch.get_num_threads(),  # the run's own (fl/threads.py)
         }
         if verify:
             exact = result.lineage is not None and result.lineage.exact

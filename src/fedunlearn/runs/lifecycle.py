@@ -64,6 +64,7 @@ from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
+from fedunlearn.fl.threads import run_threads
 from fedunlearn.history.digest import check_seal
 from fedunlearn.history.policy import (
     HistoryRecorder,
@@ -93,7 +94,6 @@ from fedunlearn.runs.rundir import (
 from fedunlearn.runs.setup import Setup, build_setup, clients_loss, sampler_of
 from fedunlearn.runs.train import (
     _clients_loss_samples,
-    _torch_threads,
     _WallClock,
     policy_env,
     records_client_values,
@@ -842,7 +842,7 @@ def continue_run(
                 "already_done": True,
             }
         forgotten = store.forgotten_clients()
-        with _torch_threads(store.meta.get("torch_threads")):
+        with run_threads(store.meta.get("torch_threads"), purpose="the continuation"):
             setup = _without_forgotten_samples(build_setup(config), store)
             # the continued rounds must train on what the run trained on (as a session warns)
             warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))

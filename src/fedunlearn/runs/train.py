@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from fedunlearn.fl.engine import RoundObserver, run_rounds
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.fl.records import RoundRecord
+from fedunlearn.fl.threads import run_threads
 from fedunlearn.history.policy import (
     POLICIES,
     DeferredPolicy,
@@ -257,26 +257,6 @@ class _WallClock:
         self.store.update_meta({"wall_seconds": self.total})
 
 
-@contextmanager
-def _torch_threads(count: int | None) -> Iterator[None]:
-    """Run with ``count`` intra-op threads (the run's own), restoring the caller's after."""
-    current = torch.get_num_threads()
-    if count is None or count == current:
-        yield
-        return
-    warnings.warn(
-        f"this run was trained with {count} torch intra-op threads and this process uses "
-        f"{current}; float reductions differ between thread counts, so the resume runs with "
-        f"{count} to stay bit-identical (set OMP_NUM_THREADS={count} to silence this)",
-        stacklevel=3,
-    )
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(current)
-
-
 def _check_resumable(
     config: RunConfig, run_dir: Path, store: HistoryStore, repair: bool
 ) -> dict[str, Any] | None:
@@ -437,7 +417,7 @@ def train_run(
         elif holds_run(run_dir):  # written between the first look and the lock
             raise ConfigError(already)
         threads = None if store is None else store.meta.get("torch_threads")
-        with _torch_threads(threads):
+        with run_threads(threads, purpose="the resume"):
             setup = build_setup(config, model=model, data=data)
             if store is not None:  # resumed rounds must train on what the first ones did
                 warn_changed_components(

@@ -39,6 +39,7 @@ Verification (the receipt) is one layer up: ``fedunlearn.eval.Verifier(session, 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -52,6 +53,7 @@ from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.sampling import batches_use
 from fedunlearn.fl.seeding import derive_seed
+from fedunlearn.fl.threads import run_threads
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
@@ -116,9 +118,29 @@ class UnlearnSession:
         data: FederatedData | Mapping[str, Any] | None = None,
         evaluator: ModuleEvaluator | None = None,
     ) -> None:
+        # the run's own thread count for the session's life: results, figures and replays
+        # are bit-identical to the run's whatever this process's default (fl/threads.py)
+        self._threads = ExitStack()
+        try:
+            self._open(run_dir, evaluate, model, data, evaluator)
+        except BaseException:
+            self._threads.close()
+            raise
+
+    def _open(
+        self,
+        run_dir: str | Path,
+        evaluate: bool,
+        model: ModelFactory | None,
+        data: FederatedData | Mapping[str, Any] | None,
+        evaluator: ModuleEvaluator | None,
+    ) -> None:
         run_dir = Path(run_dir)
         config = load_run_config(run_dir)
         store = HistoryStore.open(run_dir / HISTORY_DIR)
+        self._threads.enter_context(
+            run_threads(store.meta.get("torch_threads"), purpose="unlearning on this run")
+        )
         recorded = store.meta.get("components")
         if _data_on_clients(recorded) and data is None:
             try:
@@ -560,6 +582,7 @@ class UnlearnSession:
                 self._fresh.close()
             self._setup.close()
         self.run_view.store.close()
+        self._threads.close()
 
     def __enter__(self) -> UnlearnSession:
         return self
