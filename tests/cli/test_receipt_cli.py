@@ -377,3 +377,42 @@ def test_unlearn_measures_the_distance_band_from_independent_retrains(run, tmp_p
     assert len(distance["evidence"]["band"]["relative"]) == 2
     assert distance["threshold"]["pass"] == distance["evidence"]["band"]["band"]
     assert out["verification"]["cost"]["references"]["distance band"]["client_epochs"] > 0
+
+
+def test_unlearn_announces_its_apply_file_and_its_costs_and_can_skip_the_file(run, tmp_path):
+    """Defect (issue 35): the apply file, as large as the store, was announced in bytes only
+    and could not be skipped; the method's costs were one figure."""
+    run_dir, _ = run
+    args = ["unlearn", str(run_dir), "--forget", "malicious", "--method", "federaser"]
+    args += ["--reference", "retrain", "--no-client-test"]
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "r.json")])
+    assert res.exit_code in (0, 1), res.output
+    out = json.loads((tmp_path / "r.json").read_text())
+    apply_file = tmp_path / "r.apply.safetensors"
+    shown = text(res.stdout)
+    assert f"apply file: {apply_file} ({apply_file.stat().st_size / 1e6:,.1f} MB" in shown
+    c = out["costs"]
+    assert c["server_seconds"] == pytest.approx(c["wall_seconds"] - c["client_train_seconds"])
+    assert c["evaluation_seconds"] > 0 and c["client_train_seconds"] > 0
+    assert f"method: {c['wall_seconds']:.1f} s wall (server {c['server_seconds']:.1f} s" in shown
+    assert f"{c['history_bytes_read'] / 1e6:,.1f} MB of history read" in shown
+    cost = out["verification"]["cost"]
+    assert f"receipt: {cost['wall_seconds']:.1f} s wall" in shown
+    retrain = out["retrain"]
+    epochs = retrain["client_epochs"] / c["client_epochs"]
+    seconds = retrain["wall_seconds"] / c["wall_seconds"]
+    assert f"epochs saved {epochs:.2f}x, time saved {seconds:.2f}x" in shown
+    # --no-apply-file: the JSON only; apply refuses it in one line, naming the file it lacks
+    res = runner.invoke(
+        app, [*args[:6], "--no-apply-file", "--no-client-test", "--out", str(tmp_path / "s.json")]
+    )
+    assert res.exit_code in (0, 1), res.output
+    assert not (tmp_path / "s.apply.safetensors").exists()
+    assert "apply file: none written (--no-apply-file)" in text(res.stdout)
+    assert json.loads((tmp_path / "s.json").read_text())["apply"]["file"] is None
+    before = (run_dir / "history").stat().st_mtime_ns
+    res = runner.invoke(app, ["apply", str(run_dir), "--result", str(tmp_path / "s.json")])
+    assert res.exit_code == 2, res.output
+    assert "written with --no-apply-file" in text(res.output)
+    assert str(tmp_path / "s.apply.safetensors") in text(res.output)
+    assert (run_dir / "history").stat().st_mtime_ns == before

@@ -66,6 +66,25 @@ def test_results_document_has_control_reference_and_documented_fields(doc):
     for key in ("mia_auc", "mia_loss_auc"):
         assert 0.35 < rows["retrain"][key] < 0.65, (key, rows["retrain"][key])
     assert rows["federaser"]["stored_bytes"] > rows["retrain"]["stored_bytes"]
+    # both savings against the Retrain row of this comparison, from the rows' own figures
+    retrain, federaser = rows["retrain"], rows["federaser"]
+    assert federaser["epoch_saving_vs_retrain"] == pytest.approx(
+        retrain["client_epochs"] / federaser["client_epochs"]
+    )
+    assert federaser["time_saving_vs_retrain"] == pytest.approx(
+        retrain["wall_seconds"] / federaser["wall_seconds"]
+    )
+    assert retrain["time_saving_vs_retrain"] == pytest.approx(1.0)
+    assert rows["none"]["time_saving_vs_retrain"] is None
+    for row in (retrain, federaser):
+        assert row["server_seconds"] == pytest.approx(
+            row["wall_seconds"] - row["client_train_seconds"]
+        )
+        assert row["evaluation_seconds"] > 0  # the per-round evaluation, not in wall_seconds
+        cost = row["verification"]["cost"]
+        assert cost["wall_seconds"] == pytest.approx(
+            cost["judging_seconds"] + cost["shared_seconds"]
+        )
     assert doc["request"]["kind"] == "recover"
     assert doc["schema_version"] == 2
     # every row carries its receipt; nothing flags Retrain, the unchanged original's influence

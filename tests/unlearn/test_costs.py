@@ -1,5 +1,6 @@
 """The one cost record and the shared round bookkeeping (issue 20)."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,14 @@ def test_the_meter_adds_to_the_costs_record_and_refuses_unknown_counters():
     meter.add(rounds=1, client_epochs=3)
     meter.add(client_epochs=2)
     assert meter.costs == Costs(rounds=1, client_epochs=5)
-    counts = {k: v for k, v in Costs(rounds=1, client_epochs=5).to_dict().items()}
-    del counts["wall_seconds"]
+    counts = {k: v for k, v in Costs(rounds=1, client_epochs=5).to_dict().items() if type(v) is int}
     assert meter.counts() == counts
+    assert "wall_seconds" not in counts and "server_seconds" not in counts
     with pytest.raises(ValueError, match="not a cost counter: wall_seconds"):
         meter.add(wall_seconds=1)
+    with pytest.raises(ValueError, match="not a cost timer: wall_seconds"):
+        with meter.timed("wall_seconds"):
+            pass
     with pytest.raises(ValueError, match="not a cost counter: round;"):
         meter.add(round=1)
 
@@ -58,3 +62,44 @@ def test_no_method_counts_its_rounds_by_hand():
         if "rounds += " in line and "meter" in line
     ]
     assert by_hand == []
+
+
+def test_the_wall_time_leaves_out_evaluation_and_diagnostics_and_splits_server_from_clients():
+    meter = CostMeter()
+    meter.costs = Costs(client_train_seconds=2.0, evaluation_seconds=3.0)
+    with meter.diagnostic() as before:
+        meter.add(client_epochs=7, history_bytes_read=100)  # the diagnostic's work: not a cost
+        with meter.timed("client_train_seconds"):
+            time.sleep(0.02)
+    assert before.client_epochs == 0
+    c = meter.costs
+    assert (c.client_epochs, c.history_bytes_read, c.client_train_seconds) == (0, 0, 2.0)
+    assert 0.02 <= c.diagnostic_seconds < 1.0
+    done = meter.finish(10.0 + c.diagnostic_seconds)
+    assert done.wall_seconds == pytest.approx(7.0)  # 10 s + diagnostic - 3 s of evaluation
+    assert done.server_seconds == pytest.approx(5.0)  # 7 s - 2 s of client training
+    assert done.elapsed_seconds == pytest.approx(10.0 + c.diagnostic_seconds)
+    assert meter.finish(1.0).server_seconds == 0.0  # never below zero
+
+
+def test_a_methods_wall_time_leaves_out_its_per_round_evaluation(run_all):
+    """Defect (issue 35): ``costs.wall_seconds`` counted the per-round test evaluation."""
+    pause = 0.05
+    with UnlearnSession(run_all) as session:
+        evaluate = session.evaluation.evaluate
+
+        def slow(params):
+            time.sleep(pause)
+            return evaluate(params)
+
+        session.evaluation.evaluate = slow
+        began = time.perf_counter()
+        result = session.run(fedunlearn.unlearn.make_method("retrain"), UnlearnRequest.of([1]))
+        outside = time.perf_counter() - began
+    c = result.costs
+    assert c.rounds == 5
+    assert c.evaluation_seconds >= 5 * pause
+    assert c.wall_seconds <= outside - 5 * pause  # the five pauses are not the method's time
+    assert c.client_train_seconds > 0 and c.client_epochs == 5 * 4 * 2
+    assert c.server_seconds == pytest.approx(c.wall_seconds - c.client_train_seconds)
+    assert c.elapsed_seconds >= c.wall_seconds + 5 * pause

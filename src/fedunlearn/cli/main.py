@@ -796,10 +796,19 @@ def forget(
 
 
 def _print_results(doc: dict[str, Any]) -> None:
-    from fedunlearn.report.tables import table_rows
+    from fedunlearn.report.tables import COST_NOTE, cost_rows, shared_receipt_seconds, table_rows
 
     header, rows = table_rows(doc, compact=True)
     _print_table(f"{doc['request']['kind']} clients {doc['request']['forget']}", list(header), rows)
+    header, rows = cost_rows(doc)
+    _print_table("costs (this machine, this run)", header, rows)
+    shared = shared_receipt_seconds(doc)
+    console.print(
+        COST_NOTE
+        + (f" Shared references: {shared:.1f} s." if shared is not None else "")
+        + f" The comparison took {doc['wall_seconds']:.1f} s in all.",
+        highlight=False,
+    )
 
 
 @app.command()
@@ -840,6 +849,14 @@ def unlearn(
     client_test: ClientTestOption = True,
     distance_retrains: DistanceRetrainsOption = 0,
     explain: ExplainOption = False,
+    apply_file: Annotated[
+        bool,
+        typer.Option(
+            "--apply-file/--no-apply-file",
+            help="write R.apply.safetensors beside --out (the model and the method's trajectory, "
+            "up to the size of the run's store); 'fedunlearn apply' needs it",
+        ),
+    ] = True,
 ) -> None:
     """Remove clients from a trained run with one method; verify it; write the result JSON.
 
@@ -848,7 +865,7 @@ def unlearn(
     from fedunlearn.cli.export import check_model_path, model_bytes
 
     # before the work: the apply file and the model hold the model's bytes at least
-    need = (2 if save_model is not None else 1) * model_bytes(run_dir) + 2**20
+    need = (int(apply_file) + int(save_model is not None)) * model_bytes(run_dir) + 2**20
     ensure_writable_output(out, "file", need_bytes=need)
     if save_model is not None:
         check_model_path(save_model, "--save-model")
@@ -885,16 +902,9 @@ def unlearn(
     out.parent.mkdir(parents=True, exist_ok=True)
     from fedunlearn.experiments import write_result
 
-    spec = write_result(out, summary, result)  # the apply file, then the sealed JSON, atomically
-    apply_file = out.with_name(spec["file"])
-    updates = sum(len(e.updates) for e in result.trajectory.rounds) if result.trajectory else 0
-    console.print(
-        f"apply file: {apply_file} ({apply_file.stat().st_size:,} bytes; the model"
-        + (f" and {updates} client update(s) of its trajectory" if updates else "")
-        + "): 'fedunlearn apply' consumes it; 'fedunlearn forget' deletes it when it holds a "
-        "forgotten client's update and lies in the run directory",
-        highlight=False,
-    )
+    # the apply file, then the sealed JSON, atomically
+    spec = write_result(out, summary, result, apply_file=apply_file)
+    console.print(_apply_file_line(out, spec, result), highlight=False)
     if save_model is not None:
         from fedunlearn.cli.export import run_model, save_result_model
 
@@ -913,16 +923,63 @@ def unlearn(
             f"{req['earlier']}, forgotten again)"
         )
     console.print(
-        f"{method}: test accuracy {summary['test_accuracy']:.4f}, "
-        f"{summary['costs']['client_epochs']} client epochs, "
-        f"{summary['costs']['wall_seconds']:.1f} s -> {out}"
+        f"{method}: test accuracy {summary['test_accuracy']:.4f} -> {out}", highlight=False
     )
-    console.print(threads_line(summary.get("torch_threads")), highlight=False)
+    for line in cost_lines(summary):
+        console.print(f"  {line}", highlight=False)
+    console.print(f"  {threads_line(summary.get('torch_threads'))}", highlight=False)
     receipt.print_verification(
         summary["verification"], title=f"{method} verification", explain=explain
     )
     if receipt.exit_code(summary["verification"]):
         raise typer.Exit(1)
+
+
+def _apply_file_line(out: Path, spec: dict[str, Any], result: Any) -> str:
+    """Say where the apply file is and how large (or that none was written)."""
+    if spec["file"] is None:
+        return (
+            "apply file: none written (--no-apply-file): 'fedunlearn apply' cannot apply this "
+            "result"
+        )
+    path = out.with_name(spec["file"])
+    updates = sum(len(e.updates) for e in result.trajectory.rounds) if result.trajectory else 0
+    return (
+        f"apply file: {path} ({path.stat().st_size / 1e6:,.1f} MB: the model"
+        + (f" and {updates} client update(s) of its trajectory" if updates else "")
+        + "): 'fedunlearn apply' consumes it; 'fedunlearn forget' deletes it when it holds a "
+        "forgotten client's update and lies in the run directory; --no-apply-file skips it"
+    )
+
+
+def cost_lines(summary: dict[str, Any]) -> list[str]:
+    """The costs of an ``unlearn`` result: the method's, the receipt's, the saving vs Retrain."""
+    c = summary["costs"]
+    lines = [
+        f"method: {c['wall_seconds']:.1f} s wall (server {c.get('server_seconds', 0.0):.1f} s, "
+        f"client training {c.get('client_train_seconds', 0.0):.1f} s; per-round evaluation "
+        f"{c.get('evaluation_seconds', 0.0):.1f} s not counted), {c['client_epochs']:,} client "
+        f"epochs, {c['history_bytes_read'] / 1e6:,.1f} MB of history read, "
+        f"{c['bytes_communicated'] / 1e6:,.1f} MB communicated"
+    ]
+    cost = (summary.get("verification") or {}).get("cost") or {}
+    if cost.get("wall_seconds") is not None:
+        lines.append(
+            f"receipt: {cost['wall_seconds']:.1f} s wall, {int(cost.get('client_epochs', 0)):,} "
+            "client epochs of reference training (apart from the method's)"
+        )
+    retrain = summary.get("retrain")
+    if retrain:
+        epochs, seconds = retrain["client_epochs"], retrain["wall_seconds"]
+        lines.append(
+            f"vs Retrain in this run ({epochs:,} client epochs, {seconds:.1f} s): epochs saved "
+            f"{_times(epochs, c['client_epochs'])}, time saved {_times(seconds, c['wall_seconds'])}"
+        )
+    return lines
+
+
+def _times(reference: float, value: float) -> str:
+    return f"{reference / value:.2f}x" if value else "n/a"
 
 
 def _queued_for_app(

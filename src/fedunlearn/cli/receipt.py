@@ -46,6 +46,7 @@ __all__ = [
     "RoundProgress",
     "audit_command",
     "comparison_exit_code",
+    "distance_text",
     "exit_code",
     "influence_line",
     "load_thresholds",
@@ -86,7 +87,7 @@ LEGEND = (
     "model classifies as the backdoor's target (Retrain shows the clean level). MIA: "
     "membership-attack AUC on the forgotten clients' clean training data against unseen data "
     "(0.5: the attack cannot tell). L2 retrain: parameter distance to the retrained model. "
-    "epochs: local epochs the method asked of the clients (its cost; Retrain's is the price of "
+    "client epochs: local epochs the method asked of the clients (Retrain's is the price of "
     "exact unlearning). verdict: the receipt's influence verdict (removed: by construction, "
     "an exact lineage; not_detected: no check with power flags it, down to its detection limit; "
     "not_shown; remains) and utility (docs/verification.md)."
@@ -146,11 +147,11 @@ def check_line(check: Mapping[str, Any]) -> str:
             if isinstance(refs.get(key), int | float)
         ]
         toward = (check.get("evidence") or {}).get("toward_original")
-        if name == "distance" and isinstance(toward, int | float):
+        relative = check["value"]
+        numbers = isinstance(toward, int | float) and isinstance(relative, int | float)
+        if name == "distance" and numbers:
             line = (check.get("threshold") or {}).get("toward")
-            text = f"{text}x the distance, {toward:.2f} of the offset toward the original" + (
-                f" (exact retrains below {line:.2f})" if isinstance(line, int | float) else ""
-            )
+            text = distance_text(relative, toward, line)
             shown = []
         parts.append(text + (f" ({', '.join(shown)})" if shown else ""))
     elif check["aspect"] == "store" and check.get("value"):
@@ -159,6 +160,24 @@ def check_line(check: Mapping[str, Any]) -> str:
     if codes:
         parts.append("/".join(codes))
     return ": ".join(parts[:2]) + (f" - {parts[2]}" if len(parts) > 2 else "")
+
+
+def distance_text(relative: float, toward: float, line: float | None = None) -> str:
+    """The distance check's figures, saying why the two can disagree (one line).
+
+    ``relative``: the model's distance to Retrain over the original's; ``toward``: its share of
+    the original's offset, the projection onto original - Retrain; the rest is across that
+    direction (``eval.receipt.rules.distance.across``), so a model keeping little of the offset
+    can still lie farther from Retrain than the original.
+    """
+    from fedunlearn.eval.receipt.rules.distance import across
+
+    return (
+        f"{relative:.2f}x the original's distance = {toward:.2f} along the original's offset "
+        f"from Retrain"
+        + (f" (exact retrains below {line:.2f})" if isinstance(line, int | float) else "")
+        + f" and {across(relative, toward):.2f} across it"
+    )
 
 
 def _limit_text(verification: Mapping[str, Any]) -> str:

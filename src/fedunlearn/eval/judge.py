@@ -139,6 +139,9 @@ class Judge:
                 "client_epochs": costs.client_epochs,
                 "estimated_updates": costs.estimated_updates,
                 "wall_seconds": costs.wall_seconds,
+                "server_seconds": costs.server_seconds,
+                "client_train_seconds": costs.client_train_seconds,
+                "evaluation_seconds": costs.evaluation_seconds,
                 "history_bytes_read": costs.history_bytes_read,
                 "bytes_communicated": costs.bytes_communicated,
             }

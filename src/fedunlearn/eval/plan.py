@@ -219,7 +219,7 @@ def measure_references(
     if options.reference == "retrain":
         judged, trained = _judged_retrain(session, request, retrain, progress)
         if trained:
-            parts["retrain"] = _cost(judged.costs.wall_seconds, judged.costs.client_epochs)
+            parts["retrain"] = _cost(judged.costs.elapsed_seconds, judged.costs.client_epochs)
             path = {}
         path = path or clean_path(judged)
     base = retrain if retrain is not None else judged  # the plain Retrain, for the client test
@@ -227,7 +227,7 @@ def measure_references(
     client_test = options.client_test and bool(request.forget)
     if client_test and base is None:
         base = session.run(make_method("retrain"), request)
-        parts["retrain (client test)"] = _cost(base.costs.wall_seconds, base.costs.client_epochs)
+        parts["retrain (client test)"] = _cost(base.costs.elapsed_seconds, base.costs.client_epochs)
     continued: dict[str, torch.Tensor] = {}
     malicious = session.run_view.malicious
     others_remain = bool(malicious - request.forget) and bool(malicious & request.forget)
@@ -294,10 +294,17 @@ class Receipts:
         self._setup_seconds = time.perf_counter() - began
 
     def cost(self, seconds: float, shared_by: int = 1) -> dict[str, Any]:
-        """The receipt's own cost: its references (shared) plus ``seconds`` of judging."""
+        """The receipt's own cost: its references (shared) plus ``seconds`` of judging.
+
+        ``wall_seconds``: all of it; ``judging_seconds``: this model's measures and checks
+        alone (``shared_seconds`` the references and setup, shared by ``shared_by`` receipts).
+        """
         refs = self.references.cost()
+        shared = refs["wall_seconds"] + self._setup_seconds
         out: dict[str, Any] = {
-            "wall_seconds": refs["wall_seconds"] + self._setup_seconds + seconds,
+            "wall_seconds": shared + seconds,
+            "judging_seconds": seconds,
+            "shared_seconds": shared,
             "client_epochs": refs["client_epochs"],
             "references": {k: dict(v) for k, v in self.references.parts.items()},
             "shared_by": shared_by,
@@ -324,13 +331,18 @@ class Receipts:
         result: UnlearnResult,
         *,
         shared_by: int = 1,
+        measured_seconds: float = 0.0,
     ) -> Verification:
-        """The receipt of ``result`` whose row the caller measured (``compare``'s table row)."""
+        """The receipt of ``result`` whose row the caller measured (``compare``'s table row).
+
+        ``measured_seconds``: what measuring the row took (the receipt's time, too).
+        """
         began = time.perf_counter()
         receipt = self.verifier.verification(
             row, result.details, result.method, lineage=result.lineage, params=result.params
         )
-        return replace(receipt, cost=self.cost(time.perf_counter() - began, shared_by))
+        seconds = measured_seconds + time.perf_counter() - began
+        return replace(receipt, cost=self.cost(seconds, shared_by))
 
     def audit(
         self,

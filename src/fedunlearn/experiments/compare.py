@@ -35,7 +35,7 @@ from fedunlearn.privacy.releases import method_release
 from fedunlearn.runs import run_privacy
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 
-__all__ = ["RESULTS_SCHEMA_VERSION", "Progress", "compare_methods", "unlearn_one"]
+__all__ = ["RESULTS_SCHEMA_VERSION", "Progress", "add_savings", "compare_methods", "unlearn_one"]
 
 # 2: MIA figures attack the forgotten clients' clean data (1: the poisoned copies); every row
 # carries a ``verification`` block and ``distance_to_original``.
@@ -89,6 +89,31 @@ def _round_progress(
 
 def _jsonable_rounds(result: UnlearnResult) -> list[dict[str, Any]]:
     return [{k: finite_or_none(v) for k, v in r.items()} for r in result.round_metrics]
+
+
+def _ratio(reference: float | None, value: float | None) -> float | None:
+    if reference is None or not value:
+        return None
+    return reference / value
+
+
+def add_savings(rows: Sequence[dict[str, Any]]) -> None:
+    """Set each row's saving against the Retrain row of the same comparison, both measures.
+
+    ``epoch_saving_vs_retrain``: Retrain's client epochs / the row's; ``time_saving_vs_retrain``:
+    Retrain's method wall time / the row's (``wall_seconds``, the method's own: evaluation and
+    receipt excluded). None (shown n/a) without a Retrain row, for the ``none`` control (it
+    does no unlearning) and for a row with no epochs or no time.
+    """
+    retrain = next((r for r in rows if r["method"] == "retrain"), None)
+    for row in rows:
+        control = row["method"] == "none"
+        for key, measure in (
+            ("epoch_saving_vs_retrain", "client_epochs"),
+            ("time_saving_vs_retrain", "wall_seconds"),
+        ):
+            reference = None if retrain is None or control else retrain.get(measure)
+            row[key] = _ratio(reference, row.get(measure))
 
 
 def compare_methods(
@@ -172,14 +197,12 @@ def compare_methods(
         )
         verifier = receipts.verifier
         rows = []
-        retrain_epochs = results["retrain"].costs.client_epochs
         for name in names:
             result = results[name]
+            began = time.perf_counter()
             row = judge.judge(result, verifier.retrain_params)
+            measured = time.perf_counter() - began
             row["stored_bytes"] = unlearners[name].history_bytes_needed(session.context(request))
-            row["epoch_saving_vs_retrain"] = (
-                retrain_epochs / row["client_epochs"] if row["client_epochs"] else None
-            )
             row["params"] = unlearners[name].params.model_dump(mode="json")
             row["round_metrics"] = _jsonable_rounds(result)
             row["details"] = result.details.to_dict()
@@ -187,9 +210,10 @@ def compare_methods(
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
             row["lineage"] = result.lineage.to_dict() if result.lineage is not None else None
-            receipt = receipts.receipt(row, result, shared_by=len(names))
+            receipt = receipts.receipt(row, result, shared_by=len(names), measured_seconds=measured)
             row["verification"] = receipt.to_dict()
             rows.append(row)
+        add_savings(rows)
         config = run.config.model_dump(mode="json")
         session_request = session.request_summary(request)
         malicious = sorted(run.malicious)

@@ -31,13 +31,18 @@ def apply_file_path(out_json: str | Path) -> Path:
 
 
 def save_for_apply(
-    out_json: str | Path, summary: dict[str, Any], result: UnlearnResult
+    out_json: str | Path,
+    summary: dict[str, Any],
+    result: UnlearnResult,
+    *,
+    apply_file: bool = True,
 ) -> dict[str, Any]:
     """Write the apply file of ``result`` beside ``out_json``; add ``summary["apply"]``; seal it.
 
     The seal (``summary["integrity"]``) covers the whole summary as it is now, bound to
     ``summary["run"]``: anything changed in it afterwards makes ``apply`` and ``audit --result``
-    refuse the file.
+    refuse the file. ``apply_file`` False writes no file (``unlearn --no-apply-file``): ``file``
+    and ``sha256`` are None and ``fedunlearn apply`` refuses the result.
 
     Returns:
         ``{"file", "sha256", "model_sha256", "trajectory_rounds", "estimated_updates"}``
@@ -45,9 +50,9 @@ def save_for_apply(
     """
     path = apply_file_path(out_json)
     trajectory = result.trajectory
-    digest = write_result_file(path, result.params, trajectory)
+    digest = write_result_file(path, result.params, trajectory) if apply_file else None
     spec = {
-        "file": path.name,
+        "file": path.name if apply_file else None,
         "sha256": digest,
         "model_sha256": tensor_sha256(result.params),
         "trajectory_rounds": None if trajectory is None else trajectory.length,
@@ -59,13 +64,15 @@ def save_for_apply(
 
 
 def write_result(
-    out_json: str | Path, summary: dict[str, Any], result: UnlearnResult
+    out_json: str | Path, summary: dict[str, Any], result: UnlearnResult, *, apply_file: bool = True
 ) -> dict[str, Any]:
     """Write what ``fedunlearn unlearn --out`` writes: the apply file, then the sealed JSON.
 
     Both atomically (a temporary file renamed into place): a crash or a full disk leaves no part
     of either, and if the JSON cannot be written the apply file is removed again (a copy of the
     history nobody names).
+
+    ``apply_file`` False: the JSON only (``save_for_apply``).
 
     Returns:
         ``summary["apply"]`` (``save_for_apply``).
@@ -74,7 +81,7 @@ def write_result(
         OSError: A file cannot be written (e.g. no space left); neither is left behind.
     """
     out_json = Path(out_json)
-    spec = save_for_apply(out_json, summary, result)
+    spec = save_for_apply(out_json, summary, result, apply_file=apply_file)
     try:
         write_text_atomic(out_json, json.dumps(summary, indent=2) + "\n")
     except BaseException:

@@ -14,6 +14,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+# what each cost column measures: docs/performance.md, "What the cost columns measure"
+COST_COLUMNS = (
+    ("method", "method", None),
+    ("client_epochs", "client epochs", "int"),
+    ("epoch_saving_vs_retrain", "epochs saved vs retrain (x)", "x"),
+    ("wall_seconds", "method s", "f1"),
+    ("server_seconds", "server s", "f1"),
+    ("time_saving_vs_retrain", "time saved vs retrain (x)", "x"),
+    ("history_bytes_read", "history MB read", "mb"),
+    ("bytes_communicated", "MB communicated", "mb"),
+    ("receipt_seconds", "receipt s", "f1"),
+)
+
 COLUMNS = (
     ("method", "method", None),
     ("verdict", "verdict", None),
@@ -25,9 +38,7 @@ COLUMNS = (
     ("mia_loss_auc", "MIA loss AUC", "f3"),
     ("distance_to_retrain", "L2 to retrain", "f3"),
     ("rounds", "rounds", "int"),
-    ("client_epochs", "client epochs", "int"),
-    ("epoch_saving_vs_retrain", "saving vs retrain", "x"),
-    ("wall_seconds", "wall s", "f1"),
+    *(c for c in COST_COLUMNS if c[0] != "method"),
     ("stored_bytes", "stored MB", "mb"),
 )
 
@@ -54,16 +65,30 @@ CSV_FIELDS = (
     "client_epochs",
     "estimated_updates",
     "epoch_saving_vs_retrain",
+    "time_saving_vs_retrain",
     "wall_seconds",
+    "server_seconds",
+    "client_train_seconds",
+    "evaluation_seconds",
+    "receipt_seconds",
     "history_bytes_read",
     "bytes_communicated",
     "stored_bytes",
 )
 
+COST_NOTE = (
+    "method s: the method's own wall time (per-round evaluation and the receipt excluded); "
+    "server s: method s less the time spent waiting for client training; saved vs retrain: "
+    "Retrain's epochs (time) / the method's, both measured in this comparison (n/a: no Retrain "
+    "row, or the none control); history MB read: stored payload the method read; MB "
+    "communicated: model down and update up per client training; receipt s: measuring and "
+    "checking this model (the references all receipts share are counted once, below)."
+)
+
 
 def _fmt(value: Any, style: str | None) -> str:
     if value is None:
-        return "-"
+        return "n/a" if style == "x" else "-"
     if style == "pct":
         return f"{100 * value:.1f}%"
     if style == "f3":
@@ -73,7 +98,7 @@ def _fmt(value: Any, style: str | None) -> str:
     if style == "int":
         return f"{int(value):,}"
     if style == "x":
-        return f"{value:.1f}x"
+        return f"{value:.2f}x"
     if style == "mb":
         return f"{value / 1e6:.2f}"
     return str(value)
@@ -85,15 +110,12 @@ COMPACT = (
     "backdoor_asr",
     "mia_auc",
     "distance_to_retrain",
-    "client_epochs",
-    "wall_seconds",
     "verdict",
-)
+)  # the costs have a table of their own (``cost_rows``)
 _SHORT = {
     "backdoor_asr": "ASR",
     "mia_auc": "MIA",
     "distance_to_retrain": "L2 retrain",
-    "client_epochs": "epochs",
 }
 
 
@@ -107,12 +129,30 @@ def table_rows(doc: dict[str, Any], *, compact: bool = False) -> tuple[list[str]
     return header, rows
 
 
+def cost_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Return the header and formatted cells of the cost table (``COST_COLUMNS``)."""
+    header = [title for _, title, _ in COST_COLUMNS]
+    rows = [[_fmt(_cell(m, key), style) for key, _, style in COST_COLUMNS] for m in doc["methods"]]
+    return header, rows
+
+
+def shared_receipt_seconds(doc: dict[str, Any]) -> float | None:
+    """Return the seconds of the references every receipt of the comparison shares, or None."""
+    for row in doc["methods"]:
+        cost = (row.get("verification") or {}).get("cost") or {}
+        if cost.get("shared_seconds") is not None:
+            return float(cost["shared_seconds"])
+    return None
+
+
 def _cell(row: dict[str, Any], key: str) -> Any:
     """Return a row's value; the method cell shows its ``label`` (method and variant) if any."""
     if key == "method":
         return row.get("label", row["method"])
     if key == "verdict":
         return verdict(row)
+    if key == "receipt_seconds":
+        return ((row.get("verification") or {}).get("cost") or {}).get("judging_seconds")
     return row.get(key)
 
 
@@ -189,6 +229,17 @@ def _reason_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _shared_text(doc: dict[str, Any]) -> str:
+    shared = shared_receipt_seconds(doc)
+    total = doc.get("wall_seconds")
+    parts = []
+    if shared is not None:
+        parts.append(f"The receipts' shared references and setup took {shared:.1f} s")
+    if total is not None:
+        parts.append(f"the whole comparison {total:.1f} s")
+    return " " + "; ".join(parts) + "." if parts else ""
+
+
 def results_markdown(doc: dict[str, Any]) -> str:
     """Return the results as a Markdown document with the summary table."""
     header, rows = table_rows(doc)
@@ -211,8 +262,8 @@ def results_markdown(doc: dict[str, Any]) -> str:
         "TA: test accuracy. ASR test: triggered non-target test inputs classified as the target. "
         "ASR forgotten: the same on the forgotten clients' own data. MIA: membership attacks on "
         "the forgotten clients' clean training data against unseen data: shadow-model attack "
-        "(member rate, AUC) and loss-threshold attack (AUC); 0.5 is chance. Saving: Retrain's "
-        "client epochs / the method's. Verdict: the receipt (docs/verification.md).",
+        "(member rate, AUC) and loss-threshold attack (AUC); 0.5 is chance. Verdict: the "
+        "receipt (docs/verification.md). " + COST_NOTE + _shared_text(doc),
         "",
     ]
     reasons = _reason_lines(doc)
@@ -233,7 +284,10 @@ def write_results(doc: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for m in doc["methods"]:
-            cells = {k: _cell(m, k) if k == "verdict" else m.get(k) for k in CSV_FIELDS}
+            cells = {
+                k: _cell(m, k) if k in ("verdict", "receipt_seconds") else m.get(k)
+                for k in CSV_FIELDS
+            }
             writer.writerow({k: "" if v is None else v for k, v in cells.items()})
     paths["md"].write_text(results_markdown(doc))
     return paths

@@ -77,6 +77,7 @@ from fedunlearn.history.store.events import APPLIED_KEY
 from fedunlearn.privacy.guarantees import applied_privacy
 from fedunlearn.privacy.releases import DPRelease, method_release, release_epsilon
 from fedunlearn.runs.components import warn_changed_components
+from fedunlearn.runs.forget import APPLY_SUFFIX
 from fedunlearn.runs.rundir import (
     HISTORY_DIR,
     METRICS_FILE,
@@ -458,6 +459,12 @@ def apply_result(
     doc = _load_result(result_json)
     check_seal(doc, f"--result {result_json}")  # before anything it says is believed
     spec, run, request = doc["apply"], doc.get("run") or {}, doc.get("request") or {}
+    if spec.get("file") is None:
+        raise ConfigError(
+            f"--result {result_json} was written with --no-apply-file: there is no apply file "
+            f"({result_json.with_name(result_json.stem + APPLY_SUFFIX)}) to apply; unlearn again "
+            "without --no-apply-file; nothing was changed"
+        )
     _check_removes(result_json, doc)
     file = result_json.parent / spec["file"]
     if not file.is_file():

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -318,11 +318,11 @@ class Unlearner(ABC):
         out = self._run(request, context)
         if not isinstance(out, RunOutput):
             raise TypeError(f"{type(self).__name__}._run must return a RunOutput")
-        wall = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
         return UnlearnResult(
             method=self.name,
             params=out.params,
-            costs=replace(context.meter.costs, wall_seconds=wall),
+            costs=context.meter.finish(elapsed),
             round_metrics=tuple(out.round_metrics),
             details=out.details,
             lineage=context.lineage(request.forget, out.params, samples=request.sample_map),

@@ -179,7 +179,8 @@ class RemainingClients(ClientsWrapper):
         if not task.client_ids:
             return []
         spec = task.local_spec(self.spec)
-        updates = self._wrapped.train(dataclasses.replace(task, spec=spec))
+        with self._meter.timed("client_train_seconds"):
+            updates = self._wrapped.train(dataclasses.replace(task, spec=spec))
         n = len(task.client_ids)
         self._meter.add(
             client_participations=n,

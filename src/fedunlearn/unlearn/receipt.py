@@ -285,10 +285,11 @@ class Verification:
         assumptions: What the result rests on that no check here can see, as the method
             states it (``details.assumptions``: e.g. Starfish's threat model); empty when the
             method states none or its details were not available.
-        cost: The receipt's own cost, apart from the method's: ``wall_seconds``,
-            ``client_epochs`` (its reference models), ``references`` (per reference),
-            ``shared_by`` (receipts of one request share the references) and ``skipped``
-            (why nothing was trained: an exact lineage).
+        cost: The receipt's own cost, apart from the method's: ``wall_seconds`` (all of it:
+            ``judging_seconds``, this model's measures and checks, plus ``shared_seconds``, its
+            references and setup), ``client_epochs`` (its reference models), ``references``
+            (per reference), ``shared_by`` (receipts of one request share the references)
+            and ``skipped`` (why nothing was trained: an exact lineage).
         detection_limit: The smallest step ``lambda`` from a clean reference toward the
             original (``clean + lambda (original - clean)``) that the receipt flags, measured on
             interpolations (``lambda``, ``by``: the checks that flag it, ``not_flagged_at``:

@@ -257,15 +257,16 @@ class UnlearnSession:
         self._clip_norms = {}
         self._data_version = store.data_version()
 
-    def _evaluator(self, progress: RoundProgress | None) -> Evaluator | None:
+    def _evaluator(self, progress: RoundProgress | None, meter: CostMeter) -> Evaluator | None:
+        """The per-round evaluation, timed apart from the method (``evaluation_seconds``)."""
         if not self._evaluate_rounds:
             return None
-        if progress is None:
-            return self.evaluation.evaluate
 
         def evaluate(params: torch.Tensor) -> dict[str, float]:
-            metrics = self.evaluation.evaluate(params)
-            progress(metrics)
+            with meter.timed("evaluation_seconds"):
+                metrics = self.evaluation.evaluate(params)
+                if progress is not None:
+                    progress(metrics)
             return metrics
 
         return evaluate
@@ -366,7 +367,7 @@ class UnlearnSession:
             initial_params=run.initial_params,
             final_model=run.final_params,
             meter=meter,
-            evaluate=self._evaluator(progress),
+            evaluate=self._evaluator(progress, meter),
             training=_training_info(run.config),
             recording=run.config.history,
             privacy=run.config.privacy,

@@ -385,18 +385,22 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
         ),
         "toward": _distance(
             "it keeps {toward:.2f} of the original's offset from Retrain (its position along the "
-            "line from Retrain, 0, to the original, 1), at or beyond {line_toward:.2f}, where "
+            "line from Retrain, 0, to the original, 1; its distance to Retrain, {relative:.2f}x "
+            "the original's, also counts {across:.2f} across that line), at or beyond "
+            "{line_toward:.2f}, where "
             "exact retrains stop: {toward_text}; part of the forgotten clients' influence may "
             "remain where the other checks do not look (the half-way weight average of the "
             "original and Retrain is at 0.50)"
         ),
         "no_power": _distance("it lies at {unflagged_relative:.2f}x, inside {source}"),
         "pass": _distance(
-            "{relative:.2f} of the original's distance to Retrain, within {source}; distance "
-            "alone does not show removal"
+            "{relative:.2f} of the original's distance to Retrain ({toward:.2f} along the "
+            "original's offset, {across:.2f} across it), within {source}; distance alone does not "
+            "show removal"
         ),
         "beyond": _distance(
-            "{relative:.2f}x the original's distance from Retrain, beyond {source}: it cannot tell"
+            "{relative:.2f}x the original's distance from Retrain ({toward:.2f} along the "
+            "original's offset, {across:.2f} across it), beyond {source}: it cannot tell"
         ),
     },
     "bound": {

@@ -47,26 +47,25 @@ def theorem1_bounds(
         raise ConfigError("bound_check needs the run's reference set R (UnlearnSession)")
     eta = context.clients.spec.lr
     total = context.num_rounds
-    saved = context.meter.costs
     trajectory = [start]
 
     class _Collect:
         def on_round_end(self, record: RoundRecord) -> None:
             trajectory.append(record.global_after)
 
-    run_rounds(
-        context.clients,
-        context.aggregator,
-        start,
-        num_rounds=total,
-        participation=context.training.participation,
-        observers=[_Collect()],
-    )
-    reference_cost = {
-        "client_epochs": context.meter.costs.client_epochs - saved.client_epochs,
-        "rounds": total,
-    }
-    context.meter.costs = saved  # the reference run is a diagnostic, not a cost
+    with context.meter.diagnostic() as saved:  # the reference run is a diagnostic, not a cost
+        run_rounds(
+            context.clients,
+            context.aggregator,
+            start,
+            num_rounds=total,
+            participation=context.training.participation,
+            observers=[_Collect()],
+        )
+        reference_cost = {
+            "client_epochs": context.meter.costs.client_epochs - saved.client_epochs,
+            "rounds": total,
+        }
     steps = [trajectory[i + 1] - trajectory[i] for i in range(total)]
     step_norms = [float(s.norm()) for s in steps]
     # L: finite-difference ratio of consecutive pseudo-gradients H = -Δ/η along the retrain

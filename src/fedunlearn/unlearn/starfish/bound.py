@@ -182,23 +182,22 @@ def retrain_trajectory(context: UnlearnContext) -> list[torch.Tensor]:
 
     A diagnostic: the client work it costs is not left in ``context.meter``.
     """
-    saved = context.meter.costs
-    start = context.history.read_model(0)
-    models = [start]
+    with context.meter.diagnostic():
+        start = context.history.read_model(0)
+        models = [start]
 
-    class _Collect:
-        def on_round_end(self, record: RoundRecord) -> None:
-            models.append(record.global_after)
+        class _Collect:
+            def on_round_end(self, record: RoundRecord) -> None:
+                models.append(record.global_after)
 
-    run_rounds(
-        context.clients,
-        context.aggregator,
-        start,
-        num_rounds=context.num_rounds,
-        participation=context.training.participation,
-        observers=[_Collect()],
-    )
-    context.meter.costs = saved
+        run_rounds(
+            context.clients,
+            context.aggregator,
+            start,
+            num_rounds=context.num_rounds,
+            participation=context.training.participation,
+            observers=[_Collect()],
+        )
     return models
 
 

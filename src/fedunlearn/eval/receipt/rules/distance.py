@@ -2,7 +2,9 @@
 
 Measure: ``relative = ||u - r|| / ||o - r||`` and ``toward = <u - r, o - r> / ||o - r||^2``, the
 model's position on the line from Retrain (0) to the original (1), and the same for the
-negative controls.
+negative controls; ``across = sqrt(relative^2 - toward^2)`` is the rest of the distance, orthogonal
+to that line (why a model keeping 0.16 of the offset can lie 1.36x as far from Retrain as the
+original: docs/verification.md, "Distance figures").
 Grade, in order: moved less than ``distance_unchanged`` of the gap: ``fail`` (still the
 original); ``toward`` at or beyond its line (the 95% prediction bound of at least 3 exact
 retrains' positions, capped at ``distance_toward``; NaN included): ``warn``; within the pass
@@ -21,7 +23,7 @@ from fedunlearn.eval.receipt.evidence import Evidence, Row, num
 from fedunlearn.eval.receipt.finding import Finding, Rule
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 
-__all__ = ["MIN_TOWARD_RETRAINS", "RULE", "toward_line"]
+__all__ = ["MIN_TOWARD_RETRAINS", "RULE", "across", "toward_line"]
 
 MIN_TOWARD_RETRAINS = 3  # with 2, the 95% Student-t factor is 6.3 x the spread
 
@@ -41,6 +43,17 @@ def toward_line(ev: Evidence, th: VerificationThresholds) -> tuple[float, dict[s
             facts = {"source": source, "count": len(finite), "low": min(finite)}
             return line, facts | {"high": max(finite), "bound": bound, "cap": th.distance_toward}
     return th.distance_toward, {"source": "fixed", "cap": th.distance_toward}
+
+
+def across(relative: float, toward: float) -> float:
+    """The model's offset from Retrain across the original's direction, in units of the gap.
+
+    ``relative`` (``||u - r|| / ||o - r||``) splits into ``toward`` along ``o - r`` and this
+    part orthogonal to it: ``relative^2 = toward^2 + across^2``. A model can keep little of the
+    original's offset (``toward`` small) and still lie farther from Retrain than the original
+    (``relative`` > 1): its distance is then across the line, not along it.
+    """
+    return math.sqrt(max(relative * relative - toward * toward, 0.0))
 
 
 def _toward(left: float, moved: float, gap: float) -> float:
@@ -119,6 +132,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "relative": relative,
         "moved_share": moved_share,
         "toward": toward,
+        "across": across(relative, toward),
         "line_toward": line_toward,
         "toward_source": toward_facts,
         "line": line,
