@@ -47,7 +47,7 @@ from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.history.policy import PolicyEnv, PolicySpec, register_policy
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.unlearn.fedadp.params import FedADPSelectionConfig
+from fedunlearn.unlearn.fedadp.params import FedADPSelectionConfig, fedadp_options
 from fedunlearn.unlearn.selection import count_half_up, top_clients
 
 if TYPE_CHECKING:
@@ -331,7 +331,7 @@ class FedADPPolicy:
 
 def build_fedadp_policy(history: HistoryConfig, env: PolicyEnv) -> FedADPPolicy:
     """Return the live policy of ``history.policy: fedadp`` with the ``history.fedadp`` options."""
-    opts = history.options("fedadp")
+    opts = fedadp_options(history)
     return FedADPPolicy(
         beta=opts.beta,
         round_ratio=opts.round_ratio,

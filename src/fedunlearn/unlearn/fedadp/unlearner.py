@@ -72,7 +72,7 @@ from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
 from fedunlearn.privacy.releases import DPRelease
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import PrivateClients, UnlearnContext
-from fedunlearn.unlearn.fedadp.params import FedADPParams
+from fedunlearn.unlearn.fedadp.params import FedADPParams, fedadp_options
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
@@ -184,7 +184,7 @@ class FedADPDetails(Details):
 
 
 @register("fedadp")
-class FedADP(SelectiveReplay):
+class FedADP(SelectiveReplay[FedADPParams]):
     """Calibrated replay of FedADP's stored rounds from M_0 (projection of the stored updates)."""
 
     params_type = FedADPParams
@@ -265,7 +265,7 @@ class FedADP(SelectiveReplay):
             return tuple(r.client_id for r in records if r.status == "accepted" and r.stored)
 
         opts = self.selection_options(context)
-        run = context.recording.options("fedadp")
+        run = fedadp_options(context.recording)
         selector = StageSelector(
             opts["beta"],
             opts["round_ratio"],
