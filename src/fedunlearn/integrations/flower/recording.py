@@ -198,7 +198,7 @@ class Recording(Strategy):
         self.max_abs = float(max_abs)
         self.accuracy_key = accuracy_key
         self.node_timeout = float(node_timeout)
-        self._given = {
+        self._given: dict[str, Any] = {
             "run_dir": None if run_dir is None else str(run_dir),
             "lr": lr,
             "local_epochs": local_epochs,

@@ -366,7 +366,8 @@ class CrabPolicy:
             record.round,
             record.global_after,
             record.aggregate,
-            lambda r=record.round: self._buffer[r],
+            # the round's updates, read when the selector keeps them (r bound now)
+            lambda r=record.round: self._buffer[r],  # type: ignore[misc]  # mypy: default args
             final=record.round >= self.final_round,
         )
         if kept is None:

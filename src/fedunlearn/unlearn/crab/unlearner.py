@@ -463,8 +463,9 @@ class Crab(SelectiveReplay[CrabParams]):
         # then the replayed rounds (calibrated: estimated), then the final tuning rounds
         first = rb.first_forgotten_round
         trajectory = TrajectoryLog(context) if first is None or t_star < first else None
-        for t in range(1, t_star + 1) if trajectory is not None else ():
-            trajectory.add_stored(t, forget)
+        if trajectory is not None:
+            for t in range(1, t_star + 1):
+                trajectory.add_stored(t, forget)
         replay = stored[j_star:]
         participants = {s.round: [c for c in s.clients if c not in forget] for s in replay}
         trace: list[dict[str, Any]] | None = [] if self.params.bound_check else None

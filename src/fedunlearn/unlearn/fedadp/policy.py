@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -294,7 +294,7 @@ class FedADPPolicy:
                     f"round {t} has no '{LOSS_KEY}' scalar; this run was not recorded with "
                     "history.policy=fedadp"
                 )
-            losses.append(float(sc[LOSS_KEY]))
+            losses.append(float(cast(float, sc[LOSS_KEY])))
         ends = [first + e for e in stage_ends(losses, self.selector.beta)]
         start = ends[-1] if ends and self.selector.selection_mode == "staged" else first
         previous = (
@@ -352,7 +352,7 @@ POLICY = register_policy(
         "fedadp",
         build_fedadp_policy,
         FedADPSelectionConfig,
-        clients_loss_samples=lambda options: options.loss_samples,
+        clients_loss_samples=lambda options: cast(FedADPSelectionConfig, options).loss_samples,
         applies_store_transform=True,
     )
 )
