@@ -258,3 +258,34 @@ def test_bad_components_fail_in_one_line_before_training(tmp_path, change, messa
     # Assert: one line, nothing trained
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def _plus_100(x):
+    return x + 100.0
+
+
+def test_a_user_trigger_function_poisons_the_backdoor_clients_and_the_checks(tmp_path):
+    # Prepare: the user's data brings its own trigger (x -> x + 100); a backdoor attack on 1 client
+    data = own.load(4, 3, per_client=32)
+    data["trigger"] = _plus_100
+    config = parse_config(
+        {
+            "seed": 3,
+            "data": {"num_clients": 4},
+            "attack": {"kind": "backdoor", "num_malicious": 1, "target_label": 0},
+            "model": {"factory": f"{OWN}:make_net", "options": {"width": 8}},
+            "training": {"rounds": 1, "batch_size": 16, "executor": "serial"},
+        }
+    )
+    # Act: assemble the run (before the fix: AttributeError, a function has no .apply)
+    setup = build_setup(config, data=data)
+    # Assert: the malicious client's poisoned samples carry the user's trigger, relabelled to 0
+    (cid,) = setup.poisoned_originals
+    poisoned = setup.federation.client_data[cid]
+    stamped = (poisoned.x > 50).all(dim=1)
+    assert int(stamped.sum()) > 0
+    assert torch.equal(poisoned.y[stamped], torch.zeros(int(stamped.sum()), dtype=torch.int64))
+    # and the backdoor check applies the same function
+    x = torch.zeros(2, 6)
+    assert torch.equal(setup.trigger.apply(x), x + 100.0)
+    assert "backdoor_asr" in setup.evaluate(setup.initial_params)

@@ -278,5 +278,8 @@ def contraction_diagnostics(
 ) -> dict[str, Any]:
     """Return ``||H(l)||_2`` per step (power iteration) and ``r = max_l ||H(l)||_2`` (Theorem 1)."""
     dim = len(views[0].w_prev)
-    norms = [spectral_norm(lambda v, s=s: oracle.apply(s, v), dim, iters=iters) for s in views]
+    norms = [
+        spectral_norm(lambda v, s=s: oracle.apply(s, v), dim, iters=iters)  # type: ignore[misc]
+        for s in views  # (mypy infers no lambda with a default argument: s is bound per step)
+    ]
     return {"steps": [v.step for v in views], "norms": norms, "r": max(norms)}

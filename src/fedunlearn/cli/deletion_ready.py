@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 
@@ -29,6 +29,7 @@ def run_deletion_ready_demo(out: Path, console: Console) -> dict[str, Any]:
 
     config = parse_config(DEMO_DELETION_READY, "the demo's deletion-ready config")
     training = config.training
+    assert training.local_steps is not None  # the demo's deletion-ready config sets it
     plain = parse_config(
         {
             **DEMO_DELETION_READY,
@@ -80,7 +81,8 @@ def _final_accuracy(run: Path) -> float:
     from fedunlearn.runs import HISTORY_DIR
 
     with HistoryStore.open(run / HISTORY_DIR) as store:
-        return float(store.round_scalars(store.last_round() or 0).get("test_accuracy", 0.0))
+        accuracy = store.round_scalars(store.last_round() or 0).get("test_accuracy", 0.0)
+        return float(cast(float, accuracy))
 
 
 def _generation(run: Path) -> int:

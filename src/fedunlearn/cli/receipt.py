@@ -148,8 +148,11 @@ def check_line(check: Mapping[str, Any]) -> str:
         ]
         toward = (check.get("evidence") or {}).get("toward_original")
         relative = check["value"]
-        numbers = isinstance(toward, int | float) and isinstance(relative, int | float)
-        if name == "distance" and numbers:
+        if (
+            name == "distance"
+            and isinstance(toward, int | float)
+            and isinstance(relative, int | float)
+        ):
             line = (check.get("threshold") or {}).get("toward")
             text = distance_text(relative, toward, line)
             shown = []

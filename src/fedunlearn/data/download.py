@@ -80,7 +80,7 @@ _FASHION_MIRRORS = (
     "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
     "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
 )
-_IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
+_IDX_FILES: tuple[str, ...] = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
 _IDX_FILES += ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 
@@ -244,8 +244,8 @@ def fetch_file(remote: RemoteFile, dest: Path, *, timeout: float = TIMEOUT_SECON
         try:
             tmp, digest = _download_to_temp(url, dest, algorithm, timeout)
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            plain_url_error = type(exc) is urllib.error.URLError  # HTTPError's str has the code
-            failures.append(f"{url}: {exc.reason if plain_url_error else exc}")
+            # a plain URLError says its reason; HTTPError's str has the code
+            failures.append(f"{url}: {exc.reason if type(exc) is urllib.error.URLError else exc}")
             continue
         if digest != expected:
             tmp.unlink(missing_ok=True)

@@ -256,7 +256,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 def _parse_cifar_batch(stream: IO[bytes], where: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         # latin1 decodes Python 2 pickles (the official files) the way torchvision does.
-        batch = _NumpyOnlyUnpickler(io.BufferedReader(stream), encoding="latin1").load()  # type: ignore[arg-type]
+        batch = _NumpyOnlyUnpickler(io.BufferedReader(stream), encoding="latin1").load()  # type: ignore[arg-type, type-var]
     except Exception as exc:  # pickle raises many types on garbage input
         raise DataFormatError(
             f"{where}: not a CIFAR-10 pickle batch ({type(exc).__name__}: {exc})"

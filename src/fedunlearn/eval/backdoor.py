@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.fl.attacks import Trigger
+from fedunlearn.fl.attacks import BackdoorTrigger
 from fedunlearn.fl.metrics import backdoor_success_rate, predict_logits
 from fedunlearn.fl.records import ClientData
 
@@ -38,7 +38,7 @@ def client_backdoor_success_rate(
     model: nn.Module,
     params: torch.Tensor,
     clean: Sequence[ClientData],
-    trigger: Trigger,
+    trigger: BackdoorTrigger,
     target_label: int,
     *,
     poisoned: Sequence[ClientData] | None = None,

@@ -50,7 +50,7 @@ def _hashmix(value: np.ndarray, const: np.uint32) -> np.ndarray:
 
 
 def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    result = _U32(_MIX_MULT_L) * x - _U32(_MIX_MULT_R) * y
+    result: np.ndarray = _U32(_MIX_MULT_L) * x - _U32(_MIX_MULT_R) * y
     return result ^ (result >> _U32(16))
 
 
@@ -87,7 +87,10 @@ def derive_seeds(seeds: np.ndarray | int, purpose: str, *keys: np.ndarray | int)
     Returns:
         A uint64 array of the broadcast shape: the derived 63-bit seeds.
     """
-    columns = [np.asarray(seeds, dtype=np.uint64), np.uint64(_PURPOSES.get(purpose, 0))]
+    columns: list[np.ndarray | np.uint64] = [
+        np.asarray(seeds, dtype=np.uint64),
+        np.uint64(_PURPOSES.get(purpose, 0)),
+    ]
     columns += [np.asarray(k, dtype=np.uint64) for k in keys]
     if purpose not in _PURPOSES:
         digest = hashlib.sha256(purpose.encode()).digest()

@@ -79,7 +79,9 @@ def _chi2_sf(statistic: float, df: int) -> float:
     return float(chdtrc(df, statistic))
 
 
-def pearson_test(counts: Sequence[float], probabilities: Sequence[float]) -> ChiSquareResult:
+def pearson_test(
+    counts: Sequence[float] | np.ndarray, probabilities: Sequence[float]
+) -> ChiSquareResult:
     """Pearson's goodness-of-fit test of ``counts`` against cell ``probabilities``."""
     observed = np.asarray(counts, dtype=float)
     expected = observed.sum() * np.asarray(probabilities, dtype=float)
@@ -248,7 +250,8 @@ def first_use(history: ToyHistories) -> tuple[np.ndarray, np.ndarray]:
     """Return each history's first round (0-based; R if none) and step that used sample 0."""
     used = history.used[..., 0]  # (n, R, E)
     any_round = used.any(axis=-1)
-    rounds = np.where(any_round.any(axis=1), any_round.argmax(axis=1), used.shape[1])
+    # numpy stubs type ndarray.any(axis=...) as "numpy.bool | ndarray" (it is an array here)
+    rounds = np.where(any_round.any(axis=1), any_round.argmax(axis=1), used.shape[1])  # type: ignore[call-overload]
     steps = used[np.arange(len(rounds)), np.minimum(rounds, used.shape[1] - 1)].argmax(axis=-1)
     return rounds, steps
 
@@ -281,7 +284,7 @@ def unlearn(
         return _take(before, trained, fresh)
     if rule == "proof_b2":
         bad = trained.used[..., 0].any(axis=-1)
-        return _take(~bad, trained, fresh)
+        return _take(~bad, trained, fresh)  # type: ignore[arg-type]  # as above: an array
     if rule == "never":
         return trained
     if rule == "alg2":

@@ -20,6 +20,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -249,7 +250,7 @@ def client_membership_check(
             f"{references!r}"
         )
     started = time.perf_counter()
-    budget = {} if max_seconds is None else {"max_seconds": max_seconds}
+    budget: dict[str, Any] = {} if max_seconds is None else {"max_seconds": max_seconds}
     test = None
     if references == "shared":
         test = shared_client_test(session, sorted(request.forget), seed=seed, step=step, **budget)

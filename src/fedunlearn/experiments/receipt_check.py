@@ -245,7 +245,8 @@ def _model(
 
 def _figures(doc: Mapping[str, Any], session: UnlearnSession, params: torch.Tensor) -> Finding:
     measured = session.evaluation.evaluate(params)
-    written = doc.get("measures") if isinstance(doc.get("measures"), Mapping) else doc
+    measures = doc.get("measures")
+    written = measures if isinstance(measures, Mapping) else doc
     compared, wrong = [], []
     for key in _FIGURES:
         if key not in measured or key not in written:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -31,6 +32,14 @@ import torch
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import derive_seed, torch_generator
+
+
+class BackdoorTrigger(Protocol):
+    """What stamps a backdoor trigger: the pixel ``Trigger`` or a user's function (runs.user)."""
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Return a copy of batch ``x`` with the trigger stamped on."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class Trigger:
 
 def backdoor_data(
     data: ClientData,
-    trigger: Trigger,
+    trigger: BackdoorTrigger,
     target_label: int,
     poison_fraction: float,
     generator: torch.Generator,

@@ -91,7 +91,7 @@ def run_round(
     multiplicities, and its weights when it is not size-weighted).
     """
     draw = participants if isinstance(participants, ClientDraw) else None
-    ids = draw.ids if draw is not None else participants
+    ids = participants.ids if isinstance(participants, ClientDraw) else participants
     by_weight = draw.weights() if draw is not None else None
     uploads = federation.train(TrainTask(global_params, ids, round_))
     accepted: list[ClientUpdate] = []

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from fedunlearn.fl.attacks import Trigger
+from fedunlearn.fl.attacks import BackdoorTrigger
 from fedunlearn.fl.device import cuda_determinism, resolve_device
 from fedunlearn.models.flat import set_flat_params
 
@@ -67,7 +67,7 @@ def backdoor_success_rate(
     params: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
-    trigger: Trigger,
+    trigger: BackdoorTrigger,
     target_label: int,
     device: str | torch.device | None = None,
 ) -> float:

@@ -188,7 +188,8 @@ class WorkerPoolExecutor:
         self.channels_last = channels_last
         template = model
         if channels_last and any(p.ndim == 4 for p in model.parameters()):
-            template = copy.deepcopy(model).to(memory_format=torch.channels_last)
+            # Module.to takes memory_format (torch docs); its stub lists only device/dtype/tensor
+            template = copy.deepcopy(model).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self._num_params = num_params(model)
         self._sizes = {cid: len(data) for cid, data in client_data.items()}
         arrays: _ClientArrays = {

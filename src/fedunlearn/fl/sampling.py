@@ -114,7 +114,10 @@ class ClientDraw:
 class ClientSampler(Protocol):
     """Draws a round's participants among the clients present."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The sampler's name (``training.sampling``)."""
+        ...
 
     def draw(self, round_: int, present: Sequence[int]) -> ClientDraw:
         """Return round ``round_``'s participants among ``present`` (any order)."""

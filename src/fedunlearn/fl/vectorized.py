@@ -357,7 +357,7 @@ def _step_plan(
 @torch.no_grad()
 def _sgd_step_(
     params: list[torch.Tensor],
-    grads: list[torch.Tensor],
+    grads: list[torch.Tensor] | tuple[torch.Tensor, ...],  # _foreach_add's result is typed tuple
     momentum_buffers: list[torch.Tensor],
     spec: LocalTrainingSpec,
     active: torch.Tensor | None,

@@ -58,7 +58,10 @@ MULTIPLICITY_KEY = "multiplicity"
 class RecordingPolicy(Protocol):
     """Decides which client updates of a finished round are written to the store."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The policy's name (``history.policy``)."""
+        ...
 
     def updates_to_store(self, record: RoundRecord) -> frozenset[int]:
         """Return the ids of the accepted clients whose update is stored."""

@@ -238,13 +238,16 @@ class Channel:
                     deadline = min(now + 1.0, due)
                 else:
                     deadline = now + 1.0
-                if reader is not None and (due := transport.frame_deadline(reader)) is not None:
-                    if now >= due:
+                if (
+                    reader is not None
+                    and (frame_due := transport.frame_deadline(reader)) is not None
+                ):
+                    if now >= frame_due:
                         raise PeerDisconnectedError(
                             f"{transport.peer_name} sent a frame too slowly: {reader.received} "
                             f"bytes of a frame of {reader.declared} payload bytes by its deadline"
                         )
-                    deadline = min(deadline, due)
+                    deadline = min(deadline, frame_due)
                 if reader is not None and transport.pending():
                     continue
                 ready = transport.wait(

@@ -42,6 +42,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -221,7 +222,7 @@ def request_seeds(
     ``epoch`` counts abandoned plans (``dealer_wire``): material streamed for a plan that
     was given up is never derived again, even where a later request has the same index.
     """
-    label = (index, request.kind, request.shapes, request.frac_bits)
+    label: tuple[Any, ...] = (index, request.kind, request.shapes, request.frac_bits)
     if epoch:
         label = (*label, ("epoch", epoch))
     s0 = derive_seed(master, *label, 0)

@@ -232,7 +232,8 @@ class DealerServer:
             self._channels[party_id] = Channel(
                 link.transport,
                 expect=lambda: Expect(MAX_MESSAGE_BYTES, U64),
-                on_frame=lambda array, k=party_id: (decode_or_error(array, k), array.nbytes),
+                # k binds this party's id (mypy infers no lambda with a default argument)
+                on_frame=lambda array, k=party_id: (decode_or_error(array, k), array.nbytes),  # type: ignore[misc]
                 max_buffered_bytes=64 << 20,
                 write_timeout_seconds=self.idle_timeout_seconds,
                 name=f"dealer-party{party_id}",

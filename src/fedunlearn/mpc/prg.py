@@ -65,7 +65,8 @@ class Prg:
         """Return the next ``count`` words of the stream."""
         nbytes = 8 * count
         out = np.empty(nbytes + _BLOCK, dtype=np.uint8)  # update_into wants block_size - 1 spare
-        self._encryptor.update_into(_zeros(nbytes), out)
+        # a uint8 array is a writable buffer; the stub names bytes/bytearray/memoryview only
+        self._encryptor.update_into(_zeros(nbytes), out)  # type: ignore[arg-type]
         return out[:nbytes].view(np.uint64)
 
     def ring(self, shape: tuple[int, ...]) -> NDArray[np.uint64]:

@@ -61,7 +61,12 @@ _MAX_NDIM = 8
 _FIRST_CHUNK = 1 << 20  # payload buffers start here and grow with what arrived
 _SEND_CHUNK = 1 << 18  # bytes handed to one send call (retried unchanged after WantWrite)
 _READS_PER_STEP = 64
-_DTYPES = {1: np.dtype("<u8"), 2: np.dtype("u1"), 3: np.dtype("<i8"), 4: np.dtype("<f8")}
+_DTYPES: dict[int, np.dtype] = {
+    1: np.dtype("<u8"),
+    2: np.dtype("u1"),
+    3: np.dtype("<i8"),
+    4: np.dtype("<f8"),
+}
 _CODES = {dtype.str: code for code, dtype in _DTYPES.items()}
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
 
@@ -101,7 +106,7 @@ class FrameWriter:
         head = encode_header(payload)
         self._parts = [memoryview(head)]
         if payload.nbytes:
-            self._parts.append(memoryview(payload.reshape(-1)).cast("B"))
+            self._parts.append(memoryview(payload.reshape(-1)).cast("B"))  # type: ignore[arg-type]  # numpy declares __buffer__ for Python 3.12+ only
         self.total = len(head) + payload.nbytes
         self.payload_bytes = payload.nbytes
         self.sent = 0
@@ -186,7 +191,7 @@ class FrameReader:
 
     def _next_stage(self) -> None:
         if self.stage == "header":
-            magic, code, ndim, nbytes = _HEADER.unpack(self._buf)
+            magic, code, ndim, nbytes = _HEADER.unpack(self._buf)  # type: ignore[arg-type]  # a bytearray here
             if magic != _MAGIC:
                 self._reject(f"bad magic {bytes(magic)!r} (expected {_MAGIC!r})")
             if code not in _DTYPES:
@@ -204,7 +209,7 @@ class FrameReader:
             self.stage, self._buf, self._got = "shape", bytearray(8 * ndim), 0
         elif self.stage == "shape":
             ndim = len(self._buf) // 8
-            shape = struct.unpack(f"!{ndim}Q", self._buf)
+            shape = struct.unpack(f"!{ndim}Q", self._buf)  # type: ignore[arg-type]  # a bytearray here
             itemsize = self._dtype.itemsize if self._dtype is not None else 1
             if self.expect.shape is not None:  # the protocol fixed it: nothing else will do
                 if tuple(shape) != self.expect.shape:
@@ -221,7 +226,7 @@ class FrameReader:
             self._shape, self.stage = tuple(shape), "payload"
             self._new_chunk()
         else:  # payload chunk full
-            self._chunks.append(self._buf)
+            self._chunks.append(self._buf)  # type: ignore[arg-type]  # an array in this stage
             if sum(len(c) for c in self._chunks) < self.declared:
                 self._new_chunk()
             else:
@@ -245,7 +250,7 @@ class FrameReader:
         else:
             data = np.concatenate(self._chunks)
         self._chunks = []
-        self.array = data.view(self._dtype).reshape(self._shape)
+        self.array = data.view(self._dtype).reshape(self._shape)  # type: ignore[arg-type]  # set by the header
         self.stage = "done"
 
 

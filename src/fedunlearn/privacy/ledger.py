@@ -143,7 +143,7 @@ def privacy_summary(
         return {"enabled": False, "variant": "no DP"}
     dp_sgd = config.mechanism == "dp_sgd"
     keys = DP_SGD_SCALAR_KEYS if dp_sgd else SCALAR_KEYS
-    rows = []
+    rows: list[dict[str, Any]] = []
     stored = [({"round": r}, sc) for r, sc in enumerate(scalars, start=1)]
     earlier = [
         (

@@ -28,7 +28,7 @@ clipping, then Gaussian noise on the sum).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from typing import cast
 
 import torch
 from torch import nn
@@ -53,7 +53,8 @@ CLIP_EPSILON = 1e-6
 #: Memory budget of one micro-batch of materialised per-example gradients (reference path).
 MICRO_BATCH_BYTES = 128 * 2**20
 
-Params = Mapping[str, torch.Tensor]
+#: name -> tensor, as ``torch.func.functional_call`` takes it (a dict: it refuses other mappings)
+Params = dict[str, torch.Tensor]
 
 
 def check_per_example_model(model: nn.Module) -> None:
@@ -114,7 +115,10 @@ def per_example_clipped_sum(
         grads, loss = per_example_gradients(
             model, params, x[start : start + chunk], y[start : start + chunk]
         )
-        sq = sum(g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values())
+        # a sum of tensors (grads has one per parameter) is a tensor, never sum()'s start 0
+        sq = cast(
+            torch.Tensor, sum(g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values())
+        )
         norm = torch.sqrt(sq)
         factor = clip_factors(norm, clip_norm)
         for name, g in grads.items():

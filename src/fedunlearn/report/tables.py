@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,7 @@ def _shown_clean(verification: dict[str, Any]) -> bool:
     return verification.get("model_verdict", verification["verdict"]) == "pass"
 
 
-def cheapest_passing(doc: dict[str, Any]) -> dict[str, Any] | None:
+def cheapest_passing(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """Return the cheapest row with influence removed or not detected and utility ok, or None.
 
     ``removed``: by construction (an exact lineage); ``not_detected``: no check with power

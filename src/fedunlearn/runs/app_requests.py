@@ -175,6 +175,7 @@ def serving(meta: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any] | No
     app = meta.get(APP_META)
     if app is None:
         return None
+    problem: str | None
     try:
         waiting = queued_request(run_dir)
     except ConfigError as err:

@@ -67,6 +67,7 @@ from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.fl.threads import run_threads
 from fedunlearn.history.digest import check_seal
 from fedunlearn.history.policy import (
+    DeferredPolicy,
     HistoryRecorder,
     RecordingPolicy,
     build_policy,
@@ -115,7 +116,7 @@ __all__ = [
 ]
 
 ClientsFactory = Callable[[Federation], RunClients]
-RecorderFactory = Callable[[HistoryStore, RecordingPolicy], RoundObserver]
+RecorderFactory = Callable[[HistoryStore, RecordingPolicy | DeferredPolicy], RoundObserver]
 
 
 def run_fingerprint(config: RunConfig, generation: int = 0, last_round: int | None = None) -> str:
@@ -253,7 +254,8 @@ def _released_dp(
     ``fresh_guarantee_epsilon``: a hand-edited, re-sealed result claims what it likes (issue 40).
     """
     method = str(doc.get("method", "unknown"))
-    params = doc.get("params") if isinstance(doc.get("params"), dict) else {}
+    raw_params = doc.get("params")
+    params = raw_params if isinstance(raw_params, dict) else {}
     release = method_release(method, params, config)
     if release is None:
         return (
@@ -289,7 +291,8 @@ def _remaining_sizes(
     """The sample counts of the clients a result trained: every deleted sample left out."""
     sizes = {int(c): int(n) for c, n in (store.meta.get("client_sizes") or {}).items()}
     deleted = {c: len(ids) for c, ids in store.forgotten_samples().items()}
-    request = doc.get("request") if isinstance(doc.get("request"), dict) else {}
+    raw_request = doc.get("request")
+    request = raw_request if isinstance(raw_request, dict) else {}
     for c, ids in (request.get("samples") or {}).items():
         deleted[int(c)] = deleted.get(int(c), 0) + len(ids)
     return {c: n - deleted.get(c, 0) for c, n in sizes.items() if c not in forget}
@@ -481,6 +484,7 @@ def apply_result(
     config = load_run_config(run_dir)
     with HistoryStore.open(_store_dir(run_dir), writable=True) as store:
         generation, last = store.generation(), store.last_round()
+        assert last is not None  # a store holds round 0 (M_0) from its creation
         events = store.events()
         again = events and events[-1].result_sha256 == digest
         if again and run.get("generation") == generation - 1:

@@ -380,7 +380,9 @@ def _derived_file_problems(run_dir: Path, store: HistoryStore) -> list[str]:
     path = run_dir / METRICS_FILE
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        seen = {r.get("round") for r in rows if isinstance(r, dict) and type(r.get("round")) is int}
+        seen: set[int] = {
+            r["round"] for r in rows if isinstance(r, dict) and type(r.get("round")) is int
+        }
     except (OSError, ValueError):
         problems.append(f"{path} is missing or not JSON lines; {fix}")
     else:

@@ -219,7 +219,9 @@ def build_setup(
         client_data = {c: ClientData(x, y) for c, (x, y) in user.data.clients.items()}
         x_test, y_test = user.data.test
         input_shape, num_classes = user.data.input_shape, int(user.data.num_classes or 0)
-        user_trigger = user.data.trigger
+        assert input_shape is not None  # FederatedData derives it from the test set when absent
+        trigger_function = user.data.trigger  # the attack and the checks call .apply(x)
+        user_trigger = None if trigger_function is None else FunctionTrigger(trigger_function)
         if cfg.attack.kind != "none" and cfg.attack.target_label >= num_classes:
             raise ConfigError(
                 f"attack.target_label {cfg.attack.target_label} is not a class of "

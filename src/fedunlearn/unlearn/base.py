@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -42,6 +42,7 @@ __all__ = [
     "Details",
     "MethodParams",
     "NoDetails",
+    "ParamsT",
     "RunOutput",
     "UnlearnRequest",
     "UnlearnResult",
@@ -54,6 +55,10 @@ class MethodParams(BaseModel):
     """Base of every method's hyperparameters: frozen, unknown keys rejected."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+#: A method's own parameters type: ``class Mine(Unlearner[MyParams])`` types ``self.params``.
+ParamsT = TypeVar("ParamsT", bound=MethodParams)
 
 
 @dataclass(frozen=True)
@@ -191,17 +196,19 @@ class UnlearnResult:
     trajectory: Trajectory | None = None
 
 
-class Unlearner(ABC):
+class Unlearner(ABC, Generic[ParamsT]):
     """Base class of every method: validated hyperparameters and the ``unlearn`` contract.
 
-    Subclasses set ``params_type`` and ``required_policies`` (history policies that hold what
-    they need; ``None`` = any), set ``reads_round_models`` False if they read no global model
-    or aggregate but M_0 and the last model, implement ``_run`` and are registered with
-    ``@register("name")`` (which sets ``name``).
+    Subclasses name their parameters type for the checker and at run time (``class
+    Mine(Unlearner[MyParams])`` with ``params_type = MyParams``), set ``required_policies``
+    (history policies that hold what they need; ``None`` = any), set ``reads_round_models``
+    False if they read no global model or aggregate but M_0 and the last model, implement
+    ``_run`` and are registered with ``@register("name")`` (which sets ``name``).
     """
 
     name: ClassVar[str]
     params_type: ClassVar[type[MethodParams]] = MethodParams
+    params: ParamsT
     required_policies: ClassVar[frozenset[str] | None] = None
     # True: reads global models or aggregates of rounds 1..T-1, which forget() may drop
     reads_round_models: ClassVar[bool] = True
@@ -234,12 +241,13 @@ class Unlearner(ABC):
         """
         return None
 
-    def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
+    def __init__(self, params: ParamsT | dict[str, Any] | None = None) -> None:
+        # params_type is the class's ParamsT at run time (a ClassVar cannot name a TypeVar)
         if isinstance(params, self.params_type):
-            self.params = params
+            self.params = cast(ParamsT, params)
         else:
             try:
-                self.params = self.params_type.model_validate(params or {})
+                self.params = cast(ParamsT, self.params_type.model_validate(params or {}))
             except ValidationError as err:
                 problems = "; ".join(
                     f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 __all__ = [
     "MAX_LISTED",
@@ -198,7 +198,9 @@ def _tainted(
         return True
     if shard_first is not None and read.kind in ("update", "shard"):
         # a sharded run: a shard's models and its clients' updates carry only its own clients
-        shard = read.client_id if read.kind == "shard" else (shard_of or {}).get(read.client_id)
+        # an update's read names its client (client_id is None for models only)
+        client = cast(int, read.client_id)
+        shard = client if read.kind == "shard" else (shard_of or {}).get(client)
         since = shard_first.get(shard) if shard is not None else first
         return since is not None and read.round >= since
     return first is not None and read.round >= first
@@ -247,7 +249,7 @@ def trace_lineage(
     aggregates = sorted({r.round for r in tainted if r.kind == "aggregate"})
     models = sorted({r.round for r in tainted if r.kind in ("global", "shard")})
     updates = [*own, *others]
-    listed = {
+    listed: dict[str, list[Any]] = {
         "updates": [[r.round, r.client_id] for r in updates[:MAX_LISTED]],
         "aggregates": aggregates[:MAX_LISTED],
         "models": models[:MAX_LISTED],

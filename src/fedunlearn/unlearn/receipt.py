@@ -161,7 +161,8 @@ class Check:
 def overall_verdict(checks: tuple[Check, ...] | list[Check]) -> Verdict:
     """Return the worst verdict: ``fail``, else ``warn``, else ``inconclusive``, else ``pass``."""
     worst = max((_SEVERITY[c.verdict] for c in checks), default=0)
-    return {4: "fail", 3: "warn", 2: "inconclusive"}.get(worst, "pass")
+    by_severity: dict[int, Verdict] = {4: "fail", 3: "warn", 2: "inconclusive"}
+    return by_severity.get(worst, "pass")
 
 
 HINTS = {

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.history.store import HistoryReader
-from fedunlearn.unlearn.base import MethodParams, Unlearner
+from fedunlearn.unlearn.base import ParamsT, Unlearner
 from fedunlearn.unlearn.context import UnlearnContext
 
 __all__ = [
@@ -134,7 +134,7 @@ def selection_bytes(stored: Sequence[StoredRound], num_params: int) -> int:
     return (1 + len(stored) + sum(len(s.clients) for s in stored)) * num_params * 4
 
 
-class SelectiveReplay(Unlearner):
+class SelectiveReplay(Unlearner[ParamsT]):
     """Base of the methods that replay a selective storage (Crab, FedADP).
 
     A subclass sets ``policy`` (the name of its recording policy, whose options are the run's
@@ -148,7 +148,7 @@ class SelectiveReplay(Unlearner):
     policy: ClassVar[str]
     overrides: ClassVar[tuple[str, ...]]
 
-    def __init__(self, params: MethodParams | dict[str, Any] | None = None) -> None:
+    def __init__(self, params: ParamsT | dict[str, Any] | None = None) -> None:
         super().__init__(params)
         self._cache: dict[str, list[StoredRound]] = {}
 

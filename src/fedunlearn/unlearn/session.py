@@ -59,6 +59,7 @@ from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
 from fedunlearn.runs.components import warn_changed_components
 from fedunlearn.runs.setup import (
+    Setup,
     aggregator_of,
     sampler_of,
     shard_plan,
@@ -164,7 +165,7 @@ class UnlearnSession:
                 )
             generation = store.generation()
             _check_given(recorded, config, model, data, run_dir)
-            self._setup = build_setup(config, model=model, data=data)
+            self._setup: Setup | None = build_setup(config, model=model, data=data)
             warn_changed_components(recorded, self._setup.components, str(run_dir))
             federation = self._setup.federation
             gone = store.forgotten_samples()
@@ -173,7 +174,7 @@ class UnlearnSession:
                 self._setup.federation.close()
                 self._setup.federation = federation
             try:
-                self._fresh = _fresh_training(federation, config, store, run_dir)
+                self._fresh: Federation | None = _fresh_training(federation, config, store, run_dir)
             except BaseException:
                 self._setup.close()
                 raise

@@ -30,7 +30,7 @@ import torch
 
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
 from fedunlearn.history.policy import DOT_AGGREGATE_KEY, multiplicity_scalar, reported_loss
-from fedunlearn.history.store import ClientRecord, RoundEntry
+from fedunlearn.history.store import ClientRecord, RoundEntry, Scalar
 from fedunlearn.history.trajectory import ESTIMATED_KEY, Trajectory
 from fedunlearn.unlearn.context import UnlearnContext
 
@@ -219,7 +219,7 @@ class TrajectoryLog:
         aggregate: torch.Tensor,
         updates: Mapping[int, torch.Tensor],
         clients: Sequence[ClientRecord],
-        scalars: Mapping[str, object],
+        scalars: Mapping[str, Scalar],
         shard_models: Mapping[int, torch.Tensor] | None = None,
     ) -> None:
         if self._keeps_updates is not None and not self._keeps_updates(self.length + 1):

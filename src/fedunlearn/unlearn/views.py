@@ -26,7 +26,7 @@ from torch import nn
 
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError, UnknownClientError
-from fedunlearn.fl.attacks import Trigger
+from fedunlearn.fl.attacks import BackdoorTrigger
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.markers import Marker
 from fedunlearn.fl.records import ClientData
@@ -140,7 +140,7 @@ class EvaluationView:
         return self._setup.y_test
 
     @property
-    def trigger(self) -> Trigger | None:
+    def trigger(self) -> BackdoorTrigger | None:
         """The backdoor trigger of a backdoor run, else None."""
         return self._setup.trigger
 
@@ -222,7 +222,7 @@ class ClientSideEvaluation(EvaluationView):
         raise self._absent("the test set")
 
     @property
-    def trigger(self) -> Trigger | None:
+    def trigger(self) -> BackdoorTrigger | None:
         """None: no trigger is known on the server."""
         return None
 

@@ -25,7 +25,7 @@ Deviations (docs/methods/mini_unlearning.md, where each is argued and measured):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -130,7 +130,7 @@ class MiniUnlearning(CentralUnlearner):
         forgotten = sum(len(v.forgotten) for v in views)
         retained = sum(len(v.retained) for v in views)
         evals = forgotten + retained * max(oracle.products, 1) // max(len(views), 1)
-        details = {
+        details: dict[str, Any] = {
             "k_steps": k,
             "paper_mode": bool(paper_mode),
             "hvp_products": oracle.products,

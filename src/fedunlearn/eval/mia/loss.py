@@ -101,13 +101,13 @@ def loss_threshold_attack(
         ConfigError: on empty or mismatched data, labels out of range, a calibration split
             leaving a part empty, or ``calibration_fraction`` outside (0, 1).
     """
-    member = sample_losses(
+    member_losses = sample_losses(
         model_log_probs(model, params, members_x, members_y, "members"), members_y
     )
-    nonmember = sample_losses(
+    nonmember_losses = sample_losses(
         model_log_probs(model, params, nonmembers_x, nonmembers_y, "non-members"), nonmembers_y
     )
-    member, nonmember = member.numpy(), nonmember.numpy()
+    member, nonmember = member_losses.numpy(), nonmember_losses.numpy()
     if threshold is None:
         if not 0.0 < calibration_fraction < 1.0:
             raise ConfigError(

@@ -70,7 +70,7 @@ def encode(tensor: torch.Tensor) -> tuple[str, str, memoryview, torch.Tensor]:
     return (
         str(tensor.dtype).removeprefix("torch."),
         json.dumps(list(tensor.shape)),
-        memoryview(raw.numpy()),
+        memoryview(raw.numpy()),  # type: ignore[arg-type]  # numpy declares __buffer__ for 3.12+ only
         raw,
     )
 

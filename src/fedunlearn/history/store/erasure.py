@@ -16,7 +16,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from fedunlearn.errors import (
     ConfigError,
@@ -39,6 +39,11 @@ from fedunlearn.history.store.deletion import (
 from fedunlearn.history.store.evidence import DeletionEvidence
 from fedunlearn.history.store.reconstruction import models_to_drop, reconstructible_updates
 from fedunlearn.history.store.records import check_int, format_ids
+
+if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
+    from fedunlearn.history.store.host import StoreHost
+else:
+    StoreHost = object
 
 __all__ = ["Erasure"]
 
@@ -66,8 +71,10 @@ KEPT_CLIENT_SCALARS = frozenset({"multiplicity", "estimated"})
 REBUILDING_SCALARS = frozenset({"dot_aggregate"})
 
 
-class Erasure:
+class Erasure(StoreHost):
     """``HistoryStore``'s deleting methods (a mixin: see the module docstring)."""
+
+    _usable: int | None  # the file's usable page size, read once (``_usable_page_size``)
 
     def forget(
         self, client_ids: Iterable[int], *, vacuum: Literal["incremental", "full"] = "incremental"
@@ -142,11 +149,14 @@ class Erasure:
                 ]
                 now = time.time()
                 total = sum(e[2] for e in evidence)
-                call = self._db.execute(
-                    "INSERT INTO forget_calls (forgotten_at, client_ids, size_bytes, "
-                    "file_bytes_before, vacuum, page_size) VALUES (?, ?, ?, ?, ?, ?)",
-                    (now, json.dumps(ids), total, before, mode, usable),
-                ).lastrowid
+                call = cast(  # an INSERT's lastrowid is the new row's id (None only without one)
+                    int,
+                    self._db.execute(
+                        "INSERT INTO forget_calls (forgotten_at, client_ids, size_bytes, "
+                        "file_bytes_before, vacuum, page_size) VALUES (?, ?, ?, ?, ?, ?)",
+                        (now, json.dumps(ids), total, before, mode, usable),
+                    ).lastrowid,
+                )
                 self._db.executemany(
                     "INSERT INTO forget_payloads VALUES (?, ?, ?, ?, ?, ?)",
                     [(call, *e) for e in evidence],

@@ -30,13 +30,18 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store.codec import NO_CLIENT, shard_key
 from fedunlearn.history.store.records import RoundEntry, format_ids
+
+if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
+    from fedunlearn.history.store.host import StoreHost
+else:
+    StoreHost = object
 
 __all__ = ["EVENT_SCHEMA", "EVENT_TABLES", "AppliedEvent", "Generations"]
 
@@ -99,7 +104,7 @@ class AppliedEvent:
         return out
 
 
-class Generations:
+class Generations(StoreHost):
     """``HistoryStore``'s event methods (a mixin: see the module docstring)."""
 
     def events(self) -> list[AppliedEvent]:

@@ -44,7 +44,7 @@ class DeletionEvidence:
     records: tuple[dict[str, Any], ...]
     read_back: dict[str, Any]
     check: DeletionCheck
-    reconstructible: tuple[tuple[int, int], ...] = ()
+    reconstructible: tuple[tuple[int, ...], ...] = ()  # (round, client) pairs
     result_files: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     def with_result_files(self, files: list[dict[str, Any]]) -> DeletionEvidence:

@@ -42,6 +42,7 @@ from fedunlearn.integrations.flower.app_protocol import (
     Reply,
     check_reply,
 )
+from fedunlearn.integrations.flower.messages import array_record, error_text
 from fedunlearn.unlearn.views import RunView
 
 log = logging.getLogger(__name__)
@@ -134,20 +135,20 @@ class AppClients:
         started = time.monotonic()
         arrays = self.layout.record(task.global_params)
         messages = []
-        for cid in task.client_ids:
-            node = self.node_of(cid)
+        for asked in task.client_ids:
+            node = self.node_of(asked)
             if node is None:
-                self.mark_missing(task.round, cid, "no connected node hosts this client")
+                self.mark_missing(task.round, asked, "no connected node hosts this client")
                 continue
-            messages.append(self._message(task, cid, node, arrays))
+            messages.append(self._message(task, asked, node, arrays))
         got: dict[int, Reply] = {}
         for reply in self.grid.send_and_receive(messages, timeout=self.round_timeout):
             if reply.has_error():
                 node = int(reply.metadata.src_node_id)
-                for cid in self.nodes.clients_of(node):
-                    if cid in task.client_ids:
-                        why = reply.error.reason.strip()[-200:]
-                        self.mark_missing(task.round, cid, f"client error: ...{why}")
+                for hosted in self.nodes.clients_of(node):
+                    if hosted in task.client_ids:
+                        why = error_text(reply, 200)
+                        self.mark_missing(task.round, hosted, f"client error: ...{why}")
                 continue
             cid, out = check_reply(reply, self.layout, weight_key=self.weight_key)
             if isinstance(out, str) or out.client_id not in task.client_ids:
@@ -157,9 +158,9 @@ class AppClients:
                     self.mark_missing(task.round, cid, f"rejected: {why}")
                 continue
             got.setdefault(out.client_id, out)
-        for cid in task.client_ids:
-            if cid not in got and cid not in self.missing.get(task.round, {}):
-                self.mark_missing(task.round, cid, f"no reply within {self.round_timeout:g} s")
+        for asked in task.client_ids:
+            if asked not in got and asked not in self.missing.get(task.round, {}):
+                self.mark_missing(task.round, asked, f"no reply within {self.round_timeout:g} s")
         flwr_log(
             INFO,
             "fedunlearn: %s round %d (the run has %d): %d of %d client(s) trained (%.1f s)",
@@ -198,9 +199,9 @@ class AppClients:
         if not replies:
             return "not shown: the forgotten client's data is on its node, which did not reply"
         if replies[0].has_error():
-            why = replies[0].error.reason.strip().splitlines()[-1][-200:]
+            why = error_text(replies[0], 200, last_line=True)
             return f"not shown: the forgotten client's data is on its node, which says: {why}"
-        (values,) = replies[0].content["losses"].to_numpy_ndarrays()
+        (values,) = array_record(replies[0].content["losses"]).to_numpy_ndarrays()
         return np.asarray(values, dtype=np.float64)
 
     def close(self) -> None:

@@ -107,7 +107,7 @@ def guess_classes(record: ArrayRecord) -> int:
     return int(last[-1][0]) if last else 0
 
 
-def _zero_arg(cls: type) -> bool:
+def _zero_arg(cls: Callable[..., Any]) -> bool:
     try:
         inspect.signature(cls).bind()
     except (TypeError, ValueError):

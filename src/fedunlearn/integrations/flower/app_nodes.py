@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedunlearn.integrations.flower.app_protocol import QUERY_TYPE, RECORD
+from fedunlearn.integrations.flower.messages import error_text
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class NodeMap:
                     "node %d did not say which clients it hosts (is its ClientApp fedunlearn's "
                     "ClientApp?): %s",
                     node,
-                    reply.error.reason.strip().splitlines()[-1][-200:],
+                    error_text(reply, 200, last_line=True),
                 )
                 continue
             answer = reply.content[RECORD]

@@ -57,6 +57,7 @@ from flwr.clientapp.typing import Mod
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.sampling import step_batches
 from fedunlearn.fl.seeding import derive_seed
+from fedunlearn.integrations.flower.messages import array_record, wire_values
 
 RECORD = "fedunlearn"  # ConfigRecord of fedunlearn's keys, in requests and replies
 CLIENT_ID = "client-id"  # in RECORD of a reply: the stable client id
@@ -109,7 +110,7 @@ def client_id(message: Message, context: Context, key: str = DEFAULT_CLIENT_KEY)
     """
     hosted = hosted_clients(context, key)
     config = message.content.config_records.get("config")
-    asked = config.get(CONFIG_CLIENT) if config is not None else None
+    asked: Any = config.get(CONFIG_CLIENT) if config is not None else None  # int() checks it
     if asked is None:
         if len(hosted) > 1:
             raise ConfigError(
@@ -254,13 +255,14 @@ class ClientApp(FlowerClientApp):
                 raise ConfigError(
                     "this ClientApp computes no losses for fedunlearn (ClientApp(losses=...))"
                 )
-            cid = int(message.content[RECORD][CLIENT_ID])  # type: ignore[arg-type]
+            cid = int(wire_values(message.content[RECORD])[CLIENT_ID])
             if cid not in hosted_clients(context, key):
                 raise ConfigError(f"asked for client {cid}'s losses; this node does not host it")
-            values = np.asarray(self.losses(message.content["arrays"], cid, context), np.float64)
-            record = ArrayRecord({"losses": Array(values.reshape(-1))})
+            arrays = array_record(message.content["arrays"])
+            values = np.asarray(self.losses(arrays, cid, context), np.float64)
+            losses = ArrayRecord({"losses": Array(values.reshape(-1))})
             return Message(
-                RecordDict({"losses": record, RECORD: ConfigRecord({CLIENT_ID: cid})}),
+                RecordDict({"losses": losses, RECORD: ConfigRecord({CLIENT_ID: cid})}),
                 reply_to=message,
             )
         raise ConfigError(f"unknown fedunlearn query {want!r} (client-ids, losses)")
@@ -423,7 +425,7 @@ def check_reply(
     biggest = float(params.abs().max()) if params.numel() else 0.0
     if biggest > max_abs:
         return cid, f"client {cid}: values up to {biggest:.3g} exceed {max_abs:g}"
-    metrics = list(content.metric_records.values())
+    metrics = [wire_values(m) for m in content.metric_records.values()]
     weight = metrics[0].get(weight_key) if len(metrics) == 1 else None
     if weight is None or not float(weight) >= 0 or float(weight) != int(float(weight)):
         return cid, f"client {cid}: no non-negative integer '{weight_key}' in one MetricRecord"

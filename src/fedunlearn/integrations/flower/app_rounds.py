@@ -25,6 +25,7 @@ from fedunlearn.fl.records import ClientUpdate, RoundRecord, UpdateStatus
 from fedunlearn.history.policy import DOT_AGGREGATE_KEY, multiplicity_scalar
 from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.integrations.flower.app_protocol import ArrayLayout, Reply, check_reply
+from fedunlearn.integrations.flower.messages import error_text
 from fedunlearn.runs import metrics_line
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,9 @@ def sort_replies(  # noqa: PLR0913 - the round's context, read and updated
         node = int(reply.metadata.src_node_id)
         replied.add(node)
         if reply.has_error():
-            reason = reply.error.reason.strip()[-300:]
-            for cid in sorted(node_clients.get(node, ())):
-                rnd.missing[cid] = f"client error: ...{reason}"
+            reason = error_text(reply, 300)
+            for hosted in sorted(node_clients.get(node, ())):
+                rnd.missing[hosted] = f"client error: ...{reason}"
             if not node_clients.get(node):
                 rnd.unnamed.append(f"node {node} replied with an error: ...{reason}")
             continue

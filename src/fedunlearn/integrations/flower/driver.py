@@ -41,6 +41,7 @@ from fedunlearn.integrations.flower.messages import (
     TRAIN,
     FlowerProtocolError,
     echoed_client,
+    error_text,
     query_content,
     read_update,
     train_content,
@@ -156,7 +157,7 @@ class FlowerClients:
                 log.warning(
                     "node %s did not say which client it hosts: %s",
                     reply.metadata.src_node_id,
-                    reply.error.reason.strip()[-300:],
+                    error_text(reply, 300),
                 )
                 continue
             self._place(echoed_client(reply), reply.metadata.src_node_id)
@@ -218,7 +219,7 @@ class FlowerClients:
                 cid = by_node.get(node)
                 if cid is not None and cid in client_ids:
                     # the end of the reason names the exception (Ray prefixes a traceback)
-                    reason = reply.error.reason.strip()[-300:]
+                    reason = error_text(reply, 300)
                     self.mark_missing(round_, cid, f"client error: ...{reason}")
                 continue
             cid = echoed_client(reply)

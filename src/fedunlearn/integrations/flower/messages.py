@@ -20,8 +20,9 @@ the wire unchanged (bit-exact).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,8 +51,30 @@ class TrainTask:
     global_params: torch.Tensor
 
 
+def error_text(reply: Message, limit: int = 300, *, last_line: bool = False) -> str:
+    """A reply's error reason for a log or a record: its end (Ray prefixes a traceback).
+
+    Flower types the reason ``str | None``; a missing or blank one reads "no reason given"
+    (it used to raise AttributeError or IndexError while the round's other replies waited).
+    """
+    reason = (reply.error.reason or "").strip()
+    if last_line and reason:
+        reason = reason.splitlines()[-1]
+    return reason[-limit:] or "no reason given"
+
+
 def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+def wire_values(record: ArrayRecord | ConfigRecord | MetricRecord) -> Mapping[str, Any]:
+    """A config or metric record as the wire values it holds (int()/float() check each read)."""
+    return cast(Mapping[str, Any], record)
+
+
+def array_record(record: ArrayRecord | ConfigRecord | MetricRecord) -> ArrayRecord:
+    """A record this protocol sends as arrays (a peer's other kind fails where it is read)."""
+    return cast(ArrayRecord, record)
 
 
 def _tensor(record: ArrayRecord) -> torch.Tensor:
@@ -102,21 +125,21 @@ def read_train_task(message: Message) -> TrainTask:
         FlowerProtocolError: if a record or key is missing.
     """
     try:
-        task = message.content["task"]
+        task = wire_values(message.content["task"])
         spec = LocalTrainingSpec(
             epochs=int(task["epochs"]),
             lr=float(task["lr"]),
             batch_size=int(task["batch-size"]),
             momentum=float(task["momentum"]),
             weight_decay=float(task["weight-decay"]),
-            steps=int(task.get("steps", 0)) or None,  # type: ignore[arg-type]
+            steps=int(task.get("steps", 0)) or None,
         )
         return TrainTask(
             seeds=dict(zip(map(int, task["client-ids"]), map(int, task["seeds"]), strict=True)),
             round=int(task["round"]),
             spec=spec,
             run_config=str(task["run-config"]),
-            global_params=_tensor(message.content["global"]),
+            global_params=_tensor(array_record(message.content["global"])),
         )
     except KeyError as err:
         raise FlowerProtocolError(
@@ -150,7 +173,7 @@ def echoed_client(message: Message) -> int:
         FlowerProtocolError: if the reply carries no ``client`` record.
     """
     try:
-        return int(message.content["client"]["client-id"])
+        return int(wire_values(message.content["client"])["client-id"])
     except KeyError:
         raise FlowerProtocolError(
             "a reply does not name its fedunlearn client (ConfigRecord 'client' with "
@@ -162,10 +185,10 @@ def read_update(message: Message) -> ClientUpdate | None:
     """Decode a client's reply to a ``train`` message (None for an idle reply)."""
     if "delta" not in message.content:
         return None
-    metrics = message.content["metrics"]
+    metrics = wire_values(message.content["metrics"])
     return ClientUpdate(
         client_id=echoed_client(message),
-        delta=_tensor(message.content["delta"]),
+        delta=_tensor(array_record(message.content["delta"])),
         num_samples=int(metrics["num-samples"]),
         train_loss=float(metrics["train-loss"]),
     )

@@ -194,11 +194,13 @@ class Recording(Strategy):
         self.model_options = dict(model_options or {})
         self.history = HistoryConfig(policy=policy, every=every)
         self.num_clients = num_clients
-        self.weight_key = weight_key or getattr(strategy, "weighted_by_key", DEFAULT_WEIGHT_KEY)
+        self.weight_key: str = (
+            weight_key or getattr(strategy, "weighted_by_key", None) or DEFAULT_WEIGHT_KEY
+        )
         self.max_abs = float(max_abs)
         self.accuracy_key = accuracy_key
         self.node_timeout = float(node_timeout)
-        self._given = {
+        self._given: dict[str, Any] = {
             "run_dir": None if run_dir is None else str(run_dir),
             "lr": lr,
             "local_epochs": local_epochs,

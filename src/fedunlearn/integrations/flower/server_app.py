@@ -433,7 +433,9 @@ class _GridClients:
         )
         return self.clients
 
-    def recorder(self, store: HistoryStore, policy: RecordingPolicy) -> MissingAwareRecorder:
+    def recorder(
+        self, store: HistoryStore, policy: RecordingPolicy | DeferredPolicy
+    ) -> MissingAwareRecorder:
         """Return the recorder (``continue_run``'s ``recorder``), after ``build``."""
         if self.clients is None:
             raise RuntimeError("the recorder is built after the clients")

@@ -172,7 +172,9 @@ class HistoryStrategy(Strategy):
         for observer in self.observers:
             observer.on_round_end(record)
         self.records.append(record)
-        metrics = {k: float(v) for k, v in record.metrics.items()}
+        metrics: dict[str, int | float | list[int] | list[float]] = {
+            k: float(v) for k, v in record.metrics.items()
+        }
         metrics["num-accepted"] = len(record.updates)
         metrics["num-missing"] = len(self.clients.missing.get(server_round, {}))
         return to_arrays(record.global_after), MetricRecord(metrics)

@@ -197,7 +197,7 @@ def _ge_ideal(party: Party, d: U64) -> U64:
 
 
 def sec_ge(
-    x: SharedTensor, y: SharedTensor | float | np.ndarray, mode: str | None = None
+    x: SharedTensor, y: SharedTensor | float | np.integer | np.ndarray, mode: str | None = None
 ) -> SharedTensor:
     """SecGE: shares of [x >= y] (0/1 at integer scale), elementwise with broadcasting.
 

@@ -21,7 +21,7 @@ __all__ = [
 # ----- formulas ----------------------------------------------------------------------------------
 
 
-def client_round_probability(num_clients: int, draws: int, clients: int = 1) -> float:
+def client_round_probability(num_clients: float, draws: int, clients: int = 1) -> float:
     """q_C(w): the probability that a round's ``draws`` draws with replacement hit one of w."""
     if not 0 <= clients <= num_clients:
         raise ValueError(f"clients must be in 0..{num_clients}; got {clients}")
@@ -61,7 +61,7 @@ def expected_recomputed_rounds(q: float, rounds: int) -> float:
     return rounds - (1 - q) * recompute_probability(q, rounds) / q
 
 
-def expected_distinct_clients(num_clients: int, draws: int) -> float:
+def expected_distinct_clients(num_clients: float, draws: int) -> float:
     """M(1 - (1 - 1/M)^K): distinct clients among K draws with replacement (trajectories)."""
     if num_clients <= 0:
         return 0.0

@@ -61,7 +61,7 @@ class FedEraserDetails(Details):
 
 
 @register("federaser")
-class FedEraser(Unlearner):
+class FedEraser(Unlearner[FedEraserParams]):
     """Calibrated replay of the retained rounds (every Δt-th round) from M_0."""
 
     reads_round_models = False  # M_0 (or the last model) and updates only

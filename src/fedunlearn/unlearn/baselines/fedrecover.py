@@ -345,7 +345,7 @@ class FedRecoverDetails(Details):
 
 
 @register("fedrecover")
-class FedRecover(Unlearner):
+class FedRecover(Unlearner[FedRecoverParams]):
     """FedRecover (Cao et al., S&P 2023): replay with estimated updates and exact corrections.
 
     Steps of ``_run``, in order: find each round's remaining participants and check their stored

@@ -11,7 +11,7 @@ from fedunlearn.unlearn.registry import register
 
 
 @register("none")
-class NoUnlearning(Unlearner):
+class NoUnlearning(Unlearner[MethodParams]):
     """Return the run's final model as it is."""
 
     reads_round_models = False  # M_0 (or the last model) and updates only

@@ -45,7 +45,7 @@ class RandomRoundsDetails(Details):
 
 
 @register("random")
-class RandomRounds(Unlearner):
+class RandomRounds(Unlearner[RandomRoundsParams]):
     """Replay a random σ-fraction of the rounds with calibrated fresh updates."""
 
     reads_round_models = False  # M_0 (or the last model) and updates only

@@ -85,7 +85,7 @@ class RetrainDetails(Details):
 
 
 @register("retrain")
-class Retrain(Unlearner):
+class Retrain(Unlearner[RetrainParams]):
     """Federated retraining from M_0 without the forgotten clients."""
 
     reads_round_models = False  # M_0 (or the last model) and updates only

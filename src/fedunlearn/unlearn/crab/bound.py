@@ -31,6 +31,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.fl.engine import run_rounds
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.crab.params import crab_options
 from fedunlearn.unlearn.crab.policy import ReferenceScorer
 
 __all__ = ["theorem1_bounds"]
@@ -83,7 +84,7 @@ def theorem1_bounds(
         )
         / eta
     )
-    ref = context.reference_set(context.recording.options("crab").reference_size)
+    ref = context.reference_set(crab_options(context.recording).reference_size)
     scorer = ReferenceScorer(context.clients.model, ref.x, ref.y)
     delta_f = scorer.loss(start)  # F(Mtilde_0) - F(M*) <= F(Mtilde_0)
     rows = []

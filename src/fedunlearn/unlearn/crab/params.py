@@ -7,13 +7,16 @@ the paper carries its tag ([Dn]) from docs/methods/crab.md.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.unlearn.base import MethodParams
 
-__all__ = ["CrabParams", "CrabSelectionConfig"]
+if TYPE_CHECKING:
+    from fedunlearn.config import HistoryConfig
+
+__all__ = ["CrabParams", "CrabSelectionConfig", "crab_options"]
 
 
 class CrabSelectionConfig(BaseModel):
@@ -75,3 +78,8 @@ class CrabParams(MethodParams):
     round_ratio: float | None = Field(None, gt=0, le=1, description="override λ")
     client_ratio: float | None = Field(None, gt=0, le=1, description="override δ")
     bound_check: bool = Field(False, description="retrain from Mtilde_0 and report the bounds")
+
+
+def crab_options(history: HistoryConfig) -> CrabSelectionConfig:
+    """Return the run's ``history.crab`` options, typed (validated as this by its PolicySpec)."""
+    return cast(CrabSelectionConfig, history.options("crab"))

@@ -52,7 +52,7 @@ from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.history.policy import PolicyEnv, PolicySpec, register_policy
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.unlearn.crab.params import CrabSelectionConfig
+from fedunlearn.unlearn.crab.params import CrabSelectionConfig, crab_options
 from fedunlearn.unlearn.selection import count_floor, top_clients
 
 if TYPE_CHECKING:
@@ -366,7 +366,8 @@ class CrabPolicy:
             record.round,
             record.global_after,
             record.aggregate,
-            lambda r=record.round: self._buffer[r],
+            # the round's updates, read when the selector keeps them (r bound now)
+            lambda r=record.round: self._buffer[r],  # type: ignore[misc]  # mypy: default args
             final=record.round >= self.final_round,
         )
         if kept is None:
@@ -378,7 +379,7 @@ class CrabPolicy:
 
 def build_crab_policy(history: HistoryConfig, env: PolicyEnv) -> CrabPolicy:
     """Return the live policy of ``history.policy: crab`` with the ``history.crab`` options."""
-    opts = history.options("crab")
+    opts = crab_options(history)
     reference = env.reference_set(opts.reference_size)
     return CrabPolicy(
         ReferenceScorer(env.model, reference.x, reference.y, opts.divergence),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 import torch
 
@@ -209,7 +210,7 @@ def forgotten_influence_bound(
     require_scalars(accepted)
     total = sum(r.num_samples for r in accepted)
     weight = {r.client_id: r.num_samples / total for r in accepted}
-    dot = {r.client_id: float(r.scalars[DOT_AGGREGATE_KEY]) for r in accepted}
+    dot = {r.client_id: float(cast(float, r.scalars[DOT_AGGREGATE_KEY])) for r in accepted}
     gg = max(0.0, sum(weight[c] * dot[c] for c in weight))  # ||G_t||^2
     w_u = sum(weight[r.client_id] for r in gone)
     if w_u >= 1 - 1e-12:

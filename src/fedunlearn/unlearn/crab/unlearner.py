@@ -53,7 +53,7 @@ from fedunlearn.errors import ConfigError, UnsupportedHistoryError
 from fedunlearn.unlearn.base import Details, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.crab.bound import theorem1_bounds
-from fedunlearn.unlearn.crab.params import CrabParams
+from fedunlearn.unlearn.crab.params import CrabParams, crab_options
 from fedunlearn.unlearn.crab.policy import ReferenceScorer, WindowRecord, WindowSelector
 from fedunlearn.unlearn.crab.rollback import (
     first_participation,
@@ -212,7 +212,7 @@ def _spans(rounds: list[int]) -> str:
 
 
 @register("crab")
-class Crab(SelectiveReplay):
+class Crab(SelectiveReplay[CrabParams]):
     """Selective storage, rollback, calibrated replay of the stored benign updates, final tuning."""
 
     serves_generations = True  # an applied trajectory (docs/lifecycle.md)
@@ -227,7 +227,7 @@ class Crab(SelectiveReplay):
     @staticmethod
     def _reference_scorer(context: UnlearnContext) -> ReferenceScorer:
         """F and the round divergence on the run's reference set R (its ``history.crab`` size)."""
-        run = context.recording.options("crab")
+        run = crab_options(context.recording)
         ref = context.reference_set(run.reference_size)
         return ReferenceScorer(context.clients.model, ref.x, ref.y, run.divergence)
 
@@ -257,7 +257,7 @@ class Crab(SelectiveReplay):
         history = context.history
         num_rounds = context.num_rounds
         opts = self.selection_options(context)
-        run = context.recording.options("crab")
+        run = crab_options(context.recording)
         selector = WindowSelector(
             self._reference_scorer(context),
             opts["alpha"],
@@ -463,8 +463,9 @@ class Crab(SelectiveReplay):
         # then the replayed rounds (calibrated: estimated), then the final tuning rounds
         first = rb.first_forgotten_round
         trajectory = TrajectoryLog(context) if first is None or t_star < first else None
-        for t in range(1, t_star + 1) if trajectory is not None else ():
-            trajectory.add_stored(t, forget)
+        if trajectory is not None:
+            for t in range(1, t_star + 1):
+                trajectory.add_stored(t, forget)
         replay = stored[j_star:]
         participants = {s.round: [c for c in s.clients if c not in forget] for s in replay}
         trace: list[dict[str, Any]] | None = [] if self.params.bound_check else None

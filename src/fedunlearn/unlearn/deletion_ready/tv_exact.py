@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.history.policy import record_multiplicity
-from fedunlearn.unlearn.base import Details, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.exact import replay_from, replay_shards
 from fedunlearn.unlearn.registry import register
@@ -138,7 +138,7 @@ def exact_details(
 
 
 @register("tv_exact")
-class TvExact(Unlearner):
+class TvExact(Unlearner[MethodParams]):
     """Recompute a TV-stable run only from the first round the deleted data touched."""
 
     serves_generations = True  # an applied replay leaves a history without the data

@@ -6,14 +6,17 @@ Privacy Preservation", Alg. 1-2. Design notes and every deviation: docs/methods/
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.unlearn.base import MethodParams
 
-__all__ = ["FedADPParams", "FedADPSelectionConfig"]
+if TYPE_CHECKING:
+    from fedunlearn.config import HistoryConfig
+
+__all__ = ["FedADPParams", "FedADPSelectionConfig", "fedadp_options"]
 
 
 class FedADPSelectionConfig(BaseModel):
@@ -116,3 +119,8 @@ class FedADPParams(MethodParams):
             return self.final_rounds
         default = dp_history and self.preset == "default" and not self.unlearn_dp
         return "auto" if default else 0
+
+
+def fedadp_options(history: HistoryConfig) -> FedADPSelectionConfig:
+    """Return the run's ``history.fedadp`` options, typed (validated as this by its PolicySpec)."""
+    return cast(FedADPSelectionConfig, history.options("fedadp"))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -47,7 +47,7 @@ from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.history.policy import PolicyEnv, PolicySpec, register_policy
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.unlearn.fedadp.params import FedADPSelectionConfig
+from fedunlearn.unlearn.fedadp.params import FedADPSelectionConfig, fedadp_options
 from fedunlearn.unlearn.selection import count_half_up, top_clients
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ class FedADPPolicy:
                     f"round {t} has no '{LOSS_KEY}' scalar; this run was not recorded with "
                     "history.policy=fedadp"
                 )
-            losses.append(float(sc[LOSS_KEY]))
+            losses.append(float(cast(float, sc[LOSS_KEY])))
         ends = [first + e for e in stage_ends(losses, self.selector.beta)]
         start = ends[-1] if ends and self.selector.selection_mode == "staged" else first
         previous = (
@@ -331,7 +331,7 @@ class FedADPPolicy:
 
 def build_fedadp_policy(history: HistoryConfig, env: PolicyEnv) -> FedADPPolicy:
     """Return the live policy of ``history.policy: fedadp`` with the ``history.fedadp`` options."""
-    opts = history.options("fedadp")
+    opts = fedadp_options(history)
     return FedADPPolicy(
         beta=opts.beta,
         round_ratio=opts.round_ratio,
@@ -352,7 +352,7 @@ POLICY = register_policy(
         "fedadp",
         build_fedadp_policy,
         FedADPSelectionConfig,
-        clients_loss_samples=lambda options: options.loss_samples,
+        clients_loss_samples=lambda options: cast(FedADPSelectionConfig, options).loss_samples,
         applies_store_transform=True,
     )
 )

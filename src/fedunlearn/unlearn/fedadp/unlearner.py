@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn import functional as F  # noqa: N812
@@ -72,7 +72,7 @@ from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
 from fedunlearn.privacy.releases import DPRelease
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, UnlearnRequest
 from fedunlearn.unlearn.context import PrivateClients, UnlearnContext
-from fedunlearn.unlearn.fedadp.params import FedADPParams
+from fedunlearn.unlearn.fedadp.params import FedADPParams, fedadp_options
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
@@ -184,7 +184,7 @@ class FedADPDetails(Details):
 
 
 @register("fedadp")
-class FedADP(SelectiveReplay):
+class FedADP(SelectiveReplay[FedADPParams]):
     """Calibrated replay of FedADP's stored rounds from M_0 (projection of the stored updates)."""
 
     params_type = FedADPParams
@@ -245,7 +245,7 @@ class FedADP(SelectiveReplay):
         rounds = range(context.num_rounds + 1)
         scalars = [history.round_scalars(t) for t in rounds]
         if all(LOSS_KEY in sc for sc in scalars):
-            return [float(sc[LOSS_KEY]) for sc in scalars]
+            return [float(cast(float, sc[LOSS_KEY])) for sc in scalars]
         if not context.has_reference_set:
             raise UnsupportedHistoryError(f"fedadp needs '{LOSS_KEY}' or a reference set R")
         ref = context.reference_set(REFERENCE_SIZE)
@@ -265,7 +265,7 @@ class FedADP(SelectiveReplay):
             return tuple(r.client_id for r in records if r.status == "accepted" and r.stored)
 
         opts = self.selection_options(context)
-        run = context.recording.options("fedadp")
+        run = fedadp_options(context.recording)
         selector = StageSelector(
             opts["beta"],
             opts["round_ratio"],
@@ -308,7 +308,9 @@ class FedADP(SelectiveReplay):
         cfg = context.privacy
         clip_norm = context.release_clip_norm() if context.release_clip_norm else None
         if clip_norm is None:
-            clip_norm = float(context.history.round_scalars(1)[SCALAR_KEYS["clip_norm"]])
+            clip_norm = float(
+                cast(float, context.history.round_scalars(1)[SCALAR_KEYS["clip_norm"]])
+            )
         z = noise_multiplier(cfg.budget.epsilon_max, cfg.delta)
         return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
 

@@ -176,7 +176,8 @@ class _SharedOptionsCommand(TyperCommand):
         self._shared = _options_of(*self.groups)
         self.params.extend(self._shared)
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    # typer runs its commands with a typer.Context (click.Context in the stub of the base)
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         """Move the shared options' values from the function's arguments to ``ctx.meta``."""
         ctx.meta[_META] = {option.name: ctx.params.pop(option.name) for option in self._shared}
         return super().invoke(ctx)

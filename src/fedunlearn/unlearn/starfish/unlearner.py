@@ -191,7 +191,7 @@ class StarfishDetails(Details):
 
 
 @register("starfish")
-class Starfish(Unlearner):
+class Starfish(Unlearner[StarfishParams]):
     """Starfish (Liu et al.): round selection, estimated replay, per-client threshold checks.
 
     Steps of ``replay``, in order: participants and stored updates checked; TD; SecRS; the

@@ -95,7 +95,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
     graded = _graded(ev, base, th)
     demoted = clean.demoted(graded.verdict, asr, base, th.backdoor_fail)
     verdict: Verdict = "warn" if demoted else graded.verdict
-    evidence = {
+    evidence: dict[str, Any] = {
         "asr_forgotten_data": num(ev.row.get("backdoor_asr_forgotten")),
         "original_asr_forgotten_data": num(ev.controls.original.get("backdoor_asr_forgotten")),
     }

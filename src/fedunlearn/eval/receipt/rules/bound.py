@@ -12,6 +12,7 @@ from __future__ import annotations
 from fedunlearn.eval.receipt.evidence import Evidence, num
 from fedunlearn.eval.receipt.finding import Finding, Rule
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
+from fedunlearn.unlearn.receipt import Verdict
 
 __all__ = ["RULE"]
 
@@ -53,7 +54,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "initial_to_retrain": ev.controls.initial_gap,
     }
     evidence = {"method_observed": bound.observed, "note": bound.note}
-    verdict = "pass" if observed <= limit else "fail"
+    verdict: Verdict = "pass" if observed <= limit else "fail"
     facts = {"name": bound.name, "bound": bound.bound, "observed": observed}
     code = "holds" if verdict == "pass" else "broken"
     return Finding(verdict, (code,), observed, reference, {"max": limit}, evidence, facts=facts)

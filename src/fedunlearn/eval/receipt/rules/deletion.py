@@ -20,6 +20,7 @@ from typing import Any
 from fedunlearn.eval.receipt.evidence import Evidence
 from fedunlearn.eval.receipt.finding import Finding, Rule
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
+from fedunlearn.unlearn.receipt import Verdict
 
 __all__ = ["RULE"]
 
@@ -99,7 +100,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
                 "n/a", ("kept_on_recover",), float(total), reference, {}, evidence, facts=facts
             )
         evidence["failure"] = "held"
-        verdict = th.deletion_on_forget
+        verdict: Verdict = th.deletion_on_forget
         return Finding(verdict, ("held",), float(total), reference, {}, evidence, facts=facts)
     facts = {
         "payloads": sum(int(r.get("num_payloads", 0)) for r in records),

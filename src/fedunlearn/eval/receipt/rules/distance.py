@@ -22,6 +22,7 @@ from fedunlearn.eval.distance_band import upper_bound
 from fedunlearn.eval.receipt.evidence import Evidence, Row, num
 from fedunlearn.eval.receipt.finding import Finding, Rule
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
+from fedunlearn.unlearn.receipt import Verdict
 
 __all__ = ["MIN_TOWARD_RETRAINS", "RULE", "across", "toward_line"]
 
@@ -83,7 +84,7 @@ def applies(ev: Evidence) -> Finding | None:
         return Finding("n/a", ("not_measured",))
     if c.retrain_gap == 0.0:
         evidence = {"distance_to_retrain": left, "distance_to_original": moved, "original_gap": 0.0}
-        verdict = "pass" if left == 0.0 else "inconclusive"
+        verdict: Verdict = "pass" if left == 0.0 else "inconclusive"
         codes = ("no_gap",) if left == 0.0 else ("no_gap", "no_gap_away")
         facts = {"left": left}
         return Finding(verdict, codes, None, {"original": 0.0}, {}, evidence, facts=facts)
@@ -109,6 +110,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
             if band is not None:
                 power[label]["outside_band"] = placed[0] > line
     inside = [label for label, p in power.items() if not p.get("outside_band", True)]
+    verdict: Verdict
     if moved_share < th.distance_unchanged:
         verdict, code = "fail", "still_original"
     elif not toward < line_toward:  # NaN included: it cannot be placed, so it is not cleared

@@ -95,6 +95,7 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
     ]
     worst = max(attacks, key=lambda a: a.order)
     powered = [a for a in attacks if a.powered]
+    verdict: Verdict
     if worst.candidate == "fail":  # a flag counts whatever the controls
         chosen, verdict = worst, "fail"
     elif powered:

@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -84,6 +84,9 @@ from fedunlearn.unlearn.starfish.backend.protocol import (
     check_order,
 )
 from fedunlearn.unlearn.starfish.backend.ranges import StepRanges
+
+if TYPE_CHECKING:  # TypeIs narrows both branches (typing has it from Python 3.13)
+    from typing_extensions import TypeIs
 
 __all__ = ["DEFAULT_RANGE", "OFFLINE_PHASE", "PHASES", "MpcBackend", "TimedDealer"]
 
@@ -188,7 +191,7 @@ class TimedDealer:
             return self.inner.invertible_mask(shape, fixed_point)
 
 
-def _is_secret(x: Any) -> bool:
+def _is_secret(x: Any) -> TypeIs[SharedTensor]:
     return isinstance(x, SharedTensor)
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.history.store import HistoryStore
@@ -78,7 +78,7 @@ from fedunlearn.unlearn.starfish.deploy.shares import (
     share_settings,
     share_store_dir,
 )
-from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS
+from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS, StarfishDetails
 
 __all__ = ["run_server", "serve_clients"]
 
@@ -264,9 +264,10 @@ def run_server(
         record = SharedStageOneRecord(history, party, info)  # the sharing bound above
         out = method.replay(request, context, backend, record, gateway)
         finished = True
+        starfish_details = cast(StarfishDetails, out.details)  # Starfish's replay returns them
         details = dataclasses.replace(
-            out.details,
-            assumptions=(*out.details.assumptions, ASSUMPTIONS["simulated_clients"]),
+            starfish_details,
+            assumptions=(*starfish_details.assumptions, ASSUMPTIONS["simulated_clients"]),
         )
         online = link.transport.counters.online
         return {

@@ -29,7 +29,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -47,7 +47,7 @@ from fedunlearn.unlearn.starfish.deploy.shares import (
     share_settings,
 )
 from fedunlearn.unlearn.starfish.replay import LocalClients
-from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS, RUNNERS, Starfish
+from fedunlearn.unlearn.starfish.unlearner import ASSUMPTIONS, RUNNERS, Starfish, StarfishDetails
 
 __all__ = ["SharedClients", "run_in_process"]
 
@@ -153,10 +153,13 @@ def run_in_process(method: Starfish, request: UnlearnRequest, context: UnlearnCo
         raise SecureComputationError(
             "the two servers opened different unlearned models; the 2PC run is inconsistent"
         )
+    # Starfish's replay returns its own details (StarfishDetails)
+    first_details = cast(StarfishDetails, first.details)
+    second_details = cast(StarfishDetails, second.details)
     details = dataclasses.replace(
-        first.details,
+        first_details,
         servers_opened_same_model=True,  # consistent openings, not a correct model (assumptions)
-        mpc_costs_party1=second.details.mpc_costs or {},
-        assumptions=(*first.details.assumptions, ASSUMPTIONS["in_process"]),
+        mpc_costs_party1=second_details.mpc_costs or {},
+        assumptions=(*first_details.assumptions, ASSUMPTIONS["in_process"]),
     )
     return dataclasses.replace(first, details=details)
