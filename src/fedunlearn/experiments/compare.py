@@ -182,6 +182,7 @@ def compare_methods(
             # a comparison applies nothing: drop the trajectory, (2 + n_t) d floats per round
             # (docs/lifecycle.md), rather than hold one per method until the end
             results[name] = replace(result, trajectory=None)
+            del result  # else it holds this trajectory while the next method builds its own
         if progress is not None:
             progress.on_step("verifying")
         if client_test and progress is not None:
