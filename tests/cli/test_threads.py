@@ -70,6 +70,7 @@ def test_the_choice_caps_the_default_and_honours_a_request():
         choose_threads(0, torch_default=2, cpus=2)
 
 
+@pytest.mark.slow
 def test_a_run_trained_with_threads_1_records_and_states_it(tmp_path, restore_threads):
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps(RUN))
