@@ -252,3 +252,40 @@ def test_bad_input_exits_2(tmp_path):
     bad.write_text(json.dumps({"method": "retrain"}))
     res = runner.invoke(app, ["check-receipt", str(bad), "--run", str(tmp_path)])
     assert res.exit_code == 2 and "no 'request'" in res.output
+
+
+def _forged(path: Path, tmp_path: Path, edit) -> Path:
+    doc = json.loads(path.read_text())
+    edit(doc)
+    seal(doc, doc["run"])  # a forger who recomputes the checksum
+    shutil.copy(path.with_name(path.stem + ".apply.safetensors"), tmp_path)
+    forged = tmp_path / path.name
+    forged.write_text(json.dumps(doc))
+    return forged
+
+
+def _clean_lineage(doc):
+    doc["lineage"]["tainted_reads"] = {"updates": [], "aggregates": [], "models": []}
+    doc["lineage"]["reason"] = "read nothing of client 4"
+
+
+def _removed_verdict(doc):
+    doc["verification"] = {
+        "influence": "removed",
+        "influence_basis": "exact_lineage",
+        "lineage": {**doc["lineage"], "kind": "exact"},
+    }
+
+
+@pytest.mark.parametrize("edit", [_clean_lineage, _removed_verdict], ids=["lineage", "verdict"])
+def test_a_forged_lineage_or_removed_verdict_under_a_new_seal_fails_the_replay(
+    crab, tmp_path, edit
+):
+    # before: only the model was compared, so an approximate result could claim it read nothing
+    # of the client, or carry an 'influence removed by exact lineage' verdict, and get ok
+    run, path = crab
+    checked = check_receipt(_forged(path, tmp_path, edit), run)
+    found = _lines(checked)
+    assert not checked.ok
+    assert found["seal"][0] is True and found["model"][0] is True
+    assert found["replay"][0] is False and "lineage" in found["replay"][1]

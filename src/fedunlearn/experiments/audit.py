@@ -224,13 +224,16 @@ def replay_exact(
     request: UnlearnRequest,
     params: torch.Tensor,
     source: str,
-) -> None:
+) -> UnlearnResult:
     """Recompute an exact result and refuse the claim unless it comes out bit for bit.
 
     An exact lineage is what ``removed`` rests on, and a result file is the server's word: the
     seal is a checksum anyone can recompute. The replay (``replay_method``) runs the named
     method on this run and request; the claim holds when the replay's own lineage is exact and
     its model is bitwise the audited one.
+
+    Returns:
+        The replayed result (its lineage is what the document's lineage must say).
     """
     replayed = replay_method(result, session, request)
     if replayed.lineage is None or not replayed.lineage.exact:
@@ -244,6 +247,7 @@ def replay_exact(
             f"{source} claims an exact lineage, but replaying {result.get('method')} on this run "
             "does not reproduce the audited model bit for bit; the claim is refused"
         )
+    return replayed
 
 
 def _check_served(session: UnlearnSession, params: torch.Tensor, source: str) -> None:

@@ -21,6 +21,8 @@ itself: it checks, one finding each,
   (Crab's participation rollback replays stored updates of the remaining clients, which carry
   the forgotten clients' influence) it proves the computation only: the model is what the named
   method computes from the committed history, and removal rests on the statistical checks.
+  Either way the document's lineage (and a verification's lineage, or its influence removed
+  by an exact lineage) must be the replay's own: a recomputed seal cannot carry a forged one.
 
 What it proves, against whom: docs/verification.md ("Checking a receipt as an auditor").
 """
@@ -278,17 +280,49 @@ def _replay(
     lineage = lineage_from_dict(doc.get("lineage"))
     if lineage is not None and lineage.exact:
         try:
-            replay_exact(doc, session, request, params, source)
+            replayed = replay_exact(doc, session, request, params, source)
         except IntegrityError as err:
             return Finding("replay", False, str(err))
         except HistoryError as err:  # the history no longer holds what the method reads
             return Finding("replay", False, f"{doc.get('method')} cannot be replayed: {err}")
+        wrong = _lineage_claims(doc, replayed.lineage)
+        if wrong:
+            return Finding("replay", False, wrong)
         return Finding(
             "replay",
             True,
             f"{doc.get('method')} re-run on this run gives the model bit for bit (same SHA-256)",
         )
     return _replay_computation(doc, session, request, params, lineage)
+
+
+def _lineage_claims(doc: Mapping[str, Any], replayed: Lineage | None) -> str | None:
+    """What the document says about the lineage that the replay's own lineage contradicts.
+
+    The lineage (what the method read of the forgotten clients) and a verdict of influence
+    removed by construction are claims under the seal, which anyone can recompute: they must be
+    the replay's, not the server's word.
+    """
+    truth = None if replayed is None else json.loads(json.dumps(replayed.to_dict()))
+    if doc.get("lineage") != truth:
+        return (
+            f"the document's lineage is not the one {doc.get('method')} has when re-run on "
+            f"this run (re-run: {'none' if truth is None else truth['kind']}, "
+            f"{'' if truth is None else truth['reason']})"
+        )
+    verification = doc.get("verification")
+    if not isinstance(verification, Mapping):
+        return None
+    if "lineage" in verification and verification["lineage"] != truth:
+        return "the document's verification states another lineage than the re-run's"
+    if verification.get("influence_basis") == "exact_lineage" and not (
+        replayed is not None and replayed.exact
+    ):
+        return (
+            "the document's verification says the influence was removed by an exact lineage; "
+            f"the re-run's lineage is {'none' if replayed is None else replayed.kind}"
+        )
+    return None
 
 
 def _replay_computation(
@@ -317,6 +351,9 @@ def _replay_computation(
             f"{method} re-run on this run does not give the document's model bit for bit: the "
             f"model is not what {method} computes from this run's committed history",
         )
+    wrong = _lineage_claims(doc, replayed.lineage)
+    if wrong:
+        return Finding("replay", False, wrong)
     return Finding(
         "replay",
         True,
