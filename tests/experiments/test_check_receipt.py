@@ -289,3 +289,53 @@ def test_a_forged_lineage_or_removed_verdict_under_a_new_seal_fails_the_replay(
     assert not checked.ok
     assert found["seal"][0] is True and found["model"][0] is True
     assert found["replay"][0] is False and "lineage" in found["replay"][1]
+
+
+def _receipt(run: Path, model: Path, out: Path, *extra: str) -> Path:
+    res = runner.invoke(
+        app,
+        ["audit", str(run), "--model", str(model), "--forget", "2", "--no-client-test"]
+        + ["--out", str(out), *extra],
+    )
+    assert res.exit_code in (0, 1), res.output
+    return out
+
+
+def test_an_audit_receipt_is_checked_with_nothing_to_replay(retrain, tmp_path):
+    # before: every `audit --out` receipt exited 2 (it names `result_method`, not `method`)
+    run, _, base = retrain
+    receipt = _receipt(run, base / "original.pt", tmp_path / "receipt.json")
+    checked = check_receipt(receipt, run, model=base / "original.pt")
+    found = _lines(checked)
+    assert checked.ok, found
+    assert found["replay"][0] is None
+
+
+def test_a_receipt_claiming_removal_by_an_exact_lineage_fails_without_a_result(retrain, tmp_path):
+    run, _, base = retrain
+    receipt = _receipt(run, base / "original.pt", tmp_path / "receipt.json")
+    doc = json.loads(receipt.read_text())
+    doc["verification"]["influence"] = "removed"
+    doc["verification"]["influence_basis"] = "exact_lineage"
+    seal(doc, doc["run"])  # a forger who recomputes the checksum
+    receipt.write_text(json.dumps(doc))
+    checked = check_receipt(receipt, run, model=base / "original.pt")
+    found = _lines(checked)
+    assert not checked.ok
+    assert found["replay"][0] is False
+    assert "cannot be shown from it" in found["replay"][1]
+
+
+def test_after_the_clients_stored_updates_are_forgotten_crab_says_it_cannot_replay(crab, tmp_path):
+    # before: the replay's UnsupportedHistoryError escaped the check (exit 2)
+    run, path = crab
+    copy = _copy(run, tmp_path / "run")
+    shutil.copy(path, tmp_path / "crab.json")
+    shutil.copy(path.with_name("crab.apply.safetensors"), tmp_path)
+    res = runner.invoke(app, ["forget", str(copy), "--clients", "4"])  # the result's own client
+    assert res.exit_code == 0, res.output
+    checked = check_receipt(tmp_path / "crab.json", copy)
+    found = _lines(checked)
+    assert found["request"][0] is True
+    assert found["replay"][0] is None
+    assert "cannot be replayed on this run as it is now" in found["replay"][1]

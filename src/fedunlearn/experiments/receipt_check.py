@@ -38,7 +38,12 @@ from typing import Any
 
 import torch
 
-from fedunlearn.errors import ConfigError, HistoryError, IntegrityError
+from fedunlearn.errors import (
+    ConfigError,
+    HistoryError,
+    IntegrityError,
+    UnsupportedHistoryError,
+)
 from fedunlearn.eval.verifier import lineage_from_dict
 from fedunlearn.experiments.audit import read_model_file, replay_exact, replay_method
 from fedunlearn.history.digest import check_seal
@@ -277,14 +282,21 @@ def _replay(
     params: torch.Tensor,
     source: str,
 ) -> Finding:
+    if "method" not in doc:  # a receipt (audit --out) names no method parameters
+        return _receipt_replay(doc)
     lineage = lineage_from_dict(doc.get("lineage"))
     if lineage is not None and lineage.exact:
         try:
             replayed = replay_exact(doc, session, request, params, source)
         except IntegrityError as err:
             return Finding("replay", False, str(err))
-        except HistoryError as err:  # the history no longer holds what the method reads
-            return Finding("replay", False, f"{doc.get('method')} cannot be replayed: {err}")
+        except (HistoryError, UnsupportedHistoryError) as err:  # a later forget took its reads
+            return Finding(
+                "replay",
+                False,
+                f"{doc.get('method')} cannot be replayed on this run as it is now ({err}), so its "
+                "exact lineage cannot be shown; check on a copy of the run taken with the document",
+            )
         wrong = _lineage_claims(doc, replayed.lineage)
         if wrong:
             return Finding("replay", False, wrong)
@@ -325,6 +337,35 @@ def _lineage_claims(doc: Mapping[str, Any], replayed: Lineage | None) -> str | N
     return None
 
 
+def _receipt_replay(doc: Mapping[str, Any]) -> Finding:
+    """A receipt (``audit --out``) carries no method parameters: nothing can be re-run.
+
+    A removal it states by an exact lineage therefore cannot be shown from it (a re-sealed
+    receipt could say anything): that claim fails here, and the result it was made from
+    (``unlearn --out``) is what to check.
+    """
+    verification = doc.get("verification")
+    claims = verification if isinstance(verification, Mapping) else {}
+    stated = claims.get("lineage")
+    exact = claims.get("influence_basis") == "exact_lineage" or (
+        isinstance(stated, Mapping) and stated.get("kind") == "exact"
+    )
+    if exact:
+        return Finding(
+            "replay",
+            False,
+            "this receipt states removal by an exact lineage but names no method parameters to "
+            "re-run, so the claim cannot be shown from it; check the result it was made from "
+            "(fedunlearn check-receipt RESULT.json --run RUN)",
+        )
+    return Finding(
+        "replay",
+        None,
+        "a receipt (audit --out) names no method to re-run; its statistical checks hold "
+        "against an honest-but-curious server only",
+    )
+
+
 def _replay_computation(
     doc: Mapping[str, Any],
     session: UnlearnSession,
@@ -342,6 +383,14 @@ def _replay_computation(
     kind = "none" if lineage is None else lineage.kind
     try:
         replayed = replay_method(doc, session, request)
+    except UnsupportedHistoryError as err:  # a later forget took what it reads
+        return Finding(
+            "replay",
+            None,
+            f"{method} cannot be replayed on this run as it is now ({err}); its lineage is "
+            f"{kind}, so the replay would prove the computation only; check on a copy of the run "
+            "taken with the document",
+        )
     except (HistoryError, ConfigError) as err:
         return Finding("replay", False, f"{method} cannot be replayed on this run: {err}")
     if tensor_sha256(replayed.params) != tensor_sha256(params):
