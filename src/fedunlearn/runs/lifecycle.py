@@ -93,7 +93,13 @@ from fedunlearn.runs.rundir import (
     write_json,
     write_text_atomic,
 )
-from fedunlearn.runs.setup import Setup, build_setup, clients_loss, sampler_of
+from fedunlearn.runs.setup import (
+    Setup,
+    build_setup,
+    clients_loss,
+    sampler_of,
+    with_recorded_executor,
+)
 from fedunlearn.runs.train import (
     _clients_loss_samples,
     _WallClock,
@@ -854,7 +860,8 @@ def continue_run(
             }
         forgotten = store.forgotten_clients()
         with run_threads(store.meta.get("torch_threads"), purpose="the continuation"):
-            setup = _without_forgotten_samples(build_setup(config), store)
+            pinned = with_recorded_executor(config, store.meta.get("executor"))
+            setup = _without_forgotten_samples(build_setup(pinned), store)
             # the continued rounds must train on what the run trained on (as a session warns)
             warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
             remaining = [c for c in setup.federation.client_ids if c not in forgotten]

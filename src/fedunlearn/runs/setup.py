@@ -59,6 +59,7 @@ __all__ = [
     "shard_plan",
     "shard_samplers",
     "training_spec",
+    "with_recorded_executor",
 ]
 
 # Seed purpose of the reference set. Named after its first user (Crab's R); renaming it would
@@ -189,6 +190,22 @@ def _builtin_data(
     x_all, y_all = torch.from_numpy(np.ascontiguousarray(x_train)), torch.from_numpy(y_train)
     client_data = {c: ClientData(x_all[idx], y_all[idx]) for c, idx in enumerate(parts)}
     return dataset, client_data, x_test, y_test
+
+
+def with_recorded_executor(config: RunConfig, recorded: object) -> RunConfig:
+    """The config a run's later steps build with: ``auto`` pinned to the executor it trained with.
+
+    ``auto`` picks by model structure and, for conv nets on the CPU, by the CPUs available
+    (``pool`` with more than one, else ``serial``), and the two round differently. Resume,
+    ``train --continue`` and unlearning sessions (so a receipt and an auditor's replay on a
+    machine with another CPU count) must train the way the run did: the store records the
+    resolved kind (metadata ``executor``), and this pins it. Runs recorded before it keep
+    ``auto``.
+    """
+    if config.training.executor != "auto" or recorded not in ("serial", "vectorized", "pool"):
+        return config
+    training = config.training.model_copy(update={"executor": recorded})
+    return config.model_copy(update={"training": training})
 
 
 def build_setup(

@@ -79,6 +79,7 @@ from fedunlearn.runs.setup import (
     clients_loss,
     reference_set,
     sampler_of,
+    with_recorded_executor,
 )
 
 __all__ = [
@@ -316,6 +317,7 @@ def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
         "history_policy": config.history.policy,
         "history_every": config.history.every,
         "torch_threads": torch.get_num_threads(),
+        "executor": fed.executor.name,  # what 'auto' resolved to (with_recorded_executor)
         "wall_seconds": 0.0,
         **({"components": setup.components} if setup.components else {}),
     }
@@ -418,7 +420,8 @@ def train_run(
             raise ConfigError(already)
         threads = None if store is None else store.meta.get("torch_threads")
         with run_threads(threads, purpose="the resume"):
-            setup = build_setup(config, model=model, data=data)
+            recorded = None if store is None else store.meta.get("executor")
+            setup = build_setup(with_recorded_executor(config, recorded), model=model, data=data)
             if store is not None:  # resumed rounds must train on what the first ones did
                 warn_changed_components(
                     store.meta.get("components"), setup.components, str(run_dir)

@@ -65,6 +65,7 @@ from fedunlearn.runs.setup import (
     shard_plan,
     shard_samplers,
     training_spec,
+    with_recorded_executor,
 )
 from fedunlearn.runs.user import model_from_record
 from fedunlearn.unlearn.base import Unlearner, UnlearnRequest, UnlearnResult
@@ -165,7 +166,8 @@ class UnlearnSession:
                 )
             generation = store.generation()
             _check_given(recorded, config, model, data, run_dir)
-            self._setup: Setup | None = build_setup(config, model=model, data=data)
+            pinned = with_recorded_executor(config, store.meta.get("executor"))
+            self._setup: Setup | None = build_setup(pinned, model=model, data=data)
             warn_changed_components(recorded, self._setup.components, str(run_dir))
             federation = self._setup.federation
             gone = store.forgotten_samples()
