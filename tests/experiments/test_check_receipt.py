@@ -339,3 +339,32 @@ def test_after_the_clients_stored_updates_are_forgotten_crab_says_it_cannot_repl
     assert found["request"][0] is True
     assert found["replay"][0] is None
     assert "cannot be replayed on this run as it is now" in found["replay"][1]
+
+
+@pytest.mark.parametrize("claim", ["privacy", "warnings", "kind"])
+def test_a_privacy_statement_warnings_or_lineage_kind_edited_under_a_new_seal_fail(
+    crab, tmp_path, claim
+):
+    # before: only the model and the lineage were compared with the re-run (review of 1c1ab72)
+    run, path = crab
+    doc = json.loads(path.read_text())
+    if claim == "privacy":
+        doc["privacy"]["enabled"] = not doc["privacy"]["enabled"]
+    elif claim == "warnings":
+        doc["details"]["warnings"] = [*doc["details"]["warnings"], "an invented warning"]
+    else:
+        doc["lineage"]["kind"] = "Exact"  # not a kind: was read as approximate
+    seal(doc, doc["run"])
+    edited = tmp_path / "crab.json"
+    shutil.copy(path.with_name("crab.apply.safetensors"), tmp_path)
+    edited.write_text(json.dumps(doc))
+    if claim == "kind":
+        res = runner.invoke(app, ["check-receipt", str(edited), "--run", str(run)])
+        assert res.exit_code == 2
+        assert "neither 'exact' nor 'approximate'" in " ".join(res.output.split())
+        return
+    checked = check_receipt(edited, run)
+    found = _lines(checked)
+    assert not checked.ok
+    assert found["replay"][0] is False
+    assert claim in found["replay"][1]

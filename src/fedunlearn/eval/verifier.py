@@ -445,6 +445,11 @@ def lineage_from_dict(data: Mapping[str, Any] | None) -> Lineage | None:
     """
     if data is None:
         return None
+    if not isinstance(data, Mapping) or data.get("kind") not in ("exact", "approximate"):
+        kind = data.get("kind") if isinstance(data, Mapping) else data
+        raise ConfigError(
+            f"the result's lineage kind {kind!r} is neither 'exact' nor 'approximate'"
+        )
     try:
         return Lineage(
             kind=data["kind"],

@@ -234,7 +234,7 @@ def compare_methods(
     }
 
 
-def _result_privacy(
+def result_privacy_of(
     config: RunConfig, store: HistoryStore, method: str, params: Any
 ) -> dict[str, Any]:
     """The result's ``privacy``: the run's ledger, this model's status, every statistic's.
@@ -324,7 +324,7 @@ def unlearn_one(
             "round_metrics": _jsonable_rounds(result),
             "details": result.details.to_dict(),
             "lineage": result.lineage.to_dict() if result.lineage is not None else None,
-            "privacy": _result_privacy(run.config, run.store, method, unlearner.params),
+            "privacy": result_privacy_of(run.config, run.store, method, unlearner.params),
             "torch_threads": torch.get_num_threads(),  # the run's own (fl/threads.py)
         }
         if verify:

@@ -46,10 +46,11 @@ from fedunlearn.errors import (
 )
 from fedunlearn.eval.verifier import lineage_from_dict
 from fedunlearn.experiments.audit import read_model_file, replay_exact, replay_method
-from fedunlearn.history.digest import check_seal
+from fedunlearn.experiments.compare import result_privacy_of
+from fedunlearn.history.digest import canonical_json, check_seal
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.runs import run_fingerprint
-from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
 from fedunlearn.unlearn.lineage import Lineage
 
 __all__ = ["Finding", "ReceiptCheck", "check_receipt"]
@@ -297,7 +298,7 @@ def _replay(
                 f"{doc.get('method')} cannot be replayed on this run as it is now ({err}), so its "
                 "exact lineage cannot be shown; check on a copy of the run taken with the document",
             )
-        wrong = _lineage_claims(doc, replayed.lineage)
+        wrong = _lineage_claims(doc, replayed.lineage) or _other_claims(doc, replayed, session)
         if wrong:
             return Finding("replay", False, wrong)
         return Finding(
@@ -306,6 +307,39 @@ def _replay(
             f"{doc.get('method')} re-run on this run gives the model bit for bit (same SHA-256)",
         )
     return _replay_computation(doc, session, request, params, lineage)
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as a result file holds it (a JSON round trip of its canonical form)."""
+    return json.loads(canonical_json(value))
+
+
+def _other_claims(
+    doc: Mapping[str, Any], replayed: UnlearnResult, session: UnlearnSession
+) -> str | None:
+    """The method's warnings and the privacy statement: the replay's, not the server's word.
+
+    Both are recomputed (the warnings by the re-run, the privacy statement from the run's
+    ledger and the method's parameters, as ``unlearn`` writes it); a document that edited
+    either under a recomputed seal fails. Timings and costs are measurements of the server's
+    machine and are not compared.
+    """
+    details = doc.get("details")
+    stated = details.get("warnings") if isinstance(details, Mapping) else None
+    truth = _as_json(replayed.details.to_dict()).get("warnings")
+    if stated != truth:
+        return "the document's method warnings are not the ones the re-run gives"
+    if "privacy" in doc:
+        method = str(doc.get("method", ""))
+        params = make_method(method, doc.get("params") or {}).params
+        run = session.run_view
+        expected = _as_json(result_privacy_of(run.config, run.store, method, params))
+        if doc["privacy"] != expected:
+            return (
+                "the document's privacy statement is not the one this run's ledger and the "
+                "method's parameters give"
+            )
+    return None
 
 
 def _lineage_claims(doc: Mapping[str, Any], replayed: Lineage | None) -> str | None:
@@ -400,7 +434,7 @@ def _replay_computation(
             f"{method} re-run on this run does not give the document's model bit for bit: the "
             f"model is not what {method} computes from this run's committed history",
         )
-    wrong = _lineage_claims(doc, replayed.lineage)
+    wrong = _lineage_claims(doc, replayed.lineage) or _other_claims(doc, replayed, session)
     if wrong:
         return Finding("replay", False, wrong)
     return Finding(
