@@ -368,3 +368,19 @@ def test_a_privacy_statement_warnings_or_lineage_kind_edited_under_a_new_seal_fa
     assert not checked.ok
     assert found["replay"][0] is False
     assert claim in found["replay"][1]
+
+
+def test_a_client_forgotten_after_the_head_is_not_required_in_the_request(retrain, tmp_path):
+    # before: `forget --clients 3` after a Retrain result for client 2 failed its request check
+    # ("does not forget client(s) [3], forgotten earlier"); client 3 was forgotten later
+    run, path, _ = retrain
+    copy = _copy(run, tmp_path / "run")
+    shutil.copy(path, tmp_path / "retrain.json")
+    shutil.copy(path.with_name("retrain.apply.safetensors"), tmp_path)
+    res = runner.invoke(app, ["forget", str(copy), "--clients", "3"])
+    assert res.exit_code == 0, res.output
+    found = _lines(check_receipt(tmp_path / "retrain.json", copy))
+    assert found["request"][0] is True
+    assert found["chain"][0] is True
+    assert found["replay"][0] is False  # an exact claim that cannot be re-run on the run now
+    assert "forgotten after the document's head" in found["replay"][1]

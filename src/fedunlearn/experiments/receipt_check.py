@@ -183,6 +183,25 @@ def _chain(doc: Mapping[str, Any], session: UnlearnSession) -> Finding:
     )
 
 
+def _forgotten_after(doc: Mapping[str, Any], session: UnlearnSession) -> set[int]:
+    """Clients first forgotten by ``forget`` links after the document's head (none without one).
+
+    A later ``forget`` keeps the state the document was computed on (``_chain``); the clients it
+    forgot were not yet forgotten then, so the document's request need not name them.
+    """
+    named = doc.get("run", {}).get("chain")
+    seq = named.get("seq") if isinstance(named, Mapping) else None
+    if type(seq) is not int:
+        return set()
+    before: set[int] = set()
+    after: set[int] = set()
+    for s, kind, body, _ in session.run_view.store.chain_links():
+        if kind == "forget":
+            clients = {int(c) for c in body.get("clients", [])}
+            (before if s <= seq else after).update(clients)
+    return after - before
+
+
 def _request(doc: Mapping[str, Any], session: UnlearnSession) -> tuple[Finding, UnlearnRequest]:
     req = doc["request"]
     try:
@@ -190,7 +209,7 @@ def _request(doc: Mapping[str, Any], session: UnlearnSession) -> tuple[Finding, 
         request = UnlearnRequest.of(forget, str(req.get("kind", "forget")))
     except (TypeError, ValueError) as err:
         raise ConfigError(f"the document's request is not a request: {err}") from None
-    missing = sorted(session.run_view.forgotten - request.forget)
+    missing = sorted(session.run_view.forgotten - request.forget - _forgotten_after(doc, session))
     if missing:
         return (
             Finding(
@@ -286,6 +305,17 @@ def _replay(
     if "method" not in doc:  # a receipt (audit --out) names no method parameters
         return _receipt_replay(doc)
     lineage = lineage_from_dict(doc.get("lineage"))
+    later = _forgotten_after(doc, session) - request.forget
+    if later:  # a re-run now would forget them too (requests are cumulative)
+        exact = lineage is not None and lineage.exact
+        return Finding(
+            "replay",
+            False if exact else None,
+            f"client(s) {sorted(later)} were forgotten after the document's head, and a re-run on "
+            "the run as it is now would forget them too, so it cannot reproduce the document"
+            + ("'s exact lineage" if exact else " (its lineage is not exact: nothing is lost)")
+            + "; check on a copy of the run taken with the document",
+        )
     if lineage is not None and lineage.exact:
         try:
             replayed = replay_exact(doc, session, request, params, source)
