@@ -13,6 +13,7 @@ from fedunlearn.testing import (
     check_declared_reads,
     check_invalid_params,
     check_method,
+    check_unusable_history,
     method_checks,
     parametrize_with_checks,
 )
@@ -43,6 +44,15 @@ class IgnoresItsParams(FineTune):
         super().__init__(None)
 
 
+class SkipsItsHistoryCheck(FineTune):
+    """Declares it needs policy ``all`` but never checks the run's policy."""
+
+    required_policies = frozenset({"all"})
+
+    def check_history(self, context):
+        pass
+
+
 @pytest.fixture
 def runs(run_all, run_none):
     return ContractRuns(run_all, run_none)
@@ -61,6 +71,11 @@ def test_a_method_reading_a_round_model_it_declares_it_does_not_read_fails(runs)
 def test_a_method_accepting_out_of_bounds_params_fails(runs):
     with pytest.raises(AssertionError, match=r"accepted invalid parameters \{'no_such"):
         check_invalid_params(IgnoresItsParams, runs)
+
+
+def test_a_method_running_on_history_it_declares_it_needs_fails(runs):
+    with pytest.raises(AssertionError, match="ran on a run recorded with policy 'none'"):
+        check_unusable_history(SkipsItsHistoryCheck, runs)
 
 
 def test_check_method_names_the_failed_check(runs):

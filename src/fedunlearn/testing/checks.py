@@ -38,6 +38,7 @@ import torch
 from fedunlearn.errors import ConfigError, UnknownMethodError, UnsupportedHistoryError
 from fedunlearn.testing.runs import ContractRuns, contract_runs, run_dir_digest
 from fedunlearn.unlearn.base import Details, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.lineage import Read
 from fedunlearn.unlearn.registry import get_method, registered
 from fedunlearn.unlearn.session import UnlearnSession
@@ -166,14 +167,32 @@ def check_unusable_history(name: str, cls: type[Unlearner[Any]], runs: ContractR
             assert result.params.shape == shape, f"{name}: model shape {result.params.shape}"
             assert bool(torch.isfinite(result.params).all()), f"{name}: non-finite model"
             return
-        try:
-            method.unlearn(request, context)
-        except UnsupportedHistoryError as err:
-            assert "needs history policy" in str(err), f"{name}: {err}"
-        else:
-            raise AssertionError(f"{name} ran on a run recorded with policy 'none'")
-    assert context.meter.costs.client_epochs == 0, f"{name}: trained before refusing"
-    assert context.meter.costs.history_bytes_read == 0, f"{name}: read before refusing"
+        _refused_before_work(
+            name,
+            lambda: method.unlearn(request, context),
+            context,
+            (UnsupportedHistoryError, "needs history policy"),
+            f"{name} ran on a run recorded with policy 'none'",
+        )
+
+
+def _refused_before_work(
+    name: str,
+    call: Callable[[], Any],
+    context: UnlearnContext,
+    refusal: tuple[type[Exception], str],
+    accepted: str,
+) -> None:
+    """Assert that ``call`` raises ``refusal`` (type, words) with nothing trained or read."""
+    error, words = refusal
+    try:
+        call()
+    except error as err:
+        assert words in str(err), f"{name}: {err}"
+    else:
+        raise AssertionError(accepted)
+    assert context.meter.costs.client_epochs == 0, f"{name}: trained, then refused"
+    assert context.meter.costs.history_bytes_read == 0, f"{name}: read, then refused"
 
 
 def _out_of_bounds(metadata: Iterable[Any]) -> list[Any]:
@@ -237,14 +256,13 @@ def check_sample_requests(name: str, cls: type[Unlearner[Any]], runs: ContractRu
     request = UnlearnRequest.of([], samples={1: [0, 1]})
     with UnlearnSession(runs.all) as session:
         context = session.context(request)
-        try:
-            cls().unlearn(request, context)
-        except ConfigError as err:
-            assert "removes whole clients only" in str(err), f"{name}: {err}"
-        else:
-            raise AssertionError(f"{name} declares serves_samples=False and served samples")
-    assert context.meter.costs.client_epochs == 0, f"{name}: trained before refusing"
-    assert context.meter.costs.history_bytes_read == 0, f"{name}: read before refusing"
+        _refused_before_work(
+            name,
+            lambda: cls().unlearn(request, context),
+            context,
+            (ConfigError, "removes whole clients only"),
+            f"{name} declares serves_samples=False and served samples",
+        )
 
 
 #: Every check, in the order ``method_checks`` yields them.
