@@ -3,12 +3,28 @@
 import os
 import subprocess
 import sys
+import tomllib
 import xml.etree.ElementTree as ET
 
 import pytest
-from tests.support.examples import FINETUNE_PLUGIN
+from tests.support.examples import FINETUNE_PLUGIN, finetune_class
 
+from fedunlearn.plugins import Plugin, resolve
 from fedunlearn.testing import CHECKS
+
+
+def test_the_entry_point_line_resolves_to_the_plugin_declaring_the_method():
+    # Prepare: the one line the distribution adds to the group fedunlearn.plugins
+    project = tomllib.loads((FINETUNE_PLUGIN / "pyproject.toml").read_text())
+    points = project["project"]["entry-points"]["fedunlearn.plugins"]
+    FineTune = finetune_class()  # puts the example's src/ on sys.path
+    # Execute: resolve it as fedunlearn does for an installed distribution
+    plugin = resolve(points["finetune"], "plugin 'finetune'")
+    # Assert: a Plugin named like its entry point, whose method path is the tested class
+    assert list(points) == ["finetune"]
+    assert isinstance(plugin, Plugin)
+    assert plugin.name == "finetune"
+    assert resolve(plugin.methods["finetune"], "method 'finetune'") is FineTune
 
 
 @pytest.mark.slow  # a pytest process training the contract runs, ~15 s
