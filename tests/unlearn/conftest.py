@@ -6,15 +6,10 @@ import pytest
 
 from fedunlearn.config import parse_config
 from fedunlearn.runs import train_run
+from fedunlearn.testing import contract_config
 
-BASE = {
-    "seed": 2,
-    "data": {"dataset": "digits", "num_clients": 5},
-    "model": {"name": "mlp", "hidden": [16]},
-    "training": {"rounds": 5, "local_epochs": 2, "lr": 0.3, "batch_size": 32, "executor": "serial"},
-    "attack": {"kind": "backdoor", "num_malicious": 1, "trigger_size": 3},
-    "history": {"policy": "all"},
-}
+# the run of fedunlearn.testing's contract checks (tests/unlearn/test_contract.py passes these)
+BASE = contract_config()
 
 
 CONVEX_RUN = {

@@ -1,8 +1,9 @@
-"""Every registered method through one suite (scikit-learn's check_estimator in spirit).
+"""Every registered method through the shipped contract checks (``fedunlearn.testing``).
 
-The suite also runs ``finetune`` (tests/support/finetune), the worked example of CONTRIBUTING.md's
-"Add a method" recipe, registered for these tests only: a method written by the recipe passes
-the same checks as the built-in ones.
+The checks run on this suite's session runs (``run_all``, ``run_none``: the contract runs'
+config). The suite also runs ``finetune`` (examples/finetune-plugin), the worked example of
+CONTRIBUTING.md's "Add a method" recipe, registered for these tests only: a method written by
+the recipe passes the same checks as the built-in ones.
 """
 
 import importlib
@@ -10,24 +11,16 @@ import inspect
 import pkgutil
 
 import pytest
-import torch
-from tests.support import digest
-from tests.support.finetune import FineTune
+from tests.support.examples import finetune_class
 
 import fedunlearn.unlearn as unlearn_pkg
-from fedunlearn.errors import ConfigError, UnknownMethodError, UnsupportedHistoryError
-from fedunlearn.unlearn import (
-    Details,
-    Unlearner,
-    UnlearnRequest,
-    UnlearnSession,
-    available_methods,
-    make_method,
-)
+from fedunlearn.errors import ConfigError, UnknownMethodError
+from fedunlearn.testing import ContractRuns, parametrize_with_checks
+from fedunlearn.unlearn import Unlearner, available_methods, make_method
 from fedunlearn.unlearn.registry import registered
 
 BUILT_IN = available_methods()
-METHODS = [*BUILT_IN, "finetune"]
+FineTune = finetune_class()
 
 
 @pytest.fixture(autouse=True)
@@ -54,70 +47,9 @@ def test_every_method_class_is_registered_and_all_names_import():
         make_method("crabb")
 
 
-@pytest.mark.parametrize("name", METHODS)
-def test_same_inputs_same_result_and_run_dir_untouched(name, run_all):
-    before = digest(run_all)
-    with UnlearnSession(run_all) as session:
-        request = UnlearnRequest.of([0])
-        a = session.run(make_method(name), request)
-        b = session.run(make_method(name), request)
-    assert torch.equal(a.params, b.params)
-    assert a.costs.client_epochs == b.costs.client_epochs
-    assert a.details == b.details
-    assert digest(run_all) == before
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_forgetting_nobody_returns_the_original_model_at_no_cost(name, run_all):
-    with UnlearnSession(run_all) as session:
-        result = session.run(make_method(name), UnlearnRequest.of([]))
-        assert torch.equal(result.params, session.run_view.final_params)
-    assert result.costs.client_epochs == 0
-    assert result.lineage is not None and result.lineage.exact
-    assert result.costs.history_bytes_read == 0
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_costs_and_typed_details_are_reported(name, run_all):
-    with UnlearnSession(run_all) as session:
-        result = session.run(make_method(name), UnlearnRequest.of([1]))
-    costs = result.costs
-    assert costs.wall_seconds >= 0
-    assert costs.history_bytes_read > 0
-    assert isinstance(result.details, Details)
-    assert isinstance(result.details.to_dict(), dict)
-    # every method's result says what it was computed from, from the start model it declared
-    lineage = result.lineage
-    assert lineage is not None and lineage.kind in ("exact", "approximate")
-    assert lineage.start_round is not None, f"{name} does not call context.start_from"
-    assert lineage.first_tainted_round is not None  # client 1 took part in this run
-    if name != "none":
-        assert costs.rounds > 0
-        assert costs.client_epochs > 0
-        assert costs.bytes_communicated > 0
-        assert (
-            costs.client_participations * 2 * result.params.numel() * 4 == costs.bytes_communicated
-        )
-        assert len(result.round_metrics) == costs.rounds
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_unusable_history_fails_before_any_work(name, run_none):
-    """On a run that kept no client update, a method needing some refuses before any work;
-    a method needing none (``required_policies is None``) must work on it."""
-    method = make_method(name)
-    request = UnlearnRequest.of([1])
-    with UnlearnSession(run_none) as session:
-        context = session.context(request)
-        if method.required_policies is None:
-            result = method.unlearn(request, context)
-            assert result.params.shape == session.run_view.final_params.shape
-            assert torch.isfinite(result.params).all()
-        else:
-            with pytest.raises(UnsupportedHistoryError, match="needs history policy"):
-                method.unlearn(request, context)
-            assert context.meter.costs.client_epochs == 0
-            assert context.meter.costs.history_bytes_read == 0
+@parametrize_with_checks([*BUILT_IN, FineTune])
+def test_method_contract(method, check, run_all, run_none):
+    check(ContractRuns(run_all, run_none))
 
 
 def test_invalid_hyperparameters_are_rejected_at_construction():

@@ -31,7 +31,7 @@ class FineTuneDetails(Details):
     start_round: int
 
 
-class FineTune(Unlearner):
+class FineTune(Unlearner[FineTuneParams]):
     """FedAvg from the final model M_T with the remaining clients only, for k rounds."""
 
     params_type = FineTuneParams
