@@ -22,6 +22,7 @@ from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedunlearn.runs.plan import Plan, RequestCost
+    from fedunlearn.runs.plan.storage import StoragePrediction
 
 __all__ = ["plan_command", "readiness_rows", "register"]
 
@@ -141,6 +142,7 @@ def plan_command(
     from fedunlearn.config import load_config
     from fedunlearn.runs import build_setup
     from fedunlearn.runs.plan import PlanInputs, plan_deletions
+    from fedunlearn.runs.plan.storage import predict_storage
 
     config = load_config(config_path)
     rounds = config.training.rounds
@@ -168,11 +170,31 @@ def plan_command(
     plan = plan_deletions(
         inputs, requests=requests, batch_clients=batch, samples=samples, after_round=after_round
     )
+    storage = predict_storage(
+        config.history.policy,
+        rounds=rounds,
+        updates_per_round=plan.distinct_per_round,
+        num_params=num_params,
+        every=config.history.every,
+        expectation=plan.sampling == "tv_stable",
+    )
     if as_json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print(json.dumps({**plan.to_dict(), "storage": storage.to_dict()}, indent=2))
         return
     for line in plan_lines(plan, str(config_path)):
         console.print(escape(line))
+    console.print(escape(storage_line(storage)))
+
+
+def storage_line(storage: StoragePrediction) -> str:
+    """One line: what the history store will hold (runs/plan/storage.py)."""
+    selective = storage.policy not in ("all", "every", "none")
+    how = "at most " if selective else ("" if storage.exact else "about ")
+    return (
+        f"history store (policy {storage.policy}): {how}{storage.payload_bytes / 1e6:,.3g} MB of "
+        f"payloads, {storage.per_round_bytes / 1e6:,.3g} MB per round (plus SQLite's own pages; "
+        "shard models and rejected uploads not counted)"
+    )
 
 
 def readiness_rows(readiness: dict[str, Any] | None) -> list[list[str]]:
