@@ -184,7 +184,8 @@ def test_user_components_are_stored_as_strings_and_survive_the_dumped_yaml():
             "model": {"factory": "pkg.nets:make", "options": {"width": 8}},
         }
     )
-    assert config.model.factory == "pkg.nets:make" and config.model.options == {"width": 8}
+    assert config.model.factory == "pkg.nets:make"
+    assert config.model.options == {"width": 8}
     assert parse_config(yaml.safe_load(dump_config(config))) == config
 
 

@@ -68,7 +68,8 @@ def test_a_forgotten_client_is_forgotten_again_by_every_later_request(trained, t
 
     assert request.forget == {0, 5}
     assert summary == {"forget": [0, 5], "new": [0, 5], "earlier": [], "kind": "forget"}
-    assert 0 not in context.clients.client_ids and 5 not in context.clients.client_ids
+    assert 0 not in context.clients.client_ids
+    assert 5 not in context.clients.client_ids
     assert torch.equal(alone.params, both.params)  # Retrain retrains without both
 
 
@@ -80,19 +81,26 @@ def test_apply_then_continue_trains_without_the_forgotten_clients(trained, tmp_p
     again = apply_result(run, tmp_path / "r2.json")  # a re-run: nothing left to do
     done = continue_run(run, 3)
 
-    assert summary["apply"]["trajectory_rounds"] == 4 and event["kind"] == "trajectory"
-    assert again["already_applied"] and again["generation"] == event["generation"] == 1
-    assert done["from_round"] == 4 and done["target"] == 7 and done["forgotten_clients"] == [2]
+    assert summary["apply"]["trajectory_rounds"] == 4
+    assert event["kind"] == "trajectory"
+    assert again["already_applied"]
+    assert again["generation"] == event["generation"] == 1
+    assert done["from_round"] == 4
+    assert done["target"] == 7
+    assert done["forgotten_clients"] == [2]
     with HistoryStore.open(run / "history") as store:
         assert torch.equal(store.read_model(4), result.params)  # the applied model
         for r in range(1, 8):
             assert 2 not in {c.client_id for c in store.client_records(r)}
         assert store.last_round() == 7
     info = run_info(run)
-    assert info["complete"] and info["rounds_planned"] == 7 and info["generation"] == 1
+    assert info["complete"]
+    assert info["rounds_planned"] == 7
+    assert info["generation"] == 1
     assert [e["forget"] for e in info["events"]] == [[2]]
     with UnlearnSession(run) as session:
-        assert session.run_view.num_rounds == 7 and session.run_view.applied == {2}
+        assert session.run_view.num_rounds == 7
+        assert session.run_view.applied == {2}
         with pytest.raises(ConfigError, match="nothing new to forget"):
             session.cumulative(UnlearnRequest.of([2]))
         request = session.cumulative(UnlearnRequest.of([4]))
@@ -102,7 +110,8 @@ def test_apply_then_continue_trains_without_the_forgotten_clients(trained, tmp_p
         kept = session.run(make_method("fedrecover"), nobody).params
         assert torch.equal(kept, session.run_view.final_params)
         result = session.run(make_method("fedrecover"), UnlearnRequest.of([4]))
-        assert result.trajectory is not None and len(result.trajectory.rounds) == 7
+        assert result.trajectory is not None
+        assert len(result.trajectory.rounds) == 7
 
 
 def test_apply_refuses_a_stale_result_and_a_changed_file(trained, tmp_path):
@@ -118,7 +127,8 @@ def test_apply_refuses_a_stale_result_and_a_changed_file(trained, tmp_path):
     with pytest.raises(ConfigError, match="does not match"):
         apply_result(run, tmp_path / "b.json")
     with HistoryStore.open(run / "history") as store:
-        assert store.generation() == 1 and store.applied_clients() == {1}
+        assert store.generation() == 1
+        assert store.applied_clients() == {1}
 
 
 def test_a_model_only_apply_leaves_retrain_as_the_method_that_serves(trained, tmp_path):
@@ -130,12 +140,14 @@ def test_a_model_only_apply_leaves_retrain_as_the_method_that_serves(trained, tm
 
     event = apply_result(run, tmp_path / "f.json")
 
-    assert event["kind"] == "model" and event["rounds_after"] == 5
+    assert event["kind"] == "model"
+    assert event["rounds_after"] == 5
     with UnlearnSession(run) as session:
         with pytest.raises(UnsupportedHistoryError, match="use retrain"):
             session.run(make_method("fedrecover"), UnlearnRequest.of([4]))
         retrained = session.run(make_method("retrain"), UnlearnRequest.of([4]))
-    assert retrained.costs.client_epochs > 0 and torch.isfinite(retrained.params).all()
+    assert retrained.costs.client_epochs > 0
+    assert torch.isfinite(retrained.params).all()
 
 
 def test_continue_refuses_another_round_count_while_one_is_unfinished(trained, tmp_path):
@@ -192,7 +204,9 @@ def test_a_model_made_elsewhere_is_applied_as_the_next_round_and_forget_then_era
     event = apply_model(run, outside, [3], method="external")
     record = forget_clients(run, [3])  # what apply did not erase: its stored updates
 
-    assert event["kind"] == "model" and event["forget"] == [3] and event["rounds_after"] == 5
+    assert event["kind"] == "model"
+    assert event["forget"] == [3]
+    assert event["rounds_after"] == 5
     assert len(record.payloads) == 4  # client 3's updates of rounds 1..4
     with HistoryStore.open(run / "history") as store:
         assert torch.equal(store.read_model(5), outside)
@@ -237,12 +251,14 @@ def test_kill_9_inside_fedunlearn_apply_then_the_same_command_equals_an_uninterr
     )
     assert child.returncode == -signal.SIGKILL
     with HistoryStore.open(cut / "history") as store:
-        assert store.generation() == 0 and store.has_update(2, 1)  # nothing changed
+        assert store.generation() == 0
+        assert store.has_update(2, 1)
     cmd = [sys.executable, "-m", "fedunlearn.cli.main", "apply", str(cut), "--result"]
     subprocess.run([*cmd, str(tmp_path / "r.json")], check=True, capture_output=True)
 
     with HistoryStore.open(full / "history") as a, HistoryStore.open(cut / "history") as b:
-        assert a.rounds() == b.rounds() and a.stored_models() == b.stored_models()
+        assert a.rounds() == b.rounds()
+        assert a.stored_models() == b.stored_models()
         for r, kind in a.stored_models():
             assert torch.equal(a.read_model(r, kind), b.read_model(r, kind))
         for r in a.rounds()[1:]:

@@ -82,11 +82,13 @@ def test_a_dp_run_continued_equals_the_same_run_trained_longer(tmp_path):
     a, b = stored(short), stored(long)
     assert a.keys() == b.keys()
     for r in a:
-        assert torch.equal(a[r][0], b[r][0]) and a[r][1] == b[r][1]  # same DP-SGD, same ε_t
+        assert torch.equal(a[r][0], b[r][0])
+        assert a[r][1] == b[r][1]
     cfg = load_run_config(short)
     with HistoryStore.open(short / "history") as s1, HistoryStore.open(long / "history") as s2:
         rows1, rows2 = run_privacy(cfg, s1)["rounds"], run_privacy(cfg, s2)["rounds"]
-    assert len(rows1) == 5 and rows1 == rows2
+    assert len(rows1) == 5
+    assert rows1 == rows2
     assert json.loads((short / "privacy.json").read_text())["num_rounds"] == 5
 
 
@@ -130,7 +132,8 @@ def test_a_crab_policy_continuation_selects_windows_of_its_own_rounds(tmp_path):
     }
     assert expected  # the continuation kept a selection
     for r in range(4):  # training's own selection is left as it was
-        assert torch.equal(got[r][0], trained[r][0]) and got[r][1] == trained[r][1]
+        assert torch.equal(got[r][0], trained[r][0])
+        assert got[r][1] == trained[r][1]
 
 
 @pytest.mark.parametrize(
@@ -153,7 +156,8 @@ def test_an_interrupted_continuation_resumes_to_the_uninterrupted_one(tmp_path, 
     a, b = stored(whole), stored(cut)
     assert a.keys() == b.keys() == set(range(9))
     for r in a:
-        assert torch.equal(a[r][0], b[r][0]) and a[r][1] == b[r][1], r
+        assert torch.equal(a[r][0], b[r][0]), r
+        assert a[r][1] == b[r][1], r
     assert any(a[r][1] for r in range(4, 9))  # the policy stored a selection of new rounds
     if privacy:
         cfg = load_run_config(whole)
@@ -188,11 +192,10 @@ def test_apply_on_a_dp_run_refuses_a_noise_free_model_unless_accepted_and_keeps_
     assert [r["epsilon"] for r in rows[:3]] == [r["epsilon"] for r in before["rounds"]]
     assert info["epsilon_guarantee"]["rounds"] == 5  # the replaced rounds still count
     artefacts = info["artefacts"]
-    assert (
-        not artefacts["current_model"]["dp"]
-        and "generation 1" in (artefacts["current_model"]["guarantee"])
-    )
-    assert not artefacts["stored_history"]["dp"] and not artefacts["uploads"]["dp"]
+    assert not artefacts["current_model"]["dp"]
+    assert "generation 1" in (artefacts["current_model"]["guarantee"])
+    assert not artefacts["stored_history"]["dp"]
+    assert not artefacts["uploads"]["dp"]
     assert json.loads((run / "privacy.json").read_text())["applied"][0]["method"] == "retrain"
 
 
@@ -208,11 +211,13 @@ def test_a_dp_release_applies_on_a_dp_run_and_composes_with_its_ledger(tmp_path)
     info = run_info(run)["privacy"]
     fresh = info["applied"][0]["fresh_epsilon"]
     guarantee = info["epsilon_guarantee"]
-    assert info["artefacts"]["current_model"]["dp"] and fresh > 0
+    assert info["artefacts"]["current_model"]["dp"]
+    assert fresh > 0
     assert guarantee["with_unlearning_releases"]["epsilon"] == pytest.approx(
         guarantee["pld_epsilon"] + fresh
     )
-    assert info["artefacts"]["uploads"]["dp"] and info["artefacts"]["stored_history"]["dp"]
+    assert info["artefacts"]["uploads"]["dp"]
+    assert info["artefacts"]["stored_history"]["dp"]
 
 
 def test_a_continuation_after_forgetting_reads_no_forgotten_clients_data(tmp_path):
@@ -250,7 +255,8 @@ def test_a_continuation_after_forgetting_reads_no_forgotten_clients_data(tmp_pat
             first = store.round_scalars(4)["dp_epsilon"]
     finally:
         setup.close()
-    assert meta["round"] == 3 and meta["forgotten"] == [0]
+    assert meta["round"] == 3
+    assert meta["forgotten"] == [0]
     assert first == cfg.privacy.budget.epsilon_initial  # the schedule restarted at ε_0
 
 
@@ -264,7 +270,8 @@ def test_a_round_a_trajectory_keeps_is_counted_once_and_privacy_json_follows_a_r
     with HistoryStore.open(run / "history") as store:
         attacker = store.meta["malicious"]
     result, summary = unlearn_one(run, attacker, "crab", verify=False)
-    assert result.trajectory is not None and result.trajectory.rounds[0].scalars.get("dp_epsilon")
+    assert result.trajectory is not None
+    assert result.trajectory.rounds[0].scalars.get("dp_epsilon")
     path = tmp_path / "crab.json"
     save_for_apply(path, summary, result)
     path.write_text(json.dumps(summary))
@@ -278,7 +285,8 @@ def test_a_round_a_trajectory_keeps_is_counted_once_and_privacy_json_follows_a_r
     assert ledger["applied"][0]["method"] == "crab"
     carried = [r["round"] for r in ledger["rounds"] if not r.get("replaced_by_generation")]
     replaced = [r["round"] for r in ledger["rounds"] if r.get("replaced_by_generation")]
-    assert carried and not set(carried) & set(replaced)  # each release once
+    assert carried
+    assert not set(carried) & set(replaced)
     assert sorted(carried + replaced) == [1, 2, 3, 4]
 
 
@@ -347,7 +355,8 @@ def test_dp_retrain_is_a_dp_release_that_serves_request_after_request(tmp_path):
 
     info = run_info(run)["privacy"]
     fresh = [a["fresh_epsilon"] for a in info["applied"]]
-    assert [a["method"] for a in info["applied"]] == ["retrain", "retrain"] and all(fresh)
+    assert [a["method"] for a in info["applied"]] == ["retrain", "retrain"]
+    assert all(fresh)
     releases = info["epsilon_guarantee"]["with_unlearning_releases"]
     assert releases["epsilon"] == pytest.approx(
         info["epsilon_guarantee"]["pld_epsilon"] + sum(fresh)

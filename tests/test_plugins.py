@@ -185,7 +185,8 @@ def test_a_plugins_modules_are_imported_before_its_contributions(fake_entry_poin
 
 def test_a_lazy_registry_entry_is_resolved_on_first_lookup():
     registry: Registry = Registry("codec", lazy={"json": "json:dumps"})
-    assert registry.names() == ["json"] and "json" in registry
+    assert registry.names() == ["json"]
+    assert "json" in registry
     import json
 
     assert registry.get("json") is json.dumps

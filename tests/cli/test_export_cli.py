@@ -124,7 +124,8 @@ def test_export_result_refuses_a_result_it_cannot_reproduce(run_dir, tmp_path):
     result_json.write_text(json.dumps(doc))
     res = invoke("export", run_dir, "--result", result_json, "--out", tmp_path / "x.safetensors")
 
-    assert edited.exit_code == 2 and "IntegrityError" in text(edited)
+    assert edited.exit_code == 2
+    assert "IntegrityError" in text(edited)
     assert res.exit_code == 2
     assert "records 0.123" in text(res)
     assert not (tmp_path / "x.safetensors").exists()

@@ -72,7 +72,8 @@ def test_a_damaged_store_exits_1_with_one_line_and_no_disk_space_advice(trained,
     for command in (["verify", run], ["info", run], ["export", run, "--out", model]):
         res = cli(*command)
         assert res.exit_code == 1, (command[0], res.output)
-        assert len(errors(res)) == 1 and "HistoryCorruptError" in errors(res)[0]
+        assert len(errors(res)) == 1
+        assert "HistoryCorruptError" in errors(res)[0]
         assert "disk space" not in res.output
 
 
@@ -82,7 +83,8 @@ def test_a_learning_rate_beyond_float32_is_refused_before_anything_is_written(tm
 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")
 
-    assert res.exit_code == 2 and "training.lr" in errors(res)[0]
+    assert res.exit_code == 2
+    assert "training.lr" in errors(res)[0]
     assert not (tmp_path / "run").exists()
 
 
@@ -108,7 +110,8 @@ def test_an_engine_failure_in_the_first_round_leaves_no_run_directory(tmp_path, 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")
 
     assert res.exit_code == 2, res.output  # never 1: for unlearn that means influence remains
-    assert len(errors(res)) == 1 and "unexpected RuntimeError" in errors(res)[0]
+    assert len(errors(res)) == 1
+    assert "unexpected RuntimeError" in errors(res)[0]
     assert "Traceback" not in res.output
     assert not (tmp_path / "run").exists()
 
@@ -123,5 +126,6 @@ def test_an_interrupt_is_not_reported_as_influence_remains(tmp_path, monkeypatch
 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")
 
-    assert res.exit_code == 130 and len(errors(res)) == 1  # click's own handling exits 1
+    assert res.exit_code == 130
+    assert len(errors(res)) == 1
     assert not (tmp_path / "run").exists()

@@ -42,25 +42,30 @@ def test_forget_apply_continue_recover_apply_and_the_second_receipt_covers_all_t
     fedunlearn("forget", run, "--clients", "0")
     fedunlearn("train", "--continue", run, "--rounds", "10", "--json")
     info = json.loads(fedunlearn("info", run, "--json").stdout)
-    assert info["rounds_completed"] == 16 and info["complete"]
+    assert info["rounds_completed"] == 16
+    assert info["complete"]
     attackers = info["malicious_clients"]
-    assert len(attackers) == 2 and 0 not in attackers
+    assert len(attackers) == 2
+    assert 0 not in attackers
 
     # request 2: recover from the attackers with Crab; client 0 is forgotten again
     fedunlearn("unlearn", run, "--forget", "malicious", "--method", "crab", "--out",
                tmp_path / "crab.json", "--no-client-test")  # fmt: skip
     second = json.loads((tmp_path / "crab.json").read_text())
     assert second["request"]["forget"] == sorted([0, *attackers])
-    assert second["request"]["new"] == attackers and second["request"]["earlier"] == [0]
+    assert second["request"]["new"] == attackers
+    assert second["request"]["earlier"] == [0]
     receipt = second["verification"]
     entries = {e["client"]: e for e in receipt["clients"]}
     assert sorted(entries) == sorted([0, *attackers])
-    assert entries[0]["request"] == "earlier" and entries[0]["store"]["status"] == "deleted"
+    assert entries[0]["request"] == "earlier"
+    assert entries[0]["store"]["status"] == "deleted"
     assert entries[0]["store"]["reconstructible"] == []
     assert entries[0]["influence"] in ("not_shown", "removed")  # never a pass it cannot show
     assert entries[0]["removed_by"]["method"] == "fedrecover"
     for attacker in attackers:
-        assert entries[attacker]["request"] == "new" and entries[attacker]["role"] == "attacker"
+        assert entries[attacker]["request"] == "new"
+        assert entries[attacker]["role"] == "attacker"
         assert entries[attacker]["influence"] == "not_detected"  # removed: by construction only
         assert {"check": "backdoor", "verdict": "pass"} in entries[attacker]["checks"]
     assert not [c for c in receipt["checks"] if c["verdict"] == "fail"]
@@ -71,7 +76,9 @@ def test_forget_apply_continue_recover_apply_and_the_second_receipt_covers_all_t
     assert info["forgotten_clients"] == sorted([0, *attackers])
     assert [e["method"] for e in info["events"]] == ["fedrecover", "crab"]
     evidence = deletion_evidence(run, [0, *attackers])
-    assert evidence["ok"] and evidence["reconstructible"] == []
+    assert evidence["ok"]
+    assert evidence["reconstructible"] == []
     again = fedunlearn("unlearn", run, "--forget", "0", "--method", "retrain", "--out",
                        tmp_path / "x.json", check=False)  # fmt: skip
-    assert again.returncode == 2 and "nothing new to forget" in again.stderr
+    assert again.returncode == 2
+    assert "nothing new to forget" in again.stderr

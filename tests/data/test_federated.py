@@ -16,9 +16,13 @@ def arrays(n, features=3, label=0, seed=0):
 def test_a_plain_mapping_of_numpy_arrays_becomes_float32_and_int64_tensors():
     data = as_federated_data({"clients": {0: arrays(4), 1: arrays(5, label=2)}, "test": arrays(3)})
     x, y = data.clients[1]
-    assert x.dtype == torch.float32 and y.dtype == torch.int64
-    assert data.input_shape == (3,) and data.num_classes == 3 and data.num_clients == 2
-    assert data.held_out is None and data.trigger is None
+    assert x.dtype == torch.float32
+    assert y.dtype == torch.int64
+    assert data.input_shape == (3,)
+    assert data.num_classes == 3
+    assert data.num_clients == 2
+    assert data.held_out is None
+    assert data.trigger is None
 
 
 def test_the_digest_follows_the_tensors():

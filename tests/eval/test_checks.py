@@ -645,7 +645,8 @@ def test_a_backdoor_pass_does_not_show_removal_of_honest_clients_in_the_same_req
     # backdoor check, but that says nothing about the honest client (calibration, seed 2)
     mixed = build_verification(evidence(RETRAIN, clients_forgotten=3))
     check = mixed.check("backdoor")
-    assert check.verdict == "pass" and check.decisive is False
+    assert check.verdict == "pass"
+    assert check.decisive is False
     assert "honest_not_covered" in check.codes
     assert build_verification(evidence(RETRAIN)).check("backdoor").decisive is True
 
@@ -886,7 +887,8 @@ def test_a_clean_model_trained_a_little_longer_is_judged_against_clean_controls_
     assert check.power["controls"]["original"] == "pass"
     # a model as fit but far more confident on the client's data is flagged
     v, check = client_check(quickstart_controls(scores={"candidate": 11.3}))
-    assert check.verdict == "fail" and v.influence == "remains"
+    assert check.verdict == "fail"
+    assert v.influence == "remains"
     # between two controls the growth is interpolated
     _, check = client_check(quickstart_controls(fitness={"candidate": 1.51}))
     assert check.threshold["fail"] == pytest.approx(-0.31 + (1.55 + 0.91))
@@ -896,7 +898,8 @@ def test_a_clean_model_trained_a_little_longer_is_judged_against_clean_controls_
         quickstart_controls(scores={"candidate": 0.9}, fitness={"candidate": 1.37})
     )
     assert check.threshold["fail"] == pytest.approx(-0.31)
-    assert check.verdict == "fail" and v.influence == "remains"
+    assert check.verdict == "fail"
+    assert v.influence == "remains"
     # a contaminated model more fit than the original whose score the controls' line covers:
     # the original is not flagged at that line, so no pass (it used to pass, then `removed`)
     v, check = client_check(quickstart_controls(scores={"candidate": 1.5}))

@@ -79,7 +79,8 @@ def test_quickstart_original_and_its_noisy_copy_flagged_retrain_not(quickstart):
     assert evidence.flagged("original")
     assert evidence.flagged("noisy")
     assert not evidence.flagged("retrain")
-    assert evidence.power is not None and evidence.power >= 0.75
+    assert evidence.power is not None
+    assert evidence.power >= 0.75
 
 
 @pytest.mark.slow
@@ -176,7 +177,8 @@ def test_time_budget_stops_reference_training_and_is_inconclusive(tiny_run):
     assert cut.num_reference_models == 0
     assert cut.cost_client_epochs == 0
     assert cut.cost_seconds < full.cost_seconds
-    assert cut.power is None and cut.threshold == float("inf")
+    assert cut.power is None
+    assert cut.threshold == float("inf")
     assert not cut.flagged("original")
     assert "raise max_seconds" in cut.notes["inconclusive"]
 
@@ -221,8 +223,10 @@ def test_skip_trains_nothing_and_says_what_the_test_would_cost(tiny_run):
         models = {"original": run.final_params, "candidate": run.initial_params}
         skipped = measure_client_membership(session, [1], models, num_reference=4, skip=True)
     assert skipped.power is None
-    assert skipped.num_reference_models == 0 and skipped.cost_client_epochs == 0
-    assert not skipped.flagged("original") and not skipped.flagged("candidate")
+    assert skipped.num_reference_models == 0
+    assert skipped.cost_client_epochs == 0
+    assert not skipped.flagged("original")
+    assert not skipped.flagged("candidate")
     # 2 Retrains (2 rounds x 4 clients) and 2 originals (2 rounds x 5 clients), 1 epoch each
     assert skipped.notes["planned_client_epochs"] == 36
     assert skipped.notes["retrain_client_epochs"] == 8
@@ -260,7 +264,8 @@ def test_the_fitness_range_needs_three_references_per_side(tiny_run):
     assert two.domain is None
     assert "fewer than 3 references per side" in two.notes["fitness_range"]
     assert two.region("candidate") == "unknown"
-    assert three.domain is not None and three.domain[0] < three.domain[1]
+    assert three.domain is not None
+    assert three.domain[0] < three.domain[1]
     assert len(three.notes["reference_fitness"]["in"]) == 3
     # the untrained M_0 is far less fit than any reference trained as the run was
     assert three.region("candidate") == "below"

@@ -29,11 +29,14 @@ def test_band_holds_independent_retrains_and_leaves_the_noisy_original_outside(t
         band = measure_distance_band(session, request, retrain, count=4)
         verifier = Verifier(session, request, retrain=retrain, distance_band=band)
         band = verifier.distance_band
-        assert band is not None and len(band.relative) == 4
+        assert band is not None
+        assert len(band.relative) == 4
         assert max(band.relative) < band.band < 1.0  # exact retrains sit closer than o
         # ... and near Retrain's end of the line from Retrain to the original
-        assert len(band.toward) == 4 and band.toward_line is not None
-        assert band.toward_line < 0.5 and max(band.toward) < band.toward_line
+        assert len(band.toward) == 4
+        assert band.toward_line is not None
+        assert band.toward_line < 0.5
+        assert max(band.toward) < band.toward_line
         # another exact retrain (other batch orders than the band's) lands inside the band
         (other,), _ = independent_retrains(session, request, 1, seed=99)
         gap = l2_distance(session.run_view.final_params, retrain.params)

@@ -112,7 +112,8 @@ def test_markers_flag_the_original_and_not_retrain_on_the_quickstart(tmp_path):
         assert clean.check("markers").verdict == "pass"
         # no lineage: removed only by construction; the markers (power) flag nothing
         assert (clean.influence, clean.influence_basis) == ("not_detected", "powered_pass")
-        assert clean.detection_limit is not None and clean.detection_limit["lambda"] is not None
+        assert clean.detection_limit is not None
+        assert clean.detection_limit["lambda"] is not None
         assert "participation markers" in clean.detection_limit["by"]
 
 

@@ -44,15 +44,18 @@ def test_an_earlier_client_is_never_shown_removed_without_a_control():
     entries = client_entries(run_view(), receipt(), DELETION, frozenset({0, 1}))
 
     earlier, attacker = entries
-    assert earlier["request"] == "earlier" and earlier["influence"] == "not_shown"
+    assert earlier["request"] == "earlier"
+    assert earlier["influence"] == "not_shown"
     assert earlier["basis"] == "no_control"
     assert earlier["removed_by"]["receipt_sha256"] == "c" * 64
     assert earlier["store"] == {
         "status": "deleted", "bytes_held": 0, "deleted_payloads": 30, "reconstructible": []
     }  # fmt: skip
     # the backdoor check speaks for the attacker only, and flags nothing
-    assert attacker["request"] == "new" and attacker["role"] == "attacker"
-    assert attacker["influence"] == "not_detected" and attacker["store"]["status"] == "held"
+    assert attacker["request"] == "new"
+    assert attacker["role"] == "attacker"
+    assert attacker["influence"] == "not_detected"
+    assert attacker["store"]["status"] == "held"
     assert attacker["basis"] == "powered_pass"
     assert {"check": "backdoor", "verdict": "pass"} in attacker["checks"]
     assert {"check": "backdoor", "verdict": "pass"} not in earlier["checks"]
@@ -60,7 +63,8 @@ def test_an_earlier_client_is_never_shown_removed_without_a_control():
 
 def test_a_flag_on_the_whole_set_is_not_attributed_to_an_earlier_client():
     entries = client_entries(run_view(), receipt(membership="fail"), DELETION, frozenset({0, 1}))
-    assert entries[0]["influence"] == "not_shown" and entries[1]["influence"] == "remains"
+    assert entries[0]["influence"] == "not_shown"
+    assert entries[1]["influence"] == "remains"
     assert entries[0]["basis"] == "not_attributable"
 
 

@@ -129,7 +129,8 @@ def test_a_retrain_from_another_initial_model_is_not_flagged_by_the_client_test(
 def test_not_detected_states_its_detection_limit():
     limit = {"lambda": 0.3, "by": ["client-level membership"], "not_flagged_at": 0.2}
     words = limit_words(limit | {"clean": "Retrain"})
-    assert "0.30" in words and "0.20" in words
+    assert "0.30" in words
+    assert "0.20" in words
     v = dataclasses.replace(
         build_verification(attackers(RETRAIN, client_membership=client_test(0.5))),
         detection_limit=limit,
@@ -140,15 +141,18 @@ def test_not_detected_states_its_detection_limit():
 
 def test_intervals_carry_their_sample_sizes():
     asr = wilson(0.5, 400)
-    assert asr["n"] == 400 and asr["low"] == pytest.approx(0.451, abs=1e-3)
+    assert asr["n"] == 400
+    assert asr["low"] == pytest.approx(0.451, abs=1e-3)
     assert asr["high"] == pytest.approx(0.549, abs=1e-3)
     edge = wilson(0.0, 50)
-    assert edge["low"] == pytest.approx(0.0, abs=1e-12) and 0.0 < edge["high"] < 0.08
+    assert edge["low"] == pytest.approx(0.0, abs=1e-12)
+    assert 0.0 < edge["high"] < 0.08
     auc = auc_interval(0.5, [135, 225])
     assert auc["n"] == [135, 225]
     assert auc["high"] - 0.5 == pytest.approx(1.96 * 0.0316, abs=2e-3)  # Hanley-McNeil at 0.5
     assert mean_interval(1.0, 0.1, 300)["low"] == pytest.approx(1.0 - 0.196, abs=1e-3)
-    assert wilson(None, 10) is None and auc_interval(math.nan, [3, 3]) is None
+    assert wilson(None, 10) is None
+    assert auc_interval(math.nan, [3, 3]) is None
     row = {**RETRAIN, "backdoor_samples": 400, "test_samples": 900}
     v = build_verification(attackers(row))
     assert v.check("backdoor").evidence["interval"]["n"] == 400

@@ -52,7 +52,8 @@ def test_a_second_request_reads_the_cache_and_trains_nothing(run):
     with UnlearnSession(run, evaluate=False) as session:  # another request, another process
         second = shared_client_test(session, [2])
         refs = load_or_train_shared(session)
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert first.cost_client_epochs == SHARED_EPOCHS
     assert second.cost_client_epochs == 0.0
     assert second.notes["shared_references"]["cached"] is True
@@ -60,7 +61,8 @@ def test_a_second_request_reads_the_cache_and_trains_nothing(run):
     # every client is "in" half the references and "out" of the other half
     assert (first.notes["num_in"], first.notes["num_out"]) == (3, 3)
     assert (second.notes["num_in"], second.notes["num_out"]) == (3, 3)
-    assert refs.cached and len(refs.params) == 6
+    assert refs.cached
+    assert len(refs.params) == 6
     assert all(len(m) == 3 for m in refs.members)
 
 
@@ -68,7 +70,10 @@ def test_the_cached_references_are_the_trained_ones_bit_for_bit(run):
     with UnlearnSession(run, evaluate=False) as session:
         trained = load_or_train_shared(session)
         read = load_or_train_shared(session)
-    assert trained is not None and read is not None and not trained.cached and read.cached
+    assert trained is not None
+    assert read is not None
+    assert not trained.cached
+    assert read.cached
     assert all(torch.equal(a, b) for a, b in zip(trained.params, read.params, strict=True))
     assert trained.members == read.members
 
@@ -98,10 +103,13 @@ def test_a_tampered_cache_is_refused_and_trained_again(run):
     with UnlearnSession(run, evaluate=False) as session:
         again = load_or_train_shared(session)
         test = shared_client_test(session, [0])
-    assert again is not None and trained is not None
-    assert not again.cached and "SHA-256" in again.note
+    assert again is not None
+    assert trained is not None
+    assert not again.cached
+    assert "SHA-256" in again.note
     assert all(torch.equal(a, b) for a, b in zip(trained.params, again.params, strict=True))
-    assert test is not None and test.notes["shared_references"]["cached"] is True
+    assert test is not None
+    assert test.notes["shared_references"]["cached"] is True
 
 
 def test_a_request_the_halves_split_falls_back_to_per_request_references(run):
@@ -114,7 +122,8 @@ def test_a_request_the_halves_split_falls_back_to_per_request_references(run):
         check = client_membership_check(
             session, UnlearnRequest.of([0, 1, 2, 3, 4]), retrain, references="shared"
         )
-    assert check.shared is None and check.cost_client_epochs > 0
+    assert check.shared is None
+    assert check.cost_client_epochs > 0
 
 
 @pytest.mark.parametrize("count", [3, 5, 2, "6"])
@@ -157,7 +166,8 @@ def test_shared_test_on_a_forgotten_attacker_original_remains_retrain_does_not(t
         assert original.check("client_membership").verdict == "fail"
         assert bare.influence == "not_detected"
         assert bare.check("client_membership").verdict == "pass"
-        assert verified is not None and verified.influence == "removed"
+        assert verified is not None
+        assert verified.influence == "removed"
         costs.append(original.cost)
     assert costs[0]["references"]["client test"]["client_epochs"] == 6 * 5 * 3
     assert costs[1]["references"]["client test"]["client_epochs"] == 0.0

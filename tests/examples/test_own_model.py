@@ -45,5 +45,6 @@ def test_the_readme_commands_train_unlearn_audit_and_export_a_users_own_model(tm
     result = json.loads((work / "runs" / "fedrecover.json").read_text())
     assert result["method"] == "fedrecover"
     assert (work / "runs" / "final.safetensors").stat().st_size > 0
-    assert "SmallBNNet" in done.stdout and "BatchNorm2d" in done.stdout
+    assert "SmallBNNet" in done.stdout
+    assert "BatchNorm2d" in done.stdout
     assert "changed since training" not in done.stderr

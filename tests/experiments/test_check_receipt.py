@@ -98,19 +98,23 @@ def test_an_edited_figure_fails_with_or_without_a_new_seal(retrain, tmp_path):
     shutil.copy(path.with_name("retrain.apply.safetensors"), tmp_path)
     edited.write_text(json.dumps(doc))
     found = _lines(check_receipt(edited, run))
-    assert found["seal"][0] is False and found["replay"][0] is None
+    assert found["seal"][0] is False
+    assert found["replay"][0] is None
     seal(doc, doc["run"])  # a forger who recomputes the checksum
     edited.write_text(json.dumps(doc))
     checked = check_receipt(edited, run)
     found = _lines(checked)
-    assert not checked.ok and found["seal"][0] is True
-    assert found["figures"][0] is False and found["figures"][1].startswith("test_accuracy is ")
+    assert not checked.ok
+    assert found["seal"][0] is True
+    assert found["figures"][0] is False
+    assert found["figures"][1].startswith("test_accuracy is ")
 
 
 def test_another_model_fails(retrain):
     run, path, base = retrain
     found = _lines(check_receipt(path, run, model=base / "original.pt"))
-    assert found["model"][0] is False and "is another model" in found["model"][1]
+    assert found["model"][0] is False
+    assert "is another model" in found["model"][1]
 
 
 @pytest.mark.parametrize(
@@ -139,7 +143,8 @@ def test_a_cut_chain_fails(retrain, tmp_path, statements, expected):
         con.execute(statement)
     con.close()
     found = _lines(check_receipt(path, cut))
-    assert found["chain"][0] is False and expected in found["chain"][1]
+    assert found["chain"][0] is False
+    assert expected in found["chain"][1]
 
 
 def test_a_consistently_rewritten_chain_no_longer_holds_the_receipts_head(retrain, tmp_path):
@@ -156,7 +161,8 @@ def test_a_consistently_rewritten_chain_no_longer_holds_the_receipts_head(retrai
         con.execute("UPDATE chain SET body=?, link=? WHERE seq=?", (text, prev, seq))
     con.close()
     found = _lines(check_receipt(path, other))
-    assert found["chain"][0] is False and "is not in this run's chain" in found["chain"][1]
+    assert found["chain"][0] is False
+    assert "is not in this run's chain" in found["chain"][1]
 
 
 def test_another_runs_result_fails(retrain, tmp_path):
@@ -165,7 +171,8 @@ def test_another_runs_result_fails(retrain, tmp_path):
     train_run(parse_config({**RUN, "seed": 9}), other)
     found = _lines(check_receipt(path, other))
     assert found["run"][0] is False
-    assert found["chain"][0] is False and "is not in this run's chain" in found["chain"][1]
+    assert found["chain"][0] is False
+    assert "is not in this run's chain" in found["chain"][1]
 
 
 def test_a_tv_exact_result_is_replayed_bit_for_bit(tmp_path):
@@ -175,7 +182,8 @@ def test_a_tv_exact_result_is_replayed_bit_for_bit(tmp_path):
     checked = check_receipt(path, run)
     found = _lines(checked)
     assert checked.ok, found
-    assert found["replay"][0] is True and "tv_exact re-run" in found["replay"][1]
+    assert found["replay"][0] is True
+    assert "tv_exact re-run" in found["replay"][1]
 
 
 CRAB = {
@@ -248,10 +256,12 @@ def test_bad_input_exits_2(tmp_path):
     bad = tmp_path / "r.json"
     bad.write_text("{not json")
     res = runner.invoke(app, ["check-receipt", str(bad), "--run", str(tmp_path)])
-    assert res.exit_code == 2 and "not readable JSON" in " ".join(res.output.split())
+    assert res.exit_code == 2
+    assert "not readable JSON" in " ".join(res.output.split())
     bad.write_text(json.dumps({"method": "retrain"}))
     res = runner.invoke(app, ["check-receipt", str(bad), "--run", str(tmp_path)])
-    assert res.exit_code == 2 and "no 'request'" in res.output
+    assert res.exit_code == 2
+    assert "no 'request'" in res.output
 
 
 def _forged(path: Path, tmp_path: Path, edit) -> Path:
@@ -287,8 +297,10 @@ def test_a_forged_lineage_or_removed_verdict_under_a_new_seal_fails_the_replay(
     checked = check_receipt(_forged(path, tmp_path, edit), run)
     found = _lines(checked)
     assert not checked.ok
-    assert found["seal"][0] is True and found["model"][0] is True
-    assert found["replay"][0] is False and "lineage" in found["replay"][1]
+    assert found["seal"][0] is True
+    assert found["model"][0] is True
+    assert found["replay"][0] is False
+    assert "lineage" in found["replay"][1]
 
 
 def _receipt(run: Path, model: Path, out: Path, *extra: str) -> Path:

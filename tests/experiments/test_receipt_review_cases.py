@@ -52,7 +52,8 @@ def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, fo
         assert receipt.influence != "removed", (lam, receipt.influence_reason)
         if receipt.influence == "not_detected":  # then its limit says it could not see lam
             limit = receipt.detection_limit
-            assert limit is not None and limit["lambda"] is not None
+            assert limit is not None
+            assert limit["lambda"] is not None
             assert limit["lambda"] > lam, limit
     assert elsewhere.influence != "remains", elsewhere.influence_reason
     client = elsewhere.check("client_membership")

@@ -140,8 +140,10 @@ def test_a_full_disk_is_refused_before_the_work_by_unlearn_and_export(trained, t
     for command in ("unlearn", "export"):
         res = found[command]
         lines = [line for line in res["stderr"].splitlines() if line.startswith("error:")]
-        assert res["rc"] == 2 and len(lines) == 1, res
-        assert "free some space" in lines[0] and "Traceback" not in res["stderr"]
+        assert res["rc"] == 2, res
+        assert len(lines) == 1, res
+        assert "free some space" in lines[0]
+        assert "Traceback" not in res["stderr"]
     assert "retrain: done" not in found["unlearn"]["stderr"]  # refused before the work
     assert found["files"] == ["filler"]  # nothing written, no temporary file left
 
@@ -151,7 +153,8 @@ def test_a_disk_that_fills_up_during_the_write_leaves_no_part_of_a_file(trained,
 
     res = found["unlearn"]
     lines = [line for line in res["stderr"].splitlines() if line.startswith("error:")]
-    assert res["rc"] == 2 and len(lines) == 1, res  # never 1 (influence remains)
+    assert res["rc"] == 2, res  # never 1 (influence remains)
+    assert len(lines) == 1, res
     assert "no space left" in lines[0]
     assert found["files"] == []  # neither the apply file, nor the JSON, nor a temporary file
 
@@ -163,9 +166,12 @@ def test_a_model_file_that_cannot_be_written_keeps_the_result_json(trained, tmp_
 
     res = faults.run(args, faults=[Fault("fedunlearn.models.export:_save_from", "enospc")])
 
-    assert res.returncode == 2 and len(error_lines(res)) == 1
+    assert res.returncode == 2
+    assert len(error_lines(res)) == 1
     assert "export the model later" in error_lines(res)[0]
-    assert out.exists() and apply_file_path(out).exists() and not model.exists()
+    assert out.exists()
+    assert apply_file_path(out).exists()
+    assert not model.exists()
     assert leftovers(tmp_path) == []
     applied = cli("apply", copy_run(trained, tmp_path / "run"), "--result", out)
     assert applied.exit_code == 0, applied.output  # the result written first is whole and sealed
@@ -174,7 +180,8 @@ def test_a_model_file_that_cannot_be_written_keeps_the_result_json(trained, tmp_
 def test_a_file_size_limit_at_export_leaves_no_part_of_a_file(trained, tmp_path):
     res = faults.run(["export", trained, "--out", tmp_path / "m.safetensors"], file_limit=100_000)
 
-    assert res.returncode == 2 and len(error_lines(res)) == 1
+    assert res.returncode == 2
+    assert len(error_lines(res)) == 1
     assert "m.safetensors" in error_lines(res)[0]
     assert list(tmp_path.iterdir()) == []
 
@@ -262,7 +269,8 @@ def test_a_damaged_wal_holding_several_rounds_is_named_not_dropped(tmp_path):
     found = cli("verify", cut)
 
     line = next(x for x in found.output.splitlines() if x.startswith("error:"))
-    assert found.exit_code == 1 and "write-ahead log is damaged" in line  # before: "ok"
+    assert found.exit_code == 1
+    assert "write-ahead log is damaged" in line
     offset = int(line.split("truncate -s ")[1].split()[0])
     with wal.open("r+b") as fh:  # what the message says to do
         fh.truncate(offset)
@@ -293,7 +301,8 @@ def test_unlearn_reading_while_apply_replaces_the_rounds_writes_nothing(trained,
     assert applied.exit_code == 0, applied.output
     assert child.returncode == 2, err
     assert "another process wrote the run" in err
-    assert not out.exists() and not apply_file_path(out).exists()
+    assert not out.exists()
+    assert not apply_file_path(out).exists()
 
 
 @pytest.mark.parametrize("command", ["forget", "continue"])
@@ -315,7 +324,9 @@ def test_two_writers_overlapping_the_second_is_refused_with_one_line(trained, tm
     first.communicate(timeout=600)
 
     lines = [x for x in second.output.splitlines() if x.startswith("error:")]
-    assert second.exit_code == 2 and len(lines) == 1 and "another writer" in lines[0]
+    assert second.exit_code == 2
+    assert len(lines) == 1
+    assert "another writer" in lines[0]
     assert first.returncode == 0
     with HistoryStore.open(run / "history") as store:  # the first one's work, done once
         if command == "forget":
@@ -363,7 +374,8 @@ def test_a_full_disk_at_privacy_json_after_a_dp_apply_finishes_on_rerun(dp_run, 
                       faults=[Fault(write_json, "enospc", call=2)])  # fmt: skip
     again = cli("apply", cut, "--result", mine)
 
-    assert full.returncode == 2 and "generation 1 was applied" in error_lines(full)[0]
+    assert full.returncode == 2
+    assert "generation 1 was applied" in error_lines(full)[0]
     assert again.exit_code == 0, again.output
     assert_same(whole, cut)
     assert (whole / "privacy.json").read_text() == (cut / "privacy.json").read_text()

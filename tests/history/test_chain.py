@@ -75,8 +75,12 @@ def test_links_commit_every_round_and_verify(tmp_path):
         [2, "accepted", 12, None],
     ]
     assert len(round2["payloads"]) == 5  # global, aggregate, three updates
-    assert check.ok and check.present and check.links == 5 and check.payloads_hashed == 16
-    assert head is not None and (head.seq, head.link) == (5, links[-1][3])
+    assert check.ok
+    assert check.present
+    assert check.links == 5
+    assert check.payloads_hashed == 16
+    assert head is not None
+    assert (head.seq, head.link) == (5, links[-1][3])
 
 
 def test_forget_keeps_the_chain_whole_and_commits_what_it_removed(tmp_path):
@@ -86,7 +90,8 @@ def test_forget_keeps_the_chain_whole_and_commits_what_it_removed(tmp_path):
         check = store.check(full=True)
         last = store.chain_links()[-1]
     assert check.ok, check.problems
-    assert last[1] == "forget" and last[2]["clients"] == [1]
+    assert last[1] == "forget"
+    assert last[2]["clients"] == [1]
     removed = {(r, k, c): sha for r, k, c, sha in last[2]["removed"]}
     assert {(p.round, "update", p.client_id) for p in record.payloads} <= set(removed)
     assert all(removed[(p.round, "update", p.client_id)] == p.sha256 for p in record.payloads)
@@ -130,7 +135,8 @@ def test_apply_trajectory_and_model_keep_the_chain_whole(tmp_path):
         applies = [body for _, kind, body, _ in store.chain_links() if kind == "apply"]
     assert check.ok, check.problems
     assert [a["event"]["method"] for a in applies] == ["retrain", "x"]
-    assert applies[0]["drop_after"] == 0 and "drop_after" not in applies[1]
+    assert applies[0]["drop_after"] == 0
+    assert "drop_after" not in applies[1]
     assert {c for r, _, c, _ in applies[0]["removed"]} == {2}
 
 
@@ -147,7 +153,8 @@ def test_a_payload_deleted_by_raw_sql_breaks_the_chain(tmp_path, ledger):
         *(also if ledger else []),
     )
     check = _check(tmp_path)
-    assert not check.ok and check.first_bad_round == 2
+    assert not check.ok
+    assert check.first_bad_round == 2
     assert _chain_lines(check) == [
         "chain: round 2 client 1: committed, but gone with no deletion record (removed outside "
         "forget)"
@@ -227,8 +234,10 @@ def test_a_store_written_before_the_chain_opens_and_says_it_has_none(tmp_path):
     with HistoryStore.open(tmp_path, writable=True) as store:
         store.write_round(_round(4))  # an old store keeps working, without a chain
         check = store.check(full=True)
-        assert store.chain_head() is None and store.chain_links() == []
-    assert check.ok and check.chain == {
+        assert store.chain_head() is None
+        assert store.chain_links() == []
+    assert check.ok
+    assert check.chain == {
         "present": False,
         "ok": True,
         "links": 0,

@@ -130,7 +130,8 @@ def test_forget_deletes_what_rebuilds_an_update_and_a_store_check_holds(tmp_path
     assert all(r.status == "accepted" and r.num_samples == 95 for r in rows)
     assert all(r.norm is not None and DOT_AGGREGATE_KEY in r.scalars for r in others)
     evidence, receipt = store_check(run, 1)
-    assert evidence["scalars_kept"] == [] and evidence["unrecorded"] == []
+    assert evidence["scalars_kept"] == []
+    assert evidence["unrecorded"] == []
     assert receipt.store == "deleted", receipt.check("deletion").reason
     # a store forgotten before this (its norms kept) is damaged until forgotten again
     con = sqlite3.connect(run / "history" / "history.sqlite", isolation_level=None)
@@ -163,7 +164,8 @@ def test_an_apply_file_in_the_run_directory_is_deleted_with_the_client(tmp_path)
 
     assert not leftover.exists()  # it kept client 2's updates bit for bit
     evidence, receipt = store_check(run, 2)
-    assert evidence["result_files"] == [] and receipt.store == "deleted"
+    assert evidence["result_files"] == []
+    assert receipt.store == "deleted"
 
 
 def test_a_leftover_result_file_makes_the_store_damaged(tmp_path):

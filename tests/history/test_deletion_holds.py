@@ -77,7 +77,8 @@ def test_raw_sql_deletion_leaves_fragments_that_the_page_scan_finds(tmp_path):
     assert scan["ran"] is True
     assert scan["fragments_found"] > 0  # the pages were freed, not zeroed
     assert scan["unrecorded"] == [[r, 1] for r in range(1, 5)]
-    assert evidence["records"] == [] and evidence["bytes_held"] == {1: 0}  # the catalogue is clean
+    assert evidence["records"] == []
+    assert evidence["bytes_held"] == {1: 0}
     assert evidence["scan"]["ok"] is False  # the receipt's store verdict is not "deleted"
     assert not check.ok
     assert any("deleted outside forget" in p for p in check.problems)
@@ -123,7 +124,8 @@ def test_truncated_rounds_leave_no_unrecorded_deletion(tmp_path):
         check = store.check_deletions()
 
     assert check.unrecorded == ()
-    assert check.ok and check.inconclusive_reason is None
+    assert check.ok
+    assert check.inconclusive_reason is None
 
 
 # ----- the reconstruction attack -----------------------------------------------------------------
@@ -178,14 +180,17 @@ def test_forget_drops_what_would_rebuild_the_deleted_updates(tmp_path):
                 total -= SIZES[c] * store.read_update(r, c).double()
         guess = (total / SIZES[1] / 4).float()  # spread evenly over the four rounds
 
-    assert listed == [] and evidence["reconstructible"] == []
+    assert listed == []
+    assert evidence["reconstructible"] == []
     assert {(m.round, m.kind) for m in record.models} == {(r, "aggregate") for r in range(1, 5)} | {
         (r, "global") for r in range(1, 4)
     }
     assert record.model_bytes == 7 * DIM * 4
     assert all(m.num_fingerprints >= 2 for m in record.models)
-    assert torch.equal(kept[0], first) and torch.equal(kept[1], last)  # M_0 and M_T stay
-    assert check.ok and check.fingerprints_checked >= 2 * (4 + 7)  # dropped models scanned too
+    assert torch.equal(kept[0], first)
+    assert torch.equal(kept[1], last)
+    assert check.ok
+    assert check.fingerprints_checked >= 2 * (4 + 7)
     assert min(relative_error(guess, original[r]) for r in range(1, 5)) > 0.5
     with pytest.raises(UnsupportedHistoryError):  # a method reading them refuses, see base.py
         raise DroppedModelError("a DroppedModelError is an UnsupportedHistoryError")
@@ -221,7 +226,8 @@ def test_forget_is_cumulative_and_records_the_dropped_models_in_the_metadata(tmp
         (2, "global"),
         (3, "global"),
     }
-    assert again.models == () and again.size_bytes == 0
+    assert again.models == ()
+    assert again.size_bytes == 0
     assert meta["dropped_models"] == [
         [2, "aggregate"],
         [2, "global"],
@@ -254,11 +260,13 @@ def test_kill_9_inside_forget_changes_nothing_and_a_second_forget_completes(tmp_
         assert {(r, k) for r, k in store.stored_models()} == set(before)
         assert all(torch.equal(store.read_model(r, k), t) for (r, k), t in before.items())
         assert all(torch.equal(store.read_update(r, 1), u) for r, u in updates.items())
-        assert store.deletion_records() == [] and "dropped_models" not in store.meta
+        assert store.deletion_records() == []
+        assert "dropped_models" not in store.meta
     with HistoryStore.open(tmp_path, writable=True) as store:
         record = store.forget([1])
     with HistoryStore.open(tmp_path) as store:
-        assert len(record.models) == 7 and reconstructible_updates(store, [1]) == []
+        assert len(record.models) == 7
+        assert reconstructible_updates(store, [1]) == []
         assert store.check_deletions([1]).ok
 
 
@@ -281,7 +289,8 @@ def test_a_dropped_model_equal_to_a_kept_one_is_not_reported_as_left_behind(tmp_
         check = store.check_deletions([1])
 
     assert (3, "global") in {(m.round, m.kind) for m in record.models}  # == the kept M_4 bytes
-    assert check.ok and check.fingerprints_found == 0
+    assert check.ok
+    assert check.fingerprints_found == 0
 
 
 def test_an_old_store_gets_the_ledger_on_its_first_writable_open_from_the_next_round(tmp_path):
@@ -310,5 +319,6 @@ def test_an_old_store_gets_the_ledger_on_its_first_writable_open_from_the_next_r
     # the ledger covers round 3 on; the upgrade marked the updates stored then (rounds 1, 2)
     # as kept, so the catalogue shows those gone unrecorded too
     assert check.unrecorded == ((1, 2), (2, 2), (3, 2))
-    assert check.fingerprints_found > 0 and not check.ok
+    assert check.fingerprints_found > 0
+    assert not check.ok
     assert check.inconclusive_reason is None

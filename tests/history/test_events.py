@@ -84,12 +84,15 @@ def test_apply_replaces_the_rounds_and_the_attack_no_longer_rebuilds_a_deleted_u
         3,
     )
     assert event.dropped_payloads == 4 * (1 + 1 + 4)  # per round: global, aggregate, 4 updates
-    assert again.size_bytes == 0 and again.payloads == ()
+    assert again.size_bytes == 0
+    assert again.payloads == ()
     with HistoryStore.open(tmp_path) as store:
-        assert store.rounds() == [0, 1, 2, 3] and torch.equal(store.read_model(0), m0)
+        assert store.rounds() == [0, 1, 2, 3]
+        assert torch.equal(store.read_model(0), m0)
         assert torch.equal(store.read_model(3), traj.final_model)
         assert all(1 not in {c.client_id for c in store.client_records(r)} for r in (1, 2, 3))
-        assert store.forgotten_clients() == {1} and store.clean_from_round() == 0
+        assert store.forgotten_clients() == {1}
+        assert store.clean_from_round() == 0
         assert store.meta["rounds_target"] == 3
         assert reconstructible_updates(store, [1]) == []
         with pytest.raises(HistoryError):
@@ -97,7 +100,9 @@ def test_apply_replaces_the_rounds_and_the_attack_no_longer_rebuilds_a_deleted_u
         records = store.deletion_records([1])
         assert len(records[0].payloads) == 4  # its four original updates, with SHA-256
         check = store.check_deletions([1])
-        assert check.ok and check.payloads_checked == 4 and check.fingerprints_found == 0
+        assert check.ok
+        assert check.payloads_checked == 4
+        assert check.fingerprints_found == 0
         store.verify()
 
 
@@ -108,9 +113,12 @@ def test_apply_without_a_trajectory_appends_the_model_and_marks_earlier_rounds(t
         event = apply(store, model=model, forget=(0, 2))
 
     with HistoryStore.open(tmp_path) as store:
-        assert event.kind == "model" and event.rounds_after == 5
-        assert torch.equal(store.read_model(5), model) and store.client_records(5) == []
-        assert store.clean_from_round() == 5 and store.meta["clean_from_round"] == 5
+        assert event.kind == "model"
+        assert event.rounds_after == 5
+        assert torch.equal(store.read_model(5), model)
+        assert store.client_records(5) == []
+        assert store.clean_from_round() == 5
+        assert store.meta["clean_from_round"] == 5
         assert store.forgotten_clients() == {0, 2}
         assert store.has_update(1, 0)  # not deleted by apply: forget() does that
         assert store.round_scalars(5)["applied_event"] == 1
@@ -127,7 +135,8 @@ def test_apply_refuses_a_forgotten_client_in_the_trajectory_and_a_stale_round(tm
                 forget=[1], new=[1], method="m", request_kind="forget", model=m0,
                 model_sha256="x", expected_last_round=3,
             )  # fmt: skip
-        assert store.events() == [] and store.last_round() == 4
+        assert store.events() == []
+        assert store.last_round() == 4
 
 
 def test_an_old_store_without_the_events_table_reads_and_gets_it_when_opened_writable(tmp_path):
@@ -136,7 +145,8 @@ def test_an_old_store_without_the_events_table_reads_and_gets_it_when_opened_wri
     con.execute("DROP TABLE events")
     con.close()
     with HistoryStore.open(tmp_path) as store:
-        assert store.events() == [] and store.generation() == 0
+        assert store.events() == []
+        assert store.generation() == 0
     with HistoryStore.open(tmp_path, writable=True) as store:
         apply(store, model=torch.zeros(DIM))
         assert store.generation() == 1
@@ -147,9 +157,11 @@ def test_the_apply_file_round_trips_the_model_and_the_trajectory(tmp_path):
     traj = trajectory_without(m0, {1}, rounds=2)
     write_result_file(tmp_path / "r.apply.safetensors", traj.final_model, traj)
     back = read_result_file(tmp_path / "r.apply.safetensors")
-    assert torch.equal(back.params, traj.final_model) and back.trajectory.forgotten == {1}
+    assert torch.equal(back.params, traj.final_model)
+    assert back.trajectory.forgotten == {1}
     for a, b in zip(back.trajectory.rounds, traj.rounds, strict=True):
-        assert torch.equal(a.global_model, b.global_model) and a.clients == b.clients
+        assert torch.equal(a.global_model, b.global_model)
+        assert a.clients == b.clients
         assert set(a.updates) == set(b.updates)
         assert all(torch.equal(a.updates[c], b.updates[c]) for c in a.updates)
 
@@ -188,7 +200,8 @@ def test_kill_9_inside_apply_changes_nothing_and_the_rerun_equals_an_uninterrupt
 
     assert child.returncode == -signal.SIGKILL
     with HistoryStore.open(tmp_path / "cut") as store:
-        assert store.events() == [] and store.last_round() == 4
+        assert store.events() == []
+        assert store.last_round() == 4
         assert all(torch.equal(store.read_model(r, k), t) for (r, k), t in before.items())
         assert store.has_update(3, 1)
     for name in ("cut", "full"):

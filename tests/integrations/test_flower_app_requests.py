@@ -78,8 +78,10 @@ def test_unknown_local_epochs_are_refused_in_one_line_before_any_round(runs):
     grid = OwnGrid(NODES)
     with pytest.raises(ConfigError, match="local epochs are unknown") as err:
         start(wrapped(context()), grid=grid)
-    assert "\n" not in str(err.value) and "local_epochs=N" in str(err.value)
-    assert grid.sent == [] and not runs.exists()
+    assert "\n" not in str(err.value)
+    assert "local_epochs=N" in str(err.value)
+    assert grid.sent == []
+    assert not runs.exists()
 
 
 def test_flower_metric_names_measure_utility_and_progress_is_logged(runs, caplog):
@@ -94,7 +96,8 @@ def test_flower_metric_names_measure_utility_and_progress_is_logged(runs, caplog
 
     start(wrapped(context(run_id=6, **{"local-epochs": 1})))  # the app's next flwr run
 
-    assert not (runs / "6").exists() and queued_request(run) is None  # served, not trained
+    assert not (runs / "6").exists()
+    assert queued_request(run) is None
     result = json.loads((run / "flower_retrain.json").read_text())
     assert result["test_accuracy"] == result["accuracy"] == 0.75
     assert result["test_loss"] == 0.5
@@ -107,7 +110,8 @@ def test_flower_metric_names_measure_utility_and_progress_is_logged(runs, caplog
         "fedunlearn: [3/3",
     ]
     rounds = [line for line in lines if "retrain round" in line]
-    assert len(rounds) == 2 and "2 of 2 client(s) trained" in rounds[-1]
+    assert len(rounds) == 2
+    assert "2 of 2 client(s) trained" in rounds[-1]
     assert lines[-1].endswith(
         f"result written to {run / 'flower_retrain.json'} (model "
         f"{run / 'flower_retrain.safetensors'})"
@@ -127,7 +131,9 @@ def test_the_cli_queues_a_flower_runs_request_and_names_the_command(runs):
     assert said.exit_code == 0, said.output
     assert "serve it now, from the app's directory: flwr run ." in said.output
     queued = queued_request(run)
-    assert queued is not None and queued.forget == (2,) and queued.method == "fedrecover"
+    assert queued is not None
+    assert queued.forget == (2,)
+    assert queued.method == "fedrecover"
     assert queued.out == str(out.resolve())
     info = run_info(run)
     assert info["serving"]["queued"]["forget"] == [2]
@@ -136,14 +142,16 @@ def test_the_cli_queues_a_flower_runs_request_and_names_the_command(runs):
     again = CliRunner().invoke(
         cli, ["unlearn", str(run), "--forget", "1", "--method", "retrain", "--out", str(out)]
     )
-    assert again.exit_code == 2 and "already queues a request" in again.output
+    assert again.exit_code == 2
+    assert "already queues a request" in again.output
     (run / REQUEST_FILE).unlink()
     for args, says in (
         (["--forget", "9", "--method", "retrain"], "not in this run"),
         (["--forget", "1", "--method", "nope"], "nope"),
     ):
         bad = CliRunner().invoke(cli, ["unlearn", str(run), *args, "--out", str(out)])
-        assert bad.exit_code == 2 and says in bad.output, bad.output
+        assert bad.exit_code == 2, bad.output
+        assert says in bad.output, bad.output
         assert not (run / REQUEST_FILE).exists()
 
 
@@ -157,6 +165,7 @@ def test_a_request_named_in_the_run_config_is_served_without_a_queue(runs, tmp_p
     result = start(strategy)
 
     assert json.loads(out.read_text())["request"]["forget"] == [0]
-    assert strategy.served is not None and strategy.served["method"] == "retrain"
+    assert strategy.served is not None
+    assert strategy.served["method"] == "retrain"
     assert set(result.arrays.keys()) == set(own.tiny_net((8,), 3).state_dict())
     assert result.evaluate_metrics_serverapp[0]["accuracy"] == 0.75

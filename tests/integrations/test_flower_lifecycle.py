@@ -89,11 +89,15 @@ def test_lifecycle_over_a_grid_equals_the_in_process_lifecycle(tmp_path):
     continue_run(inproc, 2)
 
     # Assert: the apply used the Flower result's trajectory; client 0 got no train message
-    assert event["forget"] == [0] and event["rounds_after"] == 2
+    assert event["forget"] == [0]
+    assert event["rounds_after"] == 2
     trains = [(CLIENT_OF_NODE[node], ids) for node, kind, ids in grid.sent if kind == "train"]
-    assert len(trains) == 2 * 2 and all(cid != 0 and ids == [cid] for cid, ids in trains)
-    assert summary["engine"] == "flower" and summary["target"] == 4
-    assert summary["forgotten_clients"] == [0] and summary["missing"] == {}
+    assert len(trains) == 2 * 2
+    assert all(cid != 0 and ids == [cid] for cid, ids in trains)
+    assert summary["engine"] == "flower"
+    assert summary["target"] == 4
+    assert summary["forgotten_clients"] == [0]
+    assert summary["missing"] == {}
     with (
         HistoryStore.open(flower / "history") as got,
         HistoryStore.open(inproc / "history") as want,
@@ -111,7 +115,8 @@ def test_lifecycle_over_a_grid_equals_the_in_process_lifecycle(tmp_path):
     # Assert: cumulative (both forgotten, client 1 new), computed on the continued run
     doc = json.loads(r1.read_text())
     assert doc["request"] == {"forget": [0, 1], "new": [1], "earlier": [0], "kind": "forget"}
-    assert doc["run"]["generation"] == 1 and doc["run"]["last_round"] == 4
+    assert doc["run"]["generation"] == 1
+    assert doc["run"]["last_round"] == 4
     assert apply_result(flower, r1)["forget"] == [0, 1]
 
 
@@ -136,7 +141,8 @@ def test_interrupted_continuation_over_a_grid_is_refused_then_resumed(tmp_path):
     with pytest.raises(ConfigError, match="interrupted --continue of 3 rounds"):
         continue_on_grid(LocalGrid(NODES), FlowerJob("continue", base, rounds=5))
     summary = continue_on_grid(LocalGrid(NODES), FlowerJob("continue", base, rounds=0))
-    assert summary["resumed_from_round"] == 3 and summary["target"] == 5
+    assert summary["resumed_from_round"] == 3
+    assert summary["target"] == 5
     with (
         HistoryStore.open(base / "history") as got,
         HistoryStore.open(whole / "history") as want,
@@ -157,7 +163,8 @@ def test_a_client_that_does_not_reply_in_a_continuation_is_recorded_missing(tmp_
     summary = continue_on_grid(LocalGrid(NODES, drop={1}), FlowerJob("continue", run, rounds=1))
 
     # Assert: the round is committed from clients 0 and 2; client 1 has a missing record
-    assert list(summary["missing"]) == ["2"] and "no reply" in summary["missing"]["2"]["1"]
+    assert list(summary["missing"]) == ["2"]
+    assert "no reply" in summary["missing"]["2"]["1"]
     with HistoryStore.open(run / "history") as store:
         status = {c.client_id: c.status for c in store.client_records(2)}
         assert status == {0: "accepted", 1: "missing", 2: "accepted"}
@@ -223,7 +230,8 @@ def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(tmp_path, flow
     # Assert: the request forgets both, client 1 is new, on the continued run
     doc = json.loads((run / "r1.json").read_text())
     assert doc["request"] == {"forget": [0, 1], "new": [1], "earlier": [0], "kind": "forget"}
-    assert doc["run"]["last_round"] == 4 and doc["run"]["generation"] == 1
+    assert doc["run"]["last_round"] == 4
+    assert doc["run"]["generation"] == 1
     assert doc["costs"]["client_participations"] == 4  # client 2 alone, rounds 1..4
 
 
@@ -244,4 +252,5 @@ def test_dp_is_refused_over_the_grid_before_any_round(tmp_path):
     with pytest.raises(ConfigError, match="mode 'continue' refuses a DP run"):
         continue_on_grid(LocalGrid(NODES), FlowerJob("continue", tmp_path / "inproc", rounds=1))
     with HistoryStore.open(tmp_path / "inproc" / "history") as store:
-        assert store.last_round() == 1 and "continuation" not in store.meta
+        assert store.last_round() == 1
+        assert "continuation" not in store.meta

@@ -129,7 +129,9 @@ def test_every_round_is_recorded_with_stable_client_ids(tmp_path):
         torch.testing.assert_close(store.read_model(2), flat)
         assert store.meta["client_sizes"] == {"0": 40, "1": 40, "2": 40}
     info = run_info(run)
-    assert info["dataset"] == "node-local" and info["complete"] and not info["problems"]
+    assert info["dataset"] == "node-local"
+    assert info["complete"]
+    assert not info["problems"]
     assert check_run(run)["ok"]
     forget_clients(run, [1])
     assert run_info(run)["forgotten_clients"] == [1]
@@ -231,13 +233,15 @@ def test_bad_reply_is_rejected_and_recorded_and_the_round_goes_on(
         mean = sum(dict(store.iter_updates(1)).values()) / 2
         torch.testing.assert_close(store.read_model(1, "aggregate"), mean, atol=1e-6, rtol=0)
         if where == "rejected":
-            assert records[2].status == "rejected" and says in records[2].reason
+            assert records[2].status == "rejected"
+            assert says in records[2].reason
         else:
             assert 2 not in records
             assert says in store.round_scalars(1)["rejected_reasons"]
             assert store.round_scalars(1)["rejected_replies"] == 1
     lines = [r.getMessage() for r in caplog.records if "rejected reply" in r.getMessage()]
-    assert len(lines) == 1 and says in lines[0]
+    assert len(lines) == 1
+    assert says in lines[0]
 
 
 def test_a_model_that_does_not_match_the_arrays_stops_before_round_one(tmp_path):
@@ -258,7 +262,8 @@ def test_a_model_that_does_not_match_the_arrays_stops_before_round_one(tmp_path)
 def test_summary_and_metrics_are_written(tmp_path):
     record(tmp_path, OwnGrid(NODES))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["engine"] == "flower-app" and summary["rounds"] == 2
+    assert summary["engine"] == "flower-app"
+    assert summary["rounds"] == 2
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [0, 1, 2]
 
@@ -279,11 +284,14 @@ def test_unlearning_over_the_users_client_app(tmp_path, method):
         evaluate_fn=lambda r, arrays: MetricRecord({"test_accuracy": 0.25}),
     )
     trained = {cid for cid, _, _ in own.TRAINED}
-    assert trained and 1 not in trained  # the forgotten client never trains
+    assert trained
+    assert 1 not in trained
     assert {(lr, epochs) for _, lr, epochs in own.TRAINED} == {(0.2, 1)}  # the recorded settings
-    assert out["test_accuracy"] == 0.25 and out["request"]["forget"] == [1]
+    assert out["test_accuracy"] == 0.25
+    assert out["request"]["forget"] == [1]
     check = out["client_check"]["1"]
-    assert check["shown"] and check["samples"] == 40
+    assert check["shown"]
+    assert check["samples"] == 40
     assert check["loss_before"] != check["loss_after"]
     from fedunlearn.models import get_flat_params, load_model
 
@@ -320,7 +328,8 @@ def test_a_node_that_stops_replying_is_recorded_missing(tmp_path):
     record(tmp_path, OwnGrid(NODES, tamper={70_051: silent_after_round_one}), rounds=2)
     with HistoryStore.open(tmp_path / "run" / "history") as store:
         round2 = {c.client_id: c for c in store.client_records(2)}
-        assert round2[0].status == "missing" and "no reply" in round2[0].reason
+        assert round2[0].status == "missing"
+        assert "no reply" in round2[0].reason
         assert sorted(dict(store.iter_updates(2))) == [1, 2]
 
 
@@ -422,4 +431,5 @@ def test_unlearning_reaches_clients_on_a_shared_node_and_says_when_one_is_gone(t
     out = unlearn_over_app(grid, tmp_path / "run", "retrain", [1], node_timeout=0.1)
     assert {cid for cid, _, _ in own.TRAINED} == {0, 2}
     check = out["client_check"]["1"]
-    assert not check["shown"] and "no node hosts it now" in check["reason"]
+    assert not check["shown"]
+    assert "no node hosts it now" in check["reason"]

@@ -71,12 +71,15 @@ def test_pytorch_app_records_and_serves_a_queued_request(tmp_path, monkeypatch):
         server.app(grid, context)  # train: the ServerApp as Flower calls it
         run = tmp_path / "runs" / "digits_torch" / "7"
         info = run_info(run)
-        assert info["complete"] and info["num_clients"] == NODES and info["rounds_completed"] == 3
+        assert info["complete"]
+        assert info["num_clients"] == NODES
+        assert info["rounds_completed"] == 3
         assert info["model"] == "digits_torch.task:Net"  # found in the app: its arrays match
         assert info["serving"]["app"] == "digits_torch"
         with HistoryStore.open(run / "history") as store:
             config = store.meta["config"]["training"]
-            assert config["local_epochs"] == 1 and config["batch_size"] == 16  # the run config's
+            assert config["local_epochs"] == 1
+            assert config["batch_size"] == 16
             assert config["lr"] == 0.1  # the train config's "lr" (the run config: learning-rate)
             assert 0 <= store.round_scalars(3)["accuracy"] <= 1  # the app's evaluate_fn, recorded
 
@@ -86,7 +89,8 @@ def test_pytorch_app_records_and_serves_a_queued_request(tmp_path, monkeypatch):
             ["unlearn", str(run), "--forget", "1", "--method", "retrain", "--out", str(out)],
         )
         assert said.exit_code == 0, said.output
-        assert "flwr run ." in said.output and (run / REQUEST_FILE).exists()
+        assert "flwr run ." in said.output
+        assert (run / REQUEST_FILE).exists()
         shown = CliRunner().invoke(cli, ["info", str(run)])
         assert "served by the Flower app 'digits_torch'" in shown.output
 
@@ -104,7 +108,8 @@ def test_pytorch_app_records_and_serves_a_queued_request(tmp_path, monkeypatch):
     assert checks["utility"]["verdict"] in ("pass", "warn")
     assert result["verification"]["influence"] == "removed"  # Retrain: by construction
     check = result["client_check"]["1"]
-    assert not check["shown"] and check["reason"].startswith("not provided")
+    assert not check["shown"]
+    assert check["reason"].startswith("not provided")
     assert (tmp_path / "final_model.pt").exists()  # the app's own code saved the unlearned model
 
 
@@ -118,7 +123,8 @@ def test_numpy_app_records_its_arrays_and_serves_a_request(tmp_path, monkeypatch
         server.app(grid, context)
         run = tmp_path / "runs" / "digits_numpy" / "3"
         info = run_info(run)
-        assert info["complete"] and info["rounds_completed"] == 3
+        assert info["complete"]
+        assert info["rounds_completed"] == 3
         assert info["model"].endswith("app_model:arrays_model")  # no model class: the arrays
         from fedunlearn.runs.app_requests import AppRequest, queue_request
 
@@ -128,15 +134,18 @@ def test_numpy_app_records_its_arrays_and_serves_a_request(tmp_path, monkeypatch
     finally:
         qs.unload("numpy_app")
     result = json.loads((run / "flower_retrain.json").read_text())
-    assert result["request"]["forget"] == [2] and result["missing"] == {}
+    assert result["request"]["forget"] == [2]
+    assert result["missing"] == {}
     assert result["costs"]["client_participations"] == 3 * (NODES - 1)
     import numpy as np
     import safetensors.numpy
 
     model = safetensors.numpy.load_file(result["model_file"])
     assert sorted(model) == ["0", "1"]  # the app's own arrays: weights and biases
-    assert model["0"].shape == (64, 10) and model["1"].shape == (10,)
-    assert np.isfinite(model["0"]).all() and np.abs(model["0"]).max() > 0  # trained, not M_0
+    assert model["0"].shape == (64, 10)
+    assert model["1"].shape == (10,)
+    assert np.isfinite(model["0"]).all()
+    assert np.abs(model["0"]).max() > 0
     final = np.load(tmp_path / "final_model.npz")  # the app saved the unlearned model
     for key in ("0", "1"):
         np.testing.assert_allclose(final[f"arr_{key}"], model[key], rtol=1e-6)
@@ -156,7 +165,8 @@ def test_numpy_app_without_the_diff_is_plain_flower_and_records_nothing(tmp_path
     import numpy as np
 
     weights = np.load(tmp_path / "final_model.npz")
-    assert weights["arr_0"].shape == (64, 10) and np.abs(weights["arr_0"]).max() > 0
+    assert weights["arr_0"].shape == (64, 10)
+    assert np.abs(weights["arr_0"]).max() > 0
 
 
 @pytest.mark.slow

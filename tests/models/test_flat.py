@@ -41,9 +41,8 @@ def test_batchnorm_statistics_are_the_tail_of_the_vector_and_round_trip():
     # Assert
     norm = model.body[1]
     assert num_params(model) == num_trainable(model) + 4 + 4 + 1
-    assert torch.equal(flat[-9:-5], norm.running_mean) and torch.equal(
-        flat[-5:-1], norm.running_var
-    )
+    assert torch.equal(flat[-9:-5], norm.running_mean)
+    assert torch.equal(flat[-5:-1], norm.running_var)
     assert flat[-1] == 1.0  # num_batches_tracked
     for key, value in model.state_dict().items():
         assert torch.equal(other.state_dict()[key], value), key

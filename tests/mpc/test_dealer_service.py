@@ -380,7 +380,8 @@ def test_remote_dealer_over_mutual_tls_with_roles(tmp_path):
         # Assert
         assert errors == [None, None]
         assert isinstance(d0.transport._sock, ssl.SSLSocket)
-        assert d0.link.authenticated and d0.link.role == "dealer"
+        assert d0.link.authenticated
+        assert d0.link.role == "dealer"
         np.testing.assert_array_equal(c0 + c1, (a0 + a1) * (b0 + b1))
         assert handle.join(TIMEOUT) == 0
 

@@ -217,6 +217,7 @@ def test_a_refusal_with_a_reason_is_final_not_retried(pki, tmp_path):
     finally:
         acceptor.join(10)
         listener.close()
-    assert results and results[0][0] == "PeerAuthenticationError", results
+    assert results, results
+    assert results[0][0] == "PeerAuthenticationError", results
     assert elapsed < 4
     assert served == ["PeerDisconnectedError"]

@@ -72,7 +72,8 @@ def test_a_hello_with_any_field_replaced_parses_or_is_one_malformed_line(field, 
     except Exception as exc:  # noqa: BLE001 - judged by one_line
         one_line(exc)
         return
-    assert isinstance(hello.role, str) and isinstance(hello.binding, SessionBinding)
+    assert isinstance(hello.role, str)
+    assert isinstance(hello.binding, SessionBinding)
     assert all(isinstance(v, int | float | str | bool) for v in hello.options.values())
 
 
@@ -88,7 +89,8 @@ def test_a_ready_message_of_any_content_is_ready_or_one_error_line(doc):
     except Exception as exc:  # noqa: BLE001 - judged by one_line
         one_line(exc)
         return
-    assert doc.get("ready") is True and "abort" not in doc
+    assert doc.get("ready") is True
+    assert "abort" not in doc
 
 
 @FUZZ

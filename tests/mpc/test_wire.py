@@ -56,7 +56,8 @@ def test_a_bad_message_is_one_malformed_frame_error_line(name):
     with pytest.raises(MalformedFrameError, match=expected) as caught:
         parse_object(data, "server0 at 127.0.0.1:1", max_bytes=1 << 20)
     text = str(caught.value)
-    assert "\n" not in text and len(text) < 300
+    assert "\n" not in text
+    assert len(text) < 300
     assert "99999" not in text  # the content is never quoted
 
 
@@ -106,7 +107,8 @@ def test_adversarial_messages_at_the_1_mib_cap_parse_in_well_under_a_second():
         try:
             parse_object(data, "clients at 127.0.0.1:1", max_bytes=CAP)
         except MalformedFrameError as exc:
-            assert "\n" not in str(exc) and len(str(exc)) < 300
+            assert "\n" not in str(exc)
+            assert len(str(exc)) < 300
         times[name] = time.thread_time() - start
     assert max(times.values()) < 0.5, times  # 0.03-0.25 s each on the 2-core test machine
     assert sum(times.values()) < 2.0, times
@@ -215,7 +217,8 @@ def test_a_certified_peer_sending_bad_json_is_dropped_with_one_line(pki, caplog)
             link.close()
     finally:
         listener.close()
-    assert results == [[0, 0]] and got.tolist() == [1, 1]
+    assert results == [[0, 0]]
+    assert got.tolist() == [1, 1]
     lines = [r.getMessage() for r in caplog.records if "MalformedFrameError" in r.getMessage()]
     assert any("nested" in line for line in lines), lines
     assert any("integer of more than" in line for line in lines), lines

@@ -50,7 +50,8 @@ def test_the_upfront_guarantee_composes_every_round_at_epsilon_max(dp_run):
     g = ledger["epsilon_guarantee"]
     z = noise_multiplier(3.0, 1e-5)  # Eq. 6 at ε_max
     direct = _pld([dp_accounting.GaussianDpEvent(z)] * 4)  # replace-one: sensitivity 2S
-    assert g["per_round_epsilon"] == 3.0 and g["rounds"] == 4
+    assert g["per_round_epsilon"] == 3.0
+    assert g["rounds"] == 4
     assert g["pld_epsilon"] == pytest.approx(direct, rel=1e-3)
     # the realised schedule starts at ε_0 = 1: its total is smaller, and labelled data-dependent
     assert ledger["total_epsilon"] < g["pld_epsilon"]

@@ -126,7 +126,8 @@ def test_a_dp_run_keeps_no_client_loss_and_forget_drops_every_value(runs, tmp_pa
     with HistoryStore.open(run / "history") as store:
         records = [r for t in (1, 2, 3) for r in store.client_records(t)]
         scalars = [store.round_scalars(t) for t in (1, 2, 3)]
-    assert len(records) == 18 and {r.loss for r in records} == {None}
+    assert len(records) == 18
+    assert {r.loss for r in records} == {None}
     assert not any("train_loss" in sc for sc in scalars)
     assert all(r.norm is not None for r in records)  # post-processing of the DP upload
 
@@ -253,9 +254,11 @@ def test_clip_and_noise_goes_through_the_lifecycle(runs, tmp_path):
     fresh = info["applied"][0]["fresh_epsilon"]
     assert fresh == pytest.approx(_gaussian_release_epsilon(3, 3.0), rel=1e-3)
     g = info["epsilon_guarantee"]
-    assert g["rounds"] == 4 and g["neighbour_relation"] == "replace_one"
+    assert g["rounds"] == 4
+    assert g["neighbour_relation"] == "replace_one"
     assert g["with_unlearning_releases"]["epsilon"] == pytest.approx(g["pld_epsilon"] + fresh)
-    assert info["artefacts"]["current_model"]["dp"] and info["artefacts"]["uploads"]["dp"]
+    assert info["artefacts"]["current_model"]["dp"]
+    assert info["artefacts"]["uploads"]["dp"]
     with HistoryStore.open(run / "history") as store:
         assert {r.loss for t in (1, 2, 3, 4) for r in store.client_records(t)} == {None}
 
@@ -266,7 +269,8 @@ def test_store_only_states_what_its_store_holds(runs, tmp_path):
     run = _copy(runs, "store_only", tmp_path)
     info = run_info(run)["privacy"]
     assert not info["artefacts"]["stored_history"]["dp"]
-    assert not info["artefacts"]["uploads"]["dp"] and not info["artefacts"]["original_model"]["dp"]
+    assert not info["artefacts"]["uploads"]["dp"]
+    assert not info["artefacts"]["original_model"]["dp"]
     with HistoryStore.open(run / "history") as store:
         records = [r for t in (1, 2, 3) for r in store.client_records(t)]
     assert [(r.norm, r.loss, "dot_aggregate" in r.scalars) for r in records] == [
@@ -298,7 +302,8 @@ def test_every_stated_epsilon_recomputes_with_dp_accounting(runs, capsys, monkey
     dirs = [str(runs[name][0]) for name in ("auto", "client_update")]
     assert script.main(["--json", "--runs", *dirs]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert all(r["ok"] for r in rows) and len(rows) == 7 + 3 * 2
+    assert all(r["ok"] for r in rows)
+    assert len(rows) == 7 + 3 * 2
     assert all(r["fedunlearn"] is not None for r in rows)  # each compared with what we state
     assert {r["figure"] for r in rows if r["documented"] is not None} == set(script.DOCUMENTED)
     # a figure the docs print wrongly is caught

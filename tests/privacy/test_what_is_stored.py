@@ -100,7 +100,8 @@ def test_the_store_keeps_no_loss_a_client_did_not_report(tmp_path):
         records = {r.client_id: r for r in store.client_records(1)}
     assert records[0].loss is None  # before: the text 'nan', or the client's clean loss
     assert records[1].loss == 2.0
-    assert records[0].norm is not None and DOT_AGGREGATE_KEY in records[0].scalars
+    assert records[0].norm is not None
+    assert DOT_AGGREGATE_KEY in records[0].scalars
 
 
 def test_a_store_only_recorder_keeps_no_norm_nor_inner_product(tmp_path):

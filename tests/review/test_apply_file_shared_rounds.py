@@ -44,8 +44,10 @@ def test_a_round_that_trained_nobody_is_written_and_read_back(tmp_path):
     save_for_apply(out, summary, result)
 
     back = read_result_file(apply_file_path(out)).trajectory
-    assert back is not None and back.length == result.trajectory.length
+    assert back is not None
+    assert back.length == result.trajectory.length
     for mine, theirs in zip(back.rounds, result.trajectory.rounds, strict=True):
         assert torch.equal(mine.global_model, theirs.global_model)
     r1, r2 = back.rounds[0], back.rounds[1]
-    assert r2.updates == {} and torch.equal(r2.global_model, r1.global_model)
+    assert r2.updates == {}
+    assert torch.equal(r2.global_model, r1.global_model)

@@ -57,7 +57,8 @@ def test_the_no_unlearning_control_is_not_applied(trained, tmp_path):
     with pytest.raises(ConfigError, match="removes no client") as err:
         apply_result(run, tmp_path / "none.json")
 
-    assert "\n" not in str(err.value) and "nothing was changed" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert "nothing was changed" in str(err.value)
     assert _unchanged(run)
 
 

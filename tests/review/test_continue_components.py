@@ -67,7 +67,8 @@ def test_resume_warns_when_the_data_source_changed_since_the_first_rounds(tmp_pa
         train_run(config, tmp_path / "run", resume=True)
 
     lines = [str(w.message) for w in caught if "changed since training" in str(w.message)]
-    assert len(lines) == 1 and "data.source mydata:load changed since training" in lines[0]
+    assert len(lines) == 1
+    assert "data.source mydata:load changed since training" in lines[0]
 
 
 @pytest.mark.slow

@@ -29,7 +29,8 @@ def test_non_finite_inputs_are_refused_in_one_line(part, value, where):
     with pytest.raises(DataFormatError, match="1 NaN or infinite value") as err:
         as_federated_data(data)
 
-    assert where in str(err.value) and "\n" not in str(err.value)
+    assert where in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_finite_inputs_still_pass():

@@ -68,4 +68,5 @@ def test_a_model_with_nan_is_not_applied(tmp_path):
 
     assert "nothing was changed" in str(err.value)
     with HistoryStore.open(run / "history") as store:
-        assert store.generation() == 0 and store.last_round() == 2
+        assert store.generation() == 0
+        assert store.last_round() == 2

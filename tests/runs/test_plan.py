@@ -148,7 +148,8 @@ def test_break_even_is_the_first_n_whose_one_at_a_time_cost_reaches_one_retrain(
             n_star = j + 1
             break
     assert seq.break_even == n_star
-    assert n_star is not None and n_star > 1
+    assert n_star is not None
+    assert n_star > 1
 
 
 def test_one_request_of_many_clients_saves_little():

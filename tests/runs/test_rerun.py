@@ -50,7 +50,8 @@ def test_continue_to_round_rerun_after_a_kill_at_its_last_round_does_nothing(tra
     again = run(["train", "--continue", cut, "--to-round", 5])
     twice = run(["train", "--continue", cut, "--to-round", 5, "--json"])
 
-    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert again.returncode == 0
+    assert "nothing to do" in again.stdout
     assert json.loads(twice.stdout)["already_done"] is True
     assert len(models(cut)) == 6  # rounds 0..5: no round was added
     assert all(torch.equal(a, b) for a, b in zip(models(whole), models(cut), strict=True))
@@ -58,7 +59,8 @@ def test_continue_to_round_rerun_after_a_kill_at_its_last_round_does_nothing(tra
     assert summary["rounds"] == 5  # the file the kill left stale is rewritten
     assert (cut / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
     behind = run(["train", "--continue", cut, "--to-round", 4])
-    assert behind.returncode == 2 and "past --to-round 4" in error_lines(behind)[0]
+    assert behind.returncode == 2
+    assert "past --to-round 4" in error_lines(behind)[0]
 
 
 def test_rounds_rerun_while_unfinished_resumes_and_to_round_names_the_same_target(
@@ -74,9 +76,12 @@ def test_rounds_rerun_while_unfinished_resumes_and_to_round_names_the_same_targe
     other = run(["train", "--continue", cut, "--to-round", 7])
     same = run(["train", "--continue", cut, "--to-round", 6, "--json"])
 
-    assert other.returncode == 2 and "--to-round 6" in error_lines(other)[0]
+    assert other.returncode == 2
+    assert "--to-round 6" in error_lines(other)[0]
     done = json.loads(same.stdout)
-    assert same.returncode == 0 and done["target"] == 6 and done["resumed_from_round"] == 3
+    assert same.returncode == 0
+    assert done["target"] == 6
+    assert done["resumed_from_round"] == 3
 
 
 def test_apply_stopped_by_a_full_disk_at_metrics_jsonl_finishes_on_rerun(trained, tmp_path):
@@ -93,13 +98,15 @@ def test_apply_stopped_by_a_full_disk_at_metrics_jsonl_finishes_on_rerun(trained
         faults=[Fault("fedunlearn.runs.lifecycle:write_text_atomic", "enospc")],
     )
 
-    assert full.returncode == 2 and len(error_lines(full)) == 1
+    assert full.returncode == 2
+    assert len(error_lines(full)) == 1
     assert "generation 1 was applied" in error_lines(full)[0]
     assert (work / "metrics.jsonl").read_text() == metrics_before  # left whole
     with HistoryStore.open(work / "history") as store:
         assert store.generation() == 1  # the store is committed
     again = run(["apply", work, "--result", result])
-    assert again.returncode == 0 and "applied before" in again.stdout
+    assert again.returncode == 0
+    assert "applied before" in again.stdout
     assert not apply_file_path(result).exists()  # consumed on the re-run too
     verified = run(["verify", work])
     assert verified.returncode == 0, verified.stderr

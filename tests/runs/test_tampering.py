@@ -79,7 +79,8 @@ def test_apply_refuses_an_edited_result_with_one_line(copy, edit):
     res = cli("apply", copy / "run", "--result", copy / "r.json")
 
     assert res.exit_code == 2, res.output
-    assert len(one_line(res)) == 1 and "IntegrityError" in one_line(res)[0]
+    assert len(one_line(res)) == 1
+    assert "IntegrityError" in one_line(res)[0]
     assert generation(copy / "run") == 0  # nothing applied
     assert (copy / "r.apply.safetensors").exists()  # nor consumed
 
@@ -94,7 +95,8 @@ def test_audit_refuses_an_edited_result_before_any_work(copy):
     res = cli("audit", copy / "run", "--model", model, "--forget", "1",
               "--result", copy / "r.json", "--no-client-test")  # fmt: skip
 
-    assert res.exit_code == 2 and "IntegrityError" in one_line(res)[0]
+    assert res.exit_code == 2
+    assert "IntegrityError" in one_line(res)[0]
 
 
 def test_a_result_of_another_run_is_refused_by_apply_and_audit(copy, made):
@@ -107,8 +109,10 @@ def test_a_result_of_another_run_is_refused_by_apply_and_audit(copy, made):
     audited = cli("audit", copy / "other", "--model", model, "--forget", "1",
                   "--result", copy / "r.json", "--no-client-test")  # fmt: skip
 
-    assert applied.exit_code == 2 and "another run" in one_line(applied)[0]
-    assert audited.exit_code == 2 and "another run" in one_line(audited)[0]
+    assert applied.exit_code == 2
+    assert "another run" in one_line(applied)[0]
+    assert audited.exit_code == 2
+    assert "another run" in one_line(audited)[0]
 
 
 def edit_stored_lr(run, lr):
@@ -131,13 +135,16 @@ def test_verify_says_the_store_copy_changed_and_never_suggests_copying_it(copy):
     applied = cli("apply", run, "--result", copy / "r.json")
 
     doc = json.loads(res.stdout)
-    assert res.exit_code == 1 and not doc["ok"]
+    assert res.exit_code == 1
+    assert not doc["ok"]
     assert doc["config_side"] == "store"
     assert "store's copy of the config was edited" in doc["config"]
     assert "Do not run --restore-config" in doc["config"]
-    assert restore.exit_code == 1 and "HistoryCorruptError" in one_line(restore)[0]
+    assert restore.exit_code == 1
+    assert "HistoryCorruptError" in one_line(restore)[0]
     assert (run / "config.yaml").read_text() == before  # the edited value was not copied
-    assert applied.exit_code == 1 and generation(run) == 0  # damaged: nothing is applied
+    assert applied.exit_code == 1
+    assert generation(run) == 0
 
 
 def test_verify_still_blames_config_yaml_when_it_is_the_side_that_changed(copy):
@@ -149,7 +156,8 @@ def test_verify_still_blames_config_yaml_when_it_is_the_side_that_changed(copy):
     doc = json.loads(cli("verify", run, "--json").stdout)
     restored = cli("verify", run, "--restore-config")
 
-    assert doc["config_side"] == "config.yaml" and "--restore-config" in doc["config"]
+    assert doc["config_side"] == "config.yaml"
+    assert "--restore-config" in doc["config"]
     assert restored.exit_code == 0  # the store's copy passes its checksum: copying it is right
 
 
@@ -161,7 +169,8 @@ def test_verify_reports_a_missing_summary_and_rebuild_restores_it(copy):
     missing = cli("verify", run)
     rebuilt = cli("verify", run, "--rebuild")
 
-    assert missing.exit_code == 1 and "summary.json is missing" in missing.output
+    assert missing.exit_code == 1
+    assert "summary.json is missing" in missing.output
     assert rebuilt.exit_code == 0, rebuilt.output
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rounds"] == kept["rounds"] == 3
@@ -175,6 +184,7 @@ def test_forget_refuses_a_config_yaml_of_another_run(copy):
 
     res = cli("forget", run, "--clients", "1")
 
-    assert res.exit_code == 2 and "config.yaml" in one_line(res)[0]
+    assert res.exit_code == 2
+    assert "config.yaml" in one_line(res)[0]
     with HistoryStore.open(run / "history") as store:
         assert store.forget_records() == []  # nothing erased

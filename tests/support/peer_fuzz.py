@@ -48,4 +48,5 @@ def one_line(exc: BaseException) -> None:
     """The error is the library's, on one bounded line."""
     assert isinstance(exc, FedUnlearnError), repr(exc)
     text = str(exc)
-    assert "\n" not in text and len(text) < 5_000, text[:300]
+    assert "\n" not in text, text[:300]
+    assert len(text) < 5_000, text[:300]

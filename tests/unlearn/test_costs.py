@@ -21,7 +21,8 @@ def test_the_meter_adds_to_the_costs_record_and_refuses_unknown_counters():
     assert meter.costs == Costs(rounds=1, client_epochs=5)
     counts = {k: v for k, v in Costs(rounds=1, client_epochs=5).to_dict().items() if type(v) is int}
     assert meter.counts() == counts
-    assert "wall_seconds" not in counts and "server_seconds" not in counts
+    assert "wall_seconds" not in counts
+    assert "server_seconds" not in counts
     with pytest.raises(ValueError, match="not a cost counter: wall_seconds"):
         meter.add(wall_seconds=1)
     with pytest.raises(ValueError, match="not a cost timer: wall_seconds"):
@@ -100,6 +101,7 @@ def test_a_methods_wall_time_leaves_out_its_per_round_evaluation(run_all):
     assert c.rounds == 5
     assert c.evaluation_seconds >= 5 * pause
     assert c.wall_seconds <= outside - 5 * pause  # the five pauses are not the method's time
-    assert c.client_train_seconds > 0 and c.client_epochs == 5 * 4 * 2
+    assert c.client_train_seconds > 0
+    assert c.client_epochs == 5 * 4 * 2
     assert c.server_seconds == pytest.approx(c.wall_seconds - c.client_train_seconds)
     assert c.elapsed_seconds >= c.wall_seconds + 5 * pause

@@ -28,7 +28,8 @@ def generation(run_all, tmp_path_factory):
     """(session, store of generation 2, the second request)."""
     with UnlearnSession(run_all, evaluate=False) as session:
         first = session.run(make_method("fedrecover", FEDRECOVER), FIRST)
-        assert first.trajectory is not None and first.trajectory.estimated_updates() > 0
+        assert first.trajectory is not None
+        assert first.trajectory.estimated_updates() > 0
         store = write_trajectory(tmp_path_factory.mktemp("gen") / "h", session, first.trajectory)
         continue_training(store, session, FIRST.forget, MORE_ROUNDS)
         second = UnlearnRequest.of([*FIRST.forget, *session.run_view.malicious], "recover")

@@ -201,7 +201,8 @@ def test_retrain_is_exact_on_the_quickstart(quickstart_run):
         result = session.run(make_method("retrain"), UnlearnRequest.of([0]))
         first = accepted_rounds(session, 0)[0]
     lineage = result.lineage
-    assert lineage is not None and lineage.exact
+    assert lineage is not None
+    assert lineage.exact
     assert lineage.start_round == 0
     assert lineage.first_tainted_round == first
     assert lineage.tainted_reads == {"updates": [], "aggregates": [], "models": []}
@@ -218,7 +219,8 @@ def test_crab_default_on_the_quickstart_is_approximate_because_its_replay_reads_
         request = UnlearnRequest.of([0])
         result, log = run_with_log(session, make_method("crab"), request)
     details, lineage = result.details, result.lineage
-    assert details.rollback == "participation" and details.rollback_free_of_forgotten
+    assert details.rollback == "participation"
+    assert details.rollback_free_of_forgotten
     assert lineage.kind == "approximate"
     assert lineage.start_round == details.rollback_round < lineage.first_tainted_round
     replayed = {

@@ -122,7 +122,8 @@ def test_a_third_party_distribution_method_runs_by_name(tmp_path, run_all):
     )
     # Assert: it is listed beside the built-in ones, ran two rounds and reported them
     assert listed.returncode == 0, listed.stderr
-    assert "tiny_finetune" in listed.stdout and "crab" in listed.stdout
+    assert "tiny_finetune" in listed.stdout
+    assert "crab" in listed.stdout
     assert ran.returncode == 0, ran.stderr
     result = json.loads(out.read_text())
     assert result["method"] == "tiny_finetune"

@@ -27,7 +27,8 @@ def test_the_run_view_is_read_only_and_holds_the_runs_public_pieces(run_all):
             run.client_sizes[0] = 1
         assert run.client_ids == (0, 1, 2, 3, 4)
         assert run.client_sizes == {c: session.federation.num_samples(c) for c in run.client_ids}
-        assert run.malicious == session.federation.malicious and len(run.malicious) == 1
+        assert run.malicious == session.federation.malicious
+        assert len(run.malicious) == 1
         assert run.spec == session.federation.spec
         assert torch.equal(run.final_params, run.store.read_model(run.config.training.rounds))
         assert not run.store.writable

@@ -384,7 +384,8 @@ def apply(
         from fedunlearn.cli.export import run_model
         from fedunlearn.experiments import read_model_file
 
-        assert model is not None and forget is not None  # checked above
+        assert model is not None
+        assert forget is not None
         ids, kind = parse_forget(forget, run_dir)
         params = read_model_file(model, run_model(run_dir))
         event = apply_model(

@@ -142,7 +142,8 @@ def test_fedadp_on_a_dp_sgd_run_reports_the_per_example_ledger_and_dp_sgd_unlear
     assert torch.equal(private.params, again.params)
     assert not torch.equal(private.params, cheaper.params)
     d = private.details
-    assert d.released_model_dp is True and d.final_rounds == 0
+    assert d.released_model_dp is True
+    assert d.final_rounds == 0
     ledger = d.privacy["unlearning_privacy"]
     assert ledger["epsilon_per_round"] == [3.0] * len(d.participants)  # the run's ε_max
     assert ledger["total_epsilon_with_training"] > d.privacy["total_epsilon"]

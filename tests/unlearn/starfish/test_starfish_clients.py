@@ -237,5 +237,7 @@ def test_an_exact_update_outside_the_ring_range_is_refused_before_sharing(sessio
     for doc, shares in answers:
         assert shares == []
         text = doc["error"]
-        assert "does not fit the 2PC ring" in text and "TD^2 and SecTC" in text, text
-        assert "\n" not in text and "e+" not in text.split("f = 16")[0], text
+        assert "does not fit the 2PC ring" in text, text
+        assert "TD^2 and SecTC" in text, text
+        assert "\n" not in text, text
+        assert "e+" not in text.split("f = 16")[0], text

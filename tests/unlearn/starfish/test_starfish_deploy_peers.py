@@ -118,5 +118,6 @@ def test_a_clients_service_answering_a_non_integer_id_stops_both_servers_in_one_
         assert errors[0].startswith("error: MalformedFrameError: clients at 127.0.0.1:"), errors
         assert "answered 'rejected' that is not a list of integer client ids" in errors[0]
     assert not any("Traceback" in log for log in logs.values()), logs
-    assert not outs[0].exists() and not outs[1].exists()
+    assert not outs[0].exists()
+    assert not outs[1].exists()
     assert "error" in clients  # the servers hung up on the service

@@ -23,7 +23,8 @@ def test_a_server_message_too_deep_or_with_a_huge_integer_is_malformed(payload):
         sender.send(np.frombuffer(payload, dtype=np.uint8).copy())
         with pytest.raises(MalformedFrameError) as caught:
             recv_doc(receiver, "server0")
-        assert "\n" not in str(caught.value) and "7777" not in str(caught.value)
+        assert "\n" not in str(caught.value)
+        assert "7777" not in str(caught.value)
         send_doc(sender, {"op": "bye", "round": 3})  # the ordinary message still parses
         assert recv_doc(receiver, "server0") == {"op": "bye", "round": 3}
     finally:

@@ -299,7 +299,8 @@ class Recording(Strategy):
         does (``app_sampling``).
         """
         self._flush()
-        assert self.layout is not None and self.settings is not None  # set by start
+        assert self.layout is not None
+        assert self.settings is not None
         self._before = self.layout.flatten(arrays)
         config[CONFIG_RUN_SEED] = int(self.settings.seed)
         config[CONFIG_ROUND] = int(server_round)
@@ -316,7 +317,8 @@ class Recording(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check the replies, let the strategy aggregate the good ones, keep the round."""
         started = time.perf_counter()
-        assert self.layout is not None and self._before is not None
+        assert self.layout is not None
+        assert self._before is not None
         rnd = AppRound(server_round, self._before, self._before, missing=dict(self._unplaced))
         good = sort_replies(
             rnd,
@@ -465,7 +467,9 @@ class Recording(Strategy):
         return min(1.0, float(getattr(self.strategy, "fraction_train", 1.0) or 1.0))
 
     def _meta(self) -> dict[str, Any]:
-        assert self._config is not None and self.layout is not None and self.choice is not None
+        assert self._config is not None
+        assert self.layout is not None
+        assert self.choice is not None
         return {
             "config": self._config.model_dump(mode="json"),
             "malicious": [],
@@ -507,7 +511,9 @@ class Recording(Strategy):
 
     def _finish(self, num_rounds: int) -> None:
         """Store the clients' sizes (and their count) and write ``summary.json``."""
-        assert self.store is not None and self._config is not None and self.run_dir is not None
+        assert self.store is not None
+        assert self._config is not None
+        assert self.run_dir is not None
         seen = max(self._sizes, default=-1) + 1
         if seen > self._config.data.num_clients and self._tv is None:  # tv_stable: K is frozen
             self._config = self._config.model_copy(
