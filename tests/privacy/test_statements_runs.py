@@ -57,8 +57,19 @@ PRIVACY = {
         "dp_scope": "store_only",
     },
 }
-# META: what a result says about itself, not a statistic of the run's data
-META = {"schema_version", "method", "request", "run", "params", "privacy", "apply", "integrity"}
+# META: what a result says about itself and its computation (torch_threads), not a statistic of
+# the run's data
+META = {
+    "schema_version",
+    "method",
+    "request",
+    "run",
+    "params",
+    "privacy",
+    "apply",
+    "integrity",
+    "torch_threads",
+}
 
 
 @pytest.fixture(scope="module")
