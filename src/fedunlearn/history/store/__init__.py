@@ -1,6 +1,8 @@
 """The on-disk history of a run.
 
-Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
+Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its schema in
+``schema``, its damage checks in ``damage``, its writer lock in ``lock``, its reads in ``reading``,
+its round writes in ``writing``, its deleting
 methods in ``erasure``, its checks in ``integrity``, its applied results in ``events`` and its
 committed history in ``chain``), the
 evidence of deletions (``deletion``),

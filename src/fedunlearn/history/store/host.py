@@ -1,10 +1,13 @@
 """The declared host of ``HistoryStore``'s mixins, for the type checker only.
 
-``Erasure``, ``Integrity``, ``Generations`` and ``Chain`` are the parts of ``HistoryStore``
-(``sqlite``) that write, check, apply and chain; each uses the store's connection, its helpers
-and some methods of the other parts. ``StoreHost`` declares exactly those members, so mypy checks
-every call a mixin makes against one signature. The mixins subclass it only under
-``TYPE_CHECKING`` (at run time their base stays ``object``): nothing here runs.
+``Writing``, ``Reading``, ``Erasure``, ``Integrity``, ``Generations`` and ``Chain`` are the
+parts of ``HistoryStore`` (``sqlite``) that write rounds, read, delete, check, apply and chain;
+each uses the store's connection, its helpers and some methods of the other parts. ``StoreHost``
+declares exactly those members, so mypy checks every call a mixin makes against one signature.
+The schema checks, the damage checks and the writer lock are composed parts instead: plain
+functions and a class with their own interfaces (``schema``, ``damage``, ``lock``).
+The mixins subclass it only under ``TYPE_CHECKING`` (at run time their base stays ``object``):
+nothing here runs.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class StoreHost(Protocol):
 
     def _checkpoint_truncate(self, consequence: str) -> None: ...
 
-    # ----- reading and writing rows (sqlite.HistoryStore) -----------------------------------
+    # ----- reading and writing rows (sqlite, reading.Reading, writing.Writing) ---------------
 
     @property
     def meta(self) -> dict[str, Any]: ...
@@ -99,6 +102,10 @@ class StoreHost(Protocol):
 
     def _incremental_vacuum(self) -> None: ...
 
+    # ----- checks (integrity.Integrity) -----------------------------------------------------
+
+    def _repair_advice(self, round: int | None) -> str: ...
+
     # ----- applied events (events.Generations) ----------------------------------------------
 
     def events(self) -> list[AppliedEvent]: ...
@@ -106,6 +113,8 @@ class StoreHost(Protocol):
     # ----- the chain (chain.Chain) ----------------------------------------------------------
 
     def _chain_note_round(self, round: int, scalars_text: str, clients: Iterable[Any]) -> None: ...
+
+    def _chain_note_payload(self, round: int, kind: str, client_id: int, data: Any) -> None: ...
 
     def _chain_note_removed(self, round: int, kind: str, client_id: int, sha: str) -> None: ...
 
