@@ -1,7 +1,8 @@
 """The declared host of ``HistoryStore``'s mixins, for the type checker only.
 
-``Writing``, ``Reading``, ``Erasure``, ``Integrity``, ``Generations`` and ``Chain`` are the
-parts of ``HistoryStore`` (``sqlite``) that write rounds, read, delete, check, apply and chain;
+``Writing``, ``Reading``, ``Erasure``, ``DeletionAudit``, ``Integrity``, ``Generations`` and
+``Chain`` are the parts of ``HistoryStore`` (``sqlite``) that write rounds, read, delete, show
+the deletions held, check, apply and chain;
 each uses the store's connection, its helpers and some methods of the other parts. ``StoreHost``
 declares exactly those members, so mypy checks every call a mixin makes against one signature.
 The schema checks, the damage checks and the writer lock are composed parts instead: plain
@@ -22,6 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from fedunlearn.history.store.chain import ChainCheck
+    from fedunlearn.history.store.deletion import DeletionRecord
     from fedunlearn.history.store.events import AppliedEvent
     from fedunlearn.history.store.records import ClientRecord, ForgetRecord, RoundEntry
 
@@ -101,6 +103,10 @@ class StoreHost(Protocol):
     def _usable_page_size(self) -> int: ...
 
     def _incremental_vacuum(self) -> None: ...
+
+    # ----- deletion records (audit.DeletionAudit) -------------------------------------------
+
+    def _deletion_record(self, call: int) -> DeletionRecord: ...
 
     # ----- checks (integrity.Integrity) -----------------------------------------------------
 

@@ -84,6 +84,7 @@ from typing import Any
 
 from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError
 from fedunlearn.history.digest import canonical_sha256
+from fedunlearn.history.store.audit import DeletionAudit
 from fedunlearn.history.store.chain import CHAIN_INFO_KEY, Chain
 from fedunlearn.history.store.damage import check_header, sqlite_errors, wal_damage
 from fedunlearn.history.store.erasure import Erasure
@@ -115,7 +116,7 @@ __all__ = [
 ]
 
 
-class HistoryStore(Writing, Reading, Erasure, Integrity, Generations, Chain):
+class HistoryStore(Writing, Reading, Erasure, DeletionAudit, Integrity, Generations, Chain):
     """The history of one run in ``<dir>/history.sqlite``; build with ``create`` or ``open``.
 
     A writable store holds ``<dir>/history.lock`` until ``close()``; use it as a context manager.
