@@ -16,6 +16,7 @@ from fedunlearn.history.store.deletion import (
     DroppedModel,
 )
 from fedunlearn.history.store.events import AppliedEvent
+from fedunlearn.history.store.metadata import Continuation, RunMeta, parse_run_meta, run_meta_of
 from fedunlearn.history.store.reader import HistoryReader
 from fedunlearn.history.store.records import (
     ClientRecord,
@@ -39,6 +40,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AppliedEvent",
     "ClientRecord",
+    "Continuation",
     "DeletedPayload",
     "DeletionCheck",
     "DeletionRecord",
@@ -48,7 +50,10 @@ __all__ = [
     "HistoryReader",
     "HistoryStore",
     "RoundEntry",
+    "RunMeta",
     "Scalar",
     "StoreCheck",
     "WriterLock",
+    "parse_run_meta",
+    "run_meta_of",
 ]

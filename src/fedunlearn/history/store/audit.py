@@ -341,9 +341,7 @@ class DeletionAudit(StoreHost):
 
         The global model of every round; the aggregate of every round that aggregated one.
         """
-        dropped = set(self.dropped_models()) | {
-            (int(r), str(k)) for r, k in self.meta.get("dropped_models", [])
-        }
+        dropped = set(self.dropped_models()) | set(self.run_meta.dropped_models)
         with self._sqlite("reading the catalogue"):
             globals_ = self._db.execute(
                 "SELECT r.round FROM rounds r WHERE NOT EXISTS (SELECT 1 FROM payloads p WHERE "

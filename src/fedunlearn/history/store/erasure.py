@@ -206,11 +206,8 @@ class Erasure(StoreHost):
             [(m[0], m[1], NO_CLIENT) for m in dropped],
         )
         if dropped:
-            meta = self.meta
-            gone = {tuple(m) for m in meta.get("dropped_models", [])}
-            gone |= {(m[0], m[1]) for m in dropped}
-            meta["dropped_models"] = [list(m) for m in sorted(gone)]
-            self._put_meta(meta)
+            gone = set(self.run_meta.dropped_models) | {(m[0], m[1]) for m in dropped}
+            self._put_meta(self.meta | {"dropped_models": [list(m) for m in sorted(gone)]})
 
     def _drop_update_scalars(self, client_ids: list[int]) -> None:
         """Drop every per-round value of the forgotten clients' records (in the transaction).

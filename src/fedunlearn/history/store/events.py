@@ -187,8 +187,8 @@ class Generations(StoreHost):
 
     def forgotten_samples(self) -> dict[int, frozenset[int]]:
         """Return client -> the sample ids applied results deleted (sample-level requests)."""
-        stored = self.meta.get(FORGOTTEN_SAMPLES_KEY) or {}
-        return {int(c): frozenset(int(i) for i in ids) for c, ids in stored.items()}
+        stored = self.run_meta.forgotten_samples
+        return {int(c): frozenset(ids) for c, ids in stored.items()}
 
     def clean_from_round(self) -> int:
         """Return the first round after which no stored round carries a forgotten influence.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fedunlearn.history.store.chain import ChainCheck
     from fedunlearn.history.store.deletion import DeletionRecord
     from fedunlearn.history.store.events import AppliedEvent
+    from fedunlearn.history.store.metadata import RunMeta
     from fedunlearn.history.store.records import ClientRecord, ForgetRecord, RoundEntry
 
 __all__ = ["StoreHost"]
@@ -59,6 +60,9 @@ class StoreHost(Protocol):
 
     @property
     def meta(self) -> dict[str, Any]: ...
+
+    @property
+    def run_meta(self) -> RunMeta: ...
 
     @property
     def policy(self) -> str: ...

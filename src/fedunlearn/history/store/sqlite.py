@@ -91,6 +91,7 @@ from fedunlearn.history.store.erasure import Erasure
 from fedunlearn.history.store.events import Generations
 from fedunlearn.history.store.integrity import Integrity
 from fedunlearn.history.store.lock import WriterLock, own_lock
+from fedunlearn.history.store.metadata import RunMeta, parse_run_meta
 from fedunlearn.history.store.reading import DroppedModelError, Reading
 from fedunlearn.history.store.schema import (
     BUSY_TIMEOUT_MS,
@@ -343,6 +344,16 @@ class HistoryStore(Writing, Reading, Erasure, DeletionAudit, Integrity, Generati
             )
         return meta
 
+    @property
+    def run_meta(self) -> RunMeta:
+        """The metadata as its typed record (``metadata.py``): every known key typed.
+
+        Raises:
+            HistoryCorruptError: The metadata is missing or damaged, or a known key holds a
+                value of the wrong type (the message names the key).
+        """
+        return parse_run_meta(self.meta, str(self._file))
+
     def meta_problem(self, meta: Mapping[str, Any] | None = None) -> str | None:
         """Say whether the metadata still matches the checksum written with it (None: it does).
 
@@ -371,8 +382,8 @@ class HistoryStore(Writing, Reading, Erasure, DeletionAudit, Integrity, Generati
 
     @property
     def policy(self) -> str:
-        """The recording policy the run used (``meta["history_policy"]``; "unknown" if unset)."""
-        return str(self.meta.get("history_policy", "unknown"))
+        """The recording policy the run used (``history_policy``; "unknown" if unset)."""
+        return self.run_meta.history_policy or "unknown"
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into the metadata (``dict.update``) and commit.
