@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tests.support.faults import small_config
 from typer.testing import CliRunner
 
 from fedunlearn.errors import HistoryCorruptError
@@ -127,14 +128,7 @@ def test_cli_info_on_a_run_with_a_wrong_typed_target_exits_1_naming_the_key(tmp_
     from fedunlearn.runs import train_run
 
     run = tmp_path / "run"
-    config = {
-        "seed": 1,
-        "data": {"dataset": "digits", "num_clients": 3},
-        "model": {"name": "logreg"},
-        "training": {"rounds": 1, "local_epochs": 1, "batch_size": 64, "executor": "serial"},
-        "history": {"policy": "all"},
-    }
-    train_run(parse_config(config), run)
+    train_run(parse_config(small_config(rounds=1)), run)
     with HistoryStore.open(run / "history", writable=True) as store:
         store.update_meta({"rounds_target": "ten"})
     result = CliRunner().invoke(app, ["info", str(run), "--json"])

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.history.store.chain import EVENT_FIELDS
 from fedunlearn.history.store.codec import NO_CLIENT, shard_key
 from fedunlearn.history.store.records import RoundEntry, format_ids
 
@@ -102,18 +103,6 @@ class AppliedEvent:
         out = asdict(self)
         out["forget"], out["new"] = list(self.forget), list(self.new)
         return out
-
-
-# the event fields written to the events table as they are, in column order
-_EVENT_ROW_FIELDS = (
-    "method",
-    "request_kind",
-    "result_sha256",
-    "receipt_sha256",
-    "model_sha256",
-    "rounds_before",
-    "rounds_after",
-)
 
 
 def _request_ids(
@@ -339,7 +328,7 @@ class Generations(StoreHost):
                 event["kind"],
                 json.dumps(event["forget"]),
                 json.dumps(event["new"]),
-                *(event[k] for k in _EVENT_ROW_FIELDS),
+                *(event[k] for k in EVENT_FIELDS[3:]),  # method .. rounds_after, as they are
                 clean,
                 dropped,
                 dropped_bytes,
