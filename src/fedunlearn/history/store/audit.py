@@ -193,45 +193,11 @@ class DeletionAudit(StoreHost):
             the calibration failed. ``inconclusive_reason`` says what the scan could not cover.
         """
         wanted = None if client_ids is None else {check_int(c, "client id") for c in client_ids}
-        problems: list[str] = []
         gaps: list[str] = []
         usable = self._usable_page_size()
         deleted: dict[bytes, str] = {}
-        checked = unreadable = not_scanned = 0
         recorded: set[tuple[int, int]] = set()
-        with self._sqlite("reading the deletion records"):
-            rows = (
-                self._db.execute(
-                    "SELECT round, client_id, fingerprints FROM forget_payloads "
-                    "ORDER BY client_id, round"
-                ).fetchall()
-                if self._has_deletion_tables()
-                else []
-            )
-            models = (
-                self._db.execute("SELECT round, kind, fingerprints FROM forget_models").fetchall()
-                if self._ledger
-                else []
-            )
-        for round, cid, prints in rows:
-            if wanted is not None and cid not in wanted:
-                continue
-            recorded.add((round, cid))
-            checked += 1
-            try:
-                self.read_update(round, cid)
-                problems.append(f"round {round} client {cid}: still readable")
-            except HistoryCorruptError:
-                problems.append(f"round {round} client {cid}: a damaged copy is still stored")
-            except HistoryError:  # ForgottenDataError, or the round itself was dropped since
-                unreadable += 1
-            if not prints:
-                not_scanned += 1
-            for fp in split_fingerprints(prints):
-                deleted.setdefault(fp, f"round {round} client {cid}")
-        for round, kind, prints in models:
-            for fp in split_fingerprints(prints):
-                deleted.setdefault(fp, f"round {round} {kind} model (dropped by forget)")
+        problems, checked, unreadable, not_scanned = self._check_recorded(wanted, recorded, deleted)
         unrecorded, blind = self._unrecorded(wanted, recorded, deleted)
         unrecorded = sorted(set(unrecorded) | set(self._unrecorded_by_catalogue(wanted, recorded)))
         missing = self._missing_models()
@@ -280,6 +246,55 @@ class DeletionAudit(StoreHost):
             missing_models=tuple(missing),
             scalars_kept=tuple(kept),
         )
+
+    def _check_recorded(
+        self, wanted: set[int] | None, recorded: set[tuple[int, int]], deleted: dict[bytes, str]
+    ) -> tuple[list[str], int, int, int]:
+        """Read back every recorded deleted payload of ``wanted``; collect the prints to scan.
+
+        Adds each recorded ``(round, client)`` to ``recorded`` and the fingerprints of the
+        deleted payloads and dropped models to ``deleted``.
+
+        Returns:
+            The problems (a payload still readable), and how many payloads were checked, were
+            unreadable and have no fingerprint to scan for.
+        """
+        problems: list[str] = []
+        checked = unreadable = not_scanned = 0
+        with self._sqlite("reading the deletion records"):
+            rows = (
+                self._db.execute(
+                    "SELECT round, client_id, fingerprints FROM forget_payloads "
+                    "ORDER BY client_id, round"
+                ).fetchall()
+                if self._has_deletion_tables()
+                else []
+            )
+            models = (
+                self._db.execute("SELECT round, kind, fingerprints FROM forget_models").fetchall()
+                if self._ledger
+                else []
+            )
+        for round, cid, prints in rows:
+            if wanted is not None and cid not in wanted:
+                continue
+            recorded.add((round, cid))
+            checked += 1
+            try:
+                self.read_update(round, cid)
+                problems.append(f"round {round} client {cid}: still readable")
+            except HistoryCorruptError:
+                problems.append(f"round {round} client {cid}: a damaged copy is still stored")
+            except HistoryError:  # ForgottenDataError, or the round itself was dropped since
+                unreadable += 1
+            if not prints:
+                not_scanned += 1
+            for fp in split_fingerprints(prints):
+                deleted.setdefault(fp, f"round {round} client {cid}")
+        for round, kind, prints in models:
+            for fp in split_fingerprints(prints):
+                deleted.setdefault(fp, f"round {round} {kind} model (dropped by forget)")
+        return problems, checked, unreadable, not_scanned
 
     @staticmethod
     def _catalogue_problems(

@@ -74,26 +74,7 @@ class Writing(StoreHost):
                 f"write_round(round {r}) can attach updates of earlier rounds 1..{r - 1} only; "
                 f"got rounds {sorted(late)}. Put this round's updates in entry.updates."
             )
-        limit = self._db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
-        named = [
-            ("global", NO_CLIENT, entry.global_model),
-            ("aggregate", NO_CLIENT, entry.aggregate),
-        ]
-        payloads = [(r, k, c, t) for k, c, t in named if t is not None]
-        payloads += [
-            (r, "global", shard_key(s), entry.shard_models[s]) for s in sorted(entry.shard_models)
-        ]
-        payloads += [(r, "update", cid, entry.updates[cid]) for cid in sorted(entry.updates)]
-        payloads += [
-            (rr, "update", cid, late[rr][cid]) for rr in sorted(late) for cid in sorted(late[rr])
-        ]
-        for _, kind, cid, tensor in payloads:
-            if tensor.numel() * tensor.element_size() > limit:
-                raise ConfigError(
-                    f"{self._file}: round {r} {self._what(kind, cid)} is "
-                    f"{tensor.numel() * tensor.element_size()} bytes; SQLite BLOBs hold at most "
-                    f"{limit}. Store smaller tensors; nothing was written."
-                )
+        payloads = self._payloads_of(entry, late)
         with self._transaction(f"writing round {r}"):
             last = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
             if last is not None and r <= last:
@@ -123,6 +104,37 @@ class Writing(StoreHost):
             for rr, kind, cid, tensor in payloads:
                 self._insert_payload(rr, kind, cid, tensor)
             self._chain_commit("round", round=r)
+
+    def _payloads_of(
+        self, entry: RoundEntry, late: dict[int, dict[int, torch.Tensor]]
+    ) -> list[tuple[int, str, int, torch.Tensor]]:
+        """``(round, kind, client, tensor)`` of every payload a round writes, size-checked.
+
+        Raises:
+            ConfigError: A payload is larger than SQLite's BLOB limit (nothing was written).
+        """
+        r = entry.round
+        limit = self._db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+        named = [
+            ("global", NO_CLIENT, entry.global_model),
+            ("aggregate", NO_CLIENT, entry.aggregate),
+        ]
+        payloads = [(r, k, c, t) for k, c, t in named if t is not None]
+        payloads += [
+            (r, "global", shard_key(s), entry.shard_models[s]) for s in sorted(entry.shard_models)
+        ]
+        payloads += [(r, "update", cid, entry.updates[cid]) for cid in sorted(entry.updates)]
+        payloads += [
+            (rr, "update", cid, late[rr][cid]) for rr in sorted(late) for cid in sorted(late[rr])
+        ]
+        for _, kind, cid, tensor in payloads:
+            if tensor.numel() * tensor.element_size() > limit:
+                raise ConfigError(
+                    f"{self._file}: round {r} {self._what(kind, cid)} is "
+                    f"{tensor.numel() * tensor.element_size()} bytes; SQLite BLOBs hold at most "
+                    f"{limit}. Store smaller tensors; nothing was written."
+                )
+        return payloads
 
     def _insert_round_rows(self, entry: RoundEntry, now: float) -> None:
         """Insert a round's row and its clients' rows (inside the caller's transaction)."""
