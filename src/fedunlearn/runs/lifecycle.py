@@ -295,7 +295,7 @@ def _remaining_sizes(
     doc: Mapping[str, Any], store: HistoryStore, forget: set[int]
 ) -> dict[int, int]:
     """The sample counts of the clients a result trained: every deleted sample left out."""
-    sizes = {int(c): int(n) for c, n in (store.meta.get("client_sizes") or {}).items()}
+    sizes = store.run_meta.sizes()
     deleted = {c: len(ids) for c, ids in store.forgotten_samples().items()}
     raw_request = doc.get("request")
     request = raw_request if isinstance(raw_request, dict) else {}
@@ -361,7 +361,7 @@ def _dp_gate(
             "--accept-non-dp (accept_non_dp=True) to apply it and record that the guarantee "
             "ended; nothing was changed"
         )
-    lineage = dict(store.meta.get(PRIVACY_LINEAGE_KEY) or {})
+    lineage = dict(store.run_meta.privacy_lineage or {})
     generation = store.generation() + 1
     last = store.last_round() or 0
     replaced = list(lineage.get("replaced", []))
@@ -633,7 +633,7 @@ def apply_model(
                 f"{run_dir}'s model has {current.numel()} (a flat vector); nothing was changed"
             )
         _check_finite(params, "the model")
-        known = {int(c) for c in store.meta.get("client_sizes", {})}
+        known = store.run_meta.client_ids
         unknown = sorted(named - known) if known else []
         if not named or unknown:
             raise ConfigError(
@@ -675,9 +675,9 @@ def apply_model(
 
 def _pending(store: HistoryStore) -> dict[str, int] | None:
     """The recorded continuation that has not reached its target, or None."""
-    cont = store.meta.get("continuation")
-    if cont and int(cont["target"]) > (store.last_round() or 0):
-        return {k: int(v) for k, v in cont.items()}
+    cont = store.run_meta.continuation
+    if cont and cont.target > (store.last_round() or 0):
+        return cont.to_dict()
     return None
 
 
@@ -703,7 +703,7 @@ def _budget_restart(
     """
     if not forgotten or CLIENTS_LOSS_KEY not in first:
         return None
-    recorded = store.meta.get(BUDGET_RESTART_KEY)
+    recorded = store.run_meta.budget_restart
     if recorded and recorded.get("forgotten") == sorted(forgotten):
         return dict(recorded)
     return {"round": start, "forgotten": sorted(forgotten), "loss": first[CLIENTS_LOSS_KEY]}
@@ -777,7 +777,7 @@ def _continuation(
                 "first; nothing was changed"
             )
         return pending["target"], pending["from"], last
-    wanted = store.meta.get("rounds_target", config.training.rounds)
+    wanted = store.run_meta.planned_rounds(config.training.rounds)
     if last != wanted:
         raise ConfigError(
             f"{run_dir} finished {last} of {wanted} rounds; complete it with "
@@ -859,11 +859,11 @@ def continue_run(
                 "already_done": True,
             }
         forgotten = store.forgotten_clients()
-        with run_threads(store.meta.get("torch_threads"), purpose="the continuation"):
-            pinned = with_recorded_executor(config, store.meta.get("executor"))
+        with run_threads(store.run_meta.torch_threads, purpose="the continuation"):
+            pinned = with_recorded_executor(config, store.run_meta.executor)
             setup = _without_forgotten_samples(build_setup(pinned), store)
             # the continued rounds must train on what the run trained on (as a session warns)
-            warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
+            warn_changed_components(store.run_meta.components, setup.components, str(run_dir))
             remaining = [c for c in setup.federation.client_ids if c not in forgotten]
             private = setup
             try:

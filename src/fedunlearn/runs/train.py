@@ -245,7 +245,7 @@ class _WallClock:
 
     def __init__(self, store: HistoryStore, started: float) -> None:
         self.store = store
-        self.before = float(store.meta.get("wall_seconds", 0.0))
+        self.before = store.run_meta.wall_seconds or 0.0
         self.started = started  # time.perf_counter() when this session began
 
     @property
@@ -273,7 +273,7 @@ def _check_resumable(
             f"({config_differences(config, stored)}; given vs stored); resume with "
             f"'fedunlearn train {run_dir / CONFIG_FILE} --out {run_dir} --resume'"
         )
-    if store.generation() or store.meta.get("continuation"):  # a living run (lifecycle.py)
+    if store.generation() or store.run_meta.continuation:  # a living run (lifecycle.py)
         raise ConfigError(
             f"{run_dir} had results applied or rounds added with --continue, so it is no longer "
             f"the run the config describes; finish or extend it with 'fedunlearn train "
@@ -418,13 +418,14 @@ def train_run(
             repaired = _check_resumable(config, run_dir, store, repair)
         elif holds_run(run_dir):  # written between the first look and the lock
             raise ConfigError(already)
-        threads = None if store is None else store.meta.get("torch_threads")
+        meta = None if store is None else store.run_meta
+        threads = None if meta is None else meta.torch_threads
         with run_threads(threads, purpose="the resume"):
-            recorded = None if store is None else store.meta.get("executor")
+            recorded = None if meta is None else meta.executor
             setup = build_setup(with_recorded_executor(config, recorded), model=model, data=data)
             if store is not None:  # resumed rounds must train on what the first ones did
                 warn_changed_components(
-                    store.meta.get("components"), setup.components, str(run_dir)
+                    None if meta is None else meta.components, setup.components, str(run_dir)
                 )
             if store is None:
                 store, lock = (
