@@ -349,13 +349,8 @@ class FedADP(SelectiveReplay[FedADPParams]):
         clock = time.perf_counter()
         p = self.params
         stages: list[Stage] = []
-        stored = self.selection(context, stages)
+        stored = self.replay_selection(context, stages)
         selection_seconds = time.perf_counter() - clock
-        if not stored:
-            raise UnsupportedHistoryError(
-                "fedadp found no stored round with client updates in this run; record it with "
-                "history.policy=fedadp or all."
-            )
         private = None  # AD25: DP-SGD fresh updates at a stated budget (dp_sgd unlearn_dp)
         if p.unlearn_dp and context.privacy.mechanism == "dp_sgd":
             budget = p.unlearn_epsilon or context.privacy.budget.epsilon_max
