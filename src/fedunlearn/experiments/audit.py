@@ -32,9 +32,9 @@ from torch import nn
 from fedunlearn.errors import ConfigError, IntegrityError
 from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
-from fedunlearn.eval.plan import ReceiptOptions, open_receipts
+from fedunlearn.eval.plan import ReceiptOptions
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress
+from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress, verifying_receipts
 from fedunlearn.history.digest import check_seal, seal
 from fedunlearn.history.result_file import tensor_sha256
 from fedunlearn.models.flat import get_flat_params
@@ -280,6 +280,36 @@ def forgotten_clients(session: UnlearnSession) -> list[int]:
     return sorted(ids)
 
 
+def _result_document(
+    result: str | Path | Mapping[str, Any] | None,
+) -> tuple[Mapping[str, Any] | None, str]:
+    """The method's result document (read, its seal checked) and how to name it."""
+    if isinstance(result, str | Path):
+        return read_result_file(result), str(result)
+    source = "the result"
+    if result is not None and "integrity" in result:  # a sealed document, even when parsed
+        check_seal(result, source)
+    return result, source
+
+
+def _audit_request(
+    session: UnlearnSession, forget: Sequence[int] | None, kind: str, run_dir: str | Path
+) -> UnlearnRequest:
+    """The request to judge: the named clients (default: those the store deleted)."""
+    if forget is None:
+        forget = forgotten_clients(session)
+        if not forget:
+            raise ConfigError(
+                f"name the clients the model should have forgotten (--forget 3,7 or "
+                f"'malicious'); the store of {run_dir} has deleted none"
+            )
+    request = UnlearnRequest.of(forget, kind)
+    # a living run: the clients forgotten earlier are checked too (docs/lifecycle.md)
+    request = UnlearnRequest(request.forget | session.run_view.forgotten, kind)
+    session.run_view.check_request(request)
+    return request
+
+
 def audit_model(
     run_dir: str | Path,
     model: torch.Tensor | str | Path,
@@ -330,31 +360,14 @@ def audit_model(
         distance_retrains=distance_retrains,
         seed=seed,
     )
-    result_doc: Mapping[str, Any] | None = None
-    source = "the result"
-    if isinstance(result, str | Path):
-        result_doc, source = read_result_file(result), str(result)
-    elif result is not None:
-        result_doc = result
-        if "integrity" in result_doc:  # a sealed document, even when passed parsed
-            check_seal(result_doc, source)
+    result_doc, source = _result_document(result)
     with UnlearnSession(run_dir) as session:
         if isinstance(model, torch.Tensor):
             params, subject = model, "model"
         else:
             params = read_model_file(model, session.run_view.model)
             subject = Path(model).name
-        if forget is None:
-            forget = forgotten_clients(session)
-            if not forget:
-                raise ConfigError(
-                    f"name the clients the model should have forgotten (--forget 3,7 or "
-                    f"'malicious'); the store of {run_dir} has deleted none"
-                )
-        request = UnlearnRequest.of(forget, kind)
-        # a living run: the clients forgotten earlier are checked too (docs/lifecycle.md)
-        request = UnlearnRequest(request.forget | session.run_view.forgotten, kind)
-        session.run_view.check_request(request)
+        request = _audit_request(session, forget, kind, run_dir)
         warnings: list[str] | None = None
         assumptions: list[str] | None = None
         lineage = None
@@ -371,18 +384,7 @@ def audit_model(
                 if progress is not None:
                     progress.on_step("replaying the exact result")
                 replay_exact(result_doc, session, request, params, source)
-        if progress is not None and reference == "retrain" and not exact:
-            progress.on_method("retrain", 1, 1)
-        receipts = open_receipts(
-            session,
-            request,
-            options,
-            exact=exact,
-            progress=(lambda m: progress.on_round("retrain", m)) if progress else None,
-            step=progress.on_step if progress else None,
-        )
-        if progress is not None:
-            progress.on_step("verifying")
+        receipts = verifying_receipts(session, request, options, exact, progress, (1, 1))
         verifier = receipts.verifier
         row, verification = receipts.audit(
             params, subject, warnings=warnings, lineage=lineage, assumptions=assumptions

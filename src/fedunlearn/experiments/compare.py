@@ -27,7 +27,7 @@ from fedunlearn.config import RunConfig
 from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.judge import Judge, finite_or_none
-from fedunlearn.eval.plan import ReceiptOptions, open_receipts
+from fedunlearn.eval.plan import ReceiptOptions, Receipts, open_receipts
 from fedunlearn.eval.references import clean_path
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.privacy.guarantees import result_privacy
@@ -85,6 +85,34 @@ def _round_progress(
     if progress is None:
         return None
     return lambda metrics: progress.on_round(name, metrics)
+
+
+def verifying_receipts(
+    session: UnlearnSession,
+    request: UnlearnRequest,
+    options: ReceiptOptions,
+    exact: bool,
+    progress: Progress | None,
+    retrain_index: tuple[int, int],
+) -> Receipts:
+    """``open_receipts`` for one model, telling ``progress`` of Retrain and of the verifying.
+
+    Retrain is announced as method ``retrain_index`` (index, total) when it will be trained
+    (a Retrain reference of a result that is not exact by lineage).
+    """
+    if progress is not None and options.reference == "retrain" and not exact:
+        progress.on_method("retrain", *retrain_index)
+    receipts = open_receipts(
+        session,
+        request,
+        options,
+        exact=exact,
+        progress=_round_progress(progress, "retrain"),
+        step=progress.on_step if progress is not None else None,
+    )
+    if progress is not None:
+        progress.on_step("verifying")
+    return receipts
 
 
 def _jsonable_rounds(result: UnlearnResult) -> list[dict[str, Any]]:
@@ -329,18 +357,7 @@ def unlearn_one(
         }
         if verify:
             exact = result.lineage is not None and result.lineage.exact
-            if progress is not None and reference == "retrain" and not exact:
-                progress.on_method("retrain", 2, 2)
-            receipts = open_receipts(
-                session,
-                request,
-                options,
-                exact=exact,
-                progress=_round_progress(progress, "retrain"),
-                step=progress.on_step if progress is not None else None,
-            )
-            if progress is not None:
-                progress.on_step("verifying")
+            receipts = verifying_receipts(session, request, options, exact, progress, (2, 2))
             verifier = receipts.verifier
             result = receipts.verify(result)
             if result.verification is not None:

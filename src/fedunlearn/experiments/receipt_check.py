@@ -328,12 +328,10 @@ def _replay(
                 f"{doc.get('method')} cannot be replayed on this run as it is now ({err}), so its "
                 "exact lineage cannot be shown; check on a copy of the run taken with the document",
             )
-        wrong = _lineage_claims(doc, replayed.lineage) or _other_claims(doc, replayed, session)
-        if wrong:
-            return Finding("replay", False, wrong)
-        return Finding(
-            "replay",
-            True,
+        return _claims_finding(
+            doc,
+            replayed,
+            session,
             f"{doc.get('method')} re-run on this run gives the model bit for bit (same SHA-256)",
         )
     return _replay_computation(doc, session, request, params, lineage)
@@ -342,6 +340,16 @@ def _replay(
 def _as_json(value: Any) -> Any:
     """``value`` as a result file holds it (a JSON round trip of its canonical form)."""
     return json.loads(canonical_json(value))
+
+
+def _claims_finding(
+    doc: Mapping[str, Any], replayed: UnlearnResult, session: UnlearnSession, agreed: str
+) -> Finding:
+    """The replay's finding once its model is the document's: a contradicted claim, or ok."""
+    wrong = _lineage_claims(doc, replayed.lineage) or _other_claims(doc, replayed, session)
+    if wrong:
+        return Finding("replay", False, wrong)
+    return Finding("replay", True, agreed)
 
 
 def _other_claims(
@@ -464,12 +472,10 @@ def _replay_computation(
             f"{method} re-run on this run does not give the document's model bit for bit: the "
             f"model is not what {method} computes from this run's committed history",
         )
-    wrong = _lineage_claims(doc, replayed.lineage) or _other_claims(doc, replayed, session)
-    if wrong:
-        return Finding("replay", False, wrong)
-    return Finding(
-        "replay",
-        True,
+    return _claims_finding(
+        doc,
+        replayed,
+        session,
         f"{method} re-run on this run gives the model bit for bit (same SHA-256); its lineage is "
         f"{kind}, so this proves the computation, not the removal: removal rests on the "
         "receipt's statistical checks (against an honest-but-curious server only)",

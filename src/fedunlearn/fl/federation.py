@@ -23,6 +23,7 @@ from fedunlearn.errors import UnknownClientError
 from fedunlearn.fl import executors
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
+from fedunlearn.fl.closing import Closing
 from fedunlearn.fl.executors import Executor
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
@@ -51,7 +52,7 @@ class LocalTraining(Protocol):
         ...
 
 
-class Federation:
+class Federation(Closing):
     """Clients' data, the model template and the local training they run when asked.
 
     Args:
@@ -237,9 +238,3 @@ class Federation:
             self._executor = None
         if self.local_training is not None:
             self.local_training.close()
-
-    def __enter__(self) -> Federation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -35,16 +35,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import ProcessPoolExecutor as _ProcessPool
 from concurrent.futures.process import BrokenProcessPool
-from types import TracebackType
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedunlearn.errors import ConfigError, FedUnlearnError, UnknownClientError
+from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
-from fedunlearn.fl.records import ClientData, ClientUpdate
-from fedunlearn.models.flat import num_params
+from fedunlearn.fl.closing import Closing
+from fedunlearn.fl.records import ClientData, ClientUpdate, check_task_clients
+from fedunlearn.models.flat import check_flat, num_params
 
 __all__ = ["WorkerPoolExecutor", "available_cpus"]
 
@@ -152,7 +152,7 @@ def _train_client(
     return update.delta.numpy(), update.num_samples, update.train_loss
 
 
-class WorkerPoolExecutor:
+class WorkerPoolExecutor(Closing):
     """Run clients' ``local_update`` in single-threaded worker processes (see module doc).
 
     Use it as a context manager, or call ``close()``; workers start on the first ``run``. As with
@@ -223,16 +223,8 @@ class WorkerPoolExecutor:
                 closed after a crash.
         """
         pool = self._live_pool()
-        if global_params.ndim != 1 or global_params.numel() != self._num_params:
-            raise ConfigError(
-                f"flat parameter vector has shape {tuple(global_params.shape)}; "
-                f"this model needs ({self._num_params},)"
-            )
-        unknown = sorted({cid for cid, _ in tasks} - set(self._sizes))
-        if unknown:
-            raise UnknownClientError(
-                f"client(s) {', '.join(map(str, unknown))} have no data in this executor"
-            )
+        check_flat(global_params, self._num_params)
+        check_task_clients(tasks, self._sizes)
         params = global_params.detach().to(torch.float32).cpu().numpy()
         futures = [
             self._submit(pool, _train_client, params, cid, seed, spec) for cid, seed in tasks
@@ -249,17 +241,6 @@ class WorkerPoolExecutor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             self._closed_reason = self._closed_reason or "it was closed"
-
-    def __enter__(self) -> WorkerPoolExecutor:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _live_pool(self) -> _ProcessPool:
         if self._pool is None:

@@ -9,11 +9,13 @@ uploads, a flat float32 vector; the papers' "gradient" (Crab Sec. II-A, Starfish
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
+
+from fedunlearn.errors import UnknownClientError
 
 
 @dataclass(frozen=True)
@@ -93,3 +95,14 @@ class RoundRecord:
     def participants(self) -> tuple[int, ...]:
         """Client ids whose update entered the aggregate, in upload order."""
         return tuple(u.client_id for u in self.updates)
+
+
+def check_task_clients(
+    tasks: Sequence[tuple[int, int]], known: Collection[int], holder: str = "this executor"
+) -> None:
+    """Raise ``UnknownClientError`` naming the ``(client_id, seed)`` tasks' unknown clients."""
+    unknown = sorted({cid for cid, _ in tasks} - set(known))
+    if unknown:
+        raise UnknownClientError(
+            f"client(s) {', '.join(map(str, unknown))} have no data in {holder}"
+        )

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.fl.closing import Closing
 from fedunlearn.fl.records import RoundRecord
 
 __all__ = ["TensorBoardWriter"]
 
 
-class TensorBoardWriter:
+class TensorBoardWriter(Closing):
     """Write every round's numeric metrics as TensorBoard scalars (step = round).
 
     Use it as a context manager, or call ``close()``.
@@ -71,14 +71,3 @@ class TensorBoardWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def __enter__(self) -> TensorBoardWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

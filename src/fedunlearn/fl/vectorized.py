@@ -42,13 +42,13 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F  # noqa: N812
 
-from fedunlearn.errors import ConfigError, UnknownClientError
+from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.device import cuda_determinism, resolve_device, sum_dtype
-from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.records import ClientData, ClientUpdate, check_task_clients
 from fedunlearn.fl.sampling import step_batches
 from fedunlearn.fl.seeding import torch_generator
-from fedunlearn.models.flat import num_params
+from fedunlearn.models.flat import check_flat, num_params
 
 __all__ = ["VectorizedExecutor", "unsupported_modules"]
 
@@ -156,16 +156,8 @@ class VectorizedExecutor:
             ConfigError: if ``global_params`` is not a flat vector of this model's size.
             UnknownClientError: if a task names a client this executor has no data for.
         """
-        if global_params.ndim != 1 or global_params.numel() != self._num_params:
-            raise ConfigError(
-                f"flat parameter vector has shape {tuple(global_params.shape)}; "
-                f"this model needs ({self._num_params},)"
-            )
-        unknown = sorted({cid for cid, _ in tasks} - set(self._offsets))
-        if unknown:
-            raise UnknownClientError(
-                f"client(s) {', '.join(map(str, unknown))} have no data in this executor"
-            )
+        check_flat(global_params, self._num_params)
+        check_task_clients(tasks, self._offsets)
         global_params = global_params.detach().to(torch.float32)
         chunk = self._chunk_size(spec)
         updates: list[ClientUpdate] = []

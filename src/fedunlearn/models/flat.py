@@ -17,6 +17,7 @@ from torch import nn
 from fedunlearn.errors import ConfigError
 
 __all__ = [
+    "check_flat",
     "federated_buffers",
     "get_flat_params",
     "num_buffer_values",
@@ -58,6 +59,14 @@ def get_flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def check_flat(flat: torch.Tensor, d: int) -> None:
+    """Raise ``ConfigError`` unless ``flat`` is a flat vector of ``d`` elements."""
+    if flat.ndim != 1 or flat.numel() != d:
+        raise ConfigError(
+            f"flat parameter vector has shape {tuple(flat.shape)}; this model needs ({d},)"
+        )
+
+
 @torch.no_grad()
 def set_flat_params(model: nn.Module, flat: torch.Tensor) -> nn.Module:
     """Copy a flat vector into the model's parameters and buffers in place; return the model.
@@ -67,11 +76,7 @@ def set_flat_params(model: nn.Module, flat: torch.Tensor) -> nn.Module:
     Raises:
         ConfigError: if ``flat`` does not have exactly d elements.
     """
-    d = num_params(model)
-    if flat.ndim != 1 or flat.numel() != d:
-        raise ConfigError(
-            f"flat parameter vector has shape {tuple(flat.shape)}; this model needs ({d},)"
-        )
+    check_flat(flat, num_params(model))
     offset = 0
     for p in model.parameters():
         n = p.numel()

@@ -391,35 +391,11 @@ def create_trial_pki(
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedunlearn trial deployment"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"fedunlearn trial CA {os.urandom(4).hex()}"),
-        ]
-    )
+    ca_name = _trial_name(f"fedunlearn trial CA {os.urandom(4).hex()}")
     ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
+        _builder(ca_name, ca_name, ca_key.public_key(), start, end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -428,36 +404,11 @@ def create_trial_pki(
     identities = {}
     for role in roles:
         key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedunlearn trial deployment"),
-                x509.NameAttribute(NameOID.COMMON_NAME, f"fedunlearn {role}"),
-            ]
-        )
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
+            _builder(_trial_name(f"fedunlearn {role}"), ca_name, key.public_key(), start, end)
             .add_extension(x509.SubjectAlternativeName(_alt_names(role, hosts)), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=True,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=False), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -474,6 +425,49 @@ def create_trial_pki(
         _write_file(out / f"{role}.pem", cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
         identities[role] = Identity(out / "ca.pem", out / f"{role}.pem", out / f"{role}.key", role)
     return identities
+
+
+def _trial_name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedunlearn trial deployment"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    start: datetime.datetime,
+    end: datetime.datetime,
+) -> x509.CertificateBuilder:
+    """A certificate builder with names, key, a random serial and the validity window."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+    )
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs; a role's key signs and agrees keys (TLS)."""
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=not ca,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

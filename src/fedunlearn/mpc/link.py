@@ -300,146 +300,186 @@ def accept_peers(
     if adopt_binding and binding is not None:
         raise ConfigError("adopt_binding takes the first peer's binding: pass binding=None")
     current = binding if binding is not None or adopt_binding else SessionBinding.unbound()
-    own_options = dict(options or {})
     sock = listener.sock if isinstance(listener, TcpListener) else listener
-    host, port = sock.getsockname()[:2]
-    results: queue.Queue = queue.Queue()
-    pending = [0]
-    per_address: dict[str, int] = {}
-    lock = threading.Lock()
-    accepted: dict[str, Link] = {}
-    refusals: list[str] = []
-    refused_count = 0
-    done = threading.Event()
+    session = _Acceptance(
+        sock, role, wanted, security, current, dict(options or {}), party_id, limits
+    )
+    try:
+        session.run()
+    except BaseException as exc:
+        if not session.done.is_set():
+            session.abort(f"{role} failed: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        session.done.set()
+        _drain_late(session.results)
+    for link in session.accepted.values():
+        _try_send_doc(link.transport, {"ready": True})
+    return session.accepted
 
-    def work(conn: socket.socket, address: tuple) -> None:
+
+class _Acceptance:
+    """The state of one ``accept_peers`` call: slots, handshake threads, accepted links."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        role: str,
+        wanted: set[str],
+        security: Security,
+        current: SessionBinding | None,
+        own_options: dict[str, Option],
+        party_id: int,
+        limits: LinkLimits,
+    ) -> None:
+        self.sock = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self.role, self.wanted, self.security = role, wanted, security
+        self.current, self.own_options = current, own_options
+        self.party_id, self.limits = party_id, limits
+        self.results: queue.Queue = queue.Queue()
+        self.pending = 0
+        self.per_address: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.accepted: dict[str, Link] = {}
+        self.refusals: list[str] = []
+        self.refused_count = 0
+        self.done = threading.Event()
+
+    def work(self, conn: socket.socket, address: tuple) -> None:
+        """Handshake one connection (in its own thread) and post the outcome."""
+        limits = self.limits
         try:
-            results.put(
+            self.results.put(
                 _handshake_incoming(
                     conn,
                     address,
-                    security,
-                    wanted,
-                    party_id,
+                    self.security,
+                    self.wanted,
+                    self.party_id,
                     limits.handshake_timeout_seconds,
                     limits.first_byte_seconds,
                 )
             )
         except _Refused as exc:
-            results.put((f"{address[0]}:{address[1]}", str(exc)))
+            self.results.put((f"{address[0]}:{address[1]}", str(exc)))
         except Exception as exc:  # a bug must not hang the accept loop
             conn.close()
-            results.put(
+            self.results.put(
                 (f"{address[0]}:{address[1]}", f"internal error {type(exc).__name__}: {exc}")
             )
         finally:
-            with lock:
-                pending[0] -= 1
-                per_address[address[0]] -= 1
-                if not per_address[address[0]]:
-                    del per_address[address[0]]
+            with self.lock:
+                self.pending -= 1
+                self.per_address[address[0]] -= 1
+                if not self.per_address[address[0]]:
+                    del self.per_address[address[0]]
 
-    def refuse(where: str, reason: str) -> None:
-        nonlocal refused_count
-        refused_count += 1
+    def refuse(self, where: str, reason: str) -> None:
+        """Count and log a refused connection (the last few are kept for the timeout error)."""
+        self.refused_count += 1
         text = f"{where}: {reason}"
-        refusals.append(text)
-        del refusals[:-_MAX_REFUSALS_KEPT]
-        logger.warning("%s on %s:%s refused a connection from %s", role, host, port, text)
+        self.refusals.append(text)
+        del self.refusals[:-_MAX_REFUSALS_KEPT]
+        logger.warning(
+            "%s on %s:%s refused a connection from %s", self.role, self.host, self.port, text
+        )
 
-    def abort(reason: str) -> None:
-        done.set()
-        for link in accepted.values():
+    def abort(self, reason: str) -> None:
+        """End the session: tell the peers already accepted why."""
+        self.done.set()
+        for link in self.accepted.values():
             _try_send_doc(link.transport, {"abort": reason})
             link.transport.close(_LINGER_SECONDS, background=True)
 
-    accept_timeout_seconds = limits.accept_timeout_seconds
-    deadline = time.monotonic() + accept_timeout_seconds
-    try:
-        while set(accepted) != wanted:
+    def run(self) -> None:
+        """Accept and admit connections until every wanted role has joined or time is up."""
+        accept_timeout_seconds = self.limits.accept_timeout_seconds
+        deadline = time.monotonic() + accept_timeout_seconds
+        while set(self.accepted) != self.wanted:
             now = time.monotonic()
             if now >= deadline:
-                missing = ", ".join(sorted(wanted - set(accepted)))
-                last = "; ".join(refusals[-3:]) or "none"
+                missing = ", ".join(sorted(self.wanted - set(self.accepted)))
+                last = "; ".join(self.refusals[-3:]) or "none"
                 reason = (
-                    f"no authenticated {missing} joined {role} on {host}:{port} within "
-                    f"{accept_timeout_seconds:g} s ({refused_count} connections refused; last: "
-                    f"{last})"
+                    f"no authenticated {missing} joined {self.role} on {self.host}:{self.port} "
+                    f"within {accept_timeout_seconds:g} s ({self.refused_count} connections "
+                    f"refused; last: {last})"
                 )
-                abort(reason)
+                self.abort(reason)
                 raise PeerDisconnectedError(reason)
-            while True:  # handshakes that finished
-                try:
-                    item = results.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, tuple):
-                    refuse(*item)
-                    continue
-                if item.role in accepted:
-                    _try_send_doc(
-                        item.transport,
-                        _refusal("taken", f"role {item.role} has already joined this session"),
-                    )
-                    item.transport.close(_LINGER_SECONDS, background=True)
-                    refuse(item.where, f"second peer for role {item.role}")
-                    continue
-                if current is None:  # adopt_binding: the first peer's session is ours
-                    current = item.hello.binding
-                ours = Hello(role, current, own_options)
-                _try_send_doc(item.transport, ours.to_json())
-                differences = ours.differences(item.hello)
-                if differences:
-                    error = mismatch_error(f"{item.role} at {item.where}", differences, _HINT)
-                    item.transport.close(_LINGER_SECONDS, background=True)
-                    abort(f"the session was refused: {error}")
-                    raise error
-                item.transport.set_timeout(limits.timeout_seconds)
-                item.transport.max_frame_bytes = int(limits.max_frame_bytes)
-                accepted[item.role] = Link(
-                    item.transport, item.role, item.hello, item.authenticated, item.where
-                )
-            if set(accepted) == wanted:
+            self.take_finished()
+            if set(self.accepted) == self.wanted:
                 break
-            sock.settimeout(min(0.05, max(deadline - now, 0.001)))
+            self.sock.settimeout(min(0.05, max(deadline - now, 0.001)))
             try:
-                conn, address = sock.accept()
+                conn, address = self.sock.accept()
             except TimeoutError:
                 continue
             except OSError as exc:
-                abort(f"{role} stopped listening: {exc}")
+                self.abort(f"{self.role} stopped listening: {exc}")
                 raise PeerDisconnectedError(
-                    f"{role}'s listener on {host}:{port} failed: {exc}"
+                    f"{self.role}'s listener on {self.host}:{self.port} failed: {exc}"
                 ) from exc
-            with lock:
-                full = pending[0] >= MAX_PENDING
-                crowded = per_address.get(address[0], 0) >= MAX_PENDING_PER_ADDRESS
-                if not (full or crowded):
-                    pending[0] += 1
-                    per_address[address[0]] = per_address.get(address[0], 0) + 1
-            if full or crowded:
-                conn.close()  # a real peer retries (connect_peer) until its join deadline
-                refuse(
-                    f"{address[0]}:{address[1]}",
-                    f"more than {MAX_PENDING} connections handshaking at once"
-                    if full
-                    else f"more than {MAX_PENDING_PER_ADDRESS} connections handshaking from "
-                    f"{address[0]}",
-                )
+            if self.take_slot(conn, address):
+                threading.Thread(
+                    target=self.work,
+                    args=(conn, address),
+                    name=f"{self.role}-handshake",
+                    daemon=True,
+                ).start()
+
+    def take_slot(self, conn: socket.socket, address: tuple) -> bool:
+        """Reserve a handshake slot for ``conn``, or close and refuse it if none is free."""
+        with self.lock:
+            full = self.pending >= MAX_PENDING
+            crowded = self.per_address.get(address[0], 0) >= MAX_PENDING_PER_ADDRESS
+            if not (full or crowded):
+                self.pending += 1
+                self.per_address[address[0]] = self.per_address.get(address[0], 0) + 1
+                return True
+        conn.close()  # a real peer retries (connect_peer) until its join deadline
+        reason = (
+            f"more than {MAX_PENDING} connections handshaking at once"
+            if full
+            else f"more than {MAX_PENDING_PER_ADDRESS} connections handshaking from {address[0]}"
+        )
+        self.refuse(f"{address[0]}:{address[1]}", reason)
+        return False
+
+    def take_finished(self) -> None:
+        """Admit or refuse the handshakes that finished; a session mismatch is fatal."""
+        while True:
+            try:
+                item = self.results.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                self.refuse(*item)
                 continue
-            threading.Thread(
-                target=work, args=(conn, address), name=f"{role}-handshake", daemon=True
-            ).start()
-    except BaseException as exc:
-        if not done.is_set():
-            abort(f"{role} failed: {type(exc).__name__}: {exc}")
-        raise
-    finally:
-        done.set()
-        _drain_late(results)
-    for link in accepted.values():
-        _try_send_doc(link.transport, {"ready": True})
-    return accepted
+            if item.role in self.accepted:
+                _try_send_doc(
+                    item.transport,
+                    _refusal("taken", f"role {item.role} has already joined this session"),
+                )
+                item.transport.close(_LINGER_SECONDS, background=True)
+                self.refuse(item.where, f"second peer for role {item.role}")
+                continue
+            if self.current is None:  # adopt_binding: the first peer's session is ours
+                self.current = item.hello.binding
+            ours = Hello(self.role, self.current, self.own_options)
+            _try_send_doc(item.transport, ours.to_json())
+            differences = ours.differences(item.hello)
+            if differences:
+                error = mismatch_error(f"{item.role} at {item.where}", differences, _HINT)
+                item.transport.close(_LINGER_SECONDS, background=True)
+                self.abort(f"the session was refused: {error}")
+                raise error
+            item.transport.set_timeout(self.limits.timeout_seconds)
+            item.transport.max_frame_bytes = int(self.limits.max_frame_bytes)
+            self.accepted[item.role] = Link(
+                item.transport, item.role, item.hello, item.authenticated, item.where
+            )
 
 
 def _drain_late(results: queue.Queue) -> None:

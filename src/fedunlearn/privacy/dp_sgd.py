@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedunlearn.errors import ConfigError, UnknownClientError
+from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import LocalTrainingSpec
-from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.records import ClientData, ClientUpdate, check_task_clients
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.privacy.per_example import check_per_example_model, per_example_clipped_sum
 
@@ -268,8 +268,4 @@ def dp_sgd_update(
 
 def check_tasks(client_data: Mapping[int, ClientData], tasks: Sequence[tuple[int, int]]) -> None:
     """Raise ``UnknownClientError`` naming the task clients that have no data here."""
-    unknown = sorted({cid for cid, _ in tasks} - set(client_data))
-    if unknown:
-        raise UnknownClientError(
-            f"client(s) {', '.join(map(str, unknown))} have no data in this DP-SGD trainer"
-        )
+    check_task_clients(tasks, client_data, "this DP-SGD trainer")

@@ -40,6 +40,7 @@ from torch.func import vmap
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.models.flat import check_flat
 from fedunlearn.privacy.dp_sgd import (
     ClientNoise,
     ParamLayout,
@@ -135,12 +136,7 @@ class VectorizedDPSGD:
             ConfigError: if ``global_params`` is not a flat vector of this model's size.
             UnknownClientError: if a task names a client without data here.
         """
-        d = self.layout.num_params
-        if global_params.ndim != 1 or global_params.numel() != d:
-            raise ConfigError(
-                f"flat parameter vector has shape {tuple(global_params.shape)}; "
-                f"this model needs ({d},)"
-            )
+        check_flat(global_params, self.layout.num_params)
         check_tasks(self._data, tasks)
         start = global_params.detach().to(device=self.device, dtype=torch.float32)
         chunk = self._chunk_size(spec)

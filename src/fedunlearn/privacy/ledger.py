@@ -142,45 +142,11 @@ def privacy_summary(
     if not config.enabled:
         return {"enabled": False, "variant": "no DP"}
     dp_sgd = config.mechanism == "dp_sgd"
-    keys = DP_SGD_SCALAR_KEYS if dp_sgd else SCALAR_KEYS
-    rows: list[dict[str, Any]] = []
-    stored = [({"round": r}, sc) for r, sc in enumerate(scalars, start=1)]
-    earlier = [
-        (
-            {"round": int(sc["round"]), "replaced_by_generation": sc.get("replaced_by_generation")},
-            sc,
-        )
-        for sc in replaced
-    ]
-    for label, sc in earlier + stored:
-        if keys["epsilon"] not in sc:
-            continue
-        rows.append({**label, **{name: sc.get(key) for name, key in keys.items()}})
-        if not dp_sgd:
-            rows[-1]["round_epsilon_exact"] = sc.get("dp_round_epsilon_exact")
+    rows = _ledger_rows(scalars, replaced, dp_sgd)
     zs = [float(row["noise_multiplier"]) for row in rows]
     nsr = [row["noise_to_signal"] for row in rows if row["noise_to_signal"] is not None]
     delta = config.delta
-    by_relation: dict[str, Any]
-    if dp_sgd:
-        events = [
-            SampledGaussian(
-                float(row["noise_multiplier"]), float(row["sample_rate"]), int(row["steps"])
-            )
-            for row in rows
-        ]
-        achieved = [float(row["epsilon_achieved"]) for row in rows]
-        by_relation = {
-            rel: sampled_totals(events, achieved, delta, rel).to_dict() if rows else None
-            for rel in ("replace_one", "add_remove_one")
-        }
-        for row, event in zip(rows, events, strict=True):
-            row["round_epsilon_replace_one"] = pld_epsilon(event.event(), delta, "replace_one")
-    else:
-        by_relation = {
-            rel: totals([z / f for z in zs], delta, f).to_dict() if zs else None
-            for rel, f in (("replace_one", 2), ("add_remove_one", 1))
-        }
+    by_relation = _totals_by_relation(rows, delta, dp_sgd)
     headline = by_relation[GUARANTEE_RELATION]
     clip = rows[0]["clip_norm"] if rows else None
     std = statistics.median(float(row["noise_std"]) for row in rows) if rows else None
@@ -234,6 +200,56 @@ def privacy_summary(
             (row["epsilon_achieved"] for row in rows), default=None
         )
     return summary
+
+
+def _ledger_rows(
+    scalars: Sequence[Mapping[str, Any]], replaced: Sequence[Mapping[str, Any]], dp_sgd: bool
+) -> list[dict[str, Any]]:
+    """One row per DP round: the replaced (earlier) releases first, then the stored rounds."""
+    keys = DP_SGD_SCALAR_KEYS if dp_sgd else SCALAR_KEYS
+    rows: list[dict[str, Any]] = []
+    stored = [({"round": r}, sc) for r, sc in enumerate(scalars, start=1)]
+    earlier = [
+        (
+            {"round": int(sc["round"]), "replaced_by_generation": sc.get("replaced_by_generation")},
+            sc,
+        )
+        for sc in replaced
+    ]
+    for label, sc in earlier + stored:
+        if keys["epsilon"] not in sc:
+            continue
+        rows.append({**label, **{name: sc.get(key) for name, key in keys.items()}})
+        if not dp_sgd:
+            rows[-1]["round_epsilon_exact"] = sc.get("dp_round_epsilon_exact")
+    return rows
+
+
+def _totals_by_relation(rows: list[dict[str, Any]], delta: float, dp_sgd: bool) -> dict[str, Any]:
+    """The composed totals at ``delta`` per neighbour relation (None without rows).
+
+    ``dp_sgd`` rows get their ``round_epsilon_replace_one`` here.
+    """
+    if not dp_sgd:
+        zs = [float(row["noise_multiplier"]) for row in rows]
+        return {
+            rel: totals([z / f for z in zs], delta, f).to_dict() if zs else None
+            for rel, f in (("replace_one", 2), ("add_remove_one", 1))
+        }
+    events = [
+        SampledGaussian(
+            float(row["noise_multiplier"]), float(row["sample_rate"]), int(row["steps"])
+        )
+        for row in rows
+    ]
+    achieved = [float(row["epsilon_achieved"]) for row in rows]
+    by_relation = {
+        rel: sampled_totals(events, achieved, delta, rel).to_dict() if rows else None
+        for rel in ("replace_one", "add_remove_one")
+    }
+    for row, event in zip(rows, events, strict=True):
+        row["round_epsilon_replace_one"] = pld_epsilon(event.event(), delta, "replace_one")
+    return by_relation
 
 
 def _with_releases(

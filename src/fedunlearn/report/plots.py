@@ -36,6 +36,14 @@ _VERDICT_MARKERS = {
 }
 
 
+def _save(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay ``fig`` out (within ``rect``, leaving room for a side legend), write it, close it."""
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _colors(methods: list[dict[str, Any]]) -> dict[str, str]:
     """Return one color per method, the same in every figure."""
     return {m["method"]: f"C{i % 10}" for i, m in enumerate(methods)}
@@ -116,11 +124,7 @@ def _quality(doc: dict[str, Any], out: Path) -> Path:
         _bar_panel(ax, names, [m.get(key) for m in methods], title, scale)
     req = doc["request"]
     fig.suptitle(f"{req['kind']} clients {req['forget']}: quality after unlearning", fontsize=11)
-    fig.tight_layout()
-    path = out / "quality.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "quality.png")
 
 
 def _rounds(doc: dict[str, Any], out: Path) -> Path:
@@ -154,11 +158,7 @@ def _rounds(doc: dict[str, Any], out: Path) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
     fig.suptitle("model quality along each method's unlearning rounds", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1 - 1.6 / (6 * len(keys) + 1.6), 1))
-    path = out / "rounds.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "rounds.png", (0, 0, 1 - 1.6 / (6 * len(keys) + 1.6), 1))
 
 
 def _tradeoff(doc: dict[str, Any], out: Path) -> Path:
@@ -205,11 +205,7 @@ def _tradeoff(doc: dict[str, Any], out: Path) -> Path:
     ]
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
     fig.suptitle("quality against cost (marker: the receipt's influence verdict)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1 - 2.4 / (5.2 * len(keys) + 2.4), 1))
-    path = out / "tradeoff.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "tradeoff.png", (0, 0, 1 - 2.4 / (5.2 * len(keys) + 2.4), 1))
 
 
 def _costs(doc: dict[str, Any], out: Path) -> Path:
@@ -223,11 +219,7 @@ def _costs(doc: dict[str, Any], out: Path) -> Path:
     for ax in axes:
         ax.tick_params(axis="x", rotation=30)
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = out / "costs.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "costs.png")
 
 
 def plot_results(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:

@@ -187,6 +187,16 @@ class SelectiveReplay(Unlearner[ParamsT]):
             self._cache[context.fingerprint + context.history.policy] = stored
         return stored
 
+    def replay_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """``selection``, refusing a run where it holds no stored round with client updates."""
+        stored = self.selection(context, log)
+        if not stored:
+            raise UnsupportedHistoryError(
+                f"{self.name} found no stored round with client updates in this run; record it "
+                f"with history.policy={self.policy} or all."
+            )
+        return stored
+
     def history_bytes_needed(self, context: UnlearnContext) -> int:
         """M_0, the global model of each stored round and the stored updates."""
         stored = self._cache.get(context.fingerprint + context.history.policy)

@@ -432,13 +432,8 @@ class Crab(SelectiveReplay[CrabParams]):
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         clock = time.perf_counter()
         windows: list[WindowRecord] = []
-        stored = self.selection(context, windows)
+        stored = self.replay_selection(context, windows)
         selection_seconds = time.perf_counter() - clock
-        if not stored:
-            raise UnsupportedHistoryError(
-                "crab found no stored round with client updates in this run; record it with "
-                "history.policy=crab or all."
-            )
         forget = request.forget
         rb = self.rollback(context, stored, forget)
         rollback_seconds = time.perf_counter() - clock - selection_seconds

@@ -64,6 +64,7 @@ from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.metrics import predict_logits
+from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.history.store import run_meta_of
 from fedunlearn.privacy.accountant import totals
@@ -349,13 +350,8 @@ class FedADP(SelectiveReplay[FedADPParams]):
         clock = time.perf_counter()
         p = self.params
         stages: list[Stage] = []
-        stored = self.selection(context, stages)
+        stored = self.replay_selection(context, stages)
         selection_seconds = time.perf_counter() - clock
-        if not stored:
-            raise UnsupportedHistoryError(
-                "fedadp found no stored round with client updates in this run; record it with "
-                "history.policy=fedadp or all."
-            )
         private = None  # AD25: DP-SGD fresh updates at a stated budget (dp_sgd unlearn_dp)
         if p.unlearn_dp and context.privacy.mechanism == "dp_sgd":
             budget = p.unlearn_epsilon or context.privacy.budget.epsilon_max
@@ -367,6 +363,67 @@ class FedADP(SelectiveReplay[FedADPParams]):
         finally:
             if private is not None:
                 private.close()
+
+    def _fresh_updates(
+        self, context: UnlearnContext, private: PrivateClients | None, task: TrainTask
+    ) -> list[ClientUpdate]:
+        """The remaining clients' fresh updates of one replayed round (noised if asked)."""
+        if private is not None:  # fresh seeds: the stored release's noise is not reused
+            return private.clients.train(replace(task, salt=UNLEARN_DP_SALT))
+        fresh = context.clients.train(task)
+        if not self.params.unlearn_dp:
+            return fresh
+        clip_norm, std = self._noise_std(context)
+        seed = context.clients.seed
+        return [
+            replace(
+                u,
+                delta=privatize(
+                    u.delta,
+                    clip_norm,
+                    std,
+                    torch_generator(
+                        derive_seed(seed, "fedadp_unlearn_noise", task.round, u.client_id)
+                    ),
+                )[0],
+            )
+            for u in fresh
+        ]
+
+    def _privacy(
+        self,
+        context: UnlearnContext,
+        private: PrivateClients | None,
+        replayed: int,
+        released_dp: bool,
+        released_reason: str,
+    ) -> dict[str, Any]:
+        """The run's privacy ledger, the unlearning's own, and this result's model's status."""
+        p, history = self.params, context.history
+        ledger = privacy_summary(
+            context.privacy,
+            [history.round_scalars(r) for r in range(1, context.num_rounds + 1)],
+            context.clients.num_params,
+        )
+        privacy = {k: v for k, v in ledger.items() if k != "rounds"} | {
+            "epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]
+        }
+        if private is not None:
+            privacy["unlearning_privacy"] = dp_sgd_unlearning_ledger(
+                context.privacy, ledger, private.stats()
+            )
+        elif p.unlearn_dp:
+            clip_norm, std = self._noise_std(context)
+            privacy["unlearning_privacy"] = self._unlearning_ledger(
+                context, ledger, std / clip_norm, replayed
+            )
+        # one status per artefact: this result's model, not every method's default
+        if "artefacts" in privacy:
+            privacy["artefacts"] = {
+                **privacy["artefacts"],
+                "unlearned_model": {"dp": released_dp, "guarantee": released_reason},
+            }
+        return privacy
 
     def _replay(
         self,
@@ -393,7 +450,6 @@ class FedADP(SelectiveReplay[FedADPParams]):
         skipped: list[int] = []
         negative = total_cos = 0
         step_norm = fresh_norm = 0.0  # Σ||U||, Σ||ĝ|| (float64)
-        replayed = 0  # noised replayed rounds (client_update unlearn_dp)
         for sr in stored:
             ids = [c for c in sr.clients if c not in forget]
             if not ids:
@@ -401,29 +457,8 @@ class FedADP(SelectiveReplay[FedADPParams]):
                 log.info("fedadp: round %d has no remaining stored client; skipped", sr.round)
                 continue
             participants[str(sr.round)] = ids
-            if private is not None:  # fresh seeds: the stored release's noise is not reused
-                task = TrainTask(params, ids, sr.round, spec=spec, salt=UNLEARN_DP_SALT)
-                fresh = private.clients.train(task)
-            else:
-                fresh = context.clients.train(TrainTask(params, ids, sr.round, spec=spec))
-            if p.unlearn_dp and private is None:
-                clip_norm, std = self._noise_std(context)
-                replayed += 1
-                seed = context.clients.seed
-                fresh = [
-                    replace(
-                        u,
-                        delta=privatize(
-                            u.delta,
-                            clip_norm,
-                            std,
-                            torch_generator(
-                                derive_seed(seed, "fedadp_unlearn_noise", sr.round, u.client_id)
-                            ),
-                        )[0],
-                    )
-                    for u in fresh
-                ]
+            task = TrainTask(params, ids, sr.round, spec=spec)
+            fresh = self._fresh_updates(context, private, task)
             steps = []
             for u in fresh:
                 update, cos = calibrate(
@@ -452,32 +487,12 @@ class FedADP(SelectiveReplay[FedADPParams]):
         rows.extend(tuning_rows)
         num_clients = len(run_meta_of(history).client_sizes) or len(context.clients.client_ids)
         num_updates = sum(len(s.clients) for s in stored)
-        ledger = privacy_summary(
-            context.privacy,
-            [history.round_scalars(r) for r in range(1, context.num_rounds + 1)],
-            context.clients.num_params,
-        )
         released_dp, released_reason = unlearned_model_guarantee(
             context.privacy, p.unlearn_dp and final == 0
         )
-        privacy = {k: v for k, v in ledger.items() if k != "rounds"} | {
-            "epsilon_per_round": [r["epsilon"] for r in ledger.get("rounds", [])]
-        }
-        if private is not None:
-            privacy["unlearning_privacy"] = dp_sgd_unlearning_ledger(
-                context.privacy, ledger, private.stats()
-            )
-        elif p.unlearn_dp:
-            clip_norm, std = self._noise_std(context)
-            privacy["unlearning_privacy"] = self._unlearning_ledger(
-                context, ledger, std / clip_norm, replayed
-            )
-        # one status per artefact: this result's model, not every method's default
-        if "artefacts" in privacy:
-            privacy["artefacts"] = {
-                **privacy["artefacts"],
-                "unlearned_model": {"dp": released_dp, "guarantee": released_reason},
-            }
+        # noised replayed rounds (client_update unlearn_dp): one per replayed round
+        replayed = len(participants) if p.unlearn_dp and private is None else 0
+        privacy = self._privacy(context, private, replayed, released_dp, released_reason)
         details = FedADPDetails(
             variant="FedADP" if context.privacy.enabled else "FedADP-without-DP",
             trained_with_dp=context.privacy.enabled,

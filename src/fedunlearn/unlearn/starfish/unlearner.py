@@ -298,6 +298,87 @@ class Starfish(Unlearner[StarfishParams]):
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         return RUNNERS.get(self.execution.backend)(self, request, context)
 
+    def _thresholds(
+        self,
+        backend: StarfishBackend[Any],
+        record: StageOneShares,
+        participants: dict[int, list[int]],
+        context: UnlearnContext,
+    ) -> dict[int, Any]:
+        """Per-client thresholds delta^j: TD^2 (Sec. IV-C2), or one shared TD^1 (SF10)."""
+        clients, p = context.clients, self.params
+        if p.threshold_mode == "td2":
+            rounds_of_client = {
+                c: [r for r in range(1, context.num_rounds + 1) if c in participants[r]]
+                for c in clients.client_ids
+            }
+            return thresholds_td2(backend, record, rounds_of_client)
+        shared = threshold_td1(backend, record, participants, p.tolerance_rate, clients.num_params)
+        return {c: shared for c in clients.client_ids}
+
+    def _details(
+        self,
+        replay: Replay,
+        counts: GuardCounts,
+        selection: tuple[SelectionMethod, int, list[int], list[int]],
+        targets_of_round: Mapping[int, Any],
+        trajectory: tuple[Any, ...] | None,
+    ) -> StarfishDetails:
+        """What the replay did and cost: ``StarfishDetails``.
+
+        ``selection`` is SecRS's (method, number selected, ranking, rounds in replay order).
+        """
+        p, e = self.params, self.execution
+        method, num_selected, ranking, rounds = selection
+        backend, participants = replay.backend, replay.participants
+        client_ids, num_params = (
+            replay.context.clients.client_ids,
+            replay.context.clients.num_params,
+        )
+        requests = replay.requests
+        arp, arp_per_client = average_round_saving(dict(requests), replay.context.num_rounds)
+        # Stage I (Alg. 4 lines 1-9, Sec. V-B): per stored upload, m + 2 ring elements per server.
+        uploads = sum(len(participants[r]) + len(targets_of_round[r]) for r in participants)
+        shared_elements = uploads * (num_params + 2)
+        cost_summary = getattr(backend, "cost_summary", None)
+        return StarfishDetails(
+            backend=e.backend,
+            party=getattr(getattr(backend, "party", None), "party_id", None),
+            precision=str(replay.dtype).removeprefix("torch."),
+            units=p.units,
+            unlearning_rate=replay.eta_u,
+            round_selection=method,
+            threshold_mode=p.threshold_mode,
+            estimator=p.estimator,
+            num_selected=num_selected,
+            selected_rounds=tuple(rounds),
+            selection_ranking=tuple(ranking),
+            correction_interval=replay.interval,
+            warmup_rounds=min(replay.warmup, len(rounds)),
+            correction_rounds=tuple(sorted(replay.flags)),
+            flags=replay.flags,
+            exact_requests_per_client=dict(sorted(requests.items())),
+            arp=arp,
+            arp_per_client=arp_per_client,
+            exact_updates=sum(requests.values()),
+            estimated_updates=replay.estimated,
+            no_pair_requests={c: replay.no_pair[c] for c in client_ids},
+            pairs_pushed={c: replay.buffers[c].pushed for c in client_ids},
+            guard_counts=counts.to_dict(),
+            rejected_updates=tuple(replay.rejected),
+            stage_one={
+                "shared_uploads": uploads,
+                "shared_elements": shared_elements,
+                "bytes_per_server": shared_elements * 8,  # Z_{2^64}
+            },
+            opened=tuple(o.to_dict() for o in backend.opened),
+            op_counts=backend.op_counts,
+            # a 2PC backend: measured bytes, rounds, seconds per phase
+            mpc_costs=cost_summary() if cost_summary is not None else None,
+            trajectory=trajectory,
+            assumptions=(ASSUMPTIONS["plaintext" if e.backend == "plain" else "semi_honest"],),
+        )
+
     def replay(
         self,
         request: UnlearnRequest,
@@ -332,20 +413,10 @@ class Starfish(Unlearner[StarfishParams]):
         lr = clients.spec.lr
         eta_l = lr if p.units == "gradient" else 1.0
         eta_u = p.unlearning_rate if p.unlearning_rate is not None else eta_l
-        rounds_of_client = {
-            c: [r for r in range(1, num_rounds + 1) if c in participants[r]]
-            for c in clients.client_ids
-        }
 
         # Step 1: TD (Sec. IV-C2; TD^1 for comparison, SF10).
         with backend.phase("TD"):
-            if p.threshold_mode == "td2":
-                thresholds = thresholds_td2(backend, record, rounds_of_client)
-            else:
-                shared = threshold_td1(
-                    backend, record, participants, p.tolerance_rate, clients.num_params
-                )
-                thresholds = {c: shared for c in clients.client_ids}
+            thresholds = self._thresholds(backend, record, participants, context)
 
         # Step 2: SecRS (Alg. 1); replay chronologically (SF3).
         num_selected = math.ceil(p.selection_rate * num_rounds)
@@ -398,48 +469,12 @@ class Starfish(Unlearner[StarfishParams]):
                 trajectory.append(m_hat.clone())
             rows.append(context.end_round(r, m_hat))
 
-        requests = replay.requests
-        arp, arp_per_client = average_round_saving(dict(requests), num_rounds)
-        # Stage I (Alg. 4 lines 1-9, Sec. V-B): per stored upload, m + 2 ring elements per server.
-        uploads = sum(len(participants[r]) + len(targets_of_round[r]) for r in participants)
-        shared_elements = uploads * (clients.num_params + 2)
-        cost_summary = getattr(backend, "cost_summary", None)
-        details = StarfishDetails(
-            backend=e.backend,
-            party=getattr(getattr(backend, "party", None), "party_id", None),
-            precision=str(dtype).removeprefix("torch."),
-            units=p.units,
-            unlearning_rate=eta_u,
-            round_selection=method,
-            threshold_mode=p.threshold_mode,
-            estimator=p.estimator,
-            num_selected=num_selected,
-            selected_rounds=tuple(rounds),
-            selection_ranking=tuple(ranking),
-            correction_interval=interval,
-            warmup_rounds=min(warmup, len(rounds)),
-            correction_rounds=tuple(sorted(replay.flags)),
-            flags=replay.flags,
-            exact_requests_per_client=dict(sorted(requests.items())),
-            arp=arp,
-            arp_per_client=arp_per_client,
-            exact_updates=sum(requests.values()),
-            estimated_updates=replay.estimated,
-            no_pair_requests={c: replay.no_pair[c] for c in clients.client_ids},
-            pairs_pushed={c: replay.buffers[c].pushed for c in clients.client_ids},
-            guard_counts=counts.to_dict(),
-            rejected_updates=tuple(replay.rejected),
-            stage_one={
-                "shared_uploads": uploads,
-                "shared_elements": shared_elements,
-                "bytes_per_server": shared_elements * 8,  # Z_{2^64}
-            },
-            opened=tuple(o.to_dict() for o in backend.opened),
-            op_counts=backend.op_counts,
-            # a 2PC backend: measured bytes, rounds, seconds per phase
-            mpc_costs=cost_summary() if cost_summary is not None else None,
-            trajectory=tuple(m.tolist() for m in trajectory) if e.record_models else None,
-            assumptions=(ASSUMPTIONS["plaintext" if e.backend == "plain" else "semi_honest"],),
+        details = self._details(
+            replay,
+            counts,
+            (method, num_selected, ranking, rounds),
+            targets_of_round,
+            tuple(m.tolist() for m in trajectory) if e.record_models else None,
         )
         return RunOutput(m_hat, rows, details)
 

@@ -55,11 +55,13 @@ from fedunlearn.mpc import (
     Party,
     RemoteDealer,
     Security,
+    SessionBinding,
     accept_peer,
     accept_peers,
     connect_peer,
 )
 from fedunlearn.mpc.identity import party_role
+from fedunlearn.mpc.session import Option
 from fedunlearn.runs import load_run_config
 from fedunlearn.unlearn.context import CostMeter, MeteredHistory
 from fedunlearn.unlearn.session import UnlearnSession
@@ -148,6 +150,79 @@ def serve_clients(job: StarfishJob, security: Security, options: DeployOptions) 
     }
 
 
+def _checked_share_meta(history: MeteredHistory, method: Any) -> dict[str, Any]:
+    """The share store's metadata, after checking it was made with the method's settings."""
+    info = share_meta(history)
+    wanted = share_settings(method)
+    stored = {key: info[key] for key in wanted}
+    if stored != wanted:
+        raise ConfigError(
+            f"the share store was made with {stored}; the request asks for {wanted}. Use "
+            "the store's values or re-share the run (fedunlearn starfish-share --force)."
+        )
+    return info
+
+
+@dataclasses.dataclass(frozen=True)
+class _ServerLinks:
+    """How one server opens its links: its role, identity, session binding and options."""
+
+    role: str
+    party_id: int
+    security: Security
+    binding: SessionBinding
+    options: dict[str, Option]
+    limits: LinkLimits
+
+    def connect(self, address: tuple[str, int], peer_role: str) -> Link:
+        """Connect to the service of ``peer_role`` at ``address``."""
+        return connect_peer(
+            address,
+            role=self.role,
+            peer_roles={peer_role},
+            security=self.security,
+            binding=self.binding,
+            options=self.options,
+            party_id=self.party_id,
+            limits=self.limits,
+        )
+
+    def other_server(self, deploy: DeployOptions) -> Link:
+        """Party 0 accepts server 1 where ``deploy.listen`` says; party 1 connects to it."""
+        if self.party_id != 0:
+            return self.connect(deploy.peer("peer"), "server0")
+        listener = deploy.listen.open()
+        try:
+            return accept_peer(
+                listener,
+                role=self.role,
+                peer_role="server1",
+                security=self.security,
+                binding=self.binding,
+                options=self.options,
+                party_id=0,
+                limits=self.limits,
+            )
+        finally:
+            listener.close()
+
+
+def _links_summary(
+    link: Link, remote: RemoteDealer, gateway: RemoteClients
+) -> dict[str, dict[str, int]]:
+    """Bytes sent and received on the server, dealer and clients links (payload and wire)."""
+    online = link.transport.counters.online
+    return {
+        "server": {
+            "payload_sent": int(online.bytes_sent),
+            "payload_received": int(online.bytes_received),
+            **_link_bytes(link.transport),
+        },
+        "dealer": _link_bytes(remote.transport),
+        "clients": gateway.link_bytes,
+    }
+
+
 def run_server(
     party_id: int, job: StarfishJob, security: Security, options: DeployOptions
 ) -> dict[str, Any]:
@@ -200,48 +275,14 @@ def run_server(
     try:
         meter = CostMeter()
         history = MeteredHistory(store, meter)
-        info = share_meta(history)
-        wanted = share_settings(method)
-        stored = {key: info[key] for key in wanted}
-        if stored != wanted:
-            raise ConfigError(
-                f"the share store was made with {stored}; the request asks for {wanted}. Use "
-                "the store's values or re-share the run (fedunlearn starfish-share --force)."
-            )
+        info = _checked_share_meta(history, method)
         context = server_context(history, config, request.forget, meter)
         method.check_history(context)
         binding = job.binding(config, store, info)
-        link_options = {"frac_bits": execution.frac_bits}
-
-        def connect(address: tuple[str, int], peer_role: str) -> Link:
-            return connect_peer(
-                address,
-                role=role,
-                peer_roles={peer_role},
-                security=security,
-                binding=binding,
-                options=link_options,
-                party_id=party_id,
-                limits=limits,
-            )
-
-        if party_id == 0:
-            listener = options.listen.open()
-            try:
-                link = accept_peer(
-                    listener,
-                    role=role,
-                    peer_role="server1",
-                    security=security,
-                    binding=binding,
-                    options=link_options,
-                    party_id=0,
-                    limits=limits,
-                )
-            finally:
-                listener.close()
-        else:
-            link = connect(options.peer("peer"), "server0")
+        links = _ServerLinks(
+            role, party_id, security, binding, {"frac_bits": execution.frac_bits}, limits
+        )
+        link = links.other_server(options)
         remote = RemoteDealer.connect(
             *dealer, party_id=party_id, security=security, binding=binding, limits=limits
         )
@@ -252,7 +293,7 @@ def run_server(
             comparison=execution.comparison,
             dealer=remote,
         )
-        clients_link = connect(clients, "clients")
+        clients_link = links.connect(clients, "clients")
         clients_link.transport.set_timeout(options.idle_timeout_seconds)
         gateway = RemoteClients(clients_link, party, int(info["num_params"]))
         backend = MpcBackend(
@@ -265,39 +306,40 @@ def run_server(
         out = method.replay(request, context, backend, record, gateway)
         finished = True
         starfish_details = cast(StarfishDetails, out.details)  # Starfish's replay returns them
-        details = dataclasses.replace(
-            starfish_details,
-            assumptions=(*starfish_details.assumptions, ASSUMPTIONS["simulated_clients"]),
-        )
-        online = link.transport.counters.online
         return {
             "party": party_id,
             "session": job.session_id,
             "security": security.describe(),
             "params": out.params.tolist(),
-            "details": details.to_dict(),
+            "details": dataclasses.replace(
+                starfish_details,
+                assumptions=(*starfish_details.assumptions, ASSUMPTIONS["simulated_clients"]),
+            ).to_dict(),
             "costs": meter.counts(),
             "rounds": backend.round_costs,
-            "links": {
-                "server": {
-                    "payload_sent": int(online.bytes_sent),
-                    "payload_received": int(online.bytes_received),
-                    **_link_bytes(link.transport),
-                },
-                "dealer": _link_bytes(remote.transport),
-                "clients": gateway.link_bytes,
-            },
+            "links": _links_summary(link, remote, gateway),
         }
     finally:
-        if gateway is not None:
-            gateway.close(goodbye=finished)  # a failed server just hangs up ...
-        if remote is not None and not finished:
-            remote.close(goodbye=False)  # ... on the dealer too: its session ends in an error
-        if party is not None:
-            party.close()  # the transport to the other server and the dealer's goodbye
-        else:
-            if remote is not None:
-                remote.close()
-            if link is not None:
-                link.transport.close()
+        _hang_up(gateway, remote, party, link, finished)
         store.close()
+
+
+def _hang_up(
+    gateway: RemoteClients | None,
+    remote: RemoteDealer | None,
+    party: Party | None,
+    link: Link | None,
+    finished: bool,
+) -> None:
+    """Close what ``run_server`` opened: with goodbyes if it finished, hanging up if not."""
+    if gateway is not None:
+        gateway.close(goodbye=finished)  # a failed server just hangs up ...
+    if remote is not None and not finished:
+        remote.close(goodbye=False)  # ... on the dealer too: its session ends in an error
+    if party is not None:
+        party.close()  # the transport to the other server and the dealer's goodbye
+    else:
+        if remote is not None:
+            remote.close()
+        if link is not None:
+            link.transport.close()

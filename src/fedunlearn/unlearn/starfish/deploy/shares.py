@@ -188,14 +188,7 @@ def share_history(
     scale = -1.0 / lr if units == "gradient" else -1.0
     sharing_id = new_sharing_id() if sharing_id is None else sharing_id
     fixed_point = FixedPoint(frac_bits)
-    rounds = history.rounds()
-    last = max(rounds) if rounds else 0
-    missing = sorted(set(range(last + 1)) - set(rounds))
-    if not rounds or missing:
-        raise UnsupportedHistoryError(
-            f"sharing Stage I needs the global model of every round 0..{last}; missing "
-            f"{missing[:10]}. Complete the run first."
-        )
+    last = _last_complete_round(history)
     record = StageOneRecord(history, PlainBackend(), scale, tolerance_rate)
     prg = Prg(fresh_seed() if seed is None else derive_seed(b"starfish-stage-one", seed))
     meta = history.meta
@@ -222,25 +215,7 @@ def share_history(
             store.write_round(RoundEntry(round=0, global_model=history.read_model(0)))
         for r in range(1, last + 1):
             records = history.client_records(r)
-            shares: list[dict[int, torch.Tensor]] = [{}, {}]
-            for rec in records:
-                if rec.status != "accepted":
-                    continue
-                if not history.has_update(r, rec.client_id):
-                    raise UnsupportedHistoryError(
-                        f"round {r} client {rec.client_id}: accepted but its update is not "
-                        "stored; Stage I shares need history.policy=all."
-                    )
-                gradient = record.plain_update(r, rec.client_id).to(torch.float64)
-                norm, threshold = record.assistive(r, rec.client_id)
-                vector = np.concatenate([gradient.numpy(), [norm, threshold]])
-                StepRanges(frac_bits).check_client_values(vector, f"a round-{r} update")
-                encoded = fixed_point.encode(vector)
-                mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, Table IV)
-                shares[0][rec.client_id] = torch.from_numpy(mask.copy())
-                shares[1][rec.client_id] = torch.from_numpy(encoded - mask)
-                for manifest, own in zip(manifests, shares, strict=True):
-                    manifest.add(r, rec.client_id, own[rec.client_id])
+            shares = _share_round(history, records, record, r, fixed_point, prg, manifests)
             public_records = [
                 ClientRecord(rec.client_id, rec.status, rec.num_samples, reason=rec.reason)
                 for rec in records
@@ -272,6 +247,51 @@ def share_history(
             store.close()
         for out in out_dirs:
             _private_files(Path(out))
+
+
+def _last_complete_round(history: HistoryReader) -> int:
+    """The last round, after checking that every round 0..last has its global model."""
+    rounds = history.rounds()
+    last = max(rounds) if rounds else 0
+    missing = sorted(set(range(last + 1)) - set(rounds))
+    if not rounds or missing:
+        raise UnsupportedHistoryError(
+            f"sharing Stage I needs the global model of every round 0..{last}; missing "
+            f"{missing[:10]}. Complete the run first."
+        )
+    return last
+
+
+def _share_round(
+    history: HistoryReader,
+    records: Sequence[ClientRecord],
+    record: StageOneRecord,
+    r: int,
+    fixed_point: FixedPoint,
+    prg: Prg,
+    manifests: Sequence[PayloadManifest],
+) -> list[dict[int, torch.Tensor]]:
+    """Both servers' shares of round ``r``'s accepted uploads [G, ||G||, delta] (SecShare)."""
+    shares: list[dict[int, torch.Tensor]] = [{}, {}]
+    for rec in records:
+        if rec.status != "accepted":
+            continue
+        if not history.has_update(r, rec.client_id):
+            raise UnsupportedHistoryError(
+                f"round {r} client {rec.client_id}: accepted but its update is not "
+                "stored; Stage I shares need history.policy=all."
+            )
+        gradient = record.plain_update(r, rec.client_id).to(torch.float64)
+        norm, threshold = record.assistive(r, rec.client_id)
+        vector = np.concatenate([gradient.numpy(), [norm, threshold]])
+        StepRanges(fixed_point.frac_bits).check_client_values(vector, f"a round-{r} update")
+        encoded = fixed_point.encode(vector)
+        mask = prg.ring(encoded.shape)  # the client's uniform r (SecShare, Table IV)
+        shares[0][rec.client_id] = torch.from_numpy(mask.copy())
+        shares[1][rec.client_id] = torch.from_numpy(encoded - mask)
+        for manifest, own in zip(manifests, shares, strict=True):
+            manifest.add(r, rec.client_id, own[rec.client_id])
+    return shares
 
 
 def _private_directory(path: Path) -> None:
