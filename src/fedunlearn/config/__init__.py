@@ -10,9 +10,10 @@ by name and imports nothing here; ``fedunlearn.runs.resolve_config`` looks the n
 validates the section where the run is assembled (docs/architecture.md, "The plugin seam").
 
 One module per component: ``data`` (data and model), ``training`` (with the aggregation rules),
-``attacks``, ``history``, ``privacy``, ``run`` (``RunConfig``), ``loading`` (YAML in and out);
-``base`` holds what they share. A section with variants (``attack.kind``,
-``training.aggregator.name``) is a discriminated union with one model per variant.
+``attacks``, ``history``, ``privacy``, ``run`` (``RunConfig``), ``loading`` (YAML in and out),
+``migrate`` (earlier layouts); ``base`` holds what they share. A section with variants
+(``attack.kind``, ``training.aggregator.name``) is a discriminated union with one model per
+variant.
 """
 
 from fedunlearn.config.attacks import (
@@ -29,7 +30,8 @@ from fedunlearn.config.base import FLOAT32_MAX
 from fedunlearn.config.data import DataConfig, ModelConfig
 from fedunlearn.config.history import HistoryConfig
 from fedunlearn.config.loading import dump_config, load_config, parse_config, read_yaml
-from fedunlearn.config.privacy import BUDGET_KEYS, BudgetConfig, PrivacyConfig
+from fedunlearn.config.migrate import BUDGET_KEYS
+from fedunlearn.config.privacy import BudgetConfig, PrivacyConfig
 from fedunlearn.config.run import MarkersConfig, RunConfig, VerificationConfig
 from fedunlearn.config.training import (
     AGGREGATOR_MODELS,

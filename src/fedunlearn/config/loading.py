@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from fedunlearn.config.attacks import ATTACK_MODELS
-from fedunlearn.config.privacy import BUDGET_KEYS, _nest_budget
+from fedunlearn.config.migrate import migrate, migrate_key
 from fedunlearn.config.run import RunConfig
 from fedunlearn.config.training import AGGREGATOR_MODELS
 from fedunlearn.errors import ConfigError
@@ -156,16 +156,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping; got {type(data).__name__}")
-    if isinstance(data.get("privacy"), dict):  # the flat budget keys, nested before overriding
-        try:
-            data["privacy"] = _nest_budget(data["privacy"])
-        except ValueError as err:
-            raise ConfigError(f"invalid configuration in {path}: {err}") from None
+    try:  # an earlier layout, read as today's before an override applies to it
+        data = migrate(data)
+    except ValueError as err:
+        raise ConfigError(f"invalid configuration in {path}: {err}") from None
     for key, value in (overrides or {}).items():
         node = data
-        *parents, leaf = key.split(".")
-        if parents == ["privacy"] and leaf in BUDGET_KEYS:  # privacy.epsilon_max=... still works
-            parents = ["privacy", "budget"]
+        *parents, leaf = migrate_key(key.split("."))
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value

@@ -4,75 +4,47 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
 
 from fedunlearn.config.base import Frozen
-
-#: The budget options that used to sit flat in ``privacy`` (still accepted there, moved into
-#: ``privacy.budget`` on parsing).
-BUDGET_KEYS = ("epsilon_initial", "epsilon_min", "epsilon_max", "signed_delta")
+from fedunlearn.config.migrate import migrate_privacy
+from fedunlearn.errors import ConfigError
 
 
-def _nest_budget(privacy: dict[str, Any]) -> dict[str, Any]:
-    """Return a ``privacy`` mapping with its flat budget keys moved into ``budget``.
-
-    Raises:
-        ValueError: a key is given both flat and in ``budget``.
-    """
-    if not any(k in privacy for k in BUDGET_KEYS):
-        return privacy
-    data = dict(privacy)
-    budget = data.get("budget") or {}
-    if isinstance(budget, BaseModel):
-        budget = budget.model_dump()
-    if not isinstance(budget, dict):
-        return data  # the field validator reports the bad type
-    budget = dict(budget)
-    for key in BUDGET_KEYS:
-        if key not in data:
-            continue
-        if key in budget:
-            raise ValueError(
-                f"privacy.{key} and privacy.budget.{key} are both given; keep "
-                f"privacy.budget.{key} only"
-            )
-        budget[key] = data.pop(key)
-    data["budget"] = budget
-    return data
-
-
-class BudgetConfig(Frozen):
+class BudgetConfig(BaseModel):
     """The per-round budget ε_t of DP training (the YAML section ``privacy.budget``).
 
     ``schedule`` names a budget schedule that an installed plugin declares
-    (``fedunlearn.privacy.training.BUDGET_SCHEDULES``; checked where the run is assembled).
-    ``fedadp`` is FedADP's adaptive budget (Eq. 4): ε_1 = ε_0 and
-    ε_{t+1} = min(max(ε_t · e^{|Δloss|}, ε_min), ε_max); it is the only schedule so far, and its
-    options are FedADP's, not the privacy layer's (docs/methods/fedadp.md, AD4-AD5). The same
-    keys given flat in ``privacy`` (the pre-issue-13 layout) are accepted and moved here.
+    (``fedunlearn.privacy.budget.BUDGET_SCHEDULES``; FedADP's Eq. 4 is the ``fedadp`` plugin's
+    ``fedadp``, the default). The schedule's options belong to the plugin: its
+    ``BudgetScheduleSpec`` names their model, a subclass of this one, and the section is
+    validated by it where the run is assembled (``fedunlearn.runs.resolve_config``), as a
+    recording policy's options are. Until then the options are kept as given. The same keys
+    given flat in ``privacy`` (the pre-issue-13 layout) are moved here (``config.migrate``).
     """
+
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
     schedule: str = Field(
         "fedadp",
         description="budget schedule by name; fedadp: FedADP's Eq. 4 (ε follows the loss change)",
     )
-    epsilon_initial: float = Field(1.0, gt=0, le=1000, description="ε_0")
-    epsilon_min: float = Field(1.0, gt=0, le=1000, description="ε_min")
-    epsilon_max: float = Field(3.0, gt=0, le=1000, description="ε_max")
-    signed_delta: bool = Field(False, description="Eq. 4 with the signed loss change")
 
-    @model_validator(mode="after")
-    def _bounds(self) -> BudgetConfig:
-        if self.epsilon_min > self.epsilon_max:
-            raise ValueError(
-                f"privacy.budget.epsilon_min ({self.epsilon_min}) must not exceed "
-                f"privacy.budget.epsilon_max ({self.epsilon_max})"
-            )
-        return self
+    def epsilon_bounds(self) -> tuple[float, float]:
+        """Return the smallest and the largest ε_t the schedule can give.
+
+        Raises:
+            ConfigError: The section has not been validated by its schedule's options model
+                (``fedunlearn.privacy.budget.resolve_budget``; ``fedunlearn.runs`` does it).
+        """
+        raise ConfigError(
+            f"privacy.budget (schedule '{self.schedule}') has not been validated; assemble the "
+            "config with fedunlearn.runs.resolve_config before reading the budget"
+        )
 
 
 class PrivacyConfig(Frozen):
-    """DP of training at FedADP's adaptive per-round budget ε_t (Eq. 4): the mechanism and budget.
+    """DP of training: the mechanism, and the per-round budget ε_t a plugin's schedule gives.
 
     ``mechanism``: ``client_update`` clips each client's whole update to S and adds Gaussian
     noise (Eq. 5-6; client-level; docs/methods/fedadp.md AD1-AD5); ``dp_sgd`` trains each client
@@ -102,15 +74,15 @@ class PrivacyConfig(Frozen):
     sens_factor: Literal[1, 2] = Field(
         1, description="L2 sensitivity S (add/remove) or 2S (replace) for the headline ε"
     )
-    budget: BudgetConfig = Field(
-        default_factory=BudgetConfig, description="the per-round ε_t schedule (FedADP Eq. 4)"
+    budget: SerializeAsAny[BudgetConfig] = Field(
+        default_factory=BudgetConfig,
+        description="the per-round ε_t schedule by name, and its options",
     )
 
     @model_validator(mode="before")
     @classmethod
-    def _flat_budget_keys(cls, data: Any) -> Any:
-        """Accept ``privacy.epsilon_max`` etc. (the flat layout) as ``privacy.budget.*``."""
-        return _nest_budget(data) if isinstance(data, dict) else data
+    def _earlier_layout(cls, data: Any) -> Any:
+        return migrate_privacy(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> PrivacyConfig:
