@@ -219,7 +219,7 @@ def resolve_history(history: HistoryConfig) -> HistoryConfig:
     except UnknownPolicyError as err:
         raise UnknownPolicyError(f"history.policy: {err}") from None
     sections: dict[str, BaseModel] = {}
-    for name, value in (history.model_extra or {}).items():
+    for name, value in history.sections.items():
         spec = POLICIES.get(name) if name in POLICIES else None
         if spec is None or spec.options_type is None:
             with_options = [n for n in POLICIES.names() if POLICIES.get(n).options_type]
@@ -241,15 +241,7 @@ def resolve_history(history: HistoryConfig) -> HistoryConfig:
             raise ConfigError(f"invalid configuration: {_section_errors(err, name)}") from None
     if active.options_type is not None and history.policy not in sections:
         sections[history.policy] = active.options_type()
-    fields = history.model_dump(exclude=set(history.model_extra or {}))
-    resolved = type(history).model_validate({**fields, **sections})
-    resolved._options_type = options_type  # the defaults of a policy whose section is absent
-    return resolved
-
-
-def options_type(name: str) -> type[BaseModel] | None:
-    """Return the options model of policy ``name`` (None if it has no options)."""
-    return POLICIES.get(name).options_type
+    return history.model_copy(update={"sections": sections})
 
 
 def build_policy(history: HistoryConfig, env: PolicyEnv) -> RecordingPolicy | DeferredPolicy:
