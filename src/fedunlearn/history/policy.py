@@ -14,8 +14,8 @@ A plugin adds its own (Crab's window selection, FedADP's dual-layer selection) b
 a builder that gets the run's ``HistoryConfig`` and a ``PolicyEnv`` (the model, a reference-set
 provider, the last round). ``POLICIES`` resolves a declared name on first lookup, importing only
 that plugin's module. ``resolve_history`` validates the sections by the options models where a
-run is assembled (``fedunlearn.runs``; ``config.py`` stores them raw); ``fedunlearn.runs`` builds
-every policy through this registry and knows none by name.
+run is assembled (``fedunlearn.runs``; ``fedunlearn.config`` stores them raw);
+``fedunlearn.runs`` builds every policy through this registry and knows none by name.
 
 A per-round policy (``RecordingPolicy``) decides when the round ends. A deferred policy
 (``DeferredPolicy``) buffers rounds and decides later: ``select`` returns, for each finished
@@ -204,7 +204,7 @@ def _section_errors(err: ValidationError, name: str) -> str:
 def resolve_history(history: HistoryConfig) -> HistoryConfig:
     """Validate the policy and its sections; return the config with every option in use.
 
-    ``config.py`` keeps ``history.<policy>`` sections as given; this validates each by its
+    ``fedunlearn.config`` keeps ``history.<policy>`` sections as given; this validates each by its
     policy's options model (where a run is assembled: ``fedunlearn.runs``) and adds the active
     policy's defaults when its section is absent, so the stored config names every option.
     A resolved config resolves to itself.
