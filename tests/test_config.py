@@ -62,9 +62,12 @@ def test_load_config_applies_dotted_overrides_and_reports_bad_files(tmp_path):
 def test_shipped_configs_are_valid():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+    root = Path(__file__).parents[1]
+    configs = sorted(root.glob("configs/*.yaml"))
     assert configs
-    for path in configs:
+    others = sorted([*root.glob("examples/**/*.yaml"), *root.glob("reproductions/**/*.yaml")])
+    assert others
+    for path in configs + others:
         resolve_config(load_config(path))  # parsed, and its named pieces assembled
 
 
