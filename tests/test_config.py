@@ -166,7 +166,7 @@ def test_the_budget_lives_in_privacy_budget_and_the_flat_keys_still_work(tmp_pat
         parse_config({"privacy": {"epsilon_min": 1.0, "budget": {"epsilon_min": 2.0}}})
     # the options are the schedule's (FedADP's model), validated where the run is assembled
     with pytest.raises(ConfigError, match="privacy.budget.epsilon_min \\(4.0\\) must not exceed"):
-        resolve_config(parse_config({"privacy": {"epsilon_min": 4.0}}))
+        resolve_config(parse_config({"privacy": {"enabled": True, "epsilon_min": 4.0}}))
     # the schedule is a plugin's training hook, looked up where the run is assembled
     typo = parse_config({"privacy": {"enabled": True, "budget": {"schedule": "constant"}}})
     with pytest.raises(

@@ -102,7 +102,7 @@ def test_each_variant_carries_only_its_own_options():
         }
     )
     assert isinstance(config.attack, TrimRandomAttack)
-    assert set(config.attack.model_dump()) == {
+    assert set(type(config.attack).model_fields) == {
         "kind",
         "num_malicious",
         "start_round",
@@ -113,11 +113,11 @@ def test_each_variant_carries_only_its_own_options():
     }
     assert config.attack.rho == 0.3
     assert isinstance(config.training.aggregator, MultiKrumAggregator)
-    assert config.training.aggregator.options() == {"krum_f": 1, "multi_krum_m": 2}
+    assert config.training.aggregator.options("name") == {"krum_f": 1, "multi_krum_m": 2}
     default = parse_config({})
     assert isinstance(default.attack, NoAttack)  # no kind: 'none'
     assert default.training.aggregator.name == "fedavg"
-    assert default.training.aggregator.options() == {}
+    assert default.training.aggregator.options("name") == {}
 
 
 def test_a_config_dumped_before_the_split_loads_as_today(tmp_path):
@@ -125,15 +125,21 @@ def test_a_config_dumped_before_the_split_loads_as_today(tmp_path):
     config = parse_config(old)
     assert isinstance(config.attack, BackdoorAttack)
     assert config.attack.target_label == 2
-    assert config.training.aggregator.options() == {"krum_f": 1, "multi_krum_m": 3}
+    assert config.training.aggregator.options("name") == {"krum_f": 1, "multi_krum_m": 3}
     new = {
         "attack": {"kind": "backdoor", "num_malicious": 1, "target_label": 2},
         "training": {"aggregator": {"name": "multi_krum", "multi_krum_m": 3}},
     }
     assert config == parse_config(new)
+    # the dump keeps the stored layout (config.yaml, the store's copy, the run fingerprint)
+    assert config.attack.model_dump() == LEGACY_ATTACK
+    assert list(config.attack.model_dump()) == list(LEGACY_ATTACK)
+    assert config.training.aggregator.model_dump() == LEGACY_AGGREGATOR
+    trim = parse_config({"attack": {"kind": "trim_random", "num_malicious": 1, "rho": 0.2}})
+    assert list(trim.attack.model_dump()) == list(LEGACY_ATTACK)
+    assert trim.attack.model_dump()["rho"] == 0.2
     path = tmp_path / "c.yaml"
     path.write_text(dump_config(config))
-    assert "rho" not in path.read_text()  # today's dump holds the variant's options only
     assert load_config(path) == config
 
 
@@ -147,8 +153,16 @@ def test_the_core_budget_names_a_schedule_and_its_options_are_the_plugins():
     assert isinstance(resolved.privacy.budget, spec.options_type)
     assert epsilon_bounds(resolved.privacy.budget) == (1.0, 2.5)
     assert resolve_config(resolved) == resolved
+    # without DP the budget is not read: no plugin is needed, the section stays as given
+    no_dp = resolve_config(parse_config({"privacy": {"budget": {"epsilon_max": 2.5}}}))
+    assert type(no_dp.privacy.budget) is BudgetConfig
+    assert no_dp.privacy.budget.model_dump() == {"schedule": "fedadp", "epsilon_max": 2.5}
+    # so the stored config of a run without DP dumps as it did (same run fingerprint)
+    stored = {"schedule": "fedadp", "epsilon_initial": 1.0, "epsilon_min": 1.0}
+    old = resolve_config(parse_config({"privacy": {"budget": stored}}))
+    assert old.privacy.budget.model_dump() == stored
     with pytest.raises(ConfigError, match=r"privacy\.budget\.epsilon_maxx: Extra inputs"):
-        resolve_config(parse_config({"privacy": {"budget": {"epsilon_maxx": 2.0}}}))
+        resolve_config(parse_config({"privacy": {"enabled": True, "budget": {"epsilon_maxx": 2}}}))
     with pytest.raises(ConfigError, match=r"privacy\.budget\.epsilon_max: .* less than or equal"):
         resolve_config(parse_config({"privacy": {"enabled": True, "epsilon_max": 2000}}))
 
@@ -190,7 +204,14 @@ def test_a_schedule_declares_its_own_options_model():
         assert "epsilon: 2.0" in dump_config(config)
         with pytest.raises(ConfigError, match=r"privacy\.budget\.epsilon_max: Extra inputs"):
             resolve_config(
-                parse_config({"privacy": {"budget": {"schedule": "constant", "epsilon_max": 2}}})
+                parse_config(
+                    {
+                        "privacy": {
+                            "enabled": True,
+                            "budget": {"schedule": "constant", "epsilon_max": 2},
+                        }
+                    }
+                )
             )
 
 

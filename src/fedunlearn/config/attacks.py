@@ -13,10 +13,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from fedunlearn.config.base import Frozen
+from fedunlearn.config.base import Variant
 
 
-class _Attack(Frozen):
+class _Attack(Variant):
     """What every attack shares: how many attackers, and when they attack.
 
     ``start_round``: the malicious clients train and upload honestly (on their clean data,
@@ -25,6 +25,20 @@ class _Attack(Frozen):
     are sampled from those present). Both default to 1: attackers present and attacking from
     the first round.
     """
+
+    LAYOUT = (
+        ("kind", "none"),
+        ("num_malicious", 0),
+        ("target_label", 0),
+        ("trigger_size", 4),
+        ("poison_fraction", 1.0),
+        ("rho", 0.1),
+        ("sigma", 0.1),
+        ("p_noise", 0.8),
+        ("fang_b", 2.0),
+        ("start_round", 1),
+        ("join_round", 1),
+    )
 
     kind: str
     num_malicious: int = Field(0, ge=0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 
 class Frozen(BaseModel):
@@ -48,6 +48,33 @@ def one_of(values: Sequence[str]) -> str:
     """Return ``'a', 'b' or 'c'``, as pydantic lists a ``Literal``'s allowed values."""
     shown = [repr(v) for v in values]
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+class Variant(Frozen):
+    """One variant of a section whose key picks it, dumped in the section's stored layout.
+
+    ``LAYOUT`` names every key the section stored before it was split into variants, in that
+    order, with its default. The dump writes each: another variant's options at their defaults,
+    so ``config.yaml``, the store's copy of the config and the run fingerprint (a digest of the
+    dump) are what they were; ``pick_variant`` drops those defaults again on loading.
+    """
+
+    LAYOUT: ClassVar[tuple[tuple[str, Any], ...]] = ()
+
+    def options(self, *exclude: str) -> dict[str, Any]:
+        """Return this variant's own fields and values, but ``exclude``."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in exclude}
+
+    @model_serializer(mode="wrap")
+    def _stored_layout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = dict(handler(self))
+        own = type(self).model_fields
+        layout = {
+            k: data[k] if k in own else default
+            for k, default in self.LAYOUT
+            if k in data or k not in own
+        }
+        return {**layout, **{k: v for k, v in data.items() if k not in layout}}
 
 
 def pick_variant(

@@ -11,15 +11,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fedunlearn.config.base import FLOAT32_MAX, Frozen, pick_variant
+from fedunlearn.config.base import FLOAT32_MAX, Frozen, Variant, pick_variant
 
 
-class _Aggregator(Frozen):
-    """An aggregation rule; ``options()`` are the keyword options of ``make_aggregator``."""
+class _Aggregator(Variant):
+    """An aggregation rule; ``options("name")`` are the keyword options of ``make_aggregator``."""
 
-    def options(self) -> dict[str, Any]:
-        """Return the rule's options (every field but ``name``)."""
-        return self.model_dump(exclude={"name"})
+    LAYOUT = (("name", "fedavg"), ("trim", 1), ("krum_f", 1), ("multi_krum_m", None))
 
 
 class FedAvgAggregator(_Aggregator):

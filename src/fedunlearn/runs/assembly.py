@@ -15,7 +15,7 @@ from __future__ import annotations
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.history.policy import POLICIES, resolve_history
-from fedunlearn.privacy.budget import BUDGET_SCHEDULES, resolve_budget
+from fedunlearn.privacy.budget import resolve_budget
 
 __all__ = ["resolve_config"]
 
@@ -28,7 +28,7 @@ def resolve_config(config: RunConfig) -> RunConfig:
     Raises:
         UnknownPolicyError: ``history.policy`` names no installed policy (lists them).
         UnknownNameError: ``privacy.budget.schedule`` names no installed schedule (lists them;
-            a DP run only).
+            a DP run only: a run without DP keeps ``privacy.budget`` as given, unvalidated).
         ConfigError: A ``history`` section or a ``privacy.budget`` option is unknown or
             invalid, or ``privacy.dp_scope: store_only`` is combined with a policy that does
             not store noised copies.
@@ -36,9 +36,9 @@ def resolve_config(config: RunConfig) -> RunConfig:
     history = resolve_history(config.history)
     privacy = config.privacy
     # the budget's options are validated by its schedule's model (a plugin's): a typo fails
-    # before any training; a run without DP needs no schedule, so no plugin, and keeps its
-    # section as given when none is installed
-    if privacy.enabled or privacy.budget.schedule in BUDGET_SCHEDULES:
+    # before any training; a run without DP needs no schedule, so no plugin: it keeps the
+    # section as given, unread
+    if privacy.enabled:
         privacy = privacy.model_copy(update={"budget": resolve_budget(privacy.budget)})
     if config.privacy.enabled and config.privacy.dp_scope == "store_only":
         if not POLICIES.get(history.policy).applies_store_transform:

@@ -292,10 +292,8 @@ def build_setup(
         originals,
     )
     if isinstance(atk, TrimRandomAttack | FangTrimAttack):
-        knobs = atk.model_dump(exclude={"kind", "num_malicious", "join_round"})
-        mods.append(
-            UpdateAttack(atk.kind, malicious, derive_seed(cfg.seed, "attack", 2), **knobs)
-        )
+        knobs = atk.options("kind", "num_malicious", "join_round")
+        mods.append(UpdateAttack(atk.kind, malicious, derive_seed(cfg.seed, "attack", 2), **knobs))
 
     if model is not None or cfg.model.factory is not None:
         net, components["model"] = user_model(cfg, model, input_shape, num_classes, x_test)
@@ -417,7 +415,7 @@ def sampler_of(
 def aggregator_of(config: RunConfig) -> Aggregator:
     """Return the run's aggregation rule."""
     agg = config.training.aggregator
-    return make_aggregator(agg.name, **agg.options())
+    return make_aggregator(agg.name, **agg.options("name"))
 
 
 def reference_set(setup: Setup, size: int, clients: Collection[int] | None = None) -> ClientData:
