@@ -87,15 +87,16 @@ def test_a_typo_in_a_policy_or_method_is_one_line_listing_the_names():
 
 def test_policy_options_are_validated_at_assembly_with_the_field_named():
     raw = parse_config({"history": {"policy": "crab", "crab": {"alpha": -1}}})  # stored as given
-    assert raw.history.model_extra == {"crab": {"alpha": -1}}
+    assert raw.history.sections == {"crab": {"alpha": -1}}
     with pytest.raises(ConfigError, match=r"^invalid configuration: history\.crab\.alpha: "):
         resolve_config(raw)
     with pytest.raises(ConfigError, match="unknown history section 'crap'; sections are the "):
         resolve_config(parse_config({"history": {"crap": {}}}))
     resolved = resolve_config(parse_config({"history": {"policy": "crab"}}))
-    assert resolved.history.model_extra == {"crab": CrabSelectionConfig()}  # defaults named
+    assert resolved.history.sections == {"crab": CrabSelectionConfig()}  # defaults named
     assert resolve_config(resolved) == resolved
-    assert resolved.history.options("fedadp") == FedADPSelectionConfig()  # absent: defaults
+    absent = resolved.history.options("fedadp", FedADPSelectionConfig)
+    assert absent == FedADPSelectionConfig()  # absent: the model's defaults
     with pytest.raises(ConfigError, match="has not been validated; assemble the config"):
         raw.history.options("crab")
 

@@ -14,8 +14,8 @@ A plugin adds its own (Crab's window selection, FedADP's dual-layer selection) b
 a builder that gets the run's ``HistoryConfig`` and a ``PolicyEnv`` (the model, a reference-set
 provider, the last round). ``POLICIES`` resolves a declared name on first lookup, importing only
 that plugin's module. ``resolve_history`` validates the sections by the options models where a
-run is assembled (``fedunlearn.runs``; ``config.py`` stores them raw); ``fedunlearn.runs`` builds
-every policy through this registry and knows none by name.
+run is assembled (``fedunlearn.runs``; ``fedunlearn.config`` stores them raw);
+``fedunlearn.runs`` builds every policy through this registry and knows none by name.
 
 A per-round policy (``RecordingPolicy``) decides when the round ends. A deferred policy
 (``DeferredPolicy``) buffers rounds and decides later: ``select`` returns, for each finished
@@ -204,7 +204,7 @@ def _section_errors(err: ValidationError, name: str) -> str:
 def resolve_history(history: HistoryConfig) -> HistoryConfig:
     """Validate the policy and its sections; return the config with every option in use.
 
-    ``config.py`` keeps ``history.<policy>`` sections as given; this validates each by its
+    ``fedunlearn.config`` keeps ``history.<policy>`` sections as given; this validates each by its
     policy's options model (where a run is assembled: ``fedunlearn.runs``) and adds the active
     policy's defaults when its section is absent, so the stored config names every option.
     A resolved config resolves to itself.
@@ -219,7 +219,7 @@ def resolve_history(history: HistoryConfig) -> HistoryConfig:
     except UnknownPolicyError as err:
         raise UnknownPolicyError(f"history.policy: {err}") from None
     sections: dict[str, BaseModel] = {}
-    for name, value in (history.model_extra or {}).items():
+    for name, value in history.sections.items():
         spec = POLICIES.get(name) if name in POLICIES else None
         if spec is None or spec.options_type is None:
             with_options = [n for n in POLICIES.names() if POLICIES.get(n).options_type]
@@ -241,15 +241,7 @@ def resolve_history(history: HistoryConfig) -> HistoryConfig:
             raise ConfigError(f"invalid configuration: {_section_errors(err, name)}") from None
     if active.options_type is not None and history.policy not in sections:
         sections[history.policy] = active.options_type()
-    fields = history.model_dump(exclude=set(history.model_extra or {}))
-    resolved = type(history).model_validate({**fields, **sections})
-    resolved._options_type = options_type  # the defaults of a policy whose section is absent
-    return resolved
-
-
-def options_type(name: str) -> type[BaseModel] | None:
-    """Return the options model of policy ``name`` (None if it has no options)."""
-    return POLICIES.get(name).options_type
+    return history.model_copy(update={"sections": sections})
 
 
 def build_policy(history: HistoryConfig, env: PolicyEnv) -> RecordingPolicy | DeferredPolicy:

@@ -32,6 +32,7 @@ from fedunlearn.privacy.accountant import (
     sampled_totals,
     totals,
 )
+from fedunlearn.privacy.budget import epsilon_bounds
 from fedunlearn.privacy.local_training import RoundDPSGD
 
 __all__ = [
@@ -393,7 +394,7 @@ def upfront_totals(
     """
     if not rows:
         return None
-    eps_max = config.budget.epsilon_max
+    eps_max = epsilon_bounds(config.budget)[1]
     if config.mechanism == "dp_sgd":
         rounds: list[Any] = [(float(r["sample_rate"]), int(r["steps"])) for r in rows]
     else:  # ζ at ε_max: ζ ∝ 1/ε (Eq. 6)
@@ -460,7 +461,7 @@ def dp_sgd_unlearning_ledger(
         ``guarantee_with_training`` (with the run's rounds at ε_max, a priori).
     """
     rows = list(ledger.get("rounds", []))
-    delta = config.delta
+    delta, eps_max = config.delta, epsilon_bounds(config.budget)[1]
     train = [
         SampledGaussian(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
         for r in rows
@@ -474,14 +475,14 @@ def dp_sgd_unlearning_ledger(
     realised = sampled_totals(train + events, achieved + spent, delta, rel)
     upfront_train = [
         SampledGaussian(
-            calibrate_sampled_gaussian(e.sample_rate, e.steps, config.budget.epsilon_max, delta),
+            calibrate_sampled_gaussian(e.sample_rate, e.steps, eps_max, delta),
             e.sample_rate,
             e.steps,
         )
         for e in train
     ]
     upfront = sampled_totals(
-        upfront_train + events, [config.budget.epsilon_max] * len(train) + spent, delta, rel
+        upfront_train + events, [eps_max] * len(train) + spent, delta, rel
     )
     return {
         "mechanism": "dp_sgd",

@@ -39,6 +39,7 @@ from fedunlearn.privacy.accountant import (
     sampled_totals,
     totals,
 )
+from fedunlearn.privacy.budget import epsilon_bounds
 from fedunlearn.privacy.guarantees import (
     RELEASED_STATISTICS,
     SCHEDULE_CAVEAT,
@@ -176,7 +177,7 @@ def privacy_summary(
         "sens_factor": config.sens_factor,
         "clip_norm": clip,
         "clip_norm_source": _clip_source(config),
-        "epsilon_bounds": [config.budget.epsilon_min, config.budget.epsilon_max],
+        "epsilon_bounds": list(epsilon_bounds(config.budget)),
         "num_rounds": len(rows),
         "noise_multiplier_min": min(zs) if zs else None,
         "noise_multiplier_max": max(zs) if zs else None,

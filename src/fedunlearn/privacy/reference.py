@@ -28,6 +28,7 @@ from typing import Any
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import HistoryError
 from fedunlearn.fl.federation import Federation
+from fedunlearn.privacy.budget import epsilon_bounds
 from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS, SCALAR_KEYS
 from fedunlearn.privacy.local_training import DPSGDTraining, RoundDPSGD
 from fedunlearn.privacy.uploads import ClipAndNoise, RoundNoise
@@ -78,7 +79,7 @@ def with_run_mechanism(
         return float(value)
 
     def a_priori(_round: int) -> float:
-        return config.budget.epsilon_max
+        return epsilon_bounds(config.budget)[1]
 
     epsilon_of = epsilon_of or a_priori
 

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from fedunlearn import plugins
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import FedUnlearnError
+from fedunlearn.privacy.budget import epsilon_bounds
 from fedunlearn.privacy.dp_sgd import sample_rate, steps_of
 from fedunlearn.privacy.guarantees import apriori_epsilon
 from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std
@@ -105,7 +106,7 @@ def release_epsilon(
             (its noise multiplier is S z); None there: the ε cannot be recomputed (None).
     """
     cfg = config.privacy
-    budget = release.per_round_epsilon or cfg.budget.epsilon_max
+    budget = release.per_round_epsilon or epsilon_bounds(cfg.budget)[1]
     counts = [n for n in sizes.values() if n > 0]
     if rounds <= 0 or not counts:
         return 0.0

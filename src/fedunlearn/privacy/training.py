@@ -1,8 +1,8 @@
 """DP of one training run: the mechanism, the budget schedule and the ledger.
 
 The budget schedule ε_t is a training hook that a plugin provides: ``privacy.budget.schedule``
-names a ``BudgetScheduleSpec`` in ``BUDGET_SCHEDULES`` (FedADP's Eq. 4 is the ``fedadp``
-plugin's; ``fedunlearn.plugins``), built from the ``privacy.budget`` section.
+names a ``BudgetScheduleSpec`` in ``BUDGET_SCHEDULES`` (``fedunlearn.privacy.budget``; FedADP's
+Eq. 4 is the ``fedadp`` plugin's), built from the ``privacy.budget`` section.
 
 ``PrivateTraining`` ties together, for ``train_run``:
 
@@ -24,19 +24,23 @@ docs/methods/fedadp.md; DP-SGD: docs/privacy.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from fedunlearn.config import BudgetConfig, PrivacyConfig
-from fedunlearn.errors import HistoryError, UnknownNameError
+from fedunlearn.config import PrivacyConfig
+from fedunlearn.errors import HistoryError
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.records import RoundRecord
 from fedunlearn.privacy.accountant import PrivacyAccountant
+from fedunlearn.privacy.budget import (
+    BUDGET_SCHEDULES,
+    BudgetScheduleSpec,
+    EpsilonSchedule,
+    budget_schedule,
+)
 from fedunlearn.privacy.ledger import DP_SGD_SCALAR_KEYS, LOSS_KEY, SCALAR_KEYS, round_scalars
 from fedunlearn.privacy.local_training import DPSGDTraining
 from fedunlearn.privacy.uploads import ClipAndNoise
-from fedunlearn.registry import Registry
 
 __all__ = [
     "BUDGET_SCHEDULES",
@@ -45,57 +49,6 @@ __all__ = [
     "PrivateTraining",
     "budget_schedule",
 ]
-
-
-class EpsilonSchedule(Protocol):
-    """The per-round budget ε_t of DP training, fed the server loss after each round."""
-
-    def epsilon(self, round_: int) -> float:
-        """Return ε of ``round_`` (1-based)."""
-        ...
-
-    def observe(self, round_: int, loss: float) -> None:
-        """Record L(M_round), the loss after ``round_`` (round 0: the initial model)."""
-        ...
-
-    def reset(self, losses: Sequence[float], start: int = 0) -> None:
-        """Rebuild the state from the losses of rounds start..last (``--resume``, ``--continue``).
-
-        ``start`` > 0: the schedule restarts after round ``start`` (its first loss is
-        L(M_start) and round start + 1 runs at the initial budget).
-        """
-        ...
-
-
-@dataclass(frozen=True)
-class BudgetScheduleSpec:
-    """A budget schedule by name (a plugin's training hook).
-
-    Attributes:
-        name: The YAML ``privacy.budget.schedule`` value.
-        build: ``budget -> schedule`` from the run's ``privacy.budget`` section.
-    """
-
-    name: str
-    build: Callable[[BudgetConfig], EpsilonSchedule]
-
-
-BUDGET_SCHEDULES: Registry[BudgetScheduleSpec] = Registry(
-    "budget schedule", UnknownNameError, plugin_kind="budget_schedules"
-)
-
-
-def budget_schedule(budget: BudgetConfig) -> EpsilonSchedule:
-    """Return the schedule ``budget.schedule`` built from ``budget``.
-
-    Raises:
-        UnknownNameError: No installed plugin provides that schedule (lists those that do).
-    """
-    try:
-        spec = BUDGET_SCHEDULES.get(budget.schedule)
-    except UnknownNameError as err:
-        raise UnknownNameError(f"privacy.budget.schedule: {err}") from None
-    return spec.build(budget)
 
 
 class PrivateTraining:

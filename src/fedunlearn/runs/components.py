@@ -3,9 +3,9 @@
 A component is named in the config as ``"pkg.module:function"`` or by a name an installed
 distribution registers under the entry-point group ``fedunlearn.models`` (model factories) or
 ``fedunlearn.datasets`` (data sources); ``load_component`` resolves either once, where the run
-is assembled, and reports a bad name in one line (``config.py`` stores the strings and imports
-nothing). A component passed as a Python object (``train_run(..., model=make_net)``) needs no
-resolving.
+is assembled, and reports a bad name in one line (``fedunlearn.config`` stores the strings and
+imports nothing). A component passed as a Python object (``train_run(..., model=make_net)``)
+needs no resolving.
 
 What a run records of each user component (``component_record``, kept in the history store's
 metadata under ``components``): its import path, the distribution that provides its module and

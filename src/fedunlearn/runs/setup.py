@@ -19,7 +19,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from fedunlearn.config import RunConfig
+from fedunlearn.config import (
+    BackdoorAttack,
+    FangTrimAttack,
+    LabelFlipAttack,
+    RunConfig,
+    TrimRandomAttack,
+    backdoor_target,
+)
 from fedunlearn.data import Dataset, FederatedData, load_dataset, partition
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator, make_aggregator
@@ -119,7 +126,7 @@ class Setup:
                 self.x_test,
                 self.y_test,
                 self.trigger,
-                self.config.attack.target_label,
+                backdoor_target(self.config.attack),
                 device,
             )
         return out
@@ -172,7 +179,7 @@ def _builtin_data(
         cfg.data.max_test_samples,
         derive_seed(cfg.seed, "partition", 2),
     )
-    if cfg.attack.kind != "none" and cfg.attack.target_label >= dataset.num_classes:
+    if isinstance(cfg.attack, BackdoorAttack) and cfg.attack.target_label >= dataset.num_classes:
         raise ConfigError(
             f"attack.target_label {cfg.attack.target_label} is not a class of "
             f"{dataset.name} (0..{dataset.num_classes - 1})"
@@ -239,7 +246,7 @@ def build_setup(
         assert input_shape is not None  # FederatedData derives it from the test set when absent
         trigger_function = user.data.trigger  # the attack and the checks call .apply(x)
         user_trigger = None if trigger_function is None else FunctionTrigger(trigger_function)
-        if cfg.attack.kind != "none" and cfg.attack.target_label >= num_classes:
+        if isinstance(cfg.attack, BackdoorAttack) and cfg.attack.target_label >= num_classes:
             raise ConfigError(
                 f"attack.target_label {cfg.attack.target_label} is not a class of "
                 f"{user.what} (0..{num_classes - 1})"
@@ -265,15 +272,15 @@ def build_setup(
     atk = cfg.attack
     originals: dict[int, ClientData] = {}
     for cid in sorted(malicious):
-        if atk.kind in ("backdoor", "label_flip"):
+        if isinstance(atk, BackdoorAttack | LabelFlipAttack):
             originals[cid] = client_data[cid]
         gen = torch_generator(derive_seed(cfg.seed, "attack", 1, cid))
-        if atk.kind == "backdoor":
+        if isinstance(atk, BackdoorAttack):
             trigger = Trigger(atk.trigger_size) if user_trigger is None else user_trigger
             client_data[cid] = backdoor_data(
                 client_data[cid], trigger, atk.target_label, atk.poison_fraction, gen
             )
-        elif atk.kind == "label_flip":
+        elif isinstance(atk, LabelFlipAttack):
             client_data[cid] = label_flip_data(
                 client_data[cid], num_classes, atk.poison_fraction, gen
             )
@@ -284,19 +291,9 @@ def build_setup(
         client_data,
         originals,
     )
-    if atk.kind in ("trim_random", "fang_trim"):
-        mods.append(
-            UpdateAttack(
-                atk.kind,
-                malicious,
-                derive_seed(cfg.seed, "attack", 2),
-                rho=atk.rho,
-                sigma=atk.sigma,
-                p_noise=atk.p_noise,
-                fang_b=atk.fang_b,
-                start_round=atk.start_round,
-            )
-        )
+    if isinstance(atk, TrimRandomAttack | FangTrimAttack):
+        knobs = atk.options("kind", "num_malicious", "join_round")
+        mods.append(UpdateAttack(atk.kind, malicious, derive_seed(cfg.seed, "attack", 2), **knobs))
 
     if model is not None or cfg.model.factory is not None:
         net, components["model"] = user_model(cfg, model, input_shape, num_classes, x_test)
@@ -418,9 +415,7 @@ def sampler_of(
 def aggregator_of(config: RunConfig) -> Aggregator:
     """Return the run's aggregation rule."""
     agg = config.training.aggregator
-    return make_aggregator(
-        agg.name, trim=agg.trim, krum_f=agg.krum_f, multi_krum_m=agg.multi_krum_m
-    )
+    return make_aggregator(agg.name, **agg.options("name"))
 
 
 def reference_set(setup: Setup, size: int, clients: Collection[int] | None = None) -> ClientData:

@@ -137,7 +137,7 @@ def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) ->
     history = resolve_history(config.history)
     spec = POLICIES.get(history.policy)
     if spec.clients_loss_samples is not None:
-        return spec.clients_loss_samples(history.options(spec.name))
+        return spec.clients_loss_samples(history.options(spec.name, spec.options_type))
     return DEFAULT_LOSS_SAMPLES if privacy is not None else None
 
 

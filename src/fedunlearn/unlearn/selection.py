@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel
 
 from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.history.policy import POLICIES
 from fedunlearn.history.store import HistoryReader
 from fedunlearn.unlearn.base import ParamsT, Unlearner
 from fedunlearn.unlearn.context import UnlearnContext
@@ -154,8 +155,11 @@ class SelectiveReplay(Unlearner[ParamsT]):
 
     def selection_options(self, context: UnlearnContext) -> dict[str, Any]:
         """The effective selection options: each override, else the run's recorded value."""
-        recorded = context.recording.options(self.policy)
-        return selection_options(self.params, recorded, self.overrides)
+        return selection_options(self.params, self.recorded_options(context), self.overrides)
+
+    def recorded_options(self, context: UnlearnContext) -> BaseModel:
+        """The run's ``history.<policy>`` options (the policy's defaults when not recorded)."""
+        return context.recording.options(self.policy, POLICIES.get(self.policy).options_type)
 
     def check_history(self, context: UnlearnContext) -> None:
         """Also refuse selection overrides on a run whose selection was made live."""
@@ -165,7 +169,7 @@ class SelectiveReplay(Unlearner[ParamsT]):
                 self.name,
                 self.policy,
                 self.selection_options(context),
-                context.recording.options(self.policy),
+                self.recorded_options(context),
             )
         else:
             self.check_derivable(context)

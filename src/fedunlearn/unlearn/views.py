@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedunlearn.config import RunConfig
+from fedunlearn.config import RunConfig, backdoor_target
 from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.attacks import BackdoorTrigger
 from fedunlearn.fl.client import LocalTrainingSpec
@@ -147,7 +147,7 @@ class EvaluationView:
     @property
     def target_label(self) -> int:
         """The label a backdoor or targeted attack aims at."""
-        return self._setup.config.attack.target_label
+        return backdoor_target(self._setup.config.attack)
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Return test accuracy, test loss and (with a backdoor attack) the backdoor ASR."""
@@ -229,7 +229,7 @@ class ClientSideEvaluation(EvaluationView):
     @property
     def target_label(self) -> int:
         """The label a backdoor or targeted attack aims at."""
-        return self._config.attack.target_label
+        return backdoor_target(self._config.attack)
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Return the evaluator's metrics of ``params`` ({} without an evaluator)."""

@@ -82,4 +82,4 @@ class CrabParams(MethodParams):
 
 def crab_options(history: HistoryConfig) -> CrabSelectionConfig:
     """Return the run's ``history.crab`` options, typed (validated as this by its PolicySpec)."""
-    return cast(CrabSelectionConfig, history.options("crab"))
+    return cast(CrabSelectionConfig, history.options("crab", CrabSelectionConfig))

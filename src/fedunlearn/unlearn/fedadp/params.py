@@ -123,4 +123,4 @@ class FedADPParams(MethodParams):
 
 def fedadp_options(history: HistoryConfig) -> FedADPSelectionConfig:
     """Return the run's ``history.fedadp`` options, typed (validated as this by its PolicySpec)."""
-    return cast(FedADPSelectionConfig, history.options("fedadp"))
+    return cast(FedADPSelectionConfig, history.options("fedadp", FedADPSelectionConfig))

@@ -68,6 +68,7 @@ from fedunlearn.fl.records import ClientUpdate
 from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.history.store import run_meta_of
 from fedunlearn.privacy.accountant import totals
+from fedunlearn.privacy.budget import epsilon_bounds
 from fedunlearn.privacy.guarantees import dp_sgd_unlearning_ledger, unlearned_model_guarantee
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
 from fedunlearn.privacy.mechanisms import noise_multiplier, noise_std, privatize
@@ -313,7 +314,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
             clip_norm = float(
                 cast(float, context.history.round_scalars(1)[SCALAR_KEYS["clip_norm"]])
             )
-        z = noise_multiplier(cfg.budget.epsilon_max, cfg.delta)
+        z = noise_multiplier(epsilon_bounds(cfg.budget)[1], cfg.delta)
         return clip_norm, noise_std(clip_norm, z, cfg.noise_mode)
 
     @staticmethod
@@ -334,7 +335,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
         own = totals(replay, cfg.delta, 2) if replay else None
         return {
             "replayed_rounds": replayed,
-            "epsilon_per_round": [cfg.budget.epsilon_max] * replayed,
+            "epsilon_per_round": [epsilon_bounds(cfg.budget)[1]] * replayed,
             "fresh_total_epsilon": own.pld_epsilon if own else 0.0,
             # every replayed round at ε_max, fixed before the run: a priori as well
             "fresh_guarantee_epsilon": own.pld_epsilon if own else 0.0,
@@ -354,7 +355,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
         selection_seconds = time.perf_counter() - clock
         private = None  # AD25: DP-SGD fresh updates at a stated budget (dp_sgd unlearn_dp)
         if p.unlearn_dp and context.privacy.mechanism == "dp_sgd":
-            budget = p.unlearn_epsilon or context.privacy.budget.epsilon_max
+            budget = p.unlearn_epsilon or epsilon_bounds(context.privacy.budget)[1]
             if context.private_clients is None:  # check_history refuses this before any work
                 raise UnsupportedHistoryError("fedadp unlearn_dp needs context.private_clients")
             private = context.private_clients(lambda _round: budget)
