@@ -154,9 +154,8 @@ def receipt_options(*, reference: bool = True) -> Callable[[F], F]:
     """Give a command the receipt options; it receives them as its ``receipt`` parameter.
 
     The command's own parameter ``receipt: ReceiptFlags = DEFAULT_RECEIPT_FLAGS`` is replaced,
-    where it stands, by
-    ``--reference`` (when ``reference``) and the group's options (``RECEIPT_FLAGS``), each
-    defined once in ``cli.common``; typer reads the new signature.
+    where it stands, by ``--reference`` (when ``reference``) and the group's options
+    (``RECEIPT_FLAGS``), each defined once in ``cli.common``; typer reads the new signature.
 
     Args:
         reference: Whether the command takes ``--reference`` (``compare`` does not: it always
