@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from fedunlearn.config import parse_config
+from fedunlearn.eval import ReceiptOptions
 from fedunlearn.experiments import save_for_apply, unlearn_one
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import HISTORY_DIR, train_run
@@ -134,7 +135,7 @@ def serve(path: Path, work: Path, name: str, method: str, **request: Any) -> dic
         request.get("forget", []),
         method,
         samples=request.get("samples"),
-        client_test=request.get("client_test", True),
+        receipt=ReceiptOptions(client_test=request.get("client_test", True)),
         evaluate_rounds=False,
     )
     total = time.perf_counter() - started

@@ -4,10 +4,10 @@ Trains an MNIST run of ``--clients`` clients (default 1,000; Dirichlet alpha 0.5
 784-128-10, ``--participation`` 0.01 = 10 clients a round, ``--rounds`` rounds of one local epoch,
 ``history.policy: all``), then runs what ``fedunlearn compare RUN --forget C --methods
 fedrecover,federaser,crab --no-client-test`` runs (``compare_methods`` with
-``client_test=False``: receipts without the client-level test) for Retrain, FedRecover,
-FedEraser and Crab (Crab derives its selection from the ``all`` history), forgetting one client
-that took part in round 1. Each step runs in its own process (``--step``), so each peak RSS
-(``resource.getrusage``, the process's high-water mark) is that step's alone:
+``ReceiptOptions(client_test=False)``: receipts without the client-level test) for Retrain,
+FedRecover, FedEraser and Crab (Crab derives its selection from the ``all`` history), forgetting
+one client that took part in round 1. Each step runs in its own process (``--step``), so
+each peak RSS (``resource.getrusage``, the process's high-water mark) is that step's alone:
 
 - ``train``: the run's training and recording (seconds, store MB, peak RSS);
 - ``unlearn-<method>``: one method alone, as ``fedunlearn unlearn --no-verify`` runs it (the
@@ -109,10 +109,13 @@ def step_unlearn(args: argparse.Namespace, method: str) -> dict[str, Any]:
 
 
 def step_compare(args: argparse.Namespace) -> dict[str, Any]:
+    from fedunlearn.eval import ReceiptOptions
     from fedunlearn.experiments.compare import compare_methods
 
     started = time.perf_counter()
-    doc = compare_methods(args.run, [args.forget], args.methods.split(","), client_test=False)
+    doc = compare_methods(
+        args.run, [args.forget], args.methods.split(","), receipt=ReceiptOptions(client_test=False)
+    )
     seconds = time.perf_counter() - started
     rows = {r["method"]: r for r in doc["methods"]}
     retrain = rows["retrain"]

@@ -16,7 +16,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "fedunlearn"
 
 # (module path under src/fedunlearn, function name or None for the module itself)
 PENDING = {
-    ("cli/main.py", None),
     ("runs/lifecycle.py", None),
     ("runs/lifecycle.py", "apply_result"),
     ("runs/lifecycle.py", "continue_run"),

@@ -55,11 +55,11 @@ def test_a_retrain_result_file_does_not_make_another_model_removed(run, tmp_path
     with UnlearnSession(run, evaluate=False) as session:
         original = session.run_view.final_params.clone()
     with pytest.raises(IntegrityError, match="result of another model"):
-        audit_model(run, original, [0], result=retrain, client_test=False)
+        audit_model(run, original, [0], result=retrain, receipt=ReceiptOptions(client_test=False))
     # the model the result wrote: its exact lineage is replayed bit for bit, so it is removed
     with UnlearnSession(run, evaluate=False) as session:
         model = session.run(make_method("retrain"), UnlearnRequest.of([0])).params
-    doc = audit_model(run, model, [0], result=retrain, client_test=False)
+    doc = audit_model(run, model, [0], result=retrain, receipt=ReceiptOptions(client_test=False))
     assert doc["verification"]["influence"] == "removed"
 
 
@@ -78,7 +78,9 @@ def test_an_edited_and_resealed_lineage_is_not_removed(run, tmp_path):
         request = UnlearnRequest.of([0], "forget")
         params = session.run(make_method("crab"), request).params
     try:
-        got = audit_model(run, params, [0], result=forged, client_test=False)
+        got = audit_model(
+            run, params, [0], result=forged, receipt=ReceiptOptions(client_test=False)
+        )
     except IntegrityError:
         return  # refusing the forged claim is a right answer too
     assert got["verification"]["influence"] != "removed", got["verification"]["influence_reason"]

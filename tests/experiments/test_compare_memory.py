@@ -12,6 +12,7 @@ import gc
 import pytest
 
 from fedunlearn.config import parse_config
+from fedunlearn.eval import ReceiptOptions
 from fedunlearn.experiments import compare_methods
 from fedunlearn.history.trajectory import Trajectory
 from fedunlearn.runs import train_run
@@ -48,7 +49,11 @@ def test_a_method_starts_with_no_earlier_trajectory_alive(tmp_path):
     train_run(parse_config(RUN), run)
     progress = LiveTrajectories()
     doc = compare_methods(
-        run, [1], ["federaser", "fedrecover"], progress=progress, client_test=False
+        run,
+        [1],
+        ["federaser", "fedrecover"],
+        progress=progress,
+        receipt=ReceiptOptions(client_test=False),
     )
     assert [r["method"] for r in doc["methods"]] == ["none", "retrain", "federaser", "fedrecover"]
     assert progress.at_start == {"retrain": 0, "none": 0, "federaser": 0, "fedrecover": 0}

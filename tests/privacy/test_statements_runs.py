@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from fedunlearn.cli.main import app
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval import reference_retrain
+from fedunlearn.eval import ReceiptOptions, reference_retrain
 from fedunlearn.experiments import unlearn_one
 from fedunlearn.history.digest import seal
 from fedunlearn.history.store import HistoryStore
@@ -242,7 +242,11 @@ def test_a_result_lists_every_statistic_and_states_one_status_per_artefact(runs)
     run, _ = runs["client_update"]
     # FedADP's DP release (its lineage is not exact: the receipt trains its DP Retrain reference)
     _, summary = unlearn_one(
-        run, [0], "fedadp", params={"unlearn_dp": True}, reference="retrain", client_test=False
+        run,
+        [0],
+        "fedadp",
+        params={"unlearn_dp": True},
+        receipt=ReceiptOptions("retrain", client_test=False),
     )
     privacy = summary["privacy"]
     listed = privacy["released_statistics"]

@@ -1,58 +1,33 @@
-"""What the CLI shows of receipts: verdicts and reasons, progress, the ``audit`` command.
+"""What the CLI shows of receipts: verdicts and reasons, progress.
 
 ``print_verification`` prints one receipt (the influence, utility and store verdicts and the
 lineage, why the influence verdict is what it is, then a line per check with its reason);
 ``print_verdicts`` prints each method of a comparison the same way, and the cheapest method shown
 to remove the influence with utility ok; ``exit_code`` and ``comparison_exit_code`` give the
 documented exit codes (1 when the influence remains); ``RoundProgress`` draws progress per
-method and per unlearning round; ``load_thresholds`` reads ``--thresholds`` and ``--threshold``;
-``audit_command`` is ``fedunlearn audit``. The checks themselves: docs/verification.md.
+method and per unlearning round. The receipt options (``--thresholds``, ...) are
+``cli.options``; ``fedunlearn audit`` is ``cli.commands.audit``. The checks themselves:
+docs/verification.md.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-import typer
-import yaml
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from fedunlearn.cli.common import (
-    ClientTestOption,
-    DistanceRetrainsOption,
-    ExplainOption,
-    FinishedRunArg,
-    ReferenceOption,
-    ThresholdOption,
-    ThresholdsFileOption,
-    cli_errors,
-    ensure_writable_output,
-    parse_forget,
-)
-from fedunlearn.errors import ConfigError
-
-if TYPE_CHECKING:  # torch-heavy modules: imported in the functions, so --help stays fast
-    from fedunlearn.eval import VerificationThresholds
 
 __all__ = [
     "LEGEND",
     "RoundProgress",
-    "audit_command",
     "comparison_exit_code",
     "distance_text",
     "exit_code",
     "influence_line",
-    "load_thresholds",
     "print_verdicts",
     "print_verification",
-    "register",
 ]
 
 console = Console()
@@ -380,128 +355,3 @@ class RoundProgress:
         if "backdoor_asr" in metrics:
             text += f"  asr {metrics['backdoor_asr']:.3f}"
         self._progress.update(self._task, status=text)
-
-
-def load_thresholds(path: Path | None, items: Sequence[str] | None = ()) -> VerificationThresholds:
-    """Return the thresholds from a YAML file and ``key=value`` overrides (defaults otherwise).
-
-    ``path`` and ``items`` are ``--thresholds`` and ``--threshold`` as typer passes them (None
-    when not given).
-
-    Raises:
-        ConfigError: if the file is missing or not a mapping, an item is not ``key=value``, or
-            a value is out of its range (the field and the allowed range are named).
-    """
-    from fedunlearn.eval import VerificationThresholds
-
-    values: dict[str, Any] = {}
-    if path is not None:
-        if not path.is_file():
-            raise ConfigError(f"--thresholds {path}: no such file")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"--thresholds {path} must be a YAML mapping of threshold names to values, "
-                "e.g. 'backdoor_fail: 0.1'"
-            )
-        values.update(loaded)
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--threshold takes key=value (e.g. backdoor_fail=0.1); got {item!r}")
-        values[key.strip()] = yaml.safe_load(value)
-    try:
-        return VerificationThresholds.model_validate(values)
-    except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
-            for e in err.errors()
-        )
-        known = ", ".join(VerificationThresholds.model_fields)
-        raise ConfigError(f"invalid verification thresholds: {problems}. Known: {known}") from None
-
-
-def audit_command(
-    run_dir: FinishedRunArg,
-    model: Annotated[
-        Path,
-        typer.Option(help="model to audit: .safetensors (state dict) or .pt (flat or state dict)"),
-    ],
-    forget: Annotated[
-        str | None,
-        typer.Option(
-            help="clients it should have forgotten: '3,7' or 'malicious' (default: "
-            "those the run's store deleted)"
-        ),
-    ] = None,
-    reference: ReferenceOption = "original",
-    client_test: ClientTestOption = True,
-    distance_retrains: DistanceRetrainsOption = 0,
-    explain: ExplainOption = False,
-    thresholds: ThresholdsFileOption = None,
-    threshold: ThresholdOption = None,
-    out: Annotated[Path | None, typer.Option(help="write the receipt JSON here")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the receipt as JSON")] = False,
-    result: Annotated[
-        Path | None,
-        typer.Option(
-            help="the result JSON 'fedunlearn unlearn --out' wrote for this model: its method's "
-            "warnings and lineage go into the receipt"
-        ),
-    ] = None,
-) -> None:
-    """Verify any model of a run's architecture: the receipt an unlearning result gets.
-
-    Exit code 1 when the forgotten clients' influence remains (a check with power flags the
-    model), 0 when it is removed or not shown, 2 on bad input.
-    """
-    from fedunlearn.experiments import audit_model
-    from fedunlearn.runs.rundir import write_text_atomic
-
-    if out is not None:
-        ensure_writable_output(out, "file")
-    limits = load_thresholds(thresholds, threshold)
-    ids, kind = (None, "forget") if forget is None else parse_forget(forget, run_dir)
-    with RoundProgress(enabled=not as_json) as progress:
-        doc = audit_model(
-            run_dir,
-            model,
-            ids,
-            kind=kind,
-            reference=reference,
-            thresholds=limits,
-            progress=progress,
-            result=result,
-            client_test=client_test,
-            distance_retrains=distance_retrains,
-        )
-    if out is not None:
-        write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
-    verification = doc["verification"]
-    if as_json:
-        print(json.dumps(doc, indent=2))
-    else:
-        req = doc["request"]
-        table = Table(show_header=False, title=f"audit of {doc['subject']}")
-        m, o = doc["measures"], doc["original"]
-        for key, label in (
-            ("test_accuracy", "TA"),
-            ("backdoor_asr", "ASR"),
-            ("mia_auc", "MIA AUC (shadow)"),
-            ("mia_loss_auc", "MIA AUC (loss)"),
-        ):
-            if m.get(key) is not None:
-                table.add_row(label, f"{m[key]:.3f}", f"original {o[key]:.3f}")
-        console.print(table)
-        print_verification(
-            verification,
-            title=f"{doc['subject']} ({req['kind']} clients {req['forget']})",
-            explain=explain,
-        )
-    if exit_code(verification):
-        raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``fedunlearn audit`` to the app."""
-    app.command(name="audit")(cli_errors(audit_command))

@@ -45,9 +45,7 @@ from fedunlearn.eval.receipt import (
 )
 from fedunlearn.eval.references import clean_path
 from fedunlearn.history.store import HistoryStore
-from fedunlearn.runs.forget import result_files_holding
-from fedunlearn.runs.participation import participation_gaps
-from fedunlearn.runs.rundir import HISTORY_DIR
+from fedunlearn.runs.forget import store_evidence
 from fedunlearn.unlearn import (
     Details,
     UnlearnRequest,
@@ -67,22 +65,15 @@ LIMIT_STEPS = (1.0, 0.75, 0.5, 0.3, 0.2, 0.1, 0.05)
 def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, Any]:
     """Return what the store (and its run directory) shows about the forgotten clients' updates.
 
-    ``HistoryStore.deletion_evidence`` (fields: ``history.store.evidence.DeletionEvidence``)
-    with the result files in the run directory that still hold their updates
-    (``runs.forget.result_files_holding``) and the rounds where the run's seeded sampler drew
-    one of them but its row is gone (``runs.participation.participation_gaps``), as the
-    receipt's JSON.
+    The receipt's JSON of ``runs.forget.store_evidence``, the one implementation every reader
+    uses (fields: ``history.store.evidence.DeletionEvidence``, with the run directory's result
+    files and ``participation``).
 
     Args:
         store: The run's history store (read-only is enough).
         forget: The forgotten client ids.
     """
-    evidence = store.deletion_evidence(forget)
-    run_dir = store.file.parent.parent if store.file.parent.name == HISTORY_DIR else None
-    if run_dir is not None:
-        evidence = evidence.with_result_files(result_files_holding(run_dir, evidence.clients))
-    # the sampler's draws against the rows kept: rows deleted by hand with the updates
-    return evidence.to_dict() | {"participation": participation_gaps(store, evidence.clients)}
+    return store_evidence(store, forget).to_dict()
 
 
 def _method_warnings(details: Details | None, name: str = "warnings") -> tuple[str, ...]:

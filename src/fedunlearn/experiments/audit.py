@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError, IntegrityError
-from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.plan import ReceiptOptions
 from fedunlearn.eval.verifier import lineage_from_dict
@@ -316,13 +315,9 @@ def audit_model(
     forget: Sequence[int] | None = None,
     *,
     kind: str = "forget",
-    reference: str = "original",
-    thresholds: VerificationThresholds | None = None,
-    seed: int = 0,
+    receipt: ReceiptOptions | None = None,
     progress: Progress | None = None,
     result: str | Path | Mapping[str, Any] | None = None,
-    client_test: bool = True,
-    distance_retrains: int = 0,
 ) -> dict[str, Any]:
     """Return the receipt document of a model of the run's architecture.
 
@@ -332,16 +327,11 @@ def audit_model(
         forget: The clients the model should have forgotten; default: those the run's store
             deleted.
         kind: ``forget`` or ``recover``.
-        reference: ``original`` or ``retrain`` (also run Retrain and judge against it).
-        thresholds: Thresholds of the checks (defaults if None).
-        seed: Seed of the membership attacks.
+        receipt: How the receipt is issued (``eval.plan.ReceiptOptions``: the reference,
+            ``original`` or ``retrain`` (also run Retrain and judge against it), the
+            thresholds, the client-level test, the distance band, the seed of the membership
+            attacks); defaults if None.
         progress: Told about each stage (and Retrain's rounds).
-        client_test: Also fit the client-level membership test (reference models with and
-            without the forgotten clients; its cost is reported in the receipt) and judge each
-            model with it; False skips it (the check then says what it would have shown).
-        distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
-            retrains (other batch orders) and take the distance check's pass band from their
-            spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
         result: The method's result (the JSON ``fedunlearn unlearn --out`` wrote, its path, or
             the parsed document): its warnings, lineage and assumptions go into the receipt.
             None: the receipt says that none were available.
@@ -353,13 +343,7 @@ def audit_model(
         ConfigError: if no client is named and the store deleted none, the model does not
             fit the run, or the result is of another request.
     """
-    options = ReceiptOptions(
-        reference,
-        thresholds,
-        client_test=client_test,
-        distance_retrains=distance_retrains,
-        seed=seed,
-    )
+    options = receipt or ReceiptOptions()
     result_doc, source = _result_document(result)
     with UnlearnSession(run_dir) as session:
         if isinstance(model, torch.Tensor):
@@ -389,8 +373,8 @@ def audit_model(
         row, verification = receipts.audit(
             params, subject, warnings=warnings, lineage=lineage, assumptions=assumptions
         )
-        receipt = verification.to_dict()
-        receipt["clients"] = client_entries(
+        receipt_doc = verification.to_dict()
+        receipt_doc["clients"] = client_entries(
             session.run_view, verification, verifier.deletion, request.forget
         )
         identity = session.identity()
@@ -405,7 +389,7 @@ def audit_model(
         "measures": row,
         "original": verifier.original_row,
         "retrain": verifier.retrain_row,
-        "verification": receipt,
+        "verification": receipt_doc,
     }
     seal(doc, identity)  # the receipt, bound to the run it judged the model on
     return doc

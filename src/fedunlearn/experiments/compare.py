@@ -24,7 +24,6 @@ import torch
 
 import fedunlearn
 from fedunlearn.config import RunConfig
-from fedunlearn.eval import VerificationThresholds
 from fedunlearn.eval.generations import client_entries
 from fedunlearn.eval.judge import Judge, finite_or_none
 from fedunlearn.eval.plan import ReceiptOptions, Receipts, open_receipts
@@ -151,11 +150,8 @@ def compare_methods(
     *,
     params: dict[str, dict[str, Any]] | None = None,
     kind: str = "forget",
-    seed: int = 0,
-    thresholds: VerificationThresholds | None = None,
+    receipt: ReceiptOptions | None = None,
     progress: Progress | None = None,
-    client_test: bool = True,
-    distance_retrains: int = 0,
 ) -> dict[str, Any]:
     """Run ``methods`` (plus ``none`` and ``retrain``) on a run and return the results document.
 
@@ -165,27 +161,16 @@ def compare_methods(
         methods: Registered method names.
         params: Per-method hyperparameters, ``{"federaser": {"calibration_ratio": 1.0}}``.
         kind: ``forget`` or ``recover``.
-        seed: Seed of the evaluation (shadow models, MIA split).
-        thresholds: Thresholds of the receipts' checks (defaults if None).
+        receipt: How the receipts are issued (``eval.plan.ReceiptOptions``: thresholds, the
+            client-level test, the distance band, the seed of the evaluation's shadow models
+            and MIA split); defaults if None. The reference is always Retrain.
         progress: Told about each stage, method and unlearning round.
-        client_test: Also fit the client-level membership test (reference models with and
-            without the forgotten clients; its cost is reported in the receipt) and judge each
-            model with it; False skips it (the check then says what it would have shown).
-        distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
-            retrains (other batch orders) and take the distance check's pass band from their
-            spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
 
     Returns:
         The ``results.json`` document (see ``docs/results_format.md``); every method row has a
         ``verification`` block.
     """
-    options = ReceiptOptions(
-        "retrain",
-        thresholds,
-        client_test=client_test,
-        distance_retrains=distance_retrains,
-        seed=seed,
-    )
+    options = replace(receipt or ReceiptOptions(), reference="retrain")
     params = params or {}
     names = _ordered(methods)
     unlearners = {n: make_method(n, params.get(n)) for n in names}  # validate before work
@@ -199,7 +184,7 @@ def compare_methods(
             method.check_history(session.context(request))
         if progress is not None:
             progress.on_step("fitting the membership attacks")
-        judge = Judge(run, session.evaluation, request, seed)
+        judge = Judge(run, session.evaluation, request, options.seed)
         results: dict[str, UnlearnResult] = {}
         order = ["retrain", *[n for n in names if n != "retrain"]]
         retrain_path: dict[str, torch.Tensor] = {}
@@ -213,7 +198,7 @@ def compare_methods(
             del result  # else it holds this trajectory while the next method builds its own
         if progress is not None:
             progress.on_step("verifying")
-        if client_test and progress is not None:
+        if options.client_test and progress is not None:
             progress.on_step("fitting the client-level membership test")
         receipts = open_receipts(
             session,
@@ -239,8 +224,8 @@ def compare_methods(
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
             row["lineage"] = result.lineage.to_dict() if result.lineage is not None else None
-            receipt = receipts.receipt(row, result, shared_by=len(names), measured_seconds=measured)
-            row["verification"] = receipt.to_dict()
+            issued = receipts.receipt(row, result, shared_by=len(names), measured_seconds=measured)
+            row["verification"] = issued.to_dict()
             rows.append(row)
         add_savings(rows)
         config = run.config.model_dump(mode="json")
@@ -290,12 +275,8 @@ def unlearn_one(
     params: dict[str, Any] | None = None,
     kind: str = "forget",
     verify: bool = True,
-    reference: str = "original",
-    thresholds: VerificationThresholds | None = None,
-    seed: int = 0,
+    receipt: ReceiptOptions | None = None,
     progress: Progress | None = None,
-    client_test: bool = True,
-    distance_retrains: int = 0,
     samples: Mapping[int, Sequence[int]] | None = None,
     evaluate_rounds: bool = True,
 ) -> tuple[UnlearnResult, dict[str, Any]]:
@@ -308,28 +289,17 @@ def unlearn_one(
         params: The method's hyperparameters.
         kind: ``forget`` or ``recover``.
         verify: Attach the receipt (``result.verification``, ``summary["verification"]``).
-        reference: ``original`` (cheap: judge against the original model; the distance check is
-            n/a) or ``retrain`` (also run Retrain and judge against it).
-        thresholds: Thresholds of the receipt's checks (defaults if None).
-        seed: Seed of the membership attacks.
+        receipt: How the receipt is issued (``eval.plan.ReceiptOptions``: the reference,
+            ``original`` (cheap; the distance check is n/a) or ``retrain`` (also run Retrain and
+            judge against it), the thresholds, the client-level test, the distance band, the
+            seed of the membership attacks); defaults if None. Unused without ``verify``.
         progress: Told about each stage, method and unlearning round.
-        client_test: Also fit the client-level membership test (reference models with and
-            without the forgotten clients; its cost is reported in the receipt) and judge each
-            model with it; False skips it (the check then says what it would have shown).
-        distance_retrains: With a Retrain reference, train this many (>= 2) independent exact
-            retrains (other batch orders) and take the distance check's pass band from their
-            spread (``eval.distance_band``); 0 keeps the fixed ``distance_pass`` line.
         samples: Client -> sample ids to delete (a sample-level request).
         evaluate_rounds: Evaluate the model after every unlearning round (round metrics and
             progress); False evaluates the result only (a benchmark's wall time is the method's).
     """
-    options = ReceiptOptions(
-        reference if verify else "retrain",
-        thresholds,
-        client_test=client_test,
-        distance_retrains=distance_retrains,
-        seed=seed,
-    )
+    options = receipt or ReceiptOptions()
+    reference = options.reference
     unlearner = make_method(method, params)
     request = UnlearnRequest.of(forget, kind, samples)
     with UnlearnSession(run_dir, evaluate=evaluate_rounds) as session:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedunlearn.eval.plan import ReceiptOptions
 from fedunlearn.experiments.compare import unlearn_one
 from fedunlearn.experiments.lifecycle import save_for_apply
 from fedunlearn.runs.lifecycle import apply_result
@@ -70,7 +71,11 @@ def serve_requests(
     with tempfile.TemporaryDirectory() as work:
         for i, client in enumerate(clients):
             result, summary = unlearn_one(
-                run_dir, [client], "tv_exact", client_test=False, evaluate_rounds=False
+                run_dir,
+                [client],
+                "tv_exact",
+                receipt=ReceiptOptions(client_test=False),
+                evaluate_rounds=False,
             )
             path = Path(work) / f"r{i}.json"
             save_for_apply(path, summary, result)

@@ -2,7 +2,10 @@
 
 ``forget_clients`` deletes the clients' payloads from the run's history (``HistoryStore.forget``:
 secure delete, space given back, a deletion record kept in the store) and the result files in
-the run directory that hold their updates (``result_files_holding``). ``deletion_evidence``
+the run directory that hold their updates (``result_files_holding``). ``store_evidence`` is the
+one implementation of the deletion evidence every reader uses (the receipt's ``Verifier``, this
+module's ``deletion_evidence``, the ``forget`` command): the store's ``DeletionEvidence`` with the
+run directory's result files and the participation check. ``deletion_evidence``
 gathers, for a run and a set of clients, what a receipt needs as one JSON-ready dict: the
 deletion records (rounds, sizes, SHA-256 of each deleted payload and dropped model, time, bytes
 reclaimed), a fresh check that every deleted payload is unreadable and none of its pages is left
@@ -19,15 +22,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
+from fedunlearn.history.store.evidence import DeletionEvidence
 from fedunlearn.runs.participation import participation_gaps
 from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
 
-__all__ = ["deletion_evidence", "forget_clients", "result_files_holding"]
+__all__ = [
+    "StoreEvidence",
+    "deletion_evidence",
+    "forget_clients",
+    "result_files_holding",
+    "store_evidence",
+]
 
 APPLY_SUFFIX = ".apply.safetensors"
 
@@ -136,6 +147,44 @@ def forget_clients(
     return record
 
 
+@dataclass(frozen=True)
+class StoreEvidence:
+    """The deletion evidence of a run's store, with what its run directory adds.
+
+    Attributes:
+        evidence: ``HistoryStore.deletion_evidence`` with the result files in the run directory
+            that still hold the clients' updates (``result_files_holding``).
+        participation: The rounds where the run's seeded sampler drew one of the clients but
+            its row is gone (``runs.participation.participation_gaps``).
+    """
+
+    evidence: DeletionEvidence
+    participation: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The receipt's ``deletion`` evidence (what its ``deletion`` rule reads), JSON-ready."""
+        return self.evidence.to_dict() | {"participation": self.participation}
+
+
+def store_evidence(store: HistoryStore, client_ids: Iterable[int]) -> StoreEvidence:
+    """Return the evidence that ``client_ids``' stored updates are gone: the one implementation.
+
+    The receipt (``eval.verifier``), ``deletion_evidence`` and ``fedunlearn forget`` all read
+    it. A store inside a run directory (``<run>/history``) adds the run directory's result files
+    holding the clients' updates; any store, the participation check.
+
+    Args:
+        store: The history store (read-only is enough).
+        client_ids: The clients the evidence is about (none: an empty account).
+    """
+    evidence = store.deletion_evidence(client_ids)
+    if store.file.parent.name == HISTORY_DIR:
+        run_dir = store.file.parent.parent
+        evidence = evidence.with_result_files(result_files_holding(run_dir, evidence.clients))
+    # the sampler's draws against the rows kept: rows deleted by hand with the updates
+    return StoreEvidence(evidence, participation_gaps(store, evidence.clients))
+
+
 def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[str, Any]:
     """Return the evidence that ``client_ids``' stored updates were deleted, JSON-ready.
 
@@ -164,10 +213,9 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
     with HistoryStore.open(_store_dir(run_dir)) as store:
         records = store.deletion_records(ids)
         logged = {entry.client_id for entry in store.forget_records()}
-        evidence = store.deletion_evidence(ids)
-        gaps = participation_gaps(store, ids)  # rows deleted by hand with the updates
+        found = store_evidence(store, ids)
         file = str(store.file)
-    evidence = evidence.with_result_files(result_files_holding(run_dir, ids))
+    evidence, gaps = found.evidence, found.participation
     check, rebuildable = evidence.check, [list(p) for p in evidence.reconstructible]
     forgotten = {str(c): c in logged for c in ids}
     return {
@@ -186,8 +234,7 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
         "reconstructible": rebuildable,
         "result_files": list(evidence.result_files),
         "participation": gaps,
-        # what the receipt's deletion check reads
-        "evidence": evidence.to_dict() | {"participation": gaps},
+        "evidence": found.to_dict(),  # what the receipt's deletion check reads
         "ok": all(forgotten.values())
         and check.ok
         and not rebuildable
