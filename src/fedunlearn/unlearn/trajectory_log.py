@@ -45,7 +45,7 @@ def _record(
     client_id: int,
     delta: torch.Tensor,
     num_samples: int,
-    aggregate: torch.Tensor,
+    aggregate64: torch.Tensor,
     *,
     estimated: bool,
     loss: float | None = None,
@@ -58,7 +58,7 @@ def _record(
         norm=float(delta.norm()),
         loss=loss,
         scalars={
-            DOT_AGGREGATE_KEY: float(delta.to(torch.float64) @ aggregate.to(torch.float64)),
+            DOT_AGGREGATE_KEY: float(delta.to(torch.float64) @ aggregate64),
             ESTIMATED_KEY: estimated,
             **(extra or {}),
         },
@@ -122,8 +122,9 @@ class TrajectoryLog:
             scalars: The round's metrics.
         """
         sizes = self._context.clients.num_samples
+        aggregate64 = aggregate.to(torch.float64)  # once a round, not once a client
         clients = [
-            _record(cid, delta, sizes(cid), aggregate, estimated=cid in estimated)
+            _record(cid, delta, sizes(cid), aggregate64, estimated=cid in estimated)
             for cid, delta in updates
         ]
         clients += [
@@ -145,12 +146,13 @@ class TrajectoryLog:
         ``carried``/``carried_updates``: the run's own records and stored updates of clients the
         round did not recompute (a sharded replay keeps the shards it does not retrain).
         """
+        aggregate64 = record.aggregate.to(torch.float64)
         clients = [
             _record(
                 u.client_id,
                 u.delta,
                 u.num_samples,
-                record.aggregate,
+                aggregate64,
                 estimated=estimated,
                 loss=reported_loss(u.train_loss),
                 extra=multiplicity_scalar(record, u.client_id),

@@ -84,6 +84,7 @@ from fedunlearn.linalg.lbfgs import (
     NoCurvaturePairsError,
     SecantBuffer,
     pair_problem,
+    step_stats,
 )
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
@@ -251,11 +252,19 @@ class _PairedBuffers:
         return self.buffers[cid]
 
     def push_round(self, dw: torch.Tensor, dgs: Mapping[int, torch.Tensor], w_norm: float) -> None:
+        stats = step_stats(dw)  # one step for every participant: its float64 norm once
         for cid, dg in dgs.items():
-            self.push_fix(cid, dw, dg, w_norm)
+            self.push_fix(cid, dw, dg, w_norm, stats)
 
-    def push_fix(self, cid: int, dw: torch.Tensor, dg: torch.Tensor, w_norm: float) -> None:
-        self.pushed[cid] += self._buffer(cid).push(dw, dg, w_norm)
+    def push_fix(
+        self,
+        cid: int,
+        dw: torch.Tensor,
+        dg: torch.Tensor,
+        w_norm: float,
+        stats: tuple[torch.Tensor, float] | None = None,
+    ) -> None:
+        self.pushed[cid] += self._buffer(cid).push(dw, dg, w_norm, stats)
 
     def hvp(self, cid: int, v: torch.Tensor) -> torch.Tensor:
         return self._buffer(cid).hvp(v)
@@ -284,7 +293,14 @@ class _PaperLiteralBuffers:
         for cid, dg in dgs.items():
             self._push_dg(cid, dg)
 
-    def push_fix(self, cid: int, dw: torch.Tensor, dg: torch.Tensor, w_norm: float) -> None:
+    def push_fix(
+        self,
+        cid: int,
+        dw: torch.Tensor,
+        dg: torch.Tensor,
+        w_norm: float,
+        stats: tuple[torch.Tensor, float] | None = None,
+    ) -> None:
         self._push_dg(cid, dg)  # the paper updates DG_i only, not DW
 
     def hvp(self, cid: int, v: torch.Tensor) -> torch.Tensor:
@@ -499,8 +515,9 @@ class FedRecover(Unlearner[FedRecoverParams]):
         context.meter.add(estimated_updates=len(deltas))
         if stored:
             exact = self._exact(context, w_hat, sorted(stored), r, state.requests, state.rejected)
+            stats = step_stats(v) if exact and isinstance(buffers, _PairedBuffers) else None
             for cid, delta in exact.items():
-                buffers.push_fix(cid, v, stored[cid] - delta, w_norm)
+                buffers.push_fix(cid, v, stored[cid] - delta, w_norm, stats)
                 deltas[cid] = delta
         return deltas, estimated
 
