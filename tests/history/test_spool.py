@@ -123,6 +123,8 @@ def test_a_spooled_trajectory_is_checked_as_a_tuple_one_is():
     entries = _entries()
     traj = Trajectory(_spooled(entries), frozenset({7}))
     assert traj.length == len(entries)
+    assert traj.num_updates() == 9
+    assert Trajectory(tuple(entries), frozenset()).num_updates() == 9
     assert torch.equal(traj.final_model, entries[-1].global_model)
     with pytest.raises(ConfigError, match="forgotten client"):
         Trajectory(_spooled(entries), frozenset({10}))

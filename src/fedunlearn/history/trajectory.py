@@ -102,6 +102,11 @@ class Trajectory:
         assert model is not None  # checked in __post_init__
         return model
 
+    def num_updates(self) -> int:
+        """How many client updates the computed rounds hold (without reading a spooled one)."""
+        entries = self.rounds.heads if isinstance(self.rounds, SpooledRounds) else self.rounds
+        return sum(len(e.updates) for e in entries)
+
     def estimated_updates(self) -> int:
         """How many of the trajectory's updates were estimated rather than computed by clients."""
         entries = self.rounds.heads if isinstance(self.rounds, SpooledRounds) else self.rounds
