@@ -405,7 +405,6 @@ def test_streaming_kth_largest_matches_a_full_sort(k):
     assert kth_largest_abs(iter(chunks), k, 100) == expected
 
 
-
 @pytest.mark.parametrize("k", [1, 2, 3, 40, 159, 160, 161])
 def test_streaming_kth_largest_with_ties_and_nan_matches_the_unfiltered_top_k(k):
     """The chunk filter (values that cannot enter the candidates) changes no value."""
@@ -421,6 +420,7 @@ def test_streaming_kth_largest_with_ties_and_nan_matches_the_unfiltered_top_k(k)
     expected = float(kept.min() if largest else kept.max()) if k <= total else 0.0
     got = kth_largest_abs(iter(chunks), k, total)
     assert got == expected or (math.isnan(got) and math.isnan(expected))
+
 
 # ---- (6) buffer modes ---------------------------------------------------------------------------
 

@@ -110,6 +110,4 @@ class Trajectory:
     def estimated_updates(self) -> int:
         """How many of the trajectory's updates were estimated rather than computed by clients."""
         entries = self.rounds.heads if isinstance(self.rounds, SpooledRounds) else self.rounds
-        return sum(
-            1 for e in entries for c in e.clients if c.scalars.get(ESTIMATED_KEY) is True
-        )
+        return sum(1 for e in entries for c in e.clients if c.scalars.get(ESTIMATED_KEY) is True)
