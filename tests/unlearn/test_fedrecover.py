@@ -405,6 +405,23 @@ def test_streaming_kth_largest_matches_a_full_sort(k):
     assert kth_largest_abs(iter(chunks), k, 100) == expected
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 40, 159, 160, 161])
+def test_streaming_kth_largest_with_ties_and_nan_matches_the_unfiltered_top_k(k):
+    """The chunk filter (values that cannot enter the candidates) changes no value."""
+    g = torch.Generator().manual_seed(k)
+    chunks = [torch.randint(-3, 4, (n,), generator=g).float() for n in (20, 20, 40, 20, 60)]
+    chunks[3][5] = float("nan")
+    pool = torch.cat(chunks).abs()
+    total = pool.numel()
+    largest = k <= total - k + 1
+    keep = k if largest else total - k + 1
+    # the unfiltered rule: one top-k over every value (NaN ranks above every number)
+    kept = pool.topk(min(keep, total), largest=largest).values
+    expected = float(kept.min() if largest else kept.max()) if k <= total else 0.0
+    got = kth_largest_abs(iter(chunks), k, total)
+    assert got == expected or (math.isnan(got) and math.isnan(expected))
+
+
 # ---- (6) buffer modes ---------------------------------------------------------------------------
 
 

@@ -19,12 +19,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.history.spool import Slot, SpooledRound, SpooledRounds, TensorSpool
 from fedunlearn.history.store import ClientRecord, RoundEntry
 from fedunlearn.history.trajectory import Trajectory
 from fedunlearn.models.export import write_safetensors
@@ -57,62 +59,114 @@ class ResultFile:
     trajectory: Trajectory | None
 
 
-def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Copy each tensor whose storage an earlier one uses (safetensors refuses shared memory).
+_F32 = "F32"  # safetensors' name of float32
 
-    A trajectory round that trained nobody keeps the previous round's global model (the same
-    tensor); only such repeats are copied, not the whole trajectory.
-    """
-    seen: set[int] = set()
-    out = {}
-    for key, tensor in tensors.items():
-        ptr = tensor.untyped_storage().data_ptr()
-        out[key] = tensor.clone() if ptr in seen else tensor
-        seen.add(ptr)
+
+def _sources(
+    params: torch.Tensor, trajectory: Trajectory | None
+) -> dict[str, torch.Tensor | tuple[TensorSpool, Slot]]:
+    """Name -> tensor, or its slot in the trajectory's spool (not read into memory)."""
+    out: dict[str, torch.Tensor | tuple[TensorSpool, Slot]] = {
+        "params": params.detach().to(torch.float32).cpu()
+    }
+    if trajectory is None:
+        return out
+    rounds = trajectory.rounds
+    if isinstance(rounds, SpooledRounds):
+        for head in rounds.heads:
+            for key, slot in _round_tensors(head):
+                out[key] = (rounds.spool, slot)
+    else:
+        for entry in rounds:
+            for key, tensor in _round_tensors(entry):
+                out[key] = tensor.detach().cpu()
     return out
+
+
+def _round_tensors(entry: RoundEntry | SpooledRound) -> list[tuple[str, Any]]:
+    """One round's tensors (or slots) under their file names."""
+    t = entry.round
+    named: list[tuple[str, Any]] = [(f"r{t}.global", entry.global_model)]
+    if entry.aggregate is not None:
+        named.append((f"r{t}.aggregate", entry.aggregate))
+    named += [(f"r{t}.u{cid}", delta) for cid, delta in entry.updates.items()]
+    named += [(f"r{t}.s{shard}", model) for shard, model in entry.shard_models.items()]
+    return named
+
+
+def _round_meta(entry: RoundEntry | SpooledRound) -> dict[str, Any]:
+    return {
+        "round": entry.round,
+        "scalars": dict(entry.scalars),
+        "clients": [
+            {
+                "client_id": c.client_id,
+                "status": c.status,
+                "num_samples": c.num_samples,
+                "norm": c.norm,
+                "loss": c.loss,
+                "reason": c.reason,
+                "scalars": dict(c.scalars),
+            }
+            for c in entry.clients
+        ],
+    }
+
+
+def _stream_safetensors(
+    tmp: str, sources: dict[str, torch.Tensor | tuple[TensorSpool, Slot]], meta: dict[str, str]
+) -> None:
+    """Write a float32 safetensors file one tensor at a time, as ``save_file`` lays it out.
+
+    The data in name order (safetensors sorts by dtype, then name; all are float32 here), the
+    header JSON with the metadata first and sorted (``models.export.write_safetensors``'s
+    canonical form) padded with spaces to a multiple of 8 bytes: the same bytes
+    ``safetensors.torch.save_file`` and the canonical header give (a test compares them).
+    """
+    header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))}
+    offset = 0
+    for name in sorted(sources):
+        source = sources[name]
+        if isinstance(source, tuple):
+            shape, size = list(source[1].shape), source[1].nbytes
+        else:
+            shape, size = list(source.shape), source.numel() * 4
+        header[name] = {"dtype": _F32, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    with open(tmp, "wb") as fh:
+        fh.write(len(text).to_bytes(8, "little"))
+        fh.write(text)
+        for name in sorted(sources):
+            source = sources[name]
+            if isinstance(source, tuple):
+                spool, slot = source
+                for chunk in spool.chunks(slot):
+                    fh.write(chunk)
+            else:
+                fh.write(source.contiguous().reshape(-1).numpy().data)
+
+
+def _all_float32(sources: dict[str, torch.Tensor | tuple[TensorSpool, Slot]]) -> bool:
+    return all(
+        (s[1].dtype if isinstance(s, tuple) else s.dtype) == torch.float32 for s in sources.values()
+    )
 
 
 def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajectory | None) -> str:
     """Write the model (and trajectory) to ``path``; return the file's SHA-256.
 
     Atomically, with the same bytes for the same content (``models.export.write_safetensors``).
+    The tensors are written one at a time, a spooled trajectory's copied from its file
+    (``history.spool``), so writing holds one tensor in memory, not the trajectory.
 
     Raises:
         OSError: The file cannot be written (e.g. no space left); nothing is left under ``path``.
     """
-    # a copy: the model is often the trajectory's last global model (safetensors refuses
-    # tensors that share memory)
-    tensors: dict[str, torch.Tensor] = {"params": params.detach().to(torch.float32).cpu().clone()}
-    rounds = []
-    if trajectory is not None:
-        for entry in trajectory.rounds:
-            t = entry.round
-            assert entry.global_model is not None  # Trajectory checks it
-            tensors[f"r{t}.global"] = entry.global_model.detach().cpu()
-            if entry.aggregate is not None:
-                tensors[f"r{t}.aggregate"] = entry.aggregate.detach().cpu()
-            for cid, delta in entry.updates.items():
-                tensors[f"r{t}.u{cid}"] = delta.detach().cpu()
-            for shard, model in entry.shard_models.items():
-                tensors[f"r{t}.s{shard}"] = model.detach().cpu()
-            rounds.append(
-                {
-                    "round": t,
-                    "scalars": dict(entry.scalars),
-                    "clients": [
-                        {
-                            "client_id": c.client_id,
-                            "status": c.status,
-                            "num_samples": c.num_samples,
-                            "norm": c.norm,
-                            "loss": c.loss,
-                            "reason": c.reason,
-                            "scalars": dict(c.scalars),
-                        }
-                        for c in entry.clients
-                    ],
-                }
-            )
+    sources = _sources(params, trajectory)
+    rounds = [] if trajectory is None else trajectory.rounds
+    heads = rounds.heads if isinstance(rounds, SpooledRounds) else rounds
     meta = {
         "format": _FORMAT,
         "trajectory": json.dumps(
@@ -120,13 +174,19 @@ def write_result_file(path: str | Path, params: torch.Tensor, trajectory: Trajec
             if trajectory is None
             else {
                 "forgotten": sorted(trajectory.forgotten),
-                "rounds": rounds,
+                "rounds": [_round_meta(entry) for entry in heads],
                 "kept": trajectory.kept,
             }
         ),
     }
-    tensors = _unshared({k: v.contiguous() for k, v in tensors.items()})
-    write_safetensors(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    if _all_float32(sources):
+        write_safetensors(path, lambda tmp: _stream_safetensors(tmp, sources, meta))
+    else:  # any other dtype: safetensors orders mixed dtypes its own way
+        tensors = {
+            k: (v[0].get(v[1]) if isinstance(v, tuple) else v.clone()).contiguous()
+            for k, v in sources.items()
+        }
+        write_safetensors(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return file_sha256(path)
 
 

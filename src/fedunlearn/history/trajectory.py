@@ -19,15 +19,19 @@ Conventions:
   client in it. An update the method estimated rather than had a client compute (FedRecover's
   L-BFGS estimates, FedEraser's calibrated updates, Crab's calibrated replays) carries
   ``scalars["estimated"] = True`` in its ``ClientRecord``.
+- ``rounds`` is a tuple, or ``history.spool.SpooledRounds``: the rounds' tensors on disk, each
+  round read back when accessed (how a method's ``TrajectoryLog`` returns them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.history.spool import SpooledRounds
 from fedunlearn.history.store import RoundEntry
 
 __all__ = ["ESTIMATED_KEY", "Trajectory"]
@@ -45,31 +49,40 @@ class Trajectory:
         kept: Rounds 1..kept are the run's own rounds, kept unchanged (0: none).
     """
 
-    rounds: tuple[RoundEntry, ...]
+    rounds: Sequence[RoundEntry]
     forgotten: frozenset[int]
     kept: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rounds", tuple(self.rounds))
+        if not isinstance(self.rounds, SpooledRounds):
+            object.__setattr__(self, "rounds", tuple(self.rounds))
         object.__setattr__(self, "forgotten", frozenset(int(c) for c in self.forgotten))
         if self.kept < 0:
             raise ConfigError(f"a trajectory keeps >= 0 rounds; got {self.kept}")
         if not self.rounds and not self.kept:
             raise ConfigError("a trajectory needs at least one round")
-        for expected, entry in enumerate(self.rounds, start=self.kept + 1):
-            if entry.round != expected:
+        for expected, (number, has_model, present) in enumerate(
+            self._outline(), start=self.kept + 1
+        ):
+            if number != expected:
                 raise ConfigError(
                     f"trajectory rounds must be numbered 1..L in order; round {expected} is "
-                    f"numbered {entry.round}"
+                    f"numbered {number}"
                 )
-            if entry.global_model is None:
+            if not has_model:
                 raise ConfigError(f"trajectory round {expected} has no global model")
-            present = {c.client_id for c in entry.clients} | set(entry.updates)
             taken = sorted(present & self.forgotten)
             if taken:
                 raise ConfigError(
                     f"trajectory round {expected} includes forgotten client(s) {taken}"
                 )
+
+    def _outline(self) -> Iterator[tuple[int, bool, set[int]]]:
+        """Per round: its number, whether it has a global model, the clients in it."""
+        entries = self.rounds.heads if isinstance(self.rounds, SpooledRounds) else self.rounds
+        for entry in entries:
+            clients = {c.client_id for c in entry.clients} | set(entry.updates)
+            yield entry.round, entry.global_model is not None, clients
 
     @property
     def length(self) -> int:
@@ -89,8 +102,12 @@ class Trajectory:
         assert model is not None  # checked in __post_init__
         return model
 
+    def num_updates(self) -> int:
+        """How many client updates the computed rounds hold (without reading a spooled one)."""
+        entries = self.rounds.heads if isinstance(self.rounds, SpooledRounds) else self.rounds
+        return sum(len(e.updates) for e in entries)
+
     def estimated_updates(self) -> int:
         """How many of the trajectory's updates were estimated rather than computed by clients."""
-        return sum(
-            1 for e in self.rounds for c in e.clients if c.scalars.get(ESTIMATED_KEY) is True
-        )
+        entries = self.rounds.heads if isinstance(self.rounds, SpooledRounds) else self.rounds
+        return sum(1 for e in entries for c in e.clients if c.scalars.get(ESTIMATED_KEY) is True)

@@ -57,6 +57,7 @@ __all__ = [
     "SecantBuffer",
     "compact_hvp",
     "pair_problem",
+    "step_stats",
 ]
 
 # Guard thresholds of Deviation LB1.
@@ -93,19 +94,35 @@ class GuardCounts:
         return asdict(self)
 
 
-def pair_problem(s: torch.Tensor, y: torch.Tensor, w_norm: float = 0.0) -> str | None:
+def step_stats(s: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Return ``s`` in float64 and its norm: what ``pair_problem`` computes from ``s``.
+
+    A caller that pairs one ``s`` with many ``y`` (FedRecover: one step, every client's
+    gradient difference) computes them once and passes them on.
+    """
+    s64 = s.to(torch.float64)
+    return s64, float(s64.norm())
+
+
+def pair_problem(
+    s: torch.Tensor,
+    y: torch.Tensor,
+    w_norm: float = 0.0,
+    stats: tuple[torch.Tensor, float] | None = None,
+) -> str | None:
     """Return why a secant pair is unusable (guards a and b), or None if it is usable.
 
     Args:
         s: Parameter difference (p-vector).
         y: Gradient difference (p-vector).
         w_norm: Norm of the current parameters, the scale of guard (a).
+        stats: ``step_stats(s)``, if the caller has it (the same numbers, not recomputed).
 
     Returns:
         ``"degenerate_step"``, ``"nonpositive_curvature"`` or None.
     """
-    s64, y64 = s.to(torch.float64), y.to(torch.float64)
-    s_norm = float(s64.norm())
+    s64, s_norm = step_stats(s) if stats is None else stats
+    y64 = y.to(torch.float64)
     # Guard (a): the trajectories have not separated (or nothing was removed).
     if not math.isfinite(s_norm) or s_norm <= DEGENERATE_STEP_RTOL * (1.0 + w_norm):
         return "degenerate_step"
@@ -273,15 +290,22 @@ class SecantBuffer:
         """The stored pairs, oldest first."""
         return tuple(self._pairs)
 
-    def push(self, s: torch.Tensor, y: torch.Tensor, w_norm: float = 0.0) -> bool:
+    def push(
+        self,
+        s: torch.Tensor,
+        y: torch.Tensor,
+        w_norm: float = 0.0,
+        stats: tuple[torch.Tensor, float] | None = None,
+    ) -> bool:
         """Add a pair unless guard (a) or (b) rejects it; return whether it was added.
 
         Args:
             s: Parameter difference (kept by reference; do not modify it afterwards).
             y: Gradient difference (kept by reference).
             w_norm: Norm of the current parameters, the scale of guard (a).
+            stats: ``step_stats(s)``, if the caller has it.
         """
-        problem = pair_problem(s, y, w_norm)
+        problem = pair_problem(s, y, w_norm, stats)
         if problem is not None:
             setattr(self.counts, problem, getattr(self.counts, problem) + 1)
             return False

@@ -18,8 +18,11 @@ order they were applied, so that applying the result can make them the run's his
 
 Each client record carries the same numbers the training recorder writes (n_c, ||Δ_c||, and
 ``<Δ_c, G_t>`` in float64 under ``DOT_AGGREGATE_KEY``), so a later request can read the new
-history as it reads a trained run's. Memory: the log holds each round's global model, aggregate
-and updates, (2 + n_t) d float32 values per round (docs/lifecycle.md gives sizes).
+history as it reads a trained run's. Memory: the log writes each round's global model, aggregate
+and updates, (2 + n_t) d float32 values per round (docs/lifecycle.md gives sizes), to a
+temporary file as it receives them (``history.spool``) and keeps only the rounds' records in
+memory; the ``Trajectory`` reads a round's tensors back when it is accessed
+(docs/performance.md, "1,000 clients").
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import torch
 
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
 from fedunlearn.history.policy import DOT_AGGREGATE_KEY, multiplicity_scalar, reported_loss
-from fedunlearn.history.store import ClientRecord, RoundEntry, Scalar
+from fedunlearn.history.spool import SpooledRound, SpooledRounds, TensorSpool
+from fedunlearn.history.store import ClientRecord, Scalar
 from fedunlearn.history.trajectory import ESTIMATED_KEY, Trajectory
 from fedunlearn.unlearn.context import UnlearnContext
 
@@ -41,7 +45,7 @@ def _record(
     client_id: int,
     delta: torch.Tensor,
     num_samples: int,
-    aggregate: torch.Tensor,
+    aggregate64: torch.Tensor,
     *,
     estimated: bool,
     loss: float | None = None,
@@ -54,7 +58,7 @@ def _record(
         norm=float(delta.norm()),
         loss=loss,
         scalars={
-            DOT_AGGREGATE_KEY: float(delta.to(torch.float64) @ aggregate.to(torch.float64)),
+            DOT_AGGREGATE_KEY: float(delta.to(torch.float64) @ aggregate64),
             ESTIMATED_KEY: estimated,
             **(extra or {}),
         },
@@ -74,7 +78,8 @@ class TrajectoryLog:
         self, context: UnlearnContext, keeps_updates: Callable[[int], bool] | None = None
     ) -> None:
         self._context = context
-        self._rounds: list[RoundEntry] = []
+        self._spool: TensorSpool | None = None  # created with the first recorded round
+        self._rounds: list[SpooledRound] = []
         self._kept = 0
         self._keeps_updates = keeps_updates
 
@@ -117,8 +122,9 @@ class TrajectoryLog:
             scalars: The round's metrics.
         """
         sizes = self._context.clients.num_samples
+        aggregate64 = aggregate.to(torch.float64)  # once a round, not once a client
         clients = [
-            _record(cid, delta, sizes(cid), aggregate, estimated=cid in estimated)
+            _record(cid, delta, sizes(cid), aggregate64, estimated=cid in estimated)
             for cid, delta in updates
         ]
         clients += [
@@ -140,12 +146,13 @@ class TrajectoryLog:
         ``carried``/``carried_updates``: the run's own records and stored updates of clients the
         round did not recompute (a sharded replay keeps the shards it does not retrain).
         """
+        aggregate64 = record.aggregate.to(torch.float64)
         clients = [
             _record(
                 u.client_id,
                 u.delta,
                 u.num_samples,
-                record.aggregate,
+                aggregate64,
                 estimated=estimated,
                 loss=reported_loss(u.train_loss),
                 extra=multiplicity_scalar(record, u.client_id),
@@ -224,15 +231,18 @@ class TrajectoryLog:
     ) -> None:
         if self._keeps_updates is not None and not self._keeps_updates(self.length + 1):
             updates = {}
+        if self._spool is None:
+            self._spool = TensorSpool()
+        put = self._spool.put
         self._rounds.append(
-            RoundEntry(
+            SpooledRound(
                 round=self.length + 1,
-                global_model=params,
-                aggregate=aggregate,
-                updates=dict(updates),
+                global_model=put(params),
+                aggregate=put(aggregate),
+                updates={cid: put(delta) for cid, delta in updates.items()},
                 clients=clients,
                 scalars={k: v for k, v in scalars.items() if k != "round"},
-                shard_models=dict(shard_models or {}),
+                shard_models={s: put(model) for s, model in (shard_models or {}).items()},
             )
         )
 
@@ -240,4 +250,6 @@ class TrajectoryLog:
         """Return the recorded rounds as a ``Trajectory`` without ``forgotten`` (None if empty)."""
         if not self._rounds and not self._kept:
             return None
-        return Trajectory(tuple(self._rounds), forgotten, kept=self._kept)
+        if self._spool is None:
+            return Trajectory((), forgotten, kept=self._kept)
+        return Trajectory(SpooledRounds(self._spool, self._rounds), forgotten, kept=self._kept)

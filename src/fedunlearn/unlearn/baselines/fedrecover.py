@@ -69,7 +69,7 @@ import math
 import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -84,6 +84,7 @@ from fedunlearn.linalg.lbfgs import (
     NoCurvaturePairsError,
     SecantBuffer,
     pair_problem,
+    step_stats,
 )
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
@@ -172,7 +173,10 @@ class Schedule:
 def kth_largest_abs(chunks: Iterable[torch.Tensor], k: int, total: int) -> float:
     """Return the k-th largest ``|x|`` over the concatenation of ``chunks``, streaming.
 
-    Holds one chunk plus ``min(k, total - k + 1)`` candidates, never all values at once.
+    Holds one chunk plus ``min(k, total - k + 1)`` candidates, never all values at once. Once
+    the k largest candidates are full, a chunk whose largest ``|x|`` does not exceed the current
+    k-th largest is skipped after one min/max pass (it cannot change the answer), instead of a
+    top-k over it: most chunks, for FedRecover's small k.
 
     Args:
         chunks: Tensors whose values together number ``total``.
@@ -189,10 +193,16 @@ def kth_largest_abs(chunks: Iterable[torch.Tensor], k: int, total: int) -> float
     seen = 0
     candidates: torch.Tensor | None = None
     for chunk in chunks:
-        values = chunk.detach().reshape(-1).abs()
-        seen += values.numel()
-        if keep <= 0:
+        flat = chunk.detach().reshape(-1)
+        seen += flat.numel()
+        if keep <= 0 or flat.numel() == 0:
             continue
+        if largest and candidates is not None and candidates.numel() == keep:
+            low, high = torch.aminmax(flat)
+            # max |x| of the chunk (NaN if it has one: NaN compares false, so it is kept)
+            if bool(torch.maximum(high, -low) <= candidates.min()):
+                continue  # nothing in it beats the current k-th largest
+        values = flat.abs()
         pool = values if candidates is None else torch.cat((candidates, values))
         candidates = pool.topk(min(keep, pool.numel()), largest=largest, sorted=False).values
     if seen != total:
@@ -242,11 +252,19 @@ class _PairedBuffers:
         return self.buffers[cid]
 
     def push_round(self, dw: torch.Tensor, dgs: Mapping[int, torch.Tensor], w_norm: float) -> None:
+        stats = step_stats(dw)  # one step for every participant: its float64 norm once
         for cid, dg in dgs.items():
-            self.push_fix(cid, dw, dg, w_norm)
+            self.push_fix(cid, dw, dg, w_norm, stats)
 
-    def push_fix(self, cid: int, dw: torch.Tensor, dg: torch.Tensor, w_norm: float) -> None:
-        self.pushed[cid] += self._buffer(cid).push(dw, dg, w_norm)
+    def push_fix(
+        self,
+        cid: int,
+        dw: torch.Tensor,
+        dg: torch.Tensor,
+        w_norm: float,
+        stats: tuple[torch.Tensor, float] | None = None,
+    ) -> None:
+        self.pushed[cid] += self._buffer(cid).push(dw, dg, w_norm, stats)
 
     def hvp(self, cid: int, v: torch.Tensor) -> torch.Tensor:
         return self._buffer(cid).hvp(v)
@@ -275,7 +293,14 @@ class _PaperLiteralBuffers:
         for cid, dg in dgs.items():
             self._push_dg(cid, dg)
 
-    def push_fix(self, cid: int, dw: torch.Tensor, dg: torch.Tensor, w_norm: float) -> None:
+    def push_fix(
+        self,
+        cid: int,
+        dw: torch.Tensor,
+        dg: torch.Tensor,
+        w_norm: float,
+        stats: tuple[torch.Tensor, float] | None = None,
+    ) -> None:
         self._push_dg(cid, dg)  # the paper updates DG_i only, not DW
 
     def hvp(self, cid: int, v: torch.Tensor) -> torch.Tensor:
@@ -303,6 +328,19 @@ class _PaperLiteralBuffers:
             self.counts.no_pairs += 1
             raise NoCurvaturePairsError(f"client {cid} has no usable secant pair")
         return cached[1].matvec(v)
+
+
+@dataclass
+class _Replay:
+    """The replay's running state: tau, the secant buffers and the per-client tallies."""
+
+    tau: float
+    buffers: _PairedBuffers | _PaperLiteralBuffers
+    requests: Counter[int] = field(default_factory=Counter)  # exact updates asked per client
+    fixes: Counter[int] = field(default_factory=Counter)  # abnormality fixes per client
+    no_pair: Counter[int] = field(default_factory=Counter)  # no-pair exact requests per client
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    estimated_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -427,10 +465,65 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 rejected.append({"round": round_, "client_id": update.client_id, "reason": reason})
         return out
 
+    def _tau(
+        self, context: UnlearnContext, participants: Mapping[int, Sequence[int]], estimates: bool
+    ) -> tuple[float, dict[int, float]]:
+        """FR5: tau = max_t tau_t (and tau_t per round), only if some estimate could be tested."""
+        p = self.params
+        if not p.abnormality_fixing or not estimates:
+            return math.inf, {}
+        if p.tau is not None:
+            return p.tau, {}
+        per_round = round_thresholds(context, participants, p.alpha)
+        return max(per_round.values(), default=math.inf), per_round
+
+    def _estimated_round(
+        self,
+        context: UnlearnContext,
+        state: _Replay,
+        w_hat: torch.Tensor,
+        r: int,
+        ids: Sequence[int],
+        w_norm: float,
+    ) -> tuple[dict[int, torch.Tensor], set[int]]:
+        """Estimate the participants' updates of round ``r`` (Listing FR lines 12-18).
+
+        Returns the round's updates (estimates, and exact ones where an estimate was abnormal or
+        had no pair) and the clients whose update is an estimate.
+        """
+        history, buffers = context.history, state.buffers
+        v = w_hat - history.read_model(r - 1)
+        deltas: dict[int, torch.Tensor] = {}
+        stored: dict[int, torch.Tensor] = {}
+        for cid in ids:
+            delta_bar = history.read_update(r, cid)
+            try:
+                # delta_hat = -(g_bar + B v) = delta_bar - B v
+                estimate = delta_bar - buffers.hvp(cid, v)
+            except NoCurvaturePairsError:
+                state.no_pair[cid] += 1  # FR8: no usable pair, ask for an exact update
+                stored[cid] = delta_bar
+                continue
+            peak = float(estimate.abs().max()) if estimate.numel() else 0.0
+            if not math.isfinite(peak) or (self.params.abnormality_fixing and peak > state.tau):
+                state.fixes[cid] += 1  # abnormality fixing: ||g_hat||_inf > tau
+                stored[cid] = delta_bar
+                continue
+            deltas[cid] = estimate
+        state.estimated_total += len(deltas)
+        estimated = set(deltas)
+        context.meter.add(estimated_updates=len(deltas))
+        if stored:
+            exact = self._exact(context, w_hat, sorted(stored), r, state.requests, state.rejected)
+            stats = step_stats(v) if exact and isinstance(buffers, _PairedBuffers) else None
+            for cid, delta in exact.items():
+                buffers.push_fix(cid, v, stored[cid] - delta, w_norm, stats)
+                deltas[cid] = delta
+        return deltas, estimated
+
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         p = self.params
-        history, meter = context.history, context.meter
-        num_rounds = context.num_rounds
+        history, num_rounds = context.history, context.num_rounds
         participants = self._participants(context)  # before any client work or payload read
         schedule = Schedule.clamped(p, num_rounds)
         estimated_rounds = [r for r in range(1, num_rounds + 1) if not schedule.is_exact(r)]
@@ -441,74 +534,32 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 f"s={p.buffer_size} (paper); the first estimates use fewer pairs",
                 stacklevel=3,
             )
-
-        # FR5: tau = max_t tau_t, only if some estimate could be tested against it.
-        tau_per_round: dict[int, float] = {}
-        if not p.abnormality_fixing or not estimated_rounds:
-            tau = math.inf
-        elif p.tau is not None:
-            tau = p.tau
-        else:
-            tau_per_round = round_thresholds(context, participants, p.alpha)
-            tau = max(tau_per_round.values(), default=math.inf)
-
+        tau, tau_per_round = self._tau(context, participants, bool(estimated_rounds))
         counts = GuardCounts()
-        buffers: _PairedBuffers | _PaperLiteralBuffers = (
+        state = _Replay(
+            tau,
             _PairedBuffers(p.buffer_size, counts)
             if p.buffer_mode == "paired"
-            else _PaperLiteralBuffers(p.buffer_size, counts)
+            else _PaperLiteralBuffers(p.buffer_size, counts),
         )
-        requests: Counter[int] = Counter()
-        fixes: Counter[int] = Counter()
-        no_pair: Counter[int] = Counter()
-        rejected: list[dict[str, Any]] = []
-        estimated_total = 0
         rows: list[dict[str, float]] = []
-
         trajectory = TrajectoryLog(context)
         w_hat = context.start_from(0)  # Listing FR line 1: w_hat_0 = w_bar_0 (the stored M_0)
         for r in range(1, num_rounds + 1):
             ids = participants[r]
             w_norm = float(w_hat.norm())
-            rejected_before = len(rejected)
+            rejected_before = len(state.rejected)
             estimated: set[int] = set()
             if schedule.is_exact(r):
                 # EXACT_ROUND (Listing FR lines 3-7): fresh updates, secant pairs if still needed.
-                deltas = self._exact(context, w_hat, ids, r, requests, rejected)
+                deltas = self._exact(context, w_hat, ids, r, state.requests, state.rejected)
                 if r < last_estimated and deltas:
                     dw = w_hat - history.read_model(r - 1)
                     # dg = g - g_bar = -(delta - delta_bar)
                     dgs = {cid: history.read_update(r, cid) - d for cid, d in deltas.items()}
-                    buffers.push_round(dw, dgs, w_norm)
+                    state.buffers.push_round(dw, dgs, w_norm)
             else:
-                # Estimated round (Listing FR lines 12-18).
-                v = w_hat - history.read_model(r - 1)
-                deltas = {}
-                stored: dict[int, torch.Tensor] = {}
-                for cid in ids:
-                    delta_bar = history.read_update(r, cid)
-                    try:
-                        # delta_hat = -(g_bar + B v) = delta_bar - B v
-                        estimate = delta_bar - buffers.hvp(cid, v)
-                    except NoCurvaturePairsError:
-                        no_pair[cid] += 1  # FR8: no usable pair, ask for an exact update
-                        stored[cid] = delta_bar
-                        continue
-                    peak = float(estimate.abs().max()) if estimate.numel() else 0.0
-                    if not math.isfinite(peak) or (p.abnormality_fixing and peak > tau):
-                        fixes[cid] += 1  # abnormality fixing: ||g_hat||_inf > tau
-                        stored[cid] = delta_bar
-                        continue
-                    deltas[cid] = estimate
-                estimated_total += len(deltas)
-                estimated = set(deltas)
-                meter.add(estimated_updates=len(deltas))
-                if stored:
-                    exact = self._exact(context, w_hat, sorted(stored), r, requests, rejected)
-                    for cid, delta in exact.items():
-                        buffers.push_fix(cid, v, stored[cid] - delta, w_norm)
-                        deltas[cid] = delta
-                del stored
+                deltas, estimated = self._estimated_round(context, state, w_hat, r, ids, w_norm)
             kept = [(cid, deltas[cid]) for cid in ids if cid in deltas]
             if kept:
                 aggregate = context.aggregate(kept)
@@ -524,29 +575,39 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 aggregate,
                 kept,
                 estimated=estimated,
-                rejected=[(x["client_id"], x["reason"]) for x in rejected[rejected_before:]],
+                rejected=[(x["client_id"], x["reason"]) for x in state.rejected[rejected_before:]],
                 scalars=row,
             )
+        details = self._details(context, schedule, estimated_rounds, tau_per_round, state, counts)
+        return RunOutput(w_hat, rows, details, trajectory.trajectory(request.forget))
 
+    def _details(
+        self,
+        context: UnlearnContext,
+        schedule: Schedule,
+        estimated_rounds: Sequence[int],
+        tau_per_round: dict[int, float],
+        state: _Replay,
+        counts: GuardCounts,
+    ) -> FedRecoverDetails:
         guard_counts = counts.to_dict()
         if any(guard_counts.values()):
             log.info("fedrecover guards fired: %s", guard_counts)
-        exact_total = sum(requests.values())
-        details = FedRecoverDetails(
+        ids = context.clients.client_ids
+        return FedRecoverDetails(
             schedule=schedule.to_dict(),
-            buffer_size=p.buffer_size,
-            buffer_mode=p.buffer_mode,
+            buffer_size=self.params.buffer_size,
+            buffer_mode=self.params.buffer_mode,
             exact_rounds=tuple(schedule.exact_rounds()),
             estimated_rounds=tuple(estimated_rounds),
-            tau=tau,
+            tau=state.tau,
             tau_per_round=tau_per_round,
-            exact_updates=exact_total,
-            estimated_updates=estimated_total,
-            exact_updates_per_client=dict(sorted(requests.items())),
-            abnormality_fixes={cid: fixes[cid] for cid in context.clients.client_ids},
-            no_pair_requests={cid: no_pair[cid] for cid in context.clients.client_ids},
-            pairs_pushed={cid: buffers.pushed[cid] for cid in context.clients.client_ids},
+            exact_updates=sum(state.requests.values()),
+            estimated_updates=state.estimated_total,
+            exact_updates_per_client=dict(sorted(state.requests.items())),
+            abnormality_fixes={cid: state.fixes[cid] for cid in ids},
+            no_pair_requests={cid: state.no_pair[cid] for cid in ids},
+            pairs_pushed={cid: state.buffers.pushed[cid] for cid in ids},
             guard_counts=guard_counts,
-            rejected_updates=tuple(rejected),
+            rejected_updates=tuple(state.rejected),
         )
-        return RunOutput(w_hat, rows, details, trajectory.trajectory(request.forget))
