@@ -20,7 +20,6 @@ PENDING = {
     ("runs/lifecycle.py", "apply_result"),
     ("runs/lifecycle.py", "continue_run"),
     ("runs/setup.py", "build_setup"),
-    ("unlearn/baselines/fedrecover.py", "_run"),
 }
 
 

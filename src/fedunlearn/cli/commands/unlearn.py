@@ -131,7 +131,7 @@ def _apply_file_line(out: Path, spec: dict[str, Any], result: Any) -> str:
             "result"
         )
     path = out.with_name(spec["file"])
-    updates = sum(len(e.updates) for e in result.trajectory.rounds) if result.trajectory else 0
+    updates = result.trajectory.num_updates() if result.trajectory else 0
     return (
         f"apply file: {path} ({path.stat().st_size / 1e6:,.1f} MB: the model"
         + (f" and {updates} client update(s) of its trajectory" if updates else "")
