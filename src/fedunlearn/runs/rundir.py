@@ -208,9 +208,27 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
+def _compared(config: RunConfig) -> dict[str, Any]:
+    """The config's fields that make it the run it is.
+
+    ``privacy.budget`` is left out of a run without DP: nothing reads it there, and a run
+    written before the budget's options moved to their plugin (issue 38) stored FedADP's
+    defaults in it, where the same YAML read now keeps only the schedule's name.
+    """
+    data = config.model_dump(mode="json")
+    if not config.privacy.enabled:
+        data["privacy"].pop("budget", None)
+    return data
+
+
+def same_run_config(a: RunConfig, b: RunConfig) -> bool:
+    """Whether two configs describe the same run (``config_differences`` is then empty)."""
+    return _compared(a) == _compared(b)
+
+
 def config_differences(a: RunConfig, b: RunConfig, limit: int = 4) -> str:
     """Return the fields where two configs differ, as ``field: a vs b`` (empty if equal)."""
-    fa, fb = _flatten(a.model_dump(mode="json")), _flatten(b.model_dump(mode="json"))
+    fa, fb = _flatten(_compared(a)), _flatten(_compared(b))
     keys = [k for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)]
     shown = [f"{k}: {fa.get(k)!r} vs {fb.get(k)!r}" for k in keys[:limit]]
     return "; ".join(shown) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")

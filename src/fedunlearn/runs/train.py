@@ -67,6 +67,7 @@ from fedunlearn.runs.rundir import (
     headline_privacy,
     holds_run,
     run_privacy,
+    same_run_config,
     stored_config,
     stored_metrics_line,
     write_json,
@@ -267,7 +268,7 @@ def _check_resumable(
         What ``repair`` dropped (None if nothing).
     """
     stored = stored_config(store)
-    if stored is not None and dump_config(stored) != dump_config(config):
+    if stored is not None and not same_run_config(stored, config):
         raise ConfigError(
             f"the config differs from the one {run_dir} was trained with "
             f"({config_differences(config, stored)}; given vs stored); resume with "

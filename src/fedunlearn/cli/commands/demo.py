@@ -66,12 +66,11 @@ def demo(
 
 def _check_earlier_demo(out: Path, config: RunConfig) -> None:
     """Refuse to continue a run in ``out`` that is not this demo."""
-    from fedunlearn.config import dump_config
     from fedunlearn.runs import load_run_config
-    from fedunlearn.runs.rundir import config_differences
+    from fedunlearn.runs.rundir import config_differences, same_run_config
 
     earlier = load_run_config(out)
-    if dump_config(earlier) != dump_config(config):
+    if not same_run_config(earlier, config):
         fail(
             f"--out {out} holds another run ({config_differences(config, earlier)}; demo vs "
             f"that run); choose another --out, or remove {out} to start the demo afresh"
