@@ -34,7 +34,7 @@ from fedunlearn.history.result_file import (
     read_result_file,
     tensor_sha256,
 )
-from fedunlearn.history.store import HistoryStore
+from fedunlearn.history.store import AppliedEvent, HistoryStore
 from fedunlearn.runs.dp_gate import dp_gate, released_dp
 from fedunlearn.runs.fingerprint import receipt_sha256, run_fingerprint
 from fedunlearn.runs.forget import APPLY_SUFFIX
@@ -150,8 +150,7 @@ def apply_result(
         )
     config = load_run_config(run_dir)
     with HistoryStore.open(store_dir(run_dir), writable=True) as store:
-        generation, last = store.generation(), store.last_round()
-        assert last is not None  # a store holds round 0 (M_0) from its creation
+        generation = store.generation()
         events = store.events()
         again = events and events[-1].result_sha256 == digest
         if again and run.get("generation") == generation - 1:
@@ -175,22 +174,7 @@ def apply_result(
             accept_non_dp=accept_non_dp,
             what=f"--result {result_json}",
         )
-        event = store.apply(
-            forget=forget,
-            new=request.get("new", sorted(forget)),
-            method=str(doc.get("method", "unknown")),
-            request_kind=str(request.get("kind", "forget")),
-            model=content.params,
-            model_sha256=spec["model_sha256"],
-            trajectory=None if trajectory is None else trajectory.rounds,
-            result_sha256=digest,
-            receipt_sha256=receipt_sha256(doc.get("verification")),
-            expected_last_round=last,
-            scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
-            meta=privacy_meta,
-            kept=0 if trajectory is None else trajectory.kept,
-            samples={int(c): ids for c, ids in (request.get("samples") or {}).items()},
-        )
+        event = _commit(store, doc, content, forget, digest, privacy_meta)
         rewrite_files(run_dir, config, store, f"generation {event.generation} was applied")
     # The apply file is a copy of the trajectory: every remaining client's update of every
     # round. The store now holds them, where a later forget() erases them with a deletion
@@ -205,6 +189,34 @@ def apply_result(
         "kept_rounds": 0 if trajectory is None else trajectory.kept,
         "samples": dict(request.get("samples") or {}),
     }
+
+
+def _commit(
+    store: HistoryStore,
+    doc: dict[str, Any],
+    content: ResultFile,
+    forget: set[int],
+    digest: str,
+    privacy_meta: dict[str, Any] | None,
+) -> AppliedEvent:
+    """Apply the checked result in one store transaction (``HistoryStore.apply``)."""
+    spec, request, trajectory = doc["apply"], doc.get("request") or {}, content.trajectory
+    return store.apply(
+        forget=forget,
+        new=request.get("new", sorted(forget)),
+        method=str(doc.get("method", "unknown")),
+        request_kind=str(request.get("kind", "forget")),
+        model=content.params,
+        model_sha256=spec["model_sha256"],
+        trajectory=None if trajectory is None else trajectory.rounds,
+        result_sha256=digest,
+        receipt_sha256=receipt_sha256(doc.get("verification")),
+        expected_last_round=store.last_round(),
+        scalars={k: doc[k] for k in ("test_accuracy", "backdoor_asr") if k in doc},
+        meta=privacy_meta,
+        kept=0 if trajectory is None else trajectory.kept,
+        samples={int(c): ids for c, ids in (request.get("samples") or {}).items()},
+    )
 
 
 def _apply_file(result_json: Path, doc: dict[str, Any]) -> Path:
