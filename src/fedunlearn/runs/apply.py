@@ -28,6 +28,7 @@ import torch
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.history.digest import check_seal
+from fedunlearn.history.result_claims import ResultClaims
 from fedunlearn.history.result_file import (
     ResultFile,
     file_sha256,
@@ -67,25 +68,7 @@ def _check_finite(model: torch.Tensor, what: str) -> None:
         )
 
 
-def _receipt_note(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """What the result's receipt says, for the apply output: influence and non-passing checks.
-
-    The store checks are left out: they describe the store before this apply changed it.
-    """
-    receipt = doc.get("verification")
-    if not isinstance(receipt, dict):
-        return None
-    flagged = [
-        {"check": str(c.get("name")), "verdict": str(c.get("verdict")), "reason": c.get("reason")}
-        for c in receipt.get("checks") or []
-        if isinstance(c, dict)
-        and c.get("verdict") in ("warn", "fail")
-        and c.get("scope") != "store"  # the store before the apply, which changes it
-    ]
-    return {"influence": receipt.get("influence"), "flagged": flagged}
-
-
-def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
+def _check_removes(result_json: Path, claims: ResultClaims) -> None:
     """Refuse a result that removed nobody's influence (applying it records a deletion).
 
     An applied forget set counts as removed from then on: its clients leave the federation and
@@ -93,11 +76,10 @@ def _check_removes(result_json: Path, doc: dict[str, Any]) -> None:
     (``none``: the run's model unchanged) and a result whose own receipt says the influence
     remains are refused; ``apply --model FILE --forget IDS`` applies a model knowingly.
     """
-    method = str(doc.get("method", ""))
-    receipt = doc.get("verification")
+    method = claims.method
     if method == "none":
         why = "it is the no-unlearning control (the run's model unchanged): it removes no client"
-    elif isinstance(receipt, dict) and receipt.get("influence") == "remains":
+    elif claims.influence == "remains":
         why = f"its receipt says the forgotten clients' influence remains ({method})"
     else:
         return
@@ -136,9 +118,10 @@ def apply_result(
     doc = _load_result(result_json)
     check_seal(doc, f"--result {result_json}")  # before anything it says is believed
     spec, run, request = doc["apply"], doc.get("run") or {}, doc.get("request") or {}
-    file = _apply_file(result_json, doc)
+    claims = ResultClaims.from_doc(doc)
+    file = _apply_file(result_json, spec, claims)
     if not file.is_file():
-        done = _applied_before(run_dir, spec.get("sha256"), doc)
+        done = _applied_before(run_dir, spec.get("sha256"), claims)
         if done is not None:
             return done  # applied, and the apply file consumed: nothing left to do
         raise ConfigError(f"--result {result_json}: its apply file {file} is missing")
@@ -157,16 +140,17 @@ def apply_result(
             # a re-run after a crash or a full disk: finish what is left
             rewrite_files(run_dir, config, store, f"generation {generation} was applied before")
             file.unlink(missing_ok=True)
-            return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
+            note = claims.receipt_note()
+            return {**events[-1].to_dict(), "already_applied": True, "receipt": note}
         forget = {int(c) for c in request.get("forget", [])}
         _check_state(result_json, run_dir, config, store, doc, forget)
         content = _read_apply_file(file, result_json, spec, forget)
         trajectory = content.trajectory
-        dp, why, fresh = released_dp(doc, config, store, forget)
+        dp, why, fresh = released_dp(claims, request.get("samples"), config, store, forget)
         privacy_meta = dp_gate(
             config,
             store,
-            method=str(doc.get("method", "unknown")),
+            method=claims.method or "unknown",
             trajectory=None if trajectory is None else trajectory.rounds,
             dp=dp,
             reason=why,
@@ -185,7 +169,7 @@ def apply_result(
         **event.to_dict(),
         "already_applied": False,
         "apply_file_deleted": str(file),
-        "receipt": _receipt_note(doc),
+        "receipt": claims.receipt_note(),
         "kept_rounds": 0 if trajectory is None else trajectory.kept,
         "samples": dict(request.get("samples") or {}),
     }
@@ -204,7 +188,7 @@ def _commit(
     return store.apply(
         forget=forget,
         new=request.get("new", sorted(forget)),
-        method=str(doc.get("method", "unknown")),
+        method=str(doc.get("method", "unknown")),  # as the event records it
         request_kind=str(request.get("kind", "forget")),
         model=content.params,
         model_sha256=spec["model_sha256"],
@@ -219,16 +203,15 @@ def _commit(
     )
 
 
-def _apply_file(result_json: Path, doc: dict[str, Any]) -> Path:
+def _apply_file(result_json: Path, spec: dict[str, Any], claims: ResultClaims) -> Path:
     """The apply file a result names; refused when it has none, or removes nobody."""
-    spec = doc["apply"]
     if spec.get("file") is None:
         raise ConfigError(
             f"--result {result_json} was written with --no-apply-file: there is no apply file "
             f"({result_json.with_name(result_json.stem + APPLY_SUFFIX)}) to apply; unlearn again "
             "without --no-apply-file; nothing was changed"
         )
-    _check_removes(result_json, doc)
+    _check_removes(result_json, claims)
     return result_json.parent / spec["file"]
 
 
@@ -287,7 +270,7 @@ def _read_apply_file(
 
 
 def _applied_before(
-    run_dir: Path, digest: str | None, doc: dict[str, Any]
+    run_dir: Path, digest: str | None, claims: ResultClaims
 ) -> dict[str, Any] | None:
     """The last event, if it applied the result whose apply file had ``digest``; else None."""
     if not digest:
@@ -298,7 +281,7 @@ def _applied_before(
             return None
         done = f"generation {events[-1].generation} was applied before"
         rewrite_files(run_dir, load_run_config(run_dir), store, done)
-        return {**events[-1].to_dict(), "already_applied": True, "receipt": _receipt_note(doc)}
+        return {**events[-1].to_dict(), "already_applied": True, "receipt": claims.receipt_note()}
 
 
 def apply_model(

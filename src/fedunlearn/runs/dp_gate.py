@@ -16,6 +16,7 @@ from typing import Any
 
 from fedunlearn.config import RunConfig
 from fedunlearn.errors import ConfigError
+from fedunlearn.history.result_claims import ResultClaims
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.privacy.guarantees import applied_privacy
 from fedunlearn.privacy.releases import DPRelease, method_release, release_epsilon
@@ -25,18 +26,21 @@ __all__ = ["dp_gate", "released_dp"]
 
 
 def released_dp(
-    doc: Mapping[str, Any], config: RunConfig, store: HistoryStore, forget: set[int]
+    claims: ResultClaims,
+    samples: Mapping[str, Any] | None,
+    config: RunConfig,
+    store: HistoryStore,
+    forget: set[int],
 ) -> tuple[bool, str, float | None]:
     """Whether a result's model is DP, why, and the a-priori ε of the releases it added.
 
-    Derived from the method, its parameters and the run as the store recorded it
+    Derived from the method, its parameters (``claims``) and the run as the store recorded it
     (``fedunlearn.privacy.releases``), never from the result's ``released_model_dp`` nor its
     ``fresh_guarantee_epsilon``: a hand-edited, re-sealed result claims what it likes (issue 40).
+    ``samples``: the request's deleted samples (client -> ids).
     """
-    method = str(doc.get("method", "unknown"))
-    raw_params = doc.get("params")
-    params = raw_params if isinstance(raw_params, dict) else {}
-    release = method_release(method, params, config)
+    method = claims.method or "unknown"
+    release = method_release(method, claims.params, config)
     if release is None:
         return (
             False,
@@ -49,7 +53,7 @@ def released_dp(
     fresh = release_epsilon(
         config,
         release,
-        sizes=_remaining_sizes(doc, store, forget),
+        sizes=_remaining_sizes(samples, store, forget),
         rounds=_release_rounds(release, store, forget),
         clip_norm=None if config.privacy.clip_norm == "auto" else float(config.privacy.clip_norm),
     )
@@ -66,14 +70,12 @@ def released_dp(
 
 
 def _remaining_sizes(
-    doc: Mapping[str, Any], store: HistoryStore, forget: set[int]
+    samples: Mapping[str, Any] | None, store: HistoryStore, forget: set[int]
 ) -> dict[int, int]:
     """The sample counts of the clients a result trained: every deleted sample left out."""
     sizes = {int(c): int(n) for c, n in (store.meta.get("client_sizes") or {}).items()}
     deleted = {c: len(ids) for c, ids in store.forgotten_samples().items()}
-    raw_request = doc.get("request")
-    request = raw_request if isinstance(raw_request, dict) else {}
-    for c, ids in (request.get("samples") or {}).items():
+    for c, ids in (samples or {}).items():
         deleted[int(c)] = deleted.get(int(c), 0) + len(ids)
     return {c: n - deleted.get(c, 0) for c, n in sizes.items() if c not in forget}
 
