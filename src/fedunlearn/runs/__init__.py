@@ -2,7 +2,7 @@
 
 ``assembly`` (``resolve_config``: the policy, its options and the budget schedule a config
 names, looked up in the plugins and checked together), ``setup`` (what a config determines:
-data, poisoning, model, federation), ``rounds`` (the recorded rounds: the one assembly training,
+data (``setup_data``), poisoning, model, federation), ``rounds`` (the recorded rounds: the one assembly training,
 resume and ``--continue`` share), ``train`` (training with recording, resume and repair),
 ``rundir`` (the directory's files, ``run_info`` and ``check_run``), ``forget`` (erasing clients'
 stored updates and the evidence of it), ``apply`` (applying an unlearning result, gated on a DP

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.config import RunConfig
-from fedunlearn.data import Dataset, FederatedData, load_dataset, partition
+from fedunlearn.data import Dataset, FederatedData
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator, make_aggregator
 from fedunlearn.fl.attacks import (
@@ -46,7 +46,8 @@ from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.models import build_model, federated_buffers, get_flat_params
 from fedunlearn.models.registry import ModelFactory
-from fedunlearn.runs.user import FunctionTrigger, user_data, user_model
+from fedunlearn.runs.setup_data import LoadedData, load_data
+from fedunlearn.runs.user import FunctionTrigger, user_model
 
 __all__ = [
     "DEFAULT_LOSS_SAMPLES",
@@ -148,50 +149,6 @@ class Setup:
         self.federation.close()
 
 
-def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple:
-    if limit is None or limit >= len(y):
-        return x, y
-    idx = np.sort(np.random.default_rng(seed).choice(len(y), size=limit, replace=False))
-    return x[idx], y[idx]
-
-
-def _builtin_data(
-    cfg: RunConfig,
-) -> tuple[Dataset, dict[int, ClientData], np.ndarray, np.ndarray]:
-    """Load a registered dataset, subsample it and partition it among the clients."""
-    dataset = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir, **cfg.data.options)
-    x_train, y_train = _subsample(
-        dataset.x_train,
-        dataset.y_train,
-        cfg.data.max_train_samples,
-        derive_seed(cfg.seed, "partition", 1),
-    )
-    x_test, y_test = _subsample(
-        dataset.x_test,
-        dataset.y_test,
-        cfg.data.max_test_samples,
-        derive_seed(cfg.seed, "partition", 2),
-    )
-    if cfg.attack.kind != "none" and cfg.attack.target_label >= dataset.num_classes:
-        raise ConfigError(
-            f"attack.target_label {cfg.attack.target_label} is not a class of "
-            f"{dataset.name} (0..{dataset.num_classes - 1})"
-        )
-    parts = partition(
-        y_train,
-        cfg.data.num_clients,
-        cfg.data.partition,
-        seed=derive_seed(cfg.seed, "partition", 0),
-        alpha=cfg.data.alpha,
-        bias=cfg.data.bias,
-        shards_per_client=cfg.data.shards_per_client,
-        min_size=cfg.data.min_client_samples,
-    )
-    x_all, y_all = torch.from_numpy(np.ascontiguousarray(x_train)), torch.from_numpy(y_train)
-    client_data = {c: ClientData(x_all[idx], y_all[idx]) for c, idx in enumerate(parts)}
-    return dataset, client_data, x_test, y_test
-
-
 def with_recorded_executor(config: RunConfig, recorded: object) -> RunConfig:
     """The config a run's later steps build with: ``auto`` pinned to the executor it trained with.
 
@@ -208,66 +165,8 @@ def with_recorded_executor(config: RunConfig, recorded: object) -> RunConfig:
     return config.model_copy(update={"training": training})
 
 
-@dataclass(frozen=True)
-class _Data:
-    """The data a config names, before poisoning: the clients', the test set, its shape."""
-
-    dataset: Dataset | FederatedData
-    client_data: dict[int, ClientData]
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    input_shape: tuple[int, ...]
-    num_classes: int
-    trigger: FunctionTrigger | None  # a user data source's own backdoor trigger
-
-
-def _load_data(
-    cfg: RunConfig,
-    data: FederatedData | Mapping[str, Any] | None,
-    components: dict[str, dict[str, Any]],
-) -> _Data:
-    """Load the clients' data: a user data source (recorded in ``components``) or a dataset."""
-    if data is not None or cfg.data.source is not None:
-        user = user_data(cfg, data)
-        components["data"] = user.record
-        x_test, y_test = user.data.test
-        input_shape, num_classes = user.data.input_shape, int(user.data.num_classes or 0)
-        assert input_shape is not None  # FederatedData derives it from the test set when absent
-        trigger_function = user.data.trigger  # the attack and the checks call .apply(x)
-        if cfg.attack.kind != "none" and cfg.attack.target_label >= num_classes:
-            raise ConfigError(
-                f"attack.target_label {cfg.attack.target_label} is not a class of "
-                f"{user.what} (0..{num_classes - 1})"
-            )
-        return _Data(
-            user.data,
-            {c: ClientData(x, y) for c, (x, y) in user.data.clients.items()},
-            x_test,
-            y_test,
-            input_shape,
-            num_classes,
-            None if trigger_function is None else FunctionTrigger(trigger_function),
-        )
-    if cfg.data.dataset == "node-local":
-        raise ConfigError(
-            "this run was recorded from a Flower app whose clients keep their data on their "
-            "nodes (data.dataset: node-local); nothing loads it here: unlearn it over the app "
-            "(docs/deployment.md, 'Your own Flower app')"
-        )
-    dataset, client_data, x_np, y_np = _builtin_data(cfg)
-    return _Data(
-        dataset,
-        client_data,
-        torch.from_numpy(np.ascontiguousarray(x_np)),
-        torch.from_numpy(y_np),
-        dataset.input_shape,
-        dataset.num_classes,
-        None,
-    )
-
-
 def _poison(
-    cfg: RunConfig, loaded: _Data
+    cfg: RunConfig, loaded: LoadedData
 ) -> tuple[
     frozenset[int], Trigger | FunctionTrigger | None, dict[int, ClientData], list[UpdateMod]
 ]:
@@ -315,7 +214,7 @@ def _poison(
 def _network(
     cfg: RunConfig,
     model: ModelFactory | None,
-    loaded: _Data,
+    loaded: LoadedData,
     components: dict[str, dict[str, Any]],
 ) -> nn.Module:
     """Build the model: a user factory (recorded in ``components``) or a registered one."""
@@ -383,7 +282,7 @@ def build_setup(
     """
     cfg = config
     components: dict[str, dict[str, Any]] = {}
-    loaded = _load_data(cfg, data, components)
+    loaded = load_data(cfg, data, components)
     client_data = loaded.client_data
     malicious, trigger, originals, mods = _poison(cfg, loaded)
     markers, unmarked = embed_markers(  # opt-in (verification.markers): fl/markers.py
