@@ -2,13 +2,13 @@
 
 ``assembly`` (``resolve_config``: the policy, its options and the budget schedule a config
 names, looked up in the plugins and checked together), ``setup`` (what a config determines:
-data (``setup_data``), poisoning, model, federation), ``rounds`` (the recorded rounds: the one assembly training,
-resume and ``--continue`` share), ``train`` (training with recording, resume and repair),
-``rundir`` (the directory's files, ``run_info`` and ``check_run``), ``forget`` (erasing clients'
-stored updates and the evidence of it), ``apply`` (applying an unlearning result, gated on a DP
-run by ``dp_gate``), ``continuation`` (training on with ``--continue``), ``run_files`` (the files
-derived from the store) and ``fingerprint`` (what names a run's state); ``lifecycle`` re-exports
-the living run's commands for older imports.
+data (``setup_data``), poisoning, model, federation), ``rounds`` (the recorded rounds: the one
+assembly training, resume and ``--continue`` share), ``train`` (training with recording, resume
+and repair), ``rundir`` (the directory's files, ``run_info`` and ``check_run``), ``forget``
+(erasing clients' stored updates and the evidence of it), ``apply`` (applying an unlearning
+result, gated on a DP run by ``dp_gate``), ``continuation`` (training on with ``--continue``),
+``run_files`` (the files derived from the store) and ``fingerprint`` (what names a run's
+state); ``lifecycle`` re-exports the living run's commands for older imports.
 """
 
 from fedunlearn.runs.apply import apply_model, apply_result
