@@ -325,7 +325,7 @@ def parse_forget(value: str, run_dir: Path, option: str = "--forget") -> tuple[l
 
         run_dir = Path(run_dir)
         with HistoryStore.open(run_dir / HISTORY_DIR) as store:
-            malicious = sorted(store.meta.get("malicious", []))
+            malicious = sorted(store.run_meta.malicious)
         if not malicious:
             raise ConfigError(f"{option} malicious: {run_dir} has no malicious clients")
         return malicious, "recover"

@@ -53,7 +53,7 @@ def model_bytes(run_dir: Path) -> int:
     """Return the bytes of one model of the run (float32), 0 if not known (no run there)."""
     try:
         with HistoryStore.open(Path(run_dir) / HISTORY_DIR) as store:
-            return 4 * int(store.meta.get("num_params") or 0)
+            return 4 * (store.run_meta.num_params or 0)
     except FedUnlearnError:
         return 0  # the command reports what is wrong with the run itself
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.history.store import parse_run_meta
 from fedunlearn.runs.rundir import open_meta, write_json
 
 __all__ = [
@@ -109,10 +110,10 @@ def queue_request(run_dir: str | Path, request: AppRequest) -> Path:
             f" with {waiting.method if waiting else '?'}); serve it first "
             f"({serve_command(open_meta(run_dir), run_dir)}) or delete the file"
         )
-    meta = open_meta(run_dir)
-    if APP_META not in meta:
+    meta = parse_run_meta(open_meta(run_dir), str(run_dir))
+    if meta.flower_app is None:
         raise ConfigError(f"{run_dir} was not recorded from a Flower app; nothing to queue")
-    known = {int(c) for c in meta.get("client_sizes", {})}
+    known = meta.client_ids
     unknown = sorted(set(request.forget) - known)
     if unknown:
         raise ConfigError(
@@ -161,7 +162,7 @@ def request_served(run_dir: str | Path) -> None:
 
 def serve_command(meta: Mapping[str, Any], run_dir: str | Path) -> str:
     """Return the command that serves the run's queued request: ``flwr run`` of its app."""
-    app = meta.get(APP_META) or {}
+    app = parse_run_meta(dict(meta), str(run_dir)).flower_app or {}
     where = app.get("app_dir") or "."
     return f"flwr run {where}"
 
@@ -172,7 +173,7 @@ def serving(meta: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any] | No
     The answer for a Flower-app run: the app that serves them (``app``), the command that
     does (``command``), and the request waiting, if any (``queued``).
     """
-    app = meta.get(APP_META)
+    app = parse_run_meta(dict(meta), str(run_dir)).flower_app
     if app is None:
         return None
     problem: str | None

@@ -324,7 +324,7 @@ def apply_model(
                 f"{run_dir}'s model has {current.numel()} (a flat vector); nothing was changed"
             )
         _check_finite(params, "the model")
-        known = {int(c) for c in store.meta.get("client_sizes", {})}
+        known = store.run_meta.client_ids
         unknown = sorted(named - known) if known else []
         if not named or unknown:
             raise ConfigError(

@@ -64,9 +64,9 @@ ClientsFactory = Callable[[Federation], RunClients]
 
 def _pending(store: HistoryStore) -> dict[str, int] | None:
     """The recorded continuation that has not reached its target, or None."""
-    cont = store.meta.get("continuation")
-    if cont and int(cont["target"]) > (store.last_round() or 0):
-        return {k: int(v) for k, v in cont.items()}
+    cont = store.run_meta.continuation
+    if cont and cont.target > (store.last_round() or 0):
+        return cont.to_dict()
     return None
 
 
@@ -92,7 +92,7 @@ def _budget_restart(
     """
     if not forgotten or CLIENTS_LOSS_KEY not in first:
         return None
-    recorded = store.meta.get(BUDGET_RESTART_KEY)
+    recorded = store.run_meta.budget_restart
     if recorded and recorded.get("forgotten") == sorted(forgotten):
         return dict(recorded)
     return {"round": start, "forgotten": sorted(forgotten), "loss": first[CLIENTS_LOSS_KEY]}
@@ -166,7 +166,7 @@ def _continuation(
                 "first; nothing was changed"
             )
         return pending["target"], pending["from"], last
-    wanted = store.meta.get("rounds_target", config.training.rounds)
+    wanted = store.run_meta.planned_rounds(config.training.rounds)
     if last != wanted:
         raise ConfigError(
             f"{run_dir} finished {last} of {wanted} rounds; complete it with "
@@ -234,7 +234,7 @@ def continue_run(
             rewrite_files(run_dir, config, store, f"{run_dir} is at round {target}")
             return _outcome(store, last, target, None, started, already_done=True)
         forgotten = store.forgotten_clients()
-        with run_threads(store.meta.get("torch_threads"), purpose="the continuation"):
+        with run_threads(store.run_meta.torch_threads, purpose="the continuation"):
             setup = _without_forgotten_samples(recorded_setup(config, store, run_dir), store)
             remaining = [c for c in setup.federation.client_ids if c not in forgotten]
             private = setup

@@ -73,7 +73,7 @@ def _remaining_sizes(
     samples: Mapping[str, Any] | None, store: HistoryStore, forget: set[int]
 ) -> dict[int, int]:
     """The sample counts of the clients a result trained: every deleted sample left out."""
-    sizes = {int(c): int(n) for c, n in (store.meta.get("client_sizes") or {}).items()}
+    sizes = store.run_meta.sizes()
     deleted = {c: len(ids) for c, ids in store.forgotten_samples().items()}
     for c, ids in (samples or {}).items():
         deleted[int(c)] = deleted.get(int(c), 0) + len(ids)
@@ -137,7 +137,7 @@ def dp_gate(
             "--accept-non-dp (accept_non_dp=True) to apply it and record that the guarantee "
             "ended; nothing was changed"
         )
-    lineage = dict(store.meta.get(PRIVACY_LINEAGE_KEY) or {})
+    lineage = dict(store.run_meta.privacy_lineage or {})
     generation = store.generation() + 1
     last = store.last_round() or 0
     replaced = list(lineage.get("replaced", []))

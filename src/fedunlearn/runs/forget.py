@@ -121,7 +121,7 @@ def forget_clients(
     ids = _client_ids(client_ids)
     load_run_config(run_dir)  # config.yaml must be this run's (as apply and unlearn require)
     with HistoryStore.open(_store_dir(Path(run_dir)), writable=True) as store:
-        shards = int(((store.meta.get("config") or {}).get("training") or {}).get("shards", 1))
+        shards = int(store.run_meta.training.get("shards") or 1)
         pending = sorted(set(ids) - store.applied_clients())
         if shards > 1 and pending:
             raise ConfigError(

@@ -169,7 +169,7 @@ class WallClock:
 
     def __init__(self, store: HistoryStore, started: float) -> None:
         self.store = store
-        self.before = float(store.meta.get("wall_seconds", 0.0))
+        self.before = store.run_meta.wall_seconds or 0.0
         self.started = started  # time.perf_counter() when this session began
 
     @property
@@ -196,10 +196,11 @@ def recorded_setup(
     user component that changed since the stored rounds is warned about: resumed and continued
     rounds must train on what the first ones did.
     """
-    recorded = None if store is None else store.meta.get("executor")
+    meta = None if store is None else store.run_meta
+    recorded = None if meta is None else meta.executor
     setup = build_setup(with_recorded_executor(config, recorded), model=model, data=data)
-    if store is not None:  # resumed rounds must train on what the first ones did
-        warn_changed_components(store.meta.get("components"), setup.components, str(run_dir))
+    if meta is not None:  # resumed rounds must train on what the first ones did
+        warn_changed_components(meta.components, setup.components, str(run_dir))
     return setup
 
 

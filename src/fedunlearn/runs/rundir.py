@@ -78,7 +78,7 @@ def stored_clip_norm(store: HistoryStore) -> float | None:
         value = store.round_scalars(r).get("dp_clip_norm")
         if value is not None:
             return float(value)
-    for row in (store.meta.get(PRIVACY_LINEAGE_KEY) or {}).get("replaced", []):
+    for row in (store.run_meta.privacy_lineage or {}).get("replaced", []):
         if row.get("dp_clip_norm") is not None:
             return float(row["dp_clip_norm"])
     return None
@@ -92,11 +92,12 @@ def run_privacy(config: RunConfig, store: HistoryStore) -> dict[str, Any]:
     """
     last = store.last_round() or 0
     scalars = [store.round_scalars(r) for r in range(1, last + 1)]
-    lineage = store.meta.get(PRIVACY_LINEAGE_KEY) or {}
+    meta = store.run_meta
+    lineage = meta.privacy_lineage or {}
     return privacy_summary(
         config.privacy,
         scalars,
-        store.meta.get("num_params"),
+        meta.num_params,
         replaced=lineage.get("replaced", []),
         applied=lineage.get("applied", []),
     )
@@ -192,7 +193,7 @@ def holds_run(run_dir: str | Path) -> bool:
 
 def stored_config(store: HistoryStore) -> RunConfig | None:
     """Return the config kept in the store's metadata, or None if it holds none."""
-    data = store.meta.get("config")
+    data = store.run_meta.config
     if data is None:
         return None
     return resolve_config(parse_config(data, f"the config stored in {store.file}"))
@@ -351,9 +352,8 @@ def _derived_file_problems(run_dir: Path, store: HistoryStore) -> list[str]:
     rebuilt from the store by ``fedunlearn verify RUN --rebuild`` (``runs.rebuild_run_files``).
     """
     last = store.last_round()
-    meta = store.meta
-    config = meta.get("config") or {}
-    target = meta.get("rounds_target", (config.get("training") or {}).get("rounds"))
+    meta = store.run_meta
+    target = meta.planned_rounds(meta.training.get("rounds"))
     if last is None or last != target:
         return []
     fix = f"rebuild it from the store with: fedunlearn verify {run_dir} --rebuild"
@@ -463,7 +463,8 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
             + list(check.problems)
             + _derived_file_problems(run_dir, store)
         )
-        target = int(store.meta.get("rounds_target", config.training.rounds))
+        meta = store.run_meta
+        target = meta.planned_rounds(config.training.rounds)
         events = [e.to_dict() for e in store.events()]
         for client in store.forgotten_clients() - set(forgotten):  # applied, not erased yet
             forgotten[client] = {"forgotten_at": None, "size_bytes": 0}
@@ -471,16 +472,16 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
             "run_dir": str(run_dir),
             "dataset": config.data.dataset,
             "model": config.model.factory or config.model.name,
-            "num_params": store.meta.get("num_params"),
+            "num_params": meta.num_params,
             "num_clients": config.data.num_clients,
             "rounds_planned": target,
             "rounds_completed": last or 0,
             "complete": last == target,
             "generation": len(events),
             "events": events,
-            "history_policy": store.meta.get("history_policy", config.history.policy),
+            "history_policy": meta.history_policy or config.history.policy,
             "attack": config.attack.kind,
-            "malicious_clients": store.meta.get("malicious", []),
+            "malicious_clients": meta.malicious,
             "forgotten_clients": sorted(forgotten),
             "forgotten": {str(c): v for c, v in sorted(forgotten.items())},
             "stored_bytes": store.stored_bytes(),
@@ -489,8 +490,8 @@ def run_info(run_dir: str | Path, *, full_check: bool | None = None) -> dict[str
                 str(k): v for k, v in sorted(store.stored_bytes_by_client().items())
             },
             "file_bytes": store.file_bytes(),
-            "wall_seconds": store.meta.get("wall_seconds"),
-            "torch_threads": store.meta.get("torch_threads"),
+            "wall_seconds": meta.wall_seconds,
+            "torch_threads": meta.torch_threads,
             "metrics": [stored_metrics_line(store, r) for r in rounds],
             "privacy": run_privacy(config, store),
             "deletion_readiness": deletion_readiness(store, config, frozenset(forgotten)),

@@ -148,7 +148,7 @@ def _check_resumable(
             f"({config_differences(config, stored)}; given vs stored); resume with "
             f"'fedunlearn train {run_dir / CONFIG_FILE} --out {run_dir} --resume'"
         )
-    if store.generation() or store.meta.get("continuation"):  # a living run (lifecycle.py)
+    if store.generation() or store.run_meta.continuation:  # a living run (lifecycle.py)
         raise ConfigError(
             f"{run_dir} had results applied or rounds added with --continue, so it is no longer "
             f"the run the config describes; finish or extend it with 'fedunlearn train "
@@ -293,7 +293,8 @@ def train_run(
             repaired = _check_resumable(config, run_dir, store, repair)
         elif holds_run(run_dir):  # written between the first look and the lock
             raise ConfigError(already)
-        threads = None if store is None else store.meta.get("torch_threads")
+        meta = None if store is None else store.run_meta
+        threads = None if meta is None else meta.torch_threads
         with run_threads(threads, purpose="the resume"):
             setup = recorded_setup(config, store, run_dir, model=model, data=data)
             if store is None:

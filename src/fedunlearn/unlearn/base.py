@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
+from fedunlearn.history.store import run_meta_of
 from fedunlearn.history.trajectory import Trajectory
 from fedunlearn.privacy.releases import DPRelease
 from fedunlearn.unlearn.context import UnlearnContext
@@ -262,7 +263,8 @@ class Unlearner(ABC, Generic[ParamsT]):
 
     def check_history(self, context: UnlearnContext) -> None:
         """Raise ``UnsupportedHistoryError`` unless the run recorded what this method needs."""
-        clean_from = int(context.history.meta.get("clean_from_round") or 0)
+        meta = run_meta_of(context.history)
+        clean_from = meta.clean_from_round or 0
         if clean_from and self.reads_stored_rounds:
             raise UnsupportedHistoryError(
                 f"{self.name} reads the stored rounds 1..{clean_from - 1}, which carry the "
@@ -271,15 +273,15 @@ class Unlearner(ABC, Generic[ParamsT]):
                 "client records only), or apply results of methods that return a trajectory"
             )
         # an apply (the store's events) sets clean_from_round, with or without a trajectory
-        if "clean_from_round" in context.history.meta and not self.serves_generations:
+        if meta.clean_from_round is not None and not self.serves_generations:
             raise UnsupportedHistoryError(
                 f"{self.name} needs the rounds the run recorded as it trained; an unlearning "
                 "result was applied to this run since (its history is a method's computed "
                 f"trajectory, or carries earlier forgotten clients). Use {_generation_servers()}."
             )
-        dropped = context.history.meta.get("dropped_models") or []
+        dropped = meta.dropped_models
         if dropped and self.reads_round_models:
-            rounds = sorted({int(r) for r, _ in dropped})
+            rounds = sorted({r for r, _ in dropped})
             raise UnsupportedHistoryError(
                 f"{self.name} reads the global models of the run's rounds; forget() dropped "
                 f"{len(dropped)} models and aggregates (rounds {rounds[0]}..{rounds[-1]}) so that "

@@ -140,10 +140,11 @@ class UnlearnSession:
         run_dir = Path(run_dir)
         config = load_run_config(run_dir)
         store = HistoryStore.open(run_dir / HISTORY_DIR)
+        meta = store.run_meta
         self._threads.enter_context(
-            run_threads(store.meta.get("torch_threads"), purpose="unlearning on this run")
+            run_threads(meta.torch_threads, purpose="unlearning on this run")
         )
-        recorded = store.meta.get("components")
+        recorded = meta.components
         if _data_on_clients(recorded) and data is None:
             try:
                 self._open_without_data(run_dir, config, store, model, evaluator, evaluate)
@@ -153,11 +154,11 @@ class UnlearnSession:
             return
         try:
             last = store.last_round()
-            planned = int(store.meta.get("rounds_target", config.training.rounds))
+            planned = meta.planned_rounds(config.training.rounds)
             if last != planned:
                 how = (
                     f"'fedunlearn train --continue {run_dir}'"
-                    if store.meta.get("continuation")
+                    if meta.continuation
                     else f"'fedunlearn train {run_dir / 'config.yaml'} --out {run_dir} --resume'"
                 )
                 raise HistoryError(
@@ -166,7 +167,7 @@ class UnlearnSession:
                 )
             generation = store.generation()
             _check_given(recorded, config, model, data, run_dir)
-            pinned = with_recorded_executor(config, store.meta.get("executor"))
+            pinned = with_recorded_executor(config, meta.executor)
             self._setup: Setup | None = build_setup(pinned, model=model, data=data)
             warn_changed_components(recorded, self._setup.components, str(run_dir))
             federation = self._setup.federation
@@ -220,14 +221,15 @@ class UnlearnSession:
         evaluate: bool,
     ) -> None:
         """Open a run whose clients keep their data: no federation, evaluation by the user."""
-        recorded = store.meta["components"]
+        meta = store.run_meta
+        recorded = meta.components or {}
         net, record = model_from_record(config, recorded, model)
         warn_changed_components(
             {"model": recorded["model"]} if "model" in recorded else {},
             {"model": record},
             str(run_dir),
         )
-        planned = int(store.meta.get("rounds_target", config.training.rounds))
+        planned = meta.planned_rounds(config.training.rounds)
         last = store.last_round()
         if last != planned:
             raise HistoryError(f"{run_dir} finished {last or 0} of {planned} rounds")
@@ -236,7 +238,7 @@ class UnlearnSession:
         self._fresh = None
         self._evaluate_rounds = evaluate
         self._aggregator = aggregator_of(config)
-        sizes = {int(c): int(n) for c, n in store.meta.get("client_sizes", {}).items()}
+        sizes = meta.sizes()
         self.run_view = RunView(
             run_dir=run_dir,
             config=config,
@@ -247,7 +249,7 @@ class UnlearnSession:
             model=net,
             spec=training_spec(config),
             client_sizes=MappingProxyType(sizes),
-            malicious=frozenset(int(c) for c in store.meta.get("malicious", [])),
+            malicious=frozenset(meta.malicious),
             num_rounds=planned,
             generation=generation,
             forgotten=store.forgotten_clients(),

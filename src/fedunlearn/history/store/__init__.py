@@ -1,11 +1,12 @@
 """The on-disk history of a run.
 
-Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``, with its deleting
-methods in ``erasure``, its checks in ``integrity``, its applied results in ``events`` and its
-committed history in ``chain``), the
-evidence of deletions (``deletion``),
-the reconstruction attack and what ``forget()`` drops against it (``reconstruction``) and the
-read-only protocol unlearning methods use (``reader``).
+Values (``records``), payload layout (``codec``), the SQLite store (``sqlite``: its schema in
+``schema``, its damage checks in ``damage``, its writer lock in ``lock``, its reads in
+``reading``, its round writes in ``writing``, its deleting methods in ``erasure`` and their
+records and checks in ``audit``, its checks in ``integrity``, its applied results in ``events``,
+its committed history in ``chain``; its metadata's typed record in ``metadata``), the evidence
+of deletions (``deletion``), the reconstruction attack and what ``forget()`` drops against it
+(``reconstruction``) and the read-only protocol unlearning methods use (``reader``).
 """
 
 from fedunlearn.history.store.deletion import (
@@ -15,6 +16,7 @@ from fedunlearn.history.store.deletion import (
     DroppedModel,
 )
 from fedunlearn.history.store.events import AppliedEvent
+from fedunlearn.history.store.metadata import Continuation, RunMeta, parse_run_meta, run_meta_of
 from fedunlearn.history.store.reader import HistoryReader
 from fedunlearn.history.store.records import (
     ClientRecord,
@@ -38,6 +40,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AppliedEvent",
     "ClientRecord",
+    "Continuation",
     "DeletedPayload",
     "DeletionCheck",
     "DeletionRecord",
@@ -47,7 +50,10 @@ __all__ = [
     "HistoryReader",
     "HistoryStore",
     "RoundEntry",
+    "RunMeta",
     "Scalar",
     "StoreCheck",
     "WriterLock",
+    "parse_run_meta",
+    "run_meta_of",
 ]

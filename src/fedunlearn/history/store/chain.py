@@ -450,7 +450,8 @@ class Chain(StoreHost):
             )
 
 
-_EVENT_FIELDS = (
+#: An applied event's fields, as the chain commits them (the events table's columns, in order).
+EVENT_FIELDS = (
     "kind",
     "forget",
     "new",
@@ -465,4 +466,4 @@ _EVENT_FIELDS = (
 
 
 def _event_fields(event: dict[str, Any]) -> dict[str, Any]:
-    return {k: event.get(k) for k in _EVENT_FIELDS}
+    return {k: event.get(k) for k in EVENT_FIELDS}

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedunlearn.errors import ConfigError, HistoryError
+from fedunlearn.history.store.chain import EVENT_FIELDS
 from fedunlearn.history.store.codec import NO_CLIENT, shard_key
 from fedunlearn.history.store.records import RoundEntry, format_ids
 
@@ -104,6 +105,36 @@ class AppliedEvent:
         return out
 
 
+def _request_ids(
+    forget: Iterable[int], new: Iterable[int], samples: Mapping[int, Iterable[int]] | None
+) -> tuple[list[int], list[int], dict[int, list[int]]]:
+    """The sorted forget set, new clients and client -> deleted sample ids of a request."""
+    forget_ids = sorted({int(c) for c in forget})
+    deleted = {int(c): sorted({int(i) for i in ids}) for c, ids in (samples or {}).items()}
+    if not forget_ids and not any(deleted.values()):
+        raise ConfigError("an applied result must forget at least one client or sample")
+    return forget_ids, sorted({int(c) for c in new}), deleted
+
+
+def _check_trajectory(rounds: list[RoundEntry], forget_ids: list[int], kept: int) -> None:
+    """Raise ConfigError unless the rounds are kept+1..L in order, none with a forgotten client."""
+    for expected, entry in enumerate(rounds, start=kept + 1):
+        if entry.round != expected:
+            raise ConfigError(
+                f"trajectory rounds must be 1..L in order; round {expected} is "
+                f"numbered {entry.round}; nothing was changed"
+            )
+        clients = {c.client_id for c in entry.clients} | set(entry.updates)
+        taken = sorted(clients & set(forget_ids))
+        if taken:
+            raise ConfigError(
+                f"trajectory round {expected} includes forgotten client(s) "
+                f"{format_ids(taken)}; nothing was changed"
+            )
+    if not rounds and not kept:
+        raise ConfigError("a trajectory needs at least one round; nothing was changed")
+
+
 class Generations(StoreHost):
     """``HistoryStore``'s event methods (a mixin: see the module docstring)."""
 
@@ -145,8 +176,8 @@ class Generations(StoreHost):
 
     def forgotten_samples(self) -> dict[int, frozenset[int]]:
         """Return client -> the sample ids applied results deleted (sample-level requests)."""
-        stored = self.meta.get(FORGOTTEN_SAMPLES_KEY) or {}
-        return {int(c): frozenset(int(i) for i in ids) for c, ids in stored.items()}
+        stored = self.run_meta.forgotten_samples
+        return {int(c): frozenset(ids) for c, ids in stored.items()}
 
     def clean_from_round(self) -> int:
         """Return the first round after which no stored round carries a forgotten influence.
@@ -210,90 +241,22 @@ class Generations(StoreHost):
                 not 1..L; nothing was changed.
         """
         self._require_writable("apply an unlearning result")
-        forget_ids = sorted({int(c) for c in forget})
-        new_ids = sorted({int(c) for c in new})
-        deleted = {int(c): sorted({int(i) for i in ids}) for c, ids in (samples or {}).items()}
-        if not forget_ids and not any(deleted.values()):
-            raise ConfigError("an applied result must forget at least one client or sample")
+        forget_ids, new_ids, deleted = _request_ids(forget, new, samples)
         rounds = list(trajectory) if trajectory is not None else None
         if rounds is not None:
-            for expected, entry in enumerate(rounds, start=kept + 1):
-                if entry.round != expected:
-                    raise ConfigError(
-                        f"trajectory rounds must be 1..L in order; round {expected} is "
-                        f"numbered {entry.round}; nothing was changed"
-                    )
-                taken = sorted(
-                    ({c.client_id for c in entry.clients} | set(entry.updates)) & set(forget_ids)
-                )
-                if taken:
-                    raise ConfigError(
-                        f"trajectory round {expected} includes forgotten client(s) "
-                        f"{format_ids(taken)}; nothing was changed"
-                    )
-            if not rounds and not kept:
-                raise ConfigError("a trajectory needs at least one round; nothing was changed")
+            _check_trajectory(rounds, forget_ids, kept)
         self._checkpoint_truncate("nothing was changed; close the other readers and retry")
         before_bytes = self.file_bytes()
         usable = self._usable_page_size()
         with self._transaction("applying an unlearning result"):
-            last = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
-            if last is None:
-                raise HistoryError(f"{self._file}: no round 0 to apply a result to")
-            if expected_last_round is not None and last != expected_last_round:
-                raise HistoryError(
-                    f"{self._file}: the result was computed on round {expected_last_round} and "
-                    f"the run is at round {last} now (trained on or applied since); nothing "
-                    "was changed. Unlearn again on the run as it is."
-                )
+            last = self._last_round_for(expected_last_round)
             now = time.time()
-            dropped = dropped_bytes = 0
             if rounds is not None:
-                dropped, dropped_bytes = self._replace_rounds(
-                    rounds, forget_ids, now, usable, before_bytes, kept
-                )
+                dropped = self._replace_rounds(rounds, forget_ids, now, usable, before_bytes, kept)
                 after, clean = kept + len(rounds), 0
             else:
-                after, clean = last + 1, last + 1
-                generation = self._db.execute("SELECT count(*) FROM events").fetchone()[0] + 1
-                text = json.dumps({**dict(scalars or {}), APPLIED_KEY: generation})
-                self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (after, text, now))
-                self._chain_note_round(after, text, ())
-                self._insert_payload(after, "global", NO_CLIENT, model.detach().cpu())
-            cursor = self._db.execute(
-                "INSERT INTO events (applied_at, kind, forget, new, method, request_kind, "
-                "result_sha256, receipt_sha256, model_sha256, rounds_before, rounds_after, "
-                "clean_from_round, dropped_payloads, dropped_bytes) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    now,
-                    "trajectory" if rounds is not None else "model",
-                    json.dumps(forget_ids),
-                    json.dumps(new_ids),
-                    method,
-                    request_kind,
-                    result_sha256,
-                    receipt_sha256,
-                    model_sha256,
-                    last,
-                    after,
-                    clean,
-                    dropped,
-                    dropped_bytes,
-                ),
-            )
-            meta = self.meta | dict(meta or {})
-            if any(deleted.values()):
-                merged = {c: set(ids) for c, ids in self.forgotten_samples().items()}
-                for c, ids in deleted.items():
-                    merged.setdefault(c, set()).update(ids)
-                meta[FORGOTTEN_SAMPLES_KEY] = {str(c): sorted(v) for c, v in sorted(merged.items())}
-            meta["rounds_target"] = after
-            meta["clean_from_round"] = clean  # every method's view of the history sees it
-            if rounds is not None:  # the models forget() dropped are gone with their rounds
-                meta.pop("dropped_models", None)
-            meta.pop("continuation", None)
-            self._put_meta(meta)
+                dropped, after, clean = (0, 0), last + 1, last + 1
+                self._append_model(after, model, scalars, now)
             event = {
                 "kind": "trajectory" if rounds is not None else "model",
                 "forget": forget_ids,
@@ -306,23 +269,99 @@ class Generations(StoreHost):
                 "rounds_before": last,
                 "rounds_after": after,
             }
+            event_id = self._insert_event(event, now, clean, *dropped)
+            self._put_applied_meta(dict(meta or {}), deleted, after, clean, rounds is not None)
             if rounds is not None:  # the link commits the event and what changed (chain.py)
                 self._chain_commit("apply", event=event, drop_after=kept)
+                self._incremental_vacuum()
             else:
                 self._chain_commit("apply", event=event)
-            if rounds is not None:
-                self._incremental_vacuum()
-            event_id = cursor.lastrowid
         self._checkpoint_truncate("the result is applied; old WAL frames may hold copies")
         if rounds is not None:
-            with self._transaction("recording the file size after applying"):
-                self._db.execute(
-                    "UPDATE forget_calls SET file_bytes_after=? WHERE id=(SELECT max(id) FROM "
-                    "forget_calls)",
-                    (self.file_bytes(),),
-                )
-            self._checkpoint_truncate("the result is applied; only its record is in the WAL")
+            self._record_size_after()
         return next(e for e in self.events() if e.generation == event_id)
+
+    def _record_size_after(self) -> None:
+        """Record the file's size in the deletion record a trajectory's apply wrote."""
+        with self._transaction("recording the file size after applying"):
+            self._db.execute(
+                "UPDATE forget_calls SET file_bytes_after=? WHERE id=(SELECT max(id) FROM "
+                "forget_calls)",
+                (self.file_bytes(),),
+            )
+        self._checkpoint_truncate("the result is applied; only its record is in the WAL")
+
+    def _last_round_for(self, expected: int | None) -> int:
+        """The store's last round, checked against the one a result was computed on."""
+        last = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
+        if last is None:
+            raise HistoryError(f"{self._file}: no round 0 to apply a result to")
+        if expected is not None and last != expected:
+            raise HistoryError(
+                f"{self._file}: the result was computed on round {expected} and "
+                f"the run is at round {last} now (trained on or applied since); nothing "
+                "was changed. Unlearn again on the run as it is."
+            )
+        return int(last)
+
+    def _append_model(
+        self, round: int, model: torch.Tensor, scalars: Mapping[str, Any] | None, now: float
+    ) -> None:
+        """Append a model-only result as round ``round`` (in the transaction)."""
+        generation = self._db.execute("SELECT count(*) FROM events").fetchone()[0] + 1
+        text = json.dumps({**dict(scalars or {}), APPLIED_KEY: generation})
+        self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (round, text, now))
+        self._chain_note_round(round, text, ())
+        self._insert_payload(round, "global", NO_CLIENT, model.detach().cpu())
+
+    def _insert_event(
+        self, event: dict[str, Any], now: float, clean: int, dropped: int, dropped_bytes: int
+    ) -> int | None:
+        """Insert the event's row (in the transaction); return its id."""
+        cursor = self._db.execute(
+            "INSERT INTO events (applied_at, kind, forget, new, method, request_kind, "
+            "result_sha256, receipt_sha256, model_sha256, rounds_before, rounds_after, "
+            "clean_from_round, dropped_payloads, dropped_bytes) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                event["kind"],
+                json.dumps(event["forget"]),
+                json.dumps(event["new"]),
+                *(event[k] for k in EVENT_FIELDS[3:]),  # method .. rounds_after, as they are
+                clean,
+                dropped,
+                dropped_bytes,
+            ),
+        )
+        return cursor.lastrowid
+
+    def _put_applied_meta(
+        self,
+        extra: dict[str, Any],
+        deleted: dict[int, list[int]],
+        after: int,
+        clean: int,
+        replaced: bool,
+    ) -> None:
+        """Write the metadata an applied result changes (in the transaction).
+
+        ``extra`` merged in; the deleted samples; the new round target and the first clean
+        round (every method's view of the history sees them); the dropped models go with the
+        rounds a trajectory replaced; a continuation in progress ends.
+        """
+        meta = self.meta | extra
+        if any(deleted.values()):
+            merged = {c: set(ids) for c, ids in self.forgotten_samples().items()}
+            for c, ids in deleted.items():
+                merged.setdefault(c, set()).update(ids)
+            meta[FORGOTTEN_SAMPLES_KEY] = {str(c): sorted(v) for c, v in sorted(merged.items())}
+        meta["rounds_target"] = after
+        meta["clean_from_round"] = clean
+        if replaced:  # the models forget() dropped are gone with their rounds
+            meta.pop("dropped_models", None)
+        meta.pop("continuation", None)
+        self._put_meta(meta)
 
     def _replace_rounds(
         self,

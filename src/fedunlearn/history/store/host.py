@@ -1,10 +1,14 @@
 """The declared host of ``HistoryStore``'s mixins, for the type checker only.
 
-``Erasure``, ``Integrity``, ``Generations`` and ``Chain`` are the parts of ``HistoryStore``
-(``sqlite``) that write, check, apply and chain; each uses the store's connection, its helpers
-and some methods of the other parts. ``StoreHost`` declares exactly those members, so mypy checks
-every call a mixin makes against one signature. The mixins subclass it only under
-``TYPE_CHECKING`` (at run time their base stays ``object``): nothing here runs.
+``Writing``, ``Reading``, ``Erasure``, ``DeletionAudit``, ``Integrity``, ``Generations`` and
+``Chain`` are the parts of ``HistoryStore`` (``sqlite``) that write rounds, read, delete, show
+the deletions held, check, apply and chain;
+each uses the store's connection, its helpers and some methods of the other parts. ``StoreHost``
+declares exactly those members, so mypy checks every call a mixin makes against one signature.
+The schema checks, the damage checks and the writer lock are composed parts instead: plain
+functions and a class with their own interfaces (``schema``, ``damage``, ``lock``).
+The mixins subclass it only under ``TYPE_CHECKING`` (at run time their base stays ``object``):
+nothing here runs.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import torch
 
 if TYPE_CHECKING:
     from fedunlearn.history.store.chain import ChainCheck
+    from fedunlearn.history.store.deletion import DeletionRecord
     from fedunlearn.history.store.events import AppliedEvent
+    from fedunlearn.history.store.metadata import RunMeta
     from fedunlearn.history.store.records import ClientRecord, ForgetRecord, RoundEntry
 
 __all__ = ["StoreHost"]
@@ -50,10 +56,13 @@ class StoreHost(Protocol):
 
     def _checkpoint_truncate(self, consequence: str) -> None: ...
 
-    # ----- reading and writing rows (sqlite.HistoryStore) -----------------------------------
+    # ----- reading and writing rows (sqlite, reading.Reading, writing.Writing) ---------------
 
     @property
     def meta(self) -> dict[str, Any]: ...
+
+    @property
+    def run_meta(self) -> RunMeta: ...
 
     @property
     def policy(self) -> str: ...
@@ -99,6 +108,14 @@ class StoreHost(Protocol):
 
     def _incremental_vacuum(self) -> None: ...
 
+    # ----- deletion records (audit.DeletionAudit) -------------------------------------------
+
+    def _deletion_record(self, call: int) -> DeletionRecord: ...
+
+    # ----- checks (integrity.Integrity) -----------------------------------------------------
+
+    def _repair_advice(self, round: int | None) -> str: ...
+
     # ----- applied events (events.Generations) ----------------------------------------------
 
     def events(self) -> list[AppliedEvent]: ...
@@ -106,6 +123,8 @@ class StoreHost(Protocol):
     # ----- the chain (chain.Chain) ----------------------------------------------------------
 
     def _chain_note_round(self, round: int, scalars_text: str, clients: Iterable[Any]) -> None: ...
+
+    def _chain_note_payload(self, round: int, kind: str, client_id: int, data: Any) -> None: ...
 
     def _chain_note_removed(self, round: int, kind: str, client_id: int, sha: str) -> None: ...
 

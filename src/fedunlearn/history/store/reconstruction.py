@@ -40,20 +40,20 @@ from typing import Any
 import torch
 
 from fedunlearn.errors import HistoryError
+from fedunlearn.history.store.metadata import RunMeta, run_meta_of
 
 __all__ = ["models_to_drop", "rebuild_update", "reconstructible_updates"]
 
 _ACCEPTED = "accepted"
 
 
-def _aggregator(meta: dict[str, Any]) -> str:
-    training = (meta.get("config") or {}).get("training") or {}
-    return str((training.get("aggregator") or {}).get("name", "fedavg"))
+def _aggregator(meta: RunMeta) -> str:
+    return str((meta.training.get("aggregator") or {}).get("name", "fedavg"))
 
 
-def _updates_are_aggregated(meta: dict[str, Any]) -> bool:
+def _updates_are_aggregated(meta: RunMeta) -> bool:
     """Whether the stored updates are the ones aggregated (not noised for storage only)."""
-    privacy = (meta.get("config") or {}).get("privacy") or {}
+    privacy = meta.privacy
     return not (privacy.get("enabled") and privacy.get("dp_scope") == "store_only")
 
 
@@ -96,7 +96,7 @@ def _known(store: Any, records: dict[int, list[Any]]) -> tuple[set[int], set[int
     stored = store.stored_models()
     models = {r for r, kind in stored if kind == "global"}
     aggregates = {r for r, kind in stored if kind == "aggregate"}
-    if _updates_are_aggregated(store.meta):
+    if _updates_are_aggregated(run_meta_of(store)):
         for r, recs in records.items():
             accepted = [c for c in recs if c.status == _ACCEPTED]
             if all(c.stored for c in accepted):  # none accepted: the aggregate is zero
@@ -126,7 +126,7 @@ def reconstructible_updates(store: Any, forget: Iterable[int]) -> list[list[int]
         store: A ``HistoryStore`` (read-only is enough).
         forget: The forgotten client ids.
     """
-    meta = store.meta
+    meta = run_meta_of(store)
     if _aggregator(meta) != "fedavg" or not _updates_are_aggregated(meta):
         return []
     records = _rounds(store)
@@ -145,7 +145,7 @@ def _direct_aggregate(store: Any, round: int) -> torch.Tensor | None:
     """Return A_round if stored or computable from all its updates (FedAvg), else None."""
     if (round, "aggregate") in store.stored_models():
         return store.read_model(round, "aggregate").to(torch.float64)
-    if not _updates_are_aggregated(store.meta):
+    if not _updates_are_aggregated(run_meta_of(store)):
         return None
     accepted = [c for c in store.client_records(round) if c.status == _ACCEPTED]
     if not all(c.stored for c in accepted):
@@ -187,8 +187,9 @@ def rebuild_update(store: Any, round: int, client_id: int) -> torch.Tensor:
         HistoryError: The round's aggregate or another client's update is not available
             (``reconstructible_updates`` does not list the pair).
     """
-    rule = _aggregator(store.meta)
-    if rule != "fedavg" or not _updates_are_aggregated(store.meta):
+    meta = run_meta_of(store)
+    rule = _aggregator(meta)
+    if rule != "fedavg" or not _updates_are_aggregated(meta):
         raise HistoryError(
             f"this run aggregated with '{rule}' (or stored DP-noised copies of the updates): "
             "the exact rebuild needs FedAvg of the stored updates; see the module docstring"

@@ -85,7 +85,7 @@ def app_layout(run_dir: str | Path) -> tuple[ArrayLayout, dict[str, Any]]:
         HistoryError: the run was not recorded from a Flower app.
     """
     with HistoryStore.open(Path(run_dir) / HISTORY_DIR) as store:
-        app = store.meta.get(APP_META)
+        app = store.run_meta.flower_app
     if app is None:
         raise HistoryError(
             f"{run_dir} was not recorded from a Flower app (no '{APP_META}' in its store); "

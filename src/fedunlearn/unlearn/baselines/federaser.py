@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import Field
 
 from fedunlearn.errors import UnsupportedHistoryError
+from fedunlearn.history.store import run_meta_of
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
@@ -72,8 +73,8 @@ class FedEraser(Unlearner[FedEraserParams]):
 
     def retained_rounds(self, context: UnlearnContext) -> list[int]:
         """Return rounds 1, 1 + Δt, ... up to T (Δt: the parameter, else Deviation FE6)."""
-        meta = context.history.meta
-        run_every = int(meta.get("history_every", 1)) if context.history.policy == "every" else 1
+        every = run_meta_of(context.history).history_every
+        run_every = (every or 1) if context.history.policy == "every" else 1
         interval = self.params.interval or run_every
         if interval % run_every:
             raise UnsupportedHistoryError(
@@ -91,7 +92,7 @@ class FedEraser(Unlearner[FedEraserParams]):
     def history_bytes_needed(self, context: UnlearnContext) -> int:
         """Every client's delta of the retained rounds, plus M_0."""
         d = context.initial_params.numel()
-        clients = len(context.history.meta.get("client_sizes", {}))
+        clients = len(run_meta_of(context.history).client_sizes)
         return (clients * len(self.retained_rounds(context)) + 1) * d * 4
 
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:

@@ -65,6 +65,7 @@ from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.metrics import predict_logits
 from fedunlearn.fl.seeding import derive_seed, torch_generator
+from fedunlearn.history.store import run_meta_of
 from fedunlearn.privacy.accountant import totals
 from fedunlearn.privacy.guarantees import dp_sgd_unlearning_ledger, unlearned_model_guarantee
 from fedunlearn.privacy.ledger import SCALAR_KEYS, privacy_summary
@@ -449,7 +450,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
         )
         params, tuning_rows = final_tuning(context, params, final)
         rows.extend(tuning_rows)
-        num_clients = len(history.meta.get("client_sizes", {})) or len(context.clients.client_ids)
+        num_clients = len(run_meta_of(history).client_sizes) or len(context.clients.client_ids)
         num_updates = sum(len(s.clients) for s in stored)
         ledger = privacy_summary(
             context.privacy,

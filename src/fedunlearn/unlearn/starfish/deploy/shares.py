@@ -57,7 +57,13 @@ from fedunlearn.fl.aggregators import fedavg
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.records import ClientUpdate
-from fedunlearn.history.store import ClientRecord, HistoryReader, HistoryStore, RoundEntry
+from fedunlearn.history.store import (
+    ClientRecord,
+    HistoryReader,
+    HistoryStore,
+    RoundEntry,
+    run_meta_of,
+)
 from fedunlearn.mpc import FixedPoint, Prg, SharedTensor
 from fedunlearn.mpc.prg import derive_seed, fresh_seed
 from fedunlearn.runs import HISTORY_DIR, load_run_config
@@ -295,7 +301,7 @@ def _aggregate_or_none(history: HistoryReader, round_: int) -> torch.Tensor | No
 
 def share_meta(history: HistoryReader) -> dict[str, Any]:
     """Return a share store's ``starfish_shares`` metadata, or raise if it is not one."""
-    info = history.meta.get(SHARE_META_KEY)
+    info = run_meta_of(history).extra.get(SHARE_META_KEY)  # a plugin key: passed through
     if not isinstance(info, dict):
         raise UnsupportedHistoryError(
             "this store holds no Starfish Stage I shares (no 'starfish_shares' metadata); "
@@ -408,7 +414,7 @@ def server_context(
         forget: The clients to remove.
         meter: Cost meter of this server.
     """
-    sizes = {int(c): int(n) for c, n in history.meta.get("client_sizes", {}).items()}
+    sizes = run_meta_of(history).sizes()
     if not sizes:
         raise UnsupportedHistoryError("the share store has no client sizes in its metadata")
     unknown = sorted(forget - set(sizes))
