@@ -1,4 +1,4 @@
-"""A living run (runs/lifecycle.py, unlearn/session.py): cumulative forgetting, apply, continue."""
+"""A living run (runs/apply.py, runs/continuation.py, unlearn/session.py): apply, continue."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""A living run under its own recording policy and DP (runs/lifecycle.py): continue and apply.
+"""A living run under its recording policy and DP (runs/continuation.py, runs/apply.py).
 
 Issue 22 item 1 asks `train --continue` to keep "the same policies, the same resume/repair
 guarantees"; before this, a run recorded with Crab's or FedADP's selective policy, or trained

@@ -104,7 +104,7 @@ def test_an_engine_failure_in_the_first_round_leaves_no_run_directory(tmp_path, 
     def fail(*args, **kwargs):
         raise RuntimeError("value cannot be converted to type float without overflow")
 
-    monkeypatch.setattr("fedunlearn.runs.train.run_rounds", fail)
+    monkeypatch.setattr("fedunlearn.runs.rounds.run_rounds", fail)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")
@@ -121,7 +121,7 @@ def test_an_interrupt_is_not_reported_as_influence_remains(tmp_path, monkeypatch
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("fedunlearn.runs.train.run_rounds", interrupted)
+    monkeypatch.setattr("fedunlearn.runs.rounds.run_rounds", interrupted)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
 
     res = cli("train", tmp_path / "c.yaml", "--out", tmp_path / "run")

@@ -204,7 +204,7 @@ def test_deterministic_exports_compare_by_hash(trained, tmp_path):
     "fault",
     [
         Fault("fedunlearn.history.store.events:Generations._insert_round", "kill", call=2),
-        Fault("fedunlearn.runs.lifecycle:_rewrite_files", "kill"),
+        Fault("fedunlearn.runs.apply:rewrite_files", "kill"),
     ],
     ids=["inside-the-transaction", "after-the-commit"],
 )
@@ -312,7 +312,7 @@ def test_two_writers_overlapping_the_second_is_refused_with_one_line(trained, tm
         "forget": (["forget", run, "--clients", "2"], "fedunlearn.runs.forget:HistoryStore.forget"),
         "continue": (
             ["train", "--continue", run, "--to-round", 4],
-            "fedunlearn.runs.lifecycle:build_setup",
+            "fedunlearn.runs.rounds:build_setup",
         ),
     }[command]
     hold = Fault(args[1], "pause", name=str(tmp_path / "hold"))
@@ -368,7 +368,7 @@ def test_a_full_disk_at_privacy_json_after_a_dp_apply_finishes_on_rerun(dp_run, 
     assert made.exit_code == 0, made.output
     mine = copy_result(out, tmp_path / "b")
     apply_result(whole, out)
-    write_json = "fedunlearn.runs.lifecycle:write_json"  # summary.json, then privacy.json
+    write_json = "fedunlearn.runs.run_files:write_json"  # summary.json, then privacy.json
 
     full = faults.run(["apply", cut, "--result", mine],
                       faults=[Fault(write_json, "enospc", call=2)])  # fmt: skip

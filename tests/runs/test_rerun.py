@@ -43,7 +43,7 @@ def test_continue_to_round_rerun_after_a_kill_at_its_last_round_does_nothing(tra
     # killed after round 5 was committed, before summary.json was rewritten
     killed = run(
         ["train", "--continue", cut, "--to-round", 5],
-        faults=[Fault("fedunlearn.runs.lifecycle:_rewrite_summary", "kill")],
+        faults=[Fault("fedunlearn.runs.run_files:_rewrite_summary", "kill")],
     )
     assert killed.returncode == -9
 
@@ -95,7 +95,7 @@ def test_apply_stopped_by_a_full_disk_at_metrics_jsonl_finishes_on_rerun(trained
 
     full = run(
         ["apply", work, "--result", result],
-        faults=[Fault("fedunlearn.runs.lifecycle:write_text_atomic", "enospc")],
+        faults=[Fault("fedunlearn.runs.run_files:write_text_atomic", "enospc")],
     )
 
     assert full.returncode == 2

@@ -22,6 +22,7 @@ docs/methods/fedadp.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fedunlearn.config import PrivacyConfig
@@ -33,6 +34,7 @@ from fedunlearn.privacy.accountant import (
     totals,
 )
 from fedunlearn.privacy.budget import epsilon_bounds
+from fedunlearn.privacy.guarantee import Guarantee, render, unit_of
 from fedunlearn.privacy.local_training import RoundDPSGD
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "UPFRONT_BASIS",
     "applied_privacy",
     "apriori_epsilon",
+    "artefact_claims",
     "artefact_guarantees",
     "dp_sgd_unlearning_ledger",
     "living_artefacts",
@@ -137,16 +140,10 @@ def result_privacy(ledger: Mapping[str, Any], *, released_dp: bool, reason: str)
         return out
     out["artefacts"] = {
         **dict(ledger.get("artefacts") or {}),
-        "unlearned_model": {"dp": bool(released_dp), "guarantee": str(reason)},
+        "unlearned_model": Guarantee(bool(released_dp), "stated", reason=str(reason)).to_dict(),
     }
     out["released_statistics"] = {**RELEASED_STATISTICS, **RESULT_STATISTICS}
     return out
-
-
-def _per_round_unit(config: PrivacyConfig) -> str:
-    if config.mechanism == "dp_sgd":
-        return "per training example of one client (replace-one)"
-    return "per client and round (replace one client's data)"
 
 
 def artefact_guarantees(
@@ -161,7 +158,17 @@ def artefact_guarantees(
     method releases: not DP unless the method says so in its result, e.g. fedadp's
     ``details.released_model_dp``); on a living run (``applied``: the results applied to it,
     ``applied_privacy`` rows) also ``current_model``, the model the run serves and trains on.
+    The decisions are ``artefact_claims``; this renders them (``Guarantee.to_dict``).
     """
+    return {k: g.to_dict() for k, g in artefact_claims(config, applied, last_round).items()}
+
+
+def artefact_claims(
+    config: PrivacyConfig,
+    applied: Sequence[Mapping[str, Any]] = (),
+    last_round: int | None = None,
+) -> dict[str, Guarantee]:
+    """Return, per artefact of a run, the ``Guarantee`` that holds (``artefact_guarantees``)."""
     base = _artefacts(config)
     if not applied:
         return base
@@ -204,10 +211,10 @@ def applied_privacy(
 
 def living_artefacts(
     config: PrivacyConfig,
-    base: Mapping[str, Mapping[str, Any]],
+    base: Mapping[str, Guarantee],
     applied: Sequence[Mapping[str, Any]],
     last_round: int | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Guarantee]:
     """Each artefact's guarantee after results were applied to a DP run (docs/privacy.md).
 
     A model trained without noise ends the guarantee of everything computed from it: the
@@ -218,9 +225,9 @@ def living_artefacts(
     ``dp_scope: store_only`` training uses the clean uploads: the current model is DP only
     while it is a DP release no round has trained from since (``last_round``).
     """
-    out = {k: dict(v) for k, v in base.items()}
+    out = dict(base)
     if not config.enabled:
-        out["current_model"] = {"dp": False, "guarantee": "trained without DP"}
+        out["current_model"] = Guarantee(False, "no_dp")
         return out
     plain = [a for a in applied if not a.get("released_model_dp")]
     if config.dp_scope == "store_only":
@@ -230,121 +237,65 @@ def living_artefacts(
             and latest.get("released_model_dp")
             and (last_round is None or latest.get("round") is None or last_round <= latest["round"])
         )
-        out["current_model"] = (
-            {
-                "dp": True,
-                "guarantee": f"the DP release applied in generation {latest['generation']}, "
-                "untrained since (epsilon_guarantee.with_unlearning_releases)",
-            }
-            if fresh
-            else {
-                "dp": False,
-                "guarantee": "dp_scope store_only: training uses the clean uploads, and the "
-                "current model is "
-                + (
-                    f"not DP since generation {plain[0]['generation']}, whose applied "
-                    f"{plain[0]['method']} model was trained without noise"
-                    if plain
-                    else "trained from the applied DP release since"
-                ),
-            }
-        )
+        if fresh:
+            out["current_model"] = Guarantee(True, "release_untrained", since=latest["generation"])
+        elif plain:
+            out["current_model"] = Guarantee(
+                False, "store_only_ended", since=plain[0]["generation"], method=plain[0]["method"]
+            )
+        else:
+            out["current_model"] = Guarantee(False, "trained_since_release")
         out.update(_replaced_history(plain))
         return out
     if not plain:
         if any(a.get("fresh_epsilon") for a in applied):
-            composed = "epsilon_guarantee.with_unlearning_releases"
             for name in ("uploads", "stored_history"):
-                out[name]["guarantee"] += (
-                    f"; rounds after an applied DP result start from its model: {composed}"
-                )
-        out["current_model"] = {
-            "dp": True,
-            "guarantee": "every applied model is DP (its method noised every fresh update): the "
-            "run's (ε, δ) composed with the applied results' releases "
-            "(epsilon_guarantee.with_unlearning_releases)",
-        }
+                out[name] = replace(out[name], with_releases=True)
+        out["current_model"] = Guarantee(True, "dp_releases")
         return out
     first = plain[0]
     g, method = first["generation"], first["method"]
-    ended = (
-        f"since generation {g}, whose applied {method} model was trained without noise "
-        f"({first['reason']})"
+    out["current_model"] = Guarantee(
+        False, "ended", since=g, method=method, reason=str(first["reason"])
     )
-    out["current_model"] = {
-        "dp": False,
-        "guarantee": ended + "; no later release restores it (the remaining clients' data was "
-        "released without noise then), whether trained from that model or a DP release",
-    }
-    out["uploads"] = {
-        "dp": False,
-        "guarantee": f"rounds before generation {g}: {base['uploads']['guarantee']}; later "
-        "rounds start from a model trained without noise, so their uploads are not DP although "
-        "the mechanism still noises them",
-    }
+    out["uploads"] = Guarantee(False, "ended_uploads", since=g, before=base["uploads"])
     out.update(_replaced_history(plain))
     return out
 
 
-def _replaced_history(plain: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def _replaced_history(plain: Sequence[Mapping[str, Any]]) -> dict[str, Guarantee]:
     """``stored_history`` once a noise-free trajectory replaced the stored rounds (else {})."""
     replaced = [a for a in plain if a.get("kind") == "trajectory"]
     if not replaced:
         return {}
+    first = replaced[0]
     return {
-        "stored_history": {
-            "dp": False,
-            "guarantee": f"since generation {replaced[0]['generation']}, whose "
-            f"{replaced[0]['method']} trajectory replaced the stored rounds (trained without "
-            "noise); the replaced rounds' ε still counts (their uploads were released)",
-        }
+        "stored_history": Guarantee(
+            False, "replaced_history", since=first["generation"], method=first["method"]
+        )
     }
 
 
-def _artefacts(config: PrivacyConfig) -> dict[str, dict[str, Any]]:
-    """The artefacts of a run as trained (nothing applied): ``artefact_guarantees``."""
+def _artefacts(config: PrivacyConfig) -> dict[str, Guarantee]:
+    """The artefacts of a run as trained (nothing applied): ``artefact_claims``."""
     if not config.enabled:
-        none = {"dp": False, "guarantee": "trained without DP"}
-        return {k: dict(none) for k in ("uploads", "stored_history", "original_model")} | {
-            "unlearned_model": {"dp": False, "guarantee": "trained without DP"}
-        }
-    unit = _per_round_unit(config)
-    dp = {
-        "dp": True,
-        "guarantee": f"(ε, δ)-DP {unit} at epsilon_guarantee (every round at ε_max); the "
-        "adaptive choice of ε_t is not covered (schedule)",
-    }
-    post = {
-        "dp": True,
-        "guarantee": f"post-processing of the DP uploads: the same (ε, δ) {unit}",
-    }
-    unlearned = {
-        "dp": False,
-        "guarantee": "unlearning methods train their fresh updates without noise (Retrain, "
-        "FedADP's replay and tuning; docs/methods/fedadp.md AD9, AD22); a result says "
-        "otherwise in its details (fedadp: released_model_dp)",
-    }
+        none = Guarantee(False, "no_dp")
+        return {k: none for k in ("uploads", "stored_history", "original_model", "unlearned_model")}
+    unit = unit_of(config)
+    unlearned = Guarantee(False, "unlearning_default")
     if config.dp_scope == "store_only":
-        clean = {
-            "dp": False,
-            "guarantee": "dp_scope store_only: training used the clean uploads",
-        }
+        clean = Guarantee(False, "clean_uploads")
         return {
             "uploads": clean,
-            "stored_history": {
-                "dp": False,
-                "guarantee": f"only its updates are DP: the stored copies are noised, (ε, δ)-DP "
-                f"{unit} at epsilon_guarantee; the stored global models and aggregates are "
-                "training's, computed from the clean uploads (not DP), and the client records "
-                "keep no norm, inner product or loss",
-            },
-            "original_model": dict(clean),
+            "stored_history": Guarantee(False, "noised_copies", unit=unit),
+            "original_model": clean,
             "unlearned_model": unlearned,
         }
+    post = Guarantee(True, "post_processing", unit=unit)
     return {
-        "uploads": dp,
+        "uploads": Guarantee(True, "mechanism", unit=unit),
         "stored_history": post,
-        "original_model": dict(post),
+        "original_model": post,
         "unlearned_model": unlearned,
     }
 
@@ -358,20 +309,12 @@ def unlearned_model_guarantee(config: PrivacyConfig, fresh_dp: bool) -> tuple[bo
             no noise-free rounds).
     """
     if not config.enabled:
-        return False, "the run was trained without DP; no artefact carries a DP guarantee"
-    if not fresh_dp:
-        return False, (
-            "the remaining clients' fresh updates (and any final tuning) train without noise "
-            "(Alg. 2 as printed, AD9; clipped on a dp_sgd run, AD22): the unlearned model has "
-            "no DP guarantee; the run's ε covers its uploads, stored history and original model"
-        )
-    return True, (
-        "every fresh update is clipped and noised with the run's mechanism and no noise-free "
-        "round runs: (ε, δ)-DP "
-        + _per_round_unit(config)
-        + " at the composition of the run's rounds and the replayed ones (unlearning_privacy); "
-        "the adaptive ε_t and stage choices are not covered (they read the non-private loss)"
-    )
+        g = Guarantee(False, "run_no_dp")
+    elif not fresh_dp:
+        g = Guarantee(False, "fresh_noise_free")
+    else:
+        g = Guarantee(True, "fresh_noised", unit=unit_of(config))
+    return g.dp, render(g)
 
 
 def upfront_totals(

@@ -65,7 +65,7 @@ class BudgetSchedule:
 
     A schedule may start after round 0 (``reset(losses, start=s)``): its first loss is L(M_s)
     and round s + 1 runs at ε_0. A continuation of a run with forgotten clients restarts it
-    there (``fedunlearn.runs.lifecycle``), so no loss computed on a forgotten client's data
+    there (``fedunlearn.runs.continuation``), so no loss computed on a forgotten client's data
     chooses a later budget.
 
     Args:

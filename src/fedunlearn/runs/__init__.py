@@ -2,23 +2,22 @@
 
 ``assembly`` (``resolve_config``: the policy, its options and the budget schedule a config
 names, looked up in the plugins and checked together), ``setup`` (what a config determines:
-data, poisoning, model, federation), ``train`` (training
-with recording, resume and repair), ``rundir`` (the directory's files, ``run_info`` and
-``check_run``), ``forget`` (erasing clients' stored updates and the evidence of it),
-``lifecycle`` (applying an unlearning result, training on with ``--continue``).
+data (``setup_data``), poisoning, model, federation), ``rounds`` (the recorded rounds: the one
+assembly training, resume and ``--continue`` share), ``train`` (training with recording, resume
+and repair), ``rundir`` (the directory's files, ``run_info`` and ``check_run``), ``forget``
+(erasing clients' stored updates and the evidence of it), ``apply`` (applying an unlearning
+result, gated on a DP run by ``dp_gate``), ``continuation`` (training on with ``--continue``),
+``run_files`` (the files derived from the store) and ``fingerprint`` (what names a run's
+state); ``lifecycle`` re-exports the living run's commands for older imports.
 """
 
+from fedunlearn.runs.apply import apply_model, apply_result
 from fedunlearn.runs.assembly import resolve_config
+from fedunlearn.runs.continuation import continue_run, continue_target
+from fedunlearn.runs.fingerprint import receipt_sha256, run_fingerprint
 from fedunlearn.runs.forget import deletion_evidence, forget_clients
-from fedunlearn.runs.lifecycle import (
-    apply_model,
-    apply_result,
-    continue_run,
-    continue_target,
-    rebuild_run_files,
-    receipt_sha256,
-    run_fingerprint,
-)
+from fedunlearn.runs.rounds import make_recording_policy, policy_env
+from fedunlearn.runs.run_files import rebuild_run_files
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
     HISTORY_DIR,
@@ -37,7 +36,7 @@ from fedunlearn.runs.rundir import (
     write_text_atomic,
 )
 from fedunlearn.runs.setup import Setup, build_setup, clients_loss, reference_set
-from fedunlearn.runs.train import make_recording_policy, policy_env, train_run, wrap_privacy
+from fedunlearn.runs.train import train_run, wrap_privacy
 
 __all__ = [
     "CONFIG_FILE",

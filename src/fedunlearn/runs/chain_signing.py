@@ -31,7 +31,7 @@ from fedunlearn.errors import ConfigError, IntegrityError
 from fedunlearn.history.digest import canonical_json
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.mpc.key_files import check_private_key
-from fedunlearn.runs.lifecycle import run_fingerprint
+from fedunlearn.runs.fingerprint import run_fingerprint
 from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
 
 __all__ = ["SIGNED_HEAD_FORMAT", "check_signed_head", "sign_head", "write_signed_head"]

@@ -64,7 +64,7 @@ QUICK_CHECK_ABOVE_BYTES = 512 * 2**20
 
 #: Store meta key of a DP run's living-run ledger: the ledger scalars of rounds an applied
 #: trajectory replaced (``replaced``) and the results applied (``applied``); written by
-#: ``fedunlearn.runs.lifecycle`` in the apply's transaction.
+#: ``fedunlearn.runs.dp_gate`` in the apply's transaction.
 PRIVACY_LINEAGE_KEY = "privacy_lineage"
 
 

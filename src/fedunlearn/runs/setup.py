@@ -27,7 +27,7 @@ from fedunlearn.config import (
     TrimRandomAttack,
     backdoor_target,
 )
-from fedunlearn.data import Dataset, FederatedData, load_dataset, partition
+from fedunlearn.data import Dataset, FederatedData
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.aggregators import Aggregator, make_aggregator
 from fedunlearn.fl.attacks import (
@@ -53,7 +53,8 @@ from fedunlearn.fl.seeding import derive_seed, torch_generator
 from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.models import build_model, federated_buffers, get_flat_params
 from fedunlearn.models.registry import ModelFactory
-from fedunlearn.runs.user import FunctionTrigger, user_data, user_model
+from fedunlearn.runs.setup_data import LoadedData, load_data
+from fedunlearn.runs.user import FunctionTrigger, user_model
 
 __all__ = [
     "DEFAULT_LOSS_SAMPLES",
@@ -155,50 +156,6 @@ class Setup:
         self.federation.close()
 
 
-def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple:
-    if limit is None or limit >= len(y):
-        return x, y
-    idx = np.sort(np.random.default_rng(seed).choice(len(y), size=limit, replace=False))
-    return x[idx], y[idx]
-
-
-def _builtin_data(
-    cfg: RunConfig,
-) -> tuple[Dataset, dict[int, ClientData], np.ndarray, np.ndarray]:
-    """Load a registered dataset, subsample it and partition it among the clients."""
-    dataset = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir, **cfg.data.options)
-    x_train, y_train = _subsample(
-        dataset.x_train,
-        dataset.y_train,
-        cfg.data.max_train_samples,
-        derive_seed(cfg.seed, "partition", 1),
-    )
-    x_test, y_test = _subsample(
-        dataset.x_test,
-        dataset.y_test,
-        cfg.data.max_test_samples,
-        derive_seed(cfg.seed, "partition", 2),
-    )
-    if isinstance(cfg.attack, BackdoorAttack) and cfg.attack.target_label >= dataset.num_classes:
-        raise ConfigError(
-            f"attack.target_label {cfg.attack.target_label} is not a class of "
-            f"{dataset.name} (0..{dataset.num_classes - 1})"
-        )
-    parts = partition(
-        y_train,
-        cfg.data.num_clients,
-        cfg.data.partition,
-        seed=derive_seed(cfg.seed, "partition", 0),
-        alpha=cfg.data.alpha,
-        bias=cfg.data.bias,
-        shards_per_client=cfg.data.shards_per_client,
-        min_size=cfg.data.min_client_samples,
-    )
-    x_all, y_all = torch.from_numpy(np.ascontiguousarray(x_train)), torch.from_numpy(y_train)
-    client_data = {c: ClientData(x_all[idx], y_all[idx]) for c, idx in enumerate(parts)}
-    return dataset, client_data, x_test, y_test
-
-
 def with_recorded_executor(config: RunConfig, recorded: object) -> RunConfig:
     """The config a run's later steps build with: ``auto`` pinned to the executor it trained with.
 
@@ -213,6 +170,92 @@ def with_recorded_executor(config: RunConfig, recorded: object) -> RunConfig:
         return config
     training = config.training.model_copy(update={"executor": recorded})
     return config.model_copy(update={"training": training})
+
+
+def _poison(
+    cfg: RunConfig, loaded: LoadedData
+) -> tuple[
+    frozenset[int], Trigger | FunctionTrigger | None, dict[int, ClientData], list[UpdateMod]
+]:
+    """Poison the malicious clients' data in place; ``(malicious, trigger, originals, mods)``.
+
+    ``originals``: the poisoned clients' data before poisoning; ``mods``: the update attacks.
+    """
+    client_data = loaded.client_data
+    malicious = choose_malicious(
+        cfg.data.num_clients, cfg.attack.num_malicious, derive_seed(cfg.seed, "attack", 0)
+    )
+    trigger: Trigger | FunctionTrigger | None = None
+    atk = cfg.attack
+    originals: dict[int, ClientData] = {}
+    for cid in sorted(malicious):
+        if isinstance(atk, BackdoorAttack | LabelFlipAttack):
+            originals[cid] = client_data[cid]
+        gen = torch_generator(derive_seed(cfg.seed, "attack", 1, cid))
+        if isinstance(atk, BackdoorAttack):
+            trigger = Trigger(atk.trigger_size) if loaded.trigger is None else loaded.trigger
+            client_data[cid] = backdoor_data(
+                client_data[cid], trigger, atk.target_label, atk.poison_fraction, gen
+            )
+        elif isinstance(atk, LabelFlipAttack):
+            client_data[cid] = label_flip_data(
+                client_data[cid], loaded.num_classes, atk.poison_fraction, gen
+            )
+    mods: list[UpdateMod] = []
+    if isinstance(atk, TrimRandomAttack | FangTrimAttack):
+        knobs = atk.options("kind", "num_malicious", "join_round")
+        mods.append(UpdateAttack(atk.kind, malicious, derive_seed(cfg.seed, "attack", 2), **knobs))
+    return malicious, trigger, originals, mods
+
+
+def _network(
+    cfg: RunConfig,
+    model: ModelFactory | None,
+    loaded: LoadedData,
+    components: dict[str, dict[str, Any]],
+) -> nn.Module:
+    """Build the model: a user factory (recorded in ``components``) or a registered one."""
+    if model is not None or cfg.model.factory is not None:
+        net, components["model"] = user_model(
+            cfg, model, loaded.input_shape, loaded.num_classes, loaded.x_test
+        )
+    else:
+        options: dict[str, Any] = {}
+        if cfg.model.name == "mlp":
+            options["hidden"] = tuple(cfg.model.hidden)
+        if cfg.model.name == "textcnn":
+            meta = loaded.dataset.meta if isinstance(loaded.dataset, Dataset) else {}
+            options["vocab_size"] = int(meta.get("vocab_size", 25002))
+        net = build_model(
+            cfg.model.name,
+            loaded.input_shape,
+            loaded.num_classes,
+            seed=derive_seed(cfg.seed, "model"),
+            **options,
+        )
+    if cfg.privacy.enabled and federated_buffers(net):
+        raise ConfigError(
+            f"privacy.enabled cannot cover {type(net).__name__}: its buffers ("
+            f"{', '.join(n for n, _ in federated_buffers(net)[:3])}, ...) are statistics of the "
+            "clients' data that DP noise does not protect; use a model without BatchNorm "
+            "(e.g. GroupNorm) for DP training"
+        )
+    return net
+
+
+def _check_local_steps(spec: LocalTrainingSpec, client_data: Mapping[int, ClientData]) -> None:
+    """Refuse ``training.local_steps`` when a client holds fewer samples than one batch."""
+    if spec.steps is None:
+        return
+    small = {c: len(d) for c, d in client_data.items() if len(d) < spec.batch_size}
+    if small:
+        c = min(small, key=lambda k: (small[k], k))
+        raise ConfigError(
+            f"training.local_steps draws mini-batches of training.batch_size "
+            f"({spec.batch_size}) samples without replacement; {len(small)} client(s) hold "
+            f"fewer (client {c}: {small[c]}). Lower training.batch_size or set "
+            f"data.min_client_samples: {spec.batch_size}"
+        )
 
 
 def build_setup(
@@ -236,100 +279,20 @@ def build_setup(
     """
     cfg = config
     components: dict[str, dict[str, Any]] = {}
-    if data is not None or cfg.data.source is not None:
-        user = user_data(cfg, data)
-        components["data"] = user.record
-        dataset: Dataset | FederatedData = user.data
-        client_data = {c: ClientData(x, y) for c, (x, y) in user.data.clients.items()}
-        x_test, y_test = user.data.test
-        input_shape, num_classes = user.data.input_shape, int(user.data.num_classes or 0)
-        assert input_shape is not None  # FederatedData derives it from the test set when absent
-        trigger_function = user.data.trigger  # the attack and the checks call .apply(x)
-        user_trigger = None if trigger_function is None else FunctionTrigger(trigger_function)
-        if isinstance(cfg.attack, BackdoorAttack) and cfg.attack.target_label >= num_classes:
-            raise ConfigError(
-                f"attack.target_label {cfg.attack.target_label} is not a class of "
-                f"{user.what} (0..{num_classes - 1})"
-            )
-    elif cfg.data.dataset == "node-local":
-        raise ConfigError(
-            "this run was recorded from a Flower app whose clients keep their data on their "
-            "nodes (data.dataset: node-local); nothing loads it here: unlearn it over the app "
-            "(docs/deployment.md, 'Your own Flower app')"
-        )
-    else:
-        dataset, client_data, x_np, y_np = _builtin_data(cfg)
-        x_test = torch.from_numpy(np.ascontiguousarray(x_np))
-        y_test = torch.from_numpy(y_np)
-        input_shape, num_classes = dataset.input_shape, dataset.num_classes
-        user_trigger = None
-
-    malicious = choose_malicious(
-        cfg.data.num_clients, cfg.attack.num_malicious, derive_seed(cfg.seed, "attack", 0)
-    )
-    trigger: Trigger | FunctionTrigger | None = None
-    mods: list[UpdateMod] = []
-    atk = cfg.attack
-    originals: dict[int, ClientData] = {}
-    for cid in sorted(malicious):
-        if isinstance(atk, BackdoorAttack | LabelFlipAttack):
-            originals[cid] = client_data[cid]
-        gen = torch_generator(derive_seed(cfg.seed, "attack", 1, cid))
-        if isinstance(atk, BackdoorAttack):
-            trigger = Trigger(atk.trigger_size) if user_trigger is None else user_trigger
-            client_data[cid] = backdoor_data(
-                client_data[cid], trigger, atk.target_label, atk.poison_fraction, gen
-            )
-        elif isinstance(atk, LabelFlipAttack):
-            client_data[cid] = label_flip_data(
-                client_data[cid], num_classes, atk.poison_fraction, gen
-            )
+    loaded = load_data(cfg, data, components)
+    client_data = loaded.client_data
+    malicious, trigger, originals, mods = _poison(cfg, loaded)
     markers, unmarked = embed_markers(  # opt-in (verification.markers): fl/markers.py
         cfg.verification.markers,
         cfg.seed,
-        dataset,
+        loaded.dataset,
         client_data,
         originals,
     )
-    if isinstance(atk, TrimRandomAttack | FangTrimAttack):
-        knobs = atk.options("kind", "num_malicious", "join_round")
-        mods.append(UpdateAttack(atk.kind, malicious, derive_seed(cfg.seed, "attack", 2), **knobs))
-
-    if model is not None or cfg.model.factory is not None:
-        net, components["model"] = user_model(cfg, model, input_shape, num_classes, x_test)
-    else:
-        options: dict[str, Any] = {}
-        if cfg.model.name == "mlp":
-            options["hidden"] = tuple(cfg.model.hidden)
-        if cfg.model.name == "textcnn":
-            meta = dataset.meta if isinstance(dataset, Dataset) else {}
-            options["vocab_size"] = int(meta.get("vocab_size", 25002))
-        net = build_model(
-            cfg.model.name,
-            input_shape,
-            num_classes,
-            seed=derive_seed(cfg.seed, "model"),
-            **options,
-        )
-    if cfg.privacy.enabled and federated_buffers(net):
-        raise ConfigError(
-            f"privacy.enabled cannot cover {type(net).__name__}: its buffers ("
-            f"{', '.join(n for n, _ in federated_buffers(net)[:3])}, ...) are statistics of the "
-            "clients' data that DP noise does not protect; use a model without BatchNorm "
-            "(e.g. GroupNorm) for DP training"
-        )
-    tr = cfg.training
+    net = _network(cfg, model, loaded, components)
+    tr, atk = cfg.training, cfg.attack
     spec = training_spec(cfg)
-    if spec.steps is not None:
-        small = {c: len(d) for c, d in client_data.items() if len(d) < spec.batch_size}
-        if small:
-            c = min(small, key=lambda k: (small[k], k))
-            raise ConfigError(
-                f"training.local_steps draws mini-batches of training.batch_size "
-                f"({spec.batch_size}) samples without replacement; {len(small)} client(s) hold "
-                f"fewer (client {c}: {small[c]}). Lower training.batch_size or set "
-                f"data.min_client_samples: {spec.batch_size}"
-            )
+    _check_local_steps(spec, client_data)
     federation = Federation(
         net,
         client_data,
@@ -343,16 +306,15 @@ def build_setup(
         num_workers=tr.num_workers,
         device=tr.device,
     )
-    aggregator = aggregator_of(cfg)
     return Setup(
         config=cfg,
-        dataset=dataset,
+        dataset=loaded.dataset,
         model=net,
         initial_params=get_flat_params(net),
         federation=federation,
-        aggregator=aggregator,
-        x_test=x_test,
-        y_test=y_test,
+        aggregator=aggregator_of(cfg),
+        x_test=loaded.x_test,
+        y_test=loaded.y_test,
         trigger=trigger,
         poisoned_originals=originals,
         join_rounds={c: atk.join_round for c in malicious} if atk.join_round > 1 else {},

@@ -22,10 +22,9 @@ committed in each round's scalars and summarised in ``privacy.json``.
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,110 +35,50 @@ from fedunlearn.config import PrivacyConfig, RunConfig, dump_config
 from fedunlearn.data import FederatedData
 from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError
 from fedunlearn.fl.aggregators import Aggregator
-from fedunlearn.fl.engine import RoundObserver, run_rounds
+from fedunlearn.fl.engine import RoundObserver
 from fedunlearn.fl.federation import Federation
-from fedunlearn.fl.metrics import CLIENTS_LOSS_KEY
-from fedunlearn.fl.records import RoundRecord
 from fedunlearn.fl.threads import run_threads
-from fedunlearn.history.policy import (
-    POLICIES,
-    DeferredPolicy,
-    HistoryRecorder,
-    PolicyEnv,
-    RecordingPolicy,
-    build_policy,
-    resolve_history,
-)
 from fedunlearn.history.store import FILE_NAME, LOCK_NAME, HistoryStore, RoundEntry, WriterLock
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
 from fedunlearn.privacy.training import PrivateTraining
 from fedunlearn.runs.assembly import resolve_config
-from fedunlearn.runs.components import warn_changed_components
+from fedunlearn.runs.rounds import (
+    make_recording_policy,
+    policy_env,
+    recorded_setup,
+    records_client_values,
+    resume_state,
+    train_recorded,
+    training_evaluator,
+)
 from fedunlearn.runs.rundir import (
     CONFIG_FILE,
     HISTORY_DIR,
     METRICS_FILE,
     PRIVACY_FILE,
     SUMMARY_FILE,
-    MetricsWriter,
     config_differences,
     headline_privacy,
     holds_run,
     run_privacy,
     same_run_config,
     stored_config,
-    stored_metrics_line,
     write_json,
     write_text_atomic,
 )
-from fedunlearn.runs.setup import (
-    DEFAULT_LOSS_SAMPLES,
-    Setup,
-    build_setup,
-    clients_loss,
-    reference_set,
-    sampler_of,
-    with_recorded_executor,
-)
+from fedunlearn.runs.setup import Setup
 
 __all__ = [
-    "make_recording_policy",
+    "make_recording_policy",  # fedunlearn.runs.rounds, named here for older imports
     "policy_env",
+    "records_client_values",
     "resolve_clip_norm",
+    "resume_state",
     "train_run",
+    "training_evaluator",
     "wrap_privacy",
 ]
-
-
-def policy_env(
-    setup: Setup,
-    privacy: PrivateTraining | None = None,
-    clients: Collection[int] | None = None,
-) -> PolicyEnv:
-    """Return what the run's recording policy may ask for (model, reference set, last round).
-
-    With ``privacy.dp_scope: store_only`` the stored copies are the seeded noisy ones made by
-    ``privacy``'s mod (a policy whose spec ``applies_store_transform`` stores them;
-    ``resolve_config`` refuses the others). ``clients`` restricts the reference set to them
-    (a continuation: the clients never forgotten).
-    """
-    mod = privacy.mod if privacy is not None else None
-    store_only = mod is not None and not mod.perturb
-    return PolicyEnv(
-        model=setup.model,
-        final_round=setup.config.training.rounds,
-        seed=setup.config.seed,
-        reference_set=lambda size: reference_set(setup, size, clients),
-        store_transform=(lambda r, c, d: mod.privatize(r, c, d)[0])
-        if store_only and mod is not None
-        else None,
-    )
-
-
-def make_recording_policy(
-    config: RunConfig, setup: Setup, privacy: PrivateTraining | None = None
-) -> RecordingPolicy | DeferredPolicy:
-    """Return the run's recording policy, built by its registered ``PolicySpec``."""
-    return build_policy(config.history, policy_env(setup, privacy))
-
-
-def records_client_values(config: RunConfig) -> bool:
-    """Whether the store keeps each client's ||Δ_c|| and <Δ_c, G_t> (``HistoryRecorder``).
-
-    Not under ``privacy.dp_scope: store_only``: the uploads are clean there, so the values
-    would be noise-free in a store whose content is stated DP (docs/privacy.md).
-    """
-    return not (config.privacy.enabled and config.privacy.dp_scope == "store_only")
-
-
-def _clients_loss_samples(config: RunConfig, privacy: PrivateTraining | None) -> int | None:
-    """Samples per client of the ``clients_loss`` round metric, or None if nobody reads it."""
-    history = resolve_history(config.history)
-    spec = POLICIES.get(history.policy)
-    if spec.clients_loss_samples is not None:
-        return spec.clients_loss_samples(history.options(spec.name, spec.options_type))
-    return DEFAULT_LOSS_SAMPLES if privacy is not None else None
 
 
 def wrap_privacy(
@@ -193,70 +132,6 @@ def resolve_clip_norm(
         federation, aggregator, initial_params, rounds=config.pilot_rounds, client_ids=ids
     )
     return float(norm)
-
-
-def resume_state(
-    store: HistoryStore,
-    policy: RecordingPolicy | DeferredPolicy,
-    privacy: PrivateTraining | None,
-    last: int,
-    restart: tuple[int, float] | None = None,
-) -> int:
-    """Set the policy's and the DP schedule's state from the store; the round to train after.
-
-    A deferred policy's open window is in memory only: the store is truncated after the round
-    it can be rebuilt from (Crab: the last closed window) and the rest is re-run, bit for bit.
-    ``restart``: the DP budget schedule's restart point (``PrivateTraining.resume``).
-    """
-    if isinstance(policy, DeferredPolicy):
-        start = policy.resume_round(store)
-        if start < last:
-            store.truncate_after(start)
-            last = start
-    if privacy is not None:
-        privacy.resume([store.round_scalars(r) for r in range(last + 1)], restart)
-    return last
-
-
-def training_evaluator(
-    config: RunConfig,
-    setup: Setup,
-    privacy: PrivateTraining | None,
-    clients: Collection[int] | None = None,
-) -> Callable[[torch.Tensor], dict[str, Any]]:
-    """Return the round evaluation of training: test metrics, server loss, the DP ledger.
-
-    ``clients`` restricts the server loss to them (a continuation: the clients never forgotten).
-    """
-    loss_samples = _clients_loss_samples(config, privacy)
-
-    def evaluate(params: torch.Tensor) -> dict[str, Any]:
-        out: dict[str, Any] = dict(setup.evaluate(params))
-        if loss_samples is not None:
-            out[CLIENTS_LOSS_KEY] = clients_loss(setup, params, loss_samples, clients)
-        if privacy is not None:
-            out.update(privacy.latest_scalars())
-        return out
-
-    return evaluate
-
-
-class _WallClock:
-    """Round observer adding this session's training time to the store's ``wall_seconds``."""
-
-    def __init__(self, store: HistoryStore, started: float) -> None:
-        self.store = store
-        self.before = store.run_meta.wall_seconds or 0.0
-        self.started = started  # time.perf_counter() when this session began
-
-    @property
-    def total(self) -> float:
-        """Seconds of every session so far, this one up to now."""
-        return self.before + time.perf_counter() - self.started
-
-    def on_round_end(self, record: RoundRecord) -> None:
-        """Commit the running total (a kill -9 loses at most the round in flight)."""
-        self.store.update_meta({"wall_seconds": self.total})
 
 
 def _check_resumable(
@@ -422,12 +297,7 @@ def train_run(
         meta = None if store is None else store.run_meta
         threads = None if meta is None else meta.torch_threads
         with run_threads(threads, purpose="the resume"):
-            recorded = None if meta is None else meta.executor
-            setup = build_setup(with_recorded_executor(config, recorded), model=model, data=data)
-            if store is not None:  # resumed rounds must train on what the first ones did
-                warn_changed_components(
-                    None if meta is None else meta.components, setup.components, str(run_dir)
-                )
+            setup = recorded_setup(config, store, run_dir, model=model, data=data)
             if store is None:
                 store, lock = (
                     HistoryStore.create(history_dir, _store_meta(config, setup), lock=lock),
@@ -472,10 +342,7 @@ def _train(
     privacy: PrivateTraining | None,
 ) -> dict[str, Any]:
     """Train from the store's last round to the end under ``setup`` (DP wrapped); the summary."""
-    evaluate = training_evaluator(config, setup, privacy)
-    clock = _WallClock(store, started)
-    last = store.last_round()
-    if last is None:
+    if store.last_round() is None:
         store.write_round(
             RoundEntry(
                 round=0,
@@ -483,10 +350,9 @@ def _train(
                 aggregate=None,
                 updates={},
                 clients=[],
-                scalars=evaluate(setup.initial_params),
+                scalars=training_evaluator(config, setup, privacy)(setup.initial_params),
             )
         )
-        last = 0
     # config.yaml after round 0, atomically: the store's copy is the reference (resume rewrites
     # a config.yaml that is missing or was changed, since the config equals the store's copy)
     config_text = dump_config(config)
@@ -500,45 +366,23 @@ def _train(
             )
         write_text_atomic(config_path, config_text)
     policy = make_recording_policy(config, setup, privacy)
-    last = resume_state(store, policy, privacy, last)
-    params = store.read_model(last)
-    # metrics.jsonl is derived from the store, so a crash between the two never disagrees
-    with (run_dir / METRICS_FILE).open("w") as fh:
-        for r in range(1, last + 1):
-            fh.write(json.dumps(stored_metrics_line(store, r)) + "\n")
-    recorder = HistoryRecorder(store, policy, client_values=records_client_values(config))
-    sharding = setup.sharding()
-    shard_params = (
-        None
-        if sharding is None or last == 0
-        else {s: store.read_shard_model(last, s) for s in sharding.plan.shards}
-    )
-    params = run_rounds(
-        setup.federation,
-        setup.aggregator,
-        params,
-        num_rounds=config.training.rounds,
-        start_round=last + 1,
-        participation=config.training.participation,
-        sampler=sampler_of(config),
-        sharding=sharding,
-        shard_params=shard_params,
-        join_rounds=setup.join_rounds,
-        evaluate=evaluate,
-        observers=[
-            recorder,
-            clock,
-            MetricsWriter(run_dir / METRICS_FILE),
-            *([privacy] if privacy is not None else []),
-            *observers,
-        ],
+    trained = train_recorded(
+        run_dir,
+        config,
+        setup,
+        store,
+        privacy,
+        policy,
+        target=config.training.rounds,
+        started=started,
+        observers=observers,
     )
     session_seconds = time.perf_counter() - started
-    wall_seconds = clock.before + session_seconds
+    wall_seconds = trained.clock.before + session_seconds
     store.update_meta({"wall_seconds": wall_seconds})
     summary: dict[str, Any] = {
         "rounds": config.training.rounds,
-        "resumed_from_round": last if resume else None,
+        "resumed_from_round": trained.resumed_from if resume else None,
         "final_metrics": store.round_scalars(config.training.rounds),
         "malicious_clients": sorted(setup.federation.malicious),
         "num_params": setup.federation.num_params,

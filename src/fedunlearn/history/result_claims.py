@@ -1,0 +1,115 @@
+"""What an unlearning result claims, as one typed record read the same way for every method.
+
+A result JSON (``fedunlearn unlearn --out``) carries, besides its model, claims a reader of the
+run acts on: the method and its parameters, the method's own statements in its details (its
+``variant``, whether it says its model is a DP release, its ``warnings`` and ``assumptions``),
+the lineage it read, and its receipt's verdicts (the influence and the checks that warn or
+fail). ``ResultClaims.from_doc`` reads them by name, without knowing the method; ``runs``
+(``fedunlearn apply``) reads this record, never a method's details.
+
+A claim is what the file says: ``fedunlearn apply`` refuses to act on a DP claim and derives
+whether the model is DP from the method, its parameters and the run
+(``fedunlearn.privacy.releases``); the seal (``fedunlearn.history.digest``) is checked before
+any claim is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FlaggedCheck", "ResultClaims"]
+
+
+@dataclass(frozen=True)
+class FlaggedCheck:
+    """A receipt check that did not pass: its name, verdict (``warn``/``fail``) and reason."""
+
+    check: str
+    verdict: str
+    reason: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the check as the apply output lists it."""
+        return {"check": self.check, "verdict": self.verdict, "reason": self.reason}
+
+
+def _sentences(value: Any) -> tuple[str, ...]:
+    """A details field of sentences (one string, or a list of them) as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(w) for w in value or ())
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class ResultClaims:
+    """What a result says about itself, typed (``from_doc``).
+
+    Attributes:
+        method: The method's registered name ("" when the result names none).
+        params: The method's parameters as the result records them.
+        variant: The method's name for what ran (e.g. ``FedADP-without-DP``), or None.
+        released_model_dp: Whether the method says its model is a DP release (None: silent).
+        released_model_reason: The method's sentence for it, or None.
+        warnings: The method's warnings (sentences about a result that may not be trusted).
+        assumptions: What the result rests on that no check sees (e.g. a threat model).
+        lineage: The lineage record (which stored rounds the method read), or None.
+        receipt: Whether the result carries a receipt (``verification``).
+        influence: The receipt's influence verdict, or None.
+        flagged: The receipt's checks that warn or fail, the store's checks left out (they
+            describe the store before an apply changes it).
+    """
+
+    method: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    variant: str | None = None
+    released_model_dp: bool | None = None
+    released_model_reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
+    lineage: dict[str, Any] | None = None
+    receipt: bool = False
+    influence: Any = None
+    flagged: tuple[FlaggedCheck, ...] = ()
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> ResultClaims:
+        """Read the claims of a result JSON; a missing or malformed part claims nothing."""
+        details = _mapping(doc.get("details"))
+        receipt = doc.get("verification")
+        checks = receipt.get("checks") if isinstance(receipt, Mapping) else None
+        flagged = tuple(
+            FlaggedCheck(str(c.get("name")), str(c.get("verdict")), c.get("reason"))
+            for c in checks or []
+            if isinstance(c, Mapping)
+            and c.get("verdict") in ("warn", "fail")
+            and c.get("scope") != "store"  # the store before the apply, which changes it
+        )
+        dp = details.get("released_model_dp")
+        reason = details.get("released_model_reason")
+        variant = details.get("variant")
+        lineage = doc.get("lineage")
+        return cls(
+            method=str(doc.get("method", "")),
+            params=_mapping(doc.get("params")),
+            variant=None if variant is None else str(variant),
+            released_model_dp=None if dp is None else bool(dp),
+            released_model_reason=None if reason is None else str(reason),
+            warnings=_sentences(details.get("warnings")),
+            assumptions=_sentences(details.get("assumptions")),
+            lineage=dict(lineage) if isinstance(lineage, Mapping) else None,
+            receipt=isinstance(receipt, Mapping),
+            influence=receipt.get("influence") if isinstance(receipt, Mapping) else None,
+            flagged=flagged,
+        )
+
+    def receipt_note(self) -> dict[str, Any] | None:
+        """What the receipt says, for the apply output: influence and non-passing checks."""
+        if not self.receipt:
+            return None
+        return {"influence": self.influence, "flagged": [c.to_dict() for c in self.flagged]}
