@@ -82,7 +82,8 @@ class Plugin:
 
     def provides(self, kind: Kind) -> Mapping[str, str]:
         """Return the ``name -> "module:attr"`` contributions of one kind."""
-        return getattr(self, kind)
+        provided: Mapping[str, str] = getattr(self, kind)
+        return provided
 
 
 def resolve(path: str, what: str = "object") -> Any:

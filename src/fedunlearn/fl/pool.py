@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import ProcessPoolExecutor as _ProcessPool
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import numpy as np
 import torch
@@ -249,15 +250,16 @@ class WorkerPoolExecutor(Closing):
             )
         return self._pool
 
-    def _submit(self, pool: _ProcessPool, fn: object, *args: object) -> Future:
+    def _submit(self, pool: _ProcessPool, fn: object, *args: object) -> Future[Any]:
         try:
             return pool.submit(fn, *args)  # type: ignore[arg-type]
         except BrokenProcessPool as exc:
             raise self._crashed("submitting work") from exc
 
-    def _result(self, future: Future, doing: str) -> tuple[np.ndarray, int, float]:
+    def _result(self, future: Future[Any], doing: str) -> tuple[np.ndarray, int, float]:
         try:
-            return future.result()
+            out: tuple[np.ndarray, int, float] = future.result()
+            return out
         except BrokenProcessPool as exc:
             raise self._crashed(doing) from exc
 

@@ -424,9 +424,7 @@ def dp_sgd_unlearning_ledger(
         )
         for e in train
     ]
-    upfront = sampled_totals(
-        upfront_train + events, [eps_max] * len(train) + spent, delta, rel
-    )
+    upfront = sampled_totals(upfront_train + events, [eps_max] * len(train) + spent, delta, rel)
     return {
         "mechanism": "dp_sgd",
         "replayed_rounds": len(replay),

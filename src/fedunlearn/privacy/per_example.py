@@ -28,7 +28,8 @@ clipping, then Gaussian noise on the sum).
 from __future__ import annotations
 
 import copy
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -47,6 +48,9 @@ __all__ = [
     "per_example_clipped_sum",
     "per_example_gradients",
 ]
+
+#: A forward hook: (module, its inputs, its output) -> the output.
+_Hook = Callable[[nn.Module, tuple[Any, ...], torch.Tensor], torch.Tensor]
 
 #: Added to the norm in the clip factor, as Opacus does (no division by zero).
 CLIP_EPSILON = 1e-6
@@ -198,8 +202,10 @@ class GhostClipping:
         """The model's linear and conv layers, in module order."""
         return [layer for _, layer in self._layers]
 
-    def _hook(self, index: int):  # noqa: ANN202 - a forward hook
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    def _hook(
+        self, index: int
+    ) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], torch.Tensor]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
             if self._probes is None:  # shape probe (``layer_shapes``)
                 self._inputs[index] = output
                 return output

@@ -212,7 +212,7 @@ def _apply_file(result_json: Path, spec: dict[str, Any], claims: ResultClaims) -
             "without --no-apply-file; nothing was changed"
         )
     _check_removes(result_json, claims)
-    return result_json.parent / spec["file"]
+    return result_json.parent / str(spec["file"])
 
 
 def _check_state(

@@ -75,7 +75,8 @@ def load_component(path: str, what: str) -> Callable[..., Any]:
         raise ConfigError(
             f"{what} {path!r} is a {type(value).__name__}, not a function; name a callable"
         )
-    return value
+    function: Callable[..., Any] = value
+    return function
 
 
 def object_path(obj: Any) -> str:

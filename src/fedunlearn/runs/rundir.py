@@ -138,7 +138,9 @@ class MetricsWriter:
             fh.write(json.dumps(metrics_line(record.round, record.metrics, record)) + "\n")
 
 
-def metrics_line(round_: int, metrics: dict[str, Any], record: RoundRecord | None = None) -> dict:
+def metrics_line(
+    round_: int, metrics: dict[str, Any], record: RoundRecord | None = None
+) -> dict[str, Any]:
     """Return the JSON-lines row of a round."""
     row: dict[str, Any] = {"round": round_, **metrics}
     if record is not None:

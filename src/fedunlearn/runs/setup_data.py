@@ -24,7 +24,9 @@ from fedunlearn.runs.user import FunctionTrigger, user_data
 __all__ = ["LoadedData", "load_data"]
 
 
-def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple:
+def _subsample(
+    x: np.ndarray, y: np.ndarray, limit: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     if limit is None or limit >= len(y):
         return x, y
     idx = np.sort(np.random.default_rng(seed).choice(len(y), size=limit, replace=False))

@@ -472,10 +472,8 @@ class DeletionAudit(StoreHost):
 
     def _has_deletion_tables(self) -> bool:
         with self._sqlite("reading the schema"):
-            return (
-                self._db.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
-                    "('forget_calls', 'forget_payloads')"
-                ).fetchone()[0]
-                == 2
-            )
+            tables: int = self._db.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
+                "('forget_calls', 'forget_payloads')"
+            ).fetchone()[0]
+        return tables == 2

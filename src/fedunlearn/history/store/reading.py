@@ -60,7 +60,8 @@ class Reading(StoreHost):
     def last_round(self) -> int | None:
         """Return the last committed round, or None if the store is empty."""
         with self._sqlite("reading the last round"):
-            return self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
+            last: int | None = self._db.execute("SELECT max(round) FROM rounds").fetchone()[0]
+        return last
 
     def round_scalars(self, round: int) -> dict[str, Scalar]:
         """Return the metrics stored with ``round``.
@@ -72,7 +73,8 @@ class Reading(StoreHost):
             row = self._db.execute("SELECT scalars FROM rounds WHERE round=?", (round,)).fetchone()
         if row is None:
             raise self._missing_round(round)
-        return json.loads(row[0])
+        scalars: dict[str, Scalar] = json.loads(row[0])
+        return scalars
 
     def client_records(self, round: int) -> list[ClientRecord]:
         """Return a record per client sampled in ``round``, by client id, ``stored`` filled in.
@@ -316,11 +318,12 @@ class Reading(StoreHost):
 
     def _payload_row(self, where: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         with self._sqlite("reading a payload"):
-            return self._db.execute(
+            row: tuple[Any, ...] | None = self._db.execute(
                 "SELECT round, kind, client_id, dtype, shape, size_bytes, crc32, data "
                 f"FROM payloads WHERE {where}",
                 args,
             ).fetchone()
+        return row
 
     def _decode(self, row: tuple[Any, ...] | None) -> torch.Tensor:
         if row is None:  # deleted between listing and reading

@@ -144,7 +144,8 @@ def reconstructible_updates(store: Any, forget: Iterable[int]) -> list[list[int]
 def _direct_aggregate(store: Any, round: int) -> torch.Tensor | None:
     """Return A_round if stored or computable from all its updates (FedAvg), else None."""
     if (round, "aggregate") in store.stored_models():
-        return store.read_model(round, "aggregate").to(torch.float64)
+        stored: torch.Tensor = store.read_model(round, "aggregate").to(torch.float64)
+        return stored
     if not _updates_are_aggregated(run_meta_of(store)):
         return None
     accepted = [c for c in store.client_records(round) if c.status == _ACCEPTED]
@@ -165,7 +166,8 @@ def _model(store: Any, round: int) -> torch.Tensor:
     """
     stored = sorted(r for r, kind in store.stored_models() if kind == "global")
     if round in stored:
-        return store.read_model(round).to(torch.float64)
+        model: torch.Tensor = store.read_model(round).to(torch.float64)
+        return model
     below = [(s, range(s + 1, round + 1), 1.0) for s in reversed(stored) if s < round]
     above = [(s, range(round + 1, s + 1), -1.0) for s in stored if s > round]
     for start, steps, sign in below + above:
@@ -214,7 +216,8 @@ def rebuild_update(store: Any, round: int, client_id: int) -> torch.Tensor:
     else:  # known from the two models around it (_known)
         aggregate = _model(store, round) - _model(store, round - 1)
     total = float(sum(c.num_samples for c in accepted))
-    rest = aggregate * total
+    rest: torch.Tensor = aggregate * total
     for c in others:
         rest = rest - c.num_samples * store.read_update(round, c.client_id).to(torch.float64)
-    return (rest / mine[0].num_samples).to(torch.float32)
+    update: torch.Tensor = (rest / mine[0].num_samples).to(torch.float32)
+    return update
