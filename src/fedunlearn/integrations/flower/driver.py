@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flwr.app import Message
@@ -48,6 +48,13 @@ from fedunlearn.integrations.flower.messages import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def missing_json(missing: Mapping[int, Mapping[int, str]]) -> dict[str, dict[str, str]]:
+    """Return ``FlowerClients.missing`` (round -> client id -> reason) with JSON keys, sorted."""
+    return {
+        str(r): {str(c): why for c, why in sorted(m.items())} for r, m in sorted(missing.items())
+    }
 
 
 @dataclass
