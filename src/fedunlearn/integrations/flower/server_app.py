@@ -45,7 +45,11 @@ from fedunlearn.experiments.lifecycle import save_for_apply
 from fedunlearn.fl.federation import Federation
 from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy
 from fedunlearn.history.store import HistoryStore, RoundEntry
-from fedunlearn.integrations.flower.driver import FlowerClients, missing_json
+from fedunlearn.integrations.flower.driver import (
+    FlowerClients,
+    missing_json,
+    source_metadata,
+)
 from fedunlearn.integrations.flower.strategy import (
     HistoryStrategy,
     MissingAwareRecorder,
@@ -389,19 +393,8 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
         }
     out.parent.mkdir(parents=True, exist_ok=True)
     model_file = out.with_suffix(".safetensors")
-    source = {
-        "run": str(job.run_dir),
-        "method": job.method,
-        "forget": sorted(request.forget),
-        "kind": job.kind,
-        "engine": "flower",
-    }
-    save_model(
-        model_file,
-        model,
-        params=result.params,
-        metadata={"fedunlearn.source": json.dumps(source, sort_keys=True)},
-    )
+    meta = source_metadata(job.run_dir, job.method, request.forget, job.kind, "flower")
+    save_model(model_file, model, params=result.params, metadata=meta)
     summary["model_file"] = str(model_file)
     summary = json.loads(json.dumps(summary, default=_jsonable))  # what the file will hold
     save_for_apply(out, summary, result)  # the apply file, and the seal over the summary
