@@ -13,6 +13,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -425,7 +426,9 @@ def _tabular(name: str, arrays: dict[str, Any]) -> Dataset:
     )
 
 
-def load_covtype(
+def _uci_file(
+    name: str,
+    read: Callable[..., dict[str, Any]],
     *,
     data_dir: Path,
     download: bool,
@@ -433,29 +436,20 @@ def load_covtype(
     test_fraction: float = 0.2,
     seed: int = 0,
 ) -> Dataset:
-    """UCI Covertype from ``covtype.data.gz`` (see ``tabular.load_covtype``); never downloaded."""
-    arrays = tabular.load_covtype(
+    """A UCI table read by ``read`` (``tabular.load_covtype``/``load_higgs``); never downloaded.
+
+    Covertype comes from ``covtype.data.gz``, HIGGS from ``HIGGS.csv.gz`` (its first
+    ``max_samples`` rows).
+    """
+    arrays = read(
         data_dir=data_dir, max_samples=max_samples, test_fraction=test_fraction, seed=seed
     )
-    return _tabular("covtype", arrays)
+    return _tabular(name, arrays)
 
 
-def load_higgs(
-    *,
-    data_dir: Path,
-    download: bool,
-    max_samples: int | None = None,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-) -> Dataset:
-    """UCI HIGGS from ``HIGGS.csv.gz`` (first ``max_samples`` rows); never downloaded."""
-    arrays = tabular.load_higgs(
-        data_dir=data_dir, max_samples=max_samples, test_fraction=test_fraction, seed=seed
-    )
-    return _tabular("higgs", arrays)
-
-
-def load_covtype_like(
+def _tabular_like(
+    name: str,
+    make: Callable[..., dict[str, Any]],
     *,
     data_dir: Path,
     download: bool,
@@ -463,26 +457,13 @@ def load_covtype_like(
     test_fraction: float = 0.2,
     seed: int = 0,
 ) -> Dataset:
-    """Synthetic Covtype stand-in (54 features, 7 imbalanced classes)."""
-    arrays = tabular.load_covtype_like(
-        num_samples=num_samples, test_fraction=test_fraction, seed=seed
-    )
-    return _tabular("covtype_like", arrays)
+    """A synthetic stand-in made by ``make``.
 
-
-def load_higgs_like(
-    *,
-    data_dir: Path,
-    download: bool,
-    num_samples: int = 20000,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-) -> Dataset:
-    """Synthetic HIGGS stand-in (28 features, binary, weakly separable)."""
-    arrays = tabular.load_higgs_like(
-        num_samples=num_samples, test_fraction=test_fraction, seed=seed
-    )
-    return _tabular("higgs_like", arrays)
+    Covtype's has 54 features and 7 imbalanced classes; HIGGS's 28 features, binary labels,
+    weakly separable.
+    """
+    arrays = make(num_samples=num_samples, test_fraction=test_fraction, seed=seed)
+    return _tabular(name, arrays)
 
 
 #: Dataset name -> loader ``(*, data_dir, download, **options) -> Dataset``.
@@ -493,8 +474,8 @@ DATASETS: dict[str, DatasetLoader] = {
     "cifar10": load_cifar10,
     "ag_news": load_ag_news,
     "synthetic": load_synthetic,
-    "covtype": load_covtype,
-    "higgs": load_higgs,
-    "covtype_like": load_covtype_like,
-    "higgs_like": load_higgs_like,
+    "covtype": partial(_uci_file, "covtype", tabular.load_covtype),
+    "higgs": partial(_uci_file, "higgs", tabular.load_higgs),
+    "covtype_like": partial(_tabular_like, "covtype_like", tabular.load_covtype_like),
+    "higgs_like": partial(_tabular_like, "higgs_like", tabular.load_higgs_like),
 }

@@ -119,7 +119,54 @@ class _Plan:
     noise_multiplier: float
 
 
-class DPSGDTraining:
+class _ClippedSteps:
+    """What ``DPSGDTraining`` and ``ClippedTraining`` share: the vectorised or reference steps."""
+
+    model: nn.Module
+    client_data: Mapping[int, ClientData]
+    clip_norm: float
+    noise_salt: int = 0
+    vectorized: VectorizedDPSGD | None
+
+    def _train(
+        self,
+        global_params: torch.Tensor,
+        tasks: Sequence[tuple[int, int]],
+        spec: LocalTrainingSpec,
+        noise_multiplier: float,
+    ) -> list[tuple[ClientUpdate, ClientNoise]]:
+        """Run the tasks by ``VectorizedDPSGD`` where it is set up, else by ``dp_sgd_update``."""
+        if self.vectorized is not None:
+            return self.vectorized.run(
+                global_params,
+                tasks,
+                spec,
+                clip_norm=self.clip_norm,
+                noise_multiplier=noise_multiplier,
+                noise_salt=self.noise_salt,
+            )
+        return [
+            dp_sgd_update(
+                self.model,
+                global_params,
+                self.client_data[cid],
+                spec,
+                clip_norm=self.clip_norm,
+                noise_multiplier=noise_multiplier,
+                seed=seed,
+                client_id=cid,
+                noise_salt=self.noise_salt,
+            )
+            for cid, seed in tasks
+        ]
+
+    def close(self) -> None:
+        """Stop the vectorised path's threads, if any (it restarts them when needed)."""
+        if self.vectorized is not None:
+            self.vectorized.close()
+
+
+class DPSGDTraining(_ClippedSteps):
     """DP-SGD local training for ``Federation.local_training`` (see module doc).
 
     Args:
@@ -199,38 +246,10 @@ class DPSGDTraining:
         """Train every ``(client_id, seed)`` task by DP-SGD; record the round's ``RoundDPSGD``."""
         check_tasks(self.client_data, tasks)
         plan = self.plan(round_, [cid for cid, _ in tasks], spec)
-        if self.vectorized is not None:
-            results = self.vectorized.run(
-                global_params,
-                tasks,
-                spec,
-                clip_norm=self.clip_norm,
-                noise_multiplier=plan.noise_multiplier,
-                noise_salt=self.noise_salt,
-            )
-        else:
-            results = [
-                dp_sgd_update(
-                    self.model,
-                    global_params,
-                    self.client_data[cid],
-                    spec,
-                    clip_norm=self.clip_norm,
-                    noise_multiplier=plan.noise_multiplier,
-                    seed=seed,
-                    client_id=cid,
-                    noise_salt=self.noise_salt,
-                )
-                for cid, seed in tasks
-            ]
+        results = self._train(global_params, tasks, spec, plan.noise_multiplier)
         self.stats[round_] = self._round_stats(round_, plan, results)
         # the mean loss of the sampled examples is noise-free: it stays with the client
         return [withhold_loss(update) for update, _ in results]
-
-    def close(self) -> None:
-        """Stop the vectorised path's noise threads, if any (it restarts them when needed)."""
-        if self.vectorized is not None:
-            self.vectorized.close()
 
     def _round_stats(
         self, round_: int, plan: _Plan, results: Sequence[tuple[ClientUpdate, ClientNoise]]
@@ -266,7 +285,7 @@ class DPSGDTraining:
         )
 
 
-class ClippedTraining:
+class ClippedTraining(_ClippedSteps):
     """DP-SGD's optimiser without its noise, for ``Federation.local_training`` (see module doc).
 
     Each client takes ceil(E n_c / B) steps on Poisson batches of rate min(1, B / n_c), every
@@ -316,27 +335,4 @@ class ClippedTraining:
     ) -> list[ClientUpdate]:
         """Train every ``(client_id, seed)`` task by clipped SGD (``round_`` is not used)."""
         check_tasks(self.client_data, tasks)
-        if self.vectorized is not None:
-            results = self.vectorized.run(
-                global_params, tasks, spec, clip_norm=self.clip_norm, noise_multiplier=0.0
-            )
-        else:
-            results = [
-                dp_sgd_update(
-                    self.model,
-                    global_params,
-                    self.client_data[cid],
-                    spec,
-                    clip_norm=self.clip_norm,
-                    noise_multiplier=0.0,
-                    seed=seed,
-                    client_id=cid,
-                )
-                for cid, seed in tasks
-            ]
-        return [update for update, _ in results]
-
-    def close(self) -> None:
-        """Nothing to stop (no noise threads are started)."""
-        if self.vectorized is not None:
-            self.vectorized.close()
+        return [update for update, _ in self._train(global_params, tasks, spec, 0.0)]

@@ -1,21 +1,9 @@
 """Render a centralised comparison (``fedunlearn.experiments.central``): tables and plots.
 
-``run_central`` trains one recorded SGD run per (dataset, seed), then for each unlearning ratio
-draws ``D_U``, computes the replay and fresh retraining references and runs every configured
-method, scoring test accuracy, the L2 distance to replay retraining (absolute and relative to
-the original gap), shadow-model MIA precision/recall/AUC on ``D_U`` and on an equal-size sample
-of ``D_R``, wall time against retraining and stored bytes. ``write_central`` writes
-``results.json``, ``results.csv``, ``tables.md`` and plots.
-
-Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
-Ratios", §5 (Tables 1-3).
-Deviations:
-    [REC] The Original (no unlearning) row, distances and times are added (RF1 in
-    docs/methods/central_baselines.md, EV10 in docs/evaluation.md); the MIA protocol, which the
-    paper leaves open (§5.1), is EV6-EV9 of docs/evaluation.md: shadow LR models with the
-    target's hyper-parameters (and as many SGD steps as the target) on half of the test set, the
-    other half as non-members, balanced evaluation, precision at equal priors, plus AUC.
-    [REC] The run lives here, not in ``central``, because it uses ``eval`` (above ``central``).
+``write_central`` writes ``results.json``, ``results.csv``, ``tables.md`` and plots from what
+``run_central`` measured. The protocol, the paper (Huang et al., "Machine Unlearning with
+Minimal Gradient Dependence for High Unlearning Ratios", §5, Tables 1-3) and every deviation
+from it are described once, in ``fedunlearn.experiments.central``.
 """
 
 from __future__ import annotations

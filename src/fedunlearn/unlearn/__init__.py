@@ -10,29 +10,32 @@ CONTRIBUTING.md ("Add a method").
 
 from __future__ import annotations
 
-from fedunlearn.exports import lazy_exports
+from fedunlearn.exports import by_module, lazy_exports
 
-_EXPORTS = {
-    "BoundReport": "fedunlearn.unlearn.receipt",
-    "Check": "fedunlearn.unlearn.receipt",
-    "Costs": "fedunlearn.unlearn.base",
-    "Details": "fedunlearn.unlearn.base",
-    "EvaluationView": "fedunlearn.unlearn.views",
-    "MethodParams": "fedunlearn.unlearn.base",
-    "NoDetails": "fedunlearn.unlearn.base",
-    "RunOutput": "fedunlearn.unlearn.base",
-    "RunView": "fedunlearn.unlearn.views",
-    "UnlearnContext": "fedunlearn.unlearn.context",
-    "UnlearnRequest": "fedunlearn.unlearn.base",
-    "UnlearnResult": "fedunlearn.unlearn.base",
-    "UnlearnSession": "fedunlearn.unlearn.session",
-    "Unlearner": "fedunlearn.unlearn.base",
-    "Verification": "fedunlearn.unlearn.receipt",
-    "available_methods": "fedunlearn.unlearn.registry",
-    "get_method": "fedunlearn.unlearn.registry",
-    "make_method": "fedunlearn.unlearn.registry",
-    "register": "fedunlearn.unlearn.registry",
-}
+_EXPORTS = by_module(
+    {
+        "fedunlearn.unlearn.receipt": ("BoundReport", "Check", "Verification"),
+        "fedunlearn.unlearn.base": (
+            "Costs",
+            "Details",
+            "MethodParams",
+            "NoDetails",
+            "RunOutput",
+            "UnlearnRequest",
+            "UnlearnResult",
+            "Unlearner",
+        ),
+        "fedunlearn.unlearn.views": ("EvaluationView", "RunView"),
+        "fedunlearn.unlearn.context": ("UnlearnContext",),
+        "fedunlearn.unlearn.session": ("UnlearnSession",),
+        "fedunlearn.unlearn.registry": (
+            "available_methods",
+            "get_method",
+            "make_method",
+            "register",
+        ),
+    }
+)
 
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -78,8 +78,16 @@ _VARIETY = 8  # distinct byte values an anchor's window needs (zeroed space plus
 # matched a deleted payload's near-zero window: measured, issue 33)
 
 
+class _Deleted:
+    """What a deleted payload and a dropped model share: ``to_dict``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return asdict(self)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
-class DeletedPayload:
+class DeletedPayload(_Deleted):
     """One payload ``forget()`` deleted.
 
     Attributes:
@@ -97,21 +105,17 @@ class DeletedPayload:
     sha256: str
     num_fingerprints: int
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class DroppedModel:
+class DroppedModel(_Deleted):
     """A global model or aggregate ``forget()`` dropped so that no deleted update can be rebuilt.
 
     Attributes:
         round: Round it belonged to.
         kind: ``"global"`` (M_round) or ``"aggregate"`` (the round's aggregated delta).
-        size_bytes: Tensor bytes deleted.
-        sha256: Hex SHA-256 of the stored bytes, computed before the deletion.
-        num_fingerprints: Overflow pages recorded for the page scan.
+        size_bytes: As for ``DeletedPayload``.
+        sha256: As for ``DeletedPayload``.
+        num_fingerprints: As for ``DeletedPayload``.
     """
 
     round: int
@@ -119,10 +123,6 @@ class DroppedModel:
     size_bytes: int
     sha256: str
     num_fingerprints: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

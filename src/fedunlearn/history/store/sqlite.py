@@ -79,10 +79,10 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError
+from fedunlearn.fl.closing import Closing
 from fedunlearn.history.digest import canonical_sha256
 from fedunlearn.history.store.audit import DeletionAudit
 from fedunlearn.history.store.chain import CHAIN_INFO_KEY, Chain
@@ -117,7 +117,9 @@ __all__ = [
 ]
 
 
-class HistoryStore(Writing, Reading, Erasure, DeletionAudit, Integrity, Generations, Chain):
+class HistoryStore(
+    Writing, Reading, Erasure, DeletionAudit, Integrity, Generations, Chain, Closing
+):
     """The history of one run in ``<dir>/history.sqlite``; build with ``create`` or ``open``.
 
     A writable store holds ``<dir>/history.lock`` until ``close()``; use it as a context manager.
@@ -296,17 +298,6 @@ class HistoryStore(Writing, Reading, Erasure, DeletionAudit, Integrity, Generati
         lock, self._lock = self._lock, None
         self.close()
         return lock
-
-    def __enter__(self) -> HistoryStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._con is None else ("writable" if self.writable else "read-only")

@@ -50,6 +50,7 @@ from fedunlearn.integrations.flower.app_settings import (
     PendingRequest,
     request_from_run_config,
 )
+from fedunlearn.integrations.flower.driver import missing_json, source_metadata
 from fedunlearn.models import get_flat_params, save_model
 from fedunlearn.runs import HISTORY_DIR
 from fedunlearn.runs.app_requests import APP_META, AppRequest, request_served
@@ -259,10 +260,7 @@ def _unlearn(
             "round_metrics": [dict(r) for r in result.round_metrics],
             "details": result.details.to_dict() if result.details is not None else None,
             "lineage": result.lineage.to_dict() if result.lineage else None,
-            "missing": {
-                str(r): {str(c): why for c, why in sorted(m.items())}
-                for r, m in sorted(clients.missing.items())
-            },
+            "missing": missing_json(clients.missing),
             "client_check": client_check(clients, wanted.forget, run.final_params, result.params),
         }
         receipt = app_verification(session, wanted, result, summary["client_check"])
@@ -270,14 +268,9 @@ def _unlearn(
         target = Path(request.out) if request.out else run.run_dir / f"flower_{request.method}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         model_file = target.with_suffix(".safetensors")
-        source = {
-            "run": str(run.run_dir),
-            "method": request.method,
-            "forget": sorted(wanted.forget),
-            "kind": request.kind,
-            "engine": "flower-app",
-        }
-        meta = {"fedunlearn.source": json.dumps(source, sort_keys=True)}
+        meta = source_metadata(
+            run.run_dir, request.method, wanted.forget, request.kind, "flower-app"
+        )
         if app.get("arrays_only"):  # the app's own keys: its model loads them
             state = layout.record(result.params).to_torch_state_dict()
             safetensors.torch.save_file(

@@ -23,10 +23,12 @@ The server knows every client's sample count from the run's setup, as in-process
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -48,6 +50,27 @@ from fedunlearn.integrations.flower.messages import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def missing_json(missing: Mapping[int, Mapping[int, str]]) -> dict[str, dict[str, str]]:
+    """Return ``FlowerClients.missing`` (round -> client id -> reason) with JSON keys, sorted."""
+    return {
+        str(r): {str(c): why for c, why in sorted(m.items())} for r, m in sorted(missing.items())
+    }
+
+
+def source_metadata(
+    run_dir: Path, method: str, forget: Collection[int], kind: str, engine: str
+) -> dict[str, str]:
+    """Return the ``fedunlearn.source`` entry of an unlearned model file's metadata."""
+    source = {
+        "run": str(run_dir),
+        "method": method,
+        "forget": sorted(forget),
+        "kind": kind,
+        "engine": engine,
+    }
+    return {"fedunlearn.source": json.dumps(source, sort_keys=True)}
 
 
 @dataclass

@@ -45,7 +45,11 @@ from fedunlearn.experiments.lifecycle import save_for_apply
 from fedunlearn.fl.federation import Federation
 from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy
 from fedunlearn.history.store import HistoryStore, RoundEntry
-from fedunlearn.integrations.flower.driver import FlowerClients
+from fedunlearn.integrations.flower.driver import (
+    FlowerClients,
+    missing_json,
+    source_metadata,
+)
 from fedunlearn.integrations.flower.strategy import (
     HistoryStrategy,
     MissingAwareRecorder,
@@ -326,10 +330,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             "wall_seconds": time.perf_counter() - started,
             "executor": "flower",
             "device": str(fed.device),  # where the server evaluates
-            "missing": {
-                str(r): {str(c): why for c, why in sorted(m.items())}
-                for r, m in sorted(clients.missing.items())
-            },
+            "missing": missing_json(clients.missing),
             "final_model_norm": float(final.norm()),
             "wire": {
                 "messages": stats.messages,
@@ -388,26 +389,12 @@ def unlearn_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
             "round_metrics": [dict(r) for r in result.round_metrics],
             "details": result.details.to_dict(),
             "lineage": result.lineage.to_dict() if result.lineage else None,
-            "missing": {
-                str(r): {str(c): why for c, why in sorted(m.items())}
-                for r, m in sorted(clients.missing.items())
-            },
+            "missing": missing_json(clients.missing),
         }
     out.parent.mkdir(parents=True, exist_ok=True)
     model_file = out.with_suffix(".safetensors")
-    source = {
-        "run": str(job.run_dir),
-        "method": job.method,
-        "forget": sorted(request.forget),
-        "kind": job.kind,
-        "engine": "flower",
-    }
-    save_model(
-        model_file,
-        model,
-        params=result.params,
-        metadata={"fedunlearn.source": json.dumps(source, sort_keys=True)},
-    )
+    meta = source_metadata(job.run_dir, job.method, request.forget, job.kind, "flower")
+    save_model(model_file, model, params=result.params, metadata=meta)
     summary["model_file"] = str(model_file)
     summary = json.loads(json.dumps(summary, default=_jsonable))  # what the file will hold
     save_for_apply(out, summary, result)  # the apply file, and the seal over the summary
@@ -469,10 +456,7 @@ def continue_on_grid(grid: Grid, job: FlowerJob) -> dict[str, Any]:
     summary = {
         "engine": "flower",
         **summary,
-        "missing": {
-            str(r): {str(c): why for c, why in sorted(m.items())}
-            for r, m in sorted(missing.items())
-        },
+        "missing": missing_json(missing),
         "wire": None
         if clients is None
         else {

@@ -90,6 +90,20 @@ def newton_iterations(step: Callable[[float], float], start: float, frac_bits: i
     return count
 
 
+def _centred(
+    x: SharedTensor, name: str, x_range: tuple[float, float], check_range: bool, what: str
+) -> tuple[SharedTensor, float, float]:
+    """Return x / scale (in [1/rho, rho]), scale = sqrt(lo hi) and rho = sqrt(hi / lo).
+
+    Checks ``x_range`` (named ``name``), and with ``check_range`` that every x lies in it.
+    """
+    lo, hi = _check_range(name, x_range)
+    if check_range:
+        sec_check_range(x, (lo, hi), what)
+    scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
+    return x.mul_public(1.0 / scale), scale, rho
+
+
 def sec_reciprocal(
     v: SharedTensor, v_range: tuple[float, float], *, check_range: bool = True
 ) -> SharedTensor:
@@ -98,12 +112,8 @@ def sec_reciprocal(
     Raises:
         SecureComputationError: With ``check_range``, if some v lies outside ``v_range``.
     """
-    lo, hi = _check_range("v_range", v_range)
-    if check_range:
-        sec_check_range(v, (lo, hi), "sec_reciprocal")
-    scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
+    scaled, scale, rho = _centred(v, "v_range", v_range, check_range, "sec_reciprocal")
     f = v.party.fixed_point.frac_bits
-    scaled = v.mul_public(1.0 / scale)  # in [1/rho, rho]
     # t = scaled * y: t <- t (2 - t), worst start 1/rho^2
     iterations = newton_iterations(lambda t: t * (2.0 - t), 1.0 / rho**2, f)
     y0 = 1.0 / rho
@@ -139,12 +149,8 @@ def sec_sqrt(
     Raises:
         SecureComputationError: With ``check_range``, if some x lies outside ``x_range``.
     """
-    lo, hi = _check_range("x_range", x_range)
-    if check_range:
-        sec_check_range(x, (lo, hi), "sec_sqrt")
-    scale, rho = math.sqrt(lo * hi), math.sqrt(hi / lo)
+    scaled, scale, rho = _centred(x, "x_range", x_range, check_range, "sec_sqrt")
     f = x.party.fixed_point.frac_bits
-    scaled = x.mul_public(1.0 / scale)  # in [1/rho, rho]
     # t = sqrt(scaled) * y: t <- t (3 - t^2) / 2, worst start 1/rho
     iterations = newton_iterations(lambda t: t * (3.0 - t * t) / 2.0, 1.0 / rho, f)
     y0 = rho**-0.5

@@ -11,16 +11,15 @@ docs/methods/crab.md.
 
 from __future__ import annotations
 
-from fedunlearn.exports import lazy_exports
+from fedunlearn.exports import by_module, lazy_exports
 
-_EXPORTS = {
-    "Crab": "fedunlearn.unlearn.crab.unlearner",
-    "CrabDetails": "fedunlearn.unlearn.crab.unlearner",
-    "CrabParams": "fedunlearn.unlearn.crab.params",
-    "CrabPolicy": "fedunlearn.unlearn.crab.policy",
-    "CrabSelectionConfig": "fedunlearn.unlearn.crab.params",
-    "WindowSelector": "fedunlearn.unlearn.crab.policy",
-}
+_EXPORTS = by_module(
+    {
+        "fedunlearn.unlearn.crab.unlearner": ("Crab", "CrabDetails"),
+        "fedunlearn.unlearn.crab.params": ("CrabParams", "CrabSelectionConfig"),
+        "fedunlearn.unlearn.crab.policy": ("CrabPolicy", "WindowSelector"),
+    }
+)
 
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

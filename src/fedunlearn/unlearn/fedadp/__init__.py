@@ -11,15 +11,15 @@ and every deviation: docs/methods/fedadp.md.
 
 from __future__ import annotations
 
-from fedunlearn.exports import lazy_exports
+from fedunlearn.exports import by_module, lazy_exports
 
-_EXPORTS = {
-    "FedADP": "fedunlearn.unlearn.fedadp.unlearner",
-    "FedADPParams": "fedunlearn.unlearn.fedadp.params",
-    "FedADPPolicy": "fedunlearn.unlearn.fedadp.policy",
-    "FedADPSelectionConfig": "fedunlearn.unlearn.fedadp.params",
-    "StageSelector": "fedunlearn.unlearn.fedadp.policy",
-}
+_EXPORTS = by_module(
+    {
+        "fedunlearn.unlearn.fedadp.unlearner": ("FedADP",),
+        "fedunlearn.unlearn.fedadp.params": ("FedADPParams", "FedADPSelectionConfig"),
+        "fedunlearn.unlearn.fedadp.policy": ("FedADPPolicy", "StageSelector"),
+    }
+)
 
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -14,14 +14,14 @@ Design notes and every deviation: docs/methods/starfish.md; user guide: docs/sta
 
 from __future__ import annotations
 
-from fedunlearn.exports import lazy_exports
+from fedunlearn.exports import by_module, lazy_exports
 
-_EXPORTS = {
-    "Starfish": "fedunlearn.unlearn.starfish.unlearner",
-    "StarfishDetails": "fedunlearn.unlearn.starfish.unlearner",
-    "StarfishExecution": "fedunlearn.unlearn.starfish.params",
-    "StarfishParams": "fedunlearn.unlearn.starfish.params",
-}
+_EXPORTS = by_module(
+    {
+        "fedunlearn.unlearn.starfish.unlearner": ("Starfish", "StarfishDetails"),
+        "fedunlearn.unlearn.starfish.params": ("StarfishExecution", "StarfishParams"),
+    }
+)
 
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)
