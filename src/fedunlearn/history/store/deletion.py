@@ -83,7 +83,8 @@ class _Deleted:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return asdict(self)  # type: ignore[call-overload]
+        fields: dict[str, Any] = asdict(self)  # type: ignore[call-overload]
+        return fields
 
 
 @dataclass(frozen=True)
