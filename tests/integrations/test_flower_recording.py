@@ -30,6 +30,7 @@ from flwr.app import (  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
 from fedunlearn.errors import ConfigError  # noqa: E402
+from fedunlearn.fl.threads import run_threads  # noqa: E402
 from fedunlearn.history import HistoryStore  # noqa: E402
 from fedunlearn.integrations.flower.recording import Recording  # noqa: E402
 from fedunlearn.runs import check_run, forget_clients, run_info  # noqa: E402
@@ -266,6 +267,14 @@ def test_summary_and_metrics_are_written(tmp_path):
     assert summary["rounds"] == 2
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [0, 1, 2]
+
+
+def test_the_servers_thread_count_is_recorded_for_unlearning(tmp_path):
+    """Before: a Flower-recorded run had no torch_threads, so a replay ran at any count."""
+    with run_threads(2, purpose="the test"):  # the suite runs at 1 (tests/conftest.py)
+        record(tmp_path, OwnGrid(NODES))
+    with HistoryStore.open(tmp_path / "run" / "history") as store:
+        assert store.run_meta.torch_threads == 2
 
 
 @pytest.mark.parametrize("method", ["retrain", "fedrecover"])

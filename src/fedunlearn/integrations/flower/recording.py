@@ -477,6 +477,8 @@ class Recording(Strategy):
             "client_sizes": {str(c): n for c, n in sorted(self._sizes.items())},
             "history_policy": self.history.policy,
             "history_every": self.history.every,
+            # the server's threads: unlearning and a replay of it run at the same count
+            "torch_threads": torch.get_num_threads(),
             # what UnlearnSession reads to open a run whose data stays on the clients
             "components": {
                 "model": self._model_record,

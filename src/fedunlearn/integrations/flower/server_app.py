@@ -278,6 +278,8 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
             "history_policy": config.history.policy,
             "history_every": config.history.every,
+            # the server's threads: unlearning and a replay of it run at the same count
+            "torch_threads": torch.get_num_threads(),
         },
     )
     try:
