@@ -230,3 +230,15 @@ def test_every_name_imported_from_fedunlearn_config_exists_and_modules_stay_smal
     package = ROOT / "src" / "fedunlearn" / "config"
     sizes = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
     assert max(sizes.values()) < 500
+
+
+def test_an_override_that_switches_the_attack_drops_the_files_options_of_the_old_one():
+    """Before: ``--set attack.kind=label_flip`` on the quickstart (a backdoor file) was refused."""
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "digits_quickstart.yaml"
+
+    config = load_config(quickstart, {"attack.kind": "label_flip"})
+
+    assert config.attack.kind == "label_flip"
+    assert config.attack.num_malicious == 2  # the options both variants have stay
+    with pytest.raises(ConfigError, match=r"attack\.trigger_size is an option of attack\.kind"):
+        load_config(quickstart, {"attack.kind": "label_flip", "attack.trigger_size": 5})

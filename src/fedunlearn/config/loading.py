@@ -23,6 +23,35 @@ _UNIONS: dict[tuple[str, ...], frozenset[str]] = {
 }
 
 
+#: A section whose key picks a variant -> (that key, the variants' models).
+_SWITCHES: dict[tuple[str, ...], tuple[str, dict[str, Any]]] = {
+    ("attack",): ("kind", dict(ATTACK_MODELS)),
+    ("training", "aggregator"): ("name", dict(AGGREGATOR_MODELS)),
+}
+
+
+def _switch_variants(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Drop the file's options of a variant an override switches away from.
+
+    ``--set attack.kind=label_flip`` on a file written for ``backdoor``: the file's
+    ``trigger_size`` spoke of the variant the command line leaves, so it goes; an option the
+    overrides give themselves stays and is checked as usual (``pick_variant``).
+    """
+    for path, (key, models) in _SWITCHES.items():
+        dotted = ".".join((*path, key))
+        section: Any = data
+        for part in path:
+            section = section.get(part) if isinstance(section, dict) else None
+        new = overrides.get(dotted)
+        if not isinstance(section, dict) or new not in models or section.get(key) == new:
+            continue
+        given = {k.removeprefix(".".join(path) + ".") for k in overrides}
+        own = models[new].model_fields
+        for name in [n for n in section if n not in own and n != key and n not in given]:
+            if any(name in m.model_fields for m in models.values()):
+                del section[name]
+
+
 def _located(loc: tuple[int | str, ...]) -> str:
     """Return an error location as the dotted YAML path, without a union's variant tag."""
     for prefix, tags in _UNIONS.items():
@@ -160,6 +189,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         data = migrate(data)
     except ValueError as err:
         raise ConfigError(f"invalid configuration in {path}: {err}") from None
+    _switch_variants(data, overrides or {})
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = migrate_key(key.split("."))
