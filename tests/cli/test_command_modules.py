@@ -36,6 +36,16 @@ RECEIPT_COMMANDS = ("unlearn", "compare", "audit")
 runner = CliRunner()
 
 
+def _type_name(param) -> str:
+    """The parameter's type by name: click's ``param.type`` where it has one (typer < 0.26
+    builds click parameters; later typers have their own without ``type``), else the Python
+    annotation typer parsed it from."""
+    kind = getattr(param, "type", None)
+    if kind is not None:
+        return str(getattr(kind, "name", kind))
+    return repr(param.type_descriptor.annotation)  # typer >= 0.26: what the option parses to
+
+
 def _describe(param) -> tuple:
     """What a user sees of one click parameter: flags, default, type, whether a flag, help."""
     return (
@@ -43,7 +53,7 @@ def _describe(param) -> tuple:
         tuple(param.opts),
         tuple(param.secondary_opts),
         param.default,
-        param.type.name,
+        _type_name(param),
         getattr(param, "is_flag", False),
         getattr(param, "help", None),
     )
