@@ -194,6 +194,7 @@ def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
         "history_every": config.history.every,
         "torch_threads": torch.get_num_threads(),
         "executor": fed.executor.name,  # what 'auto' resolved to (with_recorded_executor)
+        "device": str(fed.device),  # likewise for training.device
         "wall_seconds": 0.0,
         **({"components": setup.components} if setup.components else {}),
     }

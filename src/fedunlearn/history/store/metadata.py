@@ -59,6 +59,7 @@ class RunMeta(BaseModel):
         history_every: Its ``every`` (the ``every`` policy's stride).
         torch_threads: Threads the training used (a continuation and unlearning reuse them).
         executor: What the executor ``auto`` resolved to.
+        device: The device the run trained on (what ``training.device: auto`` resolved to).
         wall_seconds: Training wall time so far.
         components: The user's model and data components of the run (plugins, factories).
         rounds_target: The round the run trains to (a continuation or an apply moves it).
@@ -83,6 +84,7 @@ class RunMeta(BaseModel):
     history_every: StrictInt | None = None
     torch_threads: StrictInt | None = None
     executor: str | None = None
+    device: str | None = None
     wall_seconds: float | None = None
     components: dict[str, Any] | None = None
     rounds_target: StrictInt | None = None
