@@ -282,6 +282,8 @@ class HistoryRecorder:
             False (``privacy.dp_scope: store_only``, where the uploads are clean and only the
             stored copies are noised) records neither: they would be noise-free values about
             each client in a store whose content is stated DP.
+        update_dtype: The dtype stored updates are encoded in (``history.encoding``); None
+            keeps the delta's own (float32). The norms and dot products are computed before.
     """
 
     def __init__(
@@ -290,10 +292,12 @@ class HistoryRecorder:
         policy: RecordingPolicy | DeferredPolicy,
         *,
         client_values: bool = True,
+        update_dtype: torch.dtype | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.client_values = client_values
+        self.update_dtype = update_dtype
 
     def on_round_end(self, record: RoundRecord) -> None:
         """Write the round: global model, aggregate, chosen updates, every client's outcome.
@@ -341,6 +345,9 @@ class HistoryRecorder:
             )
             for r in record.rejected
         ]
+        if self.update_dtype is not None:
+            current = self._encoded(current)
+            attach = {r: self._encoded(updates) for r, updates in attach.items()}
         self.store.write_round(
             RoundEntry(
                 round=record.round,
@@ -353,3 +360,18 @@ class HistoryRecorder:
             ),
             attach=attach,
         )
+
+    def _encoded(self, updates: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return {cid: self._encode(delta) for cid, delta in updates.items()}
+
+    def _encode(self, delta: torch.Tensor) -> torch.Tensor:
+        """The delta in ``update_dtype``; kept as it is where the cast would overflow to inf.
+
+        A value beyond float16's range (65,504; e.g. a scaled attacker's update) would be stored
+        as inf and poison every estimate that reads it, so that update keeps its own dtype (the
+        store records each payload's dtype).
+        """
+        encoded = delta.to(self.update_dtype)
+        if bool(torch.isfinite(encoded).all()) or not bool(torch.isfinite(delta).all()):
+            return encoded
+        return delta

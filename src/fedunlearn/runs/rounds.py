@@ -253,6 +253,8 @@ def train_recorded(
     record = recorder(store, policy)
     if isinstance(record, HistoryRecorder):
         record.client_values = records_client_values(config)
+        if config.history.encoding == "float16":
+            record.update_dtype = torch.float16
     sharding = setup.sharding()
     run_rounds(
         setup.federation if trainers is None else trainers,

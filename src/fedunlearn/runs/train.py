@@ -192,6 +192,7 @@ def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
         "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
         "history_policy": config.history.policy,
         "history_every": config.history.every,
+        "update_encoding": config.history.encoding,
         "torch_threads": torch.get_num_threads(),
         "executor": fed.executor.name,  # what 'auto' resolved to (with_recorded_executor)
         "device": str(fed.device),  # likewise for training.device

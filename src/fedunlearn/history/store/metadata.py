@@ -57,6 +57,7 @@ class RunMeta(BaseModel):
         client_sizes: Client id (as text) -> its number of samples.
         history_policy: The recording policy (``history.policy``).
         history_every: Its ``every`` (the ``every`` policy's stride).
+        update_encoding: How stored updates are encoded (``history.encoding``; None: float32).
         torch_threads: Threads the training used (a continuation and unlearning reuse them).
         executor: What the executor ``auto`` resolved to.
         device: The device the run trained on (what ``training.device: auto`` resolved to).
@@ -82,6 +83,7 @@ class RunMeta(BaseModel):
     client_sizes: dict[str, StrictInt] = {}
     history_policy: str | None = None
     history_every: StrictInt | None = None
+    update_encoding: str | None = None
     torch_threads: StrictInt | None = None
     executor: str | None = None
     device: str | None = None

@@ -137,7 +137,7 @@ class Reading(StoreHost):
         return self._decode(row)
 
     def read_update(self, round: int, client_id: int) -> torch.Tensor:
-        """Return the update delta ``client_id`` sent in ``round``.
+        """Return the update delta ``client_id`` sent in ``round`` (float16 ones as float32).
 
         Raises:
             ForgottenDataError: It was deleted by ``forget()``.
@@ -147,7 +147,9 @@ class Reading(StoreHost):
         row = self._payload_row("round=? AND kind='update' AND client_id=?", (round, client_id))
         if row is None:
             raise self._missing_update(round, client_id)
-        return self._decode(row)
+        update = self._decode(row)
+        # history.encoding float16: computed with as float32, the models' dtype
+        return update.to(torch.float32) if update.dtype == torch.float16 else update
 
     def read_shard_model(self, round: int, shard: int) -> torch.Tensor:
         """Return shard ``shard``'s model after ``round`` (a sharded run; round 0: M_0).
