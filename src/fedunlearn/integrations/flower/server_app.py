@@ -70,6 +70,7 @@ from fedunlearn.runs import (
     resolve_config,
 )
 from fedunlearn.runs.setup import sampler_of
+from fedunlearn.runs.train import federation_meta
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 MODES = ("train", "unlearn", "continue")
@@ -269,19 +270,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
     started = time.perf_counter()
     setup = build_setup(config)
     fed = setup.federation
-    store = HistoryStore.create(
-        history_dir,
-        meta={
-            "config": config.model_dump(mode="json"),
-            "malicious": sorted(fed.malicious),
-            "num_params": fed.num_params,
-            "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
-            "history_policy": config.history.policy,
-            "history_every": config.history.every,
-            # the server's threads: unlearning and a replay of it run at the same count
-            "torch_threads": torch.get_num_threads(),
-        },
-    )
+    store = HistoryStore.create(history_dir, meta=federation_meta(config, fed))
     try:
         store.write_round(
             RoundEntry(
