@@ -28,6 +28,7 @@ from fedunlearn.history.store.deletion import (
 from fedunlearn.history.store.evidence import DeletionEvidence
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.history.store.records import check_int
+from fedunlearn.history.store.schema import DELETION_TABLES
 
 if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
     from fedunlearn.history.store.host import StoreHost
@@ -109,7 +110,7 @@ class DeletionAudit(StoreHost):
             client_ids: Only calls that forgot one of these clients, each with only these
                 clients' payloads; None for all.
         """
-        if not self._has_deletion_tables():
+        if not self._has_tables(DELETION_TABLES):
             return []
         with self._sqlite("reading the deletion records"):
             calls = [cid for (cid,) in self._db.execute("SELECT id FROM forget_calls ORDER BY id")]
@@ -267,7 +268,7 @@ class DeletionAudit(StoreHost):
                     "SELECT round, client_id, fingerprints FROM forget_payloads "
                     "ORDER BY client_id, round"
                 ).fetchall()
-                if self._has_deletion_tables()
+                if self._has_tables(DELETION_TABLES)
                 else []
             )
             models = (
@@ -469,11 +470,3 @@ class DeletionAudit(StoreHost):
             for (pid,) in ids:
                 out.update(split_fingerprints(self._evidence(pid, usable)[4]))
         return out
-
-    def _has_deletion_tables(self) -> bool:
-        with self._sqlite("reading the schema"):
-            tables: int = self._db.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
-                "('forget_calls', 'forget_payloads')"
-            ).fetchone()[0]
-        return tables == 2

@@ -170,14 +170,7 @@ class Chain(StoreHost):
     def _chained(self) -> bool:
         """Whether this store keeps a chain (written since the chain existed)."""
         if self._has_chain is None:
-            with self._sqlite("reading the schema"):
-                self._has_chain = (
-                    self._db.execute(
-                        "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
-                        (CHAIN_TABLE,),
-                    ).fetchone()
-                    is not None
-                )
+            self._has_chain = self._has_tables({CHAIN_TABLE})
         return self._has_chain
 
     def _chain_reset(self) -> None:

@@ -140,7 +140,7 @@ class Generations(StoreHost):
 
     def events(self) -> list[AppliedEvent]:
         """Return every applied event, oldest first (none for a store without the table)."""
-        if not self._has_events_table():
+        if not self._has_tables(EVENT_TABLES):
             return []
         with self._sqlite("reading the events"):
             rows = self._db.execute(
@@ -446,12 +446,3 @@ class Generations(StoreHost):
             )
         for cid in sorted(entry.updates):
             self._insert_payload(r, "update", cid, entry.updates[cid].detach().cpu())
-
-    def _has_events_table(self) -> bool:
-        with self._sqlite("reading the schema"):
-            return (
-                self._db.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='events'"
-                ).fetchone()
-                is not None
-            )
