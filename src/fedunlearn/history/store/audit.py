@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedunlearn.errors import ForgottenDataError, HistoryCorruptError, HistoryError
 from fedunlearn.history.store.codec import NO_CLIENT
@@ -26,14 +26,10 @@ from fedunlearn.history.store.deletion import (
     split_fingerprints,
 )
 from fedunlearn.history.store.evidence import DeletionEvidence
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.history.store.records import check_int
 from fedunlearn.history.store.schema import DELETION_TABLES
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["REBUILDING_SCALARS", "DeletionAudit"]
 
@@ -57,7 +53,7 @@ def _record_clients(record: dict[str, Any]) -> set[int]:
 REBUILDING_SCALARS = frozenset({"dot_aggregate"})
 
 
-class DeletionAudit(StoreHost):
+class DeletionAudit(StoreMixin):
     """``HistoryStore``'s deletion records and checks (a mixin: see the module docstring)."""
 
     def deletion_evidence(self, client_ids: Iterable[int]) -> DeletionEvidence:

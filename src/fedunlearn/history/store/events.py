@@ -30,19 +30,15 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store.chain import EVENT_FIELDS
 from fedunlearn.history.store.codec import NO_CLIENT, shard_key
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.records import RoundEntry, format_ids
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["EVENT_SCHEMA", "EVENT_TABLES", "AppliedEvent", "Generations"]
 
@@ -135,7 +131,7 @@ def _check_trajectory(rounds: list[RoundEntry], forget_ids: list[int], kept: int
         raise ConfigError("a trajectory needs at least one round; nothing was changed")
 
 
-class Generations(StoreHost):
+class Generations(StoreMixin):
     """``HistoryStore``'s event methods (a mixin: see the module docstring)."""
 
     def events(self) -> list[AppliedEvent]:
