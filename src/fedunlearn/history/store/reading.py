@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,6 +23,7 @@ from fedunlearn.errors import (
     UnsupportedHistoryError,
 )
 from fedunlearn.history.store.codec import NO_CLIENT, PayloadError, decode, from_real, shard_key
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.records import (
     ClientRecord,
     ForgetRecord,
@@ -31,11 +32,6 @@ from fedunlearn.history.store.records import (
     format_ids,
 )
 from fedunlearn.history.store.schema import MODEL_KINDS
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["DroppedModelError", "Reading"]
 
@@ -49,7 +45,7 @@ class DroppedModelError(ForgottenDataError, UnsupportedHistoryError):
     """
 
 
-class Reading(StoreHost):
+class Reading(StoreMixin):
     """``HistoryStore``'s reading methods (a mixin: see the module docstring)."""
 
     def rounds(self) -> list[int]:
