@@ -7,7 +7,8 @@ are plugins (``fedunlearn.plugins``, kind ``central_methods``), like the federat
 ``mini_unlearning`` (plugin ``mini_unlearning``, package ``central.mini_unlearning``) and
 ``deltagrad``, ``certified_removal``, ``amnesiac`` and the reference rows ``original``,
 ``replay`` and ``retrain`` (plugin ``central_baselines``, package ``central.baselines``).
-Names are imported on first use, so reading a plugin declaration does not load torch.
+The package exports every name of its core modules' ``__all__``, imported on first use, so
+reading a plugin declaration does not load torch.
 
 Paper: Huang et al., "Machine Unlearning with Minimal Gradient Dependence for High Unlearning
 Ratios" (Mini-Unlearning), §4, and the baselines it compares with in §5.1 (DeltaGrad, Certified
@@ -18,49 +19,26 @@ docs/methods/central_baselines.md (DG, CR, AM, RF).
 
 from __future__ import annotations
 
-from fedunlearn.exports import by_module, lazy_exports
+import importlib
+from types import ModuleType
+from typing import Any
 
-_EXPORTS = by_module(
-    {
-        "fedunlearn.central.base": ("CentralResult", "CentralUnlearner", "Outcome"),
-        "fedunlearn.central.hvp": ("ExactOracle", "ExplicitOracle", "HessianOracle", "LBFGSOracle"),
-        "fedunlearn.central.objectives": (
-            "AutogradObjective",
-            "Objective",
-            "RidgeRegression",
-            "SoftmaxRegression",
-        ),
-        "fedunlearn.central.recursion": (
-            "Engine",
-            "StepView",
-            "contraction_diagnostics",
-            "correction",
-            "spectral_norm",
-            "step_view",
-            "unroll",
-            "unroll_explicit",
-            "unroll_horner",
-            "unroll_terms",
-        ),
-        "fedunlearn.central.registry": (
-            "METHODS",
-            "available_methods",
-            "get_method",
-            "make_method",
-            "register",
-            "registered",
-        ),
-        "fedunlearn.central.trainer": (
-            "SGDSpec",
-            "TrainingRecord",
-            "forget_mask",
-            "fresh_retrain",
-            "replay_retrain",
-            "sample_batches",
-            "train_sgd",
-        ),
-    }
-)
+#: The core modules whose ``__all__`` this package re-exports (imported on first use).
+_CORE = ("base", "hvp", "objectives", "recursion", "registry", "trainer")
 
-__all__ = sorted(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+
+def _core() -> list[ModuleType]:
+    return [importlib.import_module(f"{__name__}.{module}") for module in _CORE]
+
+
+def __getattr__(name: str) -> Any:
+    """Return ``name`` from the core module whose ``__all__`` lists it (PEP 562).
+
+    ``__all__`` itself is the union of the core modules' ``__all__``.
+    """
+    if name == "__all__":
+        return sorted({n for module in _core() for n in module.__all__})
+    for module in [] if name.startswith("__") else _core():  # introspection loads nothing
+        if name in module.__all__:
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
