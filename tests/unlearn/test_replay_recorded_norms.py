@@ -7,19 +7,25 @@ bit the one that reads every update (a store whose records carry no norm), and r
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import HISTORY_DIR
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method, replay
-from fedunlearn.unlearn.replay import calibrate, calibrate_to
-
-pytestmark = pytest.mark.slow  # a run and two sessions (about 4 s on a busy 2-core box)
+from fedunlearn.unlearn.replay import (
+    calibrate,
+    calibrate_to,
+    recorded_norms,
+    records_describe_stored_updates,
+)
 
 FORGET = UnlearnRequest.of([1])
 
 
+@pytest.mark.slow  # a run and four sessions (about 10 s on a busy 2-core box)
 @pytest.mark.parametrize("method", ["federaser", "crab"])
 def test_replay_with_recorded_norms_is_bit_identical_and_reads_no_calibration_update(
     convex_run, method, monkeypatch
@@ -52,3 +58,18 @@ def test_calibrate_to_a_given_norm_equals_calibrate_bit_for_bit(scale):
     g = torch.Generator().manual_seed(7)
     stored, fresh = torch.randn(257, generator=g), torch.randn(257, generator=g) * scale
     assert torch.equal(calibrate_to(float(stored.norm()), fresh), calibrate(stored, fresh))
+
+
+@pytest.mark.parametrize(
+    ("encoding", "exact"), [(None, True), ("float32", True), ("float16", False)]
+)
+def test_records_stand_for_the_stored_updates_only_when_those_are_not_rounded(encoding, exact):
+    record = SimpleNamespace(client_id=4, stored=True, status="accepted", norm=2.5)
+    history = SimpleNamespace(
+        meta={} if encoding is None else {"update_encoding": encoding},
+        client_records=lambda round_: [record],
+    )
+    context = SimpleNamespace(history=history)
+    assert records_describe_stored_updates(context) is exact
+    # a float16 store's update differs from the float32 delta the record's norm was taken of
+    assert recorded_norms(context, 1) == ({4: 2.5} if exact else {})

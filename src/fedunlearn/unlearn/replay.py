@@ -71,13 +71,25 @@ def calibrate_to(norm: float, fresh: torch.Tensor) -> torch.Tensor:
     return fresh * (norm / f_norm)
 
 
+def records_describe_stored_updates(context: UnlearnContext) -> bool:
+    """Whether the records' values of an update (norm, ||.||_inf) are those of its stored copy.
+
+    True when updates are stored as computed (float32); a ``history.encoding`` that rounds
+    them (float16) stores a copy whose norm differs in the last bits from the recorded one.
+    """
+    return context.history.meta.get("update_encoding") in (None, "float32")
+
+
 def recorded_norms(context: UnlearnContext, round_: int) -> dict[int, float]:
     """Client -> ||stored delta|| of ``round_``, from the records (``ClientRecord.norm``).
 
     The recorder computes the norm from the very tensor it stores (``float(delta.norm())``),
     so a stored update's record gives its norm without reading its payload. Records without
-    a norm (a DP store whose uploads were clean keeps none) are left out: their updates are read.
+    a norm (a DP store whose uploads were clean keeps none) are left out, and so is every
+    record of a run whose stored updates are rounded copies: their updates are read.
     """
+    if not records_describe_stored_updates(context):
+        return {}
     return {
         r.client_id: r.norm
         for r in context.history.client_records(round_)

@@ -91,6 +91,7 @@ from fedunlearn.linalg.lbfgs import (
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
+from fedunlearn.unlearn.replay import records_describe_stored_updates
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 __all__ = ["FedRecover", "FedRecoverParams", "Schedule", "kth_largest_abs", "round_thresholds"]
@@ -463,7 +464,8 @@ class FedRecover(Unlearner[FedRecoverParams]):
         """Return round -> sorted remaining participants, and their recorded ||update||_inf.
 
         The second map holds, per round, the clients whose record carries a finite
-        ``MAX_ABS_KEY`` (a run recorded before it existed has none: tau reads every update).
+        ``MAX_ABS_KEY`` (a run recorded before it existed has none, and a run whose stored
+        updates are rounded copies gives none: tau reads every update).
 
         Raises:
             UnsupportedHistoryError: a global model or a remaining participant's update is
@@ -479,6 +481,7 @@ class FedRecover(Unlearner[FedRecoverParams]):
             )
         participants: dict[int, list[int]] = {}
         maxima: dict[int, dict[int, float]] = {}
+        exact_copies = records_describe_stored_updates(context)  # no float16 encoding
         missing: list[tuple[int, int]] = []
         for r in range(1, context.num_rounds + 1):
             records = [
@@ -491,7 +494,9 @@ class FedRecover(Unlearner[FedRecoverParams]):
             maxima[r] = {
                 rec.client_id: float(value)
                 for rec in records
-                if isinstance(value := rec.scalars.get(MAX_ABS_KEY), float) and math.isfinite(value)
+                if exact_copies
+                and isinstance(value := rec.scalars.get(MAX_ABS_KEY), float)
+                and math.isfinite(value)
             }
         if missing:
             shown = ", ".join(f"round {r} client {c}" for r, c in missing[:5])
