@@ -39,7 +39,9 @@ Deviations (tags of docs/methods/baselines.md, where each is argued):
     FR5 tau: tau_t is the (floor(alpha N_t) + 1)-th largest |coordinate| of the remaining
     participants' stored updates of round t (N_t coordinates), found by a running top-k over one
     update at a time; tau = max_t tau_t over rounds 1..T. It is computed only when some round is
-    estimated and abnormality fixing is on and no ``tau`` override is given.
+    estimated and abnormality fixing is on and no ``tau`` override is given. Where the records
+    carry each update's largest |coordinate| (``MAX_ABS_KEY``), only the updates that can hold
+    one of the k largest values are read (at most k a round; same tau_t bit for bit).
     FR6 an estimate with a non-finite coordinate is abnormal whatever tau is.
     FR7 buffers: ``paired`` (default) keeps per client the newest s pairs ``(dw_t, dg_i_t)``; an
     exact round pushes the shared ``dw_t`` (one tensor, not copied) into every participant's
@@ -54,7 +56,8 @@ Deviations (tags of docs/methods/baselines.md, where each is argued):
     stored update is used as it is, with or without pairs.
     FR10 stored updates and global models are read only when used: exact rounds after the last
     estimated round need no pairs, so T_c = 1 costs exactly what Retrain costs. The tau pass
-    reads every remaining participant's stored update once more (history bytes read ~double).
+    reads at most k updates a round (FR5); on a run recorded without ``MAX_ABS_KEY``, every
+    remaining participant's stored update once more (history bytes read ~double).
     FR11 costs: ``estimated_updates`` counts the estimates that entered an aggregate; an
     estimate replaced by an exact update (abnormal, or no pair) counts as a client request only.
     FR12 multi-step local training: the "Hessian" is the Jacobian of the local-update map and
