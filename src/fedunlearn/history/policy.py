@@ -284,6 +284,11 @@ def reported_loss(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def update_dtype_of(encoding: str) -> torch.dtype | None:
+    """The dtype ``history.encoding`` stores client updates in (None: their own, float32)."""
+    return torch.float16 if encoding == "float16" else None
+
+
 class HistoryRecorder:
     """Round observer that commits each finished round to a ``HistoryStore`` atomically.
 

@@ -33,6 +33,7 @@ from fedunlearn.history.policy import (
     RecordingPolicy,
     build_policy,
     resolve_history,
+    update_dtype_of,
 )
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.registry import ModelFactory
@@ -253,8 +254,7 @@ def train_recorded(
     record = recorder(store, policy)
     if isinstance(record, HistoryRecorder):
         record.client_values = records_client_values(config)
-        if config.history.encoding == "float16":
-            record.update_dtype = torch.float16
+        record.update_dtype = update_dtype_of(config.history.encoding)
     sharding = setup.sharding()
     run_rounds(
         setup.federation if trainers is None else trainers,

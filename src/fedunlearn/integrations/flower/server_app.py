@@ -43,7 +43,7 @@ from fedunlearn.config import RunConfig, dump_config, load_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.experiments.lifecycle import save_for_apply
 from fedunlearn.fl.federation import Federation
-from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy
+from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy, update_dtype_of
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.integrations.flower.driver import (
     FlowerClients,
@@ -297,7 +297,9 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             sampler=sampler_of(config),
             evaluate=setup.evaluate,
             observers=[
-                MissingAwareRecorder(store, policy, clients.missing),
+                MissingAwareRecorder(
+                    store, policy, clients.missing, update_dtype_of(config.history.encoding)
+                ),
                 MetricsWriter(run_dir / METRICS_FILE),
             ],
         )
