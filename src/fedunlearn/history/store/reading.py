@@ -133,7 +133,9 @@ class Reading(StoreMixin):
         return self._decode(row)
 
     def read_update(self, round: int, client_id: int) -> torch.Tensor:
-        """Return the update delta ``client_id`` sent in ``round`` (float16 ones as float32).
+        """Return the update delta ``client_id`` sent in ``round``.
+
+        A run that stores its updates in float16 (``history.encoding``) reads them as float32.
 
         Raises:
             ForgottenDataError: It was deleted by ``forget()``.
@@ -144,8 +146,17 @@ class Reading(StoreMixin):
         if row is None:
             raise self._missing_update(round, client_id)
         update = self._decode(row)
-        # history.encoding float16: computed with as float32, the models' dtype
-        return update.to(torch.float32) if update.dtype == torch.float16 else update
+        if update.dtype == torch.float16 and self._encodes_updates_in_half():
+            return update.to(torch.float32)  # computed with as float32, the models' dtype
+        return update
+
+    def _encodes_updates_in_half(self) -> bool:
+        """Whether the run stores its updates in float16 (``history.encoding``; read once)."""
+        half: bool | None = getattr(self, "_half_updates", None)
+        if half is None:
+            half = self.meta.get("update_encoding") == "float16"
+            self._half_updates = half
+        return half
 
     def read_shard_model(self, round: int, shard: int) -> torch.Tensor:
         """Return shard ``shard``'s model after ``round`` (a sharded run; round 0: M_0).
