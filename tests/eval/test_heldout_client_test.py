@@ -9,7 +9,7 @@ import pytest
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
-from fedunlearn.eval import ReceiptOptions
+from fedunlearn.eval import ReceiptOptions, open_receipts
 from fedunlearn.eval.mia.heldout import exchangeable, held_out_client_test, held_out_z
 from fedunlearn.eval.references import CONTINUED_ROUNDS, client_membership_check
 from fedunlearn.fl.client import local_update
@@ -127,3 +127,18 @@ def test_the_receipt_option_costs_only_the_continued_controls(trained, tmp_path)
     assert evidence.scores["candidate"] == 0.0
     assert fallback.cost_client_epochs > test.cost_client_epochs  # per-request references
     assert "attack" in fallback(retrain.params).notes["held_out"]
+
+
+@pytest.mark.slow
+def test_the_detection_limit_steps_from_a_control_off_the_tests_anchor(trained, tmp_path):
+    # anchored on Retrain, the score is scale-free on Retrain's own line: a limit measured there
+    # would claim the smallest step (0.05) for models off that line too
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), request)
+        options = ReceiptOptions("retrain", client_test_references="held_out")
+        receipts = open_receipts(session, request, options, retrain=retrain)
+        limit = receipts.verifier.detection_limit()
+    assert limit["clean"].startswith(f"retrain_continued_{CONTINUED_ROUNDS}")
