@@ -124,6 +124,11 @@ class DPRetrainDetails(Details):
 
 
 CONTINUED_ROUNDS = 5  # rounds the clean control trains beyond Retrain
+#: Why a receipt with the held-out client test states no detection limit (docs/verification.md)
+HELD_OUT_LIMIT = (
+    "not measured: the held-out client test is anchored on Retrain, so steps from Retrain or "
+    "its continuations understate what it misses in a model off Retrain's own line"
+)
 CLEAN_PATH_POINTS = 6  # Retrain's earlier global models kept as clean, less-trained controls
 
 
@@ -195,8 +200,7 @@ class ClientTest:
         cost_client_epochs: Client epochs of the same.
         shared: With shared references, their one-time cost and whether this request read
             them from the run directory (``cached``); None with per-request references.
-        limit_end: The control the detection limit steps from instead of Retrain, or None:
-            with the held-out test, whose anchor is Retrain, ``retrain_continued_<last>``.
+        limit_reason: Why the receipt states no detection limit, or None (it is measured).
     """
 
     score: Callable[[Mapping[str, torch.Tensor]], ClientMembershipEvidence]
@@ -205,7 +209,7 @@ class ClientTest:
     cost_seconds: float
     cost_client_epochs: float
     shared: Mapping[str, object] | None = None
-    limit_end: str | None = None
+    limit_reason: str | None = None
 
     def __call__(self, params: torch.Tensor) -> ClientMembershipEvidence:
         """Score ``params`` (the candidate) beside the original and the clean controls."""
@@ -290,11 +294,7 @@ def client_membership_check(
         time.perf_counter() - started,
         epochs,
         test.notes.get("shared_references"),  # type: ignore[arg-type]
-        # on Retrain's own line the held-out score is scale-free (any step is flagged): the
-        # detection limit steps from the clean control farthest from it (eval.mia.heldout)
-        f"retrain_continued_{CONTINUED_ROUNDS}"
-        if test.notes.get("references") == "held_out"
-        else None,
+        HELD_OUT_LIMIT if test.notes.get("references") == "held_out" else None,
     )
 
 

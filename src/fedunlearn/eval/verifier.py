@@ -323,17 +323,10 @@ class Verifier:
         return receipt
 
     def _clean_end(self) -> tuple[torch.Tensor | None, str]:
-        """The clean model the detection limit steps from: Retrain, else the client test's.
-
-        A client test that names another end (``ClientTest.limit_end``: the held-out test,
-        anchored on Retrain) steps from that control.
-        """
-        controls = getattr(self.client_membership, "controls", None) or {}
-        end = getattr(self.client_membership, "limit_end", None)
-        if end is not None and end in controls:
-            return controls[end], f"{end} (the client-level test is anchored on Retrain)"
+        """The clean model the detection limit steps from: Retrain, else the client test's."""
         if self.retrain_params is not None:
             return self.retrain_params, "Retrain"
+        controls = getattr(self.client_membership, "controls", None) or {}
         if "retrain" in controls:
             return controls["retrain"], "Retrain (the client-level test's clean control)"
         return None, ""
@@ -348,6 +341,10 @@ class Verifier:
         the Retrain the client-level test trained; without either it is not measured.
         """
         if self._limit is not None:
+            return self._limit
+        why = getattr(self.client_membership, "limit_reason", None)
+        if why:  # a client test that says steps from the clean models understate what it misses
+            self._limit = {"lambda": None, "reason": why}
             return self._limit
         clean, name = self._clean_end()
         if clean is None:
