@@ -212,12 +212,17 @@ def verdicts(
 
 
 def _limit_holds(label: str, verdict: str) -> bool | None:
-    """For a mixture judged not_detected: whether its lambda lies below the stated limit."""
+    """For a mixture judged not_detected: whether its lambda lies below the stated limit.
+
+    None for another model, or when the receipt states no limit.
+    """
     if not label.startswith("mixture ") or not verdict.startswith("not_detected"):
         return None
     lam = float(label.split()[1])
     stated = verdict.split()[1]
-    return stated.startswith("lambda=") and float(stated.split("=")[1]) > lam
+    if not stated.startswith("lambda="):
+        return None  # the receipt states no limit (held_out): it promises none
+    return float(stated.split("=")[1]) > lam
 
 
 def main() -> None:
