@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
@@ -98,12 +99,13 @@ def test_retrain_scores_zero_and_a_model_tuned_on_the_client_is_flagged(trained)
         )
         test, why = held_out_client_test(session, [client], retrain.params)
         assert test is not None, why
-        ev = test.evidence(
-            {"original": session.run_view.final_params, "retrain": retrain.params, "tuned": tuned}
-        )
+        original = session.run_view.final_params
+        ev = test.evidence({"original": original, "retrain": retrain.params, "tuned": tuned})
+        nan_ev = test.evidence({"original": original, "nan": torch.full_like(original, math.nan)})
     assert ev.scores["retrain"] == 0.0
     assert ev.scores["tuned"] > ev.threshold
-    assert ev.threshold == pytest.approx(1.6449, abs=1e-3)  # one-sided 5%
+    assert 1.6449 < ev.threshold < 1.7  # one-sided 5%, Student-t for ~50 examples
+    assert math.isnan(nan_ev.scores["nan"])  # judged invalid (inconclusive) by the rule
     assert ev.cost_client_epochs == 0.0
     assert ev.num_reference_models == 0
     assert ev.power is not None

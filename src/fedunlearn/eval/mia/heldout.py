@@ -18,8 +18,10 @@ Steps, per scored model ``m``, with Retrain ``r`` (exact, clean by construction)
 2. Per class k held by the clients, the difference of the mean ``d`` over the clients' class-k
    examples and over the test's class-k examples; their mean weighted by the clients' class
    counts, over its standard error (Welch, per class, added up): a z score.
-3. Threshold: the standard normal quantile at ``1 - target_fpr`` (one-sided); a model that
-   never trained on the clients exceeds it with probability about ``target_fpr``.
+3. Threshold: the one-sided Student-t quantile at ``1 - target_fpr`` with the clients'
+   examples less one per class as degrees of freedom (the normal quantile for many examples,
+   higher for a small client); a model that never trained on the clients exceeds it with
+   probability about ``target_fpr``.
 4. Power: the share of the run's own last stored global models (each trained with the clients)
    flagged at the threshold.
 
@@ -146,7 +148,7 @@ class HeldOutClientTest:
         cost_seconds: float,
         notes: Mapping[str, object],
     ) -> None:
-        from scipy.stats import norm
+        from scipy.stats import t as student_t
 
         if not 0.0 < target_fpr < 0.5:
             raise ConfigError(f"target_fpr must lie in (0, 0.5); got {target_fpr}")
@@ -157,7 +159,9 @@ class HeldOutClientTest:
         self.clients = tuple(int(c) for c in clients)
         self.num_params = num_params
         self.target_fpr = target_fpr
-        self.threshold = float(norm.ppf(1.0 - target_fpr))
+        labels = self._y.numpy()
+        dof = len(labels) - len(np.unique(labels))
+        self.threshold = float(student_t.ppf(1.0 - target_fpr, df=max(dof, 1)))
         self._anchor = (self._phi(anchor, self._x, self._y), self._phi(anchor, *test))
         in_scores = [self._z(p) for p in in_models]
         self.power = float(np.mean([s > self.threshold for s in in_scores])) if in_scores else None
