@@ -18,10 +18,10 @@ Steps, per scored model ``m``, with Retrain ``r`` (exact, clean by construction)
 2. Per class k held by the clients, the difference of the mean ``d`` over the clients' class-k
    examples and over the test's class-k examples; their mean weighted by the clients' class
    counts, over its standard error (Welch, per class, added up): a z score.
-3. Threshold: the one-sided Student-t quantile at ``1 - target_fpr`` with the clients'
-   examples less one per class as degrees of freedom (the normal quantile for many examples,
-   higher for a small client); a model that never trained on the clients exceeds it with
-   probability about ``target_fpr``.
+3. Threshold: the one-sided Student-t quantile at ``1 - target_fpr`` (``HELD_OUT_FPR``, 1%)
+   with the clients' examples less one per class as degrees of freedom (the normal quantile
+   for many examples, higher for a small client); a model that never trained on the clients
+   exceeds it with probability about ``target_fpr``.
 4. Power: the share of the run's own last stored global models (each trained with the clients)
    flagged at the threshold.
 
@@ -60,6 +60,7 @@ from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 __all__ = [
     "EXCHANGEABLE_DATASETS",
     "EXCHANGEABLE_PARTITIONS",
+    "HELD_OUT_FPR",
     "POWER_ROUNDS",
     "HeldOutClientTest",
     "exchangeable",
@@ -70,6 +71,11 @@ __all__ = [
 EXCHANGEABLE_DATASETS = ("digits", "synthetic")  # one pool, split per class at random
 EXCHANGEABLE_PARTITIONS = ("iid", "dirichlet", "label_bias")  # random within each class
 POWER_ROUNDS = 4  # the run's last stored global models on which the power is measured
+# The false-positive rate of the flag. Every clean model a receipt meets draws afresh from the
+# null (no clean control is as far from Retrain as an exact retrain with other batch orders, so
+# the controls' line rarely lifts the threshold): 1% per model, not the reference test's 5%. On
+# a Dirichlet split of the quickstart (alpha 0.3) one of 6 such retrains scored 1.80.
+HELD_OUT_FPR = 0.01
 
 
 def exchangeable(session: UnlearnSession, forgotten: frozenset[int]) -> str | None:
@@ -231,7 +237,7 @@ def held_out_client_test(
     forget: Sequence[int],
     anchor: torch.Tensor,
     *,
-    target_fpr: float = 0.05,
+    target_fpr: float = HELD_OUT_FPR,
 ) -> tuple[HeldOutClientTest | None, str]:
     """The held-out test of ``forget`` with Retrain ``anchor``; (None, why) where it cannot apply.
 
