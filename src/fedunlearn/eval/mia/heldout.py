@@ -38,9 +38,11 @@ Deviations:
     [REC] The z score approximates a per-class permutation test of the labels "client" and
     "test" (exact under exchangeability); with the quickstart's ~135 client and ~450 test
     examples the normal approximation is close.
-    [REC] The score is scale-free: a model that keeps any share of the original's offset from
-    Retrain (``Retrain + lambda (original - Retrain)``) scores about as the original does, so a
-    flag says "shaped by the clients", not how much.
+    [REC] The score is scale-free along Retrain's own line: a model that keeps any share of the
+    original's offset from Retrain (``Retrain + lambda (original - Retrain)``) scores about as
+    the original does, so a flag says "shaped by the clients", not how much, and the receipt's
+    detection limit (steps from Retrain toward the original) would overstate what the test
+    sees in a model off that line: the receipt states none (``references.HELD_OUT_LIMIT``).
 """
 
 from __future__ import annotations
