@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import EntryPoint
 
 import pytest
+from tests.support import plugins as plugin_support
 
 from fedunlearn import plugins
 from fedunlearn.config import parse_config
@@ -18,7 +18,7 @@ from fedunlearn.errors import (
     UnknownNameError,
     UnknownPolicyError,
 )
-from fedunlearn.plugins import ENTRY_POINT_GROUP, Plugin
+from fedunlearn.plugins import Plugin
 from fedunlearn.registry import ClassRegistry, Registry
 from fedunlearn.runs import resolve_config
 from fedunlearn.unlearn import get_method
@@ -103,28 +103,7 @@ def test_policy_options_are_validated_at_assembly_with_the_field_named():
 
 # ----- declarations (fake entry points) -------------------------------------------------------
 
-
-@pytest.fixture
-def fake_entry_points(monkeypatch):
-    """Replace the installed plugins by ``{name: "module:attr"}`` entries, caches cleared."""
-
-    def install(entries: dict[str, str]) -> None:
-        points = [EntryPoint(n, v, ENTRY_POINT_GROUP) for n, v in entries.items()]
-
-        def entry_points(group: str, name: str | None = None) -> list[EntryPoint]:
-            return [e for e in points if e.group == group and name in (None, e.name)]
-
-        monkeypatch.setattr(plugins, "entry_points", entry_points)
-        _clear()
-
-    def _clear() -> None:
-        plugins.load.cache_clear()
-        plugins.installed.cache_clear()
-        plugins._activate.cache_clear()
-
-    yield install
-    monkeypatch.undo()
-    _clear()
+fake_entry_points = plugin_support.fake_entry_points
 
 
 ONE = Plugin(name="one", methods={"dup": "fedunlearn.unlearn.baselines.none:NoUnlearning"})

@@ -9,6 +9,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store import HistoryStore, WriterLock
 from fedunlearn.runs import build_setup, deletion_evidence, forget_clients, run_info, train_run
+from fedunlearn.runs.run_files import store_dir
 
 SMALL = {
     "seed": 1,
@@ -216,6 +217,16 @@ def test_deletion_evidence_is_json_ready_and_checks_the_files(tmp_path):
     assert deletion_evidence(tmp_path / "r", [2])["ok"] is True
     with pytest.raises(HistoryError, match="not a run directory"):
         deletion_evidence(tmp_path / "nothing", [2])
+
+
+def test_forget_refuses_a_non_run_directory_with_the_run_files_error(tmp_path):
+    # issue 38 (D39): forget had its own copy of run_files.store_dir, its message punctuated
+    # differently; the two commands now give the one error
+    with pytest.raises(HistoryError) as expected:
+        store_dir(tmp_path)
+    with pytest.raises(HistoryError) as got:
+        deletion_evidence(tmp_path, [2])
+    assert str(got.value) == str(expected.value)
 
 
 @pytest.mark.slow

@@ -1,15 +1,15 @@
 """The plugin seam: what a method package contributes, declared as strings, loaded by name.
 
 A plugin is one installed entry point of the group ``fedunlearn.plugins`` whose value is a
-``Plugin``: a frozen declaration that names, as ``"module:attr"`` strings, everything the
-package contributes (its unlearning methods, recording policies with their options models,
-training hooks such as a DP budget schedule, CLI commands). The declaration module imports
-nothing but this module, so reading every installed declaration is cheap; a contribution's
-module is imported only when its name is looked up (``provider``), by the ``Registry`` of its
-kind (``fedunlearn.registry``). The core (``config``, ``fl``, ``history``, ``privacy``, ``runs``)
-receives the specs through those registries and never names a plugin (an import-linter
-contract keeps it so). The paper packages are plugins like any third-party one: their entry
-points are in fedunlearn's own ``pyproject.toml``. Guide: docs/architecture.md ("The plugin seam").
+``Plugin``: a frozen declaration that names, as ``"module:attr"`` strings, everything the package
+contributes (its unlearning methods, centralised methods, recording policies with their options
+models, training hooks such as a DP budget schedule, CLI commands). The declaration module imports
+nothing but this module, so reading every installed declaration is cheap; a contribution's module is
+imported only when its name is looked up (``provider``), by the ``Registry`` of its kind
+(``fedunlearn.registry``). The core (``config``, ``fl``, ``history``, ``privacy``, ``runs``)
+receives the specs through those registries and never names a plugin (an import-linter contract
+keeps it so). The paper packages are plugins like any third-party one: their entry points are in
+fedunlearn's own ``pyproject.toml``. Guide: docs/architecture.md ("The plugin seam").
 
 Lookup order: a name is first looked for in the plugin whose entry-point name equals it (Crab's
 policy ``crab`` in the plugin ``crab``: one declaration read), then in every installed
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from fedunlearn.errors import PluginError, UnknownNameError
 
@@ -43,7 +43,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "fedunlearn.plugins"
 
 #: What a plugin may contribute by name, each looked up in the registry of that kind.
-Kind = Literal["methods", "policies", "budget_schedules"]
+Kind = Literal["methods", "central_methods", "policies", "budget_schedules"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class Plugin:
         name: The plugin's name; equals its entry-point name.
         methods: Unlearning method name -> its ``Unlearner`` subclass
             (``fedunlearn.unlearn.registry.METHODS``).
+        central_methods: Centralised method name -> its ``CentralUnlearner`` subclass
+            (``fedunlearn.central.registry.METHODS``: sample unlearning on one recorded SGD
+            run, e.g. Mini-Unlearning).
         policies: Recording policy name (``history.policy``) -> its ``PolicySpec``, which
             carries the options model of ``history.<name>`` (``fedunlearn.history.policy``).
         budget_schedules: DP budget schedule name (``privacy.budget.schedule``) -> its
@@ -66,15 +69,16 @@ class Plugin:
 
     name: str
     methods: Mapping[str, str] = field(default_factory=dict)
+    central_methods: Mapping[str, str] = field(default_factory=dict)
     policies: Mapping[str, str] = field(default_factory=dict)
     budget_schedules: Mapping[str, str] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
     cli: str | None = None
 
     def __post_init__(self) -> None:
-        for kind in ("methods", "policies", "budget_schedules"):
+        for kind in get_args(Kind):
             object.__setattr__(self, kind, MappingProxyType(dict(getattr(self, kind))))
-        paths = [*self.methods.values(), *self.policies.values(), *self.budget_schedules.values()]
+        paths = [path for kind in get_args(Kind) for path in self.provides(kind).values()]
         for path in [*paths, *([self.cli] if self.cli else [])]:
             module, _, attr = path.partition(":")
             if not module or not attr:

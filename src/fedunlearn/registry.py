@@ -1,13 +1,13 @@
 """One registry type for everything looked up by name (methods, recording policies, hooks).
 
-A ``Registry`` maps a name to a value (a class, a spec). Names are registered with the
-``register`` decorator or ``add``; ``get`` raises a subclass of ``UnknownNameError`` that lists
-what is available. A registry of a plugin kind (``plugin_kind``: ``methods``, ``policies``,
-``budget_schedules``) also knows the names installed plugins declare (``fedunlearn.plugins``):
-on the first lookup of such a name it imports the one module that defines it and registers the
-value. So a recording policy defined in the Crab package can be named in a run config that
-``fedunlearn.runs`` trains without ``runs`` importing the package, and listing the names reads
-only the plugins' declarations. ``ClassRegistry`` is the registry of classes that carry their
+A ``Registry`` maps a name to a value (a class, a spec). Names are registered with the ``register``
+decorator or ``add``; ``get`` raises a subclass of ``UnknownNameError`` that lists what is
+available. A registry of a plugin kind (``plugin_kind``: ``methods``, ``central_methods``,
+``policies``, ``budget_schedules``) also knows the names installed plugins declare
+(``fedunlearn.plugins``): on the first lookup of such a name it imports the one module that defines
+it and registers the value. So a recording policy defined in the Crab package can be named in a run
+config that ``fedunlearn.runs`` trains without ``runs`` importing the package, and listing the names
+reads only the plugins' declarations. ``ClassRegistry`` is the registry of classes that carry their
 registered ``name`` and are built from a params mapping (unlearning and centralised methods).
 """
 
@@ -85,17 +85,29 @@ class Registry(Generic[T]):
         if name not in self._values:
             self._load(name)
         if name not in self._values:
-            hint = ""
-            if self._plugin_kind is not None and not plugins.installed():
-                hint = (
-                    f" (no {plugins.ENTRY_POINT_GROUP} entry points are installed: install "
-                    "fedunlearn, e.g. pip install -e . in its repository, so its method "
-                    "packages are found)"
-                )
             raise self._error(
-                f"unknown {self.kind} '{name}'; available: {', '.join(self.names())}{hint}"
+                f"unknown {self.kind} '{name}'; available: {', '.join(self.names())}"
+                f"{self._install_hint()}"
             )
         return self._values[name]
+
+    def _install_hint(self) -> str:
+        """Say how to install the plugins when none declares a name of this registry's kind."""
+        kind = self._plugin_kind
+        if kind is None:
+            return ""
+        if not plugins.installed():
+            return (
+                f" (no {plugins.ENTRY_POINT_GROUP} entry points are installed: install "
+                "fedunlearn, e.g. pip install -e . in its repository, so its method "
+                "packages are found)"
+            )
+        if not plugins.declared(kind):  # installed metadata older than this kind's plugins
+            return (
+                f" (no installed {plugins.ENTRY_POINT_GROUP} entry point declares a {self.kind}: "
+                "reinstall fedunlearn, e.g. pip install -e . in its repository)"
+            )
+        return ""
 
     def _load(self, name: str) -> None:
         """Register ``name`` from its lazy path, or the installed plugin that declares it."""

@@ -6,7 +6,7 @@ import torch
 from central_problems import blobs
 
 from fedunlearn.central import SGDSpec, SoftmaxRegression, make_method, train_sgd
-from fedunlearn.central.methods.certified_removal import (
+from fedunlearn.central.baselines.certified_removal import (
     _objective,
     certificate_constant,
     newton_removal,

@@ -37,9 +37,12 @@ def test_the_formula_gives_the_thousand_client_benchmarks_store():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("policy", "every"), [("all", 1), ("every", 2), ("none", 1)])
-def test_the_prediction_is_the_stores_payload_bytes(tmp_path, policy, every):
-    doc = {**RUN, "history": {"policy": policy, "every": every}}
+@pytest.mark.parametrize(
+    ("policy", "every", "encoding"),
+    [("all", 1, "float32"), ("every", 2, "float32"), ("none", 1, "float32"), ("all", 1, "float16")],
+)
+def test_the_prediction_is_the_stores_payload_bytes(tmp_path, policy, every, encoding):
+    doc = {**RUN, "history": {"policy": policy, "every": every, "encoding": encoding}}
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps(doc))
     res = CliRunner().invoke(app, ["plan", str(path), "--json"])

@@ -8,6 +8,9 @@ unlearning sessions build with it.
 
 from __future__ import annotations
 
+import torch
+
+import fedunlearn.fl.device as fl_device
 import fedunlearn.fl.executors as executors
 from fedunlearn.config import parse_config
 from fedunlearn.history.store import HistoryStore
@@ -42,3 +45,27 @@ def test_only_auto_is_pinned_and_only_to_a_known_kind():
     assert with_recorded_executor(auto, "gpu-magic").training.executor == "auto"
     serial = parse_config({**RUN, "training": {**RUN["training"], "executor": "serial"}})
     assert with_recorded_executor(serial, "pool").training.executor == "serial"
+
+
+def test_a_session_builds_on_the_device_the_run_resolved(tmp_path, monkeypatch):
+    """A run trained on the CPU with ``device: auto`` unlearns on the CPU on a GPU machine too."""
+    train_run(parse_config(RUN), tmp_path / "run")
+    with HistoryStore.open(tmp_path / "run" / "history") as store:
+        assert store.run_meta.device == "cpu"
+    # the auditor's machine: 'auto' would pick its GPU
+    monkeypatch.setattr(fl_device, "_has_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert str(fl_device.resolve_device("auto")) == "cuda:0"
+    with UnlearnSession(tmp_path / "run", evaluate=False) as session:
+        assert session.federation is not None
+        assert str(session.federation.device) == "cpu"
+
+
+def test_only_auto_is_pinned_and_only_to_a_device_this_machine_has():
+    auto = parse_config(RUN)
+    assert with_recorded_executor(auto, None, "cpu").training.device == "cpu"
+    assert with_recorded_executor(auto, None, None).training.device == "auto"  # an older run
+    if not torch.cuda.is_available():  # trained on a GPU this machine lacks: auto stays
+        assert with_recorded_executor(auto, None, "cuda:0").training.device == "auto"
+    cpu = parse_config({**RUN, "training": {**RUN["training"], "device": "cpu"}})
+    assert with_recorded_executor(cpu, None, "cuda:0").training.device == "cpu"

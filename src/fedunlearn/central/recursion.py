@@ -2,13 +2,12 @@
 
 - ``correction``: ``G(l)`` of Eq. 7 with the sign fix and the special cases ``dB = 0`` and
   ``dB = B``;
-- ``unroll_horner``: ``D <- 0; for l = T-k+1..T: D <- G(l) + H(l) D`` (Eq. 10 in Horner form,
-  k HVPs);
-- ``unroll_explicit``: builds each ``H(l)`` as a p x p matrix from its action on the standard
-  basis in a process pool, then sums Eq. 10 with explicit products (Algorithm 3 with fixed
-  indices, Eq. 11);
-- ``unroll_terms``: the matrix-free Eq. 10: term j is ``H(T)..H(T-j+2) G(T-j+1)``, each computed
-  independently (O(k^2) HVPs);
+- ``unroll`` (``engine``; also as ``unroll_horner``, ``unroll_explicit``, ``unroll_terms``):
+  ``horner``: ``D <- 0; for l = T-k+1..T: D <- G(l) + H(l) D`` (Eq. 10 in Horner form, k HVPs);
+  ``explicit``: builds each ``H(l)`` as a p x p matrix from its action on the standard basis in
+  a process pool, then sums Eq. 10 with explicit products (Algorithm 3 with fixed indices,
+  Eq. 11); ``terms``: the matrix-free Eq. 10: term j is ``H(T)..H(T-j+2) G(T-j+1)``, each
+  computed independently (O(k^2) HVPs);
 - ``spectral_norm`` and ``contraction_diagnostics``: ``||H(l)||_2`` by power iteration and the
   truncation bound of Theorem 1 (verification MUV8).
 
@@ -36,7 +35,8 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -46,12 +46,17 @@ if TYPE_CHECKING:
     from fedunlearn.central.hvp import HessianOracle
     from fedunlearn.central.trainer import TrainingRecord
 
+#: How ``unroll`` sums Eq. 10 (see ``unroll``).
+Engine = Literal["horner", "terms", "explicit"]
+
 __all__ = [
+    "Engine",
     "StepView",
     "contraction_diagnostics",
     "correction",
     "spectral_norm",
     "step_view",
+    "unroll",
     "unroll_explicit",
     "unroll_horner",
     "unroll_terms",
@@ -155,50 +160,58 @@ def _corrections(
     ]
 
 
-def unroll_horner(
+def unroll(
     objective: Objective,
     views: Sequence[StepView],
     oracle: HessianOracle,
     *,
+    engine: Engine = "horner",
+    workers: int = 2,
     stored: dict[int, torch.Tensor] | None = None,
     shortcut: bool = True,
     sign: int = 1,
 ) -> torch.Tensor:
-    """Return ``dw_T`` by Horner over the window (Eq. 10; Listing B): k HVPs.
+    """Return ``dw_T``, the sum of Eq. 10 over the window, by one of three engines.
+
+    ``horner``: ``D <- 0; for l: D <- G(l) + H(l) D`` (Listing B; k HVPs). ``terms``: Eq. 10's k
+    independent matrix-free terms (O(k^2) HVPs). ``explicit``: Algorithm 3 with fixed indices
+    (Eq. 10-11): each ``H(l) = sum_q (H(l) e_q) e_q^T`` built from p HVPs in ``workers`` processes
+    (standard basis), then ``D = G(T); P = I; for j = 2..k: P <- P H(T-j+2); D += P G(T-j+1)``;
+    feasible only for small p (O(p^2) memory per matrix, p HVPs per step).
 
     Args:
         objective: Per-sample objective.
         views: Steps ``T-k+1..T`` in order.
-        oracle: ``H(l) v``.
+        oracle: ``H(l) v`` (and ``matrix(view)`` for ``explicit``: picklable if ``workers > 1``).
+        engine: ``horner``, ``terms`` or ``explicit``.
+        workers: Worker processes of the ``explicit`` engine (``<= 1`` builds in this process).
         stored: Precomputed G(l) (paper mode); recomputed post hoc when absent.
         shortcut: See ``correction``.
         sign: See ``correction``.
     """
-    delta = torch.zeros_like(views[0].w_prev)
     gs = _corrections(objective, views, stored or {}, shortcut, sign)
-    for view, g in zip(views, gs, strict=True):
-        delta = g + oracle.apply(view, delta)  # Eq. 6: dw_l = G(l) + H(l) dw_{l-1}
-    return delta
+    if engine == "horner":
+        delta = torch.zeros_like(views[0].w_prev)
+        for view, g in zip(views, gs, strict=True):
+            delta = g + oracle.apply(view, delta)  # Eq. 6: dw_l = G(l) + H(l) dw_{l-1}
+        return delta
+    if engine == "terms":
+        total = torch.zeros_like(views[0].w_prev)
+        for j in range(len(views)):  # term for G(view j): push through H of every later step
+            term = gs[j]
+            for view in views[j + 1 :]:
+                term = oracle.apply(view, term)
+            total += term
+        return total
+    return _unroll_explicit(views, oracle, gs, workers)
 
 
-def unroll_terms(
-    objective: Objective,
-    views: Sequence[StepView],
-    oracle: HessianOracle,
-    *,
-    stored: dict[int, torch.Tensor] | None = None,
-    shortcut: bool = True,
-    sign: int = 1,
-) -> torch.Tensor:
-    """Return ``dw_T`` as the sum of Eq. 10's k independent matrix-free terms (O(k^2) HVPs)."""
-    gs = _corrections(objective, views, stored or {}, shortcut, sign)
-    total = torch.zeros_like(views[0].w_prev)
-    for j in range(len(views)):  # term for G(view j): push through H of every later step
-        term = gs[j]
-        for view in views[j + 1 :]:
-            term = oracle.apply(view, term)
-        total += term
-    return total
+#: ``unroll`` by Horner over the window (Eq. 10; Listing B): k HVPs.
+unroll_horner = partial(unroll, engine="horner")
+#: ``unroll`` as the sum of Eq. 10's k independent matrix-free terms (O(k^2) HVPs).
+unroll_terms = partial(unroll, engine="terms")
+#: ``unroll`` from explicit ``H(l)`` matrices built in parallel (Algorithm 3, Eq. 10-11).
+unroll_explicit = partial(unroll, engine="explicit")
 
 
 _WORKER_ORACLE: Any = None
@@ -214,31 +227,9 @@ def _matrix_in_worker(view: StepView) -> torch.Tensor:
     return _WORKER_ORACLE.matrix(view)
 
 
-def unroll_explicit(
-    objective: Objective,
-    views: Sequence[StepView],
-    oracle: HessianOracle,
-    *,
-    workers: int = 2,
-    stored: dict[int, torch.Tensor] | None = None,
-    shortcut: bool = True,
-    sign: int = 1,
+def _unroll_explicit(
+    views: Sequence[StepView], oracle: HessianOracle, gs: list[torch.Tensor], workers: int
 ) -> torch.Tensor:
-    """Return ``dw_T`` from explicit ``H(l)`` matrices built in parallel (Algorithm 3, Eq. 10-11).
-
-    Each ``H(l) = sum_q (H(l) e_q) e_q^T`` is built from p HVPs in a worker process (standard
-    basis); then ``D = G(T); P = I; for j = 2..k: P <- P H(T-j+2); D += P G(T-j+1)``.
-    Feasible only for small p (O(p^2) memory per matrix, p HVPs per step).
-
-    Args:
-        objective: Per-sample objective.
-        views: Steps ``T-k+1..T`` in order.
-        oracle: Supplies ``matrix(view)``; must be picklable for ``workers > 1``.
-        workers: Worker processes (``<= 1`` builds in this process).
-        stored: Precomputed G(l) (paper mode).
-        shortcut: See ``correction``.
-        sign: See ``correction``.
-    """
     later = list(views[1:])  # H(T-k+2..T)
     if workers > 1 and later:
         context = multiprocessing.get_context("spawn")
@@ -248,7 +239,6 @@ def unroll_explicit(
             mats = list(pool.map(_matrix_in_worker, later))
     else:
         mats = [oracle.matrix(v) for v in later]
-    gs = _corrections(objective, views, stored or {}, shortcut, sign)
     delta = gs[-1].clone()
     product = torch.eye(len(delta), dtype=delta.dtype)
     for j in range(2, len(views) + 1):  # Eq. 10

@@ -177,6 +177,7 @@ def plan_command(
         num_params=num_params,
         every=config.history.every,
         expectation=plan.sampling == "tv_stable",
+        update_bytes=2 if config.history.encoding == "float16" else 4,
     )
     if as_json:
         print(json.dumps({**plan.to_dict(), "storage": storage.to_dict()}, indent=2))

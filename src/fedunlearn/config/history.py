@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,15 +23,21 @@ class HistoryConfig(Frozen):
     ``policy`` names a recording policy (``fedunlearn.history.policy.POLICIES``: ``all``,
     ``every``, ``none`` and those installed plugins declare, e.g. ``crab``, ``fedadp``). A
     policy with options reads them from the section named after it (``history.crab: {...}``):
-    every key but ``policy`` and ``every`` is such a section, kept in ``sections`` (and written
-    back beside ``policy`` by ``model_dump``). This model stores the sections as given; they are
-    validated by the policy's own options model where the run is assembled
+    every key but ``policy``, ``every`` and ``encoding`` is such a section, kept in ``sections``
+    (and written back beside ``policy`` by ``model_dump``; ``encoding`` only when it is not the
+    default, so a config's dump and fingerprint stay as they were). The sections are kept as
+    given; they are validated by the policy's own options model where the run is assembled
     (``fedunlearn.history.policy.resolve_history``, called by ``fedunlearn.runs``), which also
     fills the active policy's defaults. ``options(name)`` returns a validated section.
     """
 
     policy: str = Field("all", description="recording policy, by registered name")
     every: int = Field(5, ge=1, description="policy 'every': keep updates of every k-th round")
+    encoding: Literal["float32", "float16"] = Field(
+        "float32",
+        description="how stored client updates are encoded: float32 (exact) or float16 (half "
+        "the bytes; global models and aggregates stay float32)",
+    )
     sections: dict[str, Any] = Field(
         default_factory=dict,
         description="policy name -> its options (the YAML keys history.<policy>)",
@@ -40,10 +46,10 @@ class HistoryConfig(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _gather_sections(cls, data: Any) -> Any:
-        """Move every key but ``policy`` and ``every`` into ``sections`` (the YAML layout)."""
+        """Move every key but the fields into ``sections`` (the YAML layout)."""
         if not isinstance(data, Mapping):
             return data
-        fields = {"policy", "every"}
+        fields = {"policy", "every", "encoding"}
         return {
             **{k: v for k, v in data.items() if k in fields},
             "sections": {k: v for k, v in data.items() if k not in fields},
@@ -53,6 +59,8 @@ class HistoryConfig(Frozen):
     def _sections_beside_policy(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = dict(handler(self))
         sections = data.pop("sections", {})
+        if data.get("encoding") == "float32":  # the default: configs and fingerprints as before
+            del data["encoding"]
         return {**data, **sections}
 
     def options(self, name: str, options_type: type[BaseModel] | None = None) -> BaseModel:

@@ -56,14 +56,25 @@ def _find(data_dir: Path, sub: str, filename: str) -> Path:
     )
 
 
-def _read_rows(path: Path, max_rows: int | None) -> np.ndarray:
+def _read_table(
+    data_dir: Path, sub: str, filename: str, max_rows: int | None, columns: int, layout: str
+) -> tuple[Path, np.ndarray]:
+    """Find ``filename`` (``_find``) and read its first ``max_rows`` rows (None: all).
+
+    Raises:
+        DataUnavailableError: the file is missing.
+        DataFormatError: it is not a numeric table of ``columns`` columns (``layout``).
+    """
+    path = _find(data_dir, sub, filename)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt") as handle:  # type: ignore[operator]
             rows = np.loadtxt(handle, delimiter=",", max_rows=max_rows, ndmin=2)
     except (ValueError, OSError, EOFError) as err:
         raise DataFormatError(f"{path} is not a comma-separated numeric table: {err}") from None
-    return rows
+    if rows.shape[1] != columns:
+        raise DataFormatError(f"{path}: expected {columns} columns ({layout}); got {rows.shape[1]}")
+    return path, rows
 
 
 def split_tabular(
@@ -124,12 +135,9 @@ def load_covtype(
         DataUnavailableError: the file is missing.
         DataFormatError: wrong column count or labels outside 1..7.
     """
-    path = _find(data_dir, "covtype", "covtype.data.gz")
-    rows = _read_rows(path, None)
-    if rows.shape[1] != 55:
-        raise DataFormatError(
-            f"{path}: expected 55 columns (54 features + label); got {rows.shape[1]}"
-        )
+    path, rows = _read_table(
+        data_dir, "covtype", "covtype.data.gz", None, 55, "54 features + label"
+    )
     labels = rows[:, -1]
     if not np.isin(labels, np.arange(1, 8)).all():
         raise DataFormatError(f"{path}: cover-type labels must lie in 1..7")
@@ -151,12 +159,9 @@ def load_higgs(
         DataUnavailableError: the file is missing.
         DataFormatError: wrong column count or labels not 0/1.
     """
-    path = _find(data_dir, "higgs", "HIGGS.csv.gz")
-    rows = _read_rows(path, max_samples)
-    if rows.shape[1] != 29:
-        raise DataFormatError(
-            f"{path}: expected 29 columns (label + 28 features); got {rows.shape[1]}"
-        )
+    path, rows = _read_table(
+        data_dir, "higgs", "HIGGS.csv.gz", max_samples, 29, "label + 28 features"
+    )
     labels = rows[:, 0]
     if not np.isin(labels, (0.0, 1.0)).all():
         raise DataFormatError(f"{path}: HIGGS labels must be 0 or 1")

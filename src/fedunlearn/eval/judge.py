@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,7 +33,6 @@ from fedunlearn.eval.backdoor import client_backdoor_success_rate
 from fedunlearn.eval.distance import cosine_similarity, l2_distance
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec, loss_threshold_attack
 from fedunlearn.eval.mia.client_lira import share_toward
-from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult
 from fedunlearn.unlearn.views import EvaluationView, RunView
@@ -111,13 +111,8 @@ class Judge:
             y_test[shadow_idx],
             ShadowSpec(
                 num_shadows=4,
-                training=LocalTrainingSpec(
-                    epochs=self.shadow_epochs,
-                    lr=spec.lr,
-                    batch_size=spec.batch_size,
-                    momentum=spec.momentum,
-                    weight_decay=spec.weight_decay,
-                ),
+                # the run's optimiser settings, for shadow_epochs epochs (never a step count)
+                training=replace(spec, epochs=self.shadow_epochs, steps=None),
             ),
             seed=seed,
         )

@@ -44,6 +44,7 @@ from fedunlearn.eval.receipt import (
     build_verification,
 )
 from fedunlearn.eval.references import clean_path
+from fedunlearn.history.result_claims import ResultClaims
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs.forget import store_evidence
 from fedunlearn.unlearn import (
@@ -76,12 +77,9 @@ def deletion_evidence(store: HistoryStore, forget: Iterable[int]) -> dict[str, A
     return store_evidence(store, forget).to_dict()
 
 
-def _method_warnings(details: Details | None, name: str = "warnings") -> tuple[str, ...]:
-    """The sentences of a details field (``warnings``, ``assumptions``) as a tuple."""
-    found = getattr(details, name, ()) if details is not None else ()
-    if isinstance(found, str):
-        return (found,)
-    return tuple(str(w) for w in found or ())
+def _method_claims(details: Details | None) -> ResultClaims:
+    """What a method's details claim (its warnings, assumptions); nothing without details."""
+    return ResultClaims.from_doc({} if details is None else {"details": details.claim_fields()})
 
 
 class Verifier:
@@ -262,10 +260,9 @@ class Verifier:
         details nor warnings, the receipt says that none were available. ``assumptions``
         likewise overrides the details' assumptions.
         """
-        found = _method_warnings(details) if warnings is None else tuple(warnings)
-        assumed = (
-            _method_warnings(details, "assumptions") if assumptions is None else tuple(assumptions)
-        )
+        claimed = _method_claims(details)
+        found = claimed.warnings if warnings is None else tuple(warnings)
+        assumed = claimed.assumptions if assumptions is None else tuple(assumptions)
         claims = Claims(
             bound=details.certified_bound() if details is not None else None,
             warnings=found,

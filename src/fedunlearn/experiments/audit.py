@@ -35,6 +35,7 @@ from fedunlearn.eval.plan import ReceiptOptions
 from fedunlearn.eval.verifier import lineage_from_dict
 from fedunlearn.experiments.compare import RESULTS_SCHEMA_VERSION, Progress, verifying_receipts
 from fedunlearn.history.digest import check_seal, seal
+from fedunlearn.history.result_claims import ResultClaims
 from fedunlearn.history.result_file import tensor_sha256
 from fedunlearn.models.flat import get_flat_params
 from fedunlearn.runs import run_fingerprint
@@ -149,11 +150,6 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def _sentences(details: Mapping[str, Any], name: str) -> list[str]:
-    found = details.get(name) or []
-    return [found] if isinstance(found, str) else [str(w) for w in found]
-
-
 def _check_same_run(result: Mapping[str, Any], session: UnlearnSession, source: str) -> None:
     """Refuse a result computed on another run (its config fingerprint is not this run's)."""
     run = result.get("run")
@@ -180,12 +176,12 @@ def _result_claims(
             f"{source} is a result for {req.get('kind')} clients {forget}; the audit is for "
             f"{request.kind} clients {sorted(request.forget)}. Pass the matching result"
         )
-    details = result.get("details") or {}
+    claimed = ResultClaims.from_doc(result)
     return (
-        _sentences(details, "warnings"),
+        list(claimed.warnings),
         lineage_from_dict(result.get("lineage")),
-        str(result.get("method", "")),
-        _sentences(details, "assumptions"),
+        claimed.method,
+        list(claimed.assumptions),
     )
 
 

@@ -33,7 +33,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.central import SGDSpec, SoftmaxRegression, make_method, replay_retrain, train_sgd
-from fedunlearn.central.methods.mini_unlearning import window_steps
 from fedunlearn.data.datasets import load_dataset
 from fedunlearn.eval.mia import ShadowAttack, ShadowSpec
 from fedunlearn.fl.client import LocalTrainingSpec
@@ -224,6 +223,7 @@ def _run_dataset(
         for spec_row in cfg.methods:
             say(f"{name} seed {seed} ratio {ratio:.2f}: {spec_row.label}")
             result = methods[spec_row.label].unlearn(objective, record, forget)
+            is_window = spec_row.method == "mini_unlearning"
             if spec_row.method == "retrain":
                 fresh_seconds = result.wall_seconds
             dist = float((result.params - reference).norm())
@@ -247,11 +247,8 @@ def _run_dataset(
                 "train_seconds": record.wall_seconds,
                 "stored_bytes": result.stored_bytes,
                 "gradient_evals": result.gradient_evals,
-                "k_steps": (
-                    window_steps(methods[spec_row.label].params, record)
-                    if spec_row.method == "mini_unlearning"
-                    else None
-                ),
+                # the window Mini-Unlearning unrolled (its details; None for other methods)
+                "k_steps": result.details.get("k_steps") if is_window else None,
                 "details": result.details,
             }
             row["mia_shadow_epochs"] = shadow_epochs

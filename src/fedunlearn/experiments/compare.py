@@ -220,7 +220,7 @@ def compare_methods(
             row["params"] = unlearners[name].params.model_dump(mode="json")
             row["round_metrics"] = _jsonable_rounds(result)
             row["details"] = result.details.to_dict()
-            variant = getattr(result.details, "variant", None)
+            variant = result.claims().variant
             if variant is not None:  # e.g. fedadp on a run trained without DP
                 row["label"] = f"{name} ({variant})"
             row["lineage"] = result.lineage.to_dict() if result.lineage is not None else None

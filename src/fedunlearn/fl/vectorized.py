@@ -50,7 +50,7 @@ from fedunlearn.fl.sampling import step_batches
 from fedunlearn.fl.seeding import torch_generator
 from fedunlearn.models.flat import check_flat, num_params
 
-__all__ = ["VectorizedExecutor", "unsupported_modules"]
+__all__ = ["VectorizedExecutor", "stack_clients", "unsupported_modules"]
 
 #: Default working-set budget of one chunk of clients (parameters, gradients, momentum, batch).
 DEFAULT_CHUNK_BYTES = 512 * 2**20
@@ -128,7 +128,7 @@ class VectorizedExecutor:
         self._names = [name for name, _ in model.named_parameters()]
         self._shapes = [p.shape for _, p in model.named_parameters()]
         self._num_params = num_params(model)
-        x, y, self._offsets, self._sizes = _stack_clients(client_data)
+        x, y, self._offsets, self._sizes = stack_clients(client_data)
         self._sample_ids = {cid: d.sample_ids().cpu().numpy() for cid, d in client_data.items()}
         self._x, self._y = x.to(self.device), y.to(self.device)
         self._step = vmap(grad_and_value(self._batch_loss))
@@ -243,12 +243,20 @@ class VectorizedExecutor:
         return params
 
 
-def _stack_clients(
-    client_data: Mapping[int, ClientData],
+def stack_clients(
+    client_data: Mapping[int, ClientData], user: str = "the vectorized executor"
 ) -> tuple[torch.Tensor, torch.Tensor, dict[int, int], dict[int, int]]:
-    """Concatenate all clients' data once; return x, y, each client's first row and size."""
+    """Concatenate all clients' data once; return x, y, each client's first row and size.
+
+    x is contiguous, y int64; with no rows at all, one zero row keeps row 0 addressable for
+    padding.
+
+    Raises:
+        ConfigError: if ``client_data`` is empty (naming ``user``, who needs a client) or the
+            clients' inputs differ in example shape or dtype.
+    """
     if not client_data:
-        raise ConfigError("client_data is empty; the vectorized executor needs at least one client")
+        raise ConfigError(f"client_data is empty; {user} needs at least one client")
     shapes = {tuple(d.x.shape[1:]) for d in client_data.values()}
     dtypes = {d.x.dtype for d in client_data.values()}
     if len(shapes) != 1 or len(dtypes) != 1:

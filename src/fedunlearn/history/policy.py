@@ -27,11 +27,13 @@ first window of its new rounds at its start round (``PolicyEnv.first_round``).
 
 Whatever the policy, ``HistoryRecorder`` writes one ``ClientRecord`` per sampled client and round:
 status, n_c, the norm of the client's delta ||Δ_c|| and, in its scalars, ``<Δ_c, G_t>`` with the
-round's aggregate G_t (``DOT_AGGREGATE_KEY``, float64). These cost two reductions per client and
-let a method bound a client's influence on rounds whose updates were not kept (Crab's
-``rollback: bounded``, docs/methods/crab.md). The client's training loss is kept when the client
-reported one (DP clients do not: ``reported_loss``); ``client_values=False`` (a DP store whose
-uploads were clean, ``dp_scope: store_only``) keeps neither norm nor inner product.
+round's aggregate G_t (``DOT_AGGREGATE_KEY``, float64), and ||Δ_c||_inf (``MAX_ABS_KEY``).
+These cost three reductions per client; the first two let a method bound a client's influence
+on rounds whose updates were not kept (Crab's ``rollback: bounded``, docs/methods/crab.md), the
+last lets FedRecover find its threshold tau without reading every stored update. The client's
+training loss is kept when the client reported one (DP clients do not: ``reported_loss``);
+``client_values=False`` (a DP store whose uploads were clean, ``dp_scope: store_only``) keeps
+none of the three.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
 from fedunlearn.registry import Registry
 
 DOT_AGGREGATE_KEY = "dot_aggregate"
+# a client record's largest |coordinate| of its delta, ||Δ_c||_inf (FedRecover's threshold tau)
+MAX_ABS_KEY = "max_abs"
 # a client record's draws in its round under TV-stable sampling (absent: one draw)
 MULTIPLICITY_KEY = "multiplicity"
 
@@ -255,6 +259,14 @@ register_policy(PolicySpec("every", lambda history, env: RecordEvery(history.eve
 register_policy(PolicySpec("none", lambda history, env: RecordNone()))
 
 
+def update_scalars(delta: torch.Tensor, aggregate64: torch.Tensor) -> dict[str, float]:
+    """Return a client record's values of its delta: ``<Δ_c, G_t>`` and ``||Δ_c||_inf``."""
+    return {
+        DOT_AGGREGATE_KEY: float(delta.to(torch.float64) @ aggregate64),
+        MAX_ABS_KEY: float(delta.abs().max()) if delta.numel() else 0.0,
+    }
+
+
 def multiplicity_scalar(record: RoundRecord, client_id: int) -> dict[str, int]:
     """Return ``{MULTIPLICITY_KEY: m}`` for a client of a TV-stable round, else ``{}``."""
     if not record.multiplicity:
@@ -272,6 +284,11 @@ def reported_loss(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def update_dtype_of(encoding: str) -> torch.dtype | None:
+    """The dtype ``history.encoding`` stores client updates in (None: their own, float32)."""
+    return torch.float16 if encoding == "float16" else None
+
+
 class HistoryRecorder:
     """Round observer that commits each finished round to a ``HistoryStore`` atomically.
 
@@ -282,6 +299,8 @@ class HistoryRecorder:
             False (``privacy.dp_scope: store_only``, where the uploads are clean and only the
             stored copies are noised) records neither: they would be noise-free values about
             each client in a store whose content is stated DP.
+        update_dtype: The dtype stored updates are encoded in (``history.encoding``); None
+            keeps the delta's own (float32). The norms and dot products are computed before.
     """
 
     def __init__(
@@ -290,17 +309,19 @@ class HistoryRecorder:
         policy: RecordingPolicy | DeferredPolicy,
         *,
         client_values: bool = True,
+        update_dtype: torch.dtype | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.client_values = client_values
+        self.update_dtype = update_dtype
 
     def on_round_end(self, record: RoundRecord) -> None:
         """Write the round: global model, aggregate, chosen updates, every client's outcome.
 
-        Every accepted client's record carries ||Δ_c|| and ``<Δ_c, G_t>`` (float64). With a
-        deferred policy, the updates it selects of earlier rounds are attached to this round's
-        transaction.
+        Every accepted client's record carries ||Δ_c||, ``<Δ_c, G_t>`` (float64) and
+        ||Δ_c||_inf. With a deferred policy, the updates it selects of earlier rounds are attached
+        to this round's transaction.
         """
         attach: dict[int, dict[int, torch.Tensor]] = {}
         if isinstance(self.policy, DeferredPolicy):
@@ -319,11 +340,7 @@ class HistoryRecorder:
                 loss=reported_loss(u.train_loss),
                 reason=None,
                 scalars={
-                    **(
-                        {DOT_AGGREGATE_KEY: float(u.delta.to(torch.float64) @ aggregate)}
-                        if self.client_values
-                        else {}
-                    ),
+                    **(update_scalars(u.delta, aggregate) if self.client_values else {}),
                     **multiplicity_scalar(record, u.client_id),
                 },
             )
@@ -341,6 +358,9 @@ class HistoryRecorder:
             )
             for r in record.rejected
         ]
+        if self.update_dtype is not None:
+            current = self._encoded(current)
+            attach = {r: self._encoded(updates) for r, updates in attach.items()}
         self.store.write_round(
             RoundEntry(
                 round=record.round,
@@ -353,3 +373,18 @@ class HistoryRecorder:
             ),
             attach=attach,
         )
+
+    def _encoded(self, updates: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return {cid: self._encode(delta) for cid, delta in updates.items()}
+
+    def _encode(self, delta: torch.Tensor) -> torch.Tensor:
+        """The delta in ``update_dtype``; kept as it is where the cast would overflow to inf.
+
+        A value beyond float16's range (65,504; e.g. a scaled attacker's update) would be stored
+        as inf and poison every estimate that reads it, so that update keeps its own dtype (the
+        store records each payload's dtype).
+        """
+        encoded = delta.to(self.update_dtype)
+        if bool(torch.isfinite(encoded).all()) or not bool(torch.isfinite(delta).all()):
+            return encoded
+        return delta

@@ -19,7 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FlaggedCheck", "ResultClaims"]
+__all__ = ["CLAIM_FIELDS", "FlaggedCheck", "ResultClaims"]
+
+#: The details fields a result's claims are read from (each optional: a method defines its own).
+CLAIM_FIELDS = (
+    "variant",
+    "released_model_dp",
+    "released_model_reason",
+    "warnings",
+    "assumptions",
+)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ import argparse
 import datetime
 import ipaddress
 import os
-import secrets
 import socket
 import ssl
 import sys
@@ -51,6 +50,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedunlearn.atomic import write_bytes_atomic
 from fedunlearn.errors import ConfigError, PeerAuthenticationError
 from fedunlearn.mpc.key_files import (
     check_certificate_file,
@@ -289,29 +289,6 @@ CERT_MODE = 0o644  # certificates: readable, writable by the owner only
 DIRECTORY_MODE = 0o700  # a directory this module creates
 
 
-def _write_file(path: Path, data: bytes, mode: int) -> None:
-    """Write ``path`` with exactly ``mode``, whatever the umask, atomically, following no link.
-
-    The data goes to a fresh temporary name (random, created with O_EXCL | O_NOFOLLOW, so a
-    leftover ``*.tmp`` or a planted symlink is never opened), gets ``mode`` by ``fchmod``
-    before any byte is written, and replaces ``path`` by a rename (which replaces a symlink at
-    ``path`` itself instead of writing through it).
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, KEY_MODE)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _prepare_directory(out: Path, targets: Sequence[Path], overwrite: bool) -> None:
     """Create ``out`` (0700) or check it; refuse to replace any target without ``overwrite``.
 
@@ -399,8 +376,8 @@ def create_trial_pki(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_file(out / "ca.key", _key_pem(ca_key), KEY_MODE)
-    _write_file(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
+    write_bytes_atomic(out / "ca.key", _key_pem(ca_key), KEY_MODE)
+    write_bytes_atomic(out / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
     identities = {}
     for role in roles:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -421,8 +398,10 @@ def create_trial_pki(
             )
             .sign(ca_key, hashes.SHA256())
         )
-        _write_file(out / f"{role}.key", _key_pem(key), KEY_MODE)
-        _write_file(out / f"{role}.pem", cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
+        write_bytes_atomic(out / f"{role}.key", _key_pem(key), KEY_MODE)
+        write_bytes_atomic(
+            out / f"{role}.pem", cert.public_bytes(serialization.Encoding.PEM), CERT_MODE
+        )
         identities[role] = Identity(out / "ca.pem", out / f"{role}.pem", out / f"{role}.key", role)
     return identities
 

@@ -110,23 +110,18 @@ class LinkLimits:
         if self.max_frame_bytes < 1:
             raise ConfigError(f"max_frame_bytes must be >= 1; got {self.max_frame_bytes!r}")
 
+    def _or_timeout(self, seconds: float | None) -> float:
+        return self.timeout_seconds if seconds is None else seconds
+
     @property
     def ready_seconds(self) -> float:
         """How long a connecting peer waits for the service to be ready."""
-        return (
-            self.timeout_seconds
-            if self.ready_timeout_seconds is None
-            else (self.ready_timeout_seconds)
-        )
+        return self._or_timeout(self.ready_timeout_seconds)
 
     @property
     def join_seconds(self) -> float:
         """How long a connecting peer keeps retrying to join."""
-        return (
-            self.timeout_seconds
-            if self.join_timeout_seconds is None
-            else (self.join_timeout_seconds)
-        )
+        return self._or_timeout(self.join_timeout_seconds)
 
 
 DEFAULT_LIMITS = LinkLimits()

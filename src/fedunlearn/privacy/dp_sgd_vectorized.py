@@ -40,6 +40,7 @@ from torch.func import vmap
 from fedunlearn.errors import ConfigError
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.fl.vectorized import stack_clients
 from fedunlearn.models.flat import check_flat
 from fedunlearn.privacy.dp_sgd import (
     ClientNoise,
@@ -87,28 +88,8 @@ class VectorizedDPSGD:
         if max_chunk_bytes < 1:
             raise ConfigError(f"max_chunk_bytes must be >= 1; got {max_chunk_bytes}")
         self.max_chunk_bytes = int(max_chunk_bytes)
-        if not client_data:
-            raise ConfigError("client_data is empty; DP-SGD needs at least one client")
-        shapes = {tuple(d.x.shape[1:]) for d in client_data.values()}
-        dtypes = {d.x.dtype for d in client_data.values()}
-        if len(shapes) != 1 or len(dtypes) != 1:
-            raise ConfigError(
-                f"clients' inputs must share one example shape and dtype to be stacked; got "
-                f"shapes {sorted(shapes)} and dtypes {sorted(map(str, dtypes))}"
-            )
+        x, y, self._offsets, self._sizes = stack_clients(client_data, "DP-SGD")
         self._data = client_data
-        ids = list(client_data)
-        self._sizes = {cid: len(client_data[cid]) for cid in ids}
-        self._offsets: dict[int, int] = {}
-        start = 0
-        for cid in ids:
-            self._offsets[cid] = start
-            start += self._sizes[cid]
-        x = torch.cat([client_data[cid].x for cid in ids])
-        y = torch.cat([client_data[cid].y.to(torch.int64) for cid in ids])
-        if x.shape[0] == 0:  # keep row 0 addressable for padding
-            x = torch.zeros((1, *x.shape[1:]), dtype=x.dtype)
-            y = torch.zeros(1, dtype=torch.int64)
         self._x = x.to(self.device).contiguous()
         self._y = y.to(self.device)
         self._example_shape = tuple(self._x.shape[1:])

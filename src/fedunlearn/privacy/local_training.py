@@ -128,6 +128,34 @@ class _ClippedSteps:
     noise_salt: int = 0
     vectorized: VectorizedDPSGD | None
 
+    def __init__(
+        self,
+        model: nn.Module,
+        client_data: Mapping[int, ClientData],
+        clip_norm: float,
+        *,
+        clip_name: str,
+        device: torch.device | str | None = None,
+        vectorize: bool | None = None,
+    ) -> None:
+        """Check the model and C (``clip_name`` in the error); set up the vectorised path.
+
+        ``vectorize``: None uses it where the model allows it, True requires it, False never.
+        """
+        check_per_example_model(model)
+        if not clip_norm > 0 or not math.isfinite(clip_norm):
+            raise ConfigError(f"{clip_name} must be a finite number > 0; got {clip_norm}")
+        self.model = model
+        self.client_data = client_data
+        self.clip_norm = float(clip_norm)
+        self.vectorized = None
+        if vectorize is not False:
+            try:
+                self.vectorized = VectorizedDPSGD(model, client_data, device=device)
+            except ConfigError:
+                if vectorize:
+                    raise
+
     def _train(
         self,
         global_params: torch.Tensor,
@@ -202,24 +230,17 @@ class DPSGDTraining(_ClippedSteps):
         vectorize: bool | None = None,
         noise_salt: int = 0,
     ) -> None:
-        check_per_example_model(model)
+        super().__init__(
+            model,
+            client_data,
+            clip_norm,
+            clip_name="the DP-SGD clip norm C",
+            device=device,
+            vectorize=vectorize,
+        )
         self.noise_salt = int(noise_salt)
-        if not clip_norm > 0 or not math.isfinite(clip_norm):
-            raise ConfigError(
-                f"the DP-SGD clip norm C must be a finite number > 0; got {clip_norm}"
-            )
-        self.model = model
-        self.client_data = client_data
-        self.clip_norm = float(clip_norm)
         self.delta = delta
         self.epsilon_of = epsilon_of
-        self.vectorized: VectorizedDPSGD | None = None
-        if vectorize is not False:
-            try:
-                self.vectorized = VectorizedDPSGD(model, client_data, device=device)
-            except ConfigError:
-                if vectorize:
-                    raise
         self.stats: dict[int, RoundDPSGD] = {}
         self._plans: dict[int, _Plan] = {}
 
@@ -313,18 +334,7 @@ class ClippedTraining(_ClippedSteps):
         clip_norm: float,
         device: torch.device | str | None = None,
     ) -> None:
-        check_per_example_model(model)
-        if not clip_norm > 0 or not math.isfinite(clip_norm):
-            raise ConfigError(f"the clip norm C must be a finite number > 0; got {clip_norm}")
-        self.model = model
-        self.client_data = client_data
-        self.clip_norm = float(clip_norm)
-        try:
-            self.vectorized: VectorizedDPSGD | None = VectorizedDPSGD(
-                model, client_data, device=device
-            )
-        except ConfigError:
-            self.vectorized = None
+        super().__init__(model, client_data, clip_norm, clip_name="the clip norm C", device=device)
 
     def run(
         self,

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fedunlearn.errors import ConfigError, HistoryError
-from fedunlearn.history.store import FILE_NAME, DeletionRecord, HistoryStore
+from fedunlearn.errors import ConfigError
+from fedunlearn.history.store import DeletionRecord, HistoryStore
 from fedunlearn.history.store.evidence import DeletionEvidence
 from fedunlearn.runs.participation import participation_gaps
+from fedunlearn.runs.run_files import store_dir
 from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
 
 __all__ = [
@@ -83,15 +84,6 @@ def result_files_holding(run_dir: str | Path, client_ids: Iterable[int]) -> list
     return found
 
 
-def _store_dir(run_dir: Path) -> Path:
-    if not (run_dir / HISTORY_DIR / FILE_NAME).exists():
-        raise HistoryError(
-            f"{run_dir} is not a run directory (no {HISTORY_DIR}/{FILE_NAME}). Name the directory "
-            "given to 'fedunlearn train --out'."
-        )
-    return run_dir / HISTORY_DIR
-
-
 def _client_ids(client_ids: Iterable[int]) -> list[int]:
     ids = sorted(set(client_ids))
     if not ids:
@@ -131,7 +123,7 @@ def forget_clients(
     """
     ids = _client_ids(client_ids)
     load_run_config(run_dir)  # config.yaml must be this run's (as apply and unlearn require)
-    with HistoryStore.open(_store_dir(Path(run_dir)), writable=True) as store:
+    with HistoryStore.open(store_dir(Path(run_dir)), writable=True) as store:
         shards = int(store.run_meta.training.get("shards") or 1)
         pending = sorted(set(ids) - store.applied_clients())
         if shards > 1 and pending:
@@ -210,7 +202,7 @@ def deletion_evidence(run_dir: str | Path, client_ids: Iterable[int]) -> dict[st
     """
     run_dir = Path(run_dir)
     ids = _client_ids(client_ids)
-    with HistoryStore.open(_store_dir(run_dir)) as store:
+    with HistoryStore.open(store_dir(run_dir)) as store:
         records = store.deletion_records(ids)
         logged = {entry.client_id for entry in store.forget_records()}
         found = store_evidence(store, ids)

@@ -33,6 +33,7 @@ from fedunlearn.history.policy import (
     RecordingPolicy,
     build_policy,
     resolve_history,
+    update_dtype_of,
 )
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.registry import ModelFactory
@@ -192,13 +193,13 @@ def recorded_setup(
 ) -> Setup:
     """Build the setup a run's rounds train under (``store``: the run's, None for a fresh run).
 
-    ``auto`` is pinned to the executor the store recorded (``with_recorded_executor``), and a
-    user component that changed since the stored rounds is warned about: resumed and continued
-    rounds must train on what the first ones did.
+    ``auto`` is pinned to the executor and device the store recorded
+    (``with_recorded_executor``), and a user component that changed since the stored rounds is
+    warned about: resumed and continued rounds must train on what the first ones did.
     """
     meta = None if store is None else store.run_meta
-    recorded = None if meta is None else meta.executor
-    setup = build_setup(with_recorded_executor(config, recorded), model=model, data=data)
+    pinned = config if meta is None else with_recorded_executor(config, meta.executor, meta.device)
+    setup = build_setup(pinned, model=model, data=data)
     if meta is not None:  # resumed rounds must train on what the first ones did
         warn_changed_components(meta.components, setup.components, str(run_dir))
     return setup
@@ -253,6 +254,7 @@ def train_recorded(
     record = recorder(store, policy)
     if isinstance(record, HistoryRecorder):
         record.client_values = records_client_values(config)
+        record.update_dtype = update_dtype_of(config.history.encoding)
     sharding = setup.sharding()
     run_rounds(
         setup.federation if trainers is None else trainers,

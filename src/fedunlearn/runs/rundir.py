@@ -12,12 +12,11 @@ reader here checks that (``load_run_config``, ``run_info``, ``check_run``).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedunlearn.atomic import write_bytes_atomic
 from fedunlearn.config import RunConfig, dump_config, load_config, parse_config
 from fedunlearn.errors import ConfigError, HistoryCorruptError, HistoryError, UnknownNameError
 from fedunlearn.fl.records import RoundRecord, UpdateStatus
@@ -161,25 +160,6 @@ def stored_metrics_line(store: HistoryStore, round_: int) -> dict[str, Any]:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (``write_bytes_atomic`` of its UTF-8)."""
     write_bytes_atomic(path, text.encode())
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically.
-
-    A temporary file in the same directory, fsync'd, then renamed over ``path``: a reader sees
-    the old file or the new one, never a part.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: Path, data: Any) -> None:

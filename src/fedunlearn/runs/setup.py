@@ -38,6 +38,7 @@ from fedunlearn.fl.attacks import (
     label_flip_data,
 )
 from fedunlearn.fl.client import LocalTrainingSpec
+from fedunlearn.fl.device import resolve_device
 from fedunlearn.fl.engine import Sharding
 from fedunlearn.fl.federation import Federation, UpdateMod
 from fedunlearn.fl.markers import Marker, embed_markers
@@ -156,20 +157,37 @@ class Setup:
         self.federation.close()
 
 
-def with_recorded_executor(config: RunConfig, recorded: object) -> RunConfig:
-    """The config a run's later steps build with: ``auto`` pinned to the executor it trained with.
+def with_recorded_executor(config: RunConfig, recorded: object, device: object = None) -> RunConfig:
+    """The config a run's later steps build with: ``auto`` pinned to what the run trained with.
 
     ``auto`` picks by model structure and, for conv nets on the CPU, by the CPUs available
     (``pool`` with more than one, else ``serial``), and the two round differently. Resume,
     ``train --continue`` and unlearning sessions (so a receipt and an auditor's replay on a
     machine with another CPU count) must train the way the run did: the store records the
-    resolved kind (metadata ``executor``), and this pins it. Runs recorded before it keep
-    ``auto``.
+    resolved kind (metadata ``executor``), and this pins it. Likewise ``training.device: auto``
+    is pinned to the device the run trained on (metadata ``device``) where this machine has it,
+    so a replay on a machine with a GPU of a run trained on the CPU runs on the CPU (bit for
+    bit); where it does not, ``auto`` stays, and results may differ in the last bits (a replay
+    then fails and says so). Runs recorded before either key keep ``auto``.
     """
-    if config.training.executor != "auto" or recorded not in ("serial", "vectorized", "pool"):
+    training = config.training
+    updates: dict[str, str] = {}
+    if training.executor == "auto" and recorded in ("serial", "vectorized", "pool"):
+        updates["executor"] = str(recorded)
+    if training.device == "auto" and isinstance(device, str) and _available(device):
+        updates["device"] = device
+    if not updates:
         return config
-    training = config.training.model_copy(update={"executor": recorded})
-    return config.model_copy(update={"training": training})
+    return config.model_copy(update={"training": training.model_copy(update=updates)})
+
+
+def _available(device: str) -> bool:
+    """Whether this machine has ``device`` (a recorded, resolved name such as ``cuda:0``)."""
+    try:
+        resolve_device(device)
+    except ConfigError:
+        return False
+    return True
 
 
 def _poison(

@@ -70,6 +70,7 @@ from fedunlearn.runs.rundir import (
 from fedunlearn.runs.setup import Setup
 
 __all__ = [
+    "federation_meta",
     "make_recording_policy",  # fedunlearn.runs.rounds, named here for older imports
     "policy_env",
     "records_client_values",
@@ -183,8 +184,12 @@ def _check_resumable(
     return {"dropped_from_round": first, "problems": list(result.problems)}
 
 
-def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
-    fed = setup.federation
+def federation_meta(config: RunConfig, fed: Federation) -> dict[str, Any]:
+    """Return the store metadata of every recorded run, in-process or by Flower.
+
+    The config, the malicious clients, the model and client sizes, the history policy, and the
+    server's torch thread count (unlearning and a replay of it run at the same count).
+    """
     return {
         "config": config.model_dump(mode="json"),
         "malicious": sorted(fed.malicious),
@@ -192,8 +197,17 @@ def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
         "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
         "history_policy": config.history.policy,
         "history_every": config.history.every,
+        "update_encoding": config.history.encoding,
         "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _store_meta(config: RunConfig, setup: Setup) -> dict[str, Any]:
+    fed = setup.federation
+    return {
+        **federation_meta(config, fed),
         "executor": fed.executor.name,  # what 'auto' resolved to (with_recorded_executor)
+        "device": str(fed.device),  # likewise for training.device
         "wall_seconds": 0.0,
         **({"components": setup.components} if setup.components else {}),
     }

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedunlearn.config import PrivacyConfig
 from fedunlearn.errors import ConfigError, UnsupportedHistoryError
+from fedunlearn.history.result_claims import CLAIM_FIELDS, ResultClaims
 from fedunlearn.history.store import run_meta_of
 from fedunlearn.history.trajectory import Trajectory
 from fedunlearn.privacy.releases import DPRelease
@@ -144,6 +145,11 @@ class Details:
         """Return the certified bound this result satisfies, or None (no certificate)."""
         return None
 
+    def claim_fields(self) -> dict[str, Any]:
+        """Return the fields a reader acts on (``ResultClaims``) that this method defines."""
+        names = {f.name for f in fields(self)}
+        return {name: jsonable(getattr(self, name)) for name in CLAIM_FIELDS if name in names}
+
 
 @dataclass(frozen=True)
 class NoDetails(Details):
@@ -195,6 +201,17 @@ class UnlearnResult:
     lineage: Lineage | None = None
     # the unlearned history, for methods that compute one (fedunlearn.history.trajectory)
     trajectory: Trajectory | None = None
+
+    def claims(self) -> ResultClaims:
+        """What this result says about itself: what ``fedunlearn apply`` reads from its file."""
+        return ResultClaims.from_doc(
+            {
+                "method": self.method,
+                "details": self.details.claim_fields(),
+                "lineage": None if self.lineage is None else self.lineage.to_dict(),
+                "verification": None if self.verification is None else self.verification.to_dict(),
+            }
+        )
 
 
 class Unlearner(ABC, Generic[ParamsT]):

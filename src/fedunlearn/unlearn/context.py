@@ -86,6 +86,9 @@ class MeteredHistory:
         self._store = store
         self._meter = meter
         self.log = ReadLog() if log is None else log
+        # history.encoding float16: updates are stored in 2 bytes a value, read as float32
+        half = store.meta.get("update_encoding") == "float16"
+        self._update_itemsize: int | None = 2 if half else None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -101,8 +104,8 @@ class MeteredHistory:
         """Committed rounds (0 = M_0)."""
         return self._store.rounds()
 
-    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._meter.add(history_bytes_read=tensor.numel() * tensor.element_size())
+    def _count(self, tensor: torch.Tensor, itemsize: int | None = None) -> torch.Tensor:
+        self._meter.add(history_bytes_read=tensor.numel() * (itemsize or tensor.element_size()))
         return tensor
 
     def read_model(self, round: int, kind: str = "global") -> torch.Tensor:
@@ -113,7 +116,7 @@ class MeteredHistory:
 
     def read_update(self, round: int, client_id: int) -> torch.Tensor:
         """Return a stored client delta."""
-        tensor = self._count(self._store.read_update(round, client_id))
+        tensor = self._count(self._store.read_update(round, client_id), self._update_itemsize)
         self.log.record("update", round, client_id)
         return tensor
 
@@ -131,7 +134,7 @@ class MeteredHistory:
         """Stream the stored deltas of a round."""
         for cid, delta in self._store.iter_updates(round):
             self.log.record("update", round, cid)
-            yield cid, self._count(delta)
+            yield cid, self._count(delta, self._update_itemsize)
 
     def client_records(self, round: int) -> list[ClientRecord]:
         """Every client's outcome in ``round`` (status, n_c, norm, loss)."""

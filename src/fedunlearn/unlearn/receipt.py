@@ -20,7 +20,7 @@ None when the method certifies nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from fedunlearn.errors import ConfigError
@@ -56,6 +56,11 @@ def _json_number(value: Any) -> Any:
     return value
 
 
+def _json_fields(record: Any) -> dict[str, Any]:
+    """Return a dataclass's fields by name, in order, JSON-ready (``_json_number``)."""
+    return _json_number({f.name: getattr(record, f.name) for f in fields(record)})
+
+
 @dataclass(frozen=True)
 class BoundReport:
     """A certified upper bound on the distance between a method's model and a retrained model.
@@ -77,16 +82,8 @@ class BoundReport:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        return _json_number(
-            {
-                "name": self.name,
-                "bound": self.bound,
-                "observed": self.observed,
-                "reference": self.reference,
-                "note": self.note,
-            }
-        )
+        """Return a JSON-ready dict of every field."""
+        return _json_fields(self)
 
 
 @dataclass(frozen=True)
@@ -138,24 +135,8 @@ class Check:
             raise ConfigError(f"verdict must be one of {', '.join(VERDICTS)}; got {self.verdict!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        return _json_number(
-            {
-                "name": self.name,
-                "title": self.title,
-                "verdict": self.verdict,
-                "value": self.value,
-                "reference": dict(self.reference),
-                "threshold": dict(self.threshold),
-                "reason": self.reason,
-                "scope": self.scope,
-                "evidence": dict(self.evidence),
-                "aspect": self.aspect,
-                "power": dict(self.power),
-                "decisive": self.decisive,
-                "codes": list(self.codes),
-            }
-        )
+        """Return a JSON-ready dict of every field."""
+        return _json_fields(self)
 
 
 def overall_verdict(checks: tuple[Check, ...] | list[Check]) -> Verdict:

@@ -59,15 +59,51 @@ def calibrate(
     return torch.cat(out)
 
 
+def calibrate_to(norm: float, fresh: torch.Tensor) -> torch.Tensor:
+    """Return ``norm * fresh / ||fresh||``: ``calibrate``'s whole-vector scope, given the norm.
+
+    Bit for bit ``calibrate(stored, fresh)`` when ``norm == float(stored.norm())``.
+    """
+    f_norm = float(fresh.norm())
+    if f_norm < EPS:
+        log.info("calibration: a fresh update has norm %.3g; calibrated to zero", f_norm)
+        return torch.zeros_like(fresh)
+    return fresh * (norm / f_norm)
+
+
+def records_describe_stored_updates(context: UnlearnContext) -> bool:
+    """Whether the records' values of an update (norm, ||.||_inf) are those of its stored copy.
+
+    True when updates are stored as computed (float32); a ``history.encoding`` that rounds
+    them (float16) stores a copy whose norm differs in the last bits from the recorded one.
+    """
+    return context.history.meta.get("update_encoding") in (None, "float32")
+
+
+def recorded_norms(context: UnlearnContext, round_: int) -> dict[int, float]:
+    """Client -> ||stored delta|| of ``round_``, from the records (``ClientRecord.norm``).
+
+    The recorder computes the norm from the very tensor it stores (``float(delta.norm())``),
+    so a stored update's record gives its norm without reading its payload. Records without
+    a norm (a DP store whose uploads were clean keeps none) are left out, and so is every
+    record of a run whose stored updates are rounded copies: their updates are read.
+    """
+    if not records_describe_stored_updates(context):
+        return {}
+    return {
+        r.client_id: r.norm
+        for r in context.history.client_records(round_)
+        if r.stored and r.status == "accepted" and r.norm is not None
+    }
+
+
 def stored_participants(context: UnlearnContext, round_: int) -> list[int]:
     """Remaining clients whose delta of ``round_`` is stored, sorted."""
     remaining = set(context.clients.client_ids)
     return sorted(
         r.client_id
         for r in context.history.client_records(round_)
-        if r.client_id in remaining
-        and r.status == "accepted"
-        and context.history.has_update(round_, r.client_id)
+        if r.client_id in remaining and r.status == "accepted" and r.stored
     )
 
 
@@ -129,12 +165,18 @@ def calibrated_replay(
         else:
             estimated = set(ids)
             fresh = context.clients.train(TrainTask(params, ids, round_, spec=spec))
+            recorded = recorded_norms(context, round_) if scope == "model" else {}
             steps = []
             for u in fresh:
-                stored = context.history.read_update(round_, u.client_id)
-                steps.append((u.client_id, calibrate(stored, u.delta, scope, layer_sizes)))
+                if u.client_id in recorded:  # ||stored delta||, without reading it
+                    stored_norm = recorded[u.client_id]
+                    steps.append((u.client_id, calibrate_to(stored_norm, u.delta)))
+                else:
+                    stored = context.history.read_update(round_, u.client_id)
+                    stored_norm = float(stored.norm())
+                    steps.append((u.client_id, calibrate(stored, u.delta, scope, layer_sizes)))
                 if trace is not None:
-                    norms.append((u.client_id, float(stored.norm()), float(u.delta.norm())))
+                    norms.append((u.client_id, stored_norm, float(u.delta.norm())))
         step = context.aggregate(steps)
         params = params + step
         row = context.end_round(round_, params)

@@ -167,7 +167,7 @@ class UnlearnSession:
                 )
             generation = store.generation()
             _check_given(recorded, config, model, data, run_dir)
-            pinned = with_recorded_executor(config, meta.executor)
+            pinned = with_recorded_executor(config, meta.executor, meta.device)
             self._setup: Setup | None = build_setup(pinned, model=model, data=data)
             warn_changed_components(recorded, self._setup.components, str(run_dir))
             federation = self._setup.federation

@@ -37,6 +37,13 @@ def _youden_loss_threshold(member_losses: np.ndarray, nonmember_losses: np.ndarr
     return float(-thresholds[best])
 
 
+def _losses(
+    model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, what: str
+) -> np.ndarray:
+    """Per-sample cross-entropy of the model on ``(x, y)`` (``what`` names them in errors)."""
+    return sample_losses(model_log_probs(model, params, x, y, what), y).numpy()
+
+
 def calibrate_loss_threshold(
     model: nn.Module,
     params: torch.Tensor,
@@ -55,13 +62,10 @@ def calibrate_loss_threshold(
     Raises:
         ConfigError: on empty or mismatched data, or labels out of range.
     """
-    member = sample_losses(
-        model_log_probs(model, params, members_x, members_y, "members"), members_y
+    return _youden_loss_threshold(
+        _losses(model, params, members_x, members_y, "members"),
+        _losses(model, params, nonmembers_x, nonmembers_y, "non-members"),
     )
-    nonmember = sample_losses(
-        model_log_probs(model, params, nonmembers_x, nonmembers_y, "non-members"), nonmembers_y
-    )
-    return _youden_loss_threshold(member.numpy(), nonmember.numpy())
 
 
 def loss_threshold_attack(
@@ -101,13 +105,8 @@ def loss_threshold_attack(
         ConfigError: on empty or mismatched data, labels out of range, a calibration split
             leaving a part empty, or ``calibration_fraction`` outside (0, 1).
     """
-    member_losses = sample_losses(
-        model_log_probs(model, params, members_x, members_y, "members"), members_y
-    )
-    nonmember_losses = sample_losses(
-        model_log_probs(model, params, nonmembers_x, nonmembers_y, "non-members"), nonmembers_y
-    )
-    member, nonmember = member_losses.numpy(), nonmember_losses.numpy()
+    member = _losses(model, params, members_x, members_y, "members")
+    nonmember = _losses(model, params, nonmembers_x, nonmembers_y, "non-members")
     if threshold is None:
         if not 0.0 < calibration_fraction < 1.0:
             raise ConfigError(

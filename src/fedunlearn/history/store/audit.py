@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedunlearn.errors import ForgottenDataError, HistoryCorruptError, HistoryError
 from fedunlearn.history.store.codec import NO_CLIENT
@@ -26,13 +26,10 @@ from fedunlearn.history.store.deletion import (
     split_fingerprints,
 )
 from fedunlearn.history.store.evidence import DeletionEvidence
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.reconstruction import reconstructible_updates
 from fedunlearn.history.store.records import check_int
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
+from fedunlearn.history.store.schema import DELETION_TABLES
 
 __all__ = ["REBUILDING_SCALARS", "DeletionAudit"]
 
@@ -56,7 +53,7 @@ def _record_clients(record: dict[str, Any]) -> set[int]:
 REBUILDING_SCALARS = frozenset({"dot_aggregate"})
 
 
-class DeletionAudit(StoreHost):
+class DeletionAudit(StoreMixin):
     """``HistoryStore``'s deletion records and checks (a mixin: see the module docstring)."""
 
     def deletion_evidence(self, client_ids: Iterable[int]) -> DeletionEvidence:
@@ -109,7 +106,7 @@ class DeletionAudit(StoreHost):
             client_ids: Only calls that forgot one of these clients, each with only these
                 clients' payloads; None for all.
         """
-        if not self._has_deletion_tables():
+        if not self._has_tables(DELETION_TABLES):
             return []
         with self._sqlite("reading the deletion records"):
             calls = [cid for (cid,) in self._db.execute("SELECT id FROM forget_calls ORDER BY id")]
@@ -267,7 +264,7 @@ class DeletionAudit(StoreHost):
                     "SELECT round, client_id, fingerprints FROM forget_payloads "
                     "ORDER BY client_id, round"
                 ).fetchall()
-                if self._has_deletion_tables()
+                if self._has_tables(DELETION_TABLES)
                 else []
             )
             models = (
@@ -469,11 +466,3 @@ class DeletionAudit(StoreHost):
             for (pid,) in ids:
                 out.update(split_fingerprints(self._evidence(pid, usable)[4]))
         return out
-
-    def _has_deletion_tables(self) -> bool:
-        with self._sqlite("reading the schema"):
-            tables: int = self._db.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
-                "('forget_calls', 'forget_payloads')"
-            ).fetchone()[0]
-        return tables == 2

@@ -39,15 +39,11 @@ import json
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedunlearn.history.digest import canonical_json
 from fedunlearn.history.store.codec import NO_CLIENT
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
+from fedunlearn.history.store.host import StoreMixin
 
 __all__ = ["CHAIN_SCHEMA", "CHAIN_TABLE", "GENESIS_PREV", "Chain", "ChainCheck", "ChainHead"]
 
@@ -158,7 +154,7 @@ class _Replay:
             self.events.append(doc["event"])
 
 
-class Chain(StoreHost):
+class Chain(StoreMixin):
     """``HistoryStore``'s chain methods (a mixin: see the module docstring)."""
 
     _chain_pending: dict[str, Any] | None = None
@@ -170,14 +166,7 @@ class Chain(StoreHost):
     def _chained(self) -> bool:
         """Whether this store keeps a chain (written since the chain existed)."""
         if self._has_chain is None:
-            with self._sqlite("reading the schema"):
-                self._has_chain = (
-                    self._db.execute(
-                        "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
-                        (CHAIN_TABLE,),
-                    ).fetchone()
-                    is not None
-                )
+            self._has_chain = self._has_tables({CHAIN_TABLE})
         return self._has_chain
 
     def _chain_reset(self) -> None:

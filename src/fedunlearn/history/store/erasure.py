@@ -15,7 +15,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
 from fedunlearn.errors import (
     ConfigError,
@@ -27,13 +27,9 @@ from fedunlearn.history.store.deletion import (
     DeletionRecord,
     prints_of,
 )
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.reconstruction import models_to_drop
 from fedunlearn.history.store.records import check_int, format_ids
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["Erasure"]
 
@@ -44,7 +40,7 @@ _AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum value
 KEPT_CLIENT_SCALARS = frozenset({"multiplicity", "estimated"})
 
 
-class Erasure(StoreHost):
+class Erasure(StoreMixin):
     """``HistoryStore``'s deleting methods (a mixin: see the module docstring)."""
 
     _usable: int | None  # the file's usable page size, read once (``_usable_page_size``)

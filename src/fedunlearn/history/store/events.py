@@ -30,19 +30,15 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.history.store.chain import EVENT_FIELDS
 from fedunlearn.history.store.codec import NO_CLIENT, shard_key
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.records import RoundEntry, format_ids
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["EVENT_SCHEMA", "EVENT_TABLES", "AppliedEvent", "Generations"]
 
@@ -135,12 +131,12 @@ def _check_trajectory(rounds: list[RoundEntry], forget_ids: list[int], kept: int
         raise ConfigError("a trajectory needs at least one round; nothing was changed")
 
 
-class Generations(StoreHost):
+class Generations(StoreMixin):
     """``HistoryStore``'s event methods (a mixin: see the module docstring)."""
 
     def events(self) -> list[AppliedEvent]:
         """Return every applied event, oldest first (none for a store without the table)."""
-        if not self._has_events_table():
+        if not self._has_tables(EVENT_TABLES):
             return []
         with self._sqlite("reading the events"):
             rows = self._db.execute(
@@ -446,12 +442,3 @@ class Generations(StoreHost):
             )
         for cid in sorted(entry.updates):
             self._insert_payload(r, "update", cid, entry.updates[cid].detach().cpu())
-
-    def _has_events_table(self) -> bool:
-        with self._sqlite("reading the schema"):
-            return (
-                self._db.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='events'"
-                ).fetchone()
-                is not None
-            )

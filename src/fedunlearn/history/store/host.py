@@ -7,8 +7,8 @@ each uses the store's connection, its helpers and some methods of the other part
 declares exactly those members, so mypy checks every call a mixin makes against one signature.
 The schema checks, the damage checks and the writer lock are composed parts instead: plain
 functions and a class with their own interfaces (``schema``, ``damage``, ``lock``).
-The mixins subclass it only under ``TYPE_CHECKING`` (at run time their base stays ``object``):
-nothing here runs.
+The mixins subclass it only under ``TYPE_CHECKING``, through ``StoreMixin`` (at run time their
+base stays ``object``): nothing here runs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fedunlearn.history.store.metadata import RunMeta
     from fedunlearn.history.store.records import ClientRecord, ForgetRecord, RoundEntry
 
-__all__ = ["StoreHost"]
+__all__ = ["StoreHost", "StoreMixin"]
 
 
 class StoreHost(Protocol):
@@ -47,6 +47,8 @@ class StoreHost(Protocol):
 
     @property
     def _has_stored_at(self) -> bool: ...
+
+    def _has_tables(self, names: Iterable[str]) -> bool: ...
 
     def _sqlite(self, action: str) -> AbstractContextManager[None]: ...
 
@@ -131,3 +133,10 @@ class StoreHost(Protocol):
     def _chain_commit(self, kind: str, **fields: Any) -> None: ...
 
     def check_chain(self, *, full: bool = True) -> ChainCheck: ...
+
+
+# The mixins' base: ``StoreHost`` for the type checker, ``object`` at run time.
+if TYPE_CHECKING:
+    StoreMixin = StoreHost
+else:
+    StoreMixin = object

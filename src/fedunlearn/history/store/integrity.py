@@ -8,23 +8,17 @@ drops the first bad round and later and retrains them).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fedunlearn.errors import HistoryCorruptError
 from fedunlearn.history.store.codec import NO_CLIENT
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.records import StoreCheck, format_ids
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["Integrity"]
 
 _CHECK_SAMPLE = 20  # problems listed by check()
 
 
-class Integrity(StoreHost):
+class Integrity(StoreMixin):
     """``HistoryStore``'s checking methods (a mixin: see the module docstring)."""
 
     def check(self, *, full: bool = True) -> StoreCheck:

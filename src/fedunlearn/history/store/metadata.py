@@ -57,8 +57,10 @@ class RunMeta(BaseModel):
         client_sizes: Client id (as text) -> its number of samples.
         history_policy: The recording policy (``history.policy``).
         history_every: Its ``every`` (the ``every`` policy's stride).
+        update_encoding: How stored updates are encoded (``history.encoding``; None: float32).
         torch_threads: Threads the training used (a continuation and unlearning reuse them).
         executor: What the executor ``auto`` resolved to.
+        device: The device the run trained on (what ``training.device: auto`` resolved to).
         wall_seconds: Training wall time so far.
         components: The user's model and data components of the run (plugins, factories).
         rounds_target: The round the run trains to (a continuation or an apply moves it).
@@ -81,8 +83,10 @@ class RunMeta(BaseModel):
     client_sizes: dict[str, StrictInt] = {}
     history_policy: str | None = None
     history_every: StrictInt | None = None
+    update_encoding: str | None = None
     torch_threads: StrictInt | None = None
     executor: str | None = None
+    device: str | None = None
     wall_seconds: float | None = None
     components: dict[str, Any] | None = None
     rounds_target: StrictInt | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,6 +23,7 @@ from fedunlearn.errors import (
     UnsupportedHistoryError,
 )
 from fedunlearn.history.store.codec import NO_CLIENT, PayloadError, decode, from_real, shard_key
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.records import (
     ClientRecord,
     ForgetRecord,
@@ -31,11 +32,6 @@ from fedunlearn.history.store.records import (
     format_ids,
 )
 from fedunlearn.history.store.schema import MODEL_KINDS
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["DroppedModelError", "Reading"]
 
@@ -49,7 +45,7 @@ class DroppedModelError(ForgottenDataError, UnsupportedHistoryError):
     """
 
 
-class Reading(StoreHost):
+class Reading(StoreMixin):
     """``HistoryStore``'s reading methods (a mixin: see the module docstring)."""
 
     def rounds(self) -> list[int]:
@@ -139,6 +135,8 @@ class Reading(StoreHost):
     def read_update(self, round: int, client_id: int) -> torch.Tensor:
         """Return the update delta ``client_id`` sent in ``round``.
 
+        A run that stores its updates in float16 (``history.encoding``) reads them as float32.
+
         Raises:
             ForgottenDataError: It was deleted by ``forget()``.
             HistoryError: It was never stored.
@@ -147,7 +145,18 @@ class Reading(StoreHost):
         row = self._payload_row("round=? AND kind='update' AND client_id=?", (round, client_id))
         if row is None:
             raise self._missing_update(round, client_id)
-        return self._decode(row)
+        update = self._decode(row)
+        if update.dtype == torch.float16 and self._encodes_updates_in_half():
+            return update.to(torch.float32)  # computed with as float32, the models' dtype
+        return update
+
+    def _encodes_updates_in_half(self) -> bool:
+        """Whether the run stores its updates in float16 (``history.encoding``; read once)."""
+        half: bool | None = getattr(self, "_half_updates", None)
+        if half is None:
+            half = self.meta.get("update_encoding") == "float16"
+            self._half_updates = half
+        return half
 
     def read_shard_model(self, round: int, shard: int) -> torch.Tensor:
         """Return shard ``shard``'s model after ``round`` (a sharded run; round 0: M_0).

@@ -17,6 +17,7 @@ from fedunlearn.history.store.events import EVENT_SCHEMA, EVENT_TABLES
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
+    "DELETION_TABLES",
     "FILE_NAME",
     "FORMAT",
     "LOCK_NAME",
@@ -28,6 +29,7 @@ __all__ = [
     "add_missing_tables",
     "check_schema",
     "full_schema",
+    "table_names",
 ]
 
 SCHEMA_VERSION = 1
@@ -87,7 +89,7 @@ CREATE TABLE forget_models (
 TABLES = frozenset({"info", "rounds", "clients", "payloads", "forget_log"})
 #: ``info`` key of the metadata's checksum (``HistoryStore.meta_problem``).
 META_SHA256_KEY = "meta_sha256"
-_DELETION_TABLES = frozenset({"forget_calls", "forget_payloads"})
+DELETION_TABLES = frozenset({"forget_calls", "forget_payloads"})
 _LEDGER_TABLES = frozenset({"payload_prints", "forget_models"})
 
 # columns a writable open adds to a store written before them (``add_missing_tables``): a
@@ -112,7 +114,8 @@ def full_schema() -> str:
     return SCHEMA + _DELETION_SCHEMA + _LEDGER_SCHEMA + EVENT_SCHEMA + CHAIN_SCHEMA
 
 
-def _tables(con: sqlite3.Connection) -> set[str]:
+def table_names(con: sqlite3.Connection) -> set[str]:
+    """Return the names of the tables ``con``'s store has."""
     return {r for (r,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
@@ -124,7 +127,7 @@ def check_schema(con: sqlite3.Connection, file: Path) -> None:
             definition is damaged.
         HistoryError: The store was written by another schema version.
     """
-    tables = _tables(con)
+    tables = table_names(con)
     info = dict(con.execute("SELECT key, value FROM info").fetchall()) if "info" in tables else {}
     if not TABLES <= tables or info.get("format") != FORMAT or "meta" not in info:
         missing = sorted(TABLES - tables) or ["format marker"]
@@ -157,8 +160,8 @@ def add_missing_tables(con: sqlite3.Connection) -> bool:
     Returns:
         Whether the clients' ``stored_at`` column was added now.
     """
-    tables = _tables(con)
-    if not _DELETION_TABLES <= tables:
+    tables = table_names(con)
+    if not DELETION_TABLES <= tables:
         con.executescript("BEGIN IMMEDIATE;" + _DELETION_SCHEMA + "COMMIT;")
     if not _LEDGER_TABLES <= tables:
         last = con.execute("SELECT max(round) FROM rounds").fetchone()[0]

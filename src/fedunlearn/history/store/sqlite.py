@@ -76,7 +76,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,7 @@ from fedunlearn.history.store.schema import (
     add_missing_tables,
     check_schema,
     full_schema,
+    table_names,
 )
 from fedunlearn.history.store.writing import Writing
 
@@ -432,14 +433,13 @@ class HistoryStore(
     def _ledger(self) -> bool:
         """Whether the store has the fingerprint ledger (``payload_prints``)."""
         if self._has_ledger is None:
-            with self._sqlite("reading the schema"):
-                self._has_ledger = (
-                    self._db.execute(
-                        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='payload_prints'"
-                    ).fetchone()
-                    is not None
-                )
+            self._has_ledger = self._has_tables({"payload_prints"})
         return self._has_ledger
+
+    def _has_tables(self, names: Iterable[str]) -> bool:
+        """Whether the store has every table of ``names`` (a store written before one lacks it)."""
+        with self._sqlite("reading the schema"):
+            return set(names) <= table_names(self._db)
 
     def _configure(self) -> None:
         con = self._db

@@ -13,7 +13,6 @@ import sqlite3
 import time
 import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,17 +20,13 @@ from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.fl.records import UpdateStatus
 from fedunlearn.history.store.codec import NO_CLIENT, encode, shard_key, to_real
 from fedunlearn.history.store.deletion import prints_of
+from fedunlearn.history.store.host import StoreMixin
 from fedunlearn.history.store.records import RoundEntry, check_int, check_tensor, format_ids
-
-if TYPE_CHECKING:  # the store's members the mixin uses, declared once (host.py)
-    from fedunlearn.history.store.host import StoreHost
-else:
-    StoreHost = object
 
 __all__ = ["Writing"]
 
 
-class Writing(StoreHost):
+class Writing(StoreMixin):
     """``HistoryStore``'s round-writing methods (a mixin: see the module docstring)."""
 
     def write_round(

@@ -70,6 +70,7 @@ def app_verification(
     run = session.run_view
     malicious = run.malicious
     details = result.details
+    claimed = result.claims()
     evidence = Evidence(
         row=_row(session, result.params),
         controls=Controls(original=_row(session, run.final_params)),
@@ -84,10 +85,10 @@ def app_verification(
         ),
         claims=Claims(
             bound=details.certified_bound() if details is not None else None,
-            warnings=tuple(getattr(details, "warnings", ()) or ()),
+            warnings=claimed.warnings,
             warnings_available=details is not None,
             lineage=result.lineage,
-            assumptions=tuple(getattr(details, "assumptions", ()) or ()),
+            assumptions=claimed.assumptions,
         ),
         deletion=deletion_evidence(run.store, request.forget),
     )

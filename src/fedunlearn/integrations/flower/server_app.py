@@ -43,7 +43,7 @@ from fedunlearn.config import RunConfig, dump_config, load_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.experiments.lifecycle import save_for_apply
 from fedunlearn.fl.federation import Federation
-from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy
+from fedunlearn.history.policy import DeferredPolicy, RecordingPolicy, update_dtype_of
 from fedunlearn.history.store import HistoryStore, RoundEntry
 from fedunlearn.integrations.flower.driver import (
     FlowerClients,
@@ -70,6 +70,7 @@ from fedunlearn.runs import (
     resolve_config,
 )
 from fedunlearn.runs.setup import sampler_of
+from fedunlearn.runs.train import federation_meta
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 MODES = ("train", "unlearn", "continue")
@@ -269,19 +270,7 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
     started = time.perf_counter()
     setup = build_setup(config)
     fed = setup.federation
-    store = HistoryStore.create(
-        history_dir,
-        meta={
-            "config": config.model_dump(mode="json"),
-            "malicious": sorted(fed.malicious),
-            "num_params": fed.num_params,
-            "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
-            "history_policy": config.history.policy,
-            "history_every": config.history.every,
-            # the server's threads: unlearning and a replay of it run at the same count
-            "torch_threads": torch.get_num_threads(),
-        },
-    )
+    store = HistoryStore.create(history_dir, meta=federation_meta(config, fed))
     try:
         store.write_round(
             RoundEntry(
@@ -308,7 +297,9 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             sampler=sampler_of(config),
             evaluate=setup.evaluate,
             observers=[
-                MissingAwareRecorder(store, policy, clients.missing),
+                MissingAwareRecorder(
+                    store, policy, clients.missing, update_dtype_of(config.history.encoding)
+                ),
                 MetricsWriter(run_dir / METRICS_FILE),
             ],
         )

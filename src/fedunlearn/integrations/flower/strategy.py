@@ -82,6 +82,7 @@ class MissingAwareRecorder(HistoryRecorder):
         store: The run's history store.
         policy: The recording policy (per-round or deferred, e.g. Crab's).
         missing: ``{round: {client_id: reason}}``, filled by ``FlowerClients``.
+        update_dtype: The dtype stored updates are encoded in (``history.encoding``).
     """
 
     def __init__(
@@ -89,8 +90,10 @@ class MissingAwareRecorder(HistoryRecorder):
         store: HistoryStore,
         policy: RecordingPolicy | DeferredPolicy,
         missing: Mapping[int, Mapping[int, str]],
+        update_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(_MissingStore(store, missing), policy)  # type: ignore[arg-type]
+        missing_store = _MissingStore(store, missing)
+        super().__init__(missing_store, policy, update_dtype=update_dtype)  # type: ignore[arg-type]
 
 
 class _Uploads(ClientsWrapper):

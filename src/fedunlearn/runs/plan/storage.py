@@ -8,6 +8,9 @@ updates are kept (``history.policy``, fedunlearn.history.policy):
     every:  (R_k n + 2 R) P 4 + P 4        (R_k = ceil(R / k): rounds 1, 1 + k, 1 + 2k, ...)
     none:   (2 R + 1) P 4
 
+With ``history.encoding: float16`` each update takes P 2 bytes instead of P 4 (global models
+and aggregates stay float32; an update float16 cannot hold, one with a value beyond 65,504, is
+kept in float32, so the figure is then a lower bound).
 n is the expected number of distinct clients per round (``participation``: exactly
 max(1, ceil(p M)); ``tv_stable``: M (1 - (1 - 1/M)^K), so the figure is an expectation).
 Selective policies installed by plugins (Crab's windows, FedADP's stages) keep a subset that
@@ -51,6 +54,7 @@ def predict_storage(
     num_params: int,
     every: int = 1,
     expectation: bool = False,
+    update_bytes: int = FLOAT_BYTES,
 ) -> StoragePrediction:
     """Predict the store's payload bytes (module docstring).
 
@@ -61,6 +65,7 @@ def predict_storage(
         num_params: P.
         every: k of policy ``every``.
         expectation: n is an expectation (tv_stable draws), not a count.
+        update_bytes: Bytes a stored update value takes (2 with ``history.encoding: float16``).
     """
     model = num_params * FLOAT_BYTES
     if policy == "none":
@@ -69,7 +74,8 @@ def predict_storage(
         kept_rounds = math.ceil(rounds / every)
     else:  # all, and the bound for a selective policy
         kept_rounds = rounds
-    total = (2 * rounds + 1) * model + kept_rounds * updates_per_round * model
+    update = num_params * update_bytes
+    total = (2 * rounds + 1) * model + kept_rounds * updates_per_round * update
     return StoragePrediction(
         policy=policy,
         payload_bytes=int(round(total)),

@@ -39,7 +39,9 @@ Deviations (tags of docs/methods/baselines.md, where each is argued):
     FR5 tau: tau_t is the (floor(alpha N_t) + 1)-th largest |coordinate| of the remaining
     participants' stored updates of round t (N_t coordinates), found by a running top-k over one
     update at a time; tau = max_t tau_t over rounds 1..T. It is computed only when some round is
-    estimated and abnormality fixing is on and no ``tau`` override is given.
+    estimated and abnormality fixing is on and no ``tau`` override is given. Where the records
+    carry each update's largest |coordinate| (``MAX_ABS_KEY``), only the updates that can hold
+    one of the k largest values are read (at most k a round; same tau_t bit for bit).
     FR6 an estimate with a non-finite coordinate is abnormal whatever tau is.
     FR7 buffers: ``paired`` (default) keeps per client the newest s pairs ``(dw_t, dg_i_t)``; an
     exact round pushes the shared ``dw_t`` (one tensor, not copied) into every participant's
@@ -54,7 +56,8 @@ Deviations (tags of docs/methods/baselines.md, where each is argued):
     stored update is used as it is, with or without pairs.
     FR10 stored updates and global models are read only when used: exact rounds after the last
     estimated round need no pairs, so T_c = 1 costs exactly what Retrain costs. The tau pass
-    reads every remaining participant's stored update once more (history bytes read ~double).
+    reads at most k updates a round (FR5); on a run recorded without ``MAX_ABS_KEY``, every
+    remaining participant's stored update once more (history bytes read ~double).
     FR11 costs: ``estimated_updates`` counts the estimates that entered an aggregate; an
     estimate replaced by an exact update (abnormal, or no pair) counts as a client request only.
     FR12 multi-step local training: the "Hessian" is the Jacobian of the local-update map and
@@ -64,11 +67,12 @@ Deviations (tags of docs/methods/baselines.md, where each is argued):
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,6 +82,7 @@ from pydantic import Field, field_validator
 from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.engine import screen_update
+from fedunlearn.history.policy import MAX_ABS_KEY
 from fedunlearn.linalg.lbfgs import (
     CompactBFGS,
     GuardCounts,
@@ -89,6 +94,7 @@ from fedunlearn.linalg.lbfgs import (
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
+from fedunlearn.unlearn.replay import records_describe_stored_updates
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
 
 __all__ = ["FedRecover", "FedRecoverParams", "Schedule", "kth_largest_abs", "round_thresholds"]
@@ -213,7 +219,10 @@ def kth_largest_abs(chunks: Iterable[torch.Tensor], k: int, total: int) -> float
 
 
 def round_thresholds(
-    context: UnlearnContext, participants: Mapping[int, Sequence[int]], alpha: float
+    context: UnlearnContext,
+    participants: Mapping[int, Sequence[int]],
+    alpha: float,
+    maxima: Mapping[int, Mapping[int, float]] | None = None,
 ) -> dict[int, float]:
     """Return tau_t per round: at most a fraction alpha of |coordinates| exceeds it (FR5).
 
@@ -221,6 +230,10 @@ def round_thresholds(
         context: The unlearning context (stored updates are read through its metered history).
         participants: Round -> remaining participants whose stored updates form the pool.
         alpha: Tolerance rate.
+        maxima: Round -> client -> the recorded ||update||_inf (``MAX_ABS_KEY``), where the
+            recorder kept it. A round whose participants all have one reads only the updates
+            that can hold one of the k largest values (``_kth_largest_abs_of``); other rounds
+            read every update (a run recorded before the statistic existed).
 
     Returns:
         Round -> tau_t, for rounds with at least one participant.
@@ -232,9 +245,43 @@ def round_thresholds(
             continue
         total = len(ids) * p
         k = math.floor(alpha * total) + 1
+        known = (maxima or {}).get(round_, {})
+        if k <= p and all(cid in known for cid in ids):
+            read = functools.partial(context.history.read_update, round_)
+            out[round_] = _kth_largest_abs_of(read, {cid: known[cid] for cid in ids}, k)
+            continue
         updates = (context.history.read_update(round_, cid) for cid in ids)
         out[round_] = kth_largest_abs(updates, k, total)
     return out
+
+
+def _kth_largest_abs_of(
+    read: Callable[[int], torch.Tensor], maxima: Mapping[int, float], k: int
+) -> float:
+    """Return the k-th largest |x| over the updates of ``maxima``'s clients, reading few of them.
+
+    Reads the updates in decreasing order of their recorded largest |x| and stops once the k
+    largest values read so far are all at least the next update's largest |x|: no unread value
+    can displace them. The answer is one value of the multiset, so it equals
+    ``kth_largest_abs`` over all updates, bit for bit, whatever the reading order. At
+    FedRecover's k (2 for 10 MLP updates) this reads at most k updates a round.
+
+    Args:
+        read: Client id -> its stored update.
+        maxima: Client id -> its update's recorded ||update||_inf (finite).
+        k: Rank, 1-based, at most one update's size.
+    """
+    candidates: torch.Tensor | None = None
+    for cid in sorted(maxima, key=lambda c: (-maxima[c], c)):
+        if candidates is not None and candidates.numel() == k:
+            if maxima[cid] <= float(candidates.min()):
+                break  # this update and every later one: no |x| above the k-th largest
+        values = read(cid).detach().reshape(-1).abs()
+        pool = values if candidates is None else torch.cat((candidates, values))
+        candidates = pool.topk(min(k, pool.numel()), sorted=False).values
+    if candidates is None or candidates.numel() < k:
+        return 0.0
+    return float(candidates.min())
 
 
 class _PairedBuffers:
@@ -414,8 +461,19 @@ class FedRecover(Unlearner[FedRecoverParams]):
         )
         return (context.num_rounds + updates) * context.clients.num_params * 4
 
-    def _participants(self, context: UnlearnContext) -> dict[int, list[int]]:
-        """Return round -> sorted remaining participants; raise if a stored update is missing."""
+    def _participants(
+        self, context: UnlearnContext
+    ) -> tuple[dict[int, list[int]], dict[int, dict[int, float]]]:
+        """Return round -> sorted remaining participants, and their recorded ||update||_inf.
+
+        The second map holds, per round, the clients whose record carries a finite
+        ``MAX_ABS_KEY`` (a run recorded before it existed has none, and a run whose stored
+        updates are rounded copies gives none: tau reads every update).
+
+        Raises:
+            UnsupportedHistoryError: a global model or a remaining participant's update is
+                missing.
+        """
         history = context.history
         remaining = set(context.clients.client_ids)
         missing_rounds = sorted(set(range(context.num_rounds + 1)) - set(history.rounds()))
@@ -425,15 +483,24 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 f"rounds {missing_rounds[:10]} are not in the history. Complete the run first."
             )
         participants: dict[int, list[int]] = {}
+        maxima: dict[int, dict[int, float]] = {}
+        exact_copies = records_describe_stored_updates(context)  # no float16 encoding
         missing: list[tuple[int, int]] = []
         for r in range(1, context.num_rounds + 1):
-            ids = sorted(
-                rec.client_id
-                for rec in history.client_records(r)
+            records = [
+                rec
+                for rec in history.client_records(r)  # by client id
                 if rec.status == "accepted" and rec.client_id in remaining
-            )
-            missing += [(r, cid) for cid in ids if not history.has_update(r, cid)]
-            participants[r] = ids
+            ]
+            missing += [(r, rec.client_id) for rec in records if not rec.stored]
+            participants[r] = [rec.client_id for rec in records]
+            maxima[r] = {
+                rec.client_id: float(value)
+                for rec in records
+                if exact_copies
+                and isinstance(value := rec.scalars.get(MAX_ABS_KEY), float)
+                and math.isfinite(value)
+            }
         if missing:
             shown = ", ".join(f"round {r} client {c}" for r, c in missing[:5])
             raise UnsupportedHistoryError(
@@ -441,7 +508,7 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 f"missing ({shown}{', ...' if len(missing) > 5 else ''}), e.g. deleted by "
                 "forget(). Record with history.policy=all and keep the updates."
             )
-        return participants
+        return participants, maxima
 
     def _exact(
         self,
@@ -466,7 +533,11 @@ class FedRecover(Unlearner[FedRecoverParams]):
         return out
 
     def _tau(
-        self, context: UnlearnContext, participants: Mapping[int, Sequence[int]], estimates: bool
+        self,
+        context: UnlearnContext,
+        participants: Mapping[int, Sequence[int]],
+        maxima: Mapping[int, Mapping[int, float]],
+        estimates: bool,
     ) -> tuple[float, dict[int, float]]:
         """FR5: tau = max_t tau_t (and tau_t per round), only if some estimate could be tested."""
         p = self.params
@@ -474,7 +545,7 @@ class FedRecover(Unlearner[FedRecoverParams]):
             return math.inf, {}
         if p.tau is not None:
             return p.tau, {}
-        per_round = round_thresholds(context, participants, p.alpha)
+        per_round = round_thresholds(context, participants, p.alpha, maxima)
         return max(per_round.values(), default=math.inf), per_round
 
     def _estimated_round(
@@ -524,7 +595,8 @@ class FedRecover(Unlearner[FedRecoverParams]):
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         p = self.params
         history, num_rounds = context.history, context.num_rounds
-        participants = self._participants(context)  # before any client work or payload read
+        # before any client work or payload read
+        participants, maxima = self._participants(context)
         schedule = Schedule.clamped(p, num_rounds)
         estimated_rounds = [r for r in range(1, num_rounds + 1) if not schedule.is_exact(r)]
         last_estimated = max(estimated_rounds, default=0)
@@ -534,7 +606,7 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 f"s={p.buffer_size} (paper); the first estimates use fewer pairs",
                 stacklevel=3,
             )
-        tau, tau_per_round = self._tau(context, participants, bool(estimated_rounds))
+        tau, tau_per_round = self._tau(context, participants, maxima, bool(estimated_rounds))
         counts = GuardCounts()
         state = _Replay(
             tau,

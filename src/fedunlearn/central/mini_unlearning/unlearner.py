@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedunlearn.central.base import CentralUnlearner, Outcome
 from fedunlearn.central.hvp import ExactOracle, ExplicitOracle, HessianOracle, LBFGSOracle
 from fedunlearn.central.objectives import Objective
-from fedunlearn.central.recursion import step_view, unroll_explicit, unroll_horner, unroll_terms
+from fedunlearn.central.recursion import Engine, step_view, unroll
 from fedunlearn.central.registry import register
 from fedunlearn.central.trainer import TrainingRecord, forget_mask
 from fedunlearn.errors import UnsupportedHistoryError
@@ -61,7 +61,7 @@ class MiniUnlearningParams(BaseModel):
     k: int = Field(10, ge=1)
     k_unit: Literal["steps", "passes", "all"] = "steps"
     hvp: Literal["exact", "lbfgs", "explicit"] = "exact"
-    engine: Literal["horner", "terms", "explicit"] = "horner"
+    engine: Engine = "horner"
     lbfgs_history: int = Field(2, ge=1)
     secants: Literal["same_sample", "cross_batch"] = "same_sample"
     workers: int = Field(2, ge=1)
@@ -120,13 +120,15 @@ class MiniUnlearning(CentralUnlearner):
         )
         stored = record.corrections if paper_mode else {}
         oracle = self._oracle(objective, record, mask)
-        kwargs = {"stored": stored, "shortcut": p.shortcut}
-        if p.engine == "horner":
-            delta = unroll_horner(objective, views, oracle, **kwargs)
-        elif p.engine == "terms":
-            delta = unroll_terms(objective, views, oracle, **kwargs)
-        else:
-            delta = unroll_explicit(objective, views, oracle, workers=p.workers, **kwargs)
+        delta = unroll(
+            objective,
+            views,
+            oracle,
+            engine=p.engine,
+            workers=p.workers,
+            stored=stored,
+            shortcut=p.shortcut,
+        )
         forgotten = sum(len(v.forgotten) for v in views)
         retained = sum(len(v.retained) for v in views)
         evals = forgotten + retained * max(oracle.products, 1) // max(len(views), 1)

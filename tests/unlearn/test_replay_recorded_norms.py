@@ -1,0 +1,102 @@
+"""Calibrated replay takes ||stored delta|| from the records, not by reading each update (issue 35).
+
+The recorder computes a client record's norm from the tensor it stores, so FedEraser's and
+Crab's whole-vector calibration needs no payload read: these tests check the replay is bit for
+bit the one that reads every update (a store whose records carry no norm), and reads less.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fedunlearn.history.store import HistoryStore
+from fedunlearn.runs import HISTORY_DIR
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method, replay
+from fedunlearn.unlearn.replay import (
+    calibrate,
+    calibrate_to,
+    recorded_norms,
+    records_describe_stored_updates,
+)
+
+FORGET = UnlearnRequest.of([1])
+
+
+@pytest.mark.slow  # a run and four sessions (about 10 s on a busy 2-core box)
+@pytest.mark.parametrize("method", ["federaser", "crab"])
+def test_replay_with_recorded_norms_is_bit_identical_and_reads_no_calibration_update(
+    convex_run, method, monkeypatch
+):
+    with UnlearnSession(convex_run, evaluate=False) as session:
+        new = session.run(make_method(method), FORGET)
+        # a store whose records carry no norm: every calibration reads the stored update
+        monkeypatch.setattr(replay, "recorded_norms", lambda context, round_: {})
+        old = session.run(make_method(method), FORGET)
+    assert new.params.numpy().tobytes() == old.params.numpy().tobytes()
+    assert new.costs.client_epochs == old.costs.client_epochs
+    assert new.trajectory is not None
+    assert old.trajectory is not None
+    assert len(new.trajectory.rounds) == len(old.trajectory.rounds)
+    for a, b in zip(new.trajectory.rounds, old.trajectory.rounds, strict=True):
+        assert torch.equal(a.global_model, b.global_model)
+        assert a.updates.keys() == b.updates.keys()
+        assert all(torch.equal(a.updates[c], b.updates[c]) for c in a.updates)
+        assert a.clients == b.clients
+    calibrated = sum(len(r.updates) for r in new.trajectory.rounds)
+    with HistoryStore.open(convex_run / HISTORY_DIR) as store:
+        p = store.read_model(0).numel()
+    # before: one read of every calibrated client's stored update
+    saved = old.costs.history_bytes_read - new.costs.history_bytes_read
+    assert saved >= calibrated * p * 4 // 2 > 0
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-13, 0.5, 3.0])
+def test_calibrate_to_a_given_norm_equals_calibrate_bit_for_bit(scale):
+    g = torch.Generator().manual_seed(7)
+    stored, fresh = torch.randn(257, generator=g), torch.randn(257, generator=g) * scale
+    assert torch.equal(calibrate_to(float(stored.norm()), fresh), calibrate(stored, fresh))
+
+
+@pytest.mark.parametrize(
+    ("encoding", "exact"), [(None, True), ("float32", True), ("float16", False)]
+)
+def test_records_stand_for_the_stored_updates_only_when_those_are_not_rounded(encoding, exact):
+    record = SimpleNamespace(client_id=4, stored=True, status="accepted", norm=2.5)
+    history = SimpleNamespace(
+        meta={} if encoding is None else {"update_encoding": encoding},
+        client_records=lambda round_: [record],
+    )
+    context = SimpleNamespace(history=history)
+    assert records_describe_stored_updates(context) is exact
+    # a float16 store's update differs from the float32 delta the record's norm was taken of
+    assert recorded_norms(context, 1) == ({4: 2.5} if exact else {})
+
+
+@pytest.mark.slow  # trains a run (about 3 s)
+def test_a_float16_store_reads_its_rounded_copies_not_the_records(tmp_path, monkeypatch):
+    """history.encoding float16: the records describe the float32 deltas, not the stored copies."""
+    from fedunlearn.config import HistoryConfig, parse_config
+    from fedunlearn.runs import train_run
+
+    if "encoding" not in HistoryConfig.model_fields:
+        pytest.skip("this tree has no history.encoding")
+    run = {
+        "seed": 3,
+        "data": {"dataset": "digits", "num_clients": 4},
+        "model": {"name": "logreg"},
+        "training": {"rounds": 6, "local_epochs": 1, "lr": 0.3, "batch_size": 64},
+        "history": {"policy": "all", "encoding": "float16"},
+    }
+    train_run(parse_config(run), tmp_path / "run")
+    with UnlearnSession(tmp_path / "run", evaluate=False) as session:
+        gated = session.run(make_method("federaser"), FORGET).params
+        context = session.context(FORGET)
+        _, maxima = make_method("fedrecover")._participants(context)
+        # the records taken for the stored copies: a different model, so they must not be
+        monkeypatch.setattr(replay, "records_describe_stored_updates", lambda context: True)
+        forced = session.run(make_method("federaser"), FORGET).params
+    assert not torch.equal(gated, forced)
+    assert maxima == {r: {} for r in range(1, 7)}  # tau reads every stored (rounded) copy
