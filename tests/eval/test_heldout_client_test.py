@@ -136,7 +136,7 @@ def test_the_receipt_option_costs_only_the_continued_controls(trained, tmp_path)
 
 
 @pytest.mark.slow
-def test_the_detection_limit_steps_from_a_control_off_the_tests_anchor(trained, tmp_path):
+def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, tmp_path):
     # anchored on Retrain, the score is scale-free on Retrain's own line: a limit measured there
     # claimed the smallest step (0.05), and one from Retrain continued 0.05 or 0.1 on the
     # quickstart, where an exact retrain plus 0.1 of the offset was not flagged
