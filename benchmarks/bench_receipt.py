@@ -6,14 +6,16 @@ are fewer clients than requests), each in its own session as ``fedunlearn unlear
 (``session.run(make_method("retrain"))``), then the receipt of a model with the receipt options
 of the calibration (``ReceiptOptions("retrain")``, Retrain given: it is not the receipt's cost)
 and the client-level test's references from ``--references``: ``per_request`` (trained for each
-request) or ``shared`` (trained once per run generation, read from the run directory by the
-later requests: ``eval.mia.shared_references``). The receipt's own cost is ``Receipts.cost``:
-every reference it trained (the client test's, the continued controls) in client epochs (exact,
-load-independent) and wall seconds. It prints each request's figures, the first request's and
-the later ones' apart, and the mean over the requests against Retrain's. One torch thread.
+request), ``shared`` (trained once per run generation, read from the run directory by the
+later requests: ``eval.mia.shared_references``) or ``held_out`` (none: a null from the run's
+test examples, Retrain as anchor: ``eval.mia.heldout``). The receipt's own cost is
+``Receipts.cost``: every reference it trained (the client test's, the continued controls) in
+client epochs (exact, load-independent) and wall seconds. It prints each request's figures, the
+first request's and the later ones' apart, and the mean over the requests against Retrain's. One
+torch thread.
 
     nice -n 10 python benchmarks/bench_receipt.py [--config configs/digits_quickstart.yaml]
-        [--requests 10] [--references shared|per_request]
+        [--requests 10] [--references shared|per_request|held_out]
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=REPO / "configs/digits_quickstart.yaml")
     parser.add_argument("--requests", type=int, default=10)
-    parser.add_argument("--references", choices=("shared", "per_request"), default="shared")
+    parser.add_argument(
+        "--references", choices=("shared", "per_request", "held_out"), default="shared"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -31,7 +31,7 @@ false-fail rate (clean and ``remains``) and whether every ``not_detected`` mixtu
 limit its receipt states. One torch thread.
 
     nice -n 10 python reproductions/verification/negative_controls.py --seeds 0 1 2 [--markers]
-        [--client-test-references shared]
+        [--client-test-references shared|held_out] [--off-line]
 
 ``--config`` runs another setting the same way, e.g. the MNIST CNN (reduced for a CPU:
 ``reproductions/verification/mnist_cnn_small.yaml``, with ``--data-dir`` naming the folder of
@@ -66,6 +66,9 @@ from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 REPO = Path(__file__).resolve().parents[2]
+# --off-line: an exact retrain with other batch orders plus lambda (original - Retrain), a
+# contaminated model off Retrain's own line (where a test anchored on Retrain is scale-free)
+OFF_LINE = (0.1, 0.3, 0.5)
 CONTAMINATED = (
     "noise 1e-6",
     "noise 1e-3",
@@ -77,6 +80,7 @@ CONTAMINATED = (
     "mixture 0.3",
     "fine-tuned",
     "crab paper (warned)",
+    *(f"mixture {lam:g} off-line" for lam in OFF_LINE),
 )
 CLEAN = (
     "retrain",
@@ -108,7 +112,9 @@ def half_rounds_retrain(
     return trained[0].to(torch.float32)
 
 
-def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> dict:
+def models_of(
+    session: UnlearnSession, request: UnlearnRequest, seed: int, off_line: bool = False
+) -> dict:
     """Return the judged models of one request, Retrain's result and the request's verifier."""
     retrain = session.run(make_method("retrain"), request)
     original = session.run_view.final_params
@@ -159,16 +165,24 @@ def models_of(session: UnlearnSession, request: UnlearnRequest, seed: int) -> di
         "retrain, half the rounds": half_rounds_retrain(session, request, seed),
         "retrain, another M_0": retrain_from_another_start(session, request, seed),
     }
+    if off_line:
+        gap = original - retrain.params
+        models |= {f"mixture {lam:g} off-line": others[0] + lam * gap for lam in OFF_LINE}
     return {"models": models, "retrain": retrain}
 
 
 def verdicts(
-    run: Path, forget: list[int], kind: str, seed: int, references: str = "per_request"
+    run: Path,
+    forget: list[int],
+    kind: str,
+    seed: int,
+    references: str = "per_request",
+    off_line: bool = False,
 ) -> dict[str, str]:
     """Return model label -> the receipt's influence verdict (and its checks') for a request."""
     request = UnlearnRequest.of(forget, kind)
     with UnlearnSession(run, evaluate=False) as session:
-        built = models_of(session, request, seed)
+        built = models_of(session, request, seed, off_line)
         retrain = built["retrain"]
         # the client-level test's budget is raised so a loaded machine still trains all 8
         # references (the default 300 s cuts them short, and the test then says it cannot tell)
@@ -198,12 +212,17 @@ def verdicts(
 
 
 def _limit_holds(label: str, verdict: str) -> bool | None:
-    """For a mixture judged not_detected: whether its lambda lies below the stated limit."""
+    """For a mixture judged not_detected: whether its lambda lies below the stated limit.
+
+    None for another model, or when the receipt states no limit.
+    """
     if not label.startswith("mixture ") or not verdict.startswith("not_detected"):
         return None
     lam = float(label.split()[1])
     stated = verdict.split()[1]
-    return stated.startswith("lambda=") and float(stated.split("=")[1]) > lam
+    if not stated.startswith("lambda="):
+        return None  # the receipt states no limit (held_out): it promises none
+    return float(stated.split("=")[1]) > lam
 
 
 def main() -> None:
@@ -222,9 +241,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
         "--client-test-references",
-        choices=("per_request", "shared"),
+        choices=("per_request", "shared", "held_out"),
         default="per_request",
-        help="the client-level test's references: per request, or shared by the run's requests",
+        help="the client-level test's references: per request, shared by the run's requests, "
+        "or none (held_out: a null from the test set)",
+    )
+    parser.add_argument(
+        "--off-line",
+        action="store_true",
+        help="also judge an exact retrain plus lambda (original - Retrain), lambda 0.1, 0.3, 0.5",
     )
     parser.add_argument(
         "--only",
@@ -259,7 +284,9 @@ def main() -> None:
             for name, forget, kind in requests:
                 if args.only and name not in args.only:
                     continue
-                found = verdicts(run, forget, kind, seed, args.client_test_references)
+                found = verdicts(
+                    run, forget, kind, seed, args.client_test_references, args.off_line
+                )
                 for label, verdict in found.items():
                     row = (seed, f"{name} {forget}" if name != "honest 0" else name, label, verdict)
                     rows.append(row)

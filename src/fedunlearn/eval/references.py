@@ -51,8 +51,9 @@ __all__ = [
 
 REFERENCES = ("original", "retrain")
 #: Where the client-level test's references come from: trained for each request, or once per
-#: run generation and shared by its requests (``eval.mia.shared_references``).
-CLIENT_TEST_REFERENCES = ("per_request", "shared")
+#: run generation and shared by its requests (``eval.mia.shared_references``), or none: a null
+#: from the run's held-out test examples (``eval.mia.heldout``).
+CLIENT_TEST_REFERENCES = ("per_request", "shared", "held_out")
 #: The receipt's DP Retrain reference draws its noise and batches under this name
 #: (``UnlearnContext.release_noise_salt``): never the run's rounds' draws, nor a release's.
 REFERENCE_SALT = "receipt_reference"
@@ -123,6 +124,11 @@ class DPRetrainDetails(Details):
 
 
 CONTINUED_ROUNDS = 5  # rounds the clean control trains beyond Retrain
+#: Why a receipt with the held-out client test states no detection limit (docs/verification.md)
+HELD_OUT_LIMIT = (
+    "not measured: the held-out client test is anchored on Retrain, so steps from Retrain or "
+    "its continuations understate what it misses in a model off Retrain's own line"
+)
 CLEAN_PATH_POINTS = 6  # Retrain's earlier global models kept as clean, less-trained controls
 
 
@@ -194,6 +200,7 @@ class ClientTest:
         cost_client_epochs: Client epochs of the same.
         shared: With shared references, their one-time cost and whether this request read
             them from the run directory (``cached``); None with per-request references.
+        limit_reason: Why the receipt states no detection limit, or None (it is measured).
     """
 
     score: Callable[[Mapping[str, torch.Tensor]], ClientMembershipEvidence]
@@ -202,6 +209,7 @@ class ClientTest:
     cost_seconds: float
     cost_client_epochs: float
     shared: Mapping[str, object] | None = None
+    limit_reason: str | None = None
 
     def __call__(self, params: torch.Tensor) -> ClientMembershipEvidence:
         """Score ``params`` (the candidate) beside the original and the clean controls."""
@@ -235,13 +243,17 @@ def client_membership_check(
     ``references="shared"`` calibrates on the run generation's shared references
     (``eval.mia.shared_references``: trained by the first request, read from the run directory
     by the later ones), and falls back to the per-request references for a request the shared
-    set cannot test; ``step`` is told which shared reference trains.
+    set cannot test; ``step`` is told which shared reference trains. ``references="held_out"``
+    trains no reference: its null is the run's test examples, Retrain its anchor
+    (``eval.mia.heldout``); where the split gives no such null (``heldout.exchangeable``) it
+    falls back to the per-request references and says why in the test's ``notes["held_out"]``.
 
     Returns:
         The fitted test: ``Verifier(client_membership=...)`` calls it per model, and its
         cost (the references, plus a Retrain and its continued controls when trained here).
     """
     from fedunlearn.eval.mia import fit_client_membership
+    from fedunlearn.eval.mia.heldout import held_out_client_test
     from fedunlearn.eval.mia.shared_references import shared_client_test
 
     if references not in CLIENT_TEST_REFERENCES:
@@ -251,13 +263,22 @@ def client_membership_check(
         )
     started = time.perf_counter()
     budget: dict[str, Any] = {} if max_seconds is None else {"max_seconds": max_seconds}
-    test = None
+    epochs = 0.0
+    base = retrain
+    if base is None and references == "held_out":  # its anchor (otherwise trained after)
+        base = session.run(make_method("retrain"), request)
+        epochs += base.costs.client_epochs
+    test: Any = None
+    why = ""
+    if base is not None and references == "held_out":
+        test, why = held_out_client_test(session, sorted(request.forget), base.params)
     if references == "shared":
         test = shared_client_test(session, sorted(request.forget), seed=seed, step=step, **budget)
     if test is None:
         test = fit_client_membership(session, sorted(request.forget), seed=seed, **budget)
-    epochs = float(test.cost_client_epochs)
-    base = retrain
+        if why:
+            test.notes["held_out"] = f"not applicable ({why}): references trained per request"
+    epochs += float(test.cost_client_epochs)
     if base is None:
         base = session.run(make_method("retrain"), request)
         epochs += base.costs.client_epochs
@@ -273,6 +294,7 @@ def client_membership_check(
         time.perf_counter() - started,
         epochs,
         test.notes.get("shared_references"),  # type: ignore[arg-type]
+        HELD_OUT_LIMIT if test.notes.get("references") == "held_out" else None,
     )
 
 

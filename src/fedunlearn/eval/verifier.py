@@ -339,6 +339,10 @@ class Verifier:
         """
         if self._limit is not None:
             return self._limit
+        why = getattr(self.client_membership, "limit_reason", None)
+        if why:  # a client test that says steps from the clean models understate what it misses
+            self._limit = {"lambda": None, "reason": why}
+            return self._limit
         clean, name = self._clean_end()
         if clean is None:
             self._limit = {

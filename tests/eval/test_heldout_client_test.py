@@ -1,0 +1,152 @@
+"""The client-level test with a null from held-out data: no reference trained (issue 34)."""
+
+import math
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from fedunlearn.config import parse_config
+from fedunlearn.errors import ConfigError
+from fedunlearn.eval import ReceiptOptions, open_receipts
+from fedunlearn.eval.mia.heldout import exchangeable, held_out_client_test, held_out_z
+from fedunlearn.eval.references import (
+    CONTINUED_ROUNDS,
+    HELD_OUT_LIMIT,
+    client_membership_check,
+)
+from fedunlearn.fl.client import local_update
+from fedunlearn.runs import train_run
+from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+
+TINY = {
+    "seed": 3,
+    "data": {"dataset": "digits", "num_clients": 6},
+    "model": {"name": "mlp", "hidden": [16]},
+    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.1, "batch_size": 64},
+    "attack": {"kind": "label_flip", "num_malicious": 1},
+    "history": {"policy": "all"},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("held_out") / "run"
+    train_run(parse_config(TINY), out)
+    return out
+
+
+def _honest(session: UnlearnSession) -> int:
+    return min(set(session.federation.client_ids) - session.federation.malicious)
+
+
+def test_z_is_zero_for_the_anchor_and_grows_with_a_shift_on_the_clients_only():
+    rng = np.random.default_rng(0)
+    y_c, y_t = rng.integers(0, 3, 120), rng.integers(0, 3, 300)
+    assert held_out_z(np.zeros(120), y_c, np.zeros(300), y_t) == 0.0
+    noise_c, noise_t = rng.normal(0, 1, 120), rng.normal(0, 1, 300)
+    assert abs(held_out_z(noise_c, y_c, noise_t, y_t)) < 3.0
+    assert held_out_z(noise_c + 1.0, y_c, noise_t, y_t) > 6.0
+    assert math.isnan(held_out_z(noise_c, y_c, noise_t, y_t + 10))  # no class in common
+    assert math.isnan(held_out_z(noise_c * np.nan, y_c, noise_t, y_t))
+
+
+def test_z_compares_within_classes_so_label_skew_alone_is_not_a_flag():
+    # class 1 has a higher d for every model; the clients hold mostly class 1 (label skew)
+    rng = np.random.default_rng(1)
+    y_c = np.array([1] * 100 + [0] * 20)
+    y_t = np.array([1] * 150 + [0] * 150)
+    d_c = rng.normal(0, 0.1, 120) + 2.0 * (y_c == 1)
+    d_t = rng.normal(0, 0.1, 300) + 2.0 * (y_t == 1)
+    assert abs(held_out_z(d_c, y_c, d_t, y_t)) < 3.0
+    pooled = (d_c.mean() - d_t.mean()) / math.sqrt(d_c.var() / 120 + d_t.var() / 300)
+    assert pooled > 5.0  # an unstratified comparison would flag the skew
+
+
+def test_an_attacker_or_a_shard_split_has_no_exchangeable_null(trained, tmp_path):
+    with UnlearnSession(trained, evaluate=False) as session:
+        attacker = min(session.federation.malicious)
+        honest = _honest(session)
+        assert exchangeable(session, frozenset({honest})) is None
+        assert "attack" in (exchangeable(session, frozenset({attacker})) or "")
+        test, why = held_out_client_test(session, [attacker], session.run_view.final_params)
+        assert test is None
+        assert "attack" in why
+        with pytest.raises(ConfigError):
+            held_out_client_test(session, [], session.run_view.final_params)
+    shards = tmp_path / "shards"
+    train_run(parse_config({**TINY, "data": {**TINY["data"], "partition": "shards"}}), shards)
+    with UnlearnSession(shards, evaluate=False) as session:
+        assert "partition" in (exchangeable(session, frozenset({_honest(session)})) or "")
+
+
+def test_retrain_scores_zero_and_a_model_tuned_on_the_client_is_flagged(trained):
+    with UnlearnSession(trained, evaluate=False) as session:
+        client = _honest(session)
+        request = UnlearnRequest.of([client])
+        retrain = session.run(make_method("retrain"), request)
+        tuned = (
+            retrain.params
+            + local_update(
+                session.federation.model,
+                retrain.params,
+                session.federation.client_data[client],
+                replace(session.federation.spec, epochs=20),
+                seed=0,
+            ).delta
+        )
+        test, why = held_out_client_test(session, [client], retrain.params)
+        assert test is not None, why
+        original = session.run_view.final_params
+        ev = test.evidence({"original": original, "retrain": retrain.params, "tuned": tuned})
+        nan_ev = test.evidence({"original": original, "nan": torch.full_like(original, math.nan)})
+    assert ev.scores["retrain"] == 0.0
+    assert ev.scores["tuned"] > ev.threshold
+    assert 2.3263 < ev.threshold < 2.45  # one-sided 1%, Student-t for ~50 examples
+    assert math.isnan(nan_ev.scores["nan"])  # judged invalid (inconclusive) by the rule
+    assert ev.cost_client_epochs == 0.0
+    assert ev.num_reference_models == 0
+    assert ev.power is not None
+    assert len(ev.notes["in_scores"]) == 3  # the run's 3 stored global models
+
+
+@pytest.mark.slow
+def test_the_receipt_option_costs_only_the_continued_controls(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    assert ReceiptOptions("retrain", client_test_references="held_out")
+    with UnlearnSession(run, evaluate=False) as session:
+        client = _honest(session)
+        request = UnlearnRequest.of([client])
+        retrain = session.run(make_method("retrain"), request)
+        test = client_membership_check(session, request, retrain, references="held_out")
+        attacker = min(session.federation.malicious)
+        fallback = client_membership_check(
+            session, UnlearnRequest.of([attacker]), references="held_out", max_seconds=60
+        )
+        evidence = test(retrain.params)
+    remaining = 5  # 6 clients, one forgotten; 1 local epoch
+    assert test.cost_client_epochs == CONTINUED_ROUNDS * remaining
+    assert evidence.notes["references"] == "held_out"
+    assert evidence.scores["candidate"] == 0.0
+    assert fallback.cost_client_epochs > test.cost_client_epochs  # per-request references
+    assert "attack" in fallback(retrain.params).notes["held_out"]
+
+
+@pytest.mark.slow
+def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, tmp_path):
+    # anchored on Retrain, the score is scale-free on Retrain's own line: a limit measured there
+    # claimed the smallest step (0.05), and one from Retrain continued 0.05 or 0.1 on the
+    # quickstart, where an exact retrain plus 0.1 of the offset was not flagged
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), request)
+        options = ReceiptOptions("retrain", client_test_references="held_out")
+        receipts = open_receipts(session, request, options, retrain=retrain)
+        limit = receipts.verifier.detection_limit()
+    assert limit["lambda"] is None
+    assert limit["reason"] == HELD_OUT_LIMIT
