@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -75,10 +76,25 @@ class Deployment:
         return json.loads(out.stdout[start:])
 
     def run(self, run_config: str) -> dict:
-        """Submit the app, wait until the run finishes, and return its final status."""
-        started = self.flwr("run", str(self.app_dir), "local", "--run-config", run_config)
-        assert started["success"], started
-        run_id = started["run-id"]
+        """Submit the app, wait until the run finishes, and return its final status.
+
+        ``flwr run --stream`` waits for the run's end in one process; starting a ``flwr list``
+        process every second instead took CPU from the run on a 2-core machine. The status is
+        read with ``flwr list`` (polled, should the stream end before the run).
+        """
+        streamed = subprocess.run(
+            ["flwr", "run", str(self.app_dir), "local", "--run-config", run_config, "--stream"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+        text = streamed.stdout + streamed.stderr
+        found = re.search(r"started run (\d+)", text)
+        if streamed.returncode != 0 or found is None:
+            pytest.fail(f"flwr run exited {streamed.returncode}, started no run:\n{text[-3000:]}")
+        run_id = found.group(1)
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline:
             (info,) = self.flwr("list", "local", "--run-id", run_id)["runs"]

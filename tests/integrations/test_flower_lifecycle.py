@@ -20,7 +20,7 @@ pytest.importorskip(
     "flwr", reason='Flower is not installed; pip install -e ".[flower]" to run these tests'
 )
 
-from flower_support import small_config, write_config  # noqa: E402
+from flower_support import small_config  # noqa: E402
 from test_flower_protocol import NODES, LocalGrid, task_identity  # noqa: E402, F401
 
 from fedunlearn import train_run  # noqa: E402
@@ -185,18 +185,20 @@ def test_continue_job_round_trips_and_bad_rounds_are_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(tmp_path, flower_lock):
+def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(
+    tmp_path, example_app_run, flower_lock
+):
     """The docs' Flower lifecycle: real flwr run processes and the fedunlearn apply CLI."""
     from fedunlearn.integrations.flower.simulation import simulate
 
-    # Prepare: the example app trains 3 clients for 2 rounds
-    config = write_config(small_config(num_clients=3, rounds=2), tmp_path / "config.yaml")
+    # Prepare: the example app trained 3 clients for 2 rounds under flwr run (conftest's
+    # example_app_run, shared with test_flower_simulation); this test changes a copy
+    assert (example_app_run.num_clients, example_app_run.rounds) == (3, 2)
     run = tmp_path / "run"
+    shutil.copytree(example_app_run.flower, run)
 
     def flower(job: FlowerJob) -> None:
         simulate(job, 3, num_cpus=2, app_dir=EXAMPLE_APP)
-
-    flower(FlowerJob("train", run, config))
 
     # Execute: forget client 0 over Flower, apply (CLI), continue 2 rounds over Flower
     flower(FlowerJob("unlearn", run, method="retrain", forget=(0,)))

@@ -1,12 +1,14 @@
 """Flower's Simulation Runtime under `flwr run`: the example app trains, a client fails, unlearning.
 
 Each test runs `simulate`, which starts a Simulation Runtime SuperLink and submits the app with
-`flwr run` (Flower's supported path), so these are the example app's CI runs.
+`flwr run` (Flower's supported path), so these are the example app's CI runs; the example app's
+train run is conftest's ``example_app_run``, shared with the Flower lifecycle test.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,6 @@ pytest.importorskip(
 
 from flower_support import assert_same_history, small_config, write_config  # noqa: E402
 
-from fedunlearn import train_run  # noqa: E402
 from fedunlearn.fl.aggregators import fedavg  # noqa: E402
 from fedunlearn.history import HistoryStore  # noqa: E402
 from fedunlearn.integrations.flower.bundle import MODULE, write_app  # noqa: E402
@@ -55,30 +56,21 @@ server_app = make_app(base_dir=Path(__file__).parent)
 """
 
 
-def test_example_app_under_flwr_run_records_the_in_process_history(tmp_path, flower_lock):
-    # Prepare
-    config = small_config(num_clients=3, rounds=3)
-    path = write_config(config, tmp_path / "config.yaml")
-    train_run(config, tmp_path / "inproc")
-
-    # Execute: the committed example app, its run config overridden as a user would
-    info = simulate(
-        FlowerJob(mode="train", run_dir=tmp_path / "flower", config_path=path),
-        3,
-        num_cpus=2,
-        app_dir=EXAMPLE_APP,
-    )
+def test_example_app_under_flwr_run_records_the_in_process_history(example_app_run):
+    # Prepare, Execute (conftest.example_app_run): the committed example app under flwr run,
+    # its run config overridden as a user would, and the same config trained in-process
+    run = example_app_run
 
     # Assert
-    assert info["status"] == "finished:completed"
-    assert "DEPRECATED" not in info["log"]
-    assert f"run directory {tmp_path / 'flower'}" in info["log"]
-    assert_same_history(tmp_path / "inproc", tmp_path / "flower", rounds=3)
-    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert run.info["status"] == "finished:completed"
+    assert "DEPRECATED" not in run.info["log"]
+    assert f"run directory {run.flower}" in run.info["log"]
+    assert_same_history(run.inproc, run.flower, rounds=run.rounds)
+    summary = json.loads((run.flower / "summary.json").read_text())
     assert summary["engine"] == "flower"
     assert summary["missing"] == {}
-    metrics = (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["round"] for line in metrics] == [1, 2, 3]
+    metrics = (run.flower / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in metrics] == [1, 2]
 
 
 def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flower_lock):
@@ -117,11 +109,12 @@ def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flow
     assert result.costs.client_participations == 2 * 1 + 1  # rounds 2 and 3, client 1 absent in 2
 
 
-def test_unlearning_request_under_flwr_run_equals_in_process(tmp_path, flower_lock):
-    # Prepare: a run recorded in-process; the same method in-process as the reference
-    config = small_config(num_clients=3, rounds=3)
+def test_unlearning_request_under_flwr_run_equals_in_process(
+    tmp_path, example_app_run, flower_lock
+):
+    # Prepare: a copy of the run recorded under flwr run; the method in-process as the reference
     run_dir = tmp_path / "run"
-    train_run(config, run_dir)
+    shutil.copytree(example_app_run.flower, run_dir)
     request = UnlearnRequest.of([2])
     with UnlearnSession(run_dir) as session:
         want = session.run(make_method("federaser", {"calibration_ratio": 1.0}), request)
@@ -137,7 +130,7 @@ def test_unlearning_request_under_flwr_run_equals_in_process(tmp_path, flower_lo
             forget=(2,),
             result_path=out,
         ),
-        3,
+        example_app_run.num_clients,
         num_cpus=2,
         app_dir=EXAMPLE_APP,
     )
