@@ -37,6 +37,9 @@ def test_replay_with_recorded_norms_is_bit_identical_and_reads_no_calibration_up
         old = session.run(make_method(method), FORGET)
     assert new.params.numpy().tobytes() == old.params.numpy().tobytes()
     assert new.costs.client_epochs == old.costs.client_epochs
+    # the norm is the stored update's: the lineage names that update as read (before: not)
+    assert new.lineage is not None
+    assert new.lineage.to_dict() == old.lineage.to_dict()
     assert new.trajectory is not None
     assert old.trajectory is not None
     assert len(new.trajectory.rounds) == len(old.trajectory.rounds)
