@@ -171,7 +171,8 @@ def calibrated_replay(
                 if u.client_id in recorded:  # ||stored delta||, without reading it
                     stored_norm = recorded[u.client_id]
                     # the result still depends on that update: its lineage says so
-                    context.history.log.record("update", round_, u.client_id)
+                    if (reads := context.read_log) is not None:
+                        reads.record("update", round_, u.client_id)
                     steps.append((u.client_id, calibrate_to(stored_norm, u.delta)))
                 else:
                     stored = context.history.read_update(round_, u.client_id)
