@@ -111,6 +111,9 @@ def test_replay_with_the_recorded_maxima_is_bit_identical_to_a_run_recorded_with
     old = session.run(make_method("fedrecover", PARAMS), request)
     assert new.params.numpy().tobytes() == old.params.numpy().tobytes()
     assert new.details == old.details
+    # tau depends on every update of its pool, read or not: the lineage names them all
+    assert new.lineage is not None
+    assert new.lineage.to_dict() == old.lineage.to_dict()
     assert new.details.estimated_updates > 0
     assert math.isfinite(new.details.tau)
     assert new.costs.client_epochs == old.costs.client_epochs

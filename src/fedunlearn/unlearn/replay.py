@@ -170,11 +170,9 @@ def calibrated_replay(
             for u in fresh:
                 if u.client_id in recorded:  # ||stored delta||, without reading it
                     stored_norm = recorded[u.client_id]
-                    # its norm is the update's influence all the same: logged as a read, so
-                    # the lineage says so (a rollback past a forgotten client's rounds is exact
-                    # only if it takes nothing of the updates computed after them)
-                    if context.read_log is not None:
-                        context.read_log.record("update", round_, u.client_id)
+                    # the result still depends on that update: its lineage says so
+                    if (reads := context.read_log) is not None:
+                        reads.record("update", round_, u.client_id)
                     steps.append((u.client_id, calibrate_to(stored_norm, u.delta)))
                 else:
                     stored = context.history.read_update(round_, u.client_id)

@@ -247,6 +247,9 @@ def round_thresholds(
         k = math.floor(alpha * total) + 1
         known = (maxima or {}).get(round_, {})
         if k <= p and all(cid in known for cid in ids):
+            for cid in ids:  # tau_t depends on every update of the pool: the lineage says so
+                if (reads := context.read_log) is not None:
+                    reads.record("update", round_, cid)
             read = functools.partial(context.history.read_update, round_)
             out[round_] = _kth_largest_abs_of(read, {cid: known[cid] for cid in ids}, k)
             continue
