@@ -11,7 +11,12 @@ import torch
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import ReceiptOptions, open_receipts
-from fedunlearn.eval.mia.heldout import exchangeable, held_out_client_test, held_out_z
+from fedunlearn.eval.mia.heldout import (
+    exchangeable,
+    held_out_client_test,
+    held_out_df,
+    held_out_z,
+)
 from fedunlearn.eval.references import (
     CONTINUED_ROUNDS,
     HELD_OUT_LIMIT,
@@ -150,3 +155,36 @@ def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, t
         limit = receipts.verifier.detection_limit()
     assert limit["lambda"] is None
     assert limit["reason"] == HELD_OUT_LIMIT
+
+
+def test_user_data_has_no_exchangeable_null_even_when_it_is_digits(trained, tmp_path):
+    # a run on user data keeps data.dataset "digits" in its config: the config alone said
+    # exchangeable, and honest retrains on a client whose images were shifted one pixel scored
+    # 4.93, 3.57, 2.99 against the threshold 2.36 (a false "remains")
+    with UnlearnSession(trained, evaluate=False) as session:
+        honest = _honest(session)
+        clients = {c: (d.x, d.y) for c, d in session.federation.client_data.items()}
+        user = {"clients": clients, "test": (session.evaluation.x_test, session.evaluation.y_test)}
+    with UnlearnSession(trained, evaluate=False, data=user) as session:  # data given here
+        why = exchangeable(session, frozenset({honest}))
+        test, fallback = held_out_client_test(session, [honest], session.run_view.final_params)
+    assert "user data" in (why or "")
+    assert test is None
+    assert "user data" in fallback
+    recorded = tmp_path / "user"
+    train_run(parse_config(TINY), recorded, data=user)  # in the store
+    with UnlearnSession(recorded, evaluate=False, data=user) as session:
+        assert "user data" in (exchangeable(session, frozenset({honest})) or "")
+
+
+def test_the_degrees_of_freedom_count_both_sides_and_only_the_classes_scored():
+    # class 2 has one client example: held_out_z leaves it out, so the df does too
+    y_c = np.array([0, 0, 0, 1, 1, 2])
+    y_t = np.array([0, 0, 1, 1, 1, 1, 2, 2])
+    # Welch-Satterthwaite over (class, side) terms w_k^2 / n with one variance:
+    # class 0: w 0.6, n 3 and 2; class 1: w 0.4, n 2 and 4
+    terms = [(0.36 / 3, 2), (0.36 / 2, 1), (0.16 / 2, 1), (0.16 / 4, 3)]
+    expected = sum(a for a, _ in terms) ** 2 / sum(a * a / df for a, df in terms)
+    assert held_out_df(y_c, y_t) == pytest.approx(expected)  # 3.79, not the old 6 - 3 = 3
+    assert held_out_df(y_c, y_t) == pytest.approx(3.7908, abs=1e-4)
+    assert held_out_df(np.array([0, 1]), y_t) == 0.0  # no class left: no test
