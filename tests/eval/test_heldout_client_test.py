@@ -188,3 +188,42 @@ def test_the_degrees_of_freedom_count_both_sides_and_only_the_classes_scored():
     assert held_out_df(y_c, y_t) == pytest.approx(expected)  # 3.79, not the old 6 - 3 = 3
     assert held_out_df(y_c, y_t) == pytest.approx(3.7908, abs=1e-4)
     assert held_out_df(np.array([0, 1]), y_t) == 0.0  # no class left: no test
+
+
+@pytest.mark.slow
+def test_the_receipt_names_its_null_the_fallback_and_the_anchor(trained, tmp_path):
+    # the receipt's JSON never said which null was used, why the held-out one fell back, or
+    # that its anchor came from the caller
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    options = ReceiptOptions("retrain", client_test_references="held_out", client_test_seconds=60)
+    with UnlearnSession(run, evaluate=False) as session:
+        attacker = min(session.federation.malicious)
+        honest = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), honest)
+        given = open_receipts(session, honest, options, retrain=retrain)
+        _, held = given.audit(retrain.params, "retrain")
+        trained_anchor = open_receipts(session, honest, options)
+        _, own = trained_anchor.audit(retrain.params, "retrain")
+        fallback = open_receipts(session, UnlearnRequest.of([attacker]), options)
+        _, fell = fallback.audit(session.run_view.final_params, "original")
+        per_request = open_receipts(
+            session, honest, replace(options, client_test_references="per_request")
+        )
+        _, plain = per_request.audit(retrain.params, "retrain")
+    check = held.check("client_membership")
+    assert check.evidence["references"] == "held_out"
+    assert check.evidence["anchor"] == "given by the caller"
+    assert "held_out_null" in check.codes
+    assert "tuned on" in check.reason
+    assert "given by the caller" in check.reason
+    assert own.check("client_membership").evidence["anchor"] == "trained by the receipt"
+    assert "given by the caller" not in own.check("client_membership").reason
+    check = fell.check("client_membership")
+    assert check.evidence["references"] == "per_request"
+    assert "attack" in check.evidence["held_out_fallback"]
+    assert "held_out_fallback" in check.codes
+    assert "references trained per request" in check.reason
+    check = plain.check("client_membership")
+    assert check.evidence["references"] == "per_request"
+    assert not {"held_out_null", "held_out_fallback"} & set(check.codes)

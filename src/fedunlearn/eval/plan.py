@@ -248,6 +248,7 @@ def measure_references(
             continued=continued,
             references=options.client_test_references,
             step=step,
+            anchor_given=retrain is not None,
         )
         parts["client test"] = _cost(test.cost_seconds, test.cost_client_epochs)
     band = _band(session, request, options, judged, parts)
