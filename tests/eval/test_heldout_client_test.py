@@ -11,7 +11,12 @@ import torch
 from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import ReceiptOptions, open_receipts
-from fedunlearn.eval.mia.heldout import exchangeable, held_out_client_test, held_out_z
+from fedunlearn.eval.mia.heldout import (
+    exchangeable,
+    held_out_client_test,
+    held_out_df,
+    held_out_z,
+)
 from fedunlearn.eval.references import (
     CONTINUED_ROUNDS,
     HELD_OUT_LIMIT,
@@ -150,3 +155,75 @@ def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, t
         limit = receipts.verifier.detection_limit()
     assert limit["lambda"] is None
     assert limit["reason"] == HELD_OUT_LIMIT
+
+
+def test_user_data_has_no_exchangeable_null_even_when_it_is_digits(trained, tmp_path):
+    # a run on user data keeps data.dataset "digits" in its config: the config alone said
+    # exchangeable, and honest retrains on a client whose images were shifted one pixel scored
+    # 4.93, 3.57, 2.99 against the threshold 2.36 (a false "remains")
+    with UnlearnSession(trained, evaluate=False) as session:
+        honest = _honest(session)
+        clients = {c: (d.x, d.y) for c, d in session.federation.client_data.items()}
+        user = {"clients": clients, "test": (session.evaluation.x_test, session.evaluation.y_test)}
+    with UnlearnSession(trained, evaluate=False, data=user) as session:  # data given here
+        why = exchangeable(session, frozenset({honest}))
+        test, fallback = held_out_client_test(session, [honest], session.run_view.final_params)
+    assert "user data" in (why or "")
+    assert test is None
+    assert "user data" in fallback
+    recorded = tmp_path / "user"
+    train_run(parse_config(TINY), recorded, data=user)  # in the store
+    with UnlearnSession(recorded, evaluate=False, data=user) as session:
+        assert "user data" in (exchangeable(session, frozenset({honest})) or "")
+
+
+def test_the_degrees_of_freedom_count_both_sides_and_only_the_classes_scored():
+    # class 2 has one client example: held_out_z leaves it out, so the df does too
+    y_c = np.array([0, 0, 0, 1, 1, 2])
+    y_t = np.array([0, 0, 1, 1, 1, 1, 2, 2])
+    # Welch-Satterthwaite over (class, side) terms w_k^2 / n with one variance:
+    # class 0: w 0.6, n 3 and 2; class 1: w 0.4, n 2 and 4
+    terms = [(0.36 / 3, 2), (0.36 / 2, 1), (0.16 / 2, 1), (0.16 / 4, 3)]
+    expected = sum(a for a, _ in terms) ** 2 / sum(a * a / df for a, df in terms)
+    assert held_out_df(y_c, y_t) == pytest.approx(expected)  # 3.79, not the old 6 - 3 = 3
+    assert held_out_df(y_c, y_t) == pytest.approx(3.7908, abs=1e-4)
+    assert held_out_df(np.array([0, 1]), y_t) == 0.0  # no class left: no test
+
+
+@pytest.mark.slow
+def test_the_receipt_names_its_null_the_fallback_and_the_anchor(trained, tmp_path):
+    # the receipt's JSON never said which null was used, why the held-out one fell back, or
+    # that its anchor came from the caller
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    options = ReceiptOptions("retrain", client_test_references="held_out", client_test_seconds=60)
+    with UnlearnSession(run, evaluate=False) as session:
+        attacker = min(session.federation.malicious)
+        honest = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), honest)
+        given = open_receipts(session, honest, options, retrain=retrain)
+        _, held = given.audit(retrain.params, "retrain")
+        trained_anchor = open_receipts(session, honest, options)
+        _, own = trained_anchor.audit(retrain.params, "retrain")
+        fallback = open_receipts(session, UnlearnRequest.of([attacker]), options)
+        _, fell = fallback.audit(session.run_view.final_params, "original")
+        per_request = open_receipts(
+            session, honest, replace(options, client_test_references="per_request")
+        )
+        _, plain = per_request.audit(retrain.params, "retrain")
+    check = held.check("client_membership")
+    assert check.evidence["references"] == "held_out"
+    assert check.evidence["anchor"] == "given by the caller"
+    assert "held_out_null" in check.codes
+    assert "tuned on" in check.reason
+    assert "given by the caller" in check.reason
+    assert own.check("client_membership").evidence["anchor"] == "trained by the receipt"
+    assert "given by the caller" not in own.check("client_membership").reason
+    check = fell.check("client_membership")
+    assert check.evidence["references"] == "per_request"
+    assert "attack" in check.evidence["held_out_fallback"]
+    assert "held_out_fallback" in check.codes
+    assert "references trained per request" in check.reason
+    check = plain.check("client_membership")
+    assert check.evidence["references"] == "per_request"
+    assert not {"held_out_null", "held_out_fallback"} & set(check.codes)

@@ -79,7 +79,11 @@ class ReceiptOptions:
         client_test_references: ``per_request`` (the test's references trained for this
             request, about 8 Retrains' client epochs) or ``shared`` (trained once per run
             generation on random halves of the clients, kept in the run directory and shared
-            by every request until the next ``apply``: ``eval.mia.shared_references``).
+            by every request until the next ``apply``: ``eval.mia.shared_references``) or
+            ``held_out`` (opt-in: no reference trained; the null is the run's test examples,
+            an honest exact Retrain the anchor: ``eval.mia.heldout``; built-in data split at
+            random only, else it falls back to ``per_request`` and the receipt says why; it
+            states no detection limit and misses a model tuned on the test set).
 
     Raises:
         ConfigError: for an unknown reference or a band that cannot be measured.
@@ -248,6 +252,7 @@ def measure_references(
             continued=continued,
             references=options.client_test_references,
             step=step,
+            anchor_given=retrain is not None,
         )
         parts["client test"] = _cost(test.cost_seconds, test.cost_client_epochs)
     band = _band(session, request, options, judged, parts)

@@ -227,6 +227,7 @@ def client_membership_check(
     continued: Mapping[str, torch.Tensor] | None = None,
     references: str = "per_request",
     step: Callable[[str], None] | None = None,
+    anchor_given: bool = False,
 ) -> ClientTest:
     """Fit the client-level membership test of ``request`` once; return the receipt's input.
 
@@ -246,7 +247,10 @@ def client_membership_check(
     set cannot test; ``step`` is told which shared reference trains. ``references="held_out"``
     trains no reference: its null is the run's test examples, Retrain its anchor
     (``eval.mia.heldout``); where the split gives no such null (``heldout.exchangeable``) it
-    falls back to the per-request references and says why in the test's ``notes["held_out"]``.
+    falls back to the per-request references and says why in the test's ``notes["held_out"]``
+    (the reason alone in ``notes["held_out_fallback"]``, which the receipt quotes).
+    ``anchor_given``: ``retrain`` came from the caller, not trained by the receipt (the
+    held-out test's anchor is then only as honest as the caller: ``notes["anchor_given"]``).
 
     Returns:
         The fitted test: ``Verifier(client_membership=...)`` calls it per model, and its
@@ -278,6 +282,9 @@ def client_membership_check(
         test = fit_client_membership(session, sorted(request.forget), seed=seed, **budget)
         if why:
             test.notes["held_out"] = f"not applicable ({why}): references trained per request"
+            test.notes["held_out_fallback"] = why
+    elif references == "held_out":
+        test.notes["anchor_given"] = anchor_given and retrain is not None
     epochs += float(test.cost_client_epochs)
     if base is None:
         base = session.run(make_method("retrain"), request)

@@ -19,14 +19,16 @@ Steps, per scored model ``m``, with Retrain ``r`` (exact, clean by construction)
    examples and over the test's class-k examples; their mean weighted by the clients' class
    counts, over its standard error (Welch, per class, added up): a z score.
 3. Threshold: the one-sided Student-t quantile at ``1 - target_fpr`` (``HELD_OUT_FPR``, 1%)
-   with the clients' examples less one per class as degrees of freedom (the normal quantile
-   for many examples, higher for a small client); a model that never trained on the clients
-   exceeds it with probability about ``target_fpr``.
+   with Welch-Satterthwaite degrees of freedom over both sides of the classes scored
+   (``held_out_df``: the normal quantile for many examples, higher for a small client or a
+   thin test class); a model that never trained on the clients exceeds it with probability
+   about ``target_fpr``.
 4. Power: the share of the run's own last stored global models (each trained with the clients)
    flagged at the threshold.
 
 When it applies (``exchangeable``): a built-in dataset split per class at random (``digits``,
-``synthetic``), a partition that deals each class's examples at random (``iid``,
+``synthetic``; never user data, given to ``train_run`` or to the session, whatever
+``data.dataset`` says), a partition that deals each class's examples at random (``iid``,
 ``dirichlet``, ``label_bias``), the test set on the server, and no forgotten client that attacks
 (its data is poisoned) or embeds markers. Otherwise ``held_out_client_test`` returns None with
 the reason and the caller fits the per-request test.
@@ -67,6 +69,7 @@ __all__ = [
     "HeldOutClientTest",
     "exchangeable",
     "held_out_client_test",
+    "held_out_df",
     "held_out_z",
 ]
 
@@ -84,6 +87,9 @@ def exchangeable(session: UnlearnSession, forgotten: frozenset[int]) -> str | No
     """Why the clients' examples are not exchangeable with the test set's, or None if they are."""
     config = session.run_view.config
     data = config.data
+    user = _user_data(session)
+    if user:
+        return f"the run's data is user data ({user}), not a built-in dataset split at random"
     if data.source is not None or data.dataset not in EXCHANGEABLE_DATASETS:
         return f"dataset {data.source or data.dataset!r} is not split at random from one pool"
     if data.partition not in EXCHANGEABLE_PARTITIONS:
@@ -102,6 +108,50 @@ def exchangeable(session: UnlearnSession, forgotten: frozenset[int]) -> str | No
     return None
 
 
+def _user_data(session: UnlearnSession) -> str:
+    """How user data entered the run ("" for a built-in dataset).
+
+    ``data.dataset`` keeps its default (``digits``) when data is given to ``train_run`` or to
+    the session: the store's ``components["data"]`` records the former, the session's setup
+    the latter (``runs.setup_data.load_data``).
+    """
+    if (session.run_view.store.run_meta.components or {}).get("data") is not None:
+        return "recorded in the store"
+    setup = getattr(session, "_setup", None)  # the session's own build (no public view of it)
+    if setup is not None and setup.components.get("data") is not None:
+        return "given to the session"
+    return ""
+
+
+def _kept_classes(y_clients: np.ndarray, y_test: np.ndarray) -> list[int]:
+    """The classes step 2 scores: at least 2 examples on either side."""
+    return [
+        int(k)
+        for k in np.unique(y_clients)
+        if (y_clients == k).sum() >= 2 and (y_test == k).sum() >= 2
+    ]
+
+
+def held_out_df(y_clients: np.ndarray, y_test: np.ndarray) -> float:
+    """Step 3's degrees of freedom: Welch-Satterthwaite over both sides of the kept classes.
+
+    The z score's variance adds a term ``w_k^2 s^2 / n`` per class k and side (clients, test),
+    ``w_k`` the clients' class weight; with one variance ``s^2`` for every term (the df must
+    not depend on the scored model, so the threshold is one per test) the approximation
+    ``(sum a)^2 / sum a^2 / (n - 1)`` counts both sides and only the classes ``held_out_z``
+    keeps. 0.0 when no class is kept.
+    """
+    kept = _kept_classes(y_clients, y_test)
+    total = sum(int((y_clients == k).sum()) for k in kept)
+    terms = []
+    for k in kept:
+        w = int((y_clients == k).sum()) / total
+        terms += [(w * w / n, n - 1) for n in ((y_clients == k).sum(), (y_test == k).sum())]
+    if not terms:
+        return 0.0
+    return float(sum(a for a, _ in terms) ** 2 / sum(a * a / df for a, df in terms))
+
+
 def held_out_z(
     d_clients: np.ndarray, y_clients: np.ndarray, d_test: np.ndarray, y_test: np.ndarray
 ) -> float:
@@ -110,9 +160,7 @@ def held_out_z(
     Classes with fewer than 2 examples on either side are left out. 0.0 when ``d`` does not
     vary (the anchor itself); NaN when no class is left or ``d`` is not finite.
     """
-    kept = [
-        k for k in np.unique(y_clients) if (y_clients == k).sum() >= 2 and (y_test == k).sum() >= 2
-    ]
+    kept = _kept_classes(y_clients, y_test)
     if not kept or not (np.isfinite(d_clients).all() and np.isfinite(d_test).all()):
         return math.nan
     total = sum(int((y_clients == k).sum()) for k in kept)
@@ -167,9 +215,8 @@ class HeldOutClientTest:
         self.clients = tuple(int(c) for c in clients)
         self.num_params = num_params
         self.target_fpr = target_fpr
-        labels = self._y.numpy()
-        dof = len(labels) - len(np.unique(labels))
-        self.threshold = float(student_t.ppf(1.0 - target_fpr, df=max(dof, 1)))
+        dof = held_out_df(self._y.numpy(), test[1].numpy())
+        self.threshold = float(student_t.ppf(1.0 - target_fpr, df=max(dof, 1.0)))
         self._anchor = (self._phi(anchor, self._x, self._y), self._phi(anchor, *test))
         in_scores = [self._z(p) for p in in_models]
         self.power = float(np.mean([s > self.threshold for s in in_scores])) if in_scores else None

@@ -134,6 +134,21 @@ def _client_flags_retrain(f: Mapping[str, Any]) -> str:
     )
 
 
+def _held_out_null(f: Mapping[str, Any]) -> str:
+    anchor = (
+        "Retrain as given by the caller, not trained by this receipt"
+        if f.get("anchor_given")
+        else "the Retrain this receipt trained"
+    )
+    return (
+        "the null is the run's held-out test examples, anchored on " + anchor + ": it detects "
+        "a model that treats the clients' training examples unlike test examples of the same "
+        "class, and rests on the test set never having been trained or tuned on and on the "
+        "anchor being an honest exact Retrain (a model tuned on the test set, or judged against "
+        "a dishonest anchor, can pass it); no detection limit is stated"
+    )
+
+
 def _client_off_range_warn(f: Mapping[str, Any]) -> str:
     flag = (
         _FORMAT.format(
@@ -328,6 +343,10 @@ RULE_WORDING: dict[str, dict[str, Template]] = {
         ),
         "pass": _client(
             "score {value:.3g} below {line} (original {original:.3g}, above it; power {power})"
+        ),
+        "held_out_null": _held_out_null,
+        "held_out_fallback": (
+            "the held-out null does not apply ({fallback}): references trained per request"
         ),
     },
     "markers": {

@@ -11,6 +11,12 @@ reference and every clean, less trained model (Retrain's earlier rounds) below i
 a model not flagged is ``inconclusive``. A model not trained from the run's M_0 (farther from
 every reference than their training displacement: region ``elsewhere``, e.g. a Retrain from
 another initial model) or with a NaN score or fitness: ``inconclusive``.
+
+Every finding names the test's null (``evidence["references"]``: ``per_request``, ``shared`` or
+``held_out``); asked for the held-out null, it adds the code ``held_out_null`` (what that null
+rests on: a test set never trained or tuned on, an honest exact Retrain as anchor, and whether
+the caller gave that anchor) or ``held_out_fallback`` (why it did not apply, with
+``evidence["held_out_fallback"]``).
 """
 
 from __future__ import annotations
@@ -38,8 +44,14 @@ def applies(ev: Evidence) -> Finding | None:
         return Finding("n/a", ("not_run",))
     if cm.power is None:  # skipped, or out of time: no calibration
         why = str(cm.notes.get("inconclusive") or "no calibration")
-        facts = {"why": why}
-        return Finding("inconclusive", ("not_calibrated",), evidence=_cost(cm), facts=facts)
+        evidence, codes, facts = _null(cm)
+        facts |= {"why": why}
+        return Finding(
+            "inconclusive",
+            ("not_calibrated", *codes),
+            evidence=_cost(cm) | evidence,
+            facts=facts,
+        )
     if "candidate" not in cm.scores or "original" not in cm.scores:
         return Finding("inconclusive", ("not_scored",))
     return None
@@ -47,6 +59,21 @@ def applies(ev: Evidence) -> Finding | None:
 
 def _cost(cm: ClientMembershipEvidence) -> dict[str, Any]:
     return {"cost_seconds": cm.cost_seconds, "cost_client_epochs": cm.cost_client_epochs}
+
+
+def _null(cm: ClientMembershipEvidence) -> tuple[dict[str, Any], tuple[str, ...], dict]:
+    """Which null the test used, the codes that say so, and the facts they quote."""
+    references = str(cm.notes.get("references") or "per_request")
+    evidence: dict[str, Any] = {"references": references}
+    fallback = cm.notes.get("held_out_fallback")
+    if fallback:  # asked for the held-out null, which did not apply
+        evidence["held_out_fallback"] = str(fallback)
+        return evidence, ("held_out_fallback",), {"fallback": str(fallback)}
+    if references != "held_out":
+        return evidence, (), {}
+    given = bool(cm.notes.get("anchor_given"))
+    evidence["anchor"] = "given by the caller" if given else "trained by the receipt"
+    return evidence, ("held_out_null",), {"anchor_given": given}
 
 
 def _graded(cm: ClientMembershipEvidence, applied: float) -> Graded:
@@ -149,7 +176,8 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
         "power": cm.power,
         "reference_models": cm.num_reference_models,
     }
-    evidence: dict[str, Any] = _cost(cm)
+    null, null_codes, null_facts = _null(cm)
+    evidence: dict[str, Any] = _cost(cm) | null
     if cm.domain is not None:
         evidence |= {
             "fitness": dict(cm.fitness),
@@ -162,9 +190,10 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
     se = (cm.notes.get("score_se") or {}).get("candidate")
     evidence["interval"] = mean_interval(cm.scores["candidate"], se, cm.notes.get("examples"))
     reference = {k: v for k, v in cm.scores.items() if k != "candidate"}
-    facts = _facts(ev, cm, applied, graded) | {"warned": verdict == "warn"}
+    facts = _facts(ev, cm, applied, graded) | {"warned": verdict == "warn"} | null_facts
     value = cm.scores["candidate"]
-    return Finding(verdict, (code,), value, reference, threshold, evidence, power, facts)
+    codes = (code, *null_codes)
+    return Finding(verdict, codes, value, reference, threshold, evidence, power, facts)
 
 
 RULE = Rule("client_membership", "client-level membership", judge, applies)
