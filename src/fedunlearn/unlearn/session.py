@@ -314,6 +314,15 @@ class UnlearnSession:
             summary["samples"] = {str(c): list(ids) for c, ids in request.samples}
         return summary
 
+    @property
+    def components(self) -> dict[str, dict[str, Any]]:
+        """The user components (model, data) this session was built with, as ``Setup`` records.
+
+        Empty for built-in ones and for a session opened without the data (its clients hold
+        it). What the run recorded when it trained is ``run_view.store.run_meta.components``.
+        """
+        return {} if self._setup is None else dict(self._setup.components)
+
     def identity(self) -> dict[str, object]:
         """Return what names the run as it is now (``fedunlearn apply`` checks it).
 

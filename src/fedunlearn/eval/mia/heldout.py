@@ -117,8 +117,7 @@ def _user_data(session: UnlearnSession) -> str:
     """
     if (session.run_view.store.run_meta.components or {}).get("data") is not None:
         return "recorded in the store"
-    setup = getattr(session, "_setup", None)  # the session's own build (no public view of it)
-    if setup is not None and setup.components.get("data") is not None:
+    if session.components.get("data") is not None:
         return "given to the session"
     return ""
 
