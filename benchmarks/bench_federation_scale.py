@@ -15,7 +15,11 @@ each peak RSS (``resource.getrusage``, the process's high-water mark) is that st
 - ``compare``: the four methods in one session with their receipts (``compare_methods``): each
   method's own ``wall_seconds`` (evaluation and receipt excluded), server seconds, client epochs,
   history MB read, and the two ratios the issue's target sets side by side: method wall /
-  Retrain wall against method epochs / Retrain epochs, from the same comparison.
+  Retrain wall against method epochs / Retrain epochs, from the same comparison;
+- ``live_crab`` (unless ``--no-live-crab``): a second run, the same but recorded with
+  ``history.policy: crab`` (Crab's own setting: Stage I keeps its selection while training, so a
+  request reads only the kept rounds and derives nothing), and the ``compare`` of Retrain and
+  Crab on it.
 
 Prints one JSON document. The data is read from ``--data-dir`` (a folder with ``mnist.npz``).
 
@@ -40,6 +44,7 @@ from typing import Any
 
 MB = 1e6
 METHODS = ("fedrecover", "federaser", "crab")
+RUN_KEYS = ("data_dir", "clients", "rounds", "participation", "seed")
 
 
 def peak_rss_mb() -> float:
@@ -67,7 +72,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
             "batch_size": 32,
             "lr": 0.05,
         },
-        "history": {"policy": "all"},
+        "history": {"policy": args.policy},
     }
 
 
@@ -162,7 +167,7 @@ def child(args: argparse.Namespace) -> None:
 def spawn(args: argparse.Namespace, step: str, **extra: Any) -> dict[str, Any]:
     """Run ``step`` in a fresh process and return its JSON line."""
     command = [sys.executable, __file__, "--step", step, "--run", str(args.run)]
-    for key in ("data_dir", "clients", "rounds", "participation", "seed", "threads", "methods"):
+    for key in (*RUN_KEYS, "threads", "methods", "policy"):
         command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     for key, value in extra.items():
         command += [f"--{key}", str(value)]
@@ -180,6 +185,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per step")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--skip-unlearn", action="store_true", help="no per-method processes")
+    parser.add_argument(
+        "--no-live-crab",
+        action="store_true",
+        help="skip the second run, recorded with history.policy crab (Crab's own setting)",
+    )
+    parser.add_argument("--policy", default="all", help=argparse.SUPPRESS)
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--forget", type=int, help=argparse.SUPPRESS)
@@ -196,6 +207,17 @@ def main() -> None:
             for method in ("retrain", *args.methods.split(",")):
                 unlearn[method] = spawn(args, f"unlearn-{method}", forget=forget)
         compare = spawn(args, "compare", forget=forget)
+        live_crab = None
+        if not args.no_live_crab and "crab" in args.methods.split(","):
+            # Crab's paper setting: Stage I selects what to keep while training, so a request
+            # reads only the kept rounds; on the "all" run above it derives that selection first
+            live = argparse.Namespace(**{**vars(args), "policy": "crab", "methods": "crab"})
+            live.run = Path(tmp) / "run-crab"
+            live_train = spawn(live, "train")
+            live_crab = {
+                "train": {k: v for k, v in live_train.items() if k != "round1_clients"},
+                "compare": spawn(live, "compare", forget=forget),
+            }
     print(
         json.dumps(
             {
@@ -213,6 +235,7 @@ def main() -> None:
                 "train": {k: v for k, v in train.items() if k != "round1_clients"},
                 "unlearn": unlearn,
                 "compare": compare,
+                "live_crab": live_crab,
             },
             indent=2,
         )

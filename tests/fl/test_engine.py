@@ -7,7 +7,13 @@ from fedunlearn.errors import ConfigError, UnknownClientError
 from fedunlearn.fl.aggregators import fedavg, make_aggregator
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
 from fedunlearn.fl.clients import TrainTask
-from fedunlearn.fl.engine import run_round, run_rounds, sample_clients, screen_update
+from fedunlearn.fl.engine import (
+    all_finite,
+    run_round,
+    run_rounds,
+    sample_clients,
+    screen_update,
+)
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.metrics import accuracy_and_loss
 from fedunlearn.fl.records import ClientData, ClientUpdate
@@ -89,6 +95,25 @@ def test_all_updates_rejected_leaves_model_unchanged():
 def test_screen_update_accepts_a_clean_update():
     assert screen_update(ClientUpdate(0, torch.zeros(5), 1, 0.0), 5) is None
     assert "dtype" in screen_update(ClientUpdate(0, torch.zeros(5, dtype=torch.int64), 1, 0.0), 5)
+
+
+@pytest.mark.parametrize(
+    ("values", "rejected"),
+    [
+        ([1.0, float("nan"), 2.0], True),
+        ([1.0, float("inf"), 2.0], True),
+        ([float("-inf"), 1.0, float("inf")], True),  # the sum is NaN, not inf
+        ([3e38, 3e38, -1.0], False),  # finite values whose float32 sum overflows to inf
+        ([-3e38, -3e38, 0.0], False),
+        ([1e-45, 0.0, -2.5], False),
+    ],
+)
+def test_screening_rejects_exactly_the_updates_with_a_non_finite_value(values, rejected):
+    delta = torch.tensor(values, dtype=torch.float32)
+    reason = screen_update(ClientUpdate(0, delta, 1, 0.0), 3)
+    assert (reason is not None) is rejected
+    assert all_finite(delta) is not rejected
+    assert all_finite(delta) == bool(torch.isfinite(delta).all())
 
 
 def test_same_seed_gives_bit_identical_runs_and_other_seed_differs():

@@ -105,3 +105,67 @@ def test_a_methods_wall_time_leaves_out_its_per_round_evaluation(run_all):
     assert c.client_epochs == 5 * 4 * 2
     assert c.server_seconds == pytest.approx(c.wall_seconds - c.client_train_seconds)
     assert c.elapsed_seconds >= c.wall_seconds + 5 * pause
+
+
+def test_the_session_builds_the_executor_before_a_methods_clock_starts(run_all, monkeypatch):
+    """Building the executor (data stacked, lazy torch imports: 1-3 s) is setup: in a compare
+    Retrain, which trains first, was charged it, and every other method's wall ratio gained."""
+    from fedunlearn.fl import executors
+
+    built: list[str] = []
+    real = executors.make_executor
+
+    def counting(*args, **kwargs):
+        built.append("executor")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(executors, "make_executor", counting)
+    with UnlearnSession(run_all, evaluate=False) as session:
+        request = UnlearnRequest.of([1])
+        session.context(request)
+        assert built == ["executor"]
+        session.run(fedunlearn.unlearn.make_method("retrain"), request)
+        assert built == ["executor"]  # the method's clock saw no setup
+
+
+@pytest.mark.slow
+def test_building_an_executor_imports_what_the_first_training_step_would():
+    """torch imports torch._dynamo on the first grad/optimizer step; the executor does it first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from fedunlearn.fl.executors import make_executor\n"
+        "from fedunlearn.fl.records import ClientData\n"
+        "data = {0: ClientData(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))}\n"
+        "before = 'torch._dynamo' in sys.modules\n"
+        "make_executor(torch.nn.Linear(3, 2), data, 'vectorized')\n"
+        "print(before, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_context_parses_each_rounds_client_records_once(run_all):
+    """A replay asks for a round's records several times; the store is read once a round."""
+    from fedunlearn.history.store import HistoryStore
+    from fedunlearn.unlearn.context import MeteredHistory
+
+    with HistoryStore.open(run_all / "history") as store:
+        reads: list[int] = []
+        real = store.client_records
+
+        def counting(round_):
+            reads.append(round_)
+            return real(round_)
+
+        store.client_records = counting  # type: ignore[method-assign]
+        history = MeteredHistory(store, CostMeter())
+        first = history.client_records(2)
+        first.clear()  # a caller's list is its own
+        again = history.client_records(2)
+        history.client_records(3)
+        assert reads == [2, 3]
+        assert again == real(2)
+        assert len(again) > 0

@@ -49,6 +49,18 @@ def sample_clients(client_ids: Sequence[int], fraction: float, seed: int, round_
     return list(FractionSampler(fraction, seed).draw(round_, client_ids).ids)
 
 
+def all_finite(values: torch.Tensor) -> bool:
+    """Return whether every value is finite, checking the sum first.
+
+    A NaN or an infinity makes a float sum NaN or infinite, so a finite sum proves every value
+    finite; only a non-finite sum (which large finite values can also overflow to) pays the
+    element-wise check. Every upload is screened every round: on 100k float32 values the sum
+    takes 0.02 ms and ``isfinite(...).all()`` 0.39 ms, which at 1,000 clients was 8% of a
+    Retrain's wall time (docs/performance.md, "1,000 clients").
+    """
+    return bool(torch.isfinite(values.sum())) or bool(torch.isfinite(values).all())
+
+
 def screen_update(update: ClientUpdate, num_params: int) -> str | None:
     """Return why an upload must be rejected, or None if it is usable."""
     delta = update.delta
@@ -57,7 +69,7 @@ def screen_update(update: ClientUpdate, num_params: int) -> str | None:
         return f"wrong shape {shape}; expected ({num_params},)"
     if not delta.is_floating_point():
         return f"wrong dtype {delta.dtype}; expected a floating point vector"
-    if not bool(torch.isfinite(delta).all()):
+    if not all_finite(delta):
         bad = int((~torch.isfinite(delta)).sum())
         return f"{bad} non-finite (NaN/Inf) coordinate(s)"
     return None

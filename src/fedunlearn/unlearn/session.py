@@ -372,6 +372,8 @@ class UnlearnSession:
         if request.samples:
             fresh = self._without_samples(request, clients)
         assert fresh is not None
+        if isinstance(fresh, Federation):
+            fresh.start()  # setup, not the method's work: before the method's clock starts
         return UnlearnContext(
             history=MeteredHistory(run.store, meter),
             # never a client forgotten earlier, even for a request that forgets nobody
