@@ -1,7 +1,8 @@
 """Benchmark the federation at scale: train M clients, then compare Retrain and three methods.
 
 Trains an MNIST run of ``--clients`` clients (default 1,000; Dirichlet alpha 0.5, the MLP
-784-128-10, ``--participation`` 0.01 = 10 clients a round, ``--rounds`` rounds of one local epoch,
+784-128-10 or, with ``--model cnn``, the 582k-parameter CNN, ``--participation`` 0.01 = 10
+clients a round, ``--rounds`` rounds of one local epoch,
 ``history.policy: all``), then runs what ``fedunlearn compare RUN --forget C --methods
 fedrecover,federaser,crab --no-client-test`` runs (``compare_methods`` with
 ``ReceiptOptions(client_test=False)``: receipts without the client-level test) for Retrain,
@@ -44,7 +45,7 @@ from typing import Any
 
 MB = 1e6
 METHODS = ("fedrecover", "federaser", "crab")
-RUN_KEYS = ("data_dir", "clients", "rounds", "participation", "seed")
+RUN_KEYS = ("data_dir", "clients", "rounds", "participation", "seed", "model")
 
 
 def peak_rss_mb() -> float:
@@ -64,7 +65,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
             "alpha": 0.5,
             "min_client_samples": 10,
         },
-        "model": {"name": "mlp", "hidden": [128]},
+        "model": {"name": "mlp", "hidden": [128]} if args.model == "mlp" else {"name": "cnn"},
         "training": {
             "rounds": args.rounds,
             "participation": args.participation,
@@ -182,6 +183,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--participation", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--model", choices=("mlp", "cnn"), default="mlp", help="the MLP 784-128-10 or the 582k CNN"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per step")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--skip-unlearn", action="store_true", help="no per-method processes")
@@ -229,6 +233,7 @@ def main() -> None:
                     "load_average": os.getloadavg(),
                 },
                 "clients": args.clients,
+                "model": args.model,
                 "rounds": args.rounds,
                 "participation": args.participation,
                 "forget": forget,

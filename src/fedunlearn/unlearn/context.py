@@ -46,6 +46,7 @@ from fedunlearn.fl.sampling import ClientDraw, ClientSampler
 from fedunlearn.fl.shards import ShardPlan
 from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
 from fedunlearn.unlearn.costs import CostMeter
+from fedunlearn.unlearn.derived_cache import DerivedCache
 from fedunlearn.unlearn.lineage import (
     Lineage,
     Read,
@@ -283,6 +284,8 @@ class UnlearnContext:
     # (client, sample ids) -> the first round whose local training used one of them (the
     # client's own answer: it regenerates its mini-batches), None if none did
     first_sample_use: Callable[[int, frozenset[int]], int | None] | None = None
+    # what a method derives from the run alone, kept for the next request (None: not kept)
+    derived_cache: DerivedCache | None = None
 
     def release_noise_salt(self, method: str, forget: frozenset[int]) -> int:
         """Return the noise salt of a DP release: its own noise, never a round's earlier one.

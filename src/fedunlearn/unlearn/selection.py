@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, get_args
 
 import torch
 from pydantic import BaseModel
@@ -25,7 +25,8 @@ from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.history.policy import POLICIES
 from fedunlearn.history.store import HistoryReader
 from fedunlearn.unlearn.base import ParamsT, Unlearner
-from fedunlearn.unlearn.context import UnlearnContext
+from fedunlearn.unlearn.context import MeteredHistory, UnlearnContext
+from fedunlearn.unlearn.lineage import PayloadKind, Read, ReadLog
 
 __all__ = [
     "SelectiveReplay",
@@ -148,10 +149,13 @@ class SelectiveReplay(Unlearner[ParamsT]):
 
     policy: ClassVar[str]
     overrides: ClassVar[tuple[str, ...]]
+    #: the selector's log entries (a dataclass with ``rounds``, ``scores``, ``closed``, ``kept``)
+    log_type: ClassVar[type]
 
     def __init__(self, params: ParamsT | dict[str, Any] | None = None) -> None:
         super().__init__(params)
         self._cache: dict[str, list[StoredRound]] = {}
+        self.selection_cached = False  # the last selection was read from the derived cache
 
     def selection_options(self, context: UnlearnContext) -> dict[str, Any]:
         """The effective selection options: each override, else the run's recorded value."""
@@ -183,12 +187,48 @@ class SelectiveReplay(Unlearner[ParamsT]):
 
     def selection(self, context: UnlearnContext, log: list[Any] | None = None) -> list[StoredRound]:
         """Return the stored rounds with their kept clients (stored live, or derived)."""
+        self.selection_cached = False
         if context.history.policy == self.policy:
             stored = stored_selection(context.history, context.num_rounds)
         else:
-            stored = self.derive_selection(context, log if log is not None else [])
+            stored = self._derived(context, log if log is not None else [])
         if context.fingerprint:
             self._cache[context.fingerprint + context.history.policy] = stored
+        return stored
+
+    def _derived(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+        """``derive_selection``, or what an earlier request derived on this history.
+
+        ``context.derived_cache`` (``unlearn.derived_cache``) keeps the selection, the
+        selector's log and the payloads the derivation read; read back, those reads are logged
+        again (the lineage is the same), their bytes are not counted (nothing was read).
+        ``selection_cached`` says which happened.
+        """
+        cache = context.derived_cache
+        options = {k: _jsonable(v) for k, v in self.selection_options(context).items()}
+        body = cache.get(self.policy, options) if cache is not None else None
+        kept = _from_cache(body, self.log_type) if body is not None else None
+        if kept is not None:
+            stored, entries, cached_reads = kept
+            reads = context.read_log
+            if reads is not None:
+                for read in cached_reads:
+                    reads.record(read.kind, read.round, read.client_id)
+            log.extend(entries)
+            self.selection_cached = True
+            return stored
+        start = len(log)
+        history = context.history
+        if cache is None or not isinstance(history, MeteredHistory):
+            return self.derive_selection(context, log)
+        outer, history.log = history.log, ReadLog()  # what the derivation alone reads
+        try:
+            stored = self.derive_selection(context, log)
+        finally:
+            payloads, history.log = history.log.reads, outer
+            for read in payloads:
+                outer.record(read.kind, read.round, read.client_id)
+        cache.put(self.policy, options, _to_cache(stored, log[start:], payloads))
         return stored
 
     def replay_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
@@ -207,3 +247,44 @@ class SelectiveReplay(Unlearner[ParamsT]):
         if stored is None or not context.fingerprint:
             stored = self.selection(context)
         return selection_bytes(stored, context.clients.num_params)
+
+
+# ----- the derived selection, kept for the next request (unlearn.derived_cache) -------------
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, bool | int | float | str | type(None)) else str(value)
+
+
+def _to_cache(
+    stored: Sequence[StoredRound], entries: Sequence[Any], reads: Sequence[Read]
+) -> dict[str, Any]:
+    def entry(e: Any) -> dict[str, Any]:
+        out = {f.name: getattr(e, f.name) for f in fields(e)}
+        out["kept"] = [[int(t), [int(c) for c in ids]] for t, ids in sorted(e.kept.items())]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    return {
+        "stored": [[s.round, list(s.clients)] for s in stored],
+        "log": [entry(e) for e in entries],
+        "reads": [[r.kind, r.round, r.client_id] for r in reads],
+    }
+
+
+def _from_cache(
+    body: Mapping[str, Any], log_type: type
+) -> tuple[list[StoredRound], list[Any], list[Read]] | None:
+    """The cached selection, log entries and reads; None when the body does not read back."""
+    try:
+        stored = [StoredRound(int(t), tuple(int(c) for c in ids)) for t, ids in body["stored"]]
+        entries = []
+        for raw in body["log"]:
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+            values["kept"] = {int(t): tuple(int(c) for c in ids) for t, ids in raw["kept"]}
+            entries.append(log_type(**values))
+        reads = [Read(int(r), kind, None if c is None else int(c)) for kind, r, c in body["reads"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if any(r.kind not in get_args(PayloadKind) for r in reads):
+        return None
+    return stored, entries, reads

@@ -78,6 +78,8 @@ from fedunlearn.unlearn.context import (
     TrainingInfo,
     UnlearnContext,
 )
+from fedunlearn.unlearn.derived_cache import CACHE_DIR as DERIVED_DIR
+from fedunlearn.unlearn.derived_cache import DerivedCache
 from fedunlearn.unlearn.views import (
     ClientSideEvaluation,
     EvaluationView,
@@ -396,7 +398,20 @@ class UnlearnSession:
             if self.federation is not None
             else None,
             first_sample_use=self._first_sample_use if self.federation is not None else None,
+            derived_cache=self._derived_cache(),
         )
+
+    def _derived_cache(self) -> DerivedCache | None:
+        """The run directory's cache of derived results, scoped to this history (None: no chain).
+
+        Scoped by the run's fingerprint and its committed chain's head, so any commit (apply,
+        forget, continuation) leaves earlier files stale (``unlearn.derived_cache``).
+        """
+        run = self.run_view
+        head = run.store.chain_head()
+        if head is None:
+            return None
+        return DerivedCache(run.run_dir / DERIVED_DIR, f"{run.fingerprint}:{head.seq}:{head.link}")
 
     def _without_samples(self, request: UnlearnRequest, clients: RunClients | None) -> Federation:
         """Return the run's fresh-training clients with the request's samples deleted.

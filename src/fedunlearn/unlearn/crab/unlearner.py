@@ -116,6 +116,8 @@ class CrabDetails(Details):
         timing: Seconds of selection, rollback, replay and final tuning.
         selection_options: The effective α, λ, δ.
         selection_source: ``crab`` (stored live) or ``all`` (derived).
+        selection_cached: Whether the derived selection was read from the run directory, where
+            an earlier request on the same history kept it (``unlearn.derived_cache``).
         stored_rounds: t_1 < ... < t_T' (rounds with kept client updates).
         stored_clients: Round -> kept clients K_j.
         num_stored_rounds: T'.
@@ -150,6 +152,7 @@ class CrabDetails(Details):
     timing: dict[str, float] = field(compare=False)  # wall seconds: not part of the result
     selection_options: dict[str, Any]
     selection_source: str
+    selection_cached: bool = field(compare=False)  # how, not what: the same selection
     stored_rounds: tuple[int, ...]
     stored_clients: dict[str, list[int]]
     num_stored_rounds: int
@@ -221,6 +224,7 @@ class Crab(SelectiveReplay[CrabParams]):
 
     policy = "crab"
     overrides = ("alpha", "round_ratio", "client_ratio")
+    log_type = WindowRecord
 
     # ----- step 1: the selection ----------------------------------------------------------
 
@@ -494,6 +498,7 @@ class Crab(SelectiveReplay[CrabParams]):
             timing=timing,
             selection_options=self.selection_options(context),
             selection_source=context.history.policy,
+            selection_cached=self.selection_cached,
             stored_rounds=tuple(s.round for s in stored),
             stored_clients={str(s.round): list(s.clients) for s in stored},
             num_stored_rounds=len(stored),

@@ -138,6 +138,8 @@ class FedADPDetails(Details):
         trained_with_dp: Whether the run was trained with ``privacy.enabled``.
         privacy: The run's privacy ledger summary and ε_t per round.
         selection_source: ``fedadp`` (stored live) or ``all`` (derived).
+        selection_cached: Whether the derived selection was read from the run directory, where
+            an earlier request on the same history kept it (``unlearn.derived_cache``).
         selection_options: The effective β, λ, γ.
         stored_rounds: The replayed stored rounds.
         stored_clients: Round -> stored clients.
@@ -165,6 +167,7 @@ class FedADPDetails(Details):
     trained_with_dp: bool
     privacy: dict[str, Any]
     selection_source: str
+    selection_cached: bool = field(compare=False)  # how, not what: the same selection
     selection_options: dict[str, Any]
     stored_rounds: tuple[int, ...]
     stored_clients: dict[str, list[int]]
@@ -195,6 +198,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
 
     policy = "fedadp"
     overrides = ("beta", "round_ratio", "client_ratio")
+    log_type = Stage
 
     @classmethod
     def dp_release(cls, params: MethodParams, privacy: PrivacyConfig) -> DPRelease | None:
@@ -499,6 +503,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
             trained_with_dp=context.privacy.enabled,
             privacy=privacy,
             selection_source=history.policy,
+            selection_cached=self.selection_cached,
             selection_options=self.selection_options(context),
             stored_rounds=tuple(s.round for s in stored),
             stored_clients={str(s.round): list(s.clients) for s in stored},
