@@ -53,7 +53,7 @@ from torch import nn
 
 from fedunlearn.errors import ConfigError, UnknownPolicyError
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord, UpdateStatus
-from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry, as_read
 from fedunlearn.registry import Registry
 
 DOT_AGGREGATE_KEY = "dot_aggregate"
@@ -286,11 +286,6 @@ def record_multiplicity(record: ClientRecord) -> int:
 def reported_loss(value: float) -> float | None:
     """A client's training loss as a record keeps it: None when it reported none (NaN)."""
     return float(value) if math.isfinite(value) else None
-
-
-def as_read(update: torch.Tensor) -> torch.Tensor:
-    """A stored update as ``HistoryStore.read_update`` reads it: a float16 copy as float32."""
-    return update.to(torch.float32) if update.dtype == torch.float16 else update
 
 
 def update_dtype_of(encoding: str) -> torch.dtype | None:

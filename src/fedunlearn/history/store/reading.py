@@ -33,7 +33,16 @@ from fedunlearn.history.store.records import (
 )
 from fedunlearn.history.store.schema import MODEL_KINDS
 
-__all__ = ["DroppedModelError", "Reading"]
+__all__ = ["DroppedModelError", "Reading", "as_read"]
+
+
+def as_read(update: torch.Tensor) -> torch.Tensor:
+    """An update of a float16 store as ``read_update`` returns it: a float16 payload as float32.
+
+    The recorder takes its records of the stored copy through this, so they are of what a
+    reader reads.
+    """
+    return update.to(torch.float32) if update.dtype == torch.float16 else update
 
 
 class DroppedModelError(ForgottenDataError, UnsupportedHistoryError):
@@ -155,8 +164,8 @@ class Reading(StoreMixin):
             raise self._missing_update(round, client_id)
         update = self._decode(row)
         size = update.numel() * update.element_size()
-        if update.dtype == torch.float16 and self._encodes_updates_in_half():
-            return update.to(torch.float32), size  # computed with as float32, the models' dtype
+        if self._encodes_updates_in_half():
+            return as_read(update), size  # computed with as float32, the models' dtype
         return update, size
 
     def _encodes_updates_in_half(self) -> bool:
