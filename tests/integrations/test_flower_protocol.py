@@ -98,6 +98,25 @@ def test_strategy_over_a_grid_records_the_in_process_history(tmp_path):
     assert all(kind == "train" and ids == [NODES[node]] for node, kind, ids in trains)
 
 
+def test_a_float16_run_over_a_grid_records_its_stored_copies(tmp_path):
+    """The Flower server honours history.encoding: records of the float16 copies, marked so."""
+    config = small_config(num_clients=3, rounds=2)
+    config = config.model_copy(
+        update={"history": config.history.model_copy(update={"encoding": "float16"})}
+    )
+    job = FlowerJob(mode="train", run_dir=tmp_path / "flower", config_path=Path("/unused.yaml"))
+
+    train_on_grid(LocalGrid(NODES), config, job)
+
+    with HistoryStore.open(tmp_path / "flower" / "history") as store:
+        assert store.run_meta.records_of_stored_copy is True
+        assert store.stored_bytes_by_kind()["update"] == 2 * 3 * store.read_model(0).numel() * 2
+        for r in (1, 2):
+            for rec in store.client_records(r):
+                read = store.read_update(r, rec.client_id)
+                assert rec.norm == float(read.norm())
+
+
 def test_client_that_never_replies_is_missing_with_the_reason(tmp_path):
     # Prepare
     config = small_config(num_clients=3, rounds=2)

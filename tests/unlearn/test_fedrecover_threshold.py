@@ -95,7 +95,7 @@ def test_tau_from_the_recorded_maxima_equals_the_full_pass_and_reads_at_most_k_a
     ks = [math.floor(PARAMS["alpha"] * len(ids) * p) + 1 for ids in participants.values()]
     assert set(ks) == {2}
     assert pruned_bytes <= 2 * ROUNDS * p * 4  # before: every update, 11-12 a round
-    # stored copies rounded (history.encoding float16): the recorded maxima are not theirs
+    # records not of the stored copies (a float16 run recorded before they were): not taken
     monkeypatch.setattr(fedrecover, "records_describe_stored_updates", lambda context: False)
     assert method._participants(context) == (participants, {r: {} for r in participants})
 

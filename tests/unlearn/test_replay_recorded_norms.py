@@ -64,42 +64,19 @@ def test_calibrate_to_a_given_norm_equals_calibrate_bit_for_bit(scale):
 
 
 @pytest.mark.parametrize(
-    ("encoding", "exact"), [(None, True), ("float32", True), ("float16", False)]
+    ("meta", "exact"),
+    [
+        ({}, True),
+        ({"update_encoding": "float32"}, True),
+        # a float16 run recorded before the recorder took the records of the stored copies
+        ({"update_encoding": "float16"}, False),
+        ({"update_encoding": "float16", "records_of_stored_copy": True}, True),
+    ],
 )
-def test_records_stand_for_the_stored_updates_only_when_those_are_not_rounded(encoding, exact):
+def test_records_stand_for_the_stored_updates_where_the_store_says_they_do(meta, exact):
     record = SimpleNamespace(client_id=4, stored=True, status="accepted", norm=2.5)
-    history = SimpleNamespace(
-        meta={} if encoding is None else {"update_encoding": encoding},
-        client_records=lambda round_: [record],
-    )
+    history = SimpleNamespace(meta=meta, client_records=lambda round_: [record])
     context = SimpleNamespace(history=history)
     assert records_describe_stored_updates(context) is exact
-    # a float16 store's update differs from the float32 delta the record's norm was taken of
+    # an old float16 store's update differs from the float32 delta the record's norm was taken of
     assert recorded_norms(context, 1) == ({4: 2.5} if exact else {})
-
-
-@pytest.mark.slow  # trains a run (about 3 s)
-def test_a_float16_store_reads_its_rounded_copies_not_the_records(tmp_path, monkeypatch):
-    """history.encoding float16: the records describe the float32 deltas, not the stored copies."""
-    from fedunlearn.config import HistoryConfig, parse_config
-    from fedunlearn.runs import train_run
-
-    if "encoding" not in HistoryConfig.model_fields:
-        pytest.skip("this tree has no history.encoding")
-    run = {
-        "seed": 3,
-        "data": {"dataset": "digits", "num_clients": 4},
-        "model": {"name": "logreg"},
-        "training": {"rounds": 6, "local_epochs": 1, "lr": 0.3, "batch_size": 64},
-        "history": {"policy": "all", "encoding": "float16"},
-    }
-    train_run(parse_config(run), tmp_path / "run")
-    with UnlearnSession(tmp_path / "run", evaluate=False) as session:
-        gated = session.run(make_method("federaser"), FORGET).params
-        context = session.context(FORGET)
-        _, maxima = make_method("fedrecover")._participants(context)
-        # the records taken for the stored copies: a different model, so they must not be
-        monkeypatch.setattr(replay, "records_describe_stored_updates", lambda context: True)
-        forced = session.run(make_method("federaser"), FORGET).params
-    assert not torch.equal(gated, forced)
-    assert maxima == {r: {} for r in range(1, 7)}  # tau reads every stored (rounded) copy

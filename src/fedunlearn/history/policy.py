@@ -33,7 +33,11 @@ on rounds whose updates were not kept (Crab's ``rollback: bounded``, docs/method
 last lets FedRecover find its threshold tau without reading every stored update. The client's
 training loss is kept when the client reported one (DP clients do not: ``reported_loss``);
 ``client_values=False`` (a DP store whose uploads were clean, ``dp_scope: store_only``) keeps
-none of the three.
+none of the three. With ``history.encoding: float16`` the three values are those of the update
+as the store holds it (its float16 copy, upcast to float32 as ``read_update`` reads it back;
+an update kept in float32, itself), stored or not, so a record describes what a reader reads;
+the store's metadata says so (``records_of_stored_copy``, ``encoding_meta``). Training
+aggregates the float32 deltas either way.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from fedunlearn.errors import ConfigError, UnknownPolicyError
-from fedunlearn.fl.records import ClientData, RoundRecord, UpdateStatus
-from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry
+from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord, UpdateStatus
+from fedunlearn.history.store import ClientRecord, HistoryStore, RoundEntry, as_read
 from fedunlearn.registry import Registry
 
 DOT_AGGREGATE_KEY = "dot_aggregate"
@@ -289,6 +293,19 @@ def update_dtype_of(encoding: str) -> torch.dtype | None:
     return torch.float16 if encoding == "float16" else None
 
 
+def encoding_meta(encoding: str) -> dict[str, str | bool]:
+    """The store metadata of ``history.encoding`` that ``HistoryRecorder`` records under.
+
+    ``update_encoding``, and for an encoding that rounds the updates, ``records_of_stored_copy``:
+    the records describe the stored copies (``RunMeta.records_describe_stored_updates``; a
+    float16 run recorded before this marker existed has records of the float32 deltas).
+    """
+    meta: dict[str, str | bool] = {"update_encoding": encoding}
+    if update_dtype_of(encoding) is not None:
+        meta["records_of_stored_copy"] = True
+    return meta
+
+
 class HistoryRecorder:
     """Round observer that commits each finished round to a ``HistoryStore`` atomically.
 
@@ -300,7 +317,8 @@ class HistoryRecorder:
             stored copies are noised) records neither: they would be noise-free values about
             each client in a store whose content is stated DP.
         update_dtype: The dtype stored updates are encoded in (``history.encoding``); None
-            keeps the delta's own (float32). The norms and dot products are computed before.
+            keeps the delta's own (float32). The norms and dot products are those of the
+            encoded copy as read back (``as_read``).
     """
 
     def __init__(
@@ -324,28 +342,22 @@ class HistoryRecorder:
         to this round's transaction.
         """
         attach: dict[int, dict[int, torch.Tensor]] = {}
+        keep: frozenset[int] = frozenset()
         if isinstance(self.policy, DeferredPolicy):
-            attach = dict(self.policy.select(record))
-            current = attach.pop(record.round, {})
+            selected = self.policy.select(record).items()
+            attach = {r: {c: self._encode(d) for c, d in ups.items()} for r, ups in selected}
         else:
             keep = self.policy.updates_to_store(record)
-            current = {u.client_id: u.delta for u in record.updates if u.client_id in keep}
+        current = attach.pop(record.round, {})
         aggregate = record.aggregate.to(torch.float64)
-        clients = [
-            ClientRecord(
-                client_id=u.client_id,
-                status=UpdateStatus.ACCEPTED.value,
-                num_samples=u.num_samples,
-                norm=float(u.delta.norm()) if self.client_values else None,
-                loss=reported_loss(u.train_loss),
-                reason=None,
-                scalars={
-                    **(update_scalars(u.delta, aggregate) if self.client_values else {}),
-                    **multiplicity_scalar(record, u.client_id),
-                },
-            )
-            for u in record.updates
-        ]
+        clients = []
+        for u in record.updates:
+            # the update as the store holds it (``history.encoding``): its record describes that
+            # copy as ``read_update`` reads it back (training aggregated the delta itself)
+            copy = self._encode(u.delta)
+            if u.client_id in keep:
+                current[u.client_id] = copy
+            clients.append(self._accepted_record(record, u, copy, aggregate))
         clients += [
             ClientRecord(
                 client_id=r.client_id,
@@ -358,9 +370,6 @@ class HistoryRecorder:
             )
             for r in record.rejected
         ]
-        if self.update_dtype is not None:
-            current = self._encoded(current)
-            attach = {r: self._encoded(updates) for r, updates in attach.items()}
         self.store.write_round(
             RoundEntry(
                 round=record.round,
@@ -374,16 +383,39 @@ class HistoryRecorder:
             attach=attach,
         )
 
-    def _encoded(self, updates: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        return {cid: self._encode(delta) for cid, delta in updates.items()}
+    def _accepted_record(
+        self,
+        record: RoundRecord,
+        update: ClientUpdate,
+        copy: torch.Tensor,
+        aggregate64: torch.Tensor,
+    ) -> ClientRecord:
+        """An accepted client's record; its values are those of ``copy``, upcast as read back."""
+        values: dict[str, float] = {}
+        norm = None
+        if self.client_values:
+            read = as_read(copy)
+            norm, values = float(read.norm()), update_scalars(read, aggregate64)
+        return ClientRecord(
+            client_id=update.client_id,
+            status=UpdateStatus.ACCEPTED.value,
+            num_samples=update.num_samples,
+            norm=norm,
+            loss=reported_loss(update.train_loss),
+            reason=None,
+            scalars={**values, **multiplicity_scalar(record, update.client_id)},
+        )
 
     def _encode(self, delta: torch.Tensor) -> torch.Tensor:
         """The delta in ``update_dtype``; kept as it is where the cast would overflow to inf.
 
-        A value beyond float16's range (65,504; e.g. a scaled attacker's update) would be stored
-        as inf and poison every estimate that reads it, so that update keeps its own dtype (the
-        store records each payload's dtype).
+        Without ``update_dtype`` (float32 storage), the delta itself. A value beyond float16's
+        range (65,504; e.g. a scaled attacker's update) would be stored as inf and poison every
+        estimate that reads it, so that update keeps its own dtype (the store records each
+        payload's dtype).
         """
+        if self.update_dtype is None:
+            return delta
         encoded = delta.to(self.update_dtype)
         if bool(torch.isfinite(encoded).all()) or not bool(torch.isfinite(delta).all()):
             return encoded

@@ -38,6 +38,7 @@ from fedunlearn.fl.aggregators import Aggregator
 from fedunlearn.fl.engine import RoundObserver
 from fedunlearn.fl.federation import Federation
 from fedunlearn.fl.threads import run_threads
+from fedunlearn.history.policy import encoding_meta
 from fedunlearn.history.store import FILE_NAME, LOCK_NAME, HistoryStore, RoundEntry, WriterLock
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.privacy.calibrate import gradient_clip_norm, pilot_clip_norm
@@ -197,7 +198,7 @@ def federation_meta(config: RunConfig, fed: Federation) -> dict[str, Any]:
         "client_sizes": {str(c): fed.num_samples(c) for c in fed.client_ids},
         "history_policy": config.history.policy,
         "history_every": config.history.every,
-        "update_encoding": config.history.encoding,
+        **encoding_meta(config.history.encoding),
         "torch_threads": torch.get_num_threads(),
     }
 

@@ -44,7 +44,7 @@ from fedunlearn.fl.clients import ClientsWrapper, RunClients, TrainTask
 from fedunlearn.fl.records import ClientData, ClientUpdate, RoundRecord
 from fedunlearn.fl.sampling import ClientDraw, ClientSampler
 from fedunlearn.fl.shards import ShardPlan
-from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar
+from fedunlearn.history.store import ClientRecord, HistoryReader, Scalar, SizedUpdates
 from fedunlearn.unlearn.costs import CostMeter
 from fedunlearn.unlearn.derived_cache import DerivedCache
 from fedunlearn.unlearn.lineage import (
@@ -91,9 +91,9 @@ class MeteredHistory:
         self._meter = meter
         self.log = ReadLog() if log is None else log
         self._records: dict[int, list[ClientRecord]] = {}
-        # history.encoding float16: updates are stored in 2 bytes a value, read as float32
-        half = store.meta.get("update_encoding") == "float16"
-        self._update_itemsize: int | None = 2 if half else None
+        # an update counts the bytes its payload takes as stored (a float16 payload, read as
+        # float32, 2 a value), where the reader says them (the store does)
+        self._sized = store if isinstance(store, SizedUpdates) else None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -109,8 +109,11 @@ class MeteredHistory:
         """Committed rounds (0 = M_0)."""
         return self._store.rounds()
 
-    def _count(self, tensor: torch.Tensor, itemsize: int | None = None) -> torch.Tensor:
-        self._meter.add(history_bytes_read=tensor.numel() * (itemsize or tensor.element_size()))
+    def _count(self, tensor: torch.Tensor, size: int | None = None) -> torch.Tensor:
+        """Count ``size`` bytes read (default: the tensor's own)."""
+        self._meter.add(
+            history_bytes_read=tensor.numel() * tensor.element_size() if size is None else size
+        )
         return tensor
 
     def read_model(self, round: int, kind: str = "global") -> torch.Tensor:
@@ -120,8 +123,11 @@ class MeteredHistory:
         return tensor
 
     def read_update(self, round: int, client_id: int) -> torch.Tensor:
-        """Return a stored client delta."""
-        tensor = self._count(self._store.read_update(round, client_id), self._update_itemsize)
+        """Return a stored client delta (counted at its payload's bytes as stored)."""
+        if self._sized is None:
+            tensor = self._count(self._store.read_update(round, client_id))
+        else:
+            tensor = self._count(*self._sized.read_sized_update(round, client_id))
         self.log.record("update", round, client_id)
         return tensor
 
@@ -137,9 +143,14 @@ class MeteredHistory:
 
     def iter_updates(self, round: int) -> Iterator[tuple[int, torch.Tensor]]:
         """Stream the stored deltas of a round."""
-        for cid, delta in self._store.iter_updates(round):
+        sized: Iterator[tuple[int, torch.Tensor, int | None]]
+        if self._sized is None:
+            sized = ((cid, d, None) for cid, d in self._store.iter_updates(round))
+        else:
+            sized = self._sized.iter_sized_updates(round)
+        for cid, delta, size in sized:
             self.log.record("update", round, cid)
-            yield cid, self._count(delta, self._update_itemsize)
+            yield cid, self._count(delta, size)
 
     def client_records(self, round: int) -> list[ClientRecord]:
         """Every client's outcome in ``round`` (status, n_c, norm, loss).

@@ -26,6 +26,7 @@ import torch
 
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
+from fedunlearn.history.store import run_meta_of
 from fedunlearn.history.trajectory import ESTIMATED_KEY
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.trajectory_log import TrajectoryLog
@@ -74,19 +75,21 @@ def calibrate_to(norm: float, fresh: torch.Tensor) -> torch.Tensor:
 def records_describe_stored_updates(context: UnlearnContext) -> bool:
     """Whether the records' values of an update (norm, ||.||_inf) are those of its stored copy.
 
-    True when updates are stored as computed (float32); a ``history.encoding`` that rounds
-    them (float16) stores a copy whose norm differs in the last bits from the recorded one.
+    ``RunMeta.records_describe_stored_updates`` of the run: true for float32 storage and for a
+    float16 store whose recorder took the records of the copies it stores; false for a float16
+    run recorded before that (its records describe the float32 deltas).
     """
-    return context.history.meta.get("update_encoding") in (None, "float32")
+    return run_meta_of(context.history).records_describe_stored_updates
 
 
 def recorded_norms(context: UnlearnContext, round_: int) -> dict[int, float]:
     """Client -> ||stored delta|| of ``round_``, from the records (``ClientRecord.norm``).
 
-    The recorder computes the norm from the very tensor it stores (``float(delta.norm())``),
-    so a stored update's record gives its norm without reading its payload. Records without
-    a norm (a DP store whose uploads were clean keeps none) are left out, and so is every
-    record of a run whose stored updates are rounded copies: their updates are read.
+    The recorder computes the norm from the very tensor it stores, upcast as ``read_update``
+    reads it (``float(delta.norm())``), so a stored update's record gives its norm without
+    reading its payload. Records without a norm (a DP store whose uploads were clean keeps
+    none) are left out, and so is every record of a run whose records do not describe its
+    stored copies (``records_describe_stored_updates``): their updates are read.
     """
     if not records_describe_stored_updates(context):
         return {}

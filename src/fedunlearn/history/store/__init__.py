@@ -17,7 +17,8 @@ from fedunlearn.history.store.deletion import (
 )
 from fedunlearn.history.store.events import AppliedEvent
 from fedunlearn.history.store.metadata import Continuation, RunMeta, parse_run_meta, run_meta_of
-from fedunlearn.history.store.reader import HistoryReader
+from fedunlearn.history.store.reader import HistoryReader, SizedUpdates
+from fedunlearn.history.store.reading import as_read
 from fedunlearn.history.store.records import (
     ClientRecord,
     ForgetRecord,
@@ -52,8 +53,10 @@ __all__ = [
     "RoundEntry",
     "RunMeta",
     "Scalar",
+    "SizedUpdates",
     "StoreCheck",
     "WriterLock",
+    "as_read",
     "parse_run_meta",
     "run_meta_of",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from fedunlearn.errors import HistoryCorruptError
 
@@ -58,6 +58,10 @@ class RunMeta(BaseModel):
         history_policy: The recording policy (``history.policy``).
         history_every: Its ``every`` (the ``every`` policy's stride).
         update_encoding: How stored updates are encoded (``history.encoding``; None: float32).
+        records_of_stored_copy: True when the client records (norm, ||.||_inf, the dot with
+            the aggregate) were computed from each update as the store holds it (its float16
+            copy); absent in a float16 run recorded before that (its records describe the
+            float32 deltas). See ``records_describe_stored_updates``.
         torch_threads: Threads the training used (a continuation and unlearning reuse them).
         executor: What the executor ``auto`` resolved to.
         device: The device the run trained on (what ``training.device: auto`` resolved to).
@@ -84,6 +88,7 @@ class RunMeta(BaseModel):
     history_policy: str | None = None
     history_every: StrictInt | None = None
     update_encoding: str | None = None
+    records_of_stored_copy: StrictBool | None = None
     torch_threads: StrictInt | None = None
     executor: str | None = None
     device: str | None = None
@@ -112,6 +117,23 @@ class RunMeta(BaseModel):
     def privacy(self) -> dict[str, Any]:
         """The config's ``privacy`` section ({} without one)."""
         return dict((self.config or {}).get("privacy") or {})
+
+    @property
+    def half_updates(self) -> bool:
+        """Whether the run stores its client updates in float16 (read back as float32)."""
+        return self.update_encoding == "float16"
+
+    @property
+    def records_describe_stored_updates(self) -> bool:
+        """Whether a client record's values (norm, ||.||_inf, dot) are those of its stored update.
+
+        The one place that decides whether a method may take them instead of reading the
+        update: true when updates are stored as computed (float32), and for a float16 store
+        whose recorder computed the records from the float16 copies it stores, upcast as
+        ``read_update`` upcasts them (``records_of_stored_copy``). A float16 run recorded
+        before that holds records of the float32 deltas: its updates are read.
+        """
+        return self.update_encoding in (None, "float32") or self.records_of_stored_copy is True
 
     @property
     def client_ids(self) -> set[int]:

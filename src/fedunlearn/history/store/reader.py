@@ -3,6 +3,9 @@
 ``HistoryStore`` (the SQLite store) implements it, and so does the metered view an unlearning
 context hands a method (``fedunlearn.unlearn.context.MeteredHistory``, which also counts the
 payload bytes read). Code that only reads history takes a ``HistoryReader``.
+
+``SizedUpdates`` is what a reader adds to say the bytes each update takes as stored (the store:
+a float16 payload reads as float32 but takes 2 bytes a value), so a meter counts those.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from fedunlearn.history.store.records import ClientRecord, Scalar
 
-__all__ = ["HistoryReader"]
+__all__ = ["HistoryReader", "SizedUpdates"]
 
 
 @runtime_checkable
@@ -65,4 +68,17 @@ class HistoryReader(Protocol):
 
     def stored_bytes(self) -> int:
         """Payload bytes the store keeps."""
+        ...
+
+
+@runtime_checkable
+class SizedUpdates(Protocol):
+    """A reader that also gives the bytes each update's payload takes as stored."""
+
+    def read_sized_update(self, round: int, client_id: int) -> tuple[torch.Tensor, int]:
+        """``read_update``'s tensor and its payload's bytes as stored."""
+        ...
+
+    def iter_sized_updates(self, round: int) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """``iter_updates`` with each payload's bytes as stored."""
         ...

@@ -33,7 +33,16 @@ from fedunlearn.history.store.records import (
 )
 from fedunlearn.history.store.schema import MODEL_KINDS
 
-__all__ = ["DroppedModelError", "Reading"]
+__all__ = ["DroppedModelError", "Reading", "as_read"]
+
+
+def as_read(update: torch.Tensor) -> torch.Tensor:
+    """An update of a float16 store as ``read_update`` returns it: a float16 payload as float32.
+
+    The recorder takes its records of the stored copy through this, so they are of what a
+    reader reads.
+    """
+    return update.to(torch.float32) if update.dtype == torch.float16 else update
 
 
 class DroppedModelError(ForgottenDataError, UnsupportedHistoryError):
@@ -142,19 +151,28 @@ class Reading(StoreMixin):
             HistoryError: It was never stored.
             HistoryCorruptError: The payload fails its checksum.
         """
+        return self.read_sized_update(round, client_id)[0]
+
+    def read_sized_update(self, round: int, client_id: int) -> tuple[torch.Tensor, int]:
+        """Return ``read_update``'s tensor and the bytes its payload takes as stored.
+
+        A float16 payload reads as float32 but takes 2 bytes a value; an update a float16 run
+        kept in float32 (a value beyond 65,504) takes 4. Raises as ``read_update``.
+        """
         row = self._payload_row("round=? AND kind='update' AND client_id=?", (round, client_id))
         if row is None:
             raise self._missing_update(round, client_id)
         update = self._decode(row)
-        if update.dtype == torch.float16 and self._encodes_updates_in_half():
-            return update.to(torch.float32)  # computed with as float32, the models' dtype
-        return update
+        size = update.numel() * update.element_size()
+        if self._encodes_updates_in_half():
+            return as_read(update), size  # computed with as float32, the models' dtype
+        return update, size
 
     def _encodes_updates_in_half(self) -> bool:
-        """Whether the run stores its updates in float16 (``history.encoding``; read once)."""
+        """Whether the run stores its updates in float16 (``RunMeta.half_updates``; read once)."""
         half: bool | None = getattr(self, "_half_updates", None)
         if half is None:
-            half = self.meta.get("update_encoding") == "float16"
+            half = self.run_meta.half_updates
             self._half_updates = half
         return half
 
@@ -234,6 +252,10 @@ class Reading(StoreMixin):
             ForgottenDataError: A client is forgotten while iterating.
             HistoryCorruptError: A payload fails its checksum.
         """
+        return ((cid, update) for cid, update, _ in self.iter_sized_updates(round))
+
+    def iter_sized_updates(self, round: int) -> Iterator[tuple[int, torch.Tensor, int]]:
+        """``iter_updates`` with each payload's bytes as stored (``read_sized_update``)."""
         self._require_round(round)
         with self._sqlite(f"listing round {round} updates"):
             ids = [
@@ -244,7 +266,7 @@ class Reading(StoreMixin):
                     (round,),
                 )
             ]
-        return ((cid, self.read_update(round, cid)) for cid in ids)
+        return ((cid, *self.read_sized_update(round, cid)) for cid in ids)
 
     def forget_records(self) -> list[ForgetRecord]:
         """Return the log of ``forget()`` calls, oldest first."""

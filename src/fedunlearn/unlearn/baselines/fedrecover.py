@@ -470,8 +470,9 @@ class FedRecover(Unlearner[FedRecoverParams]):
         """Return round -> sorted remaining participants, and their recorded ||update||_inf.
 
         The second map holds, per round, the clients whose record carries a finite
-        ``MAX_ABS_KEY`` (a run recorded before it existed has none, and a run whose stored
-        updates are rounded copies gives none: tau reads every update).
+        ``MAX_ABS_KEY`` (a run recorded before it existed has none, and a run whose records do
+        not describe its stored copies, a float16 run recorded before they did, gives none:
+        tau reads every update).
 
         Raises:
             UnsupportedHistoryError: a global model or a remaining participant's update is
@@ -487,7 +488,7 @@ class FedRecover(Unlearner[FedRecoverParams]):
             )
         participants: dict[int, list[int]] = {}
         maxima: dict[int, dict[int, float]] = {}
-        exact_copies = records_describe_stored_updates(context)  # no float16 encoding
+        exact_copies = records_describe_stored_updates(context)  # RunMeta decides
         missing: list[tuple[int, int]] = []
         for r in range(1, context.num_rounds + 1):
             records = [
