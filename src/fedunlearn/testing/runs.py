@@ -21,6 +21,7 @@ from typing import Any
 
 from fedunlearn.config import parse_config
 from fedunlearn.runs import train_run
+from fedunlearn.unlearn.derived_cache import CACHE_DIR as DERIVED_DIR
 
 __all__ = [
     "ContractRuns",
@@ -92,9 +93,17 @@ def contract_runs() -> ContractRuns:
 
 
 def run_dir_digest(run_dir: Path) -> str:
-    """Return a hash of a run directory's content (WAL side files that hold no data excluded)."""
+    """Return a hash of a run directory's content.
+
+    Left out: WAL side files that hold no data, and the cache of what methods derive from the
+    run alone (``unlearn.derived_cache``: a method may keep its derived selection there, through
+    ``context.derived_cache``; it is not the run's content and changes no result).
+    """
     h = hashlib.sha256()
+    cache = run_dir / DERIVED_DIR
     for path in sorted(run_dir.rglob("*")):
+        if path.is_relative_to(cache):
+            continue
         # a WAL reader creates an empty -wal and a -shm index next to the database: not content
         empty_wal = path.name.endswith("-wal") and path.stat().st_size == 0
         if path.is_file() and not path.name.endswith((".lock", "-shm")) and not empty_wal:
