@@ -84,3 +84,19 @@ def test_an_unwritable_cache_loses_nothing(tmp_path):
     assert cache.put("crab", {}, {"stored": []}) is False
     assert cache.get("crab", {}) is None
     assert blocker.read_text() == "a file where the folder should be"
+
+
+def test_a_cache_whose_reads_were_dropped_keeps_the_lineage_approximate(run_copy):
+    """An edited file with a fresh digest is not evidence: the lineage still counts the models."""
+    from fedunlearn.unlearn.derived_cache import _digest
+
+    first = _unlearn(run_copy, "crab")
+    (path,) = (run_copy / CACHE_DIR).glob("*.json")
+    doc = json.loads(path.read_text())
+    doc["body"]["reads"] = []
+    doc["sha256"] = _digest(doc["body"])
+    path.write_text(json.dumps(doc))
+    again = _unlearn(run_copy, "crab")
+    assert again.details.selection_cached is True
+    assert first.lineage.kind == "approximate"
+    assert again.lineage.kind == "approximate"

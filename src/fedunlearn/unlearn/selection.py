@@ -214,6 +214,13 @@ class SelectiveReplay(Unlearner[ParamsT]):
             if reads is not None:
                 for read in cached_reads:
                     reads.record(read.kind, read.round, read.client_id)
+                # whatever the file lists, every derivation reads each global model and
+                # aggregate (a forgotten client's round taints them), so an edited list that
+                # drops reads can never turn the lineage exact
+                for t in range(context.num_rounds + 1):
+                    reads.record("global", t)
+                    if t:
+                        reads.record("aggregate", t)
             log.extend(entries)
             self.selection_cached = True
             return stored
