@@ -11,12 +11,15 @@ one client that took part in round 1. Each step runs in its own process (``--ste
 each peak RSS (``resource.getrusage``, the process's high-water mark) is that step's alone:
 
 - ``train``: the run's training and recording (seconds, store MB, peak RSS);
-- ``unlearn-<method>``: one method alone, as ``fedunlearn unlearn --no-verify`` runs it (the
-  session opened, the method run, no receipt): its wall time and peak RSS;
 - ``compare``: the four methods in one session with their receipts (``compare_methods``): each
   method's own ``wall_seconds`` (evaluation and receipt excluded), server seconds, client epochs,
   history MB read, and the two ratios the issue's target sets side by side: method wall /
-  Retrain wall against method epochs / Retrain epochs, from the same comparison;
+  Retrain wall against method epochs / Retrain epochs, from the same comparison. This is each
+  method's first request on the run: Crab derives its selection here;
+- ``unlearn-<method>``, after compare: one method alone, as ``fedunlearn unlearn --no-verify``
+  runs it (the session opened, the method run, no receipt): its wall time and peak RSS. Crab's
+  is a second request on the same history, so it reads the selection compare derived
+  (``RUN/derived/``). With ``--skip-unlearn`` only Retrain and Crab run here;
 - ``live_crab`` (unless ``--no-live-crab``): a second run, the same but recorded with
   ``history.policy: crab`` (Crab's own setting: Stage I keeps its selection while training, so a
   request reads only the kept rounds and derives nothing), and the ``compare`` of Retrain and
@@ -111,6 +114,7 @@ def step_unlearn(args: argparse.Namespace, method: str) -> dict[str, Any]:
         "wall_seconds": costs.wall_seconds,
         "client_epochs": costs.client_epochs,
         "history_mb_read": costs.history_bytes_read / MB,
+        "selection_cached": getattr(result.details, "selection_cached", None),
     }
 
 
@@ -188,7 +192,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per step")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--skip-unlearn", action="store_true", help="no per-method processes")
+    parser.add_argument(
+        "--skip-unlearn",
+        action="store_true",
+        help="per-method processes for Retrain and Crab only (Crab's second request)",
+    )
     parser.add_argument(
         "--no-live-crab",
         action="store_true",
@@ -206,11 +214,15 @@ def main() -> None:
         args.run = Path(tmp) / "run"
         train = spawn(args, "train")
         forget = train["round1_clients"][0]
-        unlearn = {}
-        if not args.skip_unlearn:
-            for method in ("retrain", *args.methods.split(",")):
-                unlearn[method] = spawn(args, f"unlearn-{method}", forget=forget)
         compare = spawn(args, "compare", forget=forget)
+        # after compare: Crab's process then reads the selection compare derived (a second
+        # request on the same history, RUN/derived/); Retrain's is its side-by-side reference
+        unlearn = {}
+        methods = args.methods.split(",")
+        wanted = methods if not args.skip_unlearn else [m for m in methods if m == "crab"]
+        if wanted:
+            for method in ("retrain", *wanted):
+                unlearn[method] = spawn(args, f"unlearn-{method}", forget=forget)
         live_crab = None
         if not args.no_live_crab and "crab" in args.methods.split(","):
             # Crab's paper setting: Stage I selects what to keep while training, so a request
