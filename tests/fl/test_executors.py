@@ -240,6 +240,16 @@ def test_pool_matches_serial_to_rounding_and_repeats_bit_for_bit(cnn_federation,
 
 
 @pytest.mark.slow
+def test_a_started_pool_has_every_worker_up_before_its_first_run(cnn_federation):
+    """A worker's start is setup: ``Federation.start`` starts them before a method's clock."""
+    model, clients, tasks, _ = cnn_federation
+    with WorkerPoolExecutor(model, clients, num_workers=2) as pool:
+        pids = pool.start()
+        assert len(pids) == 2
+        assert os.getpid() not in pids
+        assert len(pool.run(get_flat_params(model), tasks, CNN_SPEC)) == len(tasks)
+
+
 def test_pool_with_nchw_workers_is_bit_identical_to_one_thread_serial(cnn_federation):
     model, clients, tasks, _ = cnn_federation
     with torch_threads(1):

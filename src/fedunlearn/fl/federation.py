@@ -25,6 +25,7 @@ from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.closing import Closing
 from fedunlearn.fl.executors import Executor
+from fedunlearn.fl.pool import WorkerPoolExecutor
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.models.flat import num_params
@@ -104,6 +105,7 @@ class Federation(Closing):
         self._executor_kind = executor
         self._num_workers = num_workers
         self._executor: Executor | None = None
+        self._started = False
         self.local_training = local_training
 
     @property
@@ -131,7 +133,12 @@ class Federation(Closing):
         A one-time setup cost (stacking the clients' data, starting workers,
         ``executors.preload_lazy_imports``) that is then not charged to whatever trains first.
         """
-        _ = self.executor
+        if self._started:
+            return
+        executor = self.executor
+        if isinstance(executor, WorkerPoolExecutor):
+            executor.start()
+        self._started = True
 
     def num_samples(self, client_id: int) -> int:
         """Return n_c, the size of a client's local training set."""
@@ -244,5 +251,6 @@ class Federation(Closing):
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+            self._started = False
         if self.local_training is not None:
             self.local_training.close()
