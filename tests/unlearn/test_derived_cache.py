@@ -100,3 +100,25 @@ def test_a_cache_whose_reads_were_dropped_keeps_the_lineage_approximate(run_copy
     assert again.details.selection_cached is True
     assert first.lineage.kind == "approximate"
     assert again.lineage.kind == "approximate"
+
+
+def test_forget_deletes_the_run_directorys_caches(run_copy, tmp_path):
+    """They were computed with the forgotten clients' data: reference models trained with them,
+    selections scored on their updates. The next request rebuilds them."""
+    from fedunlearn.runs import forget_clients
+
+    _unlearn(run_copy, "crab")
+    references = run_copy / "receipt_references"
+    references.mkdir()
+    (references / "manifest.json").write_text("{}")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the run's")
+    assert (run_copy / CACHE_DIR).is_dir()
+    forget_clients(run_copy, [1])
+    assert not (run_copy / CACHE_DIR).exists()
+    assert not references.exists()
+    (run_copy / CACHE_DIR).symlink_to(outside)  # a planted link: removed, its target kept
+    forget_clients(run_copy, [2])
+    assert not (run_copy / CACHE_DIR).exists()
+    assert (outside / "keep.txt").read_text() == "not the run's"

@@ -20,6 +20,7 @@ that would rebuild them, as a deletion request requires (e.g. GDPR Art. 17).
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from fedunlearn.history.store import DeletionRecord, HistoryStore
 from fedunlearn.history.store.evidence import DeletionEvidence
 from fedunlearn.runs.participation import participation_gaps
 from fedunlearn.runs.run_files import store_dir
-from fedunlearn.runs.rundir import HISTORY_DIR, load_run_config
+from fedunlearn.runs.rundir import CACHE_DIRS, HISTORY_DIR, load_run_config
 
 __all__ = [
     "StoreEvidence",
@@ -106,7 +107,9 @@ def forget_clients(
     the models that rebuild them, the clients' per-round norms and inner products), it deletes
     every result file in the run directory that holds one of their updates
     (``result_files_holding``: an apply file written by ``unlearn --out`` there and never
-    applied).
+    applied) and the run directory's caches (``rundir.CACHE_DIRS``: the receipt's shared
+    reference models, some trained with the clients' data, and the methods' derived
+    selections), which the next request rebuilds.
 
     Args:
         run_dir: The run directory.
@@ -136,6 +139,12 @@ def forget_clients(
         record = store.forget(ids, vacuum=vacuum)
     for entry in result_files_holding(run_dir, ids):  # their updates, outside the store
         Path(entry["path"]).unlink(missing_ok=True)
+    for cache in CACHE_DIRS:  # computed with their data (reference models, selections)
+        folder = Path(run_dir) / cache
+        if folder.is_symlink():
+            folder.unlink()  # the link, never what it points at
+        elif folder.is_dir():
+            shutil.rmtree(folder)
     return record
 
 

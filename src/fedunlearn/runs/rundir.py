@@ -26,6 +26,9 @@ from fedunlearn.runs.assembly import resolve_config
 from fedunlearn.runs.plan import deletion_readiness
 
 __all__ = [
+    "CACHE_DIRS",
+    "DERIVED_CACHE_DIR",
+    "REFERENCES_CACHE_DIR",
     "CONFIG_FILE",
     "HISTORY_DIR",
     "METRICS_FILE",
@@ -56,6 +59,13 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PRIVACY_FILE = "privacy.json"
 CONFIG_FILE = "config.yaml"
+#: Caches of what a request derives from the run (kept for the next request on the same
+#: history): the receipt's shared reference models (``eval.mia.shared_references``) and the
+#: methods' derived selections (``unlearn.derived_cache``). Not the run's content: ``forget``
+#: deletes them, since they were computed with the forgotten clients' data.
+REFERENCES_CACHE_DIR = "receipt_references"
+DERIVED_CACHE_DIR = "derived"
+CACHE_DIRS = (REFERENCES_CACHE_DIR, DERIVED_CACHE_DIR)
 # run_info reads every payload's checksum up to this store size, only the models above it
 # (a full check reads the whole file: ~1-2 s per GB from the page cache, more from disk).
 QUICK_CHECK_ABOVE_BYTES = 512 * 2**20

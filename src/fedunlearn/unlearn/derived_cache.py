@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.atomic import write_bytes_atomic
+from fedunlearn.runs.rundir import DERIVED_CACHE_DIR
 
 __all__ = ["CACHE_DIR", "DerivedCache"]
 
-CACHE_DIR = "derived"
+CACHE_DIR = DERIVED_CACHE_DIR  # RUN/derived; `fedunlearn forget` deletes it
 FORMAT = 1
 
 log = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ from fedunlearn.eval.mia.client_lira import (
     build_client_test,
 )
 from fedunlearn.fl.seeding import derive_seed
-from fedunlearn.runs.rundir import write_bytes_atomic, write_json
+from fedunlearn.runs.rundir import REFERENCES_CACHE_DIR, write_bytes_atomic, write_json
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
 __all__ = [
@@ -68,7 +68,7 @@ __all__ = [
     "shared_client_test",
 ]
 
-CACHE_DIR = "receipt_references"
+CACHE_DIR = REFERENCES_CACHE_DIR  # RUN/receipt_references; `fedunlearn forget` deletes it
 DEFAULT_SHARED_REFERENCES = 6  # 3 complementary pairs: 3 "in" + 3 "out" per client
 MANIFEST = "manifest.json"
 
