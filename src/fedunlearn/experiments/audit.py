@@ -341,7 +341,8 @@ def audit_model(
     """
     options = receipt or ReceiptOptions()
     result_doc, source = _result_document(result)
-    with UnlearnSession(run_dir) as session:
+    # an audit derives from the committed history alone (no RUN/derived/ file of the server's)
+    with UnlearnSession(run_dir, derived_cache=False) as session:
         if isinstance(model, torch.Tensor):
             params, subject = model, "model"
         else:

@@ -504,7 +504,9 @@ def check_receipt(
     doc = _read_document(path)
     source = str(path)
     findings = [_seal(doc, source)]
-    with UnlearnSession(run_dir, evaluate=False) as session:
+    # derived_cache=False: the replay derives everything from the committed history, never
+    # from a file the server keeps beside it (RUN/derived/), and writes nothing into the run
+    with UnlearnSession(run_dir, evaluate=False, derived_cache=False) as session:
         findings.append(_run(doc, session))
         findings.append(_chain(doc, session))
         found, request = _request(doc, session)

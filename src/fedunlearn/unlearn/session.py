@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from fedunlearn import __version__
 from fedunlearn.config import RunConfig
 from fedunlearn.data import FederatedData
 from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryError
@@ -105,6 +106,9 @@ class UnlearnSession:
             (recorded ``components.data.server_side: false``, e.g. a Flower app's own
             clients) it is the only evaluation; on other runs its metrics are added to the
             built-in ones.
+        derived_cache: Let methods keep what they derive from the run alone in the run
+            directory and read it back (``unlearn.derived_cache``; Crab's and FedADP's selection
+            of an ``all`` run). False: derive everything, write nothing (an auditor's replay).
 
     Attributes:
         run_view: What the run is (``RunView``, read-only).
@@ -121,7 +125,9 @@ class UnlearnSession:
         model: ModelFactory | None = None,
         data: FederatedData | Mapping[str, Any] | None = None,
         evaluator: ModuleEvaluator | None = None,
+        derived_cache: bool = True,
     ) -> None:
+        self._use_derived_cache = derived_cache
         # the run's own thread count for the session's life: results, figures and replays
         # are bit-identical to the run's whatever this process's default (fl/threads.py)
         self._threads = ExitStack()
@@ -404,14 +410,17 @@ class UnlearnSession:
     def _derived_cache(self) -> DerivedCache | None:
         """The run directory's cache of derived results, scoped to this history (None: no chain).
 
-        Scoped by the run's fingerprint and its committed chain's head, so any commit (apply,
-        forget, continuation) leaves earlier files stale (``unlearn.derived_cache``).
+        Scoped by the run's fingerprint, its committed chain's head and this package's version,
+        so any commit (apply, forget, continuation) or upgrade leaves earlier files stale
+        (``unlearn.derived_cache``). None with ``derived_cache=False``: an auditor's replay
+        derives everything from the committed history and writes nothing.
         """
         run = self.run_view
         head = run.store.chain_head()
-        if head is None:
+        if head is None or not self._use_derived_cache:
             return None
-        return DerivedCache(run.run_dir / DERIVED_DIR, f"{run.fingerprint}:{head.seq}:{head.link}")
+        scope = f"{__version__}:{run.fingerprint}:{head.seq}:{head.link}"
+        return DerivedCache(run.run_dir / DERIVED_DIR, scope)
 
     def _without_samples(self, request: UnlearnRequest, clients: RunClients | None) -> Federation:
         """Return the run's fresh-training clients with the request's samples deleted.
