@@ -288,7 +288,8 @@ def test_unlearn_reading_while_apply_replaces_the_rounds_writes_nothing(trained,
     run = copy_run(trained, tmp_path / "run")
     mine = copy_result(result, tmp_path / "a")
     out = tmp_path / "b.json"
-    reading = Fault("fedunlearn.history.store.sqlite:HistoryStore.read_update", "pause",
+    # MeteredHistory reads through read_sized_update (the bytes each payload takes as stored)
+    reading = Fault("fedunlearn.history.store.sqlite:HistoryStore.read_sized_update", "pause",
                     call=2, name=str(tmp_path / "read"))  # fmt: skip
     child = faults.start(["unlearn", run, "--forget", "2", "--method", "federaser", "--out", out,
                           "--no-client-test"], faults=[reading])  # fmt: skip
