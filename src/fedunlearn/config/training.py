@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from fedunlearn.config.base import FLOAT32_MAX, Frozen, Variant, pick_variant
 
@@ -114,12 +120,29 @@ class TrainingConfig(Frozen):
     aggregator: AggregatorConfig = FedAvgAggregator()
     executor: Literal["auto", "serial", "vectorized", "pool"] = "auto"
     num_workers: int | None = Field(None, ge=1)
+    eval_every: int = Field(
+        1,
+        ge=1,
+        le=100_000,
+        description="test-set evaluation every that many rounds, and at the last round (the "
+        "server loss a DP schedule or a recording policy reads is measured every round)",
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|mps|cuda(:[0-9]+)?)$",
         description="local training, evaluation and unlearning's client work: auto (CUDA if "
         "torch sees a GPU, else the CPU), cpu, cuda, cuda:<index> or mps",
     )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_defaults_added_later(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # a field added after runs were stored is left out at its default, so the config's
+        # dump, config.yaml and the run's fingerprint (runs.fingerprint) of every earlier run
+        # stay what they were
+        data = handler(self)
+        if isinstance(data, dict) and data.get("eval_every") == 1:
+            del data["eval_every"]
+        return data
 
     @field_validator("aggregator", mode="before")
     @classmethod

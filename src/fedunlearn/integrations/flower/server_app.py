@@ -69,6 +69,7 @@ from fedunlearn.runs import (
     make_recording_policy,
     resolve_config,
 )
+from fedunlearn.runs.rounds import on_cadence
 from fedunlearn.runs.setup import sampler_of
 from fedunlearn.runs.train import federation_meta
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
@@ -295,7 +296,9 @@ def train_on_grid(grid: Grid, config: RunConfig, job: FlowerJob) -> dict[str, An
             setup.aggregator,
             participation=config.training.participation,
             sampler=sampler_of(config),
-            evaluate=setup.evaluate,
+            evaluate=on_cadence(
+                setup.evaluate, config.training.eval_every, range(1, config.training.rounds + 1)
+            ),
             observers=[
                 MissingAwareRecorder(
                     store, policy, clients.missing, update_dtype_of(config.history.encoding)
