@@ -48,7 +48,7 @@ from typing import Any
 
 MB = 1e6
 METHODS = ("fedrecover", "federaser", "crab")
-RUN_KEYS = ("data_dir", "clients", "rounds", "participation", "seed", "model")
+RUN_KEYS = ("data_dir", "clients", "rounds", "participation", "seed", "model", "eval_every")
 
 
 def peak_rss_mb() -> float:
@@ -75,6 +75,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
             "local_epochs": 1,
             "batch_size": 32,
             "lr": 0.05,
+            "eval_every": args.eval_every,
         },
         "history": {"policy": args.policy},
     }
@@ -124,7 +125,11 @@ def step_compare(args: argparse.Namespace) -> dict[str, Any]:
 
     started = time.perf_counter()
     doc = compare_methods(
-        args.run, [args.forget], args.methods.split(","), receipt=ReceiptOptions(client_test=False)
+        args.run,
+        [args.forget],
+        args.methods.split(","),
+        receipt=ReceiptOptions(client_test=False),
+        evaluate_rounds=args.eval_every == 1,
     )
     seconds = time.perf_counter() - started
     rows = {r["method"]: r for r in doc["methods"]}
@@ -191,6 +196,12 @@ def main() -> None:
         "--model", choices=("mlp", "cnn"), default="mlp", help="the MLP 784-128-10 or the 582k CNN"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per step")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        help="training.eval_every; above 1, compare also skips the per-round test metrics",
+    )
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument(
         "--skip-unlearn",
@@ -248,6 +259,7 @@ def main() -> None:
                 "model": args.model,
                 "rounds": args.rounds,
                 "participation": args.participation,
+                "eval_every": args.eval_every,
                 "forget": forget,
                 "train": {k: v for k, v in train.items() if k != "round1_clients"},
                 "unlearn": unlearn,
