@@ -44,6 +44,7 @@ from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession
 __all__ = [
     "audit_model",
     "forgotten_clients",
+    "read_json_file",
     "read_model_file",
     "read_result_file",
     "replay_exact",
@@ -128,6 +129,21 @@ def read_model_file(path: str | Path, model: nn.Module) -> torch.Tensor:
     )
 
 
+def read_json_file(path: Path, what: str, hint: str = "") -> Any:
+    """Return the JSON value of the file at ``path`` (``what`` names it in errors).
+
+    Raises:
+        ConfigError: ``{what} does not exist{hint}`` if it is not a file, ``{what} is not
+            readable JSON: ...`` if it cannot be read or parsed.
+    """
+    if not path.is_file():
+        raise ConfigError(f"{what} does not exist{hint}")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{what} is not readable JSON: {err}") from None
+
+
 def read_result_file(path: str | Path) -> dict[str, Any]:
     """Return the result JSON ``fedunlearn unlearn --out`` wrote.
 
@@ -135,12 +151,7 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
         ConfigError: if the file is missing, not JSON, or not a result of ``unlearn``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"result file {path} does not exist")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"result file {path} is not readable JSON: {err}") from None
+    doc = read_json_file(path, f"result file {path}")
     if not isinstance(doc, dict) or "method" not in doc or "request" not in doc:
         raise ConfigError(
             f"{path} is not a result of 'fedunlearn unlearn' (no 'method' and 'request'); pass "

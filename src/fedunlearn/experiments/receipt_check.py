@@ -45,7 +45,12 @@ from fedunlearn.errors import (
     UnsupportedHistoryError,
 )
 from fedunlearn.eval.verifier import lineage_from_dict
-from fedunlearn.experiments.audit import read_model_file, replay_exact, replay_method
+from fedunlearn.experiments.audit import (
+    read_json_file,
+    read_model_file,
+    replay_exact,
+    replay_method,
+)
 from fedunlearn.experiments.compare import result_privacy_of
 from fedunlearn.history.digest import canonical_json, check_seal
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
@@ -89,12 +94,7 @@ class ReceiptCheck:
 
 
 def _read_document(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist; pass the JSON 'unlearn --out' or 'audit' wrote")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path} is not readable JSON: {err}") from None
+    doc = read_json_file(path, str(path), "; pass the JSON 'unlearn --out' or 'audit' wrote")
     if not isinstance(doc, dict) or not isinstance(doc.get("request"), Mapping):
         raise ConfigError(
             f"{path} is not a result of 'fedunlearn unlearn' or a receipt of 'fedunlearn "

@@ -41,36 +41,47 @@ def applies(ev: Evidence) -> Finding | None:
     return Finding("n/a", ("not_read",)) if ev.deletion is None else None
 
 
+# Listed signs of damage: (code, where the list is in the evidence, the facts' name for it).
+_STORE_SIGNS = (
+    ("readable", ("read_back", "readable"), "pairs"),
+    ("rebuildable", ("reconstructible",), "pairs"),
+    ("unrecorded", ("unrecorded",), "pairs"),
+    # the seeded sampler drew them, their rows are gone, no record says why
+    ("rows_missing", ("participation", "missing"), "pairs"),
+    ("models_unrecorded", ("missing_models",), "models"),
+)
+_KEPT_SIGNS = (
+    ("scalars_kept", ("scalars_kept",), "pairs"),
+    ("result_files", ("result_files",), "files"),
+)
+
+
+def _first_listed(
+    d: Mapping[str, Any], signs: tuple[tuple[str, tuple[str, ...], str], ...]
+) -> tuple[str, dict[str, Any]] | None:
+    """The first of ``signs`` whose list is not empty, as (code, its count and first three)."""
+    for code, path, name in signs:
+        value: Any = d
+        for key in path:
+            value = (value or {}).get(key)
+        listed = list(value or [])
+        if listed:
+            return code, {"count": len(listed), name: listed[:3]}
+    return None
+
+
 def _damage(d: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The first sign that a deletion did not hold, as (code, facts), or None."""
-    readable = list((d.get("read_back") or {}).get("readable") or [])
-    if readable:
-        return "readable", {"count": len(readable), "pairs": readable[:3]}
-    rebuilt = list(d.get("reconstructible") or [])
-    if rebuilt:
-        return "rebuildable", {"count": len(rebuilt), "pairs": rebuilt[:3]}
-    unrecorded = list(d.get("unrecorded") or [])
-    if unrecorded:
-        return "unrecorded", {"count": len(unrecorded), "pairs": unrecorded[:3]}
-    drawn = list((d.get("participation") or {}).get("missing") or [])
-    if drawn:  # the seeded sampler drew them, their rows are gone, no record says why
-        return "rows_missing", {"count": len(drawn), "pairs": drawn[:3]}
-    missing = list(d.get("missing_models") or [])
-    if missing:
-        return "models_unrecorded", {"count": len(missing), "models": missing[:3]}
+    found = _first_listed(d, _STORE_SIGNS)
+    if found is not None:
+        return found
     page_scan = d.get("page_scan")
     if isinstance(page_scan, Mapping) and int(page_scan.get("fragments_found") or 0) > 0:
         return "fragments", {"count": int(page_scan["fragments_found"])}
     scan = d.get("scan")
     if isinstance(scan, Mapping) and scan.get("ok") is False:
         return "scan_failed", {"why": str(scan.get("reason") or "the page scan found it")}
-    kept = list(d.get("scalars_kept") or [])
-    if kept:
-        return "scalars_kept", {"count": len(kept), "pairs": kept[:3]}
-    files = list(d.get("result_files") or [])
-    if files:
-        return "result_files", {"count": len(files), "files": files[:3]}
-    return None
+    return _first_listed(d, _KEPT_SIGNS)
 
 
 def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
