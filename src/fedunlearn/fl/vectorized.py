@@ -166,6 +166,9 @@ class VectorizedExecutor:
                 updates += self._run_chunk(global_params, tasks[start : start + chunk], spec)
         return updates
 
+    def start(self) -> None:
+        """Nothing to start: the data was stacked when this executor was built."""
+
     def close(self) -> None:
         """Nothing to release."""
 
