@@ -206,3 +206,29 @@ def test_user_components_are_stored_as_strings_and_survive_the_dumped_yaml():
 def test_user_components_are_refused_when_they_cannot_be_meant(data, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"model": {"factory": "pkg:make", "name": "cnn", "hidden": [4]}},
+            "model.factory 'pkg:make' builds the model; model.hidden and model.name cannot "
+            "apply to it. Drop them; the factory's options go in model.options",
+        ),
+        (
+            {"data": {"source": "pkg:load", "alpha": 0.1, "partition": "dirichlet"}},
+            "data.source 'pkg:load' returns the clients' data already split; data.alpha, "
+            "data.partition cannot apply to it. Drop them; the source's own options go in "
+            "data.options",
+        ),
+        (
+            {"data": {"source": "pkg:load", "alpha": 0.1}},
+            "data.alpha cannot apply to it. Drop it;",
+        ),
+    ],
+)
+def test_a_component_refuses_the_fields_it_replaces_in_one_sentence(data, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert message in str(err.value)

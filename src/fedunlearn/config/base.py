@@ -38,6 +38,33 @@ def changed(section: BaseModel, names: frozenset[str] | set[str]) -> list[str]:
     return sorted(n for n in names if getattr(section, n) != fields[n].get_default())
 
 
+def refuse_replaced(
+    section: BaseModel,
+    names: frozenset[str] | set[str],
+    *,
+    replaced_by: str,
+    joiner: str,
+    options: str,
+) -> None:
+    """Raise ``ValueError`` if any of ``names`` is set beside the component that replaces them.
+
+    Args:
+        section: The config section.
+        names: Fields the component makes meaningless (``changed`` from their defaults).
+        replaced_by: The component, as the message names it, and what it does
+            (``"model.factory 'pkg:make' builds the model"``); its section prefixes the fields.
+        joiner: Joins the clashing fields' names (``", "``, ``" and "``).
+        options: Where the component's own options go, the message's last clause.
+    """
+    clash = changed(section, names)
+    if clash:
+        prefix = replaced_by.split(".", 1)[0]
+        raise ValueError(
+            f"{replaced_by}; {prefix}.{f'{joiner}{prefix}.'.join(clash)} cannot apply to it. "
+            f"Drop {'it' if len(clash) == 1 else 'them'}; {options}"
+        )
+
+
 #: A name registered under the entry-point group ``fedunlearn.models`` / ``fedunlearn.datasets``.
 _REGISTERED = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 #: The largest finite float32: the engine's tensors cannot hold a step size past it.

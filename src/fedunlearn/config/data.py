@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fedunlearn.config.base import Frozen, changed, component
+from fedunlearn.config.base import Frozen, component, refuse_replaced
 
 #: What a built-in dataset's loading and partitioning read; a data source splits by itself.
 _PARTITION_FIELDS = frozenset(
@@ -64,14 +64,13 @@ class DataConfig(Frozen):
     @model_validator(mode="after")
     def _source_alone(self) -> DataConfig:
         if self.source is not None:
-            clash = changed(self, _PARTITION_FIELDS)
-            if clash:
-                raise ValueError(
-                    f"data.source '{self.source}' returns the clients' data already split; "
-                    f"data.{', data.'.join(clash)} cannot apply to it. Drop "
-                    f"{'it' if len(clash) == 1 else 'them'}; the source's own options go in "
-                    "data.options"
-                )
+            refuse_replaced(
+                self,
+                _PARTITION_FIELDS,
+                replaced_by=f"data.source '{self.source}' returns the clients' data already split",
+                joiner=", ",
+                options="the source's own options go in data.options",
+            )
         return self
 
 
@@ -97,14 +96,13 @@ class ModelConfig(Frozen):
     @model_validator(mode="after")
     def _factory_alone(self) -> ModelConfig:
         if self.factory is not None:
-            clash = changed(self, {"name", "hidden"})
-            if clash:
-                raise ValueError(
-                    f"model.factory '{self.factory}' builds the model; model."
-                    f"{' and model.'.join(clash)} cannot apply to it. Drop "
-                    f"{'it' if len(clash) == 1 else 'them'}; the factory's options go in "
-                    "model.options"
-                )
+            refuse_replaced(
+                self,
+                {"name", "hidden"},
+                replaced_by=f"model.factory '{self.factory}' builds the model",
+                joiner=" and ",
+                options="the factory's options go in model.options",
+            )
         elif self.options:
             raise ValueError(
                 "model.options are the keyword options of model.factory; give model.factory "
