@@ -232,3 +232,14 @@ def test_a_component_refuses_the_fields_it_replaces_in_one_sentence(data, messag
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("section", ["data.source", "model.factory"])
+def test_a_component_field_that_names_no_function_is_refused_at_its_place(section):
+    part, field = section.split(".")
+    with pytest.raises(ConfigError) as err:
+        parse_config({part: {field: "not a function"}})
+    assert f"{section}: must name a function as 'pkg.module:function'" in str(err.value)
+    assert getattr(parse_config({part: {field: "pkg.mod:Cls.make"}}), part).model_dump()[field] == (
+        "pkg.mod:Cls.make"
+    )

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 
 class Frozen(BaseModel):
@@ -30,6 +36,10 @@ def component(value: str | None) -> str | None:
             "attribute) or by a name an installed package registers"
         )
     return value
+
+
+#: An optional user-component field (``str | None``), checked by ``component``.
+Component = Annotated[str | None, AfterValidator(component)]
 
 
 def changed(section: BaseModel, names: frozenset[str] | set[str]) -> list[str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from fedunlearn.config.base import Frozen, component, refuse_replaced
+from fedunlearn.config.base import Component, Frozen, refuse_replaced
 
 #: What a built-in dataset's loading and partitioning read; a data source splits by itself.
 _PARTITION_FIELDS = frozenset(
@@ -49,17 +49,12 @@ class DataConfig(Frozen):
     options: dict[str, Any] = Field(
         default_factory=dict, description="loader options (of data.source when given)"
     )
-    source: str | None = Field(
+    source: Component = Field(
         None,
         description="a user data source 'pkg.module:function' called as function(num_clients, "
         "seed, **options); returns the clients' data already split (fedunlearn.data."
         "FederatedData); replaces dataset and partition",
     )
-
-    @field_validator("source")
-    @classmethod
-    def _source_shape(cls, value: str | None) -> str | None:
-        return component(value)
 
     @model_validator(mode="after")
     def _source_alone(self) -> DataConfig:
@@ -79,7 +74,7 @@ class ModelConfig(Frozen):
 
     name: Literal["logreg", "mlp", "cnn", "cnn_fmnist", "textcnn"] = "mlp"
     hidden: tuple[int, ...] = Field((128,), description="mlp hidden widths")
-    factory: str | None = Field(
+    factory: Component = Field(
         None,
         description="a user model factory 'pkg.module:function' called as "
         "function(input_shape, num_classes, **options) -> torch.nn.Module; replaces name",
@@ -87,11 +82,6 @@ class ModelConfig(Frozen):
     options: dict[str, Any] = Field(
         default_factory=dict, description="keyword options of model.factory"
     )
-
-    @field_validator("factory")
-    @classmethod
-    def _factory_shape(cls, value: str | None) -> str | None:
-        return component(value)
 
     @model_validator(mode="after")
     def _factory_alone(self) -> ModelConfig:
