@@ -206,3 +206,40 @@ def test_user_components_are_stored_as_strings_and_survive_the_dumped_yaml():
 def test_user_components_are_refused_when_they_cannot_be_meant(data, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"model": {"factory": "pkg:make", "name": "cnn", "hidden": [4]}},
+            "model.factory 'pkg:make' builds the model; model.hidden and model.name cannot "
+            "apply to it. Drop them; the factory's options go in model.options",
+        ),
+        (
+            {"data": {"source": "pkg:load", "alpha": 0.1, "partition": "dirichlet"}},
+            "data.source 'pkg:load' returns the clients' data already split; data.alpha, "
+            "data.partition cannot apply to it. Drop them; the source's own options go in "
+            "data.options",
+        ),
+        (
+            {"data": {"source": "pkg:load", "alpha": 0.1}},
+            "data.alpha cannot apply to it. Drop it;",
+        ),
+    ],
+)
+def test_a_component_refuses_the_fields_it_replaces_in_one_sentence(data, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("section", ["data.source", "model.factory"])
+def test_a_component_field_that_names_no_function_is_refused_at_its_place(section):
+    part, field = section.split(".")
+    with pytest.raises(ConfigError) as err:
+        parse_config({part: {field: "not a function"}})
+    assert f"{section}: must name a function as 'pkg.module:function'" in str(err.value)
+    assert getattr(parse_config({part: {field: "pkg.mod:Cls.make"}}), part).model_dump()[field] == (
+        "pkg.mod:Cls.make"
+    )

@@ -77,3 +77,43 @@ def test_the_wrapper_trains_with_its_local_training_and_leaves_the_federation_as
     wrapped.close()
     fed.close()
     assert recording.closed
+
+
+class StartRecording:
+    """An executor (structurally) that records its starts; with ``has_start=False`` it has none."""
+
+    name = "start-recording"
+
+    def __init__(self, has_start: bool) -> None:
+        self.starts = 0
+        if has_start:
+            self.start = self._start
+
+    def _start(self) -> None:
+        self.starts += 1
+
+    def run(self, global_params, tasks, spec):
+        return [ClientUpdate(cid, torch.zeros_like(global_params), 1, 0.0) for cid, _ in tasks]
+
+    def close(self) -> None:
+        pass
+
+
+def test_start_starts_any_executor_once_and_one_without_start_still_trains(monkeypatch):
+    from fedunlearn.fl import executors
+
+    built: list[StartRecording] = []
+
+    def make(*args, **kwargs):
+        built.append(StartRecording(has_start=len(built) == 0))
+        return built[-1]
+
+    monkeypatch.setattr(executors, "make_executor", make)
+    with_start, without_start = make_federation(), make_federation()
+    with_start.start()
+    with_start.start()
+    without_start.start()
+    params = get_flat_params(with_start.model)
+    assert built[0].starts == 1
+    assert [u.client_id for u in without_start.train(TrainTask(params, [0, 1], 1))] == [0, 1]
+    assert not hasattr(built[1], "start")

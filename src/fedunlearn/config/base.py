@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 
 class Frozen(BaseModel):
@@ -32,10 +38,41 @@ def component(value: str | None) -> str | None:
     return value
 
 
+#: An optional user-component field (``str | None``), checked by ``component``.
+Component = Annotated[str | None, AfterValidator(component)]
+
+
 def changed(section: BaseModel, names: frozenset[str] | set[str]) -> list[str]:
     """Return which of ``names`` differ from their default in ``section`` (sorted)."""
     fields = type(section).model_fields
     return sorted(n for n in names if getattr(section, n) != fields[n].get_default())
+
+
+def refuse_replaced(
+    section: BaseModel,
+    names: frozenset[str] | set[str],
+    *,
+    replaced_by: str,
+    joiner: str,
+    options: str,
+) -> None:
+    """Raise ``ValueError`` if any of ``names`` is set beside the component that replaces them.
+
+    Args:
+        section: The config section.
+        names: Fields the component makes meaningless (``changed`` from their defaults).
+        replaced_by: The component, as the message names it, and what it does
+            (``"model.factory 'pkg:make' builds the model"``); its section prefixes the fields.
+        joiner: Joins the clashing fields' names (``", "``, ``" and "``).
+        options: Where the component's own options go, the message's last clause.
+    """
+    clash = changed(section, names)
+    if clash:
+        prefix = replaced_by.split(".", 1)[0]
+        raise ValueError(
+            f"{replaced_by}; {prefix}.{f'{joiner}{prefix}.'.join(clash)} cannot apply to it. "
+            f"Drop {'it' if len(clash) == 1 else 'them'}; {options}"
+        )
 
 
 #: A name registered under the entry-point group ``fedunlearn.models`` / ``fedunlearn.datasets``.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from fedunlearn.config.base import Frozen, changed, component
+from fedunlearn.config.base import Component, Frozen, refuse_replaced
 
 #: What a built-in dataset's loading and partitioning read; a data source splits by itself.
 _PARTITION_FIELDS = frozenset(
@@ -49,29 +49,23 @@ class DataConfig(Frozen):
     options: dict[str, Any] = Field(
         default_factory=dict, description="loader options (of data.source when given)"
     )
-    source: str | None = Field(
+    source: Component = Field(
         None,
         description="a user data source 'pkg.module:function' called as function(num_clients, "
         "seed, **options); returns the clients' data already split (fedunlearn.data."
         "FederatedData); replaces dataset and partition",
     )
 
-    @field_validator("source")
-    @classmethod
-    def _source_shape(cls, value: str | None) -> str | None:
-        return component(value)
-
     @model_validator(mode="after")
     def _source_alone(self) -> DataConfig:
         if self.source is not None:
-            clash = changed(self, _PARTITION_FIELDS)
-            if clash:
-                raise ValueError(
-                    f"data.source '{self.source}' returns the clients' data already split; "
-                    f"data.{', data.'.join(clash)} cannot apply to it. Drop "
-                    f"{'it' if len(clash) == 1 else 'them'}; the source's own options go in "
-                    "data.options"
-                )
+            refuse_replaced(
+                self,
+                _PARTITION_FIELDS,
+                replaced_by=f"data.source '{self.source}' returns the clients' data already split",
+                joiner=", ",
+                options="the source's own options go in data.options",
+            )
         return self
 
 
@@ -80,7 +74,7 @@ class ModelConfig(Frozen):
 
     name: Literal["logreg", "mlp", "cnn", "cnn_fmnist", "textcnn"] = "mlp"
     hidden: tuple[int, ...] = Field((128,), description="mlp hidden widths")
-    factory: str | None = Field(
+    factory: Component = Field(
         None,
         description="a user model factory 'pkg.module:function' called as "
         "function(input_shape, num_classes, **options) -> torch.nn.Module; replaces name",
@@ -89,22 +83,16 @@ class ModelConfig(Frozen):
         default_factory=dict, description="keyword options of model.factory"
     )
 
-    @field_validator("factory")
-    @classmethod
-    def _factory_shape(cls, value: str | None) -> str | None:
-        return component(value)
-
     @model_validator(mode="after")
     def _factory_alone(self) -> ModelConfig:
         if self.factory is not None:
-            clash = changed(self, {"name", "hidden"})
-            if clash:
-                raise ValueError(
-                    f"model.factory '{self.factory}' builds the model; model."
-                    f"{' and model.'.join(clash)} cannot apply to it. Drop "
-                    f"{'it' if len(clash) == 1 else 'them'}; the factory's options go in "
-                    "model.options"
-                )
+            refuse_replaced(
+                self,
+                {"name", "hidden"},
+                replaced_by=f"model.factory '{self.factory}' builds the model",
+                joiner=" and ",
+                options="the factory's options go in model.options",
+            )
         elif self.options:
             raise ValueError(
                 "model.options are the keyword options of model.factory; give model.factory "

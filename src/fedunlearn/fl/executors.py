@@ -61,6 +61,14 @@ class Executor(Protocol):
         """Return one update per task, in task order."""
         ...
 
+    def start(self) -> object:
+        """Do the one-time setup now (e.g. start workers), not on the first ``run``.
+
+        ``Federation.start`` calls it before a method's clock starts; a no-op for the
+        in-process executors. An executor without ``start`` still works (nothing is started).
+        """
+        ...
+
     def close(self) -> None:
         """Release workers, if any."""
         ...
@@ -95,6 +103,9 @@ class SerialExecutor:
             local_update(self.model, global_params, self.client_data[cid], spec, seed, cid)
             for cid, seed in tasks
         ]
+
+    def start(self) -> None:
+        """Nothing to start: the data was placed when this executor was built."""
 
     def close(self) -> None:
         """Nothing to release."""

@@ -25,7 +25,6 @@ from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.closing import Closing
 from fedunlearn.fl.executors import Executor
-from fedunlearn.fl.pool import WorkerPoolExecutor
 from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.seeding import derive_seed
 from fedunlearn.models.flat import num_params
@@ -128,16 +127,16 @@ class Federation(Closing):
         return self._executor
 
     def start(self) -> None:
-        """Build the executor now rather than on first use.
+        """Build the executor now rather than on first use, and call its ``start``.
 
         A one-time setup cost (stacking the clients' data, starting workers,
         ``executors.preload_lazy_imports``) that is then not charged to whatever trains first.
         """
         if self._started:
             return
-        executor = self.executor
-        if isinstance(executor, WorkerPoolExecutor):
-            executor.start()
+        start = getattr(self.executor, "start", None)  # an executor may have none
+        if start is not None:
+            start()
         self._started = True
 
     def num_samples(self, client_id: int) -> int:

@@ -43,10 +43,11 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.fl.checked_executor import CheckedExecutor
 from fedunlearn.fl.client import LocalTrainingSpec, local_update
 from fedunlearn.fl.closing import Closing
-from fedunlearn.fl.records import ClientData, ClientUpdate, check_task_clients
-from fedunlearn.models.flat import check_flat, num_params
+from fedunlearn.fl.records import ClientData, ClientUpdate
+from fedunlearn.models.flat import num_params
 
 __all__ = ["WorkerPoolExecutor", "available_cpus"]
 
@@ -173,7 +174,7 @@ def _train_client(
     return update.delta.numpy(), update.num_samples, update.train_loss
 
 
-class WorkerPoolExecutor(Closing):
+class WorkerPoolExecutor(CheckedExecutor, Closing):
     """Run clients' ``local_update`` in single-threaded worker processes (see module doc).
 
     Use it as a context manager, or call ``close()``; workers start on the first ``run``. As with
@@ -229,23 +230,14 @@ class WorkerPoolExecutor(Closing):
         )
         self._closed_reason = ""
 
-    def run(
-        self,
-        global_params: torch.Tensor,
-        tasks: Sequence[tuple[int, int]],
-        spec: LocalTrainingSpec,
-    ) -> list[ClientUpdate]:
-        """Train every ``(client_id, seed)`` task in the workers; updates in task order.
+    def _check_ready(self) -> None:
+        self._live_pool()
 
-        Raises:
-            ConfigError: if ``global_params`` is not a flat vector of this model's size.
-            UnknownClientError: if a task names a client this executor has no data for.
-            FedUnlearnError: if the executor is closed or a worker process died; the pool is
-                closed after a crash.
-        """
+    def _train(
+        self, global_params: torch.Tensor, tasks: Sequence[tuple[int, int]], spec: LocalTrainingSpec
+    ) -> list[ClientUpdate]:
+        """Train the tasks in the workers (``CheckedExecutor.run`` checked them)."""
         pool = self._live_pool()
-        check_flat(global_params, self._num_params)
-        check_task_clients(tasks, self._sizes)
         params = global_params.detach().to(torch.float32).cpu().numpy()
         futures = [
             self._submit(pool, _train_client, params, cid, seed, spec) for cid, seed in tasks

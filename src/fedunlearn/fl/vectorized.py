@@ -43,12 +43,13 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F  # noqa: N812
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.fl.checked_executor import CheckedExecutor
 from fedunlearn.fl.client import LocalTrainingSpec
 from fedunlearn.fl.device import cuda_determinism, resolve_device, sum_dtype
-from fedunlearn.fl.records import ClientData, ClientUpdate, check_task_clients
+from fedunlearn.fl.records import ClientData, ClientUpdate
 from fedunlearn.fl.sampling import step_batches
 from fedunlearn.fl.seeding import torch_generator
-from fedunlearn.models.flat import check_flat, num_params
+from fedunlearn.models.flat import num_params
 
 __all__ = ["VectorizedExecutor", "stack_clients", "unsupported_modules"]
 
@@ -87,7 +88,7 @@ def unsupported_modules(model: nn.Module) -> list[str]:
     return reasons
 
 
-class VectorizedExecutor:
+class VectorizedExecutor(CheckedExecutor):
     """Train many clients in lock-step with ``vmap`` over stacked parameters (see module doc).
 
     Args:
@@ -144,20 +145,10 @@ class VectorizedExecutor:
         logits = functional_call(self.model, params, (x,))
         return (F.cross_entropy(logits, y, reduction="none") * row_weights).sum()
 
-    def run(
-        self,
-        global_params: torch.Tensor,
-        tasks: Sequence[tuple[int, int]],
-        spec: LocalTrainingSpec,
+    def _train(
+        self, global_params: torch.Tensor, tasks: Sequence[tuple[int, int]], spec: LocalTrainingSpec
     ) -> list[ClientUpdate]:
-        """Train every ``(client_id, seed)`` task from ``global_params``; updates in task order.
-
-        Raises:
-            ConfigError: if ``global_params`` is not a flat vector of this model's size.
-            UnknownClientError: if a task names a client this executor has no data for.
-        """
-        check_flat(global_params, self._num_params)
-        check_task_clients(tasks, self._offsets)
+        """Train the tasks chunk by chunk (``CheckedExecutor.run`` checked them)."""
         global_params = global_params.detach().to(torch.float32)
         chunk = self._chunk_size(spec)
         updates: list[ClientUpdate] = []
@@ -165,6 +156,9 @@ class VectorizedExecutor:
             for start in range(0, len(tasks), chunk):
                 updates += self._run_chunk(global_params, tasks[start : start + chunk], spec)
         return updates
+
+    def start(self) -> None:
+        """Nothing to start: the data was stacked when this executor was built."""
 
     def close(self) -> None:
         """Nothing to release."""

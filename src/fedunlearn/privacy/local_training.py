@@ -156,6 +156,35 @@ class _ClippedSteps:
                 if vectorize:
                     raise
 
+    def run(
+        self,
+        global_params: torch.Tensor,
+        tasks: Sequence[tuple[int, int]],
+        spec: LocalTrainingSpec,
+        round_: int,
+    ) -> list[ClientUpdate]:
+        """Train every ``(client_id, seed)`` task (``fl.federation.LocalTraining.run``).
+
+        DP-SGD records the round's ``RoundDPSGD``; clipped SGD does not use ``round_``.
+        """
+        check_tasks(self.client_data, tasks)
+        results = self._train(
+            global_params, tasks, spec, self._noise_multiplier(round_, tasks, spec)
+        )
+        return self._uploads(round_, results)
+
+    def _noise_multiplier(
+        self, round_: int, tasks: Sequence[tuple[int, int]], spec: LocalTrainingSpec
+    ) -> float:
+        """σ of the round's steps: none, for clipped SGD."""
+        return 0.0
+
+    def _uploads(
+        self, round_: int, results: Sequence[tuple[ClientUpdate, ClientNoise]]
+    ) -> list[ClientUpdate]:
+        """Return what the clients upload of the round's results: the updates."""
+        return [update for update, _ in results]
+
     def _train(
         self,
         global_params: torch.Tensor,
@@ -257,18 +286,17 @@ class DPSGDTraining(_ClippedSteps):
             self._plans[round_] = _Plan(epsilon, q, steps, sigma)
         return self._plans[round_]
 
-    def run(
-        self,
-        global_params: torch.Tensor,
-        tasks: Sequence[tuple[int, int]],
-        spec: LocalTrainingSpec,
-        round_: int,
+    def _noise_multiplier(
+        self, round_: int, tasks: Sequence[tuple[int, int]], spec: LocalTrainingSpec
+    ) -> float:
+        """σ_t, calibrated to the round's budget (``plan``)."""
+        return self.plan(round_, [cid for cid, _ in tasks], spec).noise_multiplier
+
+    def _uploads(
+        self, round_: int, results: Sequence[tuple[ClientUpdate, ClientNoise]]
     ) -> list[ClientUpdate]:
-        """Train every ``(client_id, seed)`` task by DP-SGD; record the round's ``RoundDPSGD``."""
-        check_tasks(self.client_data, tasks)
-        plan = self.plan(round_, [cid for cid, _ in tasks], spec)
-        results = self._train(global_params, tasks, spec, plan.noise_multiplier)
-        self.stats[round_] = self._round_stats(round_, plan, results)
+        """Record the round's ``RoundDPSGD``; return the updates without their losses."""
+        self.stats[round_] = self._round_stats(round_, self._plans[round_], results)
         # the mean loss of the sampled examples is noise-free: it stays with the client
         return [withhold_loss(update) for update, _ in results]
 
@@ -335,14 +363,3 @@ class ClippedTraining(_ClippedSteps):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(model, client_data, clip_norm, clip_name="the clip norm C", device=device)
-
-    def run(
-        self,
-        global_params: torch.Tensor,
-        tasks: Sequence[tuple[int, int]],
-        spec: LocalTrainingSpec,
-        round_: int,
-    ) -> list[ClientUpdate]:
-        """Train every ``(client_id, seed)`` task by clipped SGD (``round_`` is not used)."""
-        check_tasks(self.client_data, tasks)
-        return [update for update, _ in self._train(global_params, tasks, spec, 0.0)]

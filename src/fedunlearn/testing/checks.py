@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import annotated_types
@@ -159,8 +160,7 @@ def check_unusable_history(name: str, cls: type[Unlearner[Any]], runs: ContractR
     """A run without the history a method needs is refused before any work."""
     method = cls()
     request = UnlearnRequest.of([1])
-    with UnlearnSession(runs.none) as session:
-        context = session.context(request)
+    with _context(runs.none, request) as (session, context):
         shape = session.run_view.final_params.shape
         if method.required_policies is None:  # needs no client history: must work on it
             result = method.unlearn(request, context)
@@ -174,6 +174,15 @@ def check_unusable_history(name: str, cls: type[Unlearner[Any]], runs: ContractR
             (UnsupportedHistoryError, "needs history policy"),
             f"{name} ran on a run recorded with policy 'none'",
         )
+
+
+@contextmanager
+def _context(
+    run_dir: Path, request: UnlearnRequest
+) -> Iterator[tuple[UnlearnSession, UnlearnContext]]:
+    """Open a session on ``run_dir`` and build ``request``'s context, as a method is given it."""
+    with UnlearnSession(run_dir) as session:
+        yield session, session.context(request)
 
 
 def _refused_before_work(
@@ -231,8 +240,7 @@ def check_declared_reads(name: str, cls: type[Unlearner[Any]], runs: ContractRun
     """The capability flags ``reads_round_models`` and ``reads_stored_rounds`` hold as read."""
     method = cls()
     request = UnlearnRequest.of([1])
-    with UnlearnSession(runs.all) as session:
-        context = session.context(request)
+    with _context(runs.all, request) as (_, context):
         method.unlearn(request, context)
         num_rounds = context.num_rounds
     log = context.read_log
@@ -254,8 +262,7 @@ def check_sample_requests(name: str, cls: type[Unlearner[Any]], runs: ContractRu
     if cls.serves_samples:
         return
     request = UnlearnRequest.of([], samples={1: [0, 1]})
-    with UnlearnSession(runs.all) as session:
-        context = session.context(request)
+    with _context(runs.all, request) as (_, context):
         _refused_before_work(
             name,
             lambda: cls().unlearn(request, context),
