@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from held_socket import hold_the_second_send, wait_until
 
 from fedunlearn.errors import SecureComputationError
 from fedunlearn.mpc import (
@@ -144,6 +145,33 @@ def test_a_plan_may_end_unused(dealer):
         return client.triple((64,))
 
     _, errors = both(program, dealer)
+    assert errors == [None, None]
+    assert dealer.join(TIMEOUT) == 0
+
+
+@pytest.mark.slow  # about 3 s: close() waits its 2 s for the goodbye to be written
+def test_a_goodbye_is_never_cut_when_the_party_is_held_up_as_it_closes(dealer):
+    # The rare CI failure of the test above: party 1's I/O thread was held up (a loaded
+    # machine) between its goodbye's header and payload while close() gave up waiting and shut
+    # the socket; the dealer read 24 bytes of the goodbye and the end of the stream, and
+    # exited 1 ("closed the connection ... (got 24 bytes of the frame)").
+    release = threading.Event()
+
+    def program(client):
+        client.plan([TRIPLE] * 4)
+        got = client.triple((64,))
+        if client.party_id == 1:
+            held = hold_the_second_send(client.transport, release)
+            client.close()  # the goodbye's header goes out; its payload is held back
+            wait_until(lambda: held.sends >= 2, TIMEOUT)
+            time.sleep(0.2)  # the closing thread has moved on; the I/O thread is still held
+            release.set()
+        return got
+
+    try:
+        _, errors = both(program, dealer)
+    finally:
+        release.set()
     assert errors == [None, None]
     assert dealer.join(TIMEOUT) == 0
 

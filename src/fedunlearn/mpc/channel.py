@@ -34,6 +34,7 @@ from fedunlearn.mpc.tcp import Expect, FrameReader, FrameWriter, TcpTransport
 __all__ = ["Channel"]
 
 _STOP = object()
+_STOP_SECONDS = 5.0  # how long a caller waits for an I/O thread that stops without draining
 
 
 class Channel:
@@ -77,6 +78,8 @@ class Channel:
         self._wake_w.setblocking(False)
         self._closing = False
         self._drain = False  # on close: write what was queued before stopping
+        self._linger = 0.0  # on close: how long to wait for the peer to hang up
+        self._close_lock = threading.Lock()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -144,23 +147,30 @@ class Channel:
     def close(self, flush_seconds: float = 0.0, *, background: bool = False) -> None:
         """Stop the I/O thread and close the connection.
 
+        The I/O thread owns the socket to the end and closes it itself: a closing thread that
+        shut the socket down while the I/O thread was still writing (held up on a loaded
+        machine) would cut a frame in two, which the peer reads as a truncated frame and a lost
+        connection (docs/mpc.md, "How a stream ends").
+
         Args:
-            flush_seconds: Write what is queued first (at most this long), then linger as long
-                for the peer to close (``TcpTransport.close``), so the last message arrives.
-            background: Linger in a daemon thread and return at once.
+            flush_seconds: If positive, wait at most this long for the frames queued before the
+                close to be written (a process may exit next); the I/O thread finishes them in
+                any case (a frame already begun is never cut; each is bounded by the write
+                timeout), then lingers this long for the peer to close (``TcpTransport.close``),
+                so the last message arrives. Zero: stop at once (after a failure).
+            background: Return once the queued frames are written (or ``flush_seconds`` have
+                passed); the I/O thread lingers and closes on its own.
         """
         if flush_seconds > 0 and not self._closing:
             self.flush(flush_seconds)
-            # a busy I/O thread (expanding material) may not have written it all yet: it
-            # finishes the frames queued before the close (bounded by the write timeout) rather
-            # than cut a frame in two, which the peer reports as a lost connection
-            self._drain = True
-        self._closing = True
+        with self._close_lock:
+            if not self._closing:
+                self._linger = max(float(flush_seconds), 0.0)
+                self._drain = flush_seconds > 0
+                self._closing = True
         self._wake()
-        self._thread.join(5.0)
-        self.transport.close(flush_seconds, background=background)
-        for sock in (self._wake_r, self._wake_w):
-            sock.close()
+        if not background:
+            self._thread.join(self._linger + _STOP_SECONDS)
 
     @property
     def failed(self) -> BaseException | None:
@@ -172,10 +182,13 @@ class Channel:
     _writing = False
 
     def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is already pending, or the channel is closed
+        with self._close_lock:  # the I/O thread closes the wake-up pair when it ends
+            if self._wake_w.fileno() < 0:
+                return
+            try:
+                self._wake_w.send(b"\0")
+            except (BlockingIOError, OSError):
+                pass  # a wake-up is already pending
 
     def _drain_wake(self) -> None:
         try:
@@ -189,86 +202,124 @@ class Channel:
         writer: FrameWriter | None = None
         reader: FrameReader | None = None
         written_at = 0.0
+        # a failed send: the peer is gone, but what it sent before it left (a goodbye) is in
+        # the socket; it is read and delivered before the failure is reported
+        send_error: PeerDisconnectedError | None = None
         try:
             while not self._closing or (self._drain and (writer is not None or self._out)):
-                if writer is None:
-                    with self._out_lock:
-                        if self._out:
-                            array = self._out.popleft()
-                            writer = FrameWriter(array)
-                            self._writing = True
-                            written_at = time.monotonic()
-                            transport.counters.charge(sent=array.nbytes, messages=1, rounds=1)
+                if writer is None and send_error is None:
+                    writer = self._next_writer()
+                    written_at = time.monotonic()
                 with self._buffer_lock:
                     room = self._buffered < self.max_buffered_bytes
                 if reader is None and room:
                     reader = FrameReader(self._expect(), transport.peer_name)
-                progress, want_read, want_write = transport.step(writer, reader, "streaming")
+                try:
+                    sent, want_read, want_write = transport.send_step(
+                        writer, "streaming", close_on_error=False
+                    )
+                except PeerDisconnectedError as exc:
+                    send_error, writer = exc, None
+                    sent, want_read, want_write = False, False, False
+                try:
+                    got, read_more, write_first = transport.recv_step(reader, "streaming")
+                except FedUnlearnError:
+                    if send_error is not None:
+                        raise send_error from None
+                    raise
                 if writer is not None and writer.done:
                     with self._out_lock:
                         self._out_bytes -= writer.payload_bytes
                         self._writing = bool(self._out)
                     writer = None
                 if reader is not None and reader.done:
-                    array = reader.result()
+                    self._deliver(reader.result())
                     reader = None
-                    transport.counters.charge(received=array.nbytes, rounds=1)
-                    if self._on_frame is None:
-                        made: tuple[Any, int] | None = (array, array.nbytes)
-                    else:
-                        made = self._on_frame(array)
-                    if made is not None:
-                        with self._buffer_lock:
-                            self._buffered += made[1]
-                        self._in.put(made)
-                if progress:
+                if sent or got:
                     continue
-                now = time.monotonic()
-                if writer is not None:
-                    due = (
-                        written_at
-                        + self.write_timeout_seconds
-                        + writer.total / transport.min_bytes_per_second
-                    )
-                    if now >= due:
-                        raise PeerDisconnectedError(
-                            f"{transport.peer_name} did not read a frame of {writer.total} bytes "
-                            f"within {due - written_at:.3g} s; it is stuck or gone"
-                        )
-                    deadline = min(now + 1.0, due)
-                else:
-                    deadline = now + 1.0
-                if (
-                    reader is not None
-                    and (frame_due := transport.frame_deadline(reader)) is not None
-                ):
-                    if now >= frame_due:
-                        raise PeerDisconnectedError(
-                            f"{transport.peer_name} sent a frame too slowly: {reader.received} "
-                            f"bytes of a frame of {reader.declared} payload bytes by its deadline"
-                        )
-                    deadline = min(deadline, frame_due)
-                if reader is not None and transport.pending():
-                    continue
-                ready = transport.wait(
-                    want_read and reader is not None,
-                    want_write,
-                    deadline - now,
-                    [self._wake_r],
+                if send_error is not None:  # everything the peer sent has been read
+                    raise send_error
+                self._wait(
+                    writer, written_at, reader, want_read or read_more, want_write or write_first
                 )
-                if self._wake_r in ready:
-                    self._drain_wake()
+            if send_error is not None:
+                raise send_error
         except FedUnlearnError as exc:
             self._error = exc
         except Exception as exc:  # delivered to the caller, never lost in a thread
             self._error = PeerDisconnectedError(f"channel to {transport.peer_name} failed: {exc}")
             self._error.__cause__ = exc
         finally:
+            failed = self._error is not None
             if self._error is None:
                 self._error = PeerDisconnectedError(
                     f"the channel to {transport.peer_name} is closed"
                 )
             self._writing = False
-            if not self._closing:  # failed: nothing more will be said on this connection
-                transport.close()
             self._in.put((_STOP, 0))
+            # this thread closes the connection: no frame it was writing is cut by another
+            transport.close(0.0 if failed else self._linger)
+            with self._close_lock:
+                for sock in (self._wake_r, self._wake_w):
+                    sock.close()
+
+    def _next_writer(self) -> FrameWriter | None:
+        """Take the next queued frame to write, if any."""
+        with self._out_lock:
+            if not self._out:
+                return None
+            array = self._out.popleft()
+            self._writing = True
+        self.transport.counters.charge(sent=array.nbytes, messages=1, rounds=1)
+        return FrameWriter(array)
+
+    def _deliver(self, array: np.ndarray) -> None:
+        """Turn a received frame into an item (``on_frame``) and queue it for ``receive``."""
+        self.transport.counters.charge(received=array.nbytes, rounds=1)
+        if self._on_frame is None:
+            made: tuple[Any, int] | None = (array, array.nbytes)
+        else:
+            made = self._on_frame(array)
+        if made is not None:
+            with self._buffer_lock:
+                self._buffered += made[1]
+            self._in.put(made)
+
+    def _wait(
+        self,
+        writer: FrameWriter | None,
+        written_at: float,
+        reader: FrameReader | None,
+        want_read: bool,
+        want_write: bool,
+    ) -> None:
+        """Block until the socket or a wake-up is ready, or a deadline fails the channel."""
+        transport = self.transport
+        now = time.monotonic()
+        deadline = now + 1.0
+        if writer is not None:
+            due = (
+                written_at
+                + self.write_timeout_seconds
+                + writer.total / transport.min_bytes_per_second
+            )
+            if now >= due:
+                raise PeerDisconnectedError(
+                    f"{transport.peer_name} did not read a frame of {writer.total} bytes "
+                    f"within {due - written_at:.3g} s; it is stuck or gone"
+                )
+            deadline = min(deadline, due)
+        if reader is not None and (frame_due := transport.frame_deadline(reader)) is not None:
+            if now >= frame_due:
+                raise PeerDisconnectedError(
+                    f"{transport.peer_name} sent a frame too slowly: {reader.received} "
+                    f"bytes of a frame of {reader.declared} payload bytes by its deadline"
+                )
+            deadline = min(deadline, frame_due)
+        if reader is not None and transport.pending():
+            return
+        ready = transport.wait(
+            want_read and reader is not None, want_write, deadline - now, [self._wake_r]
+        )
+        if self._wake_r in ready:
+            self._drain_wake()

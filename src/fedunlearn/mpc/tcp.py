@@ -254,6 +254,16 @@ class FrameReader:
         self.stage = "done"
 
 
+def _closed_message(peer: str, what: str, reader: FrameReader) -> str:
+    """The error for a peer that closed the connection: between frames, or inside one."""
+    if reader.received == 0:
+        return f"{peer} closed the connection while {what} (between frames: its stream ended)"
+    return (
+        f"{peer} closed the connection inside a frame while {what}: it sent {reader.received} "
+        "bytes of the frame and hung up (a truncated frame)"
+    )
+
+
 class TcpTransport(Transport):
     """One end of a TCP connection to the other party (plain, or an ``ssl.SSLSocket``).
 
@@ -358,25 +368,56 @@ class TcpTransport(Transport):
             PeerDisconnectedError: The connection failed or the peer closed it.
             MalformedFrameError: The incoming frame broke a rule (connection closed).
         """
-        progress, want_read, want_write = False, False, False
-        if writer is not None and not writer.done:
-            try:
-                count = self._sock.send(writer.chunk())
-                writer.advance(count)
-                self.wire_bytes_sent += count
-                progress = True
-            except ssl.SSLWantReadError:
-                want_read = True
-            except _WOULD_BLOCK:
-                want_write = True
-            except OSError as exc:
+        progress, want_read, want_write = self.send_step(writer, what)
+        got, read_more, write_first = self.recv_step(reader, what)
+        return progress or got, want_read or read_more, want_write or write_first
+
+    def send_step(
+        self, writer: FrameWriter | None, what: str, *, close_on_error: bool = True
+    ) -> tuple[bool, bool, bool]:
+        """Hand the next chunk of ``writer`` to the socket if it takes it (``step``'s send half).
+
+        Args:
+            writer: The frame being written (None or done: nothing to do).
+            what: What the caller is doing, for the error message.
+            close_on_error: False leaves the connection open after a failed send, so that the
+                caller can still read what the peer sent before it left (``Channel``).
+
+        Raises:
+            PeerDisconnectedError: The peer closed or reset the connection.
+        """
+        if writer is None or writer.done:
+            return False, False, False
+        try:
+            count = self._sock.send(writer.chunk())
+        except ssl.SSLWantReadError:
+            return False, True, False
+        except _WOULD_BLOCK:
+            return False, False, True
+        except OSError as exc:
+            if close_on_error:
                 self._fail()
-                raise PeerDisconnectedError(
-                    f"sending to {self.peer_name} failed while {what} ({type(exc).__name__}: "
-                    f"{exc}); it closed the connection"
-                ) from exc
-        # read until the socket is drained (TLS hands out one 16 KiB record per call), bounded so
-        # that a fast peer cannot starve our own sending
+            raise PeerDisconnectedError(
+                f"sending to {self.peer_name} failed while {what} ({type(exc).__name__}: "
+                f"{exc}); it closed the connection"
+            ) from exc
+        writer.advance(count)
+        self.wire_bytes_sent += count
+        return True, False, False
+
+    def recv_step(self, reader: FrameReader | None, what: str) -> tuple[bool, bool, bool]:
+        """Read what has arrived of ``reader``'s frame (``step``'s receive half).
+
+        Reads until the socket is drained (TLS hands out one 16 KiB record per call), bounded so
+        that a fast peer cannot starve our own sending. A peer that closes the connection
+        between frames ended its stream; one that closes it inside a frame cut that frame short:
+        the two errors say which.
+
+        Raises:
+            PeerDisconnectedError: The connection failed or the peer closed it.
+            MalformedFrameError: The incoming frame broke a rule (connection closed).
+        """
+        progress, want_read, want_write = False, False, False
         for _ in range(_READS_PER_STEP):
             if reader is None or reader.done:
                 break
@@ -396,10 +437,7 @@ class TcpTransport(Transport):
                 ) from exc
             if count == 0:
                 self._fail()
-                raise PeerDisconnectedError(
-                    f"{self.peer_name} closed the connection while {what} "
-                    f"(got {reader.received} bytes of the frame)"
-                )
+                raise PeerDisconnectedError(_closed_message(self.peer_name, what, reader))
             self.wire_bytes_received += count
             try:
                 reader.advance(count, time.monotonic())
