@@ -47,18 +47,6 @@ PAPER = {  # Table I, MNIST: (offline s, online s, offline GB, online GB)
     "UE": (3.59, 1.68, 2.14, 0.04),
     "TC": (689.44, 103.76, 141.55, 2.66),
 }
-DEALER_OPS = (
-    "triple",
-    "matrix_triple",
-    "inner_triple",
-    "square_pair",
-    "and_triple",
-    "and_triple_shared",
-    "random_bits",
-    "zero",
-    "random",
-    "invertible_mask",
-)
 
 
 class RecordingDealer:

@@ -10,7 +10,6 @@ from fedunlearn.config import parse_config
 from fedunlearn.errors import ConfigError
 from fedunlearn.eval import ReceiptOptions, open_receipts
 from fedunlearn.eval.mia.shared_references import (
-    CACHE_DIR,
     MANIFEST,
     load_or_train_shared,
     shared_client_test,
@@ -18,6 +17,7 @@ from fedunlearn.eval.mia.shared_references import (
 from fedunlearn.eval.references import client_membership_check
 from fedunlearn.runs import train_run
 from fedunlearn.runs.lifecycle import apply_model
+from fedunlearn.runs.rundir import REFERENCES_CACHE_DIR
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
 
 TINY = {
@@ -89,13 +89,14 @@ def test_an_apply_invalidates_the_shared_references(run):
     assert after is not None
     assert after.notes["shared_references"]["cached"] is False
     assert after.cost_client_epochs > 0
-    assert len(list((run / CACHE_DIR).glob("*.pt"))) == 1  # the stale generation's file is gone
+    # the stale generation's file is gone
+    assert len(list((run / REFERENCES_CACHE_DIR).glob("*.pt"))) == 1
 
 
 def test_a_tampered_cache_is_refused_and_trained_again(run):
     with UnlearnSession(run, evaluate=False) as session:
         trained = load_or_train_shared(session)
-    folder = run / CACHE_DIR
+    folder = run / REFERENCES_CACHE_DIR
     blob = folder / json.loads((folder / MANIFEST).read_text())["file"]
     data = bytearray(blob.read_bytes())
     data[-10] ^= 0xFF

@@ -8,15 +8,17 @@ import shutil
 import pytest
 import torch
 
+from fedunlearn.runs.rundir import DERIVED_CACHE_DIR
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.derived_cache import CACHE_DIR, DerivedCache
+from fedunlearn.unlearn.derived_cache import DerivedCache
 
 
 @pytest.fixture
 def run_copy(run_all, tmp_path):
     """A private copy of the shared ``all`` run (the cache writes into the run directory)."""
     run_dir = shutil.copytree(run_all, tmp_path / "run")
-    shutil.rmtree(run_dir / CACHE_DIR, ignore_errors=True)  # another test's Crab may have kept one
+    # another test's Crab may have kept one
+    shutil.rmtree(run_dir / DERIVED_CACHE_DIR, ignore_errors=True)
     return run_dir
 
 
@@ -35,7 +37,7 @@ def _comparable(details):
 @pytest.mark.parametrize("method", ["crab", "fedadp"])
 def test_a_second_request_reads_the_selection_and_gets_the_same_result(run_copy, method):
     first = _unlearn(run_copy, method)
-    files = sorted((run_copy / CACHE_DIR).glob("*.json"))
+    files = sorted((run_copy / DERIVED_CACHE_DIR).glob("*.json"))
     second = _unlearn(run_copy, method)
     assert first.details.selection_cached is False
     assert second.details.selection_cached is True
@@ -47,9 +49,22 @@ def test_a_second_request_reads_the_selection_and_gets_the_same_result(run_copy,
     assert second.costs.history_bytes_read < first.costs.history_bytes_read
 
 
+@pytest.mark.parametrize("method", ["crab", "fedadp"])
+def test_the_selection_says_it_was_cached_and_the_method_keeps_no_request_state(run_copy, method):
+    unlearner = make_method(method)  # one method object serves both requests
+    with UnlearnSession(run_copy, evaluate=False) as session:
+        first = session.run(unlearner, UnlearnRequest.of([1]))
+        second = session.run(unlearner, UnlearnRequest.of([1]))
+        selected = unlearner.selection(session.context(UnlearnRequest.of([1])))
+    assert (first.details.selection_cached, second.details.selection_cached) == (False, True)
+    assert selected.cached is True
+    assert tuple(s.round for s in selected.stored) == first.details.stored_rounds
+    assert "selection_cached" not in vars(unlearner)
+
+
 def test_an_edited_cache_is_ignored_and_derived_again(run_copy):
     first = _unlearn(run_copy, "crab")
-    (path,) = (run_copy / CACHE_DIR).glob("*.json")
+    (path,) = (run_copy / DERIVED_CACHE_DIR).glob("*.json")
     doc = json.loads(path.read_text())
     doc["body"]["stored"] = doc["body"]["stored"][:1]  # keep fewer rounds, digest unchanged
     path.write_text(json.dumps(doc))
@@ -91,7 +106,7 @@ def test_a_cache_whose_reads_were_dropped_keeps_the_lineage_approximate(run_copy
     from fedunlearn.unlearn.derived_cache import _digest
 
     first = _unlearn(run_copy, "crab")
-    (path,) = (run_copy / CACHE_DIR).glob("*.json")
+    (path,) = (run_copy / DERIVED_CACHE_DIR).glob("*.json")
     doc = json.loads(path.read_text())
     doc["body"]["reads"] = []
     doc["sha256"] = _digest(doc["body"])
@@ -114,11 +129,11 @@ def test_forget_deletes_the_run_directorys_caches(run_copy, tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "keep.txt").write_text("not the run's")
-    assert (run_copy / CACHE_DIR).is_dir()
+    assert (run_copy / DERIVED_CACHE_DIR).is_dir()
     forget_clients(run_copy, [1])
-    assert not (run_copy / CACHE_DIR).exists()
+    assert not (run_copy / DERIVED_CACHE_DIR).exists()
     assert not references.exists()
-    (run_copy / CACHE_DIR).symlink_to(outside)  # a planted link: removed, its target kept
+    (run_copy / DERIVED_CACHE_DIR).symlink_to(outside)  # a planted link: removed, its target kept
     forget_clients(run_copy, [2])
-    assert not (run_copy / CACHE_DIR).exists()
+    assert not (run_copy / DERIVED_CACHE_DIR).exists()
     assert (outside / "keep.txt").read_text() == "not the run's"

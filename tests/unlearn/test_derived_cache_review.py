@@ -17,15 +17,16 @@ import pytest
 from fedunlearn.errors import HistoryCorruptError
 from fedunlearn.experiments import unlearn_one, write_result
 from fedunlearn.experiments.receipt_check import check_receipt
+from fedunlearn.runs.rundir import DERIVED_CACHE_DIR
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
-from fedunlearn.unlearn.derived_cache import CACHE_DIR, DerivedCache, _digest
+from fedunlearn.unlearn.derived_cache import DerivedCache, _digest
 
 
 @pytest.fixture
 def run_copy(run_all, tmp_path):
     """A private copy of the shared ``all`` run without a derived cache."""
     run_dir = shutil.copytree(run_all, tmp_path / "run")
-    shutil.rmtree(run_dir / CACHE_DIR, ignore_errors=True)
+    shutil.rmtree(run_dir / DERIVED_CACHE_DIR, ignore_errors=True)
     return run_dir
 
 
@@ -35,7 +36,7 @@ def _crab(run_dir, forget=(1,)):
 
 
 def test_a_directory_at_another_cache_name_does_not_fail_the_request(run_copy):
-    (run_copy / CACHE_DIR / "crab-0000.json").mkdir(parents=True)
+    (run_copy / DERIVED_CACHE_DIR / "crab-0000.json").mkdir(parents=True)
     result = _crab(run_copy)  # raises IsADirectoryError after the whole derivation
     assert result.details.selection_cached is False
 
@@ -46,8 +47,9 @@ def test_a_symlinked_cache_folder_deletes_nothing_outside_the_run(tmp_path):
     (elsewhere / "crab-notes.json").write_text("not the cache's")
     run = tmp_path / "run"
     run.mkdir()
-    (run / CACHE_DIR).symlink_to(elsewhere)
-    DerivedCache(run / CACHE_DIR, "scope").put("crab", {}, {"stored": [], "log": [], "reads": []})
+    (run / DERIVED_CACHE_DIR).symlink_to(elsewhere)
+    cache = DerivedCache(run / DERIVED_CACHE_DIR, "scope")
+    cache.put("crab", {}, {"stored": [], "log": [], "reads": []})
     assert (elsewhere / "crab-notes.json").read_text() == "not the cache's"
 
 
@@ -88,7 +90,7 @@ def test_a_payload_damaged_outside_the_chain_is_not_hidden_by_the_cache(run_copy
 
 def test_check_receipt_does_not_take_the_servers_derived_selection(run_copy, tmp_path):
     _crab(run_copy)
-    (path,) = (run_copy / CACHE_DIR).glob("crab-*.json")
+    (path,) = (run_copy / DERIVED_CACHE_DIR).glob("crab-*.json")
     doc = json.loads(path.read_text())
     doc["body"]["stored"] = doc["body"]["stored"][:1]  # the server's own choice of rounds
     doc["sha256"] = _digest(doc["body"])

@@ -21,7 +21,7 @@ from typing import Any
 
 from fedunlearn.config import parse_config
 from fedunlearn.runs import train_run
-from fedunlearn.unlearn.derived_cache import CACHE_DIR as DERIVED_DIR
+from fedunlearn.runs.rundir import DERIVED_CACHE_DIR
 
 __all__ = [
     "ContractRuns",
@@ -100,7 +100,7 @@ def run_dir_digest(run_dir: Path) -> str:
     ``context.derived_cache``; it is not the run's content and changes no result).
     """
     h = hashlib.sha256()
-    cache = run_dir / DERIVED_DIR
+    cache = run_dir / DERIVED_CACHE_DIR
     for path in sorted(run_dir.rglob("*")):
         if path.is_relative_to(cache):
             continue

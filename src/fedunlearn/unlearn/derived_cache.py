@@ -46,11 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.atomic import write_bytes_atomic
-from fedunlearn.runs.rundir import DERIVED_CACHE_DIR
 
-__all__ = ["CACHE_DIR", "DerivedCache"]
+__all__ = ["DerivedCache"]
 
-CACHE_DIR = DERIVED_CACHE_DIR  # RUN/derived; `fedunlearn forget` deletes it
 FORMAT = 1
 MAX_BYTES = 64 * 2**20  # a 1,000-client, 200-round selection takes well under 1 MB
 

@@ -29,6 +29,7 @@ from fedunlearn.unlearn.context import MeteredHistory, UnlearnContext
 from fedunlearn.unlearn.lineage import PayloadKind, Read, ReadLog
 
 __all__ = [
+    "Selection",
     "SelectiveReplay",
     "StoredRound",
     "cosine_scores",
@@ -86,6 +87,19 @@ class StoredRound:
 
     round: int
     clients: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A method's selection for one request: the stored rounds and how they were had.
+
+    ``cached`` is True where the derived selection was read back from the run directory
+    (``unlearn.derived_cache``) rather than derived again; a stored (live) selection is never
+    cached. The selection travels with the request, so a method object holds no per-request state.
+    """
+
+    stored: list[StoredRound]
+    cached: bool = False
 
 
 def selection_options(
@@ -155,7 +169,6 @@ class SelectiveReplay(Unlearner[ParamsT]):
     def __init__(self, params: ParamsT | dict[str, Any] | None = None) -> None:
         super().__init__(params)
         self._cache: dict[str, list[StoredRound]] = {}
-        self.selection_cached = False  # the last selection was read from the derived cache
 
     def selection_options(self, context: UnlearnContext) -> dict[str, Any]:
         """The effective selection options: each override, else the run's recorded value."""
@@ -185,24 +198,23 @@ class SelectiveReplay(Unlearner[ParamsT]):
         """Return the selection of an ``all`` run; append the selector's windows/stages to log."""
         raise NotImplementedError
 
-    def selection(self, context: UnlearnContext, log: list[Any] | None = None) -> list[StoredRound]:
+    def selection(self, context: UnlearnContext, log: list[Any] | None = None) -> Selection:
         """Return the stored rounds with their kept clients (stored live, or derived)."""
-        self.selection_cached = False
         if context.history.policy == self.policy:
-            stored = stored_selection(context.history, context.num_rounds)
+            selected = Selection(stored_selection(context.history, context.num_rounds))
         else:
-            stored = self._derived(context, log if log is not None else [])
+            selected = self._derived(context, log if log is not None else [])
         if context.fingerprint:
-            self._cache[context.fingerprint + context.history.policy] = stored
-        return stored
+            self._cache[context.fingerprint + context.history.policy] = selected.stored
+        return selected
 
-    def _derived(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+    def _derived(self, context: UnlearnContext, log: list[Any]) -> Selection:
         """``derive_selection``, or what an earlier request derived on this history.
 
         ``context.derived_cache`` (``unlearn.derived_cache``) keeps the selection, the
         selector's log and the payloads the derivation read; read back, those reads are logged
         again (the lineage is the same), their bytes are not counted (nothing was read).
-        ``selection_cached`` says which happened.
+        ``Selection.cached`` says which happened.
         """
         cache = context.derived_cache
         options = {k: _jsonable(v) for k, v in self.selection_options(context).items()}
@@ -222,12 +234,11 @@ class SelectiveReplay(Unlearner[ParamsT]):
                     if t:
                         reads.record("aggregate", t)
             log.extend(entries)
-            self.selection_cached = True
-            return stored
+            return Selection(stored, cached=True)
         start = len(log)
         history = context.history
         if cache is None or not isinstance(history, MeteredHistory):
-            return self.derive_selection(context, log)
+            return Selection(self.derive_selection(context, log))
         outer, history.log = history.log, ReadLog()  # what the derivation alone reads
         try:
             stored = self.derive_selection(context, log)
@@ -236,23 +247,23 @@ class SelectiveReplay(Unlearner[ParamsT]):
             for read in payloads:
                 outer.record(read.kind, read.round, read.client_id)
         cache.put(self.policy, options, _to_cache(stored, log[start:], payloads))
-        return stored
+        return Selection(stored)
 
-    def replay_selection(self, context: UnlearnContext, log: list[Any]) -> list[StoredRound]:
+    def replay_selection(self, context: UnlearnContext, log: list[Any]) -> Selection:
         """``selection``, refusing a run where it holds no stored round with client updates."""
-        stored = self.selection(context, log)
-        if not stored:
+        selected = self.selection(context, log)
+        if not selected.stored:
             raise UnsupportedHistoryError(
                 f"{self.name} found no stored round with client updates in this run; record it "
                 f"with history.policy={self.policy} or all."
             )
-        return stored
+        return selected
 
     def history_bytes_needed(self, context: UnlearnContext) -> int:
         """M_0, the global model of each stored round and the stored updates."""
         stored = self._cache.get(context.fingerprint + context.history.policy)
         if stored is None or not context.fingerprint:
-            stored = self.selection(context)
+            stored = self.selection(context).stored
         return selection_bytes(stored, context.clients.num_params)
 
 

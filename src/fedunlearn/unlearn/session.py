@@ -59,6 +59,7 @@ from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.registry import ModelFactory
 from fedunlearn.runs import HISTORY_DIR, build_setup, load_run_config, run_fingerprint
 from fedunlearn.runs.components import warn_changed_components
+from fedunlearn.runs.rundir import DERIVED_CACHE_DIR
 from fedunlearn.runs.setup import (
     Setup,
     aggregator_of,
@@ -79,7 +80,6 @@ from fedunlearn.unlearn.context import (
     TrainingInfo,
     UnlearnContext,
 )
-from fedunlearn.unlearn.derived_cache import CACHE_DIR as DERIVED_DIR
 from fedunlearn.unlearn.derived_cache import DerivedCache
 from fedunlearn.unlearn.views import (
     ClientSideEvaluation,
@@ -420,7 +420,7 @@ class UnlearnSession:
         if head is None or not self._use_derived_cache:
             return None
         scope = f"{__version__}:{run.fingerprint}:{head.seq}:{head.link}"
-        return DerivedCache(run.run_dir / DERIVED_DIR, scope)
+        return DerivedCache(run.run_dir / DERIVED_CACHE_DIR, scope)
 
     def _without_samples(self, request: UnlearnRequest, clients: RunClients | None) -> Federation:
         """Return the run's fresh-training clients with the request's samples deleted.

@@ -176,7 +176,7 @@ def live_and_all(tmp_path_factory):
 def test_live_policy_stores_exactly_the_selection_derived_from_the_full_history(live_and_all):
     live, full = live_and_all
     with UnlearnSession(full) as session:
-        derived = FedADP().selection(session.context(UnlearnRequest.of([0])))
+        derived = FedADP().selection(session.context(UnlearnRequest.of([0]))).stored
     stored = {r: ids for r, ids in stored_sets(live).items() if ids}
     assert stored == {s.round: s.clients for s in derived}
     assert all(len(ids) == 4 for ids in stored.values())  # round_half_up(0.7 * 6)

@@ -61,14 +61,12 @@ from fedunlearn.runs.rundir import REFERENCES_CACHE_DIR, write_bytes_atomic, wri
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
 
 __all__ = [
-    "CACHE_DIR",
     "DEFAULT_SHARED_REFERENCES",
     "SharedReferences",
     "load_or_train_shared",
     "shared_client_test",
 ]
 
-CACHE_DIR = REFERENCES_CACHE_DIR  # RUN/receipt_references; `fedunlearn forget` deletes it
 DEFAULT_SHARED_REFERENCES = 6  # 3 complementary pairs: 3 "in" + 3 "out" per client
 MANIFEST = "manifest.json"
 
@@ -248,7 +246,7 @@ def load_or_train_shared(
     if not isinstance(count, int) or count < 4 or count % 2:
         raise ConfigError(f"shared references must be an even int >= 4; got {count!r}")
     key = _key(session, count, seed)
-    folder = session.run_view.run_dir / CACHE_DIR
+    folder = session.run_view.run_dir / REFERENCES_CACHE_DIR
     cached, note = _read(folder, key)
     if cached is not None:
         return cached

@@ -24,6 +24,8 @@ __all__ = [
 
 BYTES_PER_PARAM = 4  # float32 models on the wire
 SAVING_FLOOR = 0.9  # "one request saves less than 10 % of Retrain"
+_TOO_MANY_CLIENTS = "a request forgets 1..{top} clients (one remains); got {count}"
+_TOO_MANY_REQUESTS = "requests must be in 1..{top} (one client remains); got {count}"
 
 
 # ----- one request -------------------------------------------------------------------------------
@@ -98,6 +100,19 @@ def _cost(
     )
 
 
+def _request_round(
+    inputs: PlanInputs, after_round: int | None, count: int, refusal: str
+) -> tuple[int, int]:
+    """Return (r_u, M) once ``count`` clients leave at least one (``refusal``: the error).
+
+    ``refusal`` is formatted with ``top`` (M - 1) and ``count``.
+    """
+    r_u, m_all = inputs.request_round(after_round), inputs.num_clients
+    if not 1 <= count < m_all:
+        raise ValueError(refusal.format(top=m_all - 1, count=count))
+    return r_u, m_all
+
+
 def client_request(
     inputs: PlanInputs, clients: int = 1, after_round: int | None = None
 ) -> RequestCost:
@@ -106,9 +121,7 @@ def client_request(
     Raises:
         ValueError: ``clients`` is not in 1..M-1.
     """
-    r_u, m_all = inputs.request_round(after_round), inputs.num_clients
-    if not 1 <= clients < m_all:
-        raise ValueError(f"a request forgets 1..{m_all - 1} clients (one remains); got {clients}")
+    r_u, m_all = _request_round(inputs, after_round, clients, _TOO_MANY_CLIENTS)
     shards = inputs.shards()
     # (P(j of the w clients fall in shard s), q of j clients there, trajectories per round after)
     parts = [
@@ -230,9 +243,7 @@ def sequential_requests(
     Raises:
         ValueError: ``requests`` is not in 1..M-1.
     """
-    r_u, m_all = inputs.request_round(after_round), inputs.num_clients
-    if not 1 <= requests < m_all:
-        raise ValueError(f"requests must be in 1..{m_all - 1} (one client remains); got {requests}")
+    r_u, m_all = _request_round(inputs, after_round, requests, _TOO_MANY_REQUESTS)
     shards = inputs.shards()
     current = [float(s.size) for s in shards]
     probabilities: list[float] = []

@@ -79,7 +79,6 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, field_validator
 
-from fedunlearn.errors import UnsupportedHistoryError
 from fedunlearn.fl.clients import TrainTask
 from fedunlearn.fl.engine import screen_update
 from fedunlearn.history.policy import MAX_ABS_KEY
@@ -92,6 +91,7 @@ from fedunlearn.linalg.lbfgs import (
     step_stats,
 )
 from fedunlearn.unlearn.base import Details, MethodParams, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.complete_history import refuse_missing_updates, require_every_round
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.replay import records_describe_stored_updates
@@ -480,12 +480,7 @@ class FedRecover(Unlearner[FedRecoverParams]):
         """
         history = context.history
         remaining = set(context.clients.client_ids)
-        missing_rounds = sorted(set(range(context.num_rounds + 1)) - set(history.rounds()))
-        if missing_rounds:
-            raise UnsupportedHistoryError(
-                f"fedrecover needs the global model of every round 0..{context.num_rounds}; "
-                f"rounds {missing_rounds[:10]} are not in the history. Complete the run first."
-            )
+        require_every_round(context, "fedrecover")
         participants: dict[int, list[int]] = {}
         maxima: dict[int, dict[int, float]] = {}
         exact_copies = records_describe_stored_updates(context)  # RunMeta decides
@@ -505,13 +500,11 @@ class FedRecover(Unlearner[FedRecoverParams]):
                 and isinstance(value := rec.scalars.get(MAX_ABS_KEY), float)
                 and math.isfinite(value)
             }
-        if missing:
-            shown = ", ".join(f"round {r} client {c}" for r, c in missing[:5])
-            raise UnsupportedHistoryError(
-                f"fedrecover needs every remaining client's stored update; {len(missing)} are "
-                f"missing ({shown}{', ...' if len(missing) > 5 else ''}), e.g. deleted by "
-                "forget(). Record with history.policy=all and keep the updates."
-            )
+        refuse_missing_updates(
+            missing,
+            "fedrecover needs every remaining client's stored update",
+            ", e.g. deleted by forget()",
+        )
         return participants, maxima
 
     def _exact(

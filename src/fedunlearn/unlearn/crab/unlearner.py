@@ -436,7 +436,8 @@ class Crab(SelectiveReplay[CrabParams]):
     def _run(self, request: UnlearnRequest, context: UnlearnContext) -> RunOutput:
         clock = time.perf_counter()
         windows: list[WindowRecord] = []
-        stored = self.replay_selection(context, windows)
+        selected = self.replay_selection(context, windows)
+        stored = selected.stored
         selection_seconds = time.perf_counter() - clock
         forget = request.forget
         rb = self.rollback(context, stored, forget)
@@ -498,7 +499,7 @@ class Crab(SelectiveReplay[CrabParams]):
             timing=timing,
             selection_options=self.selection_options(context),
             selection_source=context.history.policy,
-            selection_cached=self.selection_cached,
+            selection_cached=selected.cached,
             stored_rounds=tuple(s.round for s in stored),
             stored_clients={str(s.round): list(s.clients) for s in stored},
             num_stored_rounds=len(stored),

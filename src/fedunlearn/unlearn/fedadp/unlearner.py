@@ -78,7 +78,7 @@ from fedunlearn.unlearn.context import PrivateClients, UnlearnContext
 from fedunlearn.unlearn.fedadp.params import FedADPParams, fedadp_options
 from fedunlearn.unlearn.fedadp.policy import LOSS_KEY, Stage, StageSelector
 from fedunlearn.unlearn.registry import register
-from fedunlearn.unlearn.selection import SelectiveReplay, StoredRound
+from fedunlearn.unlearn.selection import Selection, SelectiveReplay, StoredRound
 from fedunlearn.unlearn.tuning import final_round_count, final_tuning
 
 log = logging.getLogger(__name__)
@@ -355,7 +355,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
         clock = time.perf_counter()
         p = self.params
         stages: list[Stage] = []
-        stored = self.replay_selection(context, stages)
+        selected = self.replay_selection(context, stages)
         selection_seconds = time.perf_counter() - clock
         private = None  # AD25: DP-SGD fresh updates at a stated budget (dp_sgd unlearn_dp)
         if p.unlearn_dp and context.privacy.mechanism == "dp_sgd":
@@ -364,7 +364,9 @@ class FedADP(SelectiveReplay[FedADPParams]):
                 raise UnsupportedHistoryError("fedadp unlearn_dp needs context.private_clients")
             private = context.private_clients(lambda _round: budget)
         try:
-            return self._replay(request, context, stored, stages, private, clock, selection_seconds)
+            return self._replay(
+                request, context, selected, stages, private, clock, selection_seconds
+            )
         finally:
             if private is not None:
                 private.close()
@@ -434,13 +436,14 @@ class FedADP(SelectiveReplay[FedADPParams]):
         self,
         request: UnlearnRequest,
         context: UnlearnContext,
-        stored: list[StoredRound],
+        selected: Selection,
         stages: list[Stage],
         private: PrivateClients | None,
         clock: float,
         selection_seconds: float,
     ) -> RunOutput:
         p = self.params
+        stored = selected.stored
         forget = request.forget
         history = context.history
         dp_history = context.privacy.enabled  # the stored updates are noised copies
@@ -503,7 +506,7 @@ class FedADP(SelectiveReplay[FedADPParams]):
             trained_with_dp=context.privacy.enabled,
             privacy=privacy,
             selection_source=history.policy,
-            selection_cached=self.selection_cached,
+            selection_cached=selected.cached,
             selection_options=self.selection_options(context),
             stored_rounds=tuple(s.round for s in stored),
             stored_clients={str(s.round): list(s.clients) for s in stored},

@@ -42,10 +42,11 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from fedunlearn.errors import ConfigError, UnknownNameError, UnsupportedHistoryError
+from fedunlearn.errors import ConfigError, UnknownNameError
 from fedunlearn.linalg.lbfgs import GuardCounts
 from fedunlearn.registry import Registry
 from fedunlearn.unlearn.base import Details, RunOutput, Unlearner, UnlearnRequest
+from fedunlearn.unlearn.complete_history import refuse_missing_updates, require_every_round
 from fedunlearn.unlearn.context import UnlearnContext
 from fedunlearn.unlearn.registry import register
 from fedunlearn.unlearn.starfish.backend.plain import PlainBackend
@@ -264,13 +265,7 @@ class Starfish(Unlearner[StarfishParams]):
     ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
         """Return round -> remaining participants and round -> targets; check stored updates."""
         history = context.history
-        rounds = set(history.rounds())
-        missing_rounds = sorted(set(range(context.num_rounds + 1)) - rounds)
-        if missing_rounds:
-            raise UnsupportedHistoryError(
-                f"starfish needs the global model of every round 0..{context.num_rounds}; "
-                f"rounds {missing_rounds[:10]} are not in the history. Complete the run first."
-            )
+        require_every_round(context, "starfish")
         remaining = set(context.clients.client_ids)
         participants: dict[int, list[int]] = {}
         targets: dict[int, list[int]] = {}
@@ -282,13 +277,9 @@ class Starfish(Unlearner[StarfishParams]):
             missing += [(r, c) for c in accepted if not history.has_update(r, c)]
             participants[r] = [c for c in accepted if c in remaining]
             targets[r] = [c for c in accepted if c in forget]
-        if missing:
-            shown = ", ".join(f"round {r} client {c}" for r, c in missing[:5])
-            raise UnsupportedHistoryError(
-                f"starfish needs every client's stored update (Stage I shares); {len(missing)} "
-                f"are missing ({shown}{', ...' if len(missing) > 5 else ''}). Record with "
-                "history.policy=all and keep the updates."
-            )
+        refuse_missing_updates(
+            missing, "starfish needs every client's stored update (Stage I shares)"
+        )
         return participants, targets
 
     def scale(self, lr: float) -> float:

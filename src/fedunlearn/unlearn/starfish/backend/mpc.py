@@ -104,11 +104,31 @@ _PADDING: dict[str, tuple[float, ...]] = {
 }
 
 
+#: the dealer calls a ``TimedDealer`` forwards with their seconds counted (``mpc.dealer``:
+#: Beaver, matrix and inner-product triples, square pairs, boolean triples, random bits,
+#: ZeroGen, SecRanGen and invertible masks)
+TIMED_CALLS = frozenset(
+    {
+        "triple",
+        "matrix_triple",
+        "inner_triple",
+        "square_pair",
+        "and_triple",
+        "and_triple_shared",
+        "random_bits",
+        "zero",
+        "random",
+        "invertible_mask",
+    }
+)
+
+
 class TimedDealer:
     """A party's dealer with the seconds spent in it counted (the offline share of wall time).
 
-    Forwards the dealer methods the mpc protocols call; any object with them works (the
-    in-process ``Dealer``, or a remote dealer client).
+    Forwards the dealer methods the mpc protocols call: those of ``TIMED_CALLS`` timed, and
+    ``counters``, ``party_id`` and ``mask_bound``; any object with them works (the in-process
+    ``Dealer``, or a remote dealer client).
 
     Args:
         inner: The dealer to forward to.
@@ -136,59 +156,20 @@ class TimedDealer:
         """0 or 1."""
         return int(self.inner.party_id)
 
-    def triple(self, shape: tuple[int, ...]) -> Any:
-        """Elementwise Beaver triple."""
-        with self._timed():
-            return self.inner.triple(shape)
-
-    def matrix_triple(self, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> Any:
-        """Matrix triple."""
-        with self._timed():
-            return self.inner.matrix_triple(a_shape, b_shape)
-
-    def inner_triple(self, shape: tuple[int, ...]) -> Any:
-        """Inner-product triple."""
-        with self._timed():
-            return self.inner.inner_triple(shape)
-
-    def square_pair(self, shape: tuple[int, ...]) -> Any:
-        """Square pair."""
-        with self._timed():
-            return self.inner.square_pair(shape)
-
-    def and_triple(self, shape: tuple[int, ...]) -> Any:
-        """Boolean triple."""
-        with self._timed():
-            return self.inner.and_triple(shape)
-
-    def and_triple_shared(self, shape: tuple[int, ...]) -> Any:
-        """Two boolean triples with a common left mask."""
-        with self._timed():
-            return self.inner.and_triple_shared(shape)
-
-    def random_bits(self, shape: tuple[int, ...]) -> Any:
-        """Random bits in both sharings."""
-        with self._timed():
-            return self.inner.random_bits(shape)
-
-    def zero(self, shape: tuple[int, ...], charged: bool = True) -> Any:
-        """ZeroGen."""
-        with self._timed():
-            return self.inner.zero(shape, charged)
-
-    def random(self, shape: tuple[int, ...]) -> Any:
-        """SecRanGen."""
-        with self._timed():
-            return self.inner.random(shape)
-
     def mask_bound(self) -> float:
         """Public bound on an invertible mask's entries."""
         return float(self.inner.mask_bound())
 
-    def invertible_mask(self, shape: tuple[int, ...], fixed_point: Any) -> Any:
-        """Shares of a random well-conditioned matrix."""
-        with self._timed():
-            return self.inner.invertible_mask(shape, fixed_point)
+    def __getattr__(self, name: str) -> Any:
+        """The dealer call ``name`` of ``TIMED_CALLS``, forwarded with its seconds counted."""
+        if name not in TIMED_CALLS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self._timed():
+                return getattr(self.inner, name)(*args, **kwargs)
+
+        return timed
 
 
 def _is_secret(x: Any) -> TypeIs[SharedTensor]:
