@@ -17,7 +17,7 @@ MNIST_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist.np
 
 # Fixtures that start a Flower runtime (tests/integrations/conftest.py): their tests are the
 # xdist group "flower", one after another on one worker.
-FLOWER_FIXTURES = frozenset({"flower_lock", "example_app_run"})
+FLOWER_FIXTURES = frozenset({"flower_lock", "example_app_run", "example_app_unlearned"})
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:

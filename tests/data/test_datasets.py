@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fedunlearn.data as data
+import fedunlearn.data.datasets as datasets
 from fedunlearn.data import DATASETS, Dataset, load_dataset
 from fedunlearn.data.datasets import resolve_data_dir
 from fedunlearn.errors import ConfigError, DataFormatError, DataUnavailableError, UnknownNameError
@@ -25,9 +26,13 @@ def test_every_exported_name_imports_and_registry_lists_all_datasets():
 
 @pytest.mark.slow
 def test_importing_the_package_does_not_import_sklearn_or_rich():
-    code = "import sys, fedunlearn.data; print('sklearn' in sys.modules, 'rich' in sys.modules)"
+    # and loading digits does not either (about 2 s of CPU in every CLI and Flower process)
+    code = (
+        "import sys, fedunlearn.data; print('sklearn' in sys.modules, 'rich' in sys.modules); "
+        "fedunlearn.data.load_dataset('digits'); print('sklearn' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    assert out.stdout.split() == ["False", "False", "False"]
 
 
 def test_unknown_dataset_lists_the_available_ones():
@@ -56,6 +61,18 @@ def test_digits_shapes_dtypes_and_range():
     assert "digits" in repr(ds)
     assert "1797" not in repr(ds)
     assert "array" not in repr(ds)
+
+
+def test_digits_read_from_the_file_are_sklearns_loader_bit_for_bit(monkeypatch):
+    fast = load_dataset("digits")
+    monkeypatch.setattr(datasets, "_digits_csv", lambda: None)  # scikit-learn's own loader
+    slow = load_dataset("digits")
+
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        got, want = getattr(fast, name), getattr(slow, name)
+        assert got.dtype == want.dtype, name
+        assert got.tobytes() == want.tobytes(), name
+    assert fast.meta == slow.meta
 
 
 def test_digits_split_is_stratified_and_seeded():

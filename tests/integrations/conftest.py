@@ -10,12 +10,14 @@ checkouts' suites on one machine apart.
 A Flower run costs seconds of process and Ray start-up and at least 3 s per exchange (Flower's
 Grid polls every 3 s), and the group runs serially: ``example_app_run`` trains the example app
 under ``flwr run`` once, and every test that only needs such a run reads it (or a copy, if it
-changes the run) instead of training its own.
+changes the run) instead of training its own; ``example_app_unlearned`` likewise runs one
+unlearning request on it under ``flwr run`` for the tests that check or continue from that request.
 """
 
 from __future__ import annotations
 
 import fcntl
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,3 +86,37 @@ def example_app_run(tmp_path_factory: pytest.TempPathFactory) -> ExampleAppRun:
             app_dir=EXAMPLE_APP,
         )
     return ExampleAppRun(path, root / "flower", root / "inproc", info, num_clients, rounds)
+
+
+@dataclass(frozen=True)
+class ExampleAppUnlearned:
+    """``example_app_run``'s Flower run after one request under ``flwr run`` (Retrain, client 0)."""
+
+    run: Path  # a copy of ExampleAppRun.flower; the request read it and left its result inside
+    result: Path  # the result JSON (``FlowerJob``'s default path); its model and apply file beside
+    forget: tuple[int, ...]
+    method: str
+
+
+@pytest.fixture(scope="session")
+def example_app_unlearned(
+    tmp_path_factory: pytest.TempPathFactory, example_app_run: ExampleAppRun
+) -> ExampleAppUnlearned:
+    """Forget client 0 with Retrain over ``flwr run`` on a copy of the example app's run, once.
+
+    Read-only for the tests: one that applies or continues the result works on a copy.
+    """
+    from fedunlearn.integrations.flower.server_app import FlowerJob
+    from fedunlearn.integrations.flower.simulation import simulate
+
+    run = tmp_path_factory.mktemp("example-app-unlearned") / "run"
+    shutil.copytree(example_app_run.flower, run)
+    forget, method = (0,), "retrain"
+    with holding_flower_lock():
+        simulate(
+            FlowerJob("unlearn", run, method=method, forget=forget),
+            example_app_run.num_clients,
+            num_cpus=2,
+            app_dir=EXAMPLE_APP,
+        )
+    return ExampleAppUnlearned(run, run / f"flower_{method}.json", forget, method)

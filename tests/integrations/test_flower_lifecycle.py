@@ -186,22 +186,23 @@ def test_continue_job_round_trips_and_bad_rounds_are_named(tmp_path):
 
 @pytest.mark.slow
 def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(
-    tmp_path, example_app_run, flower_lock
+    tmp_path, example_app_run, example_app_unlearned, flower_lock
 ):
     """The docs' Flower lifecycle: real flwr run processes and the fedunlearn apply CLI."""
     from fedunlearn.integrations.flower.simulation import simulate
 
-    # Prepare: the example app trained 3 clients for 2 rounds under flwr run (conftest's
-    # example_app_run, shared with test_flower_simulation); this test changes a copy
+    # Prepare: the example app trained 3 clients for 2 rounds under flwr run, then client 0
+    # forgotten over Flower (conftest's example_app_run and example_app_unlearned, shared with
+    # test_flower_simulation); this test changes a copy
     assert (example_app_run.num_clients, example_app_run.rounds) == (3, 2)
+    assert (example_app_unlearned.forget, example_app_unlearned.method) == ((0,), "retrain")
     run = tmp_path / "run"
-    shutil.copytree(example_app_run.flower, run)
+    shutil.copytree(example_app_unlearned.run, run)
 
     def flower(job: FlowerJob) -> None:
         simulate(job, 3, num_cpus=2, app_dir=EXAMPLE_APP)
 
-    # Execute: forget client 0 over Flower, apply (CLI), continue 2 rounds over Flower
-    flower(FlowerJob("unlearn", run, method="retrain", forget=(0,)))
+    # Execute: apply the request's result (CLI), continue 2 rounds over Flower
     applied = subprocess.run(
         [
             sys.executable,
@@ -210,7 +211,7 @@ def test_lifecycle_under_flwr_run_never_trains_a_forgotten_client(
             "apply",
             str(run),
             "--result",
-            str(run / "flower_retrain.json"),
+            str(run / example_app_unlearned.result.name),
         ],
         capture_output=True,
         text=True,

@@ -2,14 +2,14 @@
 
 Each test runs `simulate`, which starts a Simulation Runtime SuperLink and submits the app with
 `flwr run` (Flower's supported path), so these are the example app's CI runs; the example app's
-train run is conftest's ``example_app_run``, shared with the Flower lifecycle test.
+train run is conftest's ``example_app_run``, its unlearning request ``example_app_unlearned``, both
+shared with the Flower lifecycle test.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +30,6 @@ from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method  # no
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE_APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 FAILING_CLIENT, FAILING_ROUND = 1, 2
 
 # The app module with a Flower client mod that crashes one client in one round.
@@ -110,33 +109,24 @@ def test_failing_client_is_recorded_missing_and_the_run_completes(tmp_path, flow
 
 
 def test_unlearning_request_under_flwr_run_equals_in_process(
-    tmp_path, example_app_run, flower_lock
+    tmp_path, example_app_run, example_app_unlearned
 ):
     # Prepare: a copy of the run recorded under flwr run; the method in-process as the reference
+    done = example_app_unlearned
     run_dir = tmp_path / "run"
     shutil.copytree(example_app_run.flower, run_dir)
-    request = UnlearnRequest.of([2])
+    request = UnlearnRequest.of(list(done.forget))
     with UnlearnSession(run_dir) as session:
-        want = session.run(make_method("federaser", {"calibration_ratio": 1.0}), request)
+        want = session.run(make_method(done.method), request)
 
-    # Execute: the calibration training goes to the remaining clients through Flower
-    out = tmp_path / "federaser.json"
-    simulate(
-        FlowerJob(
-            mode="unlearn",
-            run_dir=run_dir,
-            method="federaser",
-            method_params={"calibration_ratio": 1.0},
-            forget=(2,),
-            result_path=out,
-        ),
-        example_app_run.num_clients,
-        num_cpus=2,
-        app_dir=EXAMPLE_APP,
-    )
+    # Execute (conftest.example_app_unlearned, shared with the Flower lifecycle test): Retrain's
+    # rounds go to the remaining clients through Flower. FedEraser's calibration under real
+    # Flower processes is test_flower_deployment's request.
+    out = done.result
 
     # Assert: the model file is a loadable module holding the in-process method's model
     summary = json.loads(out.read_text())
+    assert summary["request"]["forget"] == list(done.forget)
     assert summary["model_file"] == str(out.with_suffix(".safetensors"))
     got = get_flat_params(load_model(out.with_suffix(".safetensors")))
     torch.testing.assert_close(got, want.params, atol=1e-6, rtol=0)

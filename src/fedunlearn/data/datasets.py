@@ -9,6 +9,8 @@ File formats live in ``formats``, downloads in ``download``, tokenization in ``t
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import inspect
 import os
 from collections.abc import Callable
@@ -170,14 +172,41 @@ def load_digits(
         test_fraction: Share of each class put in the test split.
         seed: Seed of the stratified split.
     """
-    from sklearn.datasets import load_digits as sklearn_digits  # lazy: sklearn is slow to import
-
-    x, y = sklearn_digits(return_X_y=True)
+    x, y = _sklearn_digits()
     x = (np.asarray(x, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
     meta = {"source": "sklearn.datasets.load_digits", "classes": [str(d) for d in range(10)]}
     return _split(
         "digits", x, np.asarray(y, dtype=np.int64), 10, "image", meta, test_fraction, seed
     )
+
+
+def _digits_csv() -> Path | None:
+    """Return scikit-learn's ``datasets/data/digits.csv.gz``, found without importing it."""
+    spec = importlib.util.find_spec("sklearn")  # a top-level package: found, not run
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """Return ``sklearn.datasets.load_digits(return_X_y=True)``, without importing scikit-learn.
+
+    scikit-learn's loader reads ``datasets/data/digits.csv.gz`` with ``np.loadtxt``; importing
+    it costs a process about 2 s of CPU (scipy and scikit-learn's base), paid by every CLI and
+    Flower process that loads digits. The file is read the same way, so the arrays are the
+    same, bit for bit; where the file is not found, scikit-learn's loader is used.
+    """
+    path = _digits_csv()
+    if path is not None:
+        with gzip.open(path, mode="rt", encoding="utf-8") as fh:
+            data = np.loadtxt(fh, delimiter=",")
+        return data[:, :-1], data[:, -1].astype(int, copy=False)
+    from sklearn.datasets import load_digits as sklearn_digits  # lazy: sklearn is slow to import
+
+    x, y = sklearn_digits(return_X_y=True)
+    return x, y
 
 
 def load_synthetic(
