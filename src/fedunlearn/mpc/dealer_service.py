@@ -301,15 +301,21 @@ class DealerServer:
         return s0, s1, corrections
 
     def _send_material(
-        self, header: list[int], s0: bytes, s1: bytes, corrections: list[np.ndarray]
+        self,
+        header: list[int],
+        s0: bytes,
+        s1: bytes,
+        corrections: list[np.ndarray],
+        *,
+        tell: bool = True,
     ) -> None:
         head = np.array(header, dtype=np.uint64)
-        self._send(0, head)
-        self._send(0, np.frombuffer(s0, dtype=np.uint8))  # party 0: the seed, nothing else
-        self._send(1, head)
-        self._send(1, np.frombuffer(s1, dtype=np.uint8))
+        self._send(0, head, tell=tell)
+        self._send(0, np.frombuffer(s0, dtype=np.uint8), tell=tell)  # party 0: the seed only
+        self._send(1, head, tell=tell)
+        self._send(1, np.frombuffer(s1, dtype=np.uint8), tell=tell)
         if corrections:
-            self._send(1, np.concatenate([c.reshape(-1) for c in corrections]))
+            self._send(1, np.concatenate([c.reshape(-1) for c in corrections]), tell=tell)
 
     def _serve(self, request: Request) -> None:
         self._check_size(request, self.requests)
@@ -349,7 +355,9 @@ class DealerServer:
                     return
                 s0, s1, private = request_seeds(self._master, index, request, epoch)
                 corrections = deal(request, s0, s1, private, self.mask_scale_bits)
-                self._send_material([MATERIAL, plan_id, index], s0, s1, corrections)
+                # a party that said goodbye may hang up while the plan still streams: only the
+                # serving loop, which reads its goodbye or its loss, tells the other party
+                self._send_material([MATERIAL, plan_id, index], s0, s1, corrections, tell=False)
                 index += 1
         except BaseException as exc:  # reported by _join_producer; the parties see END early
             self._producer_error = exc
@@ -357,7 +365,7 @@ class DealerServer:
             end = np.array([END, plan_id, index], dtype=np.uint64)
             for party_id in (0, 1):
                 try:
-                    self._send(party_id, end)
+                    self._send(party_id, end, tell=False)
                 except FedUnlearnError:
                     pass
 
@@ -374,12 +382,19 @@ class DealerServer:
                 f"the dealer failed while streaming material: {self._producer_error}"
             ) from self._producer_error
 
-    def _send(self, party_id: int, array: np.ndarray) -> None:
+    def _send(self, party_id: int, array: np.ndarray, *, tell: bool = True) -> None:
+        """Queue ``array`` for a party; if it is gone, tell the other one (``tell``) and raise.
+
+        The producer streams with ``tell=False``: a send failing there may be a party that said
+        goodbye and hung up with the plan unused, which is no loss; the serving loop reads that
+        party's next message and decides (``_read`` tells the other party of a real loss).
+        """
         try:
             self._channel(party_id).send(array)
         except PeerDisconnectedError as exc:
             message = f"the dealer lost party {party_id} ({exc}); the session is over"
-            self._tell(1 - party_id, GONE, message)
+            if tell:
+                self._tell(1 - party_id, GONE, message)
             raise PeerDisconnectedError(message) from exc
         self.sent_bytes[party_id] += array.nbytes
 
