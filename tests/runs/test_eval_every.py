@@ -83,3 +83,33 @@ def test_the_default_leaves_the_dump_and_the_fingerprint_of_earlier_runs_unchang
 def test_a_cadence_below_one_is_refused(value):
     with pytest.raises(ConfigError, match="training.eval_every"):
         _config(value)
+
+
+def test_a_sharded_runs_ensemble_follows_the_cadence(tmp_path, monkeypatch):
+    # review finding: the ensemble's test pass (one per shard) ran every round
+    from fedunlearn.runs.setup import Setup
+
+    calls: list[int] = []
+    ensemble = Setup.ensemble_metrics
+
+    def counted(self, shard_params):
+        calls.append(1)
+        return ensemble(self, shard_params)
+
+    monkeypatch.setattr(Setup, "ensemble_metrics", counted)
+    data = _config(3).model_dump(mode="json")
+    data["data"]["num_clients"] = 8
+    data["training"]["shards"] = 2
+    train_run(parse_config(data, "test"), tmp_path / "run")
+
+    scalars = _scalars(tmp_path / "run")
+    assert len(calls) == 3
+    assert sorted(r for r, s in scalars.items() if "ensemble_test_accuracy" in s) == [3, 6, 7]
+    assert sorted(r for r, s in scalars.items() if "test_accuracy" in s) == [0, 3, 6, 7]
+
+
+def test_a_resume_with_another_cadence_names_both_values():
+    # review finding: the default is left out of the dump, so the difference read "None vs 3"
+    from fedunlearn.runs.rundir import config_differences
+
+    assert config_differences(_config(None), _config(3)) == "training.eval_every: 1 vs 3"

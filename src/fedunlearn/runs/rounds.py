@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -50,6 +50,8 @@ from fedunlearn.runs.setup import (
     sampler_of,
     with_recorded_executor,
 )
+
+Model = TypeVar("Model")  # what an evaluation is given: flat parameters, or shard models
 
 __all__ = [
     "RecorderFactory",
@@ -144,20 +146,21 @@ def resume_state(
 
 
 def on_cadence(
-    evaluate: Callable[[torch.Tensor], Mapping[str, float]], every: int, rounds: range | None
-) -> Callable[[torch.Tensor], dict[str, float]]:
+    evaluate: Callable[[Model], Mapping[str, float]], every: int, rounds: range | None
+) -> Callable[[Model], dict[str, float]]:
     """Return ``evaluate`` measured on the rounds ``every`` divides and the last, else ``{}``.
 
     ``training.eval_every``: the test set costs a forward pass over every test example per
     round, at M = 1,000 clients and a 582k-parameter CNN several times the round's client
     training (docs/performance.md). ``rounds``: the rounds the result is called for, once each
-    and in order; None (or past them): always measured.
+    and in order; None (or past them): always measured. ``Model``: the global model's flat
+    parameters, or a sharded run's shard models (its ensemble's metrics).
     """
     last = rounds[-1] if rounds else None
     due = iter([r % every == 0 or r == last for r in rounds or ()])
 
-    def measured(params: torch.Tensor) -> dict[str, float]:
-        return dict(evaluate(params)) if next(due, True) else {}
+    def measured(model: Model) -> dict[str, float]:
+        return dict(evaluate(model)) if next(due, True) else {}
 
     return measured
 
@@ -282,6 +285,13 @@ def train_recorded(
         record.client_values = records_client_values(config)
         record.update_dtype = update_dtype_of(config.history.encoding)
     sharding = setup.sharding()
+    if sharding is not None and sharding.ensemble is not None:  # a test pass per shard
+        sharding = replace(
+            sharding,
+            ensemble=on_cadence(
+                sharding.ensemble, config.training.eval_every, range(last + 1, target + 1)
+            ),
+        )
     run_rounds(
         setup.federation if trainers is None else trainers,
         setup.aggregator,

@@ -210,6 +210,8 @@ def _compared(config: RunConfig) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     if not config.privacy.enabled:
         data["privacy"].pop("budget", None)
+    # the dump leaves training.eval_every out at its default; a difference names the value
+    data["training"].setdefault("eval_every", config.training.eval_every)
     return data
 
 

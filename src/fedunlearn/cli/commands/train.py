@@ -61,7 +61,10 @@ class ProgressObserver:
             self.progress.start()
             self.task = self.progress.add_task("train", total=self.total, status="")
         m = record.metrics
-        text = f"acc {m.get('test_accuracy', float('nan')):.3f}"
+        if "test_accuracy" not in m:  # training.eval_every: the last measured round stays shown
+            self.progress.update(self.task, completed=record.round)
+            return
+        text = f"acc {m['test_accuracy']:.3f}"
         if "backdoor_asr" in m:
             text += f"  asr {m['backdoor_asr']:.3f}"
         self.progress.update(self.task, completed=record.round, status=text)
