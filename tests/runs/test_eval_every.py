@@ -113,3 +113,15 @@ def test_a_resume_with_another_cadence_names_both_values():
     from fedunlearn.runs.rundir import config_differences
 
     assert config_differences(_config(None), _config(3)) == "training.eval_every: 1 vs 3"
+
+
+def test_exporting_an_unmeasured_round_says_it_has_no_test_metrics(tmp_path):
+    # review finding: the model's metadata silently held train_loss only
+    from fedunlearn.cli.export import export_round
+
+    train_run(_config(3), tmp_path / "run")
+
+    unmeasured = export_round(tmp_path / "run", tmp_path / "r2.safetensors", 2)
+    measured = export_round(tmp_path / "run", tmp_path / "r3.safetensors", 3)
+    assert unmeasured["note"].startswith("round 2 has no test metrics")
+    assert "note" not in measured

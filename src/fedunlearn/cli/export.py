@@ -128,7 +128,13 @@ def export_round(run_dir: Path, out: Path, round_: int | None = None) -> dict[st
         }
     source = {"run": identity, "round": chosen}
     save_model(out, model, params=params, metadata=_metadata(source, metrics))
-    return {"out": str(out), "round": chosen, "num_params": int(params.numel()), **source}
+    done = {"out": str(out), "round": chosen, "num_params": int(params.numel()), **source}
+    if "test_accuracy" not in metrics and config.training.eval_every > 1:
+        done["note"] = (
+            f"round {chosen} has no test metrics: training.eval_every "
+            f"{config.training.eval_every} measured the rounds it divides and the last"
+        )
+    return done
 
 
 def export_result(run_dir: Path, result_path: Path, out: Path) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def export(
             f"{what} of {run_dir} -> {out} ({done['num_params']:,} parameters); load it with "
             f"fedunlearn.models.load_model('{out}')"
         )
+        if "note" in done:
+            console.print(done["note"])
 
 
 def register(app: typer.Typer) -> None:
