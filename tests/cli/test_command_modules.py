@@ -144,6 +144,17 @@ def test_the_group_reaches_the_command_as_one_value():
     assert options.thresholds is not None
     assert options.thresholds.backdoor_fail == 0.2
     assert flags.options(reference="retrain").reference == "retrain"
+    assert options.client_test_references == "per_request"
+
+    got.clear()
+    result = runner.invoke(app_, ["r", "--client-test-references", "held_out"])
+    assert result.exit_code == 0, result.output
+    assert got[0].options().client_test_references == "held_out"
+
+
+def test_the_group_refuses_an_unknown_client_test_null():
+    with pytest.raises(ConfigError, match="client_test_references must be one of per_request"):
+        ReceiptFlags(client_test_references="everyone").options()
 
 
 def test_the_group_refuses_a_band_without_retrain_and_bad_thresholds():

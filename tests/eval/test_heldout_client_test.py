@@ -25,6 +25,12 @@ from fedunlearn.eval.references import (
 from fedunlearn.fl.client import local_update
 from fedunlearn.runs import train_run
 from fedunlearn.unlearn import UnlearnRequest, UnlearnSession, make_method
+from fedunlearn.unlearn.receipt import (
+    NO_LIMIT_CODE,
+    Check,
+    influence_basis,
+    influence_verdict,
+)
 
 TINY = {
     "seed": 3,
@@ -227,3 +233,54 @@ def test_the_receipt_names_its_null_the_fallback_and_the_anchor(trained, tmp_pat
     check = plain.check("client_membership")
     assert check.evidence["references"] == "per_request"
     assert not {"held_out_null", "held_out_fallback"} & set(check.codes)
+
+
+def _check(name, verdict, *, decisive=True, codes=(), aspect="influence"):
+    return Check(name, name, verdict, aspect=aspect, decisive=decisive, codes=codes)
+
+
+def test_a_pass_of_the_held_out_null_alone_is_not_shown_for_want_of_a_limit():
+    # the held-out null states no detection limit, yet its pass alone made a receipt say
+    # not_detected, whose promise is a stated limit: on a Dirichlet split a model fine-tuned 20
+    # epochs on the client, Crab's warned rollback and off-line mixtures were not_detected
+    held = _check("client_membership", "pass", decisive=False, codes=("pass", NO_LIMIT_CODE))
+    distance = _check("distance", "pass", decisive=False, codes=("pass",))
+    verdict, basis, rest = influence_basis([held, distance], None)
+    assert (verdict, basis) == ("not_shown", "no_limit")
+    assert [c.name for c in rest] == ["client_membership"]
+    influence, reason = influence_verdict([held, distance], None, ("original", "retrain"))
+    assert influence == "not_shown"
+    assert "no detection limit" in reason
+    # another decisive check with power still grounds not_detected
+    backdoor = _check("backdoor", "pass")
+    assert influence_basis([held, backdoor], None)[:2] == ("not_detected", "powered_pass")
+    # a flag of the held-out null is still remains; an exact lineage still removed
+    flagged = _check("client_membership", "fail", decisive=False, codes=("fail", NO_LIMIT_CODE))
+    assert influence_basis([flagged, distance], None)[:2] == ("remains", "flagged")
+    assert influence_basis([held], {"kind": "exact"})[:2] == ("removed", "exact_lineage")
+    # the method's own warning comes first, as with a decisive pass
+    warns = _check("method_warnings", "warn", aspect="method")
+    assert influence_basis([held, warns], None)[:2] == ("not_shown", "method_warns")
+    # without the held-out pass nothing has power
+    assert influence_basis([distance], None)[:2] == ("not_shown", "no_power")
+
+
+@pytest.mark.slow
+def test_the_held_out_receipt_of_a_clean_model_is_not_shown_and_of_the_original_remains(
+    trained, tmp_path
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), request)
+        options = ReceiptOptions("retrain", client_test_references="held_out")
+        receipts = open_receipts(session, request, options, retrain=retrain)
+        _, clean = receipts.audit(retrain.params, "retrain, bare")
+        _, original = receipts.audit(session.run_view.final_params, "original")
+    check = clean.check("client_membership")
+    assert check.verdict == "pass"
+    assert check.decisive is False
+    assert (clean.influence, clean.influence_basis) == ("not_shown", "no_limit")
+    assert original.check("client_membership").verdict == "fail"
+    assert original.influence == "remains"

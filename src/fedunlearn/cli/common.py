@@ -44,6 +44,7 @@ __all__ = [
     "ForgetSamplesOption",
     "ReferenceOption",
     "ClientTestOption",
+    "ClientTestReferencesOption",
     "DistanceRetrainsOption",
     "ExplainOption",
     "RunArg",
@@ -88,6 +89,16 @@ ClientTestOption = Annotated[
     typer.Option(
         "--client-test/--no-client-test",
         help="also run the client-level membership test (reference models; cost in the receipt)",
+    ),
+]
+ClientTestReferencesOption = Annotated[
+    str,
+    typer.Option(
+        "--client-test-references",
+        help="the client-level test's null: 'per_request' (references trained for this "
+        "request, about 8 Retrains' client epochs), 'shared' (trained once per run generation, "
+        "shared until the next apply) or 'held_out' (no training: the run's test examples; "
+        "built-in data split at random only, else per_request and the receipt says why)",
     ),
 ]
 DistanceRetrainsOption = Annotated[

@@ -1,10 +1,11 @@
 """Option groups several commands share, each defined once: the receipt options.
 
 ``unlearn``, ``compare`` and ``audit`` issue receipts and take the same options for them:
-``--thresholds``, ``--threshold``, ``--client-test/--no-client-test``, ``--distance-retrains``
-and ``--explain`` (``unlearn`` and ``audit`` also ``--reference``; ``compare`` always judges
-against Retrain). ``receipt_options`` adds them to a command: the command declares one parameter
-``receipt: ReceiptFlags`` and gets them as one frozen value, whose ``options()`` is the library's
+``--thresholds``, ``--threshold``, ``--client-test/--no-client-test``,
+``--client-test-references``, ``--distance-retrains`` and ``--explain`` (``unlearn`` and
+``audit`` also ``--reference``; ``compare`` always judges against Retrain).
+``receipt_options`` adds them to a command: the command declares one parameter ``receipt:
+ReceiptFlags`` and gets them as one frozen value, whose ``options()`` is the library's
 ``ReceiptOptions`` (``fedunlearn.eval.plan``), thresholds read and checked. A new command that
 issues receipts takes the decorator, so its flags cannot drift from the others'
 (``tests/cli/test_command_modules.py`` checks that they do not).
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 
 from fedunlearn.cli.common import (
     ClientTestOption,
+    ClientTestReferencesOption,
     DistanceRetrainsOption,
     ExplainOption,
     ReferenceOption,
@@ -53,6 +55,7 @@ _GROUP: dict[str, tuple[Any, Any]] = {
     "thresholds": (ThresholdsFileOption, None),
     "threshold": (ThresholdOption, None),
     "client_test": (ClientTestOption, True),
+    "client_test_references": (ClientTestReferencesOption, "per_request"),
     "distance_retrains": (DistanceRetrainsOption, 0),
     "explain": (ExplainOption, False),
 }
@@ -64,6 +67,7 @@ RECEIPT_FLAGS = (
     "--threshold",
     "--client-test",
     "--no-client-test",
+    "--client-test-references",
     "--distance-retrains",
     "--explain",
 )
@@ -119,6 +123,7 @@ class ReceiptFlags:
         distance_retrains: ``--distance-retrains``.
         explain: ``--explain``: print every check with its reason.
         reference: ``--reference`` (``original`` where the command does not take it).
+        client_test_references: ``--client-test-references``: the client-level test's null.
     """
 
     thresholds: Path | None = None
@@ -127,6 +132,7 @@ class ReceiptFlags:
     distance_retrains: int = 0
     explain: bool = False
     reference: str = "original"
+    client_test_references: str = "per_request"
 
     def options(self, *, seed: int = 0, reference: str | None = None) -> ReceiptOptions:
         """The library's receipt options: thresholds read and checked, ``reference`` if given.
@@ -143,6 +149,7 @@ class ReceiptFlags:
             client_test=self.client_test,
             distance_retrains=self.distance_retrains,
             seed=seed,
+            client_test_references=self.client_test_references,
         )
 
 

@@ -168,13 +168,22 @@ def hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...]) 
     return found
 
 
+#: The code of a check whose pass has power but no stated detection limit (``no_limit``).
+NO_LIMIT_CODE = "held_out_null"
+
+
 def influence_basis(
     checks: tuple[Check, ...] | list[Check], lineage: dict[str, Any] | None
 ) -> tuple[Influence, str, list[Check]]:
     """Return the influence verdict, its basis (a code) and the checks it rests on.
 
     Bases: ``exact_lineage`` (removed), ``flagged`` (remains), ``powered_pass``
-    (not_detected), ``method_warns``, ``check_warns``, ``no_power`` (not_shown).
+    (not_detected), ``method_warns``, ``check_warns``, ``no_limit``, ``no_power`` (not_shown).
+
+    ``no_limit``: the only checks that pass with power state no detection limit (the held-out
+    client test, code ``held_out_null``: scale-free along Retrain's line, so no step from a
+    clean model says how much it misses). ``not_detected`` promises a stated limit
+    (docs/verification.md), so such a pass alone is ``not_shown``; a flag is still ``remains``.
     """
     influence = [c for c in checks if c.aspect == "influence"]
     flagged = [c for c in influence if c.verdict == "fail"]
@@ -194,6 +203,11 @@ def influence_basis(
         return "not_shown", "method_warns", method
     if warned:
         return "not_shown", "check_warns", warned
+    unlimited = [c for c in influence if c.verdict == "pass" and NO_LIMIT_CODE in c.codes]
+    if unlimited and method:
+        return "not_shown", "method_warns", method
+    if unlimited:
+        return "not_shown", "no_limit", unlimited
     return "not_shown", "no_power", []
 
 
@@ -229,7 +243,8 @@ def influence_verdict(
     (it flags the original) flags nothing and none warns; the sentence states the receipt's
     detection limit (``limit``: the smallest step from a clean model toward the original that
     it flags). ``not_shown``: no check with power, or one warns, or the method warns about its
-    own result; the sentence says what would give evidence.
+    own result, or the only check that passes with power states no detection limit
+    (``no_limit``); the sentence says what would give evidence.
     """
     verdict, basis, rest = influence_basis(checks, lineage)
     if basis == "exact_lineage":
@@ -246,6 +261,13 @@ def influence_verdict(
         why = "; ".join(f"the method warns: {c.reason}" for c in rest)
     elif basis == "check_warns":
         why = "; ".join(f"{c.title} warns: {c.reason}" for c in rest)
+    elif basis == "no_limit":
+        names = ", ".join(c.title for c in rest)
+        why = (
+            f"{names} flags the original but not this model, and states no detection limit "
+            "(its null is anchored on Retrain, so no step from a clean model measures what it "
+            "misses): its pass does not say how much of the influence could remain"
+        )
     else:
         why = "no check with power shows it either way"
     wanted = ", ".join(HINTS[h] for h in hints(checks, references))

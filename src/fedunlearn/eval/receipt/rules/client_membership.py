@@ -32,7 +32,7 @@ from fedunlearn.eval.receipt.fitness import path_rounds
 from fedunlearn.eval.receipt.intervals import mean_interval
 from fedunlearn.eval.receipt.rules.client_lines import client_line, path_scores
 from fedunlearn.eval.receipt.thresholds import VerificationThresholds
-from fedunlearn.unlearn.receipt import Verdict
+from fedunlearn.unlearn.receipt import NO_LIMIT_CODE, Verdict
 
 __all__ = ["RULE"]
 
@@ -73,7 +73,7 @@ def _null(cm: ClientMembershipEvidence) -> tuple[dict[str, Any], tuple[str, ...]
         return evidence, (), {}
     given = bool(cm.notes.get("anchor_given"))
     evidence["anchor"] = "given by the caller" if given else "trained by the receipt"
-    return evidence, ("held_out_null",), {"anchor_given": given}
+    return evidence, (NO_LIMIT_CODE,), {"anchor_given": given}
 
 
 def _graded(cm: ClientMembershipEvidence, applied: float) -> Graded:
@@ -193,7 +193,10 @@ def judge(ev: Evidence, th: VerificationThresholds) -> Finding:
     facts = _facts(ev, cm, applied, graded) | {"warned": verdict == "warn"} | null_facts
     value = cm.scores["candidate"]
     codes = (code, *null_codes)
-    return Finding(verdict, codes, value, reference, threshold, evidence, power, facts)
+    # the held-out null states no detection limit: its pass cannot ground ``not_detected``
+    # (``unlearn.receipt.influence_basis``, basis ``no_limit``); its flag still says remains
+    decisive = NO_LIMIT_CODE not in null_codes
+    return Finding(verdict, codes, value, reference, threshold, evidence, power, facts, decisive)
 
 
 RULE = Rule("client_membership", "client-level membership", judge, applies)
