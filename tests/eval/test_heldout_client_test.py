@@ -147,10 +147,13 @@ def test_the_receipt_option_costs_only_the_continued_controls(trained, tmp_path)
 
 
 @pytest.mark.slow
-def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, tmp_path):
+def test_the_detection_limit_never_counts_the_held_out_tests_flags(trained, tmp_path):
     # anchored on Retrain, the score is scale-free on Retrain's own line: a limit measured there
     # claimed the smallest step (0.05), and one from Retrain continued 0.05 or 0.1 on the
-    # quickstart, where an exact retrain plus 0.1 of the offset was not flagged
+    # quickstart, where an exact retrain plus 0.1 of the offset was not flagged. So its flags
+    # are not counted; the limit is the other checks' (it was "not measured" for every check,
+    # and a not_detected resting on the membership check then stated no limit: on a Dirichlet
+    # split, weight mixtures 0.1-0.3 were not_detected with no limit)
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     with UnlearnSession(run, evaluate=False) as session:
@@ -159,8 +162,14 @@ def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, t
         options = ReceiptOptions("retrain", client_test_references="held_out")
         receipts = open_receipts(session, request, options, retrain=retrain)
         limit = receipts.verifier.detection_limit()
-    assert limit["lambda"] is None
-    assert limit["reason"] == HELD_OUT_LIMIT
+        step = retrain.params + 0.75 * (session.run_view.final_params - retrain.params)
+        _, at_step = receipts.audit(step, "lambda 0.75")
+    assert at_step.check("client_membership").verdict == "fail"  # it flags the step...
+    assert limit["measured"]["0.75"] == []  # ...which the limit does not count
+    assert all("client-level membership" not in flags for flags in limit["measured"].values())
+    assert limit["lambda"] == 1.0  # the distance check flags the original only
+    assert limit["by"] == ["distance to Retrain"]
+    assert HELD_OUT_LIMIT in limit["not_counted"]
 
 
 def test_user_data_has_no_exchangeable_null_even_when_it_is_digits(trained, tmp_path):
