@@ -17,6 +17,7 @@ from fedunlearn.eval.mia.heldout import (
     held_out_df,
     held_out_z,
 )
+from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 from fedunlearn.eval.references import (
     CONTINUED_ROUNDS,
     HELD_OUT_LIMIT,
@@ -147,10 +148,11 @@ def test_the_receipt_option_costs_only_the_continued_controls(trained, tmp_path)
 
 
 @pytest.mark.slow
-def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, tmp_path):
+def test_the_receipt_states_no_detection_limit_for_the_held_out_test(trained, tmp_path):
     # anchored on Retrain, the score is scale-free on Retrain's own line: a limit measured there
     # claimed the smallest step (0.05), and one from Retrain continued 0.05 or 0.1 on the
-    # quickstart, where an exact retrain plus 0.1 of the offset was not flagged
+    # quickstart, where an exact retrain plus 0.1 of the offset was not flagged. Its flags are
+    # not counted; the limit is the other checks' (here the distance check flags the original)
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     with UnlearnSession(run, evaluate=False) as session:
@@ -159,8 +161,10 @@ def test_the_receipt_states_no_detection_limit_with_the_held_out_test(trained, t
         options = ReceiptOptions("retrain", client_test_references="held_out")
         receipts = open_receipts(session, request, options, retrain=retrain)
         limit = receipts.verifier.detection_limit()
-    assert limit["lambda"] is None
-    assert limit["reason"] == HELD_OUT_LIMIT
+    assert limit["not_counted"] == {"client-level membership": HELD_OUT_LIMIT}
+    assert limit["measured"]["1"] == ["distance to Retrain"]
+    assert (limit["lambda"], limit["by"]) == (1.0, ["distance to Retrain"])
+    assert not any("client-level membership" in flags for flags in limit["measured"].values())
 
 
 def test_user_data_has_no_exchangeable_null_even_when_it_is_digits(trained, tmp_path):
@@ -284,3 +288,36 @@ def test_the_held_out_receipt_of_a_clean_model_is_not_shown_and_of_the_original_
     assert (clean.influence, clean.influence_basis) == ("not_shown", "no_limit")
     assert original.check("client_membership").verdict == "fail"
     assert original.influence == "remains"
+
+
+@pytest.mark.slow
+def test_a_not_detected_receipt_beside_the_held_out_null_states_its_other_checks_limit(
+    trained, tmp_path
+):
+    # review of 6c37694: with the held-out null a not_detected rests on another decisive check
+    # (here sample-level membership, given power by lower thresholds), yet the detection limit
+    # was not measured at all because the held-out test states none: a not_detected without
+    # the limit it promises. The limit is now measured on the checks that state one.
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    low = VerificationThresholds(
+        mia_auc_warn=0.002, mia_auc_fail=0.004, mia_warn_z=0.2, mia_fail_z=0.2
+    )
+    with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), request)
+        options = ReceiptOptions("retrain", low, client_test_references="held_out")
+        receipts = open_receipts(session, request, options, retrain=retrain)
+        _, clean = receipts.audit(retrain.params, "retrain, bare")
+    assert clean.check("client_membership").verdict == "pass"
+    assert clean.check("membership").verdict == "pass"
+    assert (clean.influence, clean.deciding) == ("not_detected", ["membership"])
+    limit = clean.detection_limit
+    assert limit is not None
+    assert limit["lambda"] is not None, limit
+    assert "membership" in limit["by"]
+    assert limit["not_counted"] == {"client-level membership": HELD_OUT_LIMIT}
+    flagged = {title for titles in limit["measured"].values() for title in titles}
+    assert "client-level membership" not in flagged  # it flags every step: scale-free
+    assert f"{limit['lambda']:.2f}" in clean.influence_reason
+    assert "client-level membership is not counted" in clean.influence_reason

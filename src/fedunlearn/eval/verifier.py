@@ -55,6 +55,7 @@ from fedunlearn.unlearn import (
     Verification,
 )
 from fedunlearn.unlearn.lineage import Lineage
+from fedunlearn.unlearn.receipt import NO_LIMIT_CODE
 
 __all__ = ["Verifier", "deletion_evidence", "lineage_from_dict"]
 
@@ -335,14 +336,14 @@ class Verifier:
         ``clean + lambda (original - clean)`` for ``lambda`` in ``LIMIT_STEPS``, from 1 (the
         original) down to the first one the receipt does not flag: ``lambda`` is the smallest
         step flagged (``remains``) with every larger one flagged too. Clean: Retrain, else
-        the Retrain the client-level test trained; without either it is not measured.
+        the Retrain the client-level test trained; without either it is not measured. A check
+        that states no limit (the held-out client test, code ``held_out_null``: steps from
+        Retrain understate what it misses) is not counted (``not_counted``): a ``not_detected``
+        beside it rests on the other checks, and this is their limit.
         """
         if self._limit is not None:
             return self._limit
         why = getattr(self.client_membership, "limit_reason", None)
-        if why:  # a client test that says steps from the clean models understate what it misses
-            self._limit = {"lambda": None, "reason": why}
-            return self._limit
         clean, name = self._clean_end()
         if clean is None:
             self._limit = {
@@ -360,7 +361,9 @@ class Verifier:
                 row, None, "interpolation", warnings=(), params=params, measure_limit=False
             )
             flags = [
-                c.title for c in receipt.checks if c.aspect == "influence" and c.verdict == "fail"
+                c.title
+                for c in receipt.checks
+                if c.aspect == "influence" and c.verdict == "fail" and NO_LIMIT_CODE not in c.codes
             ]
             measured[f"{step:g}"] = flags
             if not flags:
@@ -374,8 +377,10 @@ class Verifier:
             "clean": name,
             "measured": measured,
         }
+        if why:  # its flags say "shaped by the clients", not how much (HELD_OUT_LIMIT)
+            self._limit["not_counted"] = {"client-level membership": why}
         if smallest is None:
-            self._limit["reason"] = "the receipt does not flag the original itself"
+            self._limit["reason"] = why or "the receipt does not flag the original itself"
         return self._limit
 
     def verify(self, result: UnlearnResult) -> UnlearnResult:

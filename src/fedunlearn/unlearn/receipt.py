@@ -223,6 +223,9 @@ def limit_words(limit: dict[str, Any] | None) -> str:
         if below is not None
         else "; no smaller step was tried"
     )
+    skipped = ", ".join(limit.get("not_counted") or {})
+    if skipped:
+        tail += f"; {skipped} is not counted: it states no detection limit"
     return (
         f"detection limit: the receipt flags a model keeping {lam:.2f} of the original's offset "
         f"from {limit.get('clean', 'Retrain')} (lambda in clean + lambda (original - clean); "
@@ -297,8 +300,9 @@ class Verification:
         detection_limit: The smallest step ``lambda`` from a clean reference toward the
             original (``clean + lambda (original - clean)``) that the receipt flags, measured on
             interpolations (``lambda``, ``by``: the checks that flag it, ``not_flagged_at``:
-            the next step tried, ``measured``: every step and its flags); None when not
-            measured (only a ``not_detected`` receipt measures it).
+            the next step tried, ``measured``: every step and its flags, ``not_counted``: a
+            check whose flags do not count, and why); None when not measured (only a
+            ``not_detected`` receipt measures it).
     """
 
     checks: tuple[Check, ...]
