@@ -269,6 +269,18 @@ def test_a_pass_of_the_held_out_null_alone_is_not_shown_for_want_of_a_limit():
     assert influence_basis([distance], None)[:2] == ("not_shown", "no_power")
 
 
+def test_a_no_limit_receipt_names_the_null_that_would_state_a_limit():
+    # review of 6c37694: the no_limit reason said evidence would come from participation
+    # markers (embedded at training time, too late) and never named the per-request null,
+    # which states a limit and is one flag away
+    held = _check("client_membership", "pass", decisive=False, codes=("pass", NO_LIMIT_CODE))
+    _, reason = influence_verdict([held], None, ("original", "retrain"))
+    assert "--client-test-references per_request" in reason
+    per_request = _check("client_membership", "inconclusive", codes=("no_power",))
+    _, reason = influence_verdict([per_request], None, ("original", "retrain"))
+    assert "--client-test-references" not in reason
+
+
 @pytest.mark.slow
 def test_the_held_out_receipt_of_a_clean_model_is_not_shown_and_of_the_original_remains(
     trained, tmp_path

@@ -146,9 +146,15 @@ def overall_verdict(checks: tuple[Check, ...] | list[Check]) -> Verdict:
     return by_severity.get(worst, "pass")
 
 
+#: The code of a check whose pass has power but no stated detection limit (``no_limit``).
+NO_LIMIT_CODE = "held_out_null"
+
+
 HINTS = {
     "retrain_reference": "a Retrain reference (--reference retrain)",
     "client_test": "the client-level membership test",
+    "client_test_limit": "the client-level test with references trained per request "
+    "(--client-test-references per_request), which states a detection limit",
     "markers": "participation markers embedded when the client trained",
 }
 
@@ -162,14 +168,12 @@ def hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...]) 
     client = names.get("client_membership")
     if client is None or client.verdict == "n/a":
         found.append("client_test")
+    elif NO_LIMIT_CODE in client.codes:
+        found.append("client_test_limit")
     markers = names.get("markers")
     if markers is None or markers.verdict == "n/a":
         found.append("markers")
     return found
-
-
-#: The code of a check whose pass has power but no stated detection limit (``no_limit``).
-NO_LIMIT_CODE = "held_out_null"
 
 
 def influence_basis(
