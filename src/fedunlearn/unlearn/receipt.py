@@ -154,7 +154,7 @@ HINTS = {
     "retrain_reference": "a Retrain reference (--reference retrain)",
     "client_test": "the client-level membership test",
     "client_test_limit": "the client-level test with references trained per request "
-    "(--client-test-references per_request), which states a detection limit",
+    "(--client-test-references per_request: it states a detection limit)",
     "markers": "participation markers embedded when the client trained",
 }
 
