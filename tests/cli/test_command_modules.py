@@ -157,6 +157,14 @@ def test_the_group_refuses_an_unknown_client_test_null():
         ReceiptFlags(client_test_references="everyone").options()
 
 
+def test_the_group_refuses_a_null_for_a_client_test_turned_off():
+    # review of 6c37694: --client-test-references held_out --no-client-test ran no client test
+    # and said nothing of the null asked for
+    with pytest.raises(ConfigError, match="--no-client-test"):
+        ReceiptFlags(client_test=False, client_test_references="held_out").options()
+    assert ReceiptFlags(client_test=False).options().client_test is False
+
+
 def test_the_group_refuses_a_band_without_retrain_and_bad_thresholds():
     with pytest.raises(ConfigError, match="--reference retrain"):
         ReceiptFlags(distance_retrains=2).options()

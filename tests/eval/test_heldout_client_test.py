@@ -17,6 +17,7 @@ from fedunlearn.eval.mia.heldout import (
     held_out_df,
     held_out_z,
 )
+from fedunlearn.eval.receipt.thresholds import VerificationThresholds
 from fedunlearn.eval.references import (
     CONTINUED_ROUNDS,
     HELD_OUT_LIMIT,
@@ -169,7 +170,7 @@ def test_the_detection_limit_never_counts_the_held_out_tests_flags(trained, tmp_
     assert all("client-level membership" not in flags for flags in limit["measured"].values())
     assert limit["lambda"] == 1.0  # the distance check flags the original only
     assert limit["by"] == ["distance to Retrain"]
-    assert HELD_OUT_LIMIT in limit["not_counted"]
+    assert limit["not_counted"] == {"client-level membership": HELD_OUT_LIMIT}
 
 
 def test_user_data_has_no_exchangeable_null_even_when_it_is_digits(trained, tmp_path):
@@ -274,6 +275,18 @@ def test_a_pass_of_the_held_out_null_alone_is_not_shown_for_want_of_a_limit():
     assert influence_basis([distance], None)[:2] == ("not_shown", "no_power")
 
 
+def test_a_no_limit_receipt_names_the_null_that_would_state_a_limit():
+    # review of 6c37694: the no_limit reason said evidence would come from participation
+    # markers (embedded at training time, too late) and never named the per-request null,
+    # which states a limit and is one flag away
+    held = _check("client_membership", "pass", decisive=False, codes=("pass", NO_LIMIT_CODE))
+    _, reason = influence_verdict([held], None, ("original", "retrain"))
+    assert "--client-test-references per_request" in reason
+    per_request = _check("client_membership", "inconclusive", codes=("no_power",))
+    _, reason = influence_verdict([per_request], None, ("original", "retrain"))
+    assert "--client-test-references" not in reason
+
+
 @pytest.mark.slow
 def test_the_held_out_receipt_of_a_clean_model_is_not_shown_and_of_the_original_remains(
     trained, tmp_path
@@ -293,3 +306,36 @@ def test_the_held_out_receipt_of_a_clean_model_is_not_shown_and_of_the_original_
     assert (clean.influence, clean.influence_basis) == ("not_shown", "no_limit")
     assert original.check("client_membership").verdict == "fail"
     assert original.influence == "remains"
+
+
+@pytest.mark.slow
+def test_a_not_detected_receipt_beside_the_held_out_null_states_its_other_checks_limit(
+    trained, tmp_path
+):
+    # review of 6c37694: with the held-out null a not_detected rests on another decisive check
+    # (here sample-level membership, given power by lower thresholds), yet the detection limit
+    # was not measured at all because the held-out test states none: a not_detected without
+    # the limit it promises. The limit is now measured on the checks that state one.
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    low = VerificationThresholds(
+        mia_auc_warn=0.002, mia_auc_fail=0.004, mia_warn_z=0.2, mia_fail_z=0.2
+    )
+    with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), request)
+        options = ReceiptOptions("retrain", low, client_test_references="held_out")
+        receipts = open_receipts(session, request, options, retrain=retrain)
+        _, clean = receipts.audit(retrain.params, "retrain, bare")
+    assert clean.check("client_membership").verdict == "pass"
+    assert clean.check("membership").verdict == "pass"
+    assert (clean.influence, clean.deciding) == ("not_detected", ["membership"])
+    limit = clean.detection_limit
+    assert limit is not None
+    assert limit["lambda"] is not None, limit
+    assert "membership" in limit["by"]
+    assert limit["not_counted"] == {"client-level membership": HELD_OUT_LIMIT}
+    flagged = {title for titles in limit["measured"].values() for title in titles}
+    assert "client-level membership" not in flagged  # it flags every step: scale-free
+    assert f"{limit['lambda']:.2f}" in clean.influence_reason
+    assert "client-level membership is not counted" in clean.influence_reason

@@ -139,11 +139,12 @@ class ReceiptFlags:
 
         Raises:
             ConfigError: bad thresholds (``load_thresholds``), an unknown reference or a band
-                that cannot be measured (``ReceiptOptions``).
+                that cannot be measured (``ReceiptOptions``), or a client-test null other than
+                the default with ``--no-client-test`` (the test it chooses for does not run).
         """
         from fedunlearn.eval.plan import ReceiptOptions
 
-        return ReceiptOptions(
+        options = ReceiptOptions(
             reference or self.reference,
             load_thresholds(self.thresholds, self.threshold),
             client_test=self.client_test,
@@ -151,6 +152,12 @@ class ReceiptFlags:
             seed=seed,
             client_test_references=self.client_test_references,
         )
+        if not self.client_test and self.client_test_references != "per_request":
+            raise ConfigError(
+                f"--client-test-references {self.client_test_references} chooses the "
+                "client-level test's null, and --no-client-test turns that test off: drop one"
+            )
+        return options
 
 
 #: The default of a command's ``receipt`` parameter (``receipt_options`` fills it from the line).

@@ -146,9 +146,15 @@ def overall_verdict(checks: tuple[Check, ...] | list[Check]) -> Verdict:
     return by_severity.get(worst, "pass")
 
 
+#: The code of a check whose pass has power but no stated detection limit (``no_limit``).
+NO_LIMIT_CODE = "held_out_null"
+
+
 HINTS = {
     "retrain_reference": "a Retrain reference (--reference retrain)",
     "client_test": "the client-level membership test",
+    "client_test_limit": "the client-level test with references trained per request "
+    "(--client-test-references per_request: it states a detection limit)",
     "markers": "participation markers embedded when the client trained",
 }
 
@@ -162,14 +168,12 @@ def hints(checks: tuple[Check, ...] | list[Check], references: tuple[str, ...]) 
     client = names.get("client_membership")
     if client is None or client.verdict == "n/a":
         found.append("client_test")
+    elif NO_LIMIT_CODE in client.codes:
+        found.append("client_test_limit")
     markers = names.get("markers")
     if markers is None or markers.verdict == "n/a":
         found.append("markers")
     return found
-
-
-#: The code of a check whose pass has power but no stated detection limit (``no_limit``).
-NO_LIMIT_CODE = "held_out_null"
 
 
 def influence_basis(
@@ -223,6 +227,9 @@ def limit_words(limit: dict[str, Any] | None) -> str:
         if below is not None
         else "; no smaller step was tried"
     )
+    skipped = ", ".join(limit.get("not_counted") or {})
+    if skipped:
+        tail += f"; {skipped} is not counted: it states no detection limit"
     return (
         f"detection limit: the receipt flags a model keeping {lam:.2f} of the original's offset "
         f"from {limit.get('clean', 'Retrain')} (lambda in clean + lambda (original - clean); "
@@ -297,8 +304,9 @@ class Verification:
         detection_limit: The smallest step ``lambda`` from a clean reference toward the
             original (``clean + lambda (original - clean)``) that the receipt flags, measured on
             interpolations (``lambda``, ``by``: the checks that flag it, ``not_flagged_at``:
-            the next step tried, ``measured``: every step and its flags); None when not
-            measured (only a ``not_detected`` receipt measures it).
+            the next step tried, ``measured``: every step and its flags, ``not_counted``: a
+            check whose flags do not count, and why); None when not measured (only a
+            ``not_detected`` receipt measures it).
     """
 
     checks: tuple[Check, ...]
