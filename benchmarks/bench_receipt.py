@@ -8,11 +8,11 @@ of the calibration (``ReceiptOptions("retrain")``, Retrain given: it is not the 
 and the client-level test's references from ``--references``: ``per_request`` (trained for each
 request), ``shared`` (trained once per run generation, read from the run directory by the
 later requests: ``eval.mia.shared_references``) or ``held_out`` (none: a null from the run's
-test examples, Retrain as anchor: ``eval.mia.heldout``). The receipt's own cost is
-``Receipts.cost``: every reference it trained (the client test's, the continued controls) in
-client epochs (exact, load-independent) and wall seconds. It prints each request's figures, the
-first request's and the later ones' apart, and the mean over the requests against Retrain's. One
-torch thread.
+test examples, Retrain as anchor: ``eval.mia.heldout``; the default, as the receipt's). The
+receipt's own cost is ``Receipts.cost``: every reference it trained (the client test's, the
+continued controls) in client epochs (exact, load-independent) and wall seconds. It prints each
+request's figures, the first request's and the later ones' apart, and the mean over the requests
+against Retrain's. One torch thread.
 
     nice -n 10 python benchmarks/bench_receipt.py [--config configs/digits_quickstart.yaml]
         [--requests 10] [--references shared|per_request|held_out]
@@ -68,7 +68,10 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO / "configs/digits_quickstart.yaml")
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument(
-        "--references", choices=("shared", "per_request", "held_out"), default="shared"
+        "--references",
+        choices=("shared", "per_request", "held_out"),
+        default=ReceiptOptions().client_test_references,
+        help="the client-level test's null (default: the receipt's default, held_out)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -243,8 +243,9 @@ def main() -> None:
         "--client-test-references",
         choices=("per_request", "shared", "held_out"),
         default="per_request",
-        help="the client-level test's references: per request, shared by the run's requests, "
-        "or none (held_out: a null from the test set)",
+        help="the client-level test's references: per request (this script's default: the "
+        "receipt's until 2026-11-29, which the earlier tables used), shared by the run's "
+        "requests, or none (held_out, the receipt's default now: a null from the test set)",
     )
     parser.add_argument(
         "--off-line",

@@ -30,6 +30,7 @@ from fedunlearn.cli.options import (
     receipt_options,
 )
 from fedunlearn.errors import ConfigError
+from fedunlearn.eval.plan import ReceiptOptions
 
 CLI_DIR = Path(__file__).resolve().parents[2] / "src" / "fedunlearn" / "cli"
 RECEIPT_COMMANDS = ("unlearn", "compare", "audit")
@@ -144,12 +145,14 @@ def test_the_group_reaches_the_command_as_one_value():
     assert options.thresholds is not None
     assert options.thresholds.backdoor_fail == 0.2
     assert flags.options(reference="retrain").reference == "retrain"
-    assert options.client_test_references == "per_request"
+    # not given on the line: the library's default
+    assert options.client_test_references == ReceiptOptions().client_test_references
+    assert options.client_test_references == "held_out"
 
     got.clear()
-    result = runner.invoke(app_, ["r", "--client-test-references", "held_out"])
+    result = runner.invoke(app_, ["r", "--client-test-references", "per_request"])
     assert result.exit_code == 0, result.output
-    assert got[0].options().client_test_references == "held_out"
+    assert got[0].options().client_test_references == "per_request"
 
 
 def test_the_group_refuses_an_unknown_client_test_null():
@@ -162,6 +165,9 @@ def test_the_group_refuses_a_null_for_a_client_test_turned_off():
     # and said nothing of the null asked for
     with pytest.raises(ConfigError, match="--no-client-test"):
         ReceiptFlags(client_test=False, client_test_references="held_out").options()
+    with pytest.raises(ConfigError, match="--no-client-test"):
+        ReceiptFlags(client_test=False, client_test_references="per_request").options()
+    # not given: --no-client-test alone is accepted whatever the default null is
     assert ReceiptFlags(client_test=False).options().client_test is False
 
 

@@ -57,7 +57,7 @@ def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, fo
             assert limit["lambda"] > lam, limit
     assert elsewhere.influence != "remains", elsewhere.influence_reason
     client = elsewhere.check("client_membership")
-    assert client.evidence["region"] == "elsewhere" or client.verdict != "fail"
+    assert client.evidence.get("region") == "elsewhere" or client.verdict != "fail"
     # Retrain's own result: removed by construction
     assert (verified.influence, verified.influence_basis) == ("removed", "exact_lineage")
     assert verified.cost["client_epochs"] > 0  # the references, apart from Retrain's own

@@ -88,17 +88,19 @@ ClientTestOption = Annotated[
     bool,
     typer.Option(
         "--client-test/--no-client-test",
-        help="also run the client-level membership test (reference models; cost in the receipt)",
+        help="also run the client-level membership test (its null: --client-test-references; cost "
+        "in the receipt)",
     ),
 ]
 ClientTestReferencesOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--client-test-references",
-        help="the client-level test's null: 'per_request' (references trained for this "
-        "request, about 8 Retrains' client epochs), 'shared' (trained once per run generation, "
-        "shared until the next apply) or 'held_out' (no training: the run's test examples; "
-        "built-in data split at random only, else per_request and the receipt says why)",
+        help="the client-level test's null: 'held_out' (the default; no training: the run's "
+        "test examples, Retrain the anchor; built-in data split at random only, else "
+        "per_request and the receipt says why; states no detection limit), 'per_request' "
+        "(references trained for this request, about 8 Retrains' client epochs; states one) "
+        "or 'shared' (trained once per run generation, shared until the next apply)",
     ),
 ]
 DistanceRetrainsOption = Annotated[

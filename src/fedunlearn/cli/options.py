@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -55,7 +55,7 @@ _GROUP: dict[str, tuple[Any, Any]] = {
     "thresholds": (ThresholdsFileOption, None),
     "threshold": (ThresholdOption, None),
     "client_test": (ClientTestOption, True),
-    "client_test_references": (ClientTestReferencesOption, "per_request"),
+    "client_test_references": (ClientTestReferencesOption, None),
     "distance_retrains": (DistanceRetrainsOption, 0),
     "explain": (ExplainOption, False),
 }
@@ -123,7 +123,8 @@ class ReceiptFlags:
         distance_retrains: ``--distance-retrains``.
         explain: ``--explain``: print every check with its reason.
         reference: ``--reference`` (``original`` where the command does not take it).
-        client_test_references: ``--client-test-references``: the client-level test's null.
+        client_test_references: ``--client-test-references``: the client-level test's null;
+            None when not given (the library's default, ``ReceiptOptions``).
     """
 
     thresholds: Path | None = None
@@ -132,15 +133,15 @@ class ReceiptFlags:
     distance_retrains: int = 0
     explain: bool = False
     reference: str = "original"
-    client_test_references: str = "per_request"
+    client_test_references: str | None = None
 
     def options(self, *, seed: int = 0, reference: str | None = None) -> ReceiptOptions:
         """The library's receipt options: thresholds read and checked, ``reference`` if given.
 
         Raises:
             ConfigError: bad thresholds (``load_thresholds``), an unknown reference or a band
-                that cannot be measured (``ReceiptOptions``), or a client-test null other than
-                the default with ``--no-client-test`` (the test it chooses for does not run).
+                that cannot be measured (``ReceiptOptions``), or a client-test null given
+                with ``--no-client-test`` (the test it chooses for does not run).
         """
         from fedunlearn.eval.plan import ReceiptOptions
 
@@ -150,9 +151,10 @@ class ReceiptFlags:
             client_test=self.client_test,
             distance_retrains=self.distance_retrains,
             seed=seed,
-            client_test_references=self.client_test_references,
         )
-        if not self.client_test and self.client_test_references != "per_request":
+        if self.client_test_references is not None:  # else the library's default
+            options = replace(options, client_test_references=self.client_test_references)
+        if not self.client_test and self.client_test_references is not None:
             raise ConfigError(
                 f"--client-test-references {self.client_test_references} chooses the "
                 "client-level test's null, and --no-client-test turns that test off: drop one"

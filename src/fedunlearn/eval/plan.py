@@ -30,6 +30,7 @@ from fedunlearn.eval.mia.client_lira import DEFAULT_MAX_SECONDS
 from fedunlearn.eval.receipt import VerificationThresholds
 from fedunlearn.eval.references import (
     CLIENT_TEST_REFERENCES,
+    DEFAULT_CLIENT_TEST_REFERENCES,
     REFERENCES,
     ClientTest,
     clean_path,
@@ -76,14 +77,15 @@ class ReceiptOptions:
         client_test_seconds: Wall-time budget of the client-level test's reference training
             (no round starts past it; with fewer than 2 references per side the test has no
             power and says so).
-        client_test_references: ``per_request`` (the test's references trained for this
-            request, about 8 Retrains' client epochs) or ``shared`` (trained once per run
+        client_test_references: ``held_out`` (the default: no reference trained; the null
+            is the run's test examples, an honest exact Retrain the anchor:
+            ``eval.mia.heldout``; built-in data split at random only, else it falls back to
+            ``per_request`` and the receipt says why; it states no detection limit, so its
+            pass alone is ``not_shown``, and misses a model tuned on the test set),
+            ``per_request`` (the test's references trained for this request, about 8
+            Retrains' client epochs; it states a limit) or ``shared`` (trained once per run
             generation on random halves of the clients, kept in the run directory and shared
-            by every request until the next ``apply``: ``eval.mia.shared_references``) or
-            ``held_out`` (opt-in: no reference trained; the null is the run's test examples,
-            an honest exact Retrain the anchor: ``eval.mia.heldout``; built-in data split at
-            random only, else it falls back to ``per_request`` and the receipt says why; it
-            states no detection limit and misses a model tuned on the test set).
+            by every request until the next ``apply``: ``eval.mia.shared_references``).
 
     Raises:
         ConfigError: for an unknown reference or a band that cannot be measured.
@@ -96,7 +98,7 @@ class ReceiptOptions:
     seed: int = 0
     noise_std: float = 1e-3
     client_test_seconds: float = DEFAULT_MAX_SECONDS
-    client_test_references: str = "per_request"
+    client_test_references: str = DEFAULT_CLIENT_TEST_REFERENCES
 
     def __post_init__(self) -> None:
         if self.client_test_references not in CLIENT_TEST_REFERENCES:

@@ -54,6 +54,11 @@ REFERENCES = ("original", "retrain")
 #: run generation and shared by its requests (``eval.mia.shared_references``), or none: a null
 #: from the run's held-out test examples (``eval.mia.heldout``).
 CLIENT_TEST_REFERENCES = ("per_request", "shared", "held_out")
+#: The receipt's client-level null by default (``ReceiptOptions``): the held-out test set (no
+#: reference trained), which falls back to the per-request references where the split gives no
+#: such null and says why (docs/verification.md, "Held-out null"; calibration and cost there and
+#: in docs/performance.md). ``client_membership_check`` itself fits what it is asked for.
+DEFAULT_CLIENT_TEST_REFERENCES = "held_out"
 #: The receipt's DP Retrain reference draws its noise and batches under this name
 #: (``UnlearnContext.release_noise_salt``): never the run's rounds' draws, nor a release's.
 REFERENCE_SALT = "receipt_reference"
