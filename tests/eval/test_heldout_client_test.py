@@ -94,6 +94,38 @@ def test_an_attacker_or_a_shard_split_has_no_exchangeable_null(trained, tmp_path
         assert "partition" in (exchangeable(session, frozenset({_honest(session)})) or "")
 
 
+@pytest.mark.slow
+def test_a_test_set_without_the_clients_classes_falls_back_to_per_request(tmp_path):
+    # review of b9836c9: a Dirichlet split whose small test set holds fewer than 2 examples of
+    # every class client 0 holds (3: 1 of 1, 6: 135 of 0) scored NaN (verdict invalid) by
+    # default instead of falling back to the per-request references as the design says
+    config = {
+        **TINY,
+        "seed": 0,
+        "data": {
+            "dataset": "digits",
+            "num_clients": 6,
+            "partition": "dirichlet",
+            "alpha": 0.05,
+            "max_test_samples": 10,
+        },
+        "attack": {"kind": "none"},
+    }
+    run = tmp_path / "run"
+    train_run(parse_config(config), run)
+    with UnlearnSession(run, evaluate=False) as session:
+        held = session.federation.client_data[0].y
+        assert torch.bincount(held, minlength=10)[[3, 6]].tolist() == [1, 135]
+        assert torch.bincount(session.evaluation.y_test, minlength=10)[6] == 0
+        assert exchangeable(session, frozenset({0})) is None  # the split itself is random
+        test, why = held_out_client_test(session, [0], session.run_view.final_params)
+        assert test is None
+        assert "class" in why
+        # a client whose classes the test set does cover is still scored
+        covered, _ = held_out_client_test(session, [4], session.run_view.final_params)
+        assert covered is not None
+
+
 def test_retrain_scores_zero_and_a_model_tuned_on_the_client_is_flagged(trained):
     with UnlearnSession(trained, evaluate=False) as session:
         client = _honest(session)

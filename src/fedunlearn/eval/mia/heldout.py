@@ -30,8 +30,10 @@ When it applies (``exchangeable``): a built-in dataset split per class at random
 ``synthetic``; never user data, given to ``train_run`` or to the session, whatever
 ``data.dataset`` says), a partition that deals each class's examples at random (``iid``,
 ``dirichlet``, ``label_bias``), the test set on the server, and no forgotten client that attacks
-(its data is poisoned) or embeds markers. Otherwise ``held_out_client_test`` returns None with
-the reason and the caller fits the per-request test.
+(its data is poisoned) or embeds markers; and at least one class with 2 examples both in the
+clients' data and in the test set (a small test set of a label-skewed split may have none: step 2
+scores no example). Otherwise ``held_out_client_test`` returns None with the reason and the
+caller fits the per-request test.
 
 Deviations:
     [REC] FedMIA scores a client's *update* per round against the other clients' updates; here
@@ -304,6 +306,9 @@ def held_out_client_test(
     data = session.federation.client_data
     clients = {c: (data[c].x, data[c].y) for c in sorted(forgotten)}
     evaluation = session.evaluation
+    held = torch.cat([y for _, y in clients.values()]).numpy()
+    if not _kept_classes(held, evaluation.y_test.numpy()):  # every z would be NaN
+        return None, "no class has 2 examples both in the clients' data and in the test set"
     test = HeldOutClientTest(
         session.run_view.model,
         session.run_view.final_params.numel(),
