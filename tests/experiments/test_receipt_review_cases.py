@@ -33,13 +33,18 @@ def quickstart(tmp_path_factory):
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("forget", [[0], [1, 3]])
-def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, forget):
+# the honest client under both nulls: the held-out default and the per-request references (the
+# attackers' request falls back to per-request references whatever is asked)
+@pytest.mark.parametrize(
+    ("forget", "null"), [([0], "held_out"), ([0], "per_request"), ([1, 3], "held_out")]
+)
+def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, forget, null):
     kind = "forget" if forget == [0] else "recover"
     request = UnlearnRequest.of(forget, kind)
+    options = ReceiptOptions("retrain", client_test_references=null)
     with UnlearnSession(quickstart) as session:
         retrain = session.run(make_method("retrain"), request)
-        receipts = open_receipts(session, request, ReceiptOptions("retrain"), retrain=retrain)
+        receipts = open_receipts(session, request, options, retrain=retrain)
         o, r = session.run_view.final_params, retrain.params
         mixtures = {0.25: 0.25 * o + 0.75 * r, 0.15: r + 0.15 * (o - r)}
         other = retrain_from_another_start(session, request, 0)
@@ -57,6 +62,8 @@ def test_mixtures_are_never_removed_and_other_starts_never_remain(quickstart, fo
             assert limit["lambda"] > lam, limit
     assert elsewhere.influence != "remains", elsewhere.influence_reason
     client = elsewhere.check("client_membership")
+    used = null if forget == [0] else "per_request"  # the attackers' request falls back
+    assert client.evidence["references"] == used
     assert client.evidence.get("region") == "elsewhere" or client.verdict != "fail"
     # Retrain's own result: removed by construction
     assert (verified.influence, verified.influence_basis) == ("removed", "exact_lineage")
