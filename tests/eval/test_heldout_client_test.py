@@ -1,5 +1,6 @@
 """The client-level test with a null from held-out data: no reference trained (issue 34)."""
 
+import contextlib
 import math
 import shutil
 from dataclasses import replace
@@ -52,6 +53,18 @@ def trained(tmp_path_factory):
 
 def _honest(session: UnlearnSession) -> int:
     return min(set(session.federation.client_ids) - session.federation.malicious)
+
+
+@contextlib.contextmanager
+def _held_out_receipts(trained, tmp_path):
+    """A copy of the run, Retrain of an honest client, and its receipts under the held-out null."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    with UnlearnSession(run, evaluate=False) as session:
+        request = UnlearnRequest.of([_honest(session)])
+        retrain = session.run(make_method("retrain"), request)
+        options = ReceiptOptions("retrain", client_test_references="held_out")
+        yield session, retrain, open_receipts(session, request, options, retrain=retrain)
 
 
 def test_z_is_zero_for_the_anchor_and_grows_with_a_shift_on_the_clients_only():
@@ -187,13 +200,7 @@ def test_the_detection_limit_never_counts_the_held_out_tests_flags(trained, tmp_
     # are not counted; the limit is the other checks' (it was "not measured" for every check,
     # and a not_detected resting on the membership check then stated no limit: on a Dirichlet
     # split, weight mixtures 0.1-0.3 were not_detected with no limit)
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
-    with UnlearnSession(run, evaluate=False) as session:
-        request = UnlearnRequest.of([_honest(session)])
-        retrain = session.run(make_method("retrain"), request)
-        options = ReceiptOptions("retrain", client_test_references="held_out")
-        receipts = open_receipts(session, request, options, retrain=retrain)
+    with _held_out_receipts(trained, tmp_path) as (session, retrain, receipts):
         limit = receipts.verifier.detection_limit()
         step = retrain.params + 0.75 * (session.run_view.final_params - retrain.params)
         _, at_step = receipts.audit(step, "lambda 0.75")
@@ -323,13 +330,7 @@ def test_a_no_limit_receipt_names_the_null_that_would_state_a_limit():
 def test_the_held_out_receipt_of_a_clean_model_is_not_shown_and_of_the_original_remains(
     trained, tmp_path
 ):
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
-    with UnlearnSession(run, evaluate=False) as session:
-        request = UnlearnRequest.of([_honest(session)])
-        retrain = session.run(make_method("retrain"), request)
-        options = ReceiptOptions("retrain", client_test_references="held_out")
-        receipts = open_receipts(session, request, options, retrain=retrain)
+    with _held_out_receipts(trained, tmp_path) as (session, retrain, receipts):
         _, clean = receipts.audit(retrain.params, "retrain, bare")
         _, original = receipts.audit(session.run_view.final_params, "original")
     check = clean.check("client_membership")
