@@ -145,6 +145,12 @@ class ReceiptFlags:
         """
         from fedunlearn.eval.plan import ReceiptOptions
 
+        null = self.client_test_references
+        if null is not None and not self.client_test:
+            raise ConfigError(
+                f"--client-test-references {null} chooses the client-level test's null, and "
+                "--no-client-test turns that test off: drop one"
+            )
         options = ReceiptOptions(
             reference or self.reference,
             load_thresholds(self.thresholds, self.threshold),
@@ -152,14 +158,8 @@ class ReceiptFlags:
             distance_retrains=self.distance_retrains,
             seed=seed,
         )
-        if self.client_test_references is not None:  # else the library's default
-            options = replace(options, client_test_references=self.client_test_references)
-        if not self.client_test and self.client_test_references is not None:
-            raise ConfigError(
-                f"--client-test-references {self.client_test_references} chooses the "
-                "client-level test's null, and --no-client-test turns that test off: drop one"
-            )
-        return options
+        # not given: the library's default (one place: eval.references)
+        return options if null is None else replace(options, client_test_references=null)
 
 
 #: The default of a command's ``receipt`` parameter (``receipt_options`` fills it from the line).

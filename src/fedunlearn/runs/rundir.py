@@ -211,6 +211,8 @@ def _compared(config: RunConfig) -> dict[str, Any]:
     if not config.privacy.enabled:
         data["privacy"].pop("budget", None)
     # the dump leaves training.eval_every out at its default; a difference names the value
+    # (a serialization context could ask the serializer to keep it, but pydantic 2.6, the
+    # declared lower bound, has none)
     data["training"].setdefault("eval_every", config.training.eval_every)
     return data
 
