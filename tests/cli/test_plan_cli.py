@@ -106,3 +106,36 @@ def test_info_shows_what_a_request_would_recompute_from_the_participation_index(
     text = runner.invoke(app, ["info", str(run)]).stdout
     assert f"{len(never)} of 12 clients never drawn" in text
     assert f"planner: {predicted:.1f} rounds" in text
+
+
+def test_plan_takes_data_dir_as_the_data_error_tells_it_to(tmp_path):
+    """A user review: the missing-data error said "(CLI: --data-dir)", which plan lacked."""
+    config = {**TV, "data": {"dataset": "mnist", "num_clients": 12}}
+    res = runner.invoke(app, ["plan", str(_write(tmp_path, config)), "--data-dir", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    assert "No such option" not in res.output
+    assert str(tmp_path) in res.output.replace("\n", "")  # the directory given is the one read
+
+
+@pytest.mark.parametrize("batch", [12, 200])
+def test_a_batch_of_the_whole_federation_is_refused_in_one_line(tmp_path, batch):
+    """A user review: --batch 200 of 100 clients was clamped to 99 without a word."""
+    res = runner.invoke(app, ["plan", str(_write(tmp_path, TV)), "--batch", str(batch)])
+    assert res.exit_code == 2, res.output
+    assert f"--batch {batch} must be below data.num_clients (12)" in res.output
+
+
+def test_the_default_batch_fits_a_small_federation(tmp_path):
+    config = {**TV, "data": {"dataset": "digits", "num_clients": 6}}
+    res = runner.invoke(app, ["plan", str(_write(tmp_path, config)), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["batch"]["items"] == 5  # 10, at most M - 1
+
+
+def test_too_many_samples_per_client_names_the_config_key(tmp_path):
+    """A user review: the error named partition()'s parameter min_size, not the key written."""
+    config = {**TV, "data": {"dataset": "digits", "num_clients": 12, "min_client_samples": 200}}
+    res = runner.invoke(app, ["plan", str(_write(tmp_path, config))])
+    assert res.exit_code == 2, res.output
+    assert "data.min_client_samples 200 for 12 clients needs 2400" in res.output
+    assert "min_size" not in res.output

@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
+from fedunlearn.cli.printing import human_bytes
 from fedunlearn.config import parse_config
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.models.flat import set_flat_params
@@ -397,13 +398,15 @@ def test_unlearn_announces_its_apply_file_and_its_costs_and_can_skip_the_file(ru
     assert c["evaluation_seconds"] > 0
     assert c["client_train_seconds"] > 0
     assert f"method: {c['wall_seconds']:.1f} s wall (server {c['server_seconds']:.1f} s" in shown
-    assert f"{c['history_bytes_read'] / 1e6:,.1f} MB of history read" in shown
+    assert f"{human_bytes(c['history_bytes_read'])} of history read" in shown
     cost = out["verification"]["cost"]
     assert f"receipt: {cost['wall_seconds']:.1f} s wall" in shown
     retrain = out["retrain"]
     epochs = retrain["client_epochs"] / c["client_epochs"]
     seconds = retrain["wall_seconds"] / c["wall_seconds"]
     assert f"epochs saved {epochs:.2f}x, time saved {seconds:.2f}x" in shown
+    assert retrain["epoch_saving_vs_retrain"] == pytest.approx(epochs)
+    assert retrain["time_saving_vs_retrain"] == pytest.approx(seconds)
     # --no-apply-file: the JSON only; apply refuses it in one line, naming the file it lacks
     res = runner.invoke(
         app, [*args[:6], "--no-apply-file", "--no-client-test", "--out", str(tmp_path / "s.json")]

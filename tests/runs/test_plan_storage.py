@@ -52,3 +52,19 @@ def test_the_prediction_is_the_stores_payload_bytes(tmp_path, policy, every, enc
     with HistoryStore.open(tmp_path / "run" / "history") as store:
         assert predicted["payload_bytes"] == store.stored_bytes()
     assert predicted["exact"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_a_sharded_runs_store_is_predicted_with_its_shard_models(tmp_path, policy):
+    """A user review: plan left each shard's per-round model out (3.4x too low at 5 shards)."""
+    training = {**RUN["training"], "shards": 3}
+    doc = {**RUN, "training": training, "history": {"policy": policy}}
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(doc))
+    res = CliRunner().invoke(app, ["plan", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    predicted = json.loads(res.output)["storage"]
+    train_run(parse_config(doc), tmp_path / "run")
+    with HistoryStore.open(tmp_path / "run" / "history") as store:
+        assert predicted["payload_bytes"] == store.stored_bytes()

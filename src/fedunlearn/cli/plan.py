@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fedunlearn.cli.common import cli_errors
+from fedunlearn.cli.printing import human_bytes
 from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,16 +38,6 @@ def _opt(value: float | None, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.3g} {unit}"
-        value /= 1000
-    return f"{value:.3g} GB"  # pragma: no cover - unreachable
-
-
 def _samples(count: int) -> str:
     return "1 sample" if count == 1 else f"{count} samples"
 
@@ -55,7 +46,7 @@ def _row(label: str, cost: RequestCost) -> str:
     p, bound = _opt(cost.recompute_probability), _opt(cost.bound_probability, ".2f")
     return (
         f"  {label:<31} {p:>9} {bound:>6} {cost.expected_rounds:>9.1f} "
-        f"{_pct(cost.cost_ratio):>10} {_bytes(cost.expected_bytes):>9}"
+        f"{_pct(cost.cost_ratio):>10} {human_bytes(cost.expected_bytes):>9}"
     )
 
 
@@ -77,7 +68,7 @@ def plan_lines(plan: Plan, source: str) -> list[str]:
             else ""
         )
         + (
-            f"; one model transfer {_bytes(plan.model_bytes)}"
+            f"; one model transfer {human_bytes(plan.model_bytes)}"
             if plan.model_bytes is not None
             else ""
         ),
@@ -129,12 +120,18 @@ def plan_command(
     requests: Annotated[
         int, typer.Option(help="single-client requests served one at a time (N)")
     ] = 1,
-    batch: Annotated[int, typer.Option(help="clients forgotten together in one request")] = 10,
+    batch: Annotated[
+        int | None,
+        typer.Option(help="clients forgotten together in one request (default: 10, at most M-1)"),
+    ] = None,
     samples: Annotated[
         int, typer.Option(help="samples of one client deleted together in one request")
     ] = 1,
     after_round: Annotated[
         int | None, typer.Option(help="requests arrive after this round (default: the last)")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="override data.data_dir (where dataset files are)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
@@ -144,17 +141,28 @@ def plan_command(
     from fedunlearn.runs.plan import PlanInputs, plan_deletions
     from fedunlearn.runs.plan.storage import predict_storage
 
-    config = load_config(config_path)
+    config = load_config(config_path, {"data.data_dir": str(data_dir)} if data_dir else None)
     rounds = config.training.rounds
     if after_round is not None and not 1 <= after_round <= rounds:
         raise ConfigError(
             f"--after-round must be in 1..{rounds} (training.rounds); got {after_round}"
         )
-    for name, value in (("--requests", requests), ("--batch", batch), ("--samples", samples)):
+    for name, value in (
+        ("--requests", requests),
+        ("--batch", 1 if batch is None else batch),
+        ("--samples", samples),
+    ):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1; got {value}")
     if config.data.num_clients < 2:
         raise ConfigError("plan needs data.num_clients >= 2 (one client must remain)")
+    if batch is None:
+        batch = min(10, config.data.num_clients - 1)
+    elif batch >= config.data.num_clients:
+        raise ConfigError(
+            f"--batch {batch} must be below data.num_clients ({config.data.num_clients}): "
+            "one client must remain"
+        )
     setup = build_setup(config)
     try:
         sizes = [len(setup.federation.client_data[c]) for c in setup.federation.client_ids]
@@ -178,6 +186,7 @@ def plan_command(
         every=config.history.every,
         expectation=plan.sampling == "tv_stable",
         update_bytes=2 if config.history.encoding == "float16" else 4,
+        shards=config.training.shards,
     )
     if as_json:
         print(json.dumps({**plan.to_dict(), "storage": storage.to_dict()}, indent=2))
@@ -194,7 +203,7 @@ def storage_line(storage: StoragePrediction) -> str:
     return (
         f"history store (policy {storage.policy}): {how}{storage.payload_bytes / 1e6:,.3g} MB of "
         f"payloads, {storage.per_round_bytes / 1e6:,.3g} MB per round (plus SQLite's own pages; "
-        "shard models and rejected uploads not counted)"
+        "rejected uploads not counted)"
     )
 
 

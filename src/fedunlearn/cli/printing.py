@@ -15,12 +15,24 @@ __all__ = [
     "console",
     "err_console",
     "headline_epsilon",
+    "human_bytes",
     "print_results",
     "print_table",
 ]
 
 console = Console(soft_wrap=True)  # piped output: no line breaks at 80 columns
 err_console = Console(stderr=True)
+
+
+def human_bytes(value: float | None) -> str:
+    """``value`` bytes in B, kB, MB or GB, three significant digits ("-" for None)."""
+    if value is None:
+        return "-"
+    for unit in ("B", "kB", "MB"):
+        if value < 1000:
+            return f"{value:.3g} {unit}"
+        value /= 1000
+    return f"{value:,.3g} GB" if value < 1000 else f"{value:,.0f} GB"
 
 
 def print_table(title: str, header: list[str] | None, rows: list[list[str]]) -> None:

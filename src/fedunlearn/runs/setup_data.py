@@ -55,6 +55,13 @@ def _builtin_data(
             f"attack.target_label {cfg.attack.target_label} is not a class of "
             f"{dataset.name} (0..{dataset.num_classes - 1})"
         )
+    need = cfg.data.num_clients * cfg.data.min_client_samples
+    if cfg.data.num_clients <= len(y_train) < need:  # partition() says it in its own words
+        raise ConfigError(
+            f"data.min_client_samples {cfg.data.min_client_samples} for {cfg.data.num_clients} "
+            f"clients needs {need} training samples; {dataset.name} has {len(y_train)}: lower "
+            f"data.min_client_samples to at most {len(y_train) // cfg.data.num_clients}"
+        )
     parts = partition(
         y_train,
         cfg.data.num_clients,

@@ -263,3 +263,15 @@ def test_compare_all_runs_the_deletion_ready_methods_on_deletion_ready_runs_only
     assert "tv_exact" not in plain
     assert "shard_retrain" not in plain
     assert {"tv_exact", "shard_retrain"} <= set(methods_for(tmp_path / "ready"))
+
+
+def test_a_request_first_used_in_round_one_names_no_empty_kept_range(tv_run):
+    """A user review: the evidence read "rounds 1..0 drew no forgotten client ... are kept"."""
+    with UnlearnSession(tv_run, evaluate=False) as session:
+        context = session.context(UnlearnRequest.of([0]))
+        first = [c for c in range(12) if context.first_drawn_round(frozenset({c})) == 1]
+        tv = session.run(make_method("tv_exact"), UnlearnRequest.of(first[:1]))
+    assert tv.details.kept_rounds == 0
+    assert tv.details.recomputed_from_round == 1
+    assert "1..0" not in tv.details.evidence
+    assert "every round (1..8)" in tv.details.evidence

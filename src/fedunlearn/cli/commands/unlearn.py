@@ -20,7 +20,7 @@ from fedunlearn.cli.common import (
     parse_params,
 )
 from fedunlearn.cli.options import DEFAULT_RECEIPT_FLAGS, ReceiptFlags, receipt_options
-from fedunlearn.cli.printing import console
+from fedunlearn.cli.printing import console, human_bytes
 from fedunlearn.cli.threads import threads_line
 from fedunlearn.errors import ConfigError
 
@@ -113,7 +113,7 @@ def unlearn(
     console.print(
         f"{method}: test accuracy {summary['test_accuracy']:.4f} -> {out}", highlight=False
     )
-    for line in cost_lines(summary):
+    for line in cost_lines(summary, retrain_asked=receipt.reference == "retrain"):
         console.print(f"  {line}", highlight=False)
     console.print(f"  {threads_line(summary.get('torch_threads'))}", highlight=False)
     print_verification(
@@ -140,15 +140,18 @@ def _apply_file_line(out: Path, spec: dict[str, Any], result: Any) -> str:
     )
 
 
-def cost_lines(summary: dict[str, Any]) -> list[str]:
-    """The costs of an ``unlearn`` result: the method's, the receipt's, the saving vs Retrain."""
+def cost_lines(summary: dict[str, Any], *, retrain_asked: bool = False) -> list[str]:
+    """The costs of an ``unlearn`` result: the method's, the receipt's, the saving vs Retrain.
+
+    ``retrain_asked`` (``--reference retrain``): say so when no Retrain was trained.
+    """
     c = summary["costs"]
     lines = [
         f"method: {c['wall_seconds']:.1f} s wall (server {c.get('server_seconds', 0.0):.1f} s, "
         f"client training {c.get('client_train_seconds', 0.0):.1f} s; per-round evaluation "
         f"{c.get('evaluation_seconds', 0.0):.1f} s not counted), {c['client_epochs']:,} client "
-        f"epochs, {c['history_bytes_read'] / 1e6:,.1f} MB of history read, "
-        f"{c['bytes_communicated'] / 1e6:,.1f} MB communicated"
+        f"epochs, {human_bytes(c['history_bytes_read'])} of history read, "
+        f"{human_bytes(c['bytes_communicated'])} communicated"
     ]
     cost = (summary.get("verification") or {}).get("cost") or {}
     if cost.get("wall_seconds") is not None:
@@ -160,14 +163,22 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     if retrain:
         epochs, seconds = retrain["client_epochs"], retrain["wall_seconds"]
         lines.append(
-            f"vs Retrain in this run ({epochs:,} client epochs, {seconds:.1f} s): epochs saved "
-            f"{_times(epochs, c['client_epochs'])}, time saved {_times(seconds, c['wall_seconds'])}"
+            f"vs Retrain in this run ({epochs:,} client epochs, {seconds:.1f} s of method time): "
+            f"epochs saved {_times(retrain.get('epoch_saving_vs_retrain'))}, time saved "
+            f"{_times(retrain.get('time_saving_vs_retrain'))} (the result JSON's 'retrain')"
+        )
+    elif retrain_asked:
+        exact = (summary.get("lineage") or {}).get("kind") == "exact"
+        why = "the result's lineage is exact, its receipt needs none" if exact else "none trained"
+        lines.append(
+            f"vs Retrain: not measured ({why}); 'fedunlearn compare --methods "
+            f"{summary.get('method', 'METHOD')}' measures the saving against a Retrain"
         )
     return lines
 
 
-def _times(reference: float, value: float) -> str:
-    return f"{reference / value:.2f}x" if value else "n/a"
+def _times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
 def _queued_for_app(

@@ -7,6 +7,7 @@ updates are kept (``history.policy``, fedunlearn.history.policy):
     all:    R (n + 2) P 4 + P 4    bytes   (n: updates per round, M_0 once)
     every:  (R_k n + 2 R) P 4 + P 4        (R_k = ceil(R / k): rounds 1, 1 + k, 1 + 2k, ...)
     none:   (2 R + 1) P 4
+    shards: + S R P 4 under any policy (``training.shards`` S > 1: each shard's model, every round)
 
 With ``history.encoding: float16`` each update takes P 2 bytes instead of P 4 (global models
 and aggregates stay float32; an update float16 cannot hold, one with a value beyond 65,504, is
@@ -15,7 +16,7 @@ n is the expected number of distinct clients per round (``participation``: exact
 max(1, ceil(p M)); ``tv_stable``: M (1 - (1 - 1/M)^K), so the figure is an expectation).
 Selective policies installed by plugins (Crab's windows, FedADP's stages) keep a subset that
 depends on training; the ``all`` figure bounds them. Not counted: rejected uploads (kept with
-their reason), shard models (``training.shards``), and SQLite's own pages (about 0.4 MB for a
+their reason) and SQLite's own pages (about 0.4 MB for a
 small store; ``fedunlearn info`` reports both after training). Measured against real stores in
 tests/runs/test_plan_storage.py.
 """
@@ -55,6 +56,7 @@ def predict_storage(
     every: int = 1,
     expectation: bool = False,
     update_bytes: int = FLOAT_BYTES,
+    shards: int = 1,
 ) -> StoragePrediction:
     """Predict the store's payload bytes (module docstring).
 
@@ -66,6 +68,7 @@ def predict_storage(
         every: k of policy ``every``.
         expectation: n is an expectation (tv_stable draws), not a count.
         update_bytes: Bytes a stored update value takes (2 with ``history.encoding: float16``).
+        shards: S, ``training.shards`` (1: not sharded).
     """
     model = num_params * FLOAT_BYTES
     if policy == "none":
@@ -76,6 +79,8 @@ def predict_storage(
         kept_rounds = rounds
     update = num_params * update_bytes
     total = (2 * rounds + 1) * model + kept_rounds * updates_per_round * update
+    if shards > 1:
+        total += shards * rounds * model
     return StoragePrediction(
         policy=policy,
         payload_bytes=int(round(total)),

@@ -126,14 +126,20 @@ def exact_details(
             "sample: the run's model is what training without them gives; nothing recomputed",
         )
     start = min(used)
+    kept = (
+        f"rounds 1..{start - 1} drew no forgotten client and used no deleted sample, so they are "
+        f"kept; rounds {start}..{total} were retrained on the remaining data from the stored "
+        f"model after round {start - 1}"
+        if start > 1
+        else f"round 1 already used the deleted data: every round (1..{total}) was retrained on "
+        "the remaining data from the stored initial model"
+    )
     return ExactReplayDetails(
         recomputed_from_round=start,
         recomputed_rounds=total - start + 1,
         kept_rounds=start - 1,
         first_use=table,
-        evidence=f"rounds 1..{start - 1} drew no forgotten client and used no deleted sample, so "
-        f"they are kept; rounds {start}..{total} were retrained on the remaining data from the "
-        f"stored model after round {start - 1}",
+        evidence=kept,
     )
 
 
