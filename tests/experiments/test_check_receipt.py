@@ -25,6 +25,7 @@ from fedunlearn.config import parse_config
 from fedunlearn.experiments import unlearn_one, write_result
 from fedunlearn.experiments.receipt_check import check_receipt
 from fedunlearn.history.digest import canonical_json, seal
+from fedunlearn.history.store import HistoryStore
 from fedunlearn.history.store.chain import GENESIS_PREV
 from fedunlearn.runs import train_run
 
@@ -287,7 +288,17 @@ def _removed_verdict(doc):
     }
 
 
-@pytest.mark.parametrize("edit", [_clean_lineage, _removed_verdict], ids=["lineage", "verdict"])
+def _removed_word(basis):
+    def edit(doc):  # the lineage left approximate, as the replay finds it
+        doc["verification"] = {"influence": "removed", "influence_basis": basis}
+
+    return edit
+
+
+FORGERIES = [_clean_lineage, _removed_verdict, _removed_word("no_limit"), _removed_word("x")]
+
+
+@pytest.mark.parametrize("edit", FORGERIES, ids=["lineage", "verdict", "word", "word_basis"])
 def test_a_forged_lineage_or_removed_verdict_under_a_new_seal_fails_the_replay(
     crab, tmp_path, edit
 ):
@@ -396,3 +407,16 @@ def test_a_client_forgotten_after_the_head_is_not_required_in_the_request(retrai
     assert found["chain"][0] is True
     assert found["replay"][0] is False  # an exact claim that cannot be re-run on the run now
     assert "forgotten after the document's head" in found["replay"][1]
+
+
+@pytest.mark.parametrize("basis", ["no_limit", "construction"])
+def test_apply_refuses_a_removed_word_its_lineage_does_not_give(crab, tmp_path, basis):
+    """A user review: apply printed "its receipt: influence removed" for an edited verdict."""
+    run, path = crab
+    forged = _forged(path, tmp_path, _removed_word(basis))
+    copy = _copy(run, tmp_path / "run")
+    res = runner.invoke(app, ["apply", str(copy), "--result", str(forged)])
+    assert res.exit_code == 2, res.output
+    assert "a receipt says removed only by an exact lineage" in " ".join(res.output.split())
+    with HistoryStore.open(copy / "history") as store:
+        assert store.events() == []  # nothing applied

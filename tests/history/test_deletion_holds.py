@@ -322,3 +322,38 @@ def test_an_old_store_gets_the_ledger_on_its_first_writable_open_from_the_next_r
     assert check.fingerprints_found > 0
     assert not check.ok
     assert check.inconclusive_reason is None
+
+
+@pytest.mark.slow
+def test_weights_no_round_changes_are_not_reported_as_left_behind(tmp_path):
+    """A user review: forget on a deletion-ready digits MLP exited 1 on every run.
+
+    The inputs of digits' always-blank pixels keep their initial weights, so every global
+    model holds the same bytes there; a dropped model's anchor matched a kept model's later
+    anchor, which the ledger (the first anchors of each payload) did not hold.
+    """
+    from fedunlearn.config import parse_config
+    from fedunlearn.runs import train_run
+
+    config = {
+        "seed": 0,
+        "data": {"dataset": "digits", "num_clients": 50, "partition": "iid"},
+        "model": {"name": "mlp", "hidden": [32]},
+        "training": {
+            "rounds": 20,
+            "participation": 0.1,
+            "sampling": "tv_stable",
+            "local_steps": 5,
+            "batch_size": 10,
+            "lr": 0.1,
+        },
+        "history": {"policy": "none"},
+    }
+    train_run(parse_config(config), tmp_path / "run")
+    with HistoryStore.open(tmp_path / "run" / "history", writable=True) as store:
+        record = store.forget([0])
+        check = store.check_deletions([0])
+    assert len(record.models) == 17  # 14 global models and 3 aggregates dropped
+    assert check.problems == ()
+    assert check.fingerprints_found == 0
+    assert check.ok

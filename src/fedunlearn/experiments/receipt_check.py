@@ -53,6 +53,7 @@ from fedunlearn.experiments.audit import (
 )
 from fedunlearn.experiments.compare import result_privacy_of
 from fedunlearn.history.digest import canonical_json, check_seal
+from fedunlearn.history.result_claims import ResultClaims
 from fedunlearn.history.result_file import file_sha256, read_result_file, tensor_sha256
 from fedunlearn.runs import run_fingerprint
 from fedunlearn.unlearn import UnlearnRequest, UnlearnResult, UnlearnSession, make_method
@@ -399,6 +400,9 @@ def _lineage_claims(doc: Mapping[str, Any], replayed: Lineage | None) -> str | N
         return None
     if "lineage" in verification and verification["lineage"] != truth:
         return "the document's verification states another lineage than the re-run's"
+    forged = ResultClaims.from_doc(doc).unsupported_removal()
+    if forged is not None:
+        return f"the document's verification is not one a receipt gives: {forged}"
     if verification.get("influence_basis") == "exact_lineage" and not (
         replayed is not None and replayed.exact
     ):

@@ -70,6 +70,7 @@ class ResultClaims:
         lineage: The lineage record (which stored rounds the method read), or None.
         receipt: Whether the result carries a receipt (``verification``).
         influence: The receipt's influence verdict, or None.
+        influence_basis: What the receipt rests that verdict on (``exact_lineage``, ...), or None.
         flagged: The receipt's checks that warn or fail, the store's checks left out (they
             describe the store before an apply changes it).
     """
@@ -84,6 +85,7 @@ class ResultClaims:
     lineage: dict[str, Any] | None = None
     receipt: bool = False
     influence: Any = None
+    influence_basis: Any = None
     flagged: tuple[FlaggedCheck, ...] = ()
 
     @classmethod
@@ -114,7 +116,31 @@ class ResultClaims:
             lineage=dict(lineage) if isinstance(lineage, Mapping) else None,
             receipt=isinstance(receipt, Mapping),
             influence=receipt.get("influence") if isinstance(receipt, Mapping) else None,
+            influence_basis=(
+                receipt.get("influence_basis") if isinstance(receipt, Mapping) else None
+            ),
             flagged=flagged,
+        )
+
+    def unsupported_removal(self) -> str | None:
+        """Why the result's ``removed`` is not one a receipt gives, or None.
+
+        A receipt says ``removed`` only by construction: basis ``exact_lineage``, on a lineage
+        of kind ``exact`` (unlearn/receipt.py, ``influence_basis``). Any other pairing is an
+        edit under a recomputed seal (the seal holds no key), so apply and check-receipt
+        refuse it instead of repeating the word.
+        """
+        kind = (self.lineage or {}).get("kind")
+        removed, basis = self.influence == "removed", self.influence_basis
+        if removed:  # results written before receipts named a basis have none
+            ok = kind == "exact" and basis in (None, "exact_lineage")
+        else:
+            ok = basis != "exact_lineage"
+        if ok:
+            return None
+        return (
+            f"its receipt says influence {self.influence} on basis {self.influence_basis} with "
+            f"a lineage of kind {kind}; a receipt says removed only by an exact lineage"
         )
 
     def receipt_note(self) -> dict[str, Any] | None:

@@ -81,7 +81,9 @@ COST_NOTE = (
     "method s: the method's own wall time (per-round evaluation and the receipt excluded); "
     "server s: method s less the time spent waiting for client training; saved vs retrain: "
     "Retrain's epochs (time) / the method's, both measured in this comparison (n/a: no Retrain "
-    "row, or the none control); history MB read: stored payload the method read; MB "
+    "row, or the none control; the time ratio is one run each: on a shared machine a method's "
+    "time varies by a third from run to run, more below a second, so repeat before quoting "
+    "it); history MB read: stored payload the method read; MB "
     "communicated: model down and update up per client training; receipt s: measuring and "
     "checking this model (the references all receipts share are counted once, below)."
 )

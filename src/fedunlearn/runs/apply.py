@@ -77,6 +77,9 @@ def _check_removes(result_json: Path, claims: ResultClaims) -> None:
     remains are refused; ``apply --model FILE --forget IDS`` applies a model knowingly.
     """
     method = claims.method
+    forged = claims.unsupported_removal() if claims.receipt else None
+    if forged is not None:
+        raise ConfigError(f"--result {result_json}: {forged}; nothing was changed")
     if method == "none":
         why = "it is the no-unlearning control (the run's model unchanged): it removes no client"
     elif claims.influence == "remains":

@@ -349,12 +349,12 @@ def _window_ok(window: bytes) -> bool:
     return len(window) == _WINDOW and len(set(window)) >= _VARIETY
 
 
-def anchor_prints(row: Sequence[object], usable: int) -> bytes:
+def anchor_prints(row: Sequence[object], usable: int, limit: int | None = MAX_ANCHORS) -> bytes:
     """Return the anchor fingerprints of the part of ``row``'s BLOB kept in its b-tree page.
 
     The BLOB is the row's last column; its first ``local_size - header`` bytes sit in the
-    cell of a table-leaf page (all of it when the row fits the page). Up to ``MAX_ANCHORS``
-    digests, each of the 32 bytes from an anchor on.
+    cell of a table-leaf page (all of it when the row fits the page). Up to ``limit`` digests
+    (None: every anchor), each of the 32 bytes from an anchor on.
     """
     blob = row[-1]
     if not isinstance(blob, bytes | bytearray | memoryview):
@@ -368,7 +368,7 @@ def anchor_prints(row: Sequence[object], usable: int) -> bytes:
         window = bytes(part[offset : offset + _WINDOW])
         if _window_ok(window):
             out.append(_digest(window))
-            if len(out) == MAX_ANCHORS:
+            if len(out) == limit:
                 break
     return b"".join(out)
 
