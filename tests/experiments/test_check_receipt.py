@@ -176,6 +176,21 @@ def test_another_runs_result_fails(retrain, tmp_path):
     assert "is not in this run's chain" in found["chain"][1]
 
 
+def test_a_result_of_another_architecture_fails_the_run_instead_of_erroring(retrain, tmp_path):
+    """A user review: its model was evaluated on the other run's network (exit 2, a shape)."""
+    run, path, _ = retrain
+    other = tmp_path / "other"
+    train_run(parse_config({**RUN, "model": {"name": "mlp", "hidden": [8]}}), other)
+    checked = check_receipt(path, other)
+    found = _lines(checked)
+    assert not checked.ok
+    assert found["run"][0] is False
+    assert "figures" not in found
+    assert found["replay"][0] is None
+    res = runner.invoke(app, ["check-receipt", str(path), "--run", str(other)])
+    assert res.exit_code == 1, res.output
+
+
 def test_a_tv_exact_result_is_replayed_bit_for_bit(tmp_path):
     run = tmp_path / "tv"
     train_run(parse_config(TV), run)
@@ -420,3 +435,18 @@ def test_apply_refuses_a_removed_word_its_lineage_does_not_give(crab, tmp_path, 
     assert "a receipt says removed only by an exact lineage" in " ".join(res.output.split())
     with HistoryStore.open(copy / "history") as store:
         assert store.events() == []  # nothing applied
+
+
+def test_apply_without_its_apply_file_says_why_it_may_be_gone_and_what_to_run(retrain, tmp_path):
+    """A user review: after forget deleted it, apply said only "its apply file ... is missing"."""
+    run, path, _ = retrain
+    copy = _copy(run, tmp_path / "run")
+    result = tmp_path / path.name
+    shutil.copy(path, result)  # its apply file not copied
+    res = runner.invoke(app, ["apply", str(copy), "--result", str(result)])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "deleted by 'fedunlearn forget'" in said
+    assert "run the request again with 'fedunlearn unlearn'" in said
+    with HistoryStore.open(copy / "history") as store:
+        assert store.events() == []

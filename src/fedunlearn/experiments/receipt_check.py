@@ -517,7 +517,7 @@ def check_receipt(
         findings.append(found)
         found, params = _model(doc, path, session, None if model is None else Path(model))
         findings.append(found)
-        if found.ok:
+        if found.ok and findings[1].ok:  # another run's model may not even fit this one's
             findings.append(_figures(doc, session, params))
         if all(f.ok is not False for f in findings):
             findings.append(_replay(doc, session, request, params, source))

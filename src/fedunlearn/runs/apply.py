@@ -127,7 +127,12 @@ def apply_result(
         done = _applied_before(run_dir, spec.get("sha256"), claims)
         if done is not None:
             return done  # applied, and the apply file consumed: nothing left to do
-        raise ConfigError(f"--result {result_json}: its apply file {file} is missing")
+        raise ConfigError(
+            f"--result {result_json}: its apply file {file} is missing (moved, or deleted by "
+            "'fedunlearn forget' because it held a forgotten client's update); run the request "
+            "again with 'fedunlearn unlearn' (after a forget, the new result forgets those "
+            "clients too); nothing was changed"
+        )
     digest = file_sha256(file)
     if digest != spec.get("sha256"):
         raise ConfigError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +79,7 @@ __all__ = [
     "resolve_clip_norm",
     "resume_state",
     "train_run",
+    "upload_counts",
     "training_evaluator",
     "wrap_privacy",
 ]
@@ -247,6 +249,12 @@ def _discard(run_dir: Path, history_dir: Path, made: list[Path], store_made: boo
             pass
 
 
+def upload_counts(store: HistoryStore, rounds: int) -> dict[str, int]:
+    """Client uploads over rounds 1..``rounds`` by status: accepted, rejected, missing."""
+    counts = Counter(rec.status for r in range(1, rounds + 1) for rec in store.client_records(r))
+    return {status: counts.get(status, 0) for status in ("accepted", "rejected", "missing")}
+
+
 def train_run(
     config: RunConfig,
     run_dir: str | Path,
@@ -400,6 +408,7 @@ def _train(
         "resumed_from_round": trained.resumed_from if resume else None,
         "final_metrics": store.round_scalars(config.training.rounds),
         "malicious_clients": sorted(setup.federation.malicious),
+        "uploads": upload_counts(store, config.training.rounds),
         "num_params": setup.federation.num_params,
         "stored_bytes": store.stored_bytes(),
         "file_bytes": store.file_bytes(),

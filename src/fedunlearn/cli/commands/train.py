@@ -105,6 +105,15 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         for key, value in summary["final_metrics"].items()
     ]
     rows.append(["malicious clients", ", ".join(map(str, summary["malicious_clients"])) or "-"])
+    uploads = summary.get("uploads")
+    if uploads:
+        rows.append(
+            [
+                "client uploads",
+                f"{uploads['accepted']:,} accepted, {uploads['rejected']:,} rejected, "
+                f"{uploads['missing']:,} missing",
+            ]
+        )
     rows.append(["stored bytes", f"{summary['stored_bytes']:,}"])
     if summary.get("privacy"):
         p = summary["privacy"]
@@ -127,6 +136,11 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     if "device" in summary:
         rows.append(["device", summary["device"]])
     print_table(f"run {out}", None, rows)
+    if uploads and not uploads["accepted"]:
+        err_console.print(
+            "warning: no client upload was accepted in any round, so the model is the initial "
+            "one (the rejections are logged above: e.g. non-finite updates; lower training.lr)"
+        )
 
 
 def train(
