@@ -92,6 +92,8 @@ def test_audit_refuses_bad_input_with_one_clear_line(run, tmp_path):
         # --forget is read as every other command reads it (cli.common.parse_forget)
         (["--model", str(files / "flat.pt"), "--forget", "-1"], "client ids are >= 0; got -1"),
         (["--model", str(files / "flat.pt"), "--forget", ","], "--forget is empty"),
+        # a user review: '3,,4' was read as 3,4 (a typo could hide a missing id)
+        (["--model", str(files / "flat.pt"), "--forget", "1,,2"], "an empty id between commas"),
         (
             ["--model", str(files / "flat.pt"), "--forget", "1", "--threshold", "utility_fail=2"],
             "invalid verification thresholds: utility_fail",

@@ -311,12 +311,15 @@ def parse_client_ids(value: str, option: str = "--clients") -> list[int]:
     Raises:
         ConfigError: Not comma-separated non-negative integers, or empty.
     """
+    parts = [v.strip() for v in value.split(",")]
     try:
-        ids = sorted({int(v) for v in value.split(",") if v.strip()})
+        ids = sorted({int(v) for v in parts if v})
     except ValueError:
         raise ConfigError(f"{option} takes comma-separated client ids; got {value!r}") from None
     if not ids:
         raise ConfigError(f"{option} is empty: name at least one client id (e.g. {option} 3,7)")
+    if "" in parts[:-1]:  # '3,,4' or ',4': a typo that could hide a missing id ('3,7,' is fine)
+        raise ConfigError(f"{option} has an empty id between commas; got {value!r}")
     if ids[0] < 0:
         raise ConfigError(f"{option}: client ids are >= 0; got {ids[0]}")
     return ids

@@ -80,6 +80,10 @@ AggregatorConfig = Annotated[
 ]
 
 
+#: The most rounds a run may have (``training.rounds``; ``train --continue`` targets too).
+MAX_ROUNDS = 100_000
+
+
 class TrainingConfig(Frozen):
     """Federated training: rounds, local SGD, participation, aggregation, execution.
 
@@ -93,7 +97,7 @@ class TrainingConfig(Frozen):
     their weight average, and a request retrains only the affected shards (``shard_retrain``).
     """
 
-    rounds: int = Field(20, ge=1, le=100_000)
+    rounds: int = Field(20, ge=1, le=MAX_ROUNDS)
     local_epochs: int = Field(1, ge=1)
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(32, ge=1)

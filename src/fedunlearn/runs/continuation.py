@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.config import RunConfig
+from fedunlearn.config.training import MAX_ROUNDS
 from fedunlearn.errors import ConfigError, HistoryError
 from fedunlearn.fl.clients import RunClients
 from fedunlearn.fl.engine import RoundObserver
@@ -178,12 +179,22 @@ def _continuation(
             raise ConfigError(
                 f"{run_dir} is at round {last}, past --to-round {to_round}; nothing was changed"
             )
-        return to_round, last, None
+        return _bounded(to_round, "--to-round", run_dir), last, None
     if rounds is None:
         raise ConfigError(
             f"{run_dir}: nothing to finish; give --to-round T (or --rounds N) to continue"
         )
-    return last + rounds, last, None
+    return _bounded(last + rounds, f"--rounds {rounds}: round", run_dir), last, None
+
+
+def _bounded(target: int, what: str, run_dir: Path) -> int:
+    """Refuse a target past ``training.rounds``' bound, which a config cannot name either."""
+    if target > MAX_ROUNDS:
+        raise ConfigError(
+            f"{what} {target:,} is past {MAX_ROUNDS:,}, the most rounds a run may have "
+            f"(training.rounds' bound); nothing was changed in {run_dir}"
+        )
+    return target
 
 
 def continue_run(
