@@ -39,6 +39,7 @@ import typer
 from fedunlearn.errors import ConfigError, FedUnlearnError, HistoryCorruptError, OutputError
 
 __all__ = [
+    "DataDirOption",
     "FinishedRunArg",
     "ForgetOption",
     "ForgetSamplesOption",
@@ -70,6 +71,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 RunArg = Annotated[Path, typer.Argument(metavar="RUN", help="run directory")]
 FinishedRunArg = Annotated[Path, typer.Argument(help="finished run directory")]
 ForgetOption = Annotated[str, typer.Option(help="client ids '3,7', or 'malicious'")]
+#: ``--data-dir`` of the commands that build a run's data (train, plan).
+DataDirOption = Annotated[
+    Path | None, typer.Option(help="override data.data_dir (where dataset files are)")
+]
 #: ``--forget-samples CLIENT:FILE``: samples a client asks to delete (sample-level requests).
 ForgetSamplesOption = Annotated[
     list[str] | None,

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fedunlearn.cli.common import cli_errors
+from fedunlearn.cli.common import DataDirOption, cli_errors
 from fedunlearn.cli.printing import human_bytes
 from fedunlearn.errors import ConfigError
 
@@ -130,9 +130,7 @@ def plan_command(
     after_round: Annotated[
         int | None, typer.Option(help="requests arrive after this round (default: the last)")
     ] = None,
-    data_dir: Annotated[
-        Path | None, typer.Option(help="override data.data_dir (where dataset files are)")
-    ] = None,
+    data_dir: DataDirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Predict, before training, what deletion requests will recompute (deletion-ready runs)."""

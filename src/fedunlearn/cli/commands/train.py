@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fedunlearn.cli.common import cli_errors, ensure_writable_output
+from fedunlearn.cli.common import DataDirOption, cli_errors, ensure_writable_output
 from fedunlearn.cli.printing import (
     GUARANTEE_SHORT,
     console,
@@ -149,9 +149,7 @@ def train(
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="run directory to write")] = None,
     seed: Annotated[int | None, typer.Option(help="override the config's seed")] = None,
-    data_dir: Annotated[
-        Path | None, typer.Option(help="override data.data_dir (where dataset files are)")
-    ] = None,
+    data_dir: DataDirOption = None,
     resume: Annotated[bool, typer.Option(help="continue an interrupted run in --out")] = False,
     repair: Annotated[
         bool,
