@@ -76,3 +76,25 @@ def test_a_small_read_is_printed_in_its_unit(runs, tmp_path):
 )
 def test_human_bytes(value, text):
     assert human_bytes(value) == text
+
+
+def test_applying_a_request_that_touched_no_round_says_no_round_was_replaced(runs, tmp_path):
+    """A review: apply printed "rounds 9..8 replaced" for a tv_exact result that kept all 8."""
+    import shutil
+
+    from fedunlearn.unlearn import UnlearnRequest, UnlearnSession
+
+    run = shutil.copytree(runs / "tv", tmp_path / "run")
+    with UnlearnSession(run, evaluate=False) as session:
+        context = session.context(UnlearnRequest.of([0]))
+        never = [c for c in range(12) if context.first_drawn_round(frozenset({c})) is None]
+    assert never, "the fixture's run draws every client"
+    out = tmp_path / "r.json"
+    args = ["unlearn", str(run), "--forget", str(never[0]), "--method", "tv_exact"]
+    res = runner.invoke(app, [*args, "--out", str(out), "--no-client-test"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["apply", str(run), "--result", str(out)])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "no round replaced (rounds 1..8 kept" in said
+    assert "rounds 9..8" not in said

@@ -81,10 +81,12 @@ def test_a_retrain_result_is_replayed_bit_for_bit(retrain):
         "run",
         "chain",
         "request",
+        "verdict",
         "model",
         "figures",
         "replay",
     ]
+    assert found.pop("verdict")[0] is None  # written without a receipt: no verdict to check
     assert all(ok is True for ok, _ in found.values())
     assert "bit for bit" in found["replay"][1]
     doc = json.loads(path.read_text())
@@ -313,9 +315,13 @@ def _removed_word(basis):
 FORGERIES = [_clean_lineage, _removed_verdict, _removed_word("no_limit"), _removed_word("x")]
 
 
-@pytest.mark.parametrize("edit", FORGERIES, ids=["lineage", "verdict", "word", "word_basis"])
+@pytest.mark.parametrize(
+    ("edit", "caught_by"),
+    zip(FORGERIES, ["replay", "verdict", "verdict", "verdict"], strict=True),
+    ids=["lineage", "verdict", "word", "word_basis"],
+)
 def test_a_forged_lineage_or_removed_verdict_under_a_new_seal_fails_the_replay(
-    crab, tmp_path, edit
+    crab, tmp_path, edit, caught_by
 ):
     # before: only the model was compared, so an approximate result could claim it read nothing
     # of the client, or carry an 'influence removed by exact lineage' verdict, and get ok
@@ -325,8 +331,10 @@ def test_a_forged_lineage_or_removed_verdict_under_a_new_seal_fails_the_replay(
     assert not checked.ok
     assert found["seal"][0] is True
     assert found["model"][0] is True
-    assert found["replay"][0] is False
-    assert "lineage" in found["replay"][1]
+    assert found[caught_by][0] is False
+    assert ("lineage" if caught_by == "replay" else "not a verdict a receipt gives") in found[
+        caught_by
+    ][1]
 
 
 def _receipt(run: Path, model: Path, out: Path, *extra: str) -> Path:
@@ -360,6 +368,14 @@ def test_a_receipt_claiming_removal_by_an_exact_lineage_fails_without_a_result(r
     checked = check_receipt(receipt, run, model=base / "original.pt")
     found = _lines(checked)
     assert not checked.ok
+    assert found["verdict"][0] is False  # no lineage stated: no exact one to rest on
+    assert found["replay"][0] is None
+    # with an exact lineage stated too, the claim passes the static rule; nothing can re-run it
+    doc["verification"]["lineage"] = {"kind": "exact"}
+    seal(doc, doc["run"])
+    receipt.write_text(json.dumps(doc))
+    found = _lines(check_receipt(receipt, run, model=base / "original.pt"))
+    assert found["verdict"][0] is True
     assert found["replay"][0] is False
     assert "cannot be shown from it" in found["replay"][1]
 
@@ -450,3 +466,37 @@ def test_apply_without_its_apply_file_says_why_it_may_be_gone_and_what_to_run(re
     assert "run the request again with 'fedunlearn unlearn'" in said
     with HistoryStore.open(copy / "history") as store:
         assert store.events() == []
+
+
+def _powered_removed(doc):
+    doc["verification"] = {"influence": "removed", "influence_basis": "powered_pass"}
+
+
+def test_a_forged_removed_fails_even_when_nothing_can_be_replayed(crab, tmp_path):
+    """A review: after a later forget (replay n/a) a forged removed passed with every line ok."""
+    run, path = crab
+    forged = _forged(path, tmp_path, _powered_removed)
+    copy = _copy(run, tmp_path / "run")
+    with HistoryStore.open(copy / "history", writable=True) as store:
+        store.forget([2])  # a client forgotten after the document's head: no replay
+    checked = check_receipt(forged, copy)
+    found = _lines(checked)
+    assert not checked.ok
+    assert found["verdict"][0] is False
+    assert "only by an exact lineage" in found["verdict"][1]
+
+
+def test_a_forged_clients_entry_fails(crab, tmp_path):
+    """A review: a per-client entry edited to removed by exact lineage passed."""
+    run, path = crab
+
+    def edit(doc):
+        doc["verification"] = {
+            "influence": "not_shown",
+            "influence_basis": "no_limit",
+            "clients": [{"client": 4, "influence": "removed", "basis": "exact_lineage"}],
+        }
+
+    found = _lines(check_receipt(_forged(path, tmp_path, edit), run))
+    assert found["verdict"][0] is False
+    assert "its entry for client 4" in found["verdict"][1]

@@ -357,3 +357,41 @@ def test_weights_no_round_changes_are_not_reported_as_left_behind(tmp_path):
     assert check.problems == ()
     assert check.fingerprints_found == 0
     assert check.ok
+
+
+def test_a_deleted_update_whose_every_print_a_kept_one_holds_makes_the_scan_inconclusive(
+    tmp_path,
+):
+    """A review: shared prints were dropped from the hits, and such an update read as gone.
+
+    Client 1's update is [A | B], client 2's [C | A]: every anchor the ledger records for
+    client 1 lies in A, which client 2's kept update holds too, so the scan cannot tell a
+    leftover of client 1's cell (B is still in the file: no secure_delete) from client 2's.
+    """
+    gen = torch.Generator().manual_seed(0)
+    shared = 0.01 * torch.randn(300, generator=gen)
+    model = torch.randn(600, generator=gen)  # 2,400-byte payloads: they fit a leaf page
+    with HistoryStore.create(
+        tmp_path, {"config": {"training": {"aggregator": {"name": "fedavg"}}}}
+    ) as s:
+        s.write_round(RoundEntry(0, global_model=model))
+        for r in (1, 2):
+            ups = {
+                1: torch.cat([shared, 0.01 * torch.randn(300, generator=gen)]),
+                2: torch.cat([0.01 * torch.randn(300, generator=gen), shared]),
+            }
+            agg = fedavg(torch.stack([ups[1], ups[2]]), torch.tensor([1.0, 1.0]))
+            model = model + agg
+            records = [ClientRecord(c, "accepted", num_samples=1) for c in ups]
+            s.write_round(
+                RoundEntry(r, global_model=model, aggregate=agg, updates=ups, clients=records)
+            )
+    raw_delete(tmp_path, 1, secure=False)
+
+    with HistoryStore.open(tmp_path) as store:
+        check = store.check_deletions([1])
+
+    assert check.fingerprints_found == 0  # the kept copies are not counted as leftovers
+    assert check.inconclusive_reason is not None
+    assert "(round 1 client 1 (deleted outside forget))" in check.inconclusive_reason
+    assert "cannot tell a leftover of them from the kept copies" in check.inconclusive_reason

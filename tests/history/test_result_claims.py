@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fedunlearn.history.result_claims import FlaggedCheck, ResultClaims
+import pytest
+
+from fedunlearn.history.result_claims import FlaggedCheck, ResultClaims, removal_problem
 
 RECEIPT = {
     "influence": "removed",
@@ -68,3 +70,53 @@ def test_a_malformed_or_silent_result_claims_nothing():
     assert claims == ResultClaims()
     assert claims.released_model_dp is None
     assert claims.receipt_note() is None
+
+
+@pytest.mark.parametrize(
+    ("influence", "basis", "kind", "problem"),
+    [
+        ("removed", "exact_lineage", "exact", None),
+        ("removed", None, "exact", None),  # an exact lineage's, before bases were named
+        ("not_detected", "powered_pass", "approximate", None),
+        ("not_shown", "no_limit", None, None),
+        (None, None, None, None),  # no receipt
+        ("removed", None, "approximate", "written before receipts named their basis"),
+        ("removed", "powered_pass", "approximate", "says removed only by an exact lineage"),
+        ("removed", "exact_lineage", "approximate", "says removed only by an exact lineage"),
+        ("removed", "exact_lineage", None, "says removed only by an exact lineage"),
+        ("not_shown", "exact_lineage", "exact", "which only removed has"),
+    ],
+)
+def test_removed_is_a_receipts_word_only_by_an_exact_lineage(influence, basis, kind, problem):
+    got = removal_problem(influence, basis, kind)
+    if problem is None:
+        assert got is None
+    else:
+        assert problem in got
+
+
+def test_a_clients_entry_is_held_to_the_same_rule():
+    """A review: a per-client entry edited to removed passed check-receipt."""
+    doc = {
+        "lineage": {"kind": "approximate"},
+        "verification": {
+            "influence": "not_shown",
+            "influence_basis": "no_limit",
+            "clients": [
+                {"client": 2, "influence": "not_shown", "basis": "no_limit"},
+                {"client": 4, "influence": "removed", "basis": "exact_lineage"},
+            ],
+        },
+    }
+    problem = ResultClaims.from_doc(doc).unsupported_removal()
+    assert problem is not None
+    assert problem.startswith("its entry for client 4 says influence removed")
+    doc["verification"]["clients"].pop()
+    assert ResultClaims.from_doc(doc).unsupported_removal() is None
+
+
+def test_a_receipts_lineage_is_read_where_audit_writes_it():
+    receipt = {"verification": {"influence": "removed", "influence_basis": "exact_lineage"}}
+    assert ResultClaims.from_doc(receipt).unsupported_removal() is not None
+    receipt["verification"]["lineage"] = {"kind": "exact"}
+    assert ResultClaims.from_doc(receipt).unsupported_removal() is None

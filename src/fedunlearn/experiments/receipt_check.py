@@ -11,6 +11,9 @@ itself: it checks, one finding each,
   the run after that link, and that the run's model is the one the document names;
 - ``request``: that its forget set is a valid request on this run and includes every client
   forgotten earlier;
+- ``verdict``: that every influence word it states is one a receipt gives (``removed`` only
+  with basis ``exact_lineage`` on an exact lineage: ``history.result_claims.removal_problem``),
+  the receipt's own and each client's, whether or not anything can be re-run;
 - ``model``: that the model the document speaks of (``--model``, or its apply file) has the
   SHA-256 it names;
 - ``figures``: that the model's quality figures (test accuracy, loss, backdoor ASR) come out of
@@ -400,9 +403,6 @@ def _lineage_claims(doc: Mapping[str, Any], replayed: Lineage | None) -> str | N
         return None
     if "lineage" in verification and verification["lineage"] != truth:
         return "the document's verification states another lineage than the re-run's"
-    forged = ResultClaims.from_doc(doc).unsupported_removal()
-    if forged is not None:
-        return f"the document's verification is not one a receipt gives: {forged}"
     if verification.get("influence_basis") == "exact_lineage" and not (
         replayed is not None and replayed.exact
     ):
@@ -411,6 +411,21 @@ def _lineage_claims(doc: Mapping[str, Any], replayed: Lineage | None) -> str | N
             f"the re-run's lineage is {'none' if replayed is None else replayed.kind}"
         )
     return None
+
+
+def _verdict(doc: Mapping[str, Any]) -> Finding:
+    """The influence words: ``removed`` only by an exact lineage (no replay needed to tell).
+
+    Checked for every document, result or receipt, before and whatever the replay: a word a
+    receipt never gives fails here even where nothing can be re-run (a receipt, or a client
+    forgotten since the document's head).
+    """
+    problem = ResultClaims.from_doc(doc).unsupported_removal()
+    if problem is not None:
+        return Finding("verdict", False, f"not a verdict a receipt gives: {problem}")
+    if not isinstance(doc.get("verification"), Mapping):
+        return Finding("verdict", None, "no receipt: no verdict to check")
+    return Finding("verdict", True, "removed, where said, rests on an exact lineage")
 
 
 def _receipt_replay(doc: Mapping[str, Any]) -> Finding:
@@ -515,6 +530,7 @@ def check_receipt(
         findings.append(_chain(doc, session))
         found, request = _request(doc, session)
         findings.append(found)
+        findings.append(_verdict(doc))
         found, params = _model(doc, path, session, None if model is None else Path(model))
         findings.append(found)
         if found.ok and findings[1].ok:  # another run's model may not even fit this one's

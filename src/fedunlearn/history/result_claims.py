@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CLAIM_FIELDS", "FlaggedCheck", "ResultClaims"]
+__all__ = ["CLAIM_FIELDS", "FlaggedCheck", "ResultClaims", "removal_problem"]
 
 #: The details fields a result's claims are read from (each optional: a method defines its own).
 CLAIM_FIELDS = (
@@ -51,6 +51,37 @@ def _sentences(value: Any) -> tuple[str, ...]:
     return tuple(str(w) for w in value or ())
 
 
+def removal_problem(influence: Any, basis: Any, lineage_kind: Any) -> str | None:
+    """Why ``influence``, on ``basis`` and a lineage of ``lineage_kind``, is no receipt's word.
+
+    None when it is one. A receipt says ``removed`` only by construction: basis
+    ``exact_lineage``, on a lineage of kind ``exact`` (unlearn/receipt.py, ``influence_basis``);
+    and ``exact_lineage`` is the basis of ``removed`` only. Receipts written before they named
+    a basis (2026-11-28) also said ``removed`` when checks with power passed: such a word is
+    not one this version gives.
+    """
+    removed = influence == "removed"
+    if not removed:
+        if basis != "exact_lineage":
+            return None
+        return f"influence {influence} on basis exact_lineage, which only removed has"
+    if basis == "exact_lineage" and lineage_kind == "exact":
+        return None
+    if basis is None and lineage_kind != "exact":
+        return (
+            "influence removed with no basis on a lineage that is not exact: written before "
+            "receipts named their basis, when checks with power could say removed (today they "
+            "say not_detected at most); judge the model again with 'fedunlearn audit --result', "
+            "or unlearn again"
+        )
+    if basis is None:
+        return None  # an exact lineage's removed, written before bases were named
+    return (
+        f"influence removed on basis {basis} with a lineage of kind {lineage_kind}; a receipt "
+        "says removed only by an exact lineage"
+    )
+
+
 def _mapping(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
 
@@ -71,6 +102,7 @@ class ResultClaims:
         receipt: Whether the result carries a receipt (``verification``).
         influence: The receipt's influence verdict, or None.
         influence_basis: What the receipt rests that verdict on (``exact_lineage``, ...), or None.
+        client_verdicts: ``(client, influence, basis)`` of each per-client entry of the receipt.
         flagged: The receipt's checks that warn or fail, the store's checks left out (they
             describe the store before an apply changes it).
     """
@@ -86,6 +118,7 @@ class ResultClaims:
     receipt: bool = False
     influence: Any = None
     influence_basis: Any = None
+    client_verdicts: tuple[tuple[Any, Any, Any], ...] = ()
     flagged: tuple[FlaggedCheck, ...] = ()
 
     @classmethod
@@ -105,6 +138,14 @@ class ResultClaims:
         reason = details.get("released_model_reason")
         variant = details.get("variant")
         lineage = doc.get("lineage")
+        if not isinstance(lineage, Mapping) and isinstance(receipt, Mapping):
+            lineage = receipt.get("lineage")  # a receipt (audit --out) states it there
+        entries = receipt.get("clients") if isinstance(receipt, Mapping) else None
+        clients = tuple(
+            (e.get("client"), e.get("influence"), e.get("basis"))
+            for e in entries or []
+            if isinstance(e, Mapping)
+        )
         return cls(
             method=str(doc.get("method", "")),
             params=_mapping(doc.get("params")),
@@ -119,29 +160,26 @@ class ResultClaims:
             influence_basis=(
                 receipt.get("influence_basis") if isinstance(receipt, Mapping) else None
             ),
+            client_verdicts=clients,
             flagged=flagged,
         )
 
     def unsupported_removal(self) -> str | None:
-        """Why the result's ``removed`` is not one a receipt gives, or None.
+        """Why a verdict of the receipt (its own, or a client's) is not one a receipt gives.
 
-        A receipt says ``removed`` only by construction: basis ``exact_lineage``, on a lineage
-        of kind ``exact`` (unlearn/receipt.py, ``influence_basis``). Any other pairing is an
-        edit under a recomputed seal (the seal holds no key), so apply and check-receipt
-        refuse it instead of repeating the word.
+        ``removal_problem`` of the receipt's influence and of each per-client entry; None when
+        every one holds. The seal holds no key, so an edit under a recomputed seal reaches here:
+        apply and check-receipt refuse it instead of repeating the word.
         """
         kind = (self.lineage or {}).get("kind")
-        removed, basis = self.influence == "removed", self.influence_basis
-        if removed:  # results written before receipts named a basis have none
-            ok = kind == "exact" and basis in (None, "exact_lineage")
-        else:
-            ok = basis != "exact_lineage"
-        if ok:
-            return None
-        return (
-            f"its receipt says influence {self.influence} on basis {self.influence_basis} with "
-            f"a lineage of kind {kind}; a receipt says removed only by an exact lineage"
-        )
+        problem = removal_problem(self.influence, self.influence_basis, kind)
+        if problem is not None:
+            return f"its receipt says {problem}"
+        for client, influence, basis in self.client_verdicts:
+            problem = removal_problem(influence, basis, kind)
+            if problem is not None:
+                return f"its entry for client {client} says {problem}"
+        return None
 
     def receipt_note(self) -> dict[str, Any] | None:
         """What the receipt says, for the apply output: influence and non-passing checks."""

@@ -74,12 +74,19 @@ def apply(
         print(json.dumps(event, indent=2))
         return
     kept = int(event.get("kept_rounds") or 0)
-    replaced = (
-        f"rounds {kept + 1}..{event['rounds_before']} replaced by the {event['method']} "
-        f"trajectory (rounds 1..{kept} kept: the deleted data never touched them; "
-        if kept
-        else f"rounds 1..{event['rounds_before']} replaced by the {event['method']} trajectory ("
-    )
+    if kept >= event["rounds_before"]:  # the deleted data never touched a round
+        replaced = (
+            f"no round replaced (rounds 1..{kept} kept: the deleted data never touched them; "
+        )
+    elif kept:
+        replaced = (
+            f"rounds {kept + 1}..{event['rounds_before']} replaced by the {event['method']} "
+            f"trajectory (rounds 1..{kept} kept: the deleted data never touched them; "
+        )
+    else:
+        replaced = (
+            f"rounds 1..{event['rounds_before']} replaced by the {event['method']} trajectory ("
+        )
     how = (
         f"{replaced}now rounds 1..{event['rounds_after']}; {event['dropped_payloads']} original "
         f"payloads, {event['dropped_bytes']:,} bytes, deleted)"

@@ -219,7 +219,15 @@ class DeletionAudit(StoreMixin):
             deleted.pop(fp, None)  # (e.g. M_t == M_{t+1} after a round with no update)
         control = self._control_fingerprints(usable)
         found, pages = scan_pages(self._file, usable, set(deleted) | control)
-        found -= self._live_anchor_prints(found & set(deleted), usable)
+        shared = self._live_anchor_prints(found & set(deleted), usable)
+        found -= shared  # a kept payload holds these bytes too: a hit says nothing either way
+        shadowed = _shadowed(deleted, shared)
+        if shadowed:
+            gaps.append(
+                f"{len(shadowed)} deleted payload(s) ({', '.join(shadowed[:3])}) share every "
+                "fingerprint the scan looks for with payloads still stored, so it cannot tell a "
+                "leftover of them from the kept copies"
+            )
         hits = sorted({deleted[fp] for fp in found if fp in deleted})
         problems += [f"{what}: a page of it is still in the files" for what in hits]
         control_found = len(found & control)
@@ -233,7 +241,7 @@ class DeletionAudit(StoreMixin):
             ok=not problems,
             payloads_checked=checked,
             unreadable=unreadable,
-            fingerprints_checked=len(deleted),
+            fingerprints_checked=len(deleted) - len(shared),
             fingerprints_found=len(found & set(deleted)),
             not_scanned=not_scanned,
             control_checked=len(control),
@@ -403,8 +411,9 @@ class DeletionAudit(StoreMixin):
 
         The ledger keeps a payload's first ``MAX_ANCHORS`` anchors only, so a deleted model's
         window can match content that a kept model holds at a later anchor (weights no round
-        changed: the inputs of pixels that are always blank). Such bytes are stored on purpose
-        and say nothing of what was deleted. Read only when the scan found something.
+        changed: the inputs of pixels that are always blank). The scan then finds the kept
+        copy, which says nothing about the deleted one: such a print counts neither as found
+        nor as checked (``_shadowed``). Read only when the scan found something.
         """
         if not hits:
             return set()
@@ -488,3 +497,11 @@ class DeletionAudit(StoreMixin):
             for (pid,) in ids:
                 out.update(split_fingerprints(self._evidence(pid, usable)[4]))
         return out
+
+
+def _shadowed(deleted: dict[bytes, str], shared: set[bytes]) -> list[str]:
+    """The deleted payloads every print of which a kept payload holds too (none left to find)."""
+    prints: dict[str, set[bytes]] = {}
+    for fp, what in deleted.items():
+        prints.setdefault(what, set()).add(fp)
+    return sorted(what for what, fps in prints.items() if fps <= shared)
