@@ -79,8 +79,8 @@ __all__ = [
     "resolve_clip_norm",
     "resume_state",
     "train_run",
-    "upload_counts",
     "training_evaluator",
+    "upload_counts",
     "wrap_privacy",
 ]
 

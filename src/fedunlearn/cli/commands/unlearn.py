@@ -171,7 +171,7 @@ def cost_lines(summary: dict[str, Any], *, retrain_asked: bool = False) -> list[
         exact = (summary.get("lineage") or {}).get("kind") == "exact"
         why = "the result's lineage is exact, its receipt needs none" if exact else "none trained"
         lines.append(
-            f"vs Retrain: not measured ({why}); 'fedunlearn compare --methods "
+            f"vs Retrain: not measured ({why}); 'fedunlearn compare RUN --forget IDS --methods "
             f"{summary.get('method', 'METHOD')}' measures the saving against a Retrain"
         )
     return lines
