@@ -120,3 +120,58 @@ def test_a_receipts_lineage_is_read_where_audit_writes_it():
     assert ResultClaims.from_doc(receipt).unsupported_removal() is not None
     receipt["verification"]["lineage"] = {"kind": "exact"}
     assert ResultClaims.from_doc(receipt).unsupported_removal() is None
+
+
+def _receipt_doc(**verification):
+    return {
+        "verification": {"influence": "not_shown", "influence_basis": "no_limit", **verification}
+    }
+
+
+def test_a_receipts_verdict_rests_on_its_own_lineage_not_a_second_one_added():
+    """A second review: a top-level exact lineage added to a receipt cleared its 'removed'."""
+    doc = _receipt_doc(influence="removed", influence_basis=None, lineage={"kind": "approximate"})
+    doc["lineage"] = {"kind": "exact"}
+    problem = ResultClaims.from_doc(doc).unsupported_removal()
+    assert problem is not None
+    assert "two lineages of different kinds (approximate, exact)" in problem
+
+
+@pytest.mark.parametrize("clients", [5, {"3": {"client": 3}}, [{"client": 3}, 5], "x"])
+def test_client_entries_that_are_not_a_list_of_entries_are_refused_not_skipped(clients):
+    """A second review: an int crashed apply and check-receipt; a dict hid a 'removed'."""
+    problem = ResultClaims.from_doc(_receipt_doc(clients=clients)).unsupported_removal()
+    assert problem == "its receipt's 'clients' is not a list of client entries"
+
+
+def test_a_document_that_is_not_a_mapping_claims_nothing():
+    claims = ResultClaims.from_doc([1])  # type: ignore[arg-type]
+    assert claims.receipt is False
+    assert claims.unsupported_removal() is None
+
+
+@pytest.mark.parametrize(("start", "ok"), [(0, True), (4, False)])
+def test_an_earlier_clients_removed_needs_a_lineage_from_m0(start, ok):
+    """A second review: eval.generations says removed for an earlier client only from M_0."""
+    doc = {
+        "lineage": {"kind": "exact", "start_round": start},
+        "verification": {
+            "influence": "removed",
+            "influence_basis": "exact_lineage",
+            "clients": [
+                {
+                    "client": 3,
+                    "request": "earlier",
+                    "influence": "removed",
+                    "basis": "exact_lineage",
+                }
+            ],
+        },
+    }
+    problem = ResultClaims.from_doc(doc).unsupported_removal()
+    if ok:
+        assert problem is None
+    else:
+        assert problem is not None
+        assert "client 3" in problem
+        assert "does not start from M_0" in problem

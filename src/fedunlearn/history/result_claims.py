@@ -102,7 +102,9 @@ class ResultClaims:
         receipt: Whether the result carries a receipt (``verification``).
         influence: The receipt's influence verdict, or None.
         influence_basis: What the receipt rests that verdict on (``exact_lineage``, ...), or None.
-        client_verdicts: ``(client, influence, basis)`` of each per-client entry of the receipt.
+        receipt_lineage: The lineage the receipt states (``verification.lineage``), or None.
+        client_verdicts: ``(client, request, influence, basis)`` of each per-client entry.
+        clients_malformed: The receipt's ``clients`` is not a list of entries (mappings).
         flagged: The receipt's checks that warn or fail, the store's checks left out (they
             describe the store before an apply changes it).
     """
@@ -118,18 +120,26 @@ class ResultClaims:
     receipt: bool = False
     influence: Any = None
     influence_basis: Any = None
-    client_verdicts: tuple[tuple[Any, Any, Any], ...] = ()
+    receipt_lineage: dict[str, Any] | None = None
+    client_verdicts: tuple[tuple[Any, Any, Any, Any], ...] = ()
+    clients_malformed: bool = False
     flagged: tuple[FlaggedCheck, ...] = ()
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> ResultClaims:
-        """Read the claims of a result JSON; a missing or malformed part claims nothing."""
+        """Read the claims of a result JSON; a missing or malformed part claims nothing.
+
+        The per-client entries are the exception: entries that are not a list of mappings are
+        recorded as such (``clients_malformed``), so that a verdict cannot hide in them.
+        """
+        doc = doc if isinstance(doc, Mapping) else {}
         details = _mapping(doc.get("details"))
         receipt = doc.get("verification")
-        checks = receipt.get("checks") if isinstance(receipt, Mapping) else None
+        receipt = receipt if isinstance(receipt, Mapping) else None
+        checks = receipt.get("checks") if receipt is not None else None
         flagged = tuple(
             FlaggedCheck(str(c.get("name")), str(c.get("verdict")), c.get("reason"))
-            for c in checks or []
+            for c in (checks if isinstance(checks, list) else [])
             if isinstance(c, Mapping)
             and c.get("verdict") in ("warn", "fail")
             and c.get("scope") != "store"  # the store before the apply, which changes it
@@ -138,13 +148,16 @@ class ResultClaims:
         reason = details.get("released_model_reason")
         variant = details.get("variant")
         lineage = doc.get("lineage")
-        if not isinstance(lineage, Mapping) and isinstance(receipt, Mapping):
-            lineage = receipt.get("lineage")  # a receipt (audit --out) states it there
-        entries = receipt.get("clients") if isinstance(receipt, Mapping) else None
+        stated = receipt.get("lineage") if receipt is not None else None  # audit --out's place
+        entries = receipt.get("clients") if receipt is not None else None
+        listed = entries if isinstance(entries, list) else []
         clients = tuple(
-            (e.get("client"), e.get("influence"), e.get("basis"))
-            for e in entries or []
+            (e.get("client"), e.get("request"), e.get("influence"), e.get("basis"))
+            for e in listed
             if isinstance(e, Mapping)
+        )
+        malformed = entries is not None and len(clients) != (
+            len(entries) if isinstance(entries, list) else -1
         )
         return cls(
             method=str(doc.get("method", "")),
@@ -155,28 +168,43 @@ class ResultClaims:
             warnings=_sentences(details.get("warnings")),
             assumptions=_sentences(details.get("assumptions")),
             lineage=dict(lineage) if isinstance(lineage, Mapping) else None,
-            receipt=isinstance(receipt, Mapping),
-            influence=receipt.get("influence") if isinstance(receipt, Mapping) else None,
-            influence_basis=(
-                receipt.get("influence_basis") if isinstance(receipt, Mapping) else None
-            ),
+            receipt=receipt is not None,
+            influence=receipt.get("influence") if receipt is not None else None,
+            influence_basis=receipt.get("influence_basis") if receipt is not None else None,
+            receipt_lineage=dict(stated) if isinstance(stated, Mapping) else None,
             client_verdicts=clients,
+            clients_malformed=malformed,
             flagged=flagged,
         )
 
     def unsupported_removal(self) -> str | None:
         """Why a verdict of the receipt (its own, or a client's) is not one a receipt gives.
 
-        ``removal_problem`` of the receipt's influence and of each per-client entry; None when
-        every one holds. The seal holds no key, so an edit under a recomputed seal reaches here:
-        apply and check-receipt refuse it instead of repeating the word.
+        ``removal_problem`` of the receipt's influence and of each per-client entry, on the
+        lineage the document states (the result's and the receipt's must agree), and an
+        earlier client's ``removed`` only on a lineage from M_0 (``eval.generations``: a
+        request that read nothing after M_0). None when every one holds. The seal holds no
+        key, so an edit under a recomputed seal reaches here: apply and check-receipt refuse it
+        instead of repeating the word.
         """
-        kind = (self.lineage or {}).get("kind")
+        stated = [x for x in (self.lineage, self.receipt_lineage) if x is not None]
+        kinds = {str(x.get("kind")) for x in stated}
+        if len(kinds) > 1:
+            return f"it states two lineages of different kinds ({', '.join(sorted(kinds))})"
+        kind = stated[0].get("kind") if stated else None
+        if self.clients_malformed:
+            return "its receipt's 'clients' is not a list of client entries"
         problem = removal_problem(self.influence, self.influence_basis, kind)
         if problem is not None:
             return f"its receipt says {problem}"
-        for client, influence, basis in self.client_verdicts:
+        for client, request, influence, basis in self.client_verdicts:
             problem = removal_problem(influence, basis, kind)
+            if problem is None and influence == "removed" and request == "earlier":
+                if stated[0].get("start_round") != 0:
+                    problem = (
+                        "removed for a client forgotten earlier, on a lineage that does not "
+                        "start from M_0"
+                    )
             if problem is not None:
                 return f"its entry for client {client} says {problem}"
         return None
