@@ -425,7 +425,11 @@ def _verdict(doc: Mapping[str, Any]) -> Finding:
         return Finding("verdict", False, f"not a verdict a receipt gives: {problem}")
     if not isinstance(doc.get("verification"), Mapping):
         return Finding("verdict", None, "no receipt: no verdict to check")
-    return Finding("verdict", True, "removed, where said, rests on an exact lineage")
+    return Finding(
+        "verdict",
+        True,
+        "every influence word is one a receipt gives (removed only by an exact lineage)",
+    )
 
 
 def _receipt_replay(doc: Mapping[str, Any]) -> Finding:
