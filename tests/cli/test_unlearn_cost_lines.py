@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.experiments.test_check_receipt import RUN  # a tiny digits run, policy all
 from tests.unlearn.deletion_ready.test_tv_exact import TV
 from typer.testing import CliRunner
 
@@ -18,14 +19,6 @@ from fedunlearn.config import parse_config
 from fedunlearn.runs import train_run
 
 runner = CliRunner()
-
-RUN = {
-    "seed": 0,
-    "data": {"dataset": "digits", "num_clients": 6},
-    "model": {"name": "logreg"},
-    "training": {"rounds": 3, "local_epochs": 1, "lr": 0.3, "batch_size": 64},
-    "history": {"policy": "all"},
-}
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ ran for ten minutes, growing the store by 2 GB, with no estimate and no limit.
 from __future__ import annotations
 
 import pytest
+from tests.runs.test_train_uploads import RUN  # the same tiny digits run
 from typer.testing import CliRunner
 
 from fedunlearn.cli.main import app
@@ -14,13 +15,6 @@ from fedunlearn.config import parse_config
 from fedunlearn.config.training import MAX_ROUNDS
 from fedunlearn.history.store import HistoryStore
 from fedunlearn.runs import train_run
-
-RUN = {
-    "seed": 0,
-    "data": {"dataset": "digits", "num_clients": 4},
-    "model": {"name": "logreg"},
-    "training": {"rounds": 2, "local_epochs": 1, "lr": 0.3, "batch_size": 64},
-}
 
 
 @pytest.mark.parametrize(

@@ -145,18 +145,13 @@ def plan_command(
         raise ConfigError(
             f"--after-round must be in 1..{rounds} (training.rounds); got {after_round}"
         )
-    for name, value in (
-        ("--requests", requests),
-        ("--batch", 1 if batch is None else batch),
-        ("--samples", samples),
-    ):
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1; got {value}")
     if config.data.num_clients < 2:
         raise ConfigError("plan needs data.num_clients >= 2 (one client must remain)")
-    if batch is None:
-        batch = min(10, config.data.num_clients - 1)
-    elif batch >= config.data.num_clients:
+    batch = min(10, config.data.num_clients - 1) if batch is None else batch
+    for name, value in (("--requests", requests), ("--batch", batch), ("--samples", samples)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1; got {value}")
+    if batch >= config.data.num_clients:
         raise ConfigError(
             f"--batch {batch} must be below data.num_clients ({config.data.num_clients}): "
             "one client must remain"

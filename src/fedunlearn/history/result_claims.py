@@ -156,8 +156,8 @@ class ResultClaims:
             for e in listed
             if isinstance(e, Mapping)
         )
-        malformed = entries is not None and len(clients) != (
-            len(entries) if isinstance(entries, list) else -1
+        malformed = entries is not None and (
+            not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries)
         )
         return cls(
             method=str(doc.get("method", "")),
