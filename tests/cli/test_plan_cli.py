@@ -139,3 +139,14 @@ def test_too_many_samples_per_client_names_the_config_key(tmp_path):
     assert res.exit_code == 2, res.output
     assert "data.min_client_samples 200 for 12 clients needs 2400" in res.output
     assert "min_size" not in res.output
+
+
+def test_an_infeasible_dirichlet_split_names_the_config_keys(tmp_path):
+    """The same review's words, found again in real use: the Dirichlet error named min_size."""
+    data = {"dataset": "digits", "num_clients": 100, "partition": "dirichlet", "alpha": 0.5}
+    config = {**TV, "data": {**data, "min_client_samples": 8}}
+    res = runner.invoke(app, ["plan", str(_write(tmp_path, config))])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "lower data.min_client_samples or data.num_clients" in said
+    assert "min_size" not in said

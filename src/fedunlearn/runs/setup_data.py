@@ -7,6 +7,7 @@ data as it is; a registered dataset is subsampled (``data.max_train_samples``,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,17 @@ def _subsample(
     return x[idx], y[idx]
 
 
+#: partition()'s parameters -> the config keys that set them (its errors, in the user's words).
+_CONFIG_KEYS = {
+    "num_clients": "data.num_clients",
+    "min_size": "data.min_client_samples",
+    "alpha": "data.alpha",
+    "bias": "data.bias",
+    "shards_per_client": "data.shards_per_client",
+}
+_CONFIG_WORDS = re.compile(r"(?<![.\w])(" + "|".join(_CONFIG_KEYS) + r")\b")
+
+
 def _builtin_data(
     cfg: RunConfig,
 ) -> tuple[Dataset, dict[int, ClientData], np.ndarray, np.ndarray]:
@@ -55,23 +67,19 @@ def _builtin_data(
             f"attack.target_label {cfg.attack.target_label} is not a class of "
             f"{dataset.name} (0..{dataset.num_classes - 1})"
         )
-    need = cfg.data.num_clients * cfg.data.min_client_samples
-    if cfg.data.num_clients <= len(y_train) < need:  # partition() says it in its own words
-        raise ConfigError(
-            f"data.min_client_samples {cfg.data.min_client_samples} for {cfg.data.num_clients} "
-            f"clients needs {need} training samples; {dataset.name} has {len(y_train)}: lower "
-            f"data.min_client_samples to at most {len(y_train) // cfg.data.num_clients}"
+    try:
+        parts = partition(
+            y_train,
+            cfg.data.num_clients,
+            cfg.data.partition,
+            seed=derive_seed(cfg.seed, "partition", 0),
+            alpha=cfg.data.alpha,
+            bias=cfg.data.bias,
+            shards_per_client=cfg.data.shards_per_client,
+            min_size=cfg.data.min_client_samples,
         )
-    parts = partition(
-        y_train,
-        cfg.data.num_clients,
-        cfg.data.partition,
-        seed=derive_seed(cfg.seed, "partition", 0),
-        alpha=cfg.data.alpha,
-        bias=cfg.data.bias,
-        shards_per_client=cfg.data.shards_per_client,
-        min_size=cfg.data.min_client_samples,
-    )
+    except ConfigError as err:  # partition() names its parameters; the user wrote config keys
+        raise ConfigError(_CONFIG_WORDS.sub(lambda m: _CONFIG_KEYS[m[0]], str(err))) from None
     x_all, y_all = torch.from_numpy(np.ascontiguousarray(x_train)), torch.from_numpy(y_train)
     client_data = {c: ClientData(x_all[idx], y_all[idx]) for c, idx in enumerate(parts)}
     return dataset, client_data, x_test, y_test
